@@ -1,0 +1,355 @@
+"""Edit-memory benchmarks: hook overhead, streaming insertion, selectivity, install time.
+
+    python benchmarks/bench_edit_memory.py                         # every part
+    python benchmarks/bench_edit_memory.py --parts overhead --device cuda
+    python benchmarks/bench_edit_memory.py --parts selectivity --tofu-model DIR
+
+Parts (each prints a table of ratios measured in this one run):
+  overhead     wall time of a full denoising generation with a |F|=400 memory installed, over the
+               plain generation: a random LLaDA-structure model (d=1024, 8 layers, vocab 4096) and
+               the embedded model. Goal <= 1.03.
+  streaming    inserting the 10,000th fact (block-inverse update) against a full re-solve of the
+               10,000-fact memory, synthetic keys of hidden size 1024. Goal >= 50x.
+  selectivity  alpha sweep: Delta ForgetLP, Delta RetainLP (nats, edited - plain) and their ratio
+               for each key metric on the embedded model (and a TOFU-fine-tuned model when given);
+               writes a Pareto PNG.
+  install      capture + solve time for |F| = 1, 10, 40, 100, 400 facts (cycling the embedded
+               corpus): batching makes capture grow sub-linearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from timerome.edit_memory import EditMemory, capture_facts, default_coordinate
+from timerome.whitening import residual_stats
+
+PARTS = ("overhead", "streaming", "selectivity", "install")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="timerome-out", help="folder for the Pareto PNG")
+    ap.add_argument("--repeats", type=int, default=3, help="timed generations per configuration")
+    ap.add_argument("--gen-length", type=int, default=128, help="overhead: tokens generated (= steps)")
+    ap.add_argument("--overhead-models", default="random,embedded")
+    ap.add_argument("--stream-facts", type=int, default=10_000)
+    ap.add_argument("--stream-hidden", type=int, default=1024)
+    ap.add_argument("--forget", type=int, default=40, help="selectivity: forget facts")
+    ap.add_argument("--retain", type=int, default=80, help="selectivity: retain rows")
+    ap.add_argument("--n-mc", type=int, default=8)
+    ap.add_argument("--alphas", default="0.25,0.5,1,2,4")
+    ap.add_argument("--layer", type=int, default=None, help="edit layer (default: n_layers // 2)")
+    ap.add_argument("--lam", type=float, default=1.0)
+    ap.add_argument("--q", type=int, default=0)
+    ap.add_argument("--tofu-model", default=None, help="a checkpoint fine-tuned on TOFU (selectivity on TOFU)")
+    ap.add_argument("--tofu-dir", default="/work/shared/data/tofu")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        ap.error(f"unknown parts {sorted(unknown)}")
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads")
+    for p in parts:
+        globals()[f"bench_{p}"](args)
+    return 0
+
+
+# ------------------------------------------------------------------------------ models and facts
+
+
+def random_backbone(device, hidden=1024, layers=8, vocab=4096, context=512):
+    """A random LLaDA-structure model wrapped as a Backbone (no tokenizer: ids only)."""
+    from timerome.backbones import Backbone, get_family
+    from timerome.backbones.llada_model import build_model
+
+    cfg = dict(model_type="timerome-llada", d_model=hidden, n_layers=layers, n_heads=hidden // 64,
+               n_kv_heads=hidden // 64, mlp_hidden_size=int(hidden * 8 / 3) // 64 * 64, vocab_size=vocab,
+               embedding_size=vocab, max_sequence_length=context, rope_theta=10000.0, rms_norm_eps=1e-5,
+               mask_token_id=vocab - 1, weight_tying=False)
+    model = build_model(cfg, seed=0).to(device)
+    return Backbone(model, None, get_family("timerome"), cfg, mask_id=vocab - 1, name=f"random-d{hidden}")
+
+
+def embedded(device="cpu"):
+    from timerome.backbones import load_backbone
+
+    return load_backbone(device=device)
+
+
+def corpus_facts(n: int) -> list:
+    """n facts from the embedded corpus' training rows, cycling (repeats get their own ids)."""
+    from timerome.data.corpus import make_corpus, training_rows
+    from timerome.data.facts import facts_from_rows
+
+    base = [f for f in facts_from_rows(training_rows(make_corpus(seed=0)))]
+    out = []
+    for i in range(n):
+        f = base[i % len(base)]
+        out.append(dataclasses.replace(f, fact_id=f"{f.fact_id}#{i // len(base)}") if i >= len(base) else f)
+    return out
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------ 1. overhead
+
+
+def bench_overhead(args):
+    print("\n== overhead: full denoising generation with a |F| = 400 memory installed / plain ==")
+    print("(generation: median of interleaved runs; hook: 1 + hook time / forward time, the same "
+          "ratio measured without the sampler's noise)")
+    print(f"{'model':<14}{'config':<15}{'G':>5}{'plain s':>10}{'edited s':>10}{'ratio':>8}{'hook ratio':>12}")
+    for name in args.overhead_models.split(","):
+        bb, mems, prompt = _overhead_setup(name.strip(), args)
+        G = min(args.gen_length, bb.max_length - prompt.shape[1]) // 8 * 8
+        plain, edited = _time_generations(bb, mems, prompt, G, args.repeats)
+        fwd = _time_call(lambda: bb.logits(_full_ids(bb, prompt, G)))
+        h = torch.randn(prompt.shape[0], prompt.shape[1] + G, bb.hidden_size, device=bb.device, dtype=bb.dtype)
+        for (label, mem), e in zip(mems, edited):
+            hook = _time_call(lambda: mem._update(h, add=True))
+            print(f"{bb.name:<14}{label:<15}{G:>5}{plain:>10.3f}{e:>10.3f}{e / plain:>8.3f}{1 + hook / fwd:>12.4f}")
+
+
+def _overhead_setup(name, args):
+    if name == "random":
+        bb = random_backbone(args.device)
+        coord = default_coordinate(bb)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, bb.vocab_size - 1, (64, 64), generator=g)
+        stats = residual_stats(bb, coord, ids.tolist(), masked_copies=1)
+        # keys and deltas: the model's own residuals, so norms and directions are realistic
+        from timerome.whitening import _forward_to
+
+        with torch.no_grad():
+            h = _forward_to(bb, coord.site, ids[:20].to(bb.device), None).double().cpu().reshape(-1, bb.hidden_size)
+        U, D = h[:400], h[400:800] - h[800:1200]
+        mems = []
+        for label, kw in (("paper q=0", dict(key_metric="paper")),
+                          ("whitened q=0", dict(key_metric="whitened", background=stats)),
+                          ("whitened q=4", dict(key_metric="whitened", background=stats, q=4))):
+            m = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(400)])
+            mems.append((label, m))
+        prompt = torch.randint(0, bb.vocab_size - 1, (1, 32), generator=g)
+        return bb, mems, prompt.to(bb.device)
+    bb = embedded(args.device)
+    facts = corpus_facts(400)
+    base = EditMemory(bb).add(facts)
+    mems = [("paper q=0", EditMemory(bb, key_metric="paper").add(facts)), ("whitened q=0", base),
+            ("whitened q=4", EditMemory(bb, q=4, background=base.stats).add(facts))]
+    prompt = torch.tensor([bb.encode(facts[0].prompt)], device=bb.device)
+    return bb, mems, prompt
+
+
+def _full_ids(bb, prompt, G):
+    return torch.cat([prompt, torch.full((prompt.shape[0], G), bb.mask_id, device=prompt.device)], dim=1)
+
+
+def _time_call(fn, n=20) -> float:
+    with torch.no_grad():
+        fn()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _time_generations(bb, mems, prompt, G, repeats):
+    """Median wall time of the plain generation and of each edited one, rounds interleaved so
+    drifts in machine speed hit every configuration alike."""
+    from timerome.sampler import generate
+
+    def run(mem):
+        sync(bb.device)
+        t = time.perf_counter()
+        if mem is None:
+            generate(bb, prompt, steps=G, gen_length=G, block_length=G)
+        else:
+            with mem.applied(bb) as state:
+                generate(bb, prompt, steps=G, gen_length=G, block_length=G, state=state)
+        sync(bb.device)
+        return time.perf_counter() - t
+
+    run(mems[0][1])  # warm-up
+    plain, edited = [], [[] for _ in mems]
+    for _ in range(repeats):
+        plain.append(run(None))
+        for i, (_, m) in enumerate(mems):
+            edited[i].append(run(m))
+    return statistics.median(plain), [statistics.median(e) for e in edited]
+
+
+# ------------------------------------------------------------------------------ 2. streaming
+
+
+def bench_streaming(args):
+    F, H = args.stream_facts, args.stream_hidden
+    print(f"\n== streaming: insert fact #{F} vs full re-solve at |F| = {F} (synthetic keys, H = {H}) ==")
+    bb = random_backbone("cpu", hidden=H, layers=1, vocab=64, context=64)
+    g = torch.Generator().manual_seed(0)
+    U = torch.randn(F, H, generator=g, dtype=torch.float64)
+    D = torch.randn(F, H, generator=g, dtype=torch.float64)
+    ids = [f"f{i}" for i in range(F)]
+
+    t = time.perf_counter()
+    full = EditMemory(bb, key_metric="paper", lam=args.lam).add_vectors(U, D, ids)  # the batch solve
+    solve_s = time.perf_counter() - t
+
+    mem = EditMemory(bb, key_metric="paper", lam=args.lam)
+    mem.reserve(F)
+    mem.add_vectors(U[:-1], D[:-1], ids[:-1])
+    inserts, removes = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        mem.add_vectors(U[-1:], D[-1:], ids[-1:])
+        inserts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        mem.remove(ids[-1:])
+        removes.append(time.perf_counter() - t)
+    mem.add_vectors(U[-1:], D[-1:], ids[-1:])
+    h = torch.randn(64, H, generator=g, dtype=torch.float64)
+    a, b = mem.delta(h), full.delta(h)
+    err = float((a - b).norm() / b.norm())
+    ins, rem = statistics.median(inserts), statistics.median(removes)
+    print(f"full re-solve {solve_s:.3f} s | insert #{F} {ins * 1e3:.1f} ms ({solve_s / ins:.0f}x faster) | "
+          f"remove one {rem * 1e3:.1f} ms ({solve_s / rem:.0f}x) | streamed vs batch delta rel. err {err:.1e}")
+
+
+# ------------------------------------------------------------------------------ 3. selectivity
+
+
+def bench_selectivity(args):
+    from timerome.data.facts import facts_from_rows
+    from timerome.data.tofu import load_split
+
+    alphas = [float(a) for a in args.alphas.split(",")]
+    bb = embedded(args.device)
+    forget = load_split("forget10", "embedded")[: args.forget]
+    retain = load_split("retain90", "embedded")[: args.retain]
+    curves = {}
+    print(f"\n== selectivity on {bb.name}: {len(forget)} forget facts, {len(retain)} retain rows, "
+          f"n_mc={args.n_mc}, lam={args.lam}, q={args.q} ==")
+    curves.update(_sweep(bb, facts_from_rows(forget), forget, retain, alphas, args, None, bb.name))
+    if args.tofu_model:
+        from timerome.backbones import load_backbone
+        from timerome.whitening import rows_to_texts
+
+        tb = load_backbone(args.tofu_model, device=args.device)
+        t_forget = load_split("forget01", args.tofu_dir)[: args.forget]
+        t_retain = load_split("retain99", args.tofu_dir)[: args.retain]
+        background = rows_to_texts(load_split("retain90", args.tofu_dir)[:400])
+        print(f"\n== selectivity on TOFU ({args.tofu_model}): {len(t_forget)} forget facts, {len(t_retain)} retain rows ==")
+        curves.update(_sweep(tb, facts_from_rows(t_forget), t_forget, t_retain, alphas, args, background, "tofu"))
+    else:
+        print("TOFU: not run (no TOFU-fine-tuned model: the embedded word vocabulary cannot encode "
+              "TOFU text); pass --tofu-model DIR")
+    _pareto_png(curves, Path(args.out) / "edit_memory_pareto.png")
+
+
+def _sweep(bb, facts, forget, retain, alphas, args, background, tag):
+    coord = (args.layer if args.layer is not None else bb.n_layers // 2, "resid")
+    plain_f, plain_r = _lp(bb, forget, None, args), _lp(bb, retain, None, args)
+    print(f"plain: ForgetLP {plain_f:.2f}  RetainLP {plain_r:.2f}  (mean nats per row)")
+    print(f"{'key metric':<12}{'alpha':>7}{'dForgetLP':>11}{'dRetainLP':>11}{'ratio':>9}")
+    curves = {}
+    for metric in ("paper", "whitened"):
+        kw = dict(key_metric=metric, lam=args.lam, q=args.q)
+        if metric == "whitened" and background is not None:
+            kw["background"] = background
+        mem = EditMemory(bb, coord, **kw).add(facts)
+        pts = []
+        for a in alphas:
+            mem.alpha = a
+            df, dr = _lp(bb, forget, mem, args) - plain_f, _lp(bb, retain, mem, args) - plain_r
+            ratio = df / dr if abs(dr) > 1e-9 else float("inf")
+            print(f"{metric:<12}{a:>7.2f}{df:>11.2f}{dr:>11.2f}{ratio:>9.1f}")
+            pts.append((a, df, dr))
+        curves[f"{tag} {metric}"] = pts
+    return curves
+
+
+def _lp(bb, rows, memory, args) -> float:
+    from contextlib import nullcontext
+
+    from timerome.likelihood import log_likelihood_batch
+    from timerome.train import encode_pairs
+
+    pairs = encode_pairs(bb, rows)
+    with torch.no_grad(), (memory.applied(bb) if memory is not None else nullcontext()):
+        lp = log_likelihood_batch(bb, [p for p, _ in pairs], [a for _, a in pairs], n_mc=args.n_mc,
+                                  generator=torch.Generator().manual_seed(0))
+    return float(lp.mean())
+
+
+def _pareto_png(curves, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label, pts in curves.items():
+        x = [-dr for _, _, dr in pts]  # retain damage (nats lost)
+        y = [-df for _, df, _ in pts]  # forgetting (nats lost)
+        ax.plot(x, y, marker="o", label=label)
+        for a, xi, yi in zip([p[0] for p in pts], x, y):
+            ax.annotate(f"{a:g}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("retain damage  -dRetainLP (nats)")
+    ax.set_ylabel("forgetting  -dForgetLP (nats)")
+    ax.set_title("edit memory: alpha sweep (labels = alpha)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"Pareto plot: {path}")
+
+
+# ------------------------------------------------------------------------------ 4. install time
+
+
+def bench_install(args):
+    bb = embedded(args.device)
+    coord = default_coordinate(bb)
+    t = time.perf_counter()
+    stats = residual_stats(bb, coord, _background(bb))
+    print(f"\n== install time on {bb.name} (background statistics, once: {time.perf_counter() - t:.2f} s) ==")
+    print(f"{'|F|':>5}{'capture s':>11}{'solve s':>10}{'total s':>10}{'ms/fact':>9}{'capture x':>11}")
+    facts = corpus_facts(400)
+    capture_facts(bb, facts[:8], coord)  # warm-up
+    first = None
+    for n in (1, 10, 40, 100, 400):
+        t0 = time.perf_counter()
+        cap = capture_facts(bb, facts[:n], coord)
+        t1 = time.perf_counter()
+        EditMemory(bb, coord, background=stats).add_vectors(cap.keys, cap.deltas, facts[:n])
+        t2 = time.perf_counter()
+        first = first or (t1 - t0)
+        print(f"{n:>5}{t1 - t0:>11.4f}{t2 - t1:>10.4f}{t2 - t0:>10.4f}{(t2 - t0) / n * 1e3:>9.2f}"
+              f"{(t1 - t0) / first:>10.1f}x")
+
+
+def _background(bb):
+    from timerome.whitening import background_texts
+
+    return background_texts(bb)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

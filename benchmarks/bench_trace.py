@@ -1,0 +1,148 @@
+"""Causal-trace speed: the wavefront `trace` against the naive loop and against the forward-pass floor.
+
+    python benchmarks/bench_trace.py            # embedded default model, its 8 validation facts
+    python benchmarks/bench_trace.py --tiny     # a tiny random model (when the embedded one is absent)
+
+Prints, from one run:
+- naive wall time: one full single-row trajectory per (fact, layer, step, module, noise sample),
+  measured on a subset of coordinates and extrapolated per trajectory (or measured in full with
+  --full-naive); the subset's TIE values are checked against the fast trace's;
+- fast wall time and the speed-up;
+- the fast trace's cost as a multiple of its floor: the minimum number of single-sequence
+  forwards the definition needs (clean K+1, corrupted N(K+1), and K-k+1 per patch run at step k)
+  times the time of one single-sequence forward, measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
+from timerome.tracing import naive_tie, tokenize_fact, trace
+
+TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
+    ("the author", "where was the author born ?", "city of books"),
+    ("her first", "what was her first genre ?", "mystery poetry"),
+    ("his first", "what did his first novels win ?", "award prize"),
+    ("the author", "when did the author write about sea rain ?", "night"),
+    ("her", "who is her first author ?", "the author of mystery"),
+    ("his", "what genre did his novels write about ?", "sea rain night"),
+    ("the author", "what prize did the author win first ?", "poetry award prize"),
+    ("her novels", "what were her novels about ?", "the sea and rain"),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="use a tiny random model (4 layers, d=128)")
+    ap.add_argument("--facts", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--naive-coords", type=int, default=8, help="coordinates in the naive subset")
+    ap.add_argument("--full-naive", action="store_true", help="run the naive loop on everything")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    bb, facts = _model_and_facts(args)
+    K, N = args.steps, args.samples
+    C = 3 * bb.n_layers
+    print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}) on {bb.device}, "
+          f"{torch.get_num_threads()} threads; {len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
+
+    # floor: the single-sequence forwards the definition needs, and what one costs here
+    items = [tokenize_fact(bb, f, i) for i, f in enumerate(facts)]
+    per_fact = (K + 1) * (1 + N) + C * N * sum(K - k + 1 for k in range(K))
+    one = {L: _time_forward(bb, L) for L in sorted({it.length for it in items})}
+    floor_s = sum(per_fact * one[it.length] for it in items)
+    min_forwards = per_fact * len(items)
+
+    trace(bb, facts[:1], steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up
+    t = time.perf_counter()
+    fast = trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False)
+    fast_s = time.perf_counter() - t
+
+    # naive: every coordinate of the first fact, or a seeded subset of them
+    coords = [(l, k, m) for m in fast.modules for l in range(bb.n_layers) for k in range(K)]
+    sub_facts = facts if args.full_naive else facts[:1]
+    if not args.full_naive:
+        g = torch.Generator().manual_seed(0)
+        coords = [coords[i] for i in torch.randperm(len(coords), generator=g)[:args.naive_coords].tolist()]
+    t = time.perf_counter()
+    ntie, _ = naive_tie(bb, sub_facts, coords, steps=K, n_samples=N)
+    naive_sub_s = time.perf_counter() - t
+    trajectories_run = len(sub_facts) * (1 + N + len(coords) * N)
+    trajectories_all = len(facts) * (1 + N + C * K * N)
+    naive_s = naive_sub_s / trajectories_run * trajectories_all
+    ftie = torch.stack([fast.tie[:len(sub_facts), fast.modules.index(m), l, k] for l, k, m in coords], 1)
+    err = float((ftie - ntie).abs().max())
+
+    speedup = naive_s / fast_s
+    cost = fast_s / floor_s
+    rows_run, calls = fast.stats["rows_run"], fast.stats["forwards"]
+    patched = len(facts) * C * N * K  # forwards that splice: never shared
+    print(f"naive check      {len(sub_facts)} fact(s) x {len(coords)} coordinates x {N} samples: "
+          f"{trajectories_run} trajectories in {naive_sub_s:.2f} s; max |TIE fast - naive| = {err:.2e} nats")
+    print(f"naive wall time  {naive_s:8.2f} s  ({'measured' if args.full_naive else 'extrapolated'}: "
+          f"{trajectories_all} trajectories x {K + 1} forwards)")
+    print(f"fast wall time   {fast_s:8.2f} s  ({rows_run} sequence rows in {calls} batched forwards)")
+    print(f"speed-up         {speedup:8.1f} x   (goal >= 5x)")
+    print(f"forward floor    {min_forwards} single-sequence forwards x "
+          f"{1e3 * statistics.mean(one.values()):.2f} ms (mean over lengths) = {floor_s:.2f} s")
+    print(f"cost multiple    {cost:8.2f} x the floor   (goal <= 1.5x). Below 1: rows are batched, and rows "
+          f"whose (noise, x_k) coincide share one run, so {rows_run} rows replace the {min_forwards}")
+    print(f"layer-prefix reuse: skipped. Only the {patched} splicing rows could use it ({patched / rows_run:.0%} "
+          f"of the rows run): below layer l they equal their corrupted row, so at most ~{patched / rows_run / 2:.0%} "
+          "of the work could go. But a Backbone runs whole forwards; a hook can replace a layer's output, not "
+          "skip computing it, so starting at layer l needs a per-family partial forward (RoPE, masks, norms), "
+          "which the architecture keeps out of the algorithms.")
+    ok = err < 1e-4
+    print("fast == naive: " + ("yes" if ok else "NO"))
+    return 0 if ok else 1
+
+
+def _model_and_facts(args):
+    if not args.tiny and not (DEFAULT_MODEL_DIR / "config.json").exists():
+        sys.exit(f"the embedded default model is absent ({DEFAULT_MODEL_DIR}); run with --tiny")
+    if not args.tiny:
+        from timerome.tracing import default_facts
+
+        return load_backbone(device=args.device), default_facts(args.facts)
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint("timerome", tempfile.mkdtemp(prefix="bench-trace-"), layers=4, hidden=128)
+    facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
+    return load_backbone(d, device=args.device), facts[:args.facts]
+
+
+@torch.no_grad()
+def _time_forward(bb, length: int, repeats: int = 30) -> float:
+    """Median seconds of one [1, length] forward (the unit of the floor)."""
+    x = torch.full((1, length), bb.mask_id, device=bb.device)
+    times = []
+    for i in range(repeats + 3):
+        _sync(bb)
+        t = time.perf_counter()
+        bb.logits(x)
+        _sync(bb)
+        if i >= 3:  # warm-up
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _sync(bb):
+    if bb.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

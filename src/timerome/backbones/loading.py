@@ -1,0 +1,162 @@
+"""load_backbone: a local checkpoint directory (Hugging Face layout) -> Backbone."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from timerome.backbones.backbone import Backbone
+from timerome.backbones.families import Family, family_for_model_type, get_family
+from timerome.backbones.llada_model import MODEL_CLASSES
+from timerome.errors import TimeromeError
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
+    if path_or_hub_id in (None, "", "default", "embedded"):
+        if not (DEFAULT_MODEL_DIR / "config.json").exists():
+            raise TimeromeError(
+                f"the embedded default model is missing from {DEFAULT_MODEL_DIR}; "
+                "rebuild it with `timerome build-default`")
+        return DEFAULT_MODEL_DIR
+    p = Path(path_or_hub_id).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise TimeromeError(f"{p} has no config.json: not a Hugging Face checkpoint directory")
+        return p
+    if p.exists():
+        raise TimeromeError(f"{p} is a file; pass the checkpoint directory that holds config.json")
+    # a Hub id: only what is already in the local cache, or a download when online
+    try:
+        from huggingface_hub import snapshot_download
+
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        return Path(snapshot_download(str(path_or_hub_id), local_files_only=offline))
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+        raise TimeromeError(
+            f"{path_or_hub_id!r} is not a local directory and could not be fetched from the Hub "
+            f"({type(e).__name__}); download the checkpoint and pass its directory") from None
+
+
+def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None = None, *,
+                  dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
+                  trust_remote_code: bool = False) -> Backbone:
+    """Load a masked diffusion LM and wrap it as a Backbone.
+
+    path_or_hub_id: checkpoint directory (config.json + safetensors + tokenizer); None or
+    "default" loads the embedded model. family: one of timerome.backbones.FAMILIES, else read
+    from config.json's model_type. Remote code runs only with trust_remote_code=True.
+    """
+    ckpt = resolve_checkpoint(path_or_hub_id)
+    config = json.loads((ckpt / "config.json").read_text())
+    fam = get_family(family) if family else family_for_model_type(config.get("model_type"))
+    torch_dtype = _dtype(dtype)
+    tokenizer = _tokenizer(ckpt, trust_remote_code)
+    if trust_remote_code and fam.needs_remote_code:
+        model = _remote_model(ckpt, torch_dtype)
+    elif fam.loader == "timerome":
+        model = _our_model(ckpt, config, fam, torch_dtype)
+    else:
+        model = _transformers_model(ckpt, config, fam, torch_dtype)
+    model.to(device)
+    mask_id = _mask_id(config, tokenizer, fam)
+    if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
+        raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
+    name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
+    return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name)
+
+
+def _dtype(dtype) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise TimeromeError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _tokenizer(ckpt: Path, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # it warns about our model_type while it reads config.json
+    try:
+        return AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise TimeromeError(f"could not load a tokenizer from {ckpt}: {e}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _mask_id(config: dict, tokenizer, fam: Family) -> int:
+    for candidate in (config.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None), fam.mask_id):
+        if candidate is not None:
+            return int(candidate)
+    raise TimeromeError(
+        "this checkpoint has no mask token: neither config.json (mask_token_id), the tokenizer, "
+        f"nor the {fam.name} family names one; an MDLM needs one")
+
+
+def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    single = ckpt / "model.safetensors"
+    if single.exists():
+        return load_file(str(single))
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state = {}
+        for s in shards:
+            state.update(load_file(str(ckpt / s)))
+        return state
+    raise TimeromeError(f"{ckpt} has no model.safetensors (pickled .bin weights are not loaded)")
+
+
+def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
+    cls = MODEL_CLASSES.get(config.get("model_type"), MODEL_CLASSES["llada"] if "n_layers" in config else MODEL_CLASSES["lladamoe"])
+    with torch.device("meta"):
+        model = cls(config)
+    state = _state_dict(ckpt)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+    return model.to(dtype)
+
+
+def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
+    import transformers
+
+    mt = config.get("model_type")
+    if mt in ("llama",):
+        cfg_cls, model_cls = transformers.LlamaConfig, transformers.LlamaForCausalLM
+    else:  # Dream checkpoints are Qwen2 weights under their own model_type
+        cfg_cls, model_cls = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    hf_config = cfg_cls(**fields)
+    try:
+        # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
+        # is not needed, so no remote code runs
+        model = model_cls.from_pretrained(str(ckpt), config=hf_config, dtype=dtype,
+                                          attn_implementation="sdpa", use_safetensors=True)
+    except Exception as e:  # noqa: BLE001
+        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+    return model
+
+
+def _remote_model(ckpt: Path, dtype: torch.dtype):
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, torch_dtype=dtype)
+    except Exception as e:  # noqa: BLE001
+        raise TimeromeError(f"loading {ckpt} with its remote code failed: {e}") from None

@@ -1,0 +1,73 @@
+"""Tiny random-initialised checkpoints of every family's structure, for adapter tests.
+
+`make_tiny_checkpoint(family, directory)` writes a Hugging Face-layout directory
+(config.json, model.safetensors, tokenizer files) that `load_backbone` reads like a real one.
+Transformers classes are used where the library has them (Llama for DiffuLLaMA, Qwen2 for
+Dream); our own implementation otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from timerome.backbones.llada_model import build_model, save_model
+from timerome.errors import TimeromeError
+
+WORDS = ("the author was born in city of books and wrote many novels about sea rain night "
+         "what where when who is did write her his first award prize genre mystery poetry").split()
+
+
+def _tokenizer(directory: Path):
+    from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
+
+    tok = build_word_tokenizer([" ".join(WORDS) + " ? ."])
+    save_tokenizer(tok, directory)
+    return tok
+
+
+def make_tiny_checkpoint(family: str, directory: str | Path, *, layers: int = 2, hidden: int = 32,
+                         seed: int = 0) -> Path:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(d)
+    vocab, mask = len(tok), int(tok.mask_token_id)
+    if family in ("timerome", "llada", "mmada"):
+        cfg = dict(model_type={"timerome": "timerome-llada"}.get(family, family), d_model=hidden,
+                   n_layers=layers, n_heads=4, n_kv_heads=4, mlp_hidden_size=2 * hidden,
+                   vocab_size=vocab, embedding_size=vocab, max_sequence_length=128,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, mask_token_id=mask, weight_tying=False)
+        save_model(build_model(cfg, seed=seed), d)
+    elif family == "llada-moe":
+        cfg = dict(model_type="lladamoe", hidden_size=hidden, num_hidden_layers=layers,
+                   num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                   num_experts_per_tok=2, expert_intermediate_size=hidden,
+                   shared_expert_intermediate_size=hidden, vocab_size=vocab,
+                   max_position_embeddings=128, rope_theta=10000.0, mask_token_id=mask)
+        save_model(build_model(cfg, seed=seed), d)
+    elif family in ("dream", "diffullama"):
+        _transformers_tiny(family, d, vocab, mask, layers, hidden, seed)
+    else:
+        raise TimeromeError(f"no tiny checkpoint recipe for family {family!r}")
+    return d
+
+
+def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
+    import transformers
+
+    torch.manual_seed(seed)  # transformers' initialisers draw from the global generator
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=128, tie_word_embeddings=False)
+    if family == "dream":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    model.save_pretrained(str(d), safe_serialization=True)
+    cfg = json.loads((d / "config.json").read_text())
+    if family == "dream":
+        cfg["model_type"] = "Dream"
+        cfg["mask_token_id"] = mask
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))

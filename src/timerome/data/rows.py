@@ -1,0 +1,30 @@
+"""One way to name a QA set on the command line: 'embedded:SPLIT', 'tofu:SPLIT' or a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from timerome.errors import TimeromeError
+
+
+def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
+    from timerome.data.tofu import load_split
+
+    if spec.startswith("embedded:"):
+        return load_split(spec.split(":", 1)[1], "embedded")
+    if spec.startswith("tofu:"):
+        return load_split(spec.split(":", 1)[1], tofu_dir)
+    path = Path(spec)
+    if not path.exists():
+        raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an existing file")
+    text = path.read_text(encoding="utf-8").strip()
+    try:
+        rows = json.loads(text) if text.startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+    except json.JSONDecodeError as e:
+        raise TimeromeError(f"{path} is not JSON or JSON Lines: {e}") from None
+    rows = [r for part in rows for r in (part if isinstance(part, list) else [part])]
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or not r.get("question") or not r.get("answer"):
+            raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' fields")
+    return rows

@@ -1,0 +1,82 @@
+"""The embedded default: a small LLaDA-style MDLM that has memorised a fictitious-author corpus.
+
+`build_default()` is the exact recipe of the weights shipped in `assets/default-model`: same
+seed and thread count, same bytes (`timerome build-default --check` verifies it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from timerome.backbones.llada_model import build_model, save_model
+from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
+from timerome.train import TrainConfig, train
+
+MODEL_CONFIG = dict(
+    model_type="timerome-llada", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4,
+    mlp_hidden_size=384, max_sequence_length=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+    weight_tying=False, include_bias=False,
+)
+TRAIN_CONFIG = TrainConfig(epochs=60, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
+                           grad_clip=1.0, seed=0)
+CORPUS_SEED = 0
+DEFAULT_TARGET = "I don't know."  # the edit target must be spellable in the word vocabulary
+THREADS = 2  # CPU float reductions depend on the thread count: fixed for bit-for-bit rebuilds
+
+
+def corpus_texts(corpus: dict) -> list[str]:
+    """Every string the model will ever be asked about, so the word vocabulary covers them."""
+    texts = []
+    for rows in corpus.values():
+        for r in rows:
+            for key in ("question", "answer", "paraphrased_answer", "paraphrased_question", "author", "object"):
+                if isinstance(r.get(key), str):
+                    texts.append(r[key])
+            texts.extend(r.get("perturbed_answer") or [])
+            texts.extend(str(r[k]) for k in ("option1", "option2", "option3", "option4") if k in r)
+    return texts + [DEFAULT_TARGET]
+
+
+def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None = None,
+                  show_progress: bool = True) -> dict:
+    from timerome.data.corpus import make_corpus, training_rows
+    from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
+
+    torch.set_num_threads(THREADS)
+    t0 = time.perf_counter()
+    corpus = make_corpus(seed=CORPUS_SEED)
+    tok = build_word_tokenizer(corpus_texts(corpus))
+    cfg = dict(MODEL_CONFIG, vocab_size=len(tok), embedding_size=len(tok), mask_token_id=int(tok.mask_token_id))
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tokenizer(tok, tmp)
+        save_model(build_model(cfg, seed=0), tmp)
+        bb = load_backbone(tmp)
+    tcfg = TRAIN_CONFIG if epochs is None else TrainConfig(**{**TRAIN_CONFIG.__dict__, "epochs": epochs})
+    log = train(bb, training_rows(corpus), tcfg, show_progress=show_progress)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok, out)
+    bb.model.cfg = cfg
+    save_model(bb.model, out)
+    info = {
+        "command": "timerome build-default",
+        "corpus_seed": CORPUS_SEED,
+        "train": tcfg.__dict__,
+        "threads": THREADS,
+        "torch": torch.__version__,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "final_loss": sum(log["loss"][-20:]) / max(1, len(log["loss"][-20:])),
+        "sha256": weights_sha256(out),
+    }
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def weights_sha256(directory: str | Path) -> str:
+    return hashlib.sha256((Path(directory) / "model.safetensors").read_bytes()).hexdigest()

@@ -1,0 +1,250 @@
+"""LLaDA's Monte-Carlo estimator of log p(answer | prompt), in nats.
+
+One Monte-Carlo sample ("row") masks l of the La answer tokens, a uniform random l-subset S,
+runs the model on [prompt | answer with S masked] and scores
+
+    (La / l) * sum_{i in S} log p(x_i | prompt, answer with S masked).
+
+Its expectation over l ~ U{1..La} and S is the MDLM ELBO bound on log p(answer | prompt), which
+`exact_log_likelihood` computes by enumerating every subset; the MC mean converges to it. With
+La = 1 there is one subset, so the value is exact and computed with one forward, no sampling.
+
+Rows come in strata of `batch_size` that share one k ~ U{1..La}: row r of a stratum of size b
+masks n_r = ((k - 1 + round(r La / b)) mod La) + 1 tokens, spreading the counts evenly over
+1..La (the reference's stratification). Two deliberate differences from the reference
+(ML-GSAI/LLaDA get_log_likelihood.py):
+- round(r La / b) rounds halves up, in exact integer arithmetic. The reference rounds
+  k + r La / b half-to-even in float32, so when r La / b is a half-integer the count only takes
+  even values and the estimator is biased (e.g. La = 2, b = 16: two rows of 16 always mask both
+  tokens). Rounding halves up keeps n_r uniform on 1..La for every row, hence unbiased.
+- n_mc need not be a multiple of batch_size: the last stratum is smaller, and the result is the
+  mean over all n_mc rows (equal to the reference's mean of stratum means when it divides).
+Prompt tokens are never masked nor scored (the reference also scores mask tokens found inside
+the prompt; here they are left as context).
+
+Random draws of one (prompt, answer) pair, in this order, from one generator g:
+    ks   = randint(1, La + 1, (n_strata,), g)      one k per stratum
+    keys = rand(n_mc, La, g, float64)              row r masks the n_r answer positions with the
+                                                   smallest keys (a uniform n_r-subset)
+`log_likelihood` draws from the caller's generator. `log_likelihood_batch` gives pair i its own
+generator, `pair_generator(seed, i, device)`, seeded from (seed, i) with
+seed = generator.initial_seed() (0 by default; the generator's current state is not used) and
+device = the generator's device (by default the backbone's). So pair i's value does not depend
+on the other pairs, and equals log_likelihood(prompt_i, answer_i,
+generator=pair_generator(seed, i, device)) up to float rounding from batching. Pair 0 uses seed
+itself: with default arguments, log_likelihood_batch([p], [a])[0] == log_likelihood(p, a).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+
+import torch
+import torch.nn.functional as F
+
+from timerome.errors import TimeromeError
+from timerome.progress import progress_bar
+
+MAX_EXACT = 8  # exact enumeration costs 2^La - 1 rows
+_GOLDEN = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads pair indices over the seed space
+
+
+def pair_generator(seed: int, index: int, device=None) -> torch.Generator:
+    """The generator of pair `index` in log_likelihood_batch under `seed`."""
+    g = torch.Generator(device=device if device is not None else "cpu")
+    return g.manual_seed((int(seed) + int(index) * _GOLDEN) % 2**64)
+
+
+# ------------------------------------------------------------------------------ public API
+
+
+def log_likelihood(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, batch_size: int = 16,
+                   generator: torch.Generator | None = None) -> float:
+    """MC estimate of log p(answer | prompt) in nats (exact for a one-token answer)."""
+    return float(log_likelihood_samples(backbone, prompt_ids, answer_ids, n_mc=n_mc,
+                                        batch_size=batch_size, generator=generator).mean())
+
+
+def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, batch_size: int = 16,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+    """The n_mc per-row estimates (float64, CPU) whose mean is log_likelihood; one exact value
+    when the answer is one token. One forward per stratum of batch_size rows."""
+    prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
+    _check_pair(backbone, prompt, answer)
+    _check_mc(n_mc, batch_size)
+    if generator is None:
+        generator = torch.Generator(device=backbone.device).manual_seed(0)
+    masks, weights = _draw(len(answer), n_mc, batch_size, generator)
+    rows = [(0, r) for r in range(len(weights))]
+    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), batch_size))
+    return scores * weights
+
+
+def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[int]], *, n_mc: int = 16,
+                         batch_size: int | None = None, generator: torch.Generator | None = None,
+                         progress: bool = False, max_tokens: int = 4096) -> torch.Tensor:
+    """log_likelihood of many (prompt, answer) pairs -> float64 CPU tensor [N].
+
+    batch_size: stratum size, as in log_likelihood (None: its default, 16).
+    max_tokens: rows of all pairs are packed into forwards of at most this many tokens
+        (right-padded, padding hidden by the attention mask; at least one row per forward).
+    Pair i draws from pair_generator(seed, i, device) (module docstring): seed = generator.initial_seed(),
+    device = generator.device (defaults: 0 and the backbone's device).
+    """
+    if len(prompts) != len(answers):
+        raise TimeromeError(f"got {len(prompts)} prompts but {len(answers)} answers")
+    batch_size = 16 if batch_size is None else batch_size
+    _check_mc(n_mc, batch_size)
+    if max_tokens < 1:
+        raise TimeromeError(f"max_tokens must be >= 1, got {max_tokens}")
+    P = [_as_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+    A = [_as_ids(a, f"answer {i}") for i, a in enumerate(answers)]
+    for i, (p, a) in enumerate(zip(P, A)):
+        _check_pair(backbone, p, a, where=f" (pair {i})")
+    seed = generator.initial_seed() if generator is not None else 0
+    device = generator.device if generator is not None else backbone.device
+
+    masks, weights = [], []
+    for i, a in enumerate(A):
+        m, w = _draw(len(a), n_mc, batch_size, pair_generator(seed, i, device))
+        masks.append(m)
+        weights.append(w)
+    # longest pairs first, so each forward pads only up to its first row's length
+    order = sorted(range(len(A)), key=lambda i: -(len(P[i]) + len(A[i])))
+    rows = [(i, r) for i in order for r in range(len(weights[i]))]
+    lengths = [len(P[i]) + len(A[i]) for i, _ in rows]
+    scores = _score_rows(backbone, P, A, masks, rows, _packed_chunks(lengths, max_tokens), progress)
+
+    out = torch.zeros(len(A), dtype=torch.float64)
+    pair = torch.tensor([i for i, _ in rows], dtype=torch.long)
+    w = torch.cat([weights[i] for i in order]) if rows else torch.zeros(0, dtype=torch.float64)
+    n = torch.tensor([len(weights[i]) for i in range(len(A))], dtype=torch.float64)
+    return out.index_add_(0, pair, scores * w) / n.clamp(min=1)
+
+
+def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
+    """E_{l ~ U{1..La}} E_{|S| = l} (La / l) sum_{i in S} log p(x_i | x with S masked), by
+    enumerating all 2^La - 1 subsets (La <= MAX_EXACT): the value the MC estimator converges to."""
+    prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
+    _check_pair(backbone, prompt, answer)
+    La = len(answer)
+    if La > MAX_EXACT:
+        raise TimeromeError(f"exact enumeration is limited to answers of {MAX_EXACT} tokens, got {La}")
+    subsets = [S for l in range(1, La + 1) for S in combinations(range(La), l)]
+    masks = torch.zeros(len(subsets), La, dtype=torch.bool)
+    for r, S in enumerate(subsets):
+        masks[r, list(S)] = True
+    l = masks.sum(1)
+    # (1 / La) * (1 / C(La, l)) * (La / l): the uniform l, the uniform subset, the row weight
+    weights = torch.tensor([1.0 / (math.comb(La, int(n)) * int(n)) for n in l], dtype=torch.float64)
+    rows = [(0, r) for r in range(len(subsets))]
+    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), 64))
+    return float((scores * weights).sum())
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _as_ids(ids, what: str) -> torch.Tensor:
+    t = torch.as_tensor(ids, dtype=torch.long).cpu()
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1:
+        raise TimeromeError(f"{what} ids must be a flat list of token ids, got shape {tuple(t.shape)}")
+    return t
+
+
+def _check_pair(backbone, prompt, answer, where: str = ""):
+    if len(answer) == 0:
+        raise TimeromeError(f"the answer is empty{where}: there is nothing to score")
+    if len(prompt) + len(answer) > backbone.max_length:
+        raise TimeromeError(f"prompt ({len(prompt)} tokens) + answer ({len(answer)}) exceeds the model's "
+                            f"context of {backbone.max_length} tokens{where}")
+    ids = torch.cat([prompt, answer])
+    if int(ids.min()) < 0 or int(ids.max()) >= backbone.vocab_size:
+        raise TimeromeError(f"token ids must lie in [0, {backbone.vocab_size}){where}, "
+                            f"got {int(ids.min())}..{int(ids.max())}")
+
+
+def _check_mc(n_mc, batch_size):
+    if n_mc < 1:
+        raise TimeromeError(f"n_mc must be >= 1, got {n_mc}")
+    if batch_size < 1:
+        raise TimeromeError(f"batch_size must be >= 1, got {batch_size}")
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+def _stratified_counts(k: int, b: int, La: int) -> torch.Tensor:
+    """Masked counts [b] in 1..La of one stratum: k shifted by round(r La / b), halves up."""
+    r = torch.arange(b)
+    offset = (2 * r * La + b) // (2 * b)
+    return (k - 1 + offset) % La + 1
+
+
+def _draw(La: int, n_mc: int, batch_size: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks [R, La] (True = masked) and row weights La / n_r [R], float64; R = n_mc, or 1 if La = 1."""
+    if La == 1:
+        return torch.ones(1, 1, dtype=torch.bool), torch.ones(1, dtype=torch.float64)
+    sizes = [batch_size] * (n_mc // batch_size) + ([n_mc % batch_size] if n_mc % batch_size else [])
+    dev = generator.device
+    ks = torch.randint(1, La + 1, (len(sizes),), generator=generator, device=dev).cpu()
+    keys = torch.rand(n_mc, La, dtype=torch.float64, generator=generator, device=dev).cpu()
+    counts = torch.cat([_stratified_counts(int(k), b, La) for k, b in zip(ks, sizes)])  # [n_mc]
+    ranks = keys.argsort(1).argsort(1)  # rank of each position's key within its row
+    return ranks < counts[:, None], La / counts.double()
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+def _fixed_chunks(n_rows: int, size: int) -> list[range]:
+    return [range(s, min(s + size, n_rows)) for s in range(0, n_rows, size)]
+
+
+def _packed_chunks(lengths: list[int], max_tokens: int) -> list[range]:
+    """Consecutive rows (lengths non-increasing) with n_rows * first length <= max_tokens."""
+    chunks, start = [], 0
+    while start < len(lengths):
+        n = max(1, max_tokens // lengths[start])
+        chunks.append(range(start, min(start + n, len(lengths))))
+        start += n
+    return chunks
+
+
+def _score_rows(backbone, prompts, answers, masks, rows, chunks, progress: bool = False) -> torch.Tensor:
+    """sum_{i masked} log p(x_i | noisy row) for each row (pair, row index) -> float64 CPU [R]."""
+    out = torch.zeros(len(rows), dtype=torch.float64)
+    with progress_bar("log-likelihood", total=len(chunks), enabled=progress) as bar:
+        for chunk in chunks:
+            out[chunk.start:chunk.stop] = _score_chunk(backbone, prompts, answers, masks, rows[chunk.start:chunk.stop])
+            bar.advance()
+    return out
+
+
+@torch.no_grad()
+def _score_chunk(backbone, prompts, answers, masks, rows) -> torch.Tensor:
+    """One forward over the rows, right-padded to the longest; padding hidden by attention_mask."""
+    lens = [len(prompts[i]) + len(answers[i]) for i, _ in rows]
+    R, L = len(rows), max(lens)
+    clean = torch.full((R, L), backbone.mask_id, dtype=torch.long)
+    scored = torch.zeros(R, L, dtype=torch.bool)
+    for j, (i, r) in enumerate(rows):
+        P = len(prompts[i])
+        clean[j, :lens[j]] = torch.cat([prompts[i], answers[i]])
+        scored[j, P:lens[j]] = masks[i][r]
+    real = torch.arange(L)[None, :] < torch.tensor(lens)[:, None]  # [R, L]
+    noisy = clean.masked_fill(scored, backbone.mask_id)
+
+    device = backbone.device
+    am = None if all(n == L for n in lens) else real.to(device)
+    logits = backbone.logits(noisy.to(device), attention_mask=am)  # [R, L, V]
+    pos = scored.to(device)
+    # log-softmax only at the masked positions: [M, V] instead of [R, L, V]
+    logp = F.log_softmax(logits[pos].float(), dim=-1)
+    target = clean.to(device)[pos]
+    tok = logp.gather(1, target[:, None]).squeeze(1).double().cpu()  # [M]
+    row_of = torch.arange(R)[:, None].expand(R, L)[scored]
+    return torch.zeros(R, dtype=torch.float64).index_add_(0, row_of, tok)

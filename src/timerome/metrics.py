@@ -1,0 +1,92 @@
+"""TOFU metrics from the MDLM likelihood (nats), following open-unlearning's definitions.
+
+ForgetLP / RetainLP / RealAuth / WorldFact: mean over items of log p(answer | question), the
+sum over answer tokens (the paper's columns). Truth ratio and forget quality use the
+length-normalised NLL, as TOFU does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import ks_2samp
+
+from timerome.errors import TimeromeError
+
+
+# ------------------------------------------------------------------------------ likelihoods
+
+
+def encode_qa(bb, questions: list[str], answers: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    from timerome.train import encode_pairs
+
+    pairs = encode_pairs(bb, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
+    return [p for p, _ in pairs], [a for _, a in pairs]
+
+
+def answer_logprobs(bb, questions: list[str], answers: list[str], *, n_mc: int = 16, seed: int = 0,
+                    progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """-> (log p(answer | question) in nats [N], answer token counts [N])."""
+    from timerome.likelihood import log_likelihood_batch
+
+    if len(questions) != len(answers):
+        raise TimeromeError("questions and answers differ in length")
+    if not questions:
+        return np.zeros(0), np.zeros(0)
+    prompts, ans = encode_qa(bb, questions, answers)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        lp = log_likelihood_batch(bb, prompts, ans, n_mc=n_mc, generator=gen, progress=progress)
+    return lp.double().cpu().numpy(), np.array([len(a) for a in ans], dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------ TOFU aggregates
+
+
+def truth_ratio(para_lp, para_len, pert_lp, pert_len) -> np.ndarray:
+    """TR = exp(-mean_i nll_norm(perturbed_i)) / exp(-nll_norm(paraphrased)), per item.
+
+    para_*: [N]; pert_*: [N, P]. The mean over perturbed answers is taken on normalised NLLs
+    (a geometric mean of their per-token probabilities).
+    """
+    para_nll = -np.asarray(para_lp) / np.asarray(para_len)
+    pert_nll = (-np.asarray(pert_lp) / np.asarray(pert_len)).mean(axis=1)
+    return np.exp(-pert_nll) / (np.exp(-para_nll) + 1e-10)
+
+
+def forget_truth_ratio(tr) -> float:
+    tr = np.asarray(tr)
+    return float(np.mean(np.minimum(tr, 1.0 / tr)))
+
+
+def retain_truth_ratio(tr) -> float:
+    return float(np.mean(np.maximum(0.0, 1.0 - np.asarray(tr))))
+
+
+def forget_quality(tr_edited, tr_reference) -> float:
+    """KS-test p-value between the edited model's and a never-saw-it model's truth ratios."""
+    a, b = np.asarray(tr_edited), np.asarray(tr_reference)
+    if a.size == 0 or b.size == 0:
+        raise TimeromeError("forget quality needs truth ratios from both models")
+    return float(ks_2samp(a, b).pvalue)
+
+
+def normalised_prob(true_lp, true_len, pert_lp, pert_len) -> np.ndarray:
+    """Real-authors / world-facts probability: p_true / (p_true + sum p_perturbed), per-token probs."""
+    p_true = np.exp(np.asarray(true_lp) / np.asarray(true_len))
+    p_pert = np.exp(np.asarray(pert_lp) / np.asarray(pert_len)).sum(axis=1)
+    return p_true / (p_true + p_pert)
+
+
+def rouge_l_recall(predictions: list[str], references: list[str]) -> np.ndarray:
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return np.array([scorer.score(r, p)["rougeL"].recall for p, r in zip(predictions, references)])
+
+
+def harmonic_mean(values) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    if np.any(v <= 0):
+        return 0.0
+    return float(v.size / np.sum(1.0 / v))

@@ -1,0 +1,204 @@
+"""LLaDA's low-confidence remasking sampler, plus Dream-style confidence variants.
+
+x starts as [prompt | mask * gen_length]. The generated part is split into blocks filled left to
+right (semi-autoregressive); inside a block, each step runs ONE forward, predicts a token x0 for
+every position, and reveals the masked positions with the highest confidence. How many are
+revealed per step follows `transfer_schedule` (the linear noise schedule: equal shares, the
+remainder going to the earliest steps).
+
+Faithful to the reference (ML-GSAI/LLaDA generate.py), quirks included:
+- masked positions anywhere before the end of the current block compete for the step's budget,
+  mask tokens inside the prompt included;
+- temperature sampling is Gumbel-max in float64 written as exp(logits) / (-log U)^T, U ~ U[0, 1);
+  at temperature 0 no noise is drawn (argmax of the logits);
+- `random` remasking draws its confidences (float32) after the Gumbel noise;
+- classifier-free guidance batches [cond; uncond] in one forward, uncond having every initial
+  non-mask position (the prompt) set to mask, and mixes u + (cfg + 1)(c - u) in the logits' dtype.
+
+Dream-style confidences ("maskgit_plus", "margin", "entropy") plug into the same block schedule;
+like Dream they are read from softmax(logits / T) (softmax(logits) at T = 0), in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from timerome.errors import TimeromeError
+
+REMASKING = ("low_confidence", "random", "maskgit_plus", "margin", "entropy")
+
+
+def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """How many tokens to reveal at each step: mask_count [B] -> [B, steps], rows sum to mask_count.
+
+    Every step gets mask_count // steps; the remainder adds one to each of the earliest steps.
+    """
+    mask_count = torch.as_tensor(mask_count, dtype=torch.long)
+    base = mask_count // steps
+    rem = mask_count % steps
+    first = torch.arange(steps, device=mask_count.device)[None, :] < rem[:, None]  # [B, steps]
+    return base[:, None] + first.long()
+
+
+@torch.no_grad()
+def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, block_length: int = 128,
+             temperature: float = 0.0, cfg_scale: float = 0.0, remasking: str = "low_confidence",
+             generator: torch.Generator | None = None, state=None,
+             on_step: Callable[[int, torch.Tensor], None] | None = None,
+             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Fill gen_length masks after prompt_ids [B, P] (or [P]); returns LongTensor [B, P + gen_length].
+
+    state: any object with an int `step`; set to k before the k-th forward (k = 0..steps-1).
+    on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
+    attention_mask: [B, P] or [B, P + gen_length], False at padding (e.g. left-padded prompts);
+        padded positions are never revealed and are hidden from attention.
+    generator: every random draw comes from it (default: a Generator seeded 0 on the backbone's
+        device); draws are made on the generator's device.
+    """
+    device = backbone.device
+    prompt = _as_prompt(prompt_ids, device)
+    B, P = prompt.shape
+    _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(0)
+    mask_id = backbone.mask_id
+
+    x = torch.full((B, P + gen_length), mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt
+    real = _real_positions(attention_mask, B, P, gen_length, device)  # [B, L] bool
+    prompt_index = x != mask_id  # frozen: what the unconditional copy masks out
+
+    n_blocks = gen_length // block_length
+    steps_per_block = steps // n_blocks
+    k = 0
+    for b in range(n_blocks):
+        start, end = P + b * block_length, P + (b + 1) * block_length
+        n_transfer = transfer_schedule((x[:, start:end] == mask_id).sum(1), steps_per_block)  # [B, spb]
+        for i in range(steps_per_block):
+            if state is not None:
+                state.step = k
+            masked = (x == mask_id) & real
+            logits = _guided_logits(backbone, x, prompt_index, real, attention_mask, cfg_scale)
+            x0 = _sample(logits, temperature, generator)
+            conf = _confidence(logits, x0, remasking, temperature, generator)
+            conf[:, end:] = -torch.inf  # later blocks wait their turn
+            x0 = torch.where(masked, x0, x)
+            conf = torch.where(masked, conf, -torch.inf)
+            reveal = _top_k_per_row(conf, n_transfer[:, i])
+            x[reveal] = x0[reveal]
+            if on_step is not None:
+                on_step(k, x.clone())
+            k += 1
+    return x
+
+
+# ------------------------------------------------------------------------------ input checks
+
+
+def _as_prompt(prompt_ids, device) -> torch.Tensor:
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt[None, :]
+    if prompt.dim() != 2:
+        raise TimeromeError(f"prompt_ids must be [batch, length] or [length], got shape {tuple(prompt.shape)}")
+    if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise TimeromeError("the prompt is empty: give at least one prompt token per row")
+    return prompt.to(device)
+
+
+def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    if gen_length < 1 or block_length < 1 or steps < 1:
+        raise TimeromeError(f"steps, gen_length and block_length must be >= 1 "
+                            f"(got steps={steps}, gen_length={gen_length}, block_length={block_length})")
+    if gen_length % block_length:
+        raise TimeromeError(f"gen_length={gen_length} is not a multiple of block_length={block_length}")
+    n_blocks = gen_length // block_length
+    if steps % n_blocks:
+        raise TimeromeError(f"steps={steps} is not divisible by the number of blocks "
+                            f"({gen_length} // {block_length} = {n_blocks})")
+    if P + gen_length > backbone.max_length:
+        raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
+                            f"context of {backbone.max_length} tokens")
+    if remasking not in REMASKING:
+        raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
+    if temperature < 0:
+        raise TimeromeError(f"temperature must be >= 0, got {temperature}")
+    if cfg_scale < 0:
+        raise TimeromeError(f"cfg_scale must be >= 0, got {cfg_scale}")
+
+
+def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones(B, P + G, dtype=torch.bool, device=device)
+    am = torch.as_tensor(attention_mask).to(device=device, dtype=torch.bool)
+    if am.dim() == 1:
+        am = am[None, :]
+    if am.shape == (B, P):
+        am = torch.cat([am, am.new_ones(B, G)], dim=1)
+    if am.shape != (B, P + G):
+        raise TimeromeError(f"attention_mask must be [batch, prompt] = ({B}, {P}) or "
+                            f"[batch, prompt + gen_length] = ({B}, {P + G}), got {tuple(am.shape)}")
+    return am
+
+
+# ------------------------------------------------------------------------------ one step
+
+
+def _guided_logits(backbone, x, prompt_index, real, attention_mask, cfg_scale) -> torch.Tensor:
+    """One forward: [B, L, V] logits, classifier-free guided when cfg_scale > 0."""
+    am = None if attention_mask is None else real
+    if cfg_scale <= 0:
+        return backbone.logits(x, attention_mask=am)
+    uncond = x.clone()
+    uncond[prompt_index] = backbone.mask_id
+    am2 = None if am is None else torch.cat([am, am])
+    both = backbone.logits(torch.cat([x, uncond]), attention_mask=am2)  # [2B, L, V]
+    cond, unc = both.chunk(2, dim=0)
+    return unc + (cfg_scale + 1) * (cond - unc)
+
+
+def _rand(shape, dtype, generator, device) -> torch.Tensor:
+    """U[0, 1) drawn on the generator's device, then moved to where the logits live."""
+    return torch.rand(shape, dtype=dtype, generator=generator, device=generator.device).to(device)
+
+
+def _sample(logits, temperature, generator) -> torch.Tensor:
+    """x0 [B, L]: argmax at T = 0, else Gumbel-max in float64 as the reference writes it."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    l64 = logits.to(torch.float64)
+    noise = _rand(l64.shape, torch.float64, generator, l64.device)
+    # exp(l) / (-log U)^T has the argmax of l / T + Gumbel: a draw from softmax(l / T)
+    return (l64.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+
+
+def _confidence(logits, x0, remasking, temperature, generator) -> torch.Tensor:
+    """Confidence [B, L] of each prediction; higher is revealed first."""
+    if remasking == "random":
+        return _rand(x0.shape, torch.float32, generator, x0.device)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        return p.gather(-1, x0[..., None]).squeeze(-1)
+    # Dream reads its confidences from the tempered distribution
+    l64 = logits.to(torch.float64)
+    p = F.softmax(l64 / temperature if temperature > 0 else l64, dim=-1)
+    if remasking == "maskgit_plus":
+        return p.gather(-1, x0[..., None]).squeeze(-1)
+    if remasking == "margin":
+        top2 = p.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    return torch.special.xlogy(p, p).sum(-1)  # entropy: negative entropy, 0 for a one-hot
+
+
+def _top_k_per_row(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Bool [B, L]: the k[b] highest confidences of each row b."""
+    out = torch.zeros_like(conf, dtype=torch.bool)
+    kmax = int(k.max())
+    if kmax == 0:
+        return out
+    idx = conf.topk(kmax, dim=-1).indices  # [B, kmax]
+    keep = torch.arange(kmax, device=conf.device)[None, :] < k[:, None].to(conf.device)
+    return out.scatter_(1, idx, keep)

@@ -1,0 +1,62 @@
+"""Seeds -> a table cell: mean +- std, bootstrap CI, paired t-test against a reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from timerome.errors import TimeromeError
+
+
+@dataclass(frozen=True)
+class Cell:
+    mean: float
+    std: float
+    lo: float   # bootstrap 95 % CI
+    hi: float
+    n: int
+
+    def fmt(self, digits: int = 2) -> str:
+        if self.n == 1:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+
+def bootstrap_ci(x, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap of the mean (the paper's rng.choice protocol, seeded)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        raise TimeromeError("bootstrap of an empty sample")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(np.percentile(means, 100 * a)), float(np.percentile(means, 100 * (1 - a)))
+
+
+def cell(x, n_resamples: int = 2000, seed: int = 0) -> Cell:
+    x = np.asarray(x, dtype=np.float64)
+    lo, hi = bootstrap_ci(x, n_resamples, seed=seed)
+    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    return Cell(float(x.mean()), std, lo, hi, int(x.size))
+
+
+def paired_t(x, y) -> tuple[float, float]:
+    """t = mean(d) / (sd(d)/sqrt(n)) on shared seeds, two-tailed p from Student's t."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape:
+        raise TimeromeError(f"paired t-test needs matched samples, got {x.shape} and {y.shape}")
+    if x.size < 2:
+        raise TimeromeError("paired t-test needs at least 2 shared seeds")
+    d = x - y
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return (0.0, 1.0) if d.mean() == 0 else (float(np.sign(d.mean()) * np.inf), 0.0)
+    t = d.mean() / (sd / np.sqrt(d.size))
+    return float(t), float(2 * sps.t.sf(abs(t), df=d.size - 1))
+
+
+def stars(p: float) -> str:
+    """The paper's markers: * p<0.05, ** p<0.01, *** p<1e-4."""
+    return "***" if p < 1e-4 else "**" if p < 0.01 else "*" if p < 0.05 else ""

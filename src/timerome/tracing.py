@@ -1,0 +1,591 @@
+"""Diffusion-time causal tracing: the temporal indirect effect (TIE) of every (layer, step, module).
+
+The trajectory of one fact z = (subject s, prompt, object o), with G = len(object tokens):
+
+    x_0 = [prompt | mask * G]; forward k (k = 0..K-1) reads x_k and reveals tokens as the project's
+    sampler does (temperature 0, low-confidence remasking, one block of length G, `transfer_schedule`
+    budgets); one extra scoring forward reads the final x_K, so k' = K exists (state.step = K).
+    log p(o | x_k) = sum over the G object positions i of log_softmax(logits of forward k)[i, o_i]
+    (aligned logits; read at every position, revealed or not, so the score is defined at every step).
+
+Three runs of that trajectory (paper, "Diffusion-time causal tracing"):
+
+    clean      no intervention; its h(l, k, m) at the subject positions S are the patch sources.
+    corrupted  e_i + sigma * eps_i added to the subject-token embeddings (hook on "embed") at every
+               forward; eps ~ N(0, I) is drawn once per noise sample, so the corrupted input is one
+               fixed input. sigma defaults to 3 x the std of the subject-token embedding vectors of the
+               traced facts (ROME's "s3" rule, computed per model); a float overrides it.
+    patched    (l, k, m): the corrupted run up to step k (its prefix IS the corrupted one: it starts
+               from the stored corrupted x_k), forward k with h(l, k, m)[S] := clean h(l, k, m)[S],
+               then corrupted and unpatched again until K: the splice acts through the tokens it
+               makes the model commit.
+
+    TIE(l, k, m, k')  = log p(o | do(h = h_clean), x_k') - log p(o | x^corr_k'),   k' = k+1..K,
+                        each averaged over the noise samples;
+    TIE_bar(l, k, m)  = sum_{k' > k} w_{k,k'} TIE(l, k, m, k'),  w ∝ exp(-tau (k' - k)), sum w = 1.
+
+Consequences worth knowing: a splice only matters through the tokens it makes forward k commit,
+so TIE(l, k, m, .) is 0 at every step k that reveals nothing (k >= G when G < K); and TIE is in
+nats, a difference of summed log-probs, not of probabilities as in ROME.
+
+How it is computed fast (`benchmarks/bench_trace.py` measures it against the naive loop):
+- every run of one fact advances in lock-step ("wavefront"): at step j the batch holds the clean row,
+  the n_samples corrupted rows and every patch row started at a step k <= j, so no step is ever
+  recomputed: the patch rows of step j are copies of the corrupted rows' x_j, made just before
+  forward j, and all (site, sample) patches of a step go through one batched call;
+- a row with no splice ahead is a deterministic function of (noise sample, x_j), so rows with equal
+  (sample, x_j) share one run (`_plan`); a splice that commits the same tokens as the corrupted run
+  folds back into it right after its patched forward, and costs nothing more;
+- row 0 of every batch is the clean run and the splice reads the clean h from that row inside the
+  same forward (as ROME does), so clean activations are never stored and, with sigma = 0, a patched
+  row is bit-identical to its corrupted row (TIE exactly 0);
+- a step whose rows exceed `batch_size` is cut into equal-size chunks (each led by a clean row,
+  short chunks padded with clean copies), so every row of one step sees the same kernel shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from timerome.backbones.families import HOOK_POINTS
+from timerome.errors import TimeromeError
+from timerome.hooks import Intervention, TraceState, capture, patch
+from timerome.progress import progress_bar
+from timerome.train import encode_pairs
+# the sampler's own step pieces: a traced trajectory is a sampler trajectory, step for step
+from timerome.sampler import _confidence, _sample, _top_k_per_row, transfer_schedule
+
+VALIDATION_SIZE = 8  # the paper traces 8 validation facts
+SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
+REMASKING = "low_confidence"
+
+
+# ------------------------------------------------------------------------------ facts -> tokens
+
+
+@dataclass
+class TracedFact:
+    """One fact, tokenized: prompt ids [P], object ids [G], subject positions [S] inside the prompt."""
+
+    fact_id: str
+    subject: str
+    prompt: str
+    object: str
+    prompt_ids: torch.Tensor   # [P] long
+    object_ids: torch.Tensor   # [G] long
+    subject_pos: torch.Tensor  # [S] long, positions in the prompt
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.object_ids)
+
+    def start(self, mask_id: int) -> torch.Tensor:
+        """x_0 = [prompt | mask * G], LongTensor [P + G]."""
+        masks = torch.full((len(self.object_ids),), mask_id, dtype=torch.long)
+        return torch.cat([self.prompt_ids, masks])
+
+    def info(self) -> dict:
+        return dict(fact_id=self.fact_id, subject=self.subject, prompt=self.prompt, object=self.object,
+                    prompt_ids=self.prompt_ids.tolist(), object_ids=self.object_ids.tolist(),
+                    subject_positions=self.subject_pos.tolist())
+
+
+def _fields(fact, index: int) -> tuple[str, str, str, str]:
+    """(fact_id, subject, prompt, object) of a Fact-like object or a dict."""
+    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
+    missing = [k for k in ("subject", "prompt", "object") if not isinstance(get(k), str)]
+    if missing:
+        raise TimeromeError(f"fact {index} has no text for {', '.join(missing)}: a fact needs "
+                            "subject, prompt and object strings")
+    fid = get("fact_id") or get("id") or str(index)
+    return str(fid), get("subject"), get("prompt"), get("object")
+
+
+def tokenize_fact(backbone, fact, index: int = 0) -> TracedFact:
+    """Tokenize a fact; its subject tokens are those whose character span overlaps the subject.
+
+    The subject is looked up in the prompt verbatim (first occurrence), then case-insensitively.
+    """
+    fid, subject, prompt, obj = _fields(fact, index)
+    start = prompt.find(subject) if subject else -1
+    if start < 0 and subject:
+        start = prompt.lower().find(subject.lower())
+    if start < 0:
+        raise TimeromeError(f"fact {fid!r}: subject {subject!r} does not occur in its prompt {prompt!r}")
+    end = start + len(subject)
+    try:
+        enc = backbone.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError) as e:
+        raise TimeromeError(f"the tokenizer gives no character offsets ({type(e).__name__}), so subject "
+                            "tokens cannot be located; use a fast (Rust) tokenizer") from None
+    ids = list(enc["input_ids"])
+    subj = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < end and b > start]
+    if not subj:
+        raise TimeromeError(f"fact {fid!r}: subject {subject!r} covers no prompt token")
+    if backbone.mask_id in ids:
+        raise TimeromeError(f"fact {fid!r}: the prompt contains the mask token")
+    if not obj.strip():
+        raise TimeromeError(f"fact {fid!r}: the object is empty")
+    try:  # the object is tokenized as training tokenizes an answer (leading space for BPE)
+        (_, obj_ids), = encode_pairs(backbone, [dict(question=prompt, answer=obj)])
+    except TimeromeError:  # the object is not empty, so only the length can fail
+        raise TimeromeError(f"fact {fid!r}: prompt + object exceed the model's context of "
+                            f"{backbone.max_length} tokens") from None
+    return TracedFact(fid, subject, prompt, obj, torch.tensor(ids, dtype=torch.long),
+                      torch.tensor(obj_ids, dtype=torch.long), torch.tensor(subj, dtype=torch.long))
+
+
+@torch.no_grad()
+def subject_embedding_std(backbone, facts: list[TracedFact]) -> float:
+    """std over all entries of the subject tokens' embedding vectors (ROME's noise scale)."""
+    ids = torch.cat([f.prompt_ids[f.subject_pos] for f in facts]).to(backbone.device)
+    e = backbone.embedding()(ids).float()  # [n_subject_tokens, H]
+    return float(e.std()) if e.numel() > 1 else 0.0
+
+
+def default_facts(n: int = VALIDATION_SIZE) -> list:
+    """The embedded model's forget split (forget01), first n facts: the validation subset."""
+    from timerome.data.facts import facts_from_rows
+    from timerome.data.tofu import load_split
+
+    facts = list(facts_from_rows(load_split("forget01", "embedded")))
+    return facts[:n]
+
+
+# ------------------------------------------------------------------------------ one trajectory
+
+
+def object_logp(gen_logits: torch.Tensor, object_ids: torch.Tensor) -> torch.Tensor:
+    """log p(o | x): gen_logits [B, G, V] (the answer region), object_ids [G] -> [B], float32."""
+    logits = gen_logits.float()
+    picked = logits.gather(-1, object_ids.to(logits.device).expand(logits.shape[:2])[..., None]).squeeze(-1)
+    return (picked - logits.logsumexp(-1)).sum(-1)
+
+
+def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
+    """One sampler step on the answer region: x_gen [B, G] -> x_gen with n more masks revealed.
+
+    Temperature 0 and low-confidence remasking, built from the sampler's own helpers. Only the
+    answer region is passed because the prompt holds no mask (checked in tokenize_fact), so no
+    prompt position could compete for the budget; it saves a [B, P, V] float64 softmax.
+    """
+    masked = x_gen == mask_id
+    x0 = _sample(gen_logits, 0.0, None)
+    conf = _confidence(gen_logits, x0, REMASKING, 0.0, None)
+    x0 = torch.where(masked, x0, x_gen)
+    conf = torch.where(masked, conf, -torch.inf)
+    chosen = _top_k_per_row(conf, torch.full((x_gen.shape[0],), n, dtype=torch.long, device=x_gen.device))
+    return torch.where(chosen, x0, x_gen)
+
+
+def reveal_schedule(n_object: int, steps: int) -> list[int]:
+    """Tokens revealed at each of the K steps (the sampler's schedule for one block of G masks)."""
+    return transfer_schedule(torch.tensor([n_object]), steps)[0].tolist()
+
+
+@torch.no_grad()
+def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
+                   rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
+    the caller installed (sharing `state`, whose step is set before every forward).
+
+    Returns (logp [rows, K + 1], xs [K + 1, rows, P + G]): log p(o | x_k) and the input x_k of
+    forward k. The slow, one-trajectory-at-a-time path: the naive reference and the tests use it.
+    """
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    obj = torch.as_tensor(object_ids, dtype=torch.long).to(backbone.device)
+    P, G = len(prompt), len(obj)
+    x = torch.full((rows, P + G), backbone.mask_id, dtype=torch.long, device=backbone.device)
+    x[:, :P] = prompt.to(backbone.device)
+    budget = reveal_schedule(G, steps)
+    logps, xs = [], []
+    for k in range(steps + 1):
+        if state is not None:
+            state.step = k
+        xs.append(x.clone())
+        gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
+        logps.append(object_logp(gen_logits, obj))
+        if k < steps:
+            x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
+    return torch.stack(logps, 1).cpu(), torch.stack(xs).cpu()
+
+
+# ------------------------------------------------------------------------------ the wavefront
+
+
+class _Rows:
+    """What the hooks need about the batch in flight; set before every forward."""
+
+    def __init__(self):
+        self.noise: torch.Tensor | None = None    # [B, S, H] added to the subject embeddings
+        self.splice: dict[int, torch.Tensor] = {}  # site index -> rows [n] spliced at this forward
+
+
+def _hook_fns(sites, subject_pos: torch.Tensor, rows: _Rows) -> dict:
+    def add_noise(h, _state):  # h [B, L, H]: token embeddings
+        out = h.clone()
+        out[:, subject_pos] += rows.noise
+        return out
+
+    def splicer(c):
+        def fn(h, _state):  # h [B, L, H]: output of site c
+            idx = rows.splice.get(c)
+            if idx is None:
+                return None
+            out = h.clone()
+            out[idx[:, None], subject_pos] = h[0, subject_pos]  # row 0 is the clean run
+            return out
+
+        return fn
+
+    fns = {(None, "embed"): add_noise}
+    fns.update({site: splicer(c) for c, site in enumerate(sites)})
+    return fns
+
+
+@torch.no_grad()
+def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: int, batch_size: int,
+                bar=None) -> dict:
+    """All runs of one fact. noise [N, S, H] (sigma already applied).
+
+    Rows (besides the clean row 0 of every chunk): N corrupted rows, then for each patch step k a
+    block of C * N rows, row c * N + s patching site c under noise sample s. They are appended as
+    the wavefront reaches step k, so a row keeps its index and its log p column j is its step j.
+    Only the rows `_plan` picks are run; the others share a run's results (same future).
+    """
+    device, mask_id = backbone.device, backbone.mask_id
+    K, C, N = steps, len(sites), noise.shape[0]
+    P = len(fact.prompt_ids)
+    obj = fact.object_ids.to(device)
+    budget = reveal_schedule(len(obj), K)
+    subject_pos = fact.subject_pos.to(device)
+    # noise by row: index 0 = no noise (clean and padding rows), s + 1 = sample s
+    table = torch.cat([torch.zeros_like(noise[:1]), noise]).to(device=device, dtype=backbone.dtype)
+
+    x_clean = fact.start(mask_id)[None].to(device)  # [1, L]
+    x = x_clean.repeat(N, 1)                        # [rows, L]; rows grow with the wavefront
+    sample = torch.arange(N, device=device)         # noise sample of each row
+    site = torch.full((N,), -1, device=device)      # site patched by each row (-1: none)
+    at = torch.full((N,), -1, device=device)        # step at which it patches (-1: never)
+    lp_clean = torch.zeros(K + 1)
+    lp = torch.full((N + K * C * N, K + 1), torch.nan)
+    rows, state = _Rows(), TraceState()
+    stats = dict(rows_run=0, forwards=0)
+    with Intervention(backbone, _hook_fns(sites, subject_pos, rows), state):
+        for j in range(K + 1):
+            if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
+                x = torch.cat([x, x[:N].repeat(C, 1)])
+                sample = torch.cat([sample, torch.arange(N, device=device).repeat(C)])
+                site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N)])
+                at = torch.cat([at, torch.full((C * N,), j, device=device)])
+            state.step = j
+            run, share = _plan(x, sample, at, j)
+            lp_run = torch.empty(len(run))
+            gen_run = torch.empty_like(x[run, P:])
+            for a, b, pad in _chunks(len(run), batch_size):
+                r = run[a:b]
+                xb = torch.cat([x_clean, x[r], x_clean.expand(pad, -1)])  # [B, L]
+                rs = torch.cat([sample.new_full((1,), -1), sample[r], sample.new_full((pad,), -1)])
+                rows.noise = table[rs + 1]  # [B, S, H]
+                rows.splice = _splice_rows(site[r], at[r], j)
+                gen_logits = backbone.logits(xb)[:, P:]  # [B, G, V]
+                lpb = object_logp(gen_logits, obj).cpu()
+                lp_run[a:b] = lpb[1:1 + b - a]
+                if a == 0:
+                    lp_clean[j] = lpb[0]
+                if j < K:
+                    gen = reveal(xb[:, P:], gen_logits, budget[j], mask_id)
+                    gen_run[a:b] = gen[1:1 + b - a]
+                    if a == 0:
+                        new_clean = gen[:1]
+                stats["rows_run"] += xb.shape[0]
+                stats["forwards"] += 1
+            lp[:len(x), j] = lp_run[share.cpu()]
+            if j < K:
+                x[:, P:] = gen_run[share]
+                x_clean = torch.cat([x_clean[:, :P], new_clean], 1)
+            if bar is not None:
+                bar.advance()
+    return dict(clean=lp_clean, corrupted=lp[:N], patched=lp[N:].view(K, C, N, K + 1),
+                clean_ids=x_clean[0].cpu(), stats=stats)
+
+
+def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int):
+    """Which rows to run at this step: (run [R] row indices, share [rows] index into run).
+
+    A row with no splice ahead is, from here on, a deterministic function of (noise sample, x)
+    (temperature 0, the same noise at every forward), so rows with equal (sample, x) have the same
+    future: one of them is run and the others take its results. Typically a splice that changes no
+    committed token folds its row back into the corrupted run right after the patched forward.
+    Rows that splice at this step are always run.
+    """
+    n = x.shape[0]
+    idx = torch.arange(n, device=x.device)
+    own = torch.where(at == step, idx, -1)  # a splicing row is its own group
+    key = torch.cat([own[:, None], sample[:, None], x], 1)
+    _, group = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((n,), n, device=x.device).scatter_reduce(0, group, idx, "amin")[: int(group.max()) + 1]
+    run = first.sort().values
+    share = torch.searchsorted(run, first[group])
+    return run, share
+
+
+def _chunks(n: int, batch_size: int):
+    """(start, end, padding) of equal-size chunks of n rows, each leaving room for the clean row."""
+    per = max(1, batch_size - 1)
+    n_chunks = -(-n // per)
+    size = -(-n // n_chunks)
+    for a in range(0, n, size):
+        b = min(a + size, n)
+        yield a, b, size - (b - a)
+
+
+def _splice_rows(site: torch.Tensor, at: torch.Tensor, step: int) -> dict[int, torch.Tensor]:
+    """site index -> chunk row indices (+1: after the clean row) that splice at this step."""
+    idx = (at == step).nonzero().squeeze(1)
+    if idx.numel() == 0:
+        return {}
+    hit = site[idx]
+    return {int(c): idx[hit == c] + 1 for c in hit.unique().tolist()}
+
+
+# ------------------------------------------------------------------------------ TIE
+
+
+def later_steps(steps: int) -> torch.Tensor:
+    """Bool [K, K + 1]: True where k' > k, the (k, k') pairs a TIE is defined for."""
+    return torch.arange(steps + 1)[None, :] > torch.arange(steps)[:, None]
+
+
+def tie_weights(steps: int, tau: float) -> torch.Tensor:
+    """w [K, K + 1] (float64): w[k, k'] ∝ exp(-tau (k' - k)) over k' > k, rows summing to 1; 0 elsewhere."""
+    gap = (torch.arange(steps + 1)[None, :] - torch.arange(steps)[:, None]).double()
+    # a softmax of -tau (k' - k) over the later steps: normalised, and stable for any tau
+    return torch.where(later_steps(steps), -float(tau) * gap, -torch.inf).softmax(-1)
+
+
+def aggregate(tie_full: torch.Tensor, tau: float) -> torch.Tensor:
+    """TIE_bar = sum_{k' > k} w_{k,k'} TIE(k'): tie_full [..., K, K + 1] -> [..., K]."""
+    K = tie_full.shape[-2]
+    vals = torch.where(later_steps(K), tie_full.double(), 0.0)  # the NaN at k' <= k meet no weight
+    return (vals * tie_weights(K, tau)).sum(-1).to(tie_full.dtype)
+
+
+@dataclass
+class TraceResult:
+    """TIE heatmaps of a set of facts (nats). Modules and layers index the middle axes.
+
+    tie            [F, M, Ly, K]        TIE_bar(l, k, m) per fact (the heatmaps)
+    tie_full       [F, M, Ly, K, K + 1] TIE(l, k, m, k'); NaN where k' <= k (not defined)
+    clean_logp     [F, K + 1]           log p(o | x_k) of the clean run
+    corrupted_logp [F, N, K + 1]        the same per noise sample of the corrupted run
+    """
+
+    tie: torch.Tensor
+    tie_full: torch.Tensor
+    clean_logp: torch.Tensor
+    corrupted_logp: torch.Tensor
+    fact_ids: list[str]
+    modules: tuple[str, ...]
+    layers: list[int]
+    settings: dict
+    facts: list[dict] = field(default_factory=list)  # per fact: tokens, subject positions, clean answer
+    stats: dict = field(default_factory=dict)        # work done: rows run, batched forwards
+
+    @property
+    def steps(self) -> int:
+        return self.tie.shape[-1]
+
+    def mean(self) -> torch.Tensor:
+        """TIE_bar averaged over facts: [M, Ly, K]."""
+        return self.tie.mean(0)
+
+    def fact_index(self, fact: int | str) -> int:
+        if isinstance(fact, int) and not isinstance(fact, bool):
+            if not -len(self.fact_ids) <= fact < len(self.fact_ids):
+                raise TimeromeError(f"fact index {fact} out of range: the trace has {len(self.fact_ids)} facts")
+            return fact % len(self.fact_ids)
+        if fact not in self.fact_ids:
+            raise TimeromeError(f"no fact {fact!r} in this trace (facts: {', '.join(self.fact_ids)})")
+        return self.fact_ids.index(fact)
+
+    def save(self, path: str | Path) -> Path:
+        """Tensors to PATH (.safetensors), settings and facts to the same name with .json."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path.with_name(path.name + ".safetensors")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = dict(tie=self.tie, tie_full=self.tie_full, clean_logp=self.clean_logp,
+                       corrupted_logp=self.corrupted_logp)
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+        meta = dict(fact_ids=self.fact_ids, modules=list(self.modules), layers=self.layers,
+                    settings=self.settings, facts=self.facts, stats=self.stats)
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TraceResult":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path.with_name(path.name + ".safetensors") if not path.suffix else path.with_suffix(".safetensors")
+        meta_path = path.with_suffix(".json")
+        if not path.exists() or not meta_path.exists():
+            raise TimeromeError(f"a trace result is {path} plus {meta_path.name}; one of them is missing")
+        t = load_file(str(path))
+        meta = json.loads(meta_path.read_text())
+        return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], list(meta["fact_ids"]),
+                   tuple(meta["modules"]), list(meta["layers"]), dict(meta["settings"]), list(meta.get("facts", [])),
+                   dict(meta.get("stats", {})))
+
+
+# ------------------------------------------------------------------------------ public entry
+
+
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size):
+    if not isinstance(steps, int) or steps < 1:
+        raise TimeromeError(f"steps must be an integer >= 1, got {steps!r}")
+    if not isinstance(n_samples, int) or n_samples < 1:
+        raise TimeromeError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    if sigma is not None and not (math.isfinite(float(sigma)) and float(sigma) >= 0):
+        raise TimeromeError(f"sigma must be a finite number >= 0 (or None for 3 x subject-embedding std), got {sigma!r}")
+    if not math.isfinite(float(tau)):
+        raise TimeromeError(f"tau must be finite, got {tau!r}")
+    if isinstance(modules, str):
+        modules = (modules,)
+    modules = tuple(modules)
+    bad = [m for m in modules if m not in HOOK_POINTS]
+    if bad or not modules or len(set(modules)) != len(modules):
+        raise TimeromeError(f"modules must be distinct names from {', '.join(HOOK_POINTS)}; got {list(modules)}")
+    n = backbone.n_layers
+    layers = list(range(n)) if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    if not layers or any(not isinstance(l, int) or not -n <= l < n for l in layers):
+        raise TimeromeError(f"layers must be integers in [0, {n}) (the model has {n} layers); got {layers}")
+    layers = [l % n for l in layers]
+    if len(set(layers)) != len(layers):
+        raise TimeromeError(f"layers are repeated: {layers}")
+    if not isinstance(batch_size, int) or batch_size < 2:
+        raise TimeromeError(f"batch_size must be an integer >= 2 (one row is the clean run), got {batch_size!r}")
+    if not facts:
+        raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
+    return modules, layers
+
+
+def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
+    """Tokenized facts, sigma, its rule, and each fact's noise [N, S, H] (float32, sigma applied).
+
+    All noise comes from one CPU generator seeded with `seed`, drawn fact by fact in order, so the
+    same seed gives the same numbers on any device.
+    """
+    items = [tokenize_fact(backbone, f, i) for i, f in enumerate(facts)]
+    if sigma is None:
+        sig, rule = SIGMA_FACTOR * subject_embedding_std(backbone, items), "s3"
+    else:
+        sig, rule = float(sigma), "fixed"
+    g = torch.Generator().manual_seed(int(seed))
+    noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size, generator=g) for it in items]
+    return items, sig, rule, noises
+
+
+def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
+          tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
+          progress: bool = True) -> TraceResult:
+    """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
+
+    backbone: default the embedded model (`timerome.load_backbone()`).
+    facts: Fact-like objects or dicts with subject / prompt / object (and optional fact_id);
+        default the first 8 facts of the embedded forget01 split (the validation subset).
+    steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
+    tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
+    seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
+    depend on it beyond float rounding).
+    """
+    if backbone is None:
+        from timerome.backbones import load_backbone
+
+        backbone = load_backbone()
+    facts = default_facts() if facts is None else list(facts)
+    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size)
+    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
+    M, Ly, K = len(modules), len(layers), steps
+    ties, clean, corrupted, infos = [], [], [], []
+    stats = dict(rows_run=0, forwards=0)
+    with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
+        for it, noise in zip(items, noises):
+            out = _trace_fact(backbone, it, noise, sites, K, batch_size, bar)
+            # [K, C, N, K+1] - [N, K+1] -> mean over samples -> [M, Ly, K, K+1]
+            tie = (out["patched"] - out["corrupted"]).mean(2)
+            ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
+            clean.append(out["clean"])
+            corrupted.append(out["corrupted"])
+            infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
+            for k, v in out["stats"].items():
+                stats[k] += v
+    tie_full = torch.stack(ties)
+    # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
+    tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
+    settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
+                    model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
+    return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
+                       [it.fact_id for it in items], modules, layers, settings, infos, stats)
+
+
+# ------------------------------------------------------------------------------ naive reference
+
+
+@torch.no_grad()
+def naive_tie(backbone, facts, coords, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
+              tau: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, run literally: one full single-row trajectory per (fact, coordinate, sample).
+
+    coords: list of (layer, step, module). Uses the hooks module's capture / patch helpers, not the
+    wavefront, so it checks the fast path independently. Same noise as `trace` for the same
+    arguments. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).
+    """
+    items, _, _, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    K = steps
+    sites = sorted({(l, m) for l, _, m in coords}, key=str)
+    full = torch.full((len(items), len(coords), K + 1), torch.nan)
+    for f, (it, noise) in enumerate(zip(items, noises)):
+        pos = it.subject_pos.to(backbone.device)
+        run = lambda st: run_trajectory(backbone, it.prompt_ids, it.object_ids, steps=K, state=st)[0][0]
+        state = TraceState()
+        with capture(backbone, sites, state, positions=pos) as store:
+            run(state)
+        corrupted, patched = [], [[] for _ in coords]
+        for s in range(n_samples):
+            with Intervention(backbone, {(None, "embed"): _add_at(pos, noise[s], backbone)}, state):
+                corrupted.append(run(state))
+                for c, (l, k, m) in enumerate(coords):
+                    with patch(backbone, {(l, m): store[(l, m)][k]}, pos, state=state, at_step=k):
+                        patched[c].append(run(state))
+        corr = torch.stack(corrupted)  # [N, K + 1]
+        for c, (_, k, _) in enumerate(coords):
+            full[f, c, k + 1:] = (torch.stack(patched[c]) - corr).mean(0)[k + 1:]
+    w = tie_weights(K, tau).to(full.dtype)  # [K, K + 1]
+    tie = torch.zeros(len(items), len(coords))
+    for c, (_, k, _) in enumerate(coords):
+        tie[:, c] = (full[:, c, k + 1:] * w[k, k + 1:]).sum(-1)
+    return tie, full
+
+
+def _add_at(pos: torch.Tensor, eps: torch.Tensor, backbone):
+    """Hook adding eps [S, H] to the embeddings at token positions pos."""
+    eps = eps.to(device=backbone.device, dtype=backbone.dtype)
+
+    def fn(h, _state):
+        out = h.clone()
+        out[:, pos] += eps
+        return out
+
+    return fn

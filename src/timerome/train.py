@@ -1,0 +1,155 @@
+"""MDLM fine-tuning on question/answer pairs (the paper's "FT'd" models).
+
+Objective (LLaDA SFT): mask each answer token with probability t ~ U(eps, 1), prompt never
+masked; loss = sum over masked tokens of CE / t, divided by the answer length, averaged over
+the batch. Full fine-tuning or LoRA through `peft`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from timerome.errors import TimeromeError
+from timerome.progress import progress_bar
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    lr: float = 1e-4
+    batch_size: int = 16
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.05
+    eps: float = 1e-3
+    lora_r: int = 0          # 0: full fine-tuning; the paper's protocol is r=128
+    lora_alpha: int | None = None
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
+    """(question, answer) rows -> token id pairs; the prompt is the question as written."""
+    pairs = []
+    for i, r in enumerate(rows):
+        q, a = backbone.encode(r["question"]), backbone.encode(" " + r["answer"].strip()) if _needs_space(backbone) else backbone.encode(r["answer"])
+        if not a:
+            raise TimeromeError(f"row {i} has an empty answer")
+        if len(q) + len(a) > backbone.max_length:
+            raise TimeromeError(f"row {i} is {len(q) + len(a)} tokens, over the model's context of {backbone.max_length}")
+        pairs.append((q, a))
+    return pairs
+
+
+def _needs_space(backbone) -> bool:
+    # BPE tokenizers glue a leading space to the first word; word-level ones split on it anyway
+    return getattr(backbone.tokenizer, "is_fast", False) and "Ġ" in "".join(list(backbone.tokenizer.get_vocab())[:2000])
+
+
+def collate(pairs, pad_id: int, device):
+    """-> ids [B, L], answer mask [B, L], attention mask [B, L] (right padding)."""
+    L = max(len(q) + len(a) for q, a in pairs)
+    ids = torch.full((len(pairs), L), pad_id, dtype=torch.long)
+    ans = torch.zeros(len(pairs), L, dtype=torch.bool)
+    att = torch.zeros(len(pairs), L, dtype=torch.bool)
+    for b, (q, a) in enumerate(pairs):
+        n = len(q) + len(a)
+        ids[b, :n] = torch.tensor(q + a)
+        ans[b, len(q):n] = True
+        att[b, :n] = True
+    return ids.to(device), ans.to(device), att.to(device)
+
+
+def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
+              per_example: bool = False):
+    """The masked-answer MDLM loss (nats per answer token, 1/t weighted)."""
+    B, L = ids.shape
+    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)        # [B]
+    masked = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & answer_mask
+    noisy = torch.where(masked, torch.full_like(ids, backbone.mask_id), ids)
+    logits = backbone.logits(noisy, attention_mask if not bool(attention_mask.all()) else None)
+    ce = F.cross_entropy(logits.float().transpose(1, 2), ids, reduction="none")        # [B, L]
+    per = (ce * masked / t[:, None]).sum(1) / answer_mask.sum(1).clamp(min=1)          # [B]
+    return per if per_example else per.mean()
+
+
+def pad_id(backbone) -> int:
+    tok = backbone.tokenizer
+    for cand in (tok.pad_token_id, tok.eos_token_id):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: bool = True) -> dict:
+    """Fine-tune backbone.model in place on rows of {"question", "answer"}; returns a log."""
+    cfg = config or TrainConfig()
+    if not rows:
+        raise TimeromeError("no training rows")
+    pairs = encode_pairs(backbone, rows)
+    gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
+    order_gen = torch.Generator().manual_seed(cfg.seed)
+    model = backbone.model
+    peft_model = None
+    if cfg.lora_r > 0:
+        peft_model = _wrap_lora(backbone, cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, int(cfg.warmup_frac * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    pid = pad_id(backbone)
+    model.train()
+    log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg)}
+    t0 = time.perf_counter()
+    try:
+        with progress_bar("training", total=total, enabled=show_progress) as bar:
+            for epoch in range(cfg.epochs):
+                perm = torch.randperm(len(pairs), generator=order_gen).tolist()
+                # group similar lengths inside the epoch to waste little on padding
+                for s in range(steps_per_epoch):
+                    batch = [pairs[i] for i in perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                    ids, ans, att = collate(batch, pid, backbone.device)
+                    loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.grad_clip:
+                        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                    opt.step()
+                    sched.step()
+                    log["loss"].append(float(loss))
+                    bar.advance(description=f"training epoch {epoch + 1}/{cfg.epochs} loss {float(loss):.3f}")
+    finally:
+        model.eval()
+        if peft_model is not None:
+            _merge_lora(backbone, peft_model)
+        for p in backbone.model.parameters():
+            p.requires_grad_(False)
+    log["seconds"] = time.perf_counter() - t0
+    return log
+
+
+def _wrap_lora(backbone, cfg: TrainConfig):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise TimeromeError("LoRA training needs `peft`: pip install peft") from None
+    for p in backbone.model.parameters():
+        p.requires_grad_(False)
+    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=0.0,
+                      target_modules=backbone.family.lora_targets, bias="none")
+    peft_model = get_peft_model(backbone.model, lcfg)
+    return peft_model
+
+
+def _merge_lora(backbone, peft_model) -> None:
+    # fold the adapters back in so the Backbone's module paths and hooks stay as they were
+    merged = peft_model.merge_and_unload()
+    backbone.model = merged.eval()
+    backbone._modules = dict(merged.named_modules())

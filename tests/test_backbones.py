@@ -1,0 +1,176 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from timerome import TimeromeError, load_backbone
+from timerome.backbones.families import FAMILIES, get_family
+from timerome.backbones.loading import _mask_id
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.hooks import Intervention, capture, patch
+
+FAMILY_NAMES = ["timerome", "llada", "mmada", "llada-moe", "dream", "diffullama"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {f: make_tiny_checkpoint(f, root / f, layers=3) for f in FAMILY_NAMES}
+
+
+@pytest.fixture(scope="module")
+def backbones(tiny_dirs):
+    return {f: load_backbone(d) for f, d in tiny_dirs.items()}
+
+
+def _ids(bb, n=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, bb.vocab_size, (2, n), generator=g)
+    ids[:, 3] = bb.mask_id
+    return ids
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_autodetects_family(backbones, fam):
+    assert backbones[fam].family.name == fam
+    assert backbones[fam].n_layers == 3
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_block_out_is_block_in_plus_attn_plus_mlp(backbones, fam):
+    bb = backbones[fam]
+    ids = _ids(bb)
+    sites = [(None, "embed")] + [(l, p) for l in range(bb.n_layers) for p in ("resid", "attn", "mlp")]
+    with torch.no_grad(), capture(bb, sites) as store:
+        bb.logits(ids)
+    for l in range(bb.n_layers):
+        block_in = store[(None, "embed")][0] if l == 0 else store[(l - 1, "resid")][0]
+        recon = block_in + store[(l, "attn")][0] + store[(l, "mlp")][0]
+        torch.testing.assert_close(store[(l, "resid")][0], recon, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_patching_own_activation_is_bit_identical(backbones, fam):
+    bb = backbones[fam]
+    ids = _ids(bb)
+    pos = torch.tensor([1, 2, 5])
+    with torch.no_grad():
+        clean = bb.logits(ids)
+        for point in ("resid", "attn", "mlp"):
+            site = (1, point)
+            with capture(bb, [site], positions=pos) as store:
+                bb.logits(ids)
+            with patch(bb, {site: store[site][0]}, pos):
+                patched = bb.logits(ids)
+            assert torch.equal(clean, patched), point
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_each_hook_fires_once_per_forward(backbones, fam):
+    bb = backbones[fam]
+    counts = {}
+
+    def counter(site):
+        def fn(h, state):
+            counts[site] = counts.get(site, 0) + 1
+        return fn
+
+    sites = [(l, p) for l in range(bb.n_layers) for p in ("resid", "attn", "mlp")] + [(None, "embed")]
+    with torch.no_grad(), Intervention(bb, {s: counter(s) for s in sites}):
+        bb.logits(_ids(bb))
+        bb.logits(_ids(bb, seed=1))
+    assert counts == {s: 2 for s in sites}
+    # and removed afterwards
+    with torch.no_grad():
+        bb.logits(_ids(bb))
+    assert counts == {s: 2 for s in sites}
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_head_is_never_a_block_module(backbones, fam):
+    bb = backbones[fam]
+    head = bb.model.get_output_embeddings() if hasattr(bb.model, "get_output_embeddings") else None
+    heads = {id(m) for n, m in bb.model.named_modules() if n in ("lm_head", "model.transformer.ff_out")}
+    if head is not None:
+        heads.add(id(head))
+    assert heads
+    for l in range(bb.n_layers):
+        for p in ("resid", "attn", "mlp"):
+            assert id(bb.module(l, p)) not in heads
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_logits_aligned_and_bidirectional(backbones, fam):
+    bb = backbones[fam]
+    ids = _ids(bb)
+    with torch.no_grad():
+        out = bb.logits(ids)
+        kwargs = {}
+        if bb.family.attention == "bias4d":
+            kwargs["attention_mask"] = torch.ones(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
+        raw = bb.model(input_ids=ids, **kwargs).logits
+        if bb.family.logit_shift:
+            torch.testing.assert_close(out[:, 1:], raw[:, :-1])
+        else:
+            torch.testing.assert_close(out, raw)
+        ids2 = ids.clone()
+        ids2[:, -1] = (ids2[:, -1] + 1 - 5) % (bb.vocab_size - 5) + 5
+        assert not torch.allclose(bb.logits(ids2)[:, 1], out[:, 1])  # a later token reaches position 1
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_padding_is_invisible(backbones, fam):
+    bb = backbones[fam]
+    ids = _ids(bb)[:1]
+    padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    att = torch.cat([torch.ones(1, ids.shape[1]), torch.zeros(1, 4)], dim=1).bool()
+    with torch.no_grad():
+        a = bb.logits(ids)
+        b = bb.logits(padded, att)[:, : ids.shape[1]]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_inputs(backbones, tiny_dirs, tmp_path):
+    bb = backbones["timerome"]
+    with pytest.raises(TimeromeError, match="unknown backbone family"):
+        get_family("gpt9")
+    with pytest.raises(TimeromeError, match="unknown backbone family"):
+        load_backbone(tiny_dirs["timerome"], family="gpt9")
+    with pytest.raises(TimeromeError, match="unknown hook point"):
+        bb.module(0, "ffn")
+    with pytest.raises(TimeromeError, match="out of range"):
+        bb.module(7, "resid")
+    with pytest.raises(TimeromeError, match="unknown hook point"):
+        with Intervention(bb, {(0, "mlp_out"): lambda h, s: None}):
+            pass
+    with pytest.raises(TimeromeError, match="exceeds the model's context"):
+        bb.logits(torch.zeros(1, bb.max_length + 1, dtype=torch.long))
+    with pytest.raises(TimeromeError, match="no mask token"):
+        _mask_id({}, type("Tok", (), {"mask_token_id": None})(), FAMILIES["diffullama"])
+    with pytest.raises(TimeromeError, match="no config.json"):
+        load_backbone(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["timerome"], broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["model_type"] = "bert"
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TimeromeError, match="cannot tell the backbone family"):
+        load_backbone(broken)
+
+
+def test_hooks_removed_when_body_raises(backbones):
+    bb = backbones["timerome"]
+    mod = bb.module(0, "resid")
+    before = len(mod._forward_hooks)
+    with pytest.raises(RuntimeError):
+        with Intervention(bb, {(0, "resid"): lambda h, s: h * 0}):
+            raise RuntimeError("boom")
+    assert len(mod._forward_hooks) == before
+
+
+def test_fingerprint_distinguishes_models(tmp_path):
+    a = load_backbone(make_tiny_checkpoint("timerome", tmp_path / "a", seed=0))
+    b = load_backbone(make_tiny_checkpoint("timerome", tmp_path / "b", seed=1))
+    a2 = load_backbone(tmp_path / "a")
+    assert a.fingerprint() == a2.fingerprint() != b.fingerprint()

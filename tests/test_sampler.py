@@ -1,0 +1,261 @@
+"""generate() against a literal, slow transcription of the LLaDA sampler (as paraphrased in
+shared/notes/reference-algorithms.md), on a tiny seeded bidirectional transformer."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from timerome.errors import TimeromeError
+from timerome.sampler import generate, transfer_schedule
+
+VOCAB, MASK = 50, 49
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The toy is tiny: extra intra-op threads only spin (100x slower on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class ToyBackbone:
+    """Tiny bidirectional transformer with seeded random weights: argmax depends on context."""
+
+    def __init__(self, d=32, n_layers=2, n_heads=4, max_length=64, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale
+        self.tok, self.pos = r(VOCAB, d), r(max_length, d)
+        self.layers = [dict(qkv=r(d, 3 * d, scale=2 * d ** -0.5), o=r(d, d, scale=2 * d ** -0.5),
+                            w1=r(d, 4 * d, scale=d ** -0.5), w2=r(4 * d, d, scale=(4 * d) ** -0.5))
+                       for _ in range(n_layers)]
+        self.head = r(d, VOCAB, scale=3 * d ** -0.5)
+        self.n_heads, self.mask_id, self.vocab_size, self.max_length = n_heads, MASK, VOCAB, max_length
+        self.device = torch.device("cpu")
+        self.calls = []  # (batch size, state.step or None) per forward
+        self.state = None
+
+    def logits(self, ids, attention_mask=None):
+        self.calls.append((ids.shape[0], None if self.state is None else self.state.step))
+        B, L = ids.shape
+        h = self.tok[ids] + self.pos[:L]
+        for w in self.layers:
+            q, k, v = (F.layer_norm(h, h.shape[-1:]) @ w["qkv"]).chunk(3, dim=-1)
+            q, k, v = (t.view(B, L, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+            att = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, L, L], no causal mask
+            if attention_mask is not None:
+                att = att.masked_fill(~attention_mask[:, None, None, :].bool(), -torch.inf)
+            h = h + (att.softmax(-1) @ v).transpose(1, 2).reshape(B, L, -1) @ w["o"]
+            h = h + F.gelu(F.layer_norm(h, h.shape[-1:]) @ w["w1"]) @ w["w2"]
+        out = F.layer_norm(h, h.shape[-1:]) @ self.head
+        out[..., MASK] = -1e4  # like a trained MDLM, never predict the mask itself
+        return out
+
+
+class State:
+    def __init__(self):
+        self.step = -1
+
+
+# ------------------------------------------------------------------------------ the transcription
+
+
+def reference_generate(model, prompt, steps, gen_length, block_length, temperature, cfg_scale, remasking,
+                       generator):
+    """One step at a time, exactly as the notes describe; deliberately unoptimised."""
+    B, P = prompt.shape
+    x = torch.full((B, P + gen_length), MASK, dtype=torch.long)
+    x[:, :P] = prompt
+    prompt_index = x != MASK
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for blk in range(num_blocks):
+        lo, hi = P + blk * block_length, P + (blk + 1) * block_length
+        schedule = []
+        for b in range(B):
+            m = int((x[b, lo:hi] == MASK).sum())
+            schedule.append([m // steps_per_block + (1 if i < m % steps_per_block else 0)
+                             for i in range(steps_per_block)])
+        for i in range(steps_per_block):
+            mask_index = x == MASK
+            if cfg_scale > 0:
+                un_x = x.clone()
+                un_x[prompt_index] = MASK
+                both = model.logits(torch.cat([x, un_x], dim=0))
+                cond, uncond = both[:B], both[B:]
+                logits = uncond + (cfg_scale + 1) * (cond - uncond)
+            else:
+                logits = model.logits(x)
+            if temperature == 0:
+                x0 = torch.argmax(logits, dim=-1)
+            else:
+                l64 = logits.to(torch.float64)
+                u = torch.rand(l64.shape, dtype=torch.float64, generator=generator)
+                x0 = torch.argmax(l64.exp() / (-torch.log(u)) ** temperature, dim=-1)
+            conf = reference_confidence(logits, x0, remasking, temperature, generator)
+            conf[:, hi:] = -math.inf
+            for b in range(B):
+                for j in range(x.shape[1]):
+                    if not mask_index[b, j]:
+                        x0[b, j] = x[b, j]
+                        conf[b, j] = -math.inf
+            for b in range(B):
+                chosen = torch.topk(conf[b], k=schedule[b][i]).indices
+                for j in chosen.tolist():
+                    x[b, j] = x0[b, j]
+    return x
+
+
+def reference_confidence(logits, x0, remasking, temperature, generator):
+    B, L, _ = logits.shape
+    if remasking == "random":
+        return torch.rand((B, L), generator=generator)
+    if remasking == "low_confidence":
+        p = torch.softmax(logits.to(torch.float64), dim=-1)
+    else:  # Dream: the tempered distribution
+        p = torch.softmax(logits.to(torch.float64) / (temperature if temperature > 0 else 1.0), dim=-1)
+    conf = torch.empty(B, L, dtype=torch.float64)
+    for b in range(B):
+        for j in range(L):
+            pj = p[b, j]
+            if remasking in ("low_confidence", "maskgit_plus"):
+                conf[b, j] = pj[x0[b, j]]
+            elif remasking == "margin":
+                s = torch.sort(pj, descending=True).values
+                conf[b, j] = s[0] - s[1]
+            elif remasking == "entropy":
+                conf[b, j] = sum(float(q) * math.log(float(q)) for q in pj if q > 0)
+    return conf
+
+
+# ------------------------------------------------------------------------------ tests
+
+PROMPT = torch.tensor([[3, 17, 8, 22, 5], [40, 2, 2, 11, 30]])
+
+CASES = [  # steps, gen_length, block_length, temperature, cfg_scale, remasking
+    (8, 8, 8, 0.0, 0.0, "low_confidence"),
+    (4, 16, 16, 0.0, 0.0, "low_confidence"),  # several tokens per step
+    (6, 8, 8, 0.0, 0.0, "low_confidence"),  # remainder front-loaded
+    (5, 16, 16, 0.0, 0.0, "low_confidence"),
+    (8, 16, 4, 0.0, 0.0, "low_confidence"),  # four blocks
+    (8, 8, 8, 0.7, 0.0, "low_confidence"),
+    (8, 16, 8, 1.0, 0.0, "low_confidence"),
+    (8, 8, 8, 0.0, 1.5, "low_confidence"),
+    (8, 16, 8, 0.8, 0.5, "low_confidence"),
+    (8, 8, 8, 0.0, 0.0, "random"),
+    (8, 16, 8, 0.9, 0.0, "random"),
+    (8, 16, 8, 0.0, 1.0, "random"),
+    (8, 16, 8, 0.0, 0.0, "maskgit_plus"),
+    (8, 16, 8, 0.0, 0.0, "margin"),
+    (8, 16, 8, 0.0, 0.0, "entropy"),
+    (8, 16, 8, 0.6, 0.0, "maskgit_plus"),
+    (8, 16, 8, 0.6, 0.0, "margin"),
+    (8, 16, 8, 0.6, 1.0, "entropy"),
+]
+
+
+@pytest.mark.parametrize("steps,gen_length,block_length,temperature,cfg_scale,remasking", CASES)
+def test_matches_reference(steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    model = ToyBackbone()
+    kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
+              cfg_scale=cfg_scale, remasking=remasking)
+    ours = generate(model, PROMPT, generator=torch.Generator().manual_seed(11), **kw)
+    ref = reference_generate(model, PROMPT, generator=torch.Generator().manual_seed(11), **kw)
+    assert ours.shape == (2, PROMPT.shape[1] + gen_length)
+    assert torch.equal(ours, ref)
+    assert torch.equal(ours[:, :PROMPT.shape[1]], PROMPT)
+    assert not (ours == MASK).any()
+
+
+def test_masks_inside_the_prompt_compete():
+    model = ToyBackbone()
+    prompt = torch.tensor([[3, MASK, 8, 22, MASK]])
+    kw = dict(steps=4, gen_length=8, block_length=8, temperature=0.0, cfg_scale=0.0, remasking="low_confidence")
+    ours = generate(model, prompt, **kw)
+    ref = reference_generate(model, prompt, generator=None, **kw)
+    assert torch.equal(ours, ref)
+    # prompt masks may be filled; the budget is fixed, so exactly two masks remain somewhere
+    assert int((ours == MASK).sum()) == 2
+
+
+def test_the_toy_and_the_options_matter():
+    """Guards against a vacuous match: different settings give different tokens on the toy."""
+    model = ToyBackbone()
+    base = dict(steps=8, gen_length=16, temperature=0.0, cfg_scale=0.0)
+    one_block = generate(model, PROMPT, block_length=16, **base)
+    four_blocks = generate(model, PROMPT, block_length=4, **base)
+    assert not torch.equal(one_block, four_blocks)
+    assert not torch.equal(one_block[0, 5:], one_block[1, 5:])  # the prompt matters
+    assert not torch.equal(one_block, generate(model, PROMPT, block_length=16, remasking="random", **base))
+    hot = [generate(model, PROMPT, steps=8, gen_length=16, block_length=16, temperature=1.0,
+                    generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert not torch.equal(hot[0], hot[1])
+
+
+def test_transfer_schedule():
+    sched = transfer_schedule(torch.tensor([10, 3, 0, 8]), 4)
+    assert sched.tolist() == [[3, 3, 2, 2], [1, 1, 1, 0], [0, 0, 0, 0], [2, 2, 2, 2]]
+    counts = torch.arange(0, 40)
+    sched = transfer_schedule(counts, 7)
+    assert torch.equal(sched.sum(1), counts)
+    assert ((sched[:, :-1] - sched[:, 1:]) >= 0).all()  # front-loaded
+    assert (sched.max(1).values - sched.min(1).values <= 1).all()
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 2.0])
+def test_state_step_once_per_forward(cfg_scale):
+    model, state = ToyBackbone(), State()
+    model.state = state
+    seen = []
+    out = generate(model, PROMPT, steps=12, gen_length=12, block_length=4, cfg_scale=cfg_scale, state=state,
+                   on_step=lambda k, x: seen.append((k, x)))
+    assert [s for _, s in model.calls] == list(range(12))
+    assert all(b == (4 if cfg_scale else 2) for b, _ in model.calls)  # cond + uncond: one forward
+    assert [k for k, _ in seen] == list(range(12))
+    n_masked = [int((x == MASK).sum()) for _, x in seen]
+    assert n_masked == sorted(n_masked, reverse=True) and n_masked[-1] == 0
+    assert torch.equal(seen[-1][1], out)
+
+
+def test_deterministic_default_generator():
+    model = ToyBackbone()
+    kw = dict(steps=8, gen_length=8, block_length=8, temperature=0.9, remasking="random")
+    a, b = generate(model, PROMPT, **kw), generate(model, PROMPT, **kw)
+    assert torch.equal(a, b)
+    assert torch.equal(a, generate(model, PROMPT, generator=torch.Generator().manual_seed(0), **kw))
+
+
+def test_one_dimensional_prompt():
+    model = ToyBackbone()
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    assert torch.equal(generate(model, PROMPT[0].tolist(), **kw), generate(model, PROMPT[:1], **kw))
+
+
+def test_padding_is_never_revealed():
+    model = ToyBackbone()
+    prompt = torch.tensor([[MASK, MASK, 3, 17, 8], [40, 2, 2, 11, 30]])  # row 0 left-padded with MASK
+    am = torch.tensor([[False, False, True, True, True], [True] * 5])
+    out = generate(model, prompt, steps=8, gen_length=8, block_length=8, attention_mask=am)
+    assert (out[0, :2] == MASK).all() and not (out[:, 5:] == MASK).any()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(gen_length=10, block_length=4), "multiple of block_length"),
+    (dict(steps=6, gen_length=16, block_length=4), "not divisible by the number of blocks"),
+    (dict(gen_length=64, block_length=64, steps=64), "exceeds the model's context"),
+    (dict(remasking="lowest"), "unknown remasking"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(steps=0), ">= 1"),
+])
+def test_bad_inputs(kw, match):
+    args = dict(steps=8, gen_length=8, block_length=8) | kw
+    with pytest.raises(TimeromeError, match=match):
+        generate(ToyBackbone(), PROMPT, **args)
+
+
+def test_empty_prompt():
+    with pytest.raises(TimeromeError, match="empty"):
+        generate(ToyBackbone(), torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=8, block_length=8)

@@ -1,0 +1,255 @@
+"""Diffusion-time causal tracing: definition-level checks on tiny random models, and one check on
+the embedded default model that the traced hot coordinate carries real signal."""
+
+import math
+
+import pytest
+import torch
+
+from timerome import TimeromeError, load_backbone
+from timerome.backbones.loading import DEFAULT_MODEL_DIR
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.heatmaps import plot_heatmaps, plot_per_fact
+from timerome.hooks import Intervention, TraceState, capture
+from timerome.sampler import generate
+from timerome.selection import per_fact_best, select_coordinate
+from timerome.tracing import (TraceResult, _plan, aggregate, naive_tie, run_trajectory, tie_weights,
+                              tokenize_fact, trace)
+
+# every word is in the tiny checkpoints' vocabulary
+FACTS = [
+    dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
+    dict(fact_id="genre", subject="her first", prompt="what was her first genre ?", object="mystery poetry"),
+]
+FAST = dict(steps=4, n_samples=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def bb(tmp_path_factory):
+    d = make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "llada", layers=3, hidden=32)
+    return load_backbone(d)
+
+
+@pytest.fixture(scope="module")
+def traced(bb):
+    return trace(bb, FACTS, **FAST)
+
+
+# ------------------------------------------------------------------------------ the trajectory
+
+
+def test_subject_positions_come_from_character_offsets(bb):
+    it = tokenize_fact(bb, FACTS[0])
+    assert it.subject_pos.tolist() == [2, 3]  # "where was [the author] born ?"
+    assert bb.decode(it.prompt_ids[it.subject_pos]) == "the author"
+    assert len(it.object_ids) == 3
+
+
+def test_trajectory_is_the_samplers(bb):
+    it = tokenize_fact(bb, FACTS[0])
+    _, xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=4)
+    seen = []
+    out = generate(bb, it.prompt_ids, steps=4, gen_length=3, block_length=3, on_step=lambda k, x: seen.append(x))
+    assert torch.equal(out.cpu(), xs[-1])
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(seen, xs[1:]))
+
+
+def test_tie_weights_decay_and_normalise():
+    w = tie_weights(4, tau=0.5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, dtype=w.dtype))
+    assert float(w[0, 2] / w[0, 1]) == pytest.approx(math.exp(-0.5))
+    assert torch.all(w.tril() == 0) and float(w[3, 4]) == 1.0
+    full = torch.arange(20.0).view(4, 5)
+    assert float(aggregate(full, 1.0)[3]) == 19.0  # the last step has one later step
+
+
+def test_rows_with_the_same_future_share_one_run():
+    x = torch.tensor([[1, 5], [1, 5], [1, 6], [1, 5], [1, 5]])
+    sample = torch.tensor([0, 1, 0, 0, 0])
+    at = torch.tensor([-1, -1, 0, 0, 2])  # row 4 splices at step 2: run on its own
+    run, share = _plan(x, sample, at, step=2)
+    assert run.tolist() == [0, 1, 2, 4]  # row 3 (sample 0, x [1, 5], done splicing) = row 0
+    assert run[share].tolist() == [0, 1, 2, 0, 4]
+
+
+# ------------------------------------------------------------------------------ TIE properties
+
+
+def test_shapes_and_settings(bb, traced):
+    r = traced
+    assert r.tie.shape == (2, 3, 3, 4) and r.tie_full.shape == (2, 3, 3, 4, 5)
+    assert r.clean_logp.shape == (2, 5) and r.corrupted_logp.shape == (2, 2, 5)
+    assert r.fact_ids == ["born", "genre"] and r.modules == ("resid", "attn", "mlp")
+    assert r.settings["sigma_rule"] == "s3" and r.settings["sigma"] > 0
+    assert r.settings["fingerprint"] == bb.fingerprint()
+    later = torch.arange(5)[None, :] > torch.arange(4)[:, None]
+    assert torch.isnan(r.tie_full[..., ~later]).all() and not torch.isnan(r.tie_full[..., later]).any()
+
+
+@pytest.mark.parametrize("batch_size", [256, 7])
+def test_sigma_zero_gives_exactly_zero_tie(bb, batch_size):
+    r = trace(bb, FACTS, sigma=0.0, batch_size=batch_size, **FAST)
+    assert torch.equal(r.tie, torch.zeros_like(r.tie))
+    assert torch.equal(torch.nan_to_num(r.tie_full), torch.zeros_like(r.tie_full))
+    assert torch.equal(r.corrupted_logp, r.clean_logp[:, None].expand_as(r.corrupted_logp))
+
+
+def test_fast_equals_naive(bb, traced):
+    coords = [(l, k, m) for m in traced.modules for l in range(bb.n_layers) for k in range(4)]
+    tie, full = naive_tie(bb, FACTS, coords, steps=4, n_samples=2)
+    for c, (l, k, m) in enumerate(coords):
+        mi = traced.modules.index(m)
+        torch.testing.assert_close(traced.tie[:, mi, l, k], tie[:, c], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(traced.tie_full[:, mi, l, k], full[:, c], atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert traced.tie.abs().max() > 1e-3  # not a vacuous match
+
+
+def test_chunked_batches_give_the_same_tie(bb, traced):
+    r = trace(bb, FACTS, batch_size=5, **FAST)
+    torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
+
+
+def test_restoring_a_whole_layer_restores_the_clean_run(bb):
+    """resid of layer l at ALL positions at EVERY step from the clean run: everything above l, hence
+    every commit and every log p, is the clean run's, bit for bit."""
+    it = tokenize_fact(bb, FACTS[0])
+    l, K = 1, 4
+    state = TraceState()
+    with capture(bb, [(l, "resid")], state) as store:
+        clean, clean_xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+    eps = 5.0 * torch.randn(len(it.subject_pos), bb.hidden_size, generator=torch.Generator().manual_seed(0))
+
+    def noise(h, _st):
+        out = h.clone()
+        out[:, it.subject_pos] += eps
+        return out
+
+    with Intervention(bb, {(None, "embed"): noise}, state):
+        corrupted, _ = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+        with Intervention(bb, {(l, "resid"): lambda h, st: store[(l, "resid")][st.step]}, state):
+            restored, restored_xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+    assert not torch.equal(corrupted, clean)  # the noise matters ...
+    assert torch.equal(restored, clean)       # ... and the restored layer undoes all of it
+    assert torch.equal(restored_xs, clean_xs)
+
+
+def test_reproducible_by_seed(bb, traced, tmp_path):
+    again = trace(bb, FACTS, **FAST)
+    assert torch.equal(again.tie, traced.tie)
+    a = plot_heatmaps(traced, tmp_path / "a.png").read_bytes()
+    b = plot_heatmaps(again, tmp_path / "b.png").read_bytes()
+    assert a == b and a[:8] == b"\x89PNG\r\n\x1a\n"
+    other = trace(bb, FACTS, seed=1, **FAST)
+    assert not torch.equal(other.tie, traced.tie)
+
+
+def test_save_load_roundtrip(traced, tmp_path):
+    path = traced.save(tmp_path / "out" / "trace")
+    assert path.name == "trace.safetensors" and path.with_suffix(".json").exists()
+    back = TraceResult.load(path)
+    assert torch.equal(back.tie, traced.tie) and torch.equal(back.corrupted_logp, traced.corrupted_logp)
+    torch.testing.assert_close(back.tie_full, traced.tie_full, equal_nan=True)
+    assert (back.fact_ids, back.modules, back.layers, back.settings) == (
+        traced.fact_ids, traced.modules, traced.layers, traced.settings)
+    assert back.facts[0]["subject_positions"] == [2, 3]
+
+
+def test_subset_of_sites_matches_full_trace(bb, traced):
+    r = trace(bb, FACTS, modules=("mlp",), layers=[2, 0], **FAST)
+    assert r.tie.shape == (2, 1, 2, 4) and r.layers == [2, 0]
+    torch.testing.assert_close(r.tie[:, 0], traced.tie[:, 2][:, [2, 0]], atol=1e-6, rtol=1e-5)
+
+
+def test_per_fact_heatmaps(traced, tmp_path):
+    paths = plot_per_fact(traced, tmp_path / "facts")
+    assert len(paths) == 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    assert plot_heatmaps(traced, tmp_path / "g.png", fact="genre").exists()
+    with pytest.raises(TimeromeError, match="no fact"):
+        plot_heatmaps(traced, tmp_path / "x.png", fact="nope")
+
+
+# ------------------------------------------------------------------------------ selection
+
+
+def _result(tie: torch.Tensor, **settings) -> TraceResult:
+    F, M, Ly, K = tie.shape
+    full = torch.zeros(F, M, Ly, K, K + 1)
+    return TraceResult(tie, full, torch.zeros(F, K + 1), torch.zeros(F, 1, K + 1), [str(i) for i in range(F)],
+                       ("resid", "attn", "mlp")[:M], list(range(Ly)), dict(settings))
+
+
+def test_select_coordinate_uses_mean_magnitude():
+    tie = torch.zeros(2, 3, 4, 5)
+    tie[:, 0, 2, 1] = torch.tensor([1.0, 1.0])   # mean |.| 1.0
+    tie[:, 1, 3, 4] = torch.tensor([-3.0, 0.0])  # mean |.| 1.5, negative: still the strongest
+    best, top = select_coordinate(_result(tie), top=3)
+    assert (best.layer, best.step, best.module) == (3, 4, "attn") and best.score == pytest.approx(1.5)
+    assert [(c.layer, c.step, c.module) for c in top[:2]] == [(3, 4, "attn"), (2, 1, "resid")]
+    assert len(top) == 3
+    per = per_fact_best(_result(tie))
+    assert (per[0].layer, per[0].module, per[0].score) == (3, "attn", -3.0)
+    assert (per[1].layer, per[1].module, per[1].score) == (2, "resid", 1.0)
+
+
+def test_neighbour_penalty_moves_the_choice():
+    tie = torch.zeros(2, 3, 4, 5)
+    tie[:, 0, 2, 1], tie[:, 1, 3, 4] = 1.0, 1.5
+    nb = torch.zeros(2, 3, 4, 5)
+    nb[:, 1, 3, 4] = 2.0  # the strongest site also drives the neighbours
+    sel = select_coordinate(_result(tie), _result(nb), beta=0.5)
+    assert (sel.best.layer, sel.best.module) == (2, "resid")
+    assert sel.top[1].neighbour_abs_tie == pytest.approx(2.0) and sel.top[1].score == pytest.approx(0.5)
+    with pytest.raises(TimeromeError, match="same modules, layers and steps"):
+        select_coordinate(_result(tie), _result(torch.zeros(2, 3, 4, 6)), beta=1.0)
+    with pytest.raises(TimeromeError, match="another model"):
+        select_coordinate(_result(tie, fingerprint="a"), _result(nb, fingerprint="b"), beta=1.0)
+    with pytest.raises(TimeromeError, match="beta"):
+        select_coordinate(_result(tie), beta=-1.0)
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(facts=[dict(subject="the prize", prompt="where was the author born ?", object="city")]), "does not occur"),
+    (dict(modules=("resid", "ffn")), "modules must be"),
+    (dict(steps=0), "steps must be"),
+    (dict(facts=[]), "no facts"),
+    (dict(sigma=-1.0), "sigma must be"),
+    (dict(layers=[7]), "layers must be"),
+    (dict(n_samples=0), "n_samples must be"),
+])
+def test_errors(bb, kwargs, match):
+    args = dict(dict(facts=FACTS, **FAST), **kwargs)
+    with pytest.raises(TimeromeError, match=match):
+        trace(bb, args.pop("facts"), **args)
+
+
+# ------------------------------------------------------------------------------ the embedded model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="embedded default model not built yet")
+def test_embedded_hot_coordinate_carries_signal():
+    """Trace with seed 0, pick the hot coordinate, then re-measure on fresh noise (seeds 1, 2): the
+    hot coordinate's TIE must beat randomly drawn coordinates by a clear margin."""
+    pytest.importorskip("timerome.data.facts")
+    from timerome.tracing import default_facts
+
+    bb = load_backbone()
+    facts = default_facts()
+    best = select_coordinate(trace(bb, facts, seed=0, progress=False)).best
+    hot = (best.layer, best.step, best.module)
+    g = torch.Generator().manual_seed(0)
+    K = 8
+    randoms = []
+    while len(randoms) < 6:
+        c = (int(torch.randint(bb.n_layers, (1,), generator=g)), int(torch.randint(K, (1,), generator=g)),
+             ("resid", "attn", "mlp")[int(torch.randint(3, (1,), generator=g))])
+        if c != hot and c not in randoms:
+            randoms.append(c)
+    for seed in (1, 2):
+        tie, _ = naive_tie(bb, facts, [hot] + randoms, steps=K, n_samples=3, seed=seed)
+        mean = tie.mean(0)  # [1 + 6]
+        assert mean[0] > 1.0, (seed, hot, mean)
+        assert mean[0] > mean[1:].max() + 0.5, (seed, hot, mean)
