@@ -1,5 +1,7 @@
 """EditMemory, the single-fact gate, capture and whitening (tiny models; the embedded one at the end)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -55,6 +57,7 @@ def synthetic(n, H, seed=0, scale=1.0):
 
 def vector_memory(bb, U, D, ids=None, **kw):
     kw.setdefault("key_metric", "paper")
+    kw.setdefault("alpha", 1.0)
     m = EditMemory(bb, SITE, **kw)
     return m.add_vectors(U, D, ids or [f"f{i}" for i in range(len(U))])
 
@@ -76,6 +79,13 @@ def test_coordinate_checks(bb):
         Coordinate(1, "ffn")
     with pytest.raises(TimeromeError, match="out of range"):
         EditMemory(bb, (7, "resid"), key_metric="paper")
+
+
+def test_coordinate_from_a_tracing_selection():
+    from timerome.selection import Coordinate as Traced
+
+    c = Coordinate.of(Traced(layer=2, step=5, module="mlp", score=1.0, mean_abs_tie=1.0, neighbour_abs_tie=0.0))
+    assert c == Coordinate(2, "mlp", None)  # the traced step is not the edit step: k* = -1
 
 
 def test_capture_matches_unbatched_hooks(bb):
@@ -149,7 +159,7 @@ def test_whitened_is_paper_metric_on_whitened_keys(bb):
 def test_streaming_insert_and_remove_equal_batch_solve(bb, key_metric):
     H = bb.hidden_size
     U, D = synthetic(40, H, seed=1)
-    kw = dict(lam=0.5, key_metric=key_metric, background=random_stats(H))
+    kw = dict(lam=0.5, alpha=1.0, key_metric=key_metric, background=random_stats(H))
     batch = vector_memory(bb, U, D, **kw)
     stream = EditMemory(bb, SITE, **kw)
     for i in range(40):
@@ -177,7 +187,7 @@ def test_insertion_order_does_not_change_the_memory(bb):
     ids = [f"f{i}" for i in range(20)]
     perm = torch.randperm(20, generator=torch.Generator().manual_seed(0))
     a = vector_memory(bb, U, D, ids)
-    b = EditMemory(bb, SITE, key_metric="paper")
+    b = EditMemory(bb, SITE, key_metric="paper", alpha=1.0)
     for chunk in perm.split(7):  # a different order, in blocks of several facts
         b.add_vectors(U[chunk], D[chunk], [ids[i] for i in chunk])
     assert b.fact_ids == [ids[i] for i in perm]
@@ -318,7 +328,8 @@ def test_bad_input_raises_and_leaves_model_and_memory_unchanged(bb, stats):
 
     bad = {
         "empty": (lambda: m.add([]), "empty"),
-        "no subject": (lambda: m.add([Fact("the sea", "where was the author born ?", "city")]), "does not occur"),
+        "no subject": (lambda: m.add([SimpleNamespace(subject="the sea", prompt="where was the author born ?",
+                                                      object="city")]), "does not occur"),
         "unknown word": (lambda: m.add([Fact("her", "what did her write ?", "zebra")]), "cannot encode"),
         "duplicate": (lambda: m.add(facts3()[:1]), "already in the memory"),
         "q > F": (lambda: setattr(m, "q", 5) or m.applied(bb).__enter__(), "exceeds"),
@@ -381,30 +392,31 @@ def embedded():
     from timerome.data.tofu import load_split
 
     forget = load_split("forget10", "embedded")[:4]
-    retain = load_split("retain90", "embedded")[:8]
-    return bb, facts_from_rows(forget), forget, retain
+    retain = load_split("retain90", "embedded")[::225][:8]  # eight different authors
+    facts, skipped = facts_from_rows(forget)
+    assert not skipped
+    return bb, facts, forget, retain
 
 
 def _lp(bb, rows, memory=None):
     from contextlib import nullcontext
 
     from timerome.likelihood import log_likelihood_batch
-    from timerome.train import encode_pairs
 
-    pairs = encode_pairs(bb, rows)
+    prompts, answers = [bb.encode(r["question"]) for r in rows], [bb.encode(r["answer"]) for r in rows]
     with torch.no_grad(), (memory.applied(bb) if memory is not None else nullcontext()):
-        lp = log_likelihood_batch(bb, [p for p, _ in pairs], [a for _, a in pairs], n_mc=4,
+        lp = log_likelihood_batch(bb, prompts, answers, n_mc=4,
                                   generator=torch.Generator().manual_seed(0))
     return float(lp.mean())
 
 
 def test_embedded_edit_forgets_forget_rows_not_retain_rows(embedded):
     bb, facts, forget, retain = embedded
-    m = EditMemory(bb, alpha=2.0).add(facts)  # default key metric, middle layer, every step
+    m = EditMemory(bb).add(facts)  # the defaults: whitened keys, lam = H, alpha = 6, middle layer, every step
     d_forget = _lp(bb, forget, m) - _lp(bb, forget)
     d_retain = _lp(bb, retain, m) - _lp(bb, retain)
-    assert d_forget < -3.0, (d_forget, d_retain)
-    assert abs(d_retain) < 0.3 * abs(d_forget), (d_forget, d_retain)
+    assert d_forget < -5.0, (d_forget, d_retain)  # measured: -20.7
+    assert abs(d_retain) < 0.1 * abs(d_forget), (d_forget, d_retain)  # measured: +0.05
 
 
 def test_embedded_paper_metric_forget_lp_falls_with_alpha(embedded):

@@ -61,7 +61,7 @@ def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
 @friendly
 def build_default_cmd(out: Path = typer.Option(None, help="output directory (default: the package's assets)"),
                       check: bool = typer.Option(False, help="rebuild into a temporary folder and compare bytes with the shipped weights")):
-    """Rebuild the embedded default model bit-for-bit (about 4 minutes on 2 CPU cores)."""
+    """Rebuild the embedded default model bit-for-bit (under 5 minutes on 2 idle CPU cores)."""
     import tempfile
 
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
@@ -153,6 +153,184 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                 with memory.applied(bb):
                     row.append(bb.decode(gen(bb, ids, **kw)[0, ids.shape[1]:]))
         t.add_row(*row)
+    console.print(t)
+
+
+DataOpt = typer.Option("embedded:forget01", "--data", "-d",
+                       help="facts: 'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL file of "
+                            "question/answer rows (with 'author' or 'subject' where the subject is not a TOFU author)")
+TofuOpt = typer.Option(None, "--tofu-dir", help="local TOFU directory in the Hub layout")
+
+
+def _facts(data: str, tofu_dir, limit=None):
+    from timerome.data.rows import load_facts
+
+    facts, skipped = load_facts(data, tofu_dir=tofu_dir, limit=limit)
+    for i, why in skipped[:10]:
+        console.print(f"[yellow]skipped row {i}:[/] {why}")
+    if len(skipped) > 10:
+        console.print(f"[yellow]... and {len(skipped) - 10} more rows skipped[/]")
+    return facts
+
+
+@app.command("trace")
+@friendly
+def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", help="output folder"),
+              model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
+              trust_remote_code: bool = RemoteOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+              n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
+              steps: int = typer.Option(8, help="denoising steps K"),
+              n_samples: int = typer.Option(5, help="noise samples per fact"),
+              sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
+              tau: float = typer.Option(1.0, help="temporal decay of the TIE aggregation"),
+              beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
+              neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
+              readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing)"),
+              per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
+              seed: int = 0, batch_size: int = 256):
+    """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module)."""
+    from timerome.heatmaps import plot_heatmaps, plot_per_fact
+    from timerome.selection import per_fact_best, select_coordinate
+    from timerome.tracing import trace
+
+    bb = _load(model, family, trust_remote_code)
+    facts = _facts(data, tofu_dir, n_facts)
+    kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
+              readout=readout)
+    result = trace(bb, facts, **kw)
+    other = None
+    if neighbours:
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **kw)
+    best, top = select_coordinate(result, other, beta)
+    out.mkdir(parents=True, exist_ok=True)
+    result.save(out / "trace.safetensors")
+    png = plot_heatmaps(result, out / "heatmaps.png")
+    if per_fact:
+        plot_per_fact(result, out / "per_fact")
+    sel = dict(best=best.as_dict(), top=[c.as_dict() for c in top],
+               per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta)
+    (out / "selection.json").write_text(json.dumps(sel, indent=2) + "\n")
+    t = Table(title=f"top coordinates (mean |TIE| over {len(result.fact_ids)} facts, nats)")
+    for c in ("rank", "layer", "step", "module", "score"):
+        t.add_column(c)
+    for i, c in enumerate(top[:5]):
+        d = c.as_dict()
+        t.add_row(str(i + 1), str(d["layer"]), str(d["step"]), d["module"], f"{d['score']:+.3f}")
+    console.print(t)
+    console.print(f"wrote {out / 'trace.safetensors'}, {png}, {out / 'selection.json'}")
+
+
+@app.command()
+@friendly
+def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
+         model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
+         trust_remote_code: bool = RemoteOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+         layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
+         module: str = typer.Option("resid", help="resid, attn or mlp"),
+         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: use its selected coordinate"),
+         step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
+         alpha: Optional[float] = None, lam: Optional[float] = typer.Option(None, help="ridge lambda (default: the key scale)"),
+         q: int = typer.Option(0, help="top-q sparsity over facts (0: dense)"),
+         key_metric: str = typer.Option("whitened", help="'whitened' (default) or 'paper'"),
+         target: str = typer.Option("I don't know.", help="what the edited model should say instead"),
+         background: Optional[Path] = typer.Option(None, help="text file (one text per line) for the whitening statistics")):
+    """Build an edit memory from a forget set and save it (safetensors + JSON)."""
+    from timerome.edit_memory import DEFAULT_ALPHA, EditMemory
+
+    bb = _load(model, family, trust_remote_code)
+    facts = _facts(data, tofu_dir)
+    coordinate = None
+    if trace_file is not None:
+        from timerome.selection import select_coordinate
+        from timerome.tracing import TraceResult
+
+        best = select_coordinate(TraceResult.load(trace_file)).best.as_dict()
+        coordinate = (best["layer"], best["module"])
+    elif layer is not None:
+        coordinate = (layer, module)
+    bg = None
+    if background is not None:
+        from timerome.whitening import read_texts
+
+        bg = read_texts(background)
+    memory = EditMemory(bb, coordinate, alpha=DEFAULT_ALPHA if alpha is None else alpha, lam=lam, q=q,
+                        key_metric=key_metric, step=step, target=target, background=bg)
+    memory.add(facts)
+    path = memory.save(out)
+    c = memory.coordinate
+    console.print(f"edit memory of {len(memory.fact_ids)} facts at layer {c.layer} {c.point} "
+                  f"({memory.key_metric}, alpha {memory.alpha}, lambda {memory.lam:g}, q {memory.q}) -> {path or out}")
+    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"")
+
+
+@app.command()
+@friendly
+def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-demo-DATE)"),
+         model: Optional[str] = ModelOpt,
+         data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
+         reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
+         seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)")):
+    """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
+    from timerome.demo import run_demo
+
+    run_demo(out, model, data, seeds=_seeds(seeds), reference=reference, quick=quick)
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise TimeromeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise TimeromeError("give at least one seed")
+    return seeds
+
+
+@app.command()
+@friendly
+def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations or all"),
+               out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
+               model: Optional[str] = ModelOpt,
+               data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
+               config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
+               seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+               reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
+               methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
+               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
+    """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
+    from timerome.experiments import run_experiment
+
+    overrides = {}
+    if config is not None:
+        try:
+            overrides = json.loads(Path(config).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TimeromeError(f"cannot read config {config}: {e}") from None
+        if not isinstance(overrides, dict):
+            raise TimeromeError(f"config {config} must hold a JSON object of settings")
+    if methods:
+        overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
+    result = run_experiment(name, model, data, _seeds(seeds), out, resume=not fresh, overrides=overrides,
+                            reference=reference)
+    results = result if name == "all" else {name: result}
+    for n, r in results.items():
+        md = Path(r["out_dir"]) / f"{n}.md"
+        if md.exists():
+            console.print(md.read_text())
+        console.print(f"[green]{n}[/]: {r['seconds']:.0f}s, outputs in {r['out_dir']}")
+
+
+@app.command("methods")
+def methods_cmd():
+    """List the registered methods and their default settings."""
+    from timerome.methods import available, method_config
+
+    t = Table(title="methods")
+    t.add_column("name")
+    t.add_column("defaults")
+    for m in available():
+        t.add_row(m, json.dumps(method_config(m), default=str))
     console.print(t)
 
 

@@ -23,7 +23,7 @@ MODEL_CONFIG = dict(
     mlp_hidden_size=384, max_sequence_length=64, rope_theta=10000.0, rms_norm_eps=1e-5,
     weight_tying=False, include_bias=False,
 )
-TRAIN_CONFIG = TrainConfig(epochs=60, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
+TRAIN_CONFIG = TrainConfig(epochs=70, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
                            grad_clip=1.0, seed=0)
 CORPUS_SEED = 0
 DEFAULT_TARGET = "I don't know."  # the edit target must be spellable in the word vocabulary
@@ -44,7 +44,7 @@ def corpus_texts(corpus: dict) -> list[str]:
 
 
 def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None = None,
-                  show_progress: bool = True) -> dict:
+                  show_progress: bool = True, **train_overrides) -> dict:
     from timerome.data.corpus import make_corpus, training_rows
     from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 
@@ -58,7 +58,8 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
         save_tokenizer(tok, tmp)
         save_model(build_model(cfg, seed=0), tmp)
         bb = load_backbone(tmp)
-    tcfg = TRAIN_CONFIG if epochs is None else TrainConfig(**{**TRAIN_CONFIG.__dict__, "epochs": epochs})
+    over = dict(train_overrides, **({} if epochs is None else {"epochs": epochs}))
+    tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **over})
     log = train(bb, training_rows(corpus), tcfg, show_progress=show_progress)
     out.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, out)

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from timerome.whitening import (DEFAULT_SHRINKAGE, ResidualStats, _forward_to, _
 DEFAULT_TARGET = "I don't know."
 KEY_METRICS = ("paper", "whitened")
 DEFAULT_KEY_METRIC = "whitened"  # the selectivity benchmark's winner on the embedded model
+DEFAULT_ALPHA = 6.0  # with lam = H, embedded model: forget01 LP -7.4 nats, retain -0.2 (bench + report)
 POINTS = ("resid", "attn", "mlp")
 FORMAT = "timerome-edit-memory/1"
 
@@ -64,12 +66,12 @@ class Coordinate:
     def __post_init__(self):
         if self.point not in POINTS:
             raise TimeromeError(f"unknown hook point {self.point!r}; the edit acts at one of {', '.join(POINTS)}")
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int):
+        if isinstance(self.layer, bool) or not isinstance(self.layer, numbers.Integral):
             raise TimeromeError(f"layer must be an int, got {self.layer!r}")
-        if self.step is not None and (not isinstance(self.step, int) or self.step < -1):
+        if self.step is not None and (not isinstance(self.step, numbers.Integral) or self.step < -1):
             raise TimeromeError(f"step must be None, -1 (every step) or a step index >= 0, got {self.step!r}")
-        if self.step == -1:
-            object.__setattr__(self, "step", None)
+        object.__setattr__(self, "layer", int(self.layer))  # numpy ints too, and JSON-safe
+        object.__setattr__(self, "step", None if self.step in (None, -1) else int(self.step))
 
     @classmethod
     def of(cls, value, step: int | None = None) -> "Coordinate":
@@ -98,8 +100,12 @@ class Coordinate:
 
 
 def default_coordinate(backbone) -> Coordinate:
-    """The residual stream of the middle block, every step (used when tracing has not been run)."""
-    return Coordinate(backbone.n_layers // 2, "resid")
+    """The residual stream of the (lower) middle block, every step, when no trace picked one.
+
+    On the embedded model tracing finds the resid TIE band at layers 0-1 and the paper installs
+    at the band's upper end: (n_layers - 1) // 2 = 1 there, also the most selective layer.
+    """
+    return Coordinate((backbone.n_layers - 1) // 2, "resid")
 
 
 # ------------------------------------------------------------------------------ capture
@@ -131,10 +137,11 @@ def capture_facts(backbone, facts, coordinate, *, target: str | None = DEFAULT_T
     if batch_size < 1:
         raise TimeromeError(f"batch_size must be >= 1, got {batch_size}")
     seqs, pools = [], []  # pools[j]: two position lists whose means are taken on sequence j
+    bpe = _is_bpe(backbone)
     for i, f in enumerate(facts):
         prompt, subj = _prompt_ids(backbone, f, i)
-        obj = _answer_ids(backbone, f.object, f"the object of {_name(f, i)}")
-        tgt = _answer_ids(backbone, _target_of(f, target), f"the target of {_name(f, i)}")
+        obj = _answer_ids(backbone, f.object, f"the object of {_name(f, i)}", bpe)
+        tgt = _answer_ids(backbone, _target_of(f, target), f"the target of {_name(f, i)}", bpe)
         for ans in (obj, tgt):
             if len(prompt) + len(ans) > backbone.max_length:
                 raise TimeromeError(f"{_name(f, i)}: prompt + answer is {len(prompt) + len(ans)} tokens, "
@@ -198,17 +205,22 @@ def _token_span(backbone, prompt, start, end) -> list[int]:
     return list(range(n_before, min(n_upto, len(ids))))
 
 
-def _answer_ids(backbone, text, what) -> list[int]:
-    # the same convention as training and scoring: BPE tokenizers get the leading space
-    from timerome.train import _needs_space
-
+def _answer_ids(backbone, text, what, bpe: bool | None = None) -> list[int]:
+    """Answer-side ids with train.encode_pairs' convention: BPE tokenizers get the leading space."""
     if not isinstance(text, str) or not text.strip():
         raise TimeromeError(f"{what} is empty")
-    ids = backbone.encode(" " + text.strip()) if _needs_space(backbone) else backbone.encode(text)
+    bpe = _is_bpe(backbone) if bpe is None else bpe
+    ids = backbone.encode(" " + text.strip()) if bpe else backbone.encode(text)
     unk = getattr(backbone.tokenizer, "unk_token_id", None)
     if not ids or (unk is not None and unk in ids):
         raise TimeromeError(f"{what} ({text!r}) has words the model's vocabulary cannot encode")
     return ids
+
+
+def _is_bpe(backbone) -> bool:
+    # byte-level BPE vocabularies mark a leading space with "Ġ"; word-level ones split on spaces
+    tok = backbone.tokenizer
+    return bool(getattr(tok, "is_fast", False)) and "Ġ" in "".join(list(tok.get_vocab())[:2000])
 
 
 def _target_of(fact, target) -> str:
@@ -302,21 +314,28 @@ class GatedEdit:
 class EditMemory:
     """Multi-fact low-rank edit memory (Eq. multifact) at one coordinate of one backbone.
 
-        memory = EditMemory(backbone, (layer, "resid"), alpha=1.0, lam=1.0).add(facts)
+        memory = EditMemory(backbone).add(facts)      # or EditMemory(backbone, (layer, "resid"), alpha=..)
         with memory.applied(backbone) as state:
             out = generate(backbone, prompt, ..., state=state)   # state matters only with step=k*
+        memory.save("forget.safetensors"); EditMemory.load("forget.safetensors", backbone)
 
     alpha, q, g_max and step may be changed at any time (they only act when the hook runs);
     lam, key_metric and the background statistics are fixed at construction.
+    lam=None picks the scale of a typical key's squared norm in the metric: H for "whitened"
+    (a whitened residual has E|z|^2 = H); 1.0 for "paper", whose scale is the model's own.
+    A lam far below the keys' scale makes G amplify the small differences between keys of the
+    same subject, and the update then fires on every token (see the selectivity benchmark).
     g_max (default None: exactly Eq. multifact) clips each fact coefficient to [0, g_max], the
     multi-fact analogue of the single-fact gate.
     """
 
-    def __init__(self, backbone, coordinate=None, *, alpha: float = 1.0, lam: float = 1.0, q: int = 0,
+    def __init__(self, backbone, coordinate=None, *, alpha: float = DEFAULT_ALPHA, lam: float | None = None, q: int = 0,
                  key_metric: str = DEFAULT_KEY_METRIC, g_max: float | None = None, step: int | None = None,
                  background=None, target: str = DEFAULT_TARGET, batch_size: int = 32,
                  shrinkage: float = DEFAULT_SHRINKAGE):
-        if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
+        if lam is None:  # the squared norm of a typical key in the metric: whitened residuals have E|z|^2 = H
+            lam = float(backbone.hidden_size) if key_metric == "whitened" else 1.0
+        if not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam >= 0):
             raise TimeromeError(f"lam (the ridge lambda) must be a finite number >= 0, got {lam!r}")
         if key_metric not in KEY_METRICS:
             raise TimeromeError(f"unknown key_metric {key_metric!r}; choose one of {', '.join(KEY_METRICS)}")
@@ -328,8 +347,7 @@ class EditMemory:
         self.alpha, self.q, self.g_max = alpha, q, g_max
         self.target, self.batch_size = target, batch_size
         self._check_hyper()
-        self.lam = float(lam)
-        self.key_metric = key_metric
+        self._lam, self._key_metric = float(lam), key_metric
         self.stats = self._stats(backbone, background, batch_size, shrinkage) if key_metric == "whitened" else None
         H = self.hidden_size
         self._mu = self.stats.mean if self.stats is not None else torch.zeros(H, dtype=torch.float64)
@@ -337,6 +355,14 @@ class EditMemory:
         self.reset()
 
     # ---------------------------------------------------------------- properties
+
+    @property
+    def lam(self) -> float:  # fixed: G was solved with it
+        return self._lam
+
+    @property
+    def key_metric(self) -> str:  # fixed: the keys were measured in it
+        return self._key_metric
 
     @property
     def step(self) -> int | None:
@@ -470,8 +496,10 @@ class EditMemory:
                 c = c.clamp(0.0, self.g_max)
             if self.q:
                 top = c.abs().topk(self.q, dim=1).indices  # [N, q]
-                c = torch.zeros_like(c).scatter_(1, top, c.gather(1, top))
-            out = torch.addmm(x, c, D, alpha=a) if add else a * (c @ D)
+                out = _sparse_combine(c.gather(1, top), top, D, a)
+                out = out + x if add else out
+            else:
+                out = torch.addmm(x, c, D, alpha=a) if add else a * (c @ D)
         return out.to(h.dtype).view_as(h)
 
     def _matrices(self, device, dtype):
@@ -507,8 +535,9 @@ class EditMemory:
             "backbone": getattr(self.backbone, "name", ""),
             "hidden_size": self.hidden_size,
             "coordinate": dataclasses.asdict(self.coordinate),
-            "hyper": {"alpha": self.alpha, "lam": self.lam, "q": self.q, "key_metric": self.key_metric,
-                      "g_max": self.g_max, "target": self.target, "batch_size": self.batch_size},
+            "hyper": {"alpha": float(self.alpha), "lam": self.lam, "q": int(self.q), "key_metric": self.key_metric,
+                      "g_max": None if self.g_max is None else float(self.g_max), "target": self.target,
+                      "batch_size": self.batch_size},
             "stats": None if self.stats is None else {"n_tokens": self.stats.n_tokens,
                                                       "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
@@ -527,9 +556,26 @@ class EditMemory:
             raise TimeromeError(
                 f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
                 f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}")
+        try:
+            mem, facts = cls._from_meta(meta, tensors, backbone)
+            U, D, G = tensors["U"], tensors["D"], tensors["G"]
+        except (KeyError, TypeError, ValueError) as e:  # a header written by hand, or another version
+            raise TimeromeError(f"{path} has incomplete metadata ({type(e).__name__}: {e})") from None
+        H = mem.hidden_size
+        if not (U.shape == D.shape == (len(facts), H) and G.shape == (len(facts), len(facts))):
+            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but tensors of shapes "
+                                f"{tuple(U.shape)}, {tuple(D.shape)}, {tuple(G.shape)}")
+        if facts:
+            mem._restore(U, D, G)
+            mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        return mem
+
+    @classmethod
+    def _from_meta(cls, meta: dict, tensors: dict, backbone) -> tuple["EditMemory", list]:
+        """An empty memory with the saved coordinate, hyper-parameters and statistics, and the facts."""
         H, hyper = meta["hidden_size"], meta["hyper"]
         if H != backbone.hidden_size:
-            raise TimeromeError(f"{path} has hidden size {H}, the model {backbone.hidden_size}")
+            raise TimeromeError(f"the memory has hidden size {H}, the model {backbone.hidden_size}")
         stats = None
         if hyper["key_metric"] == "whitened":
             c = meta["coordinate"]
@@ -538,15 +584,7 @@ class EditMemory:
         mem = cls(backbone, Coordinate(**meta["coordinate"]), alpha=hyper["alpha"], lam=hyper["lam"],
                   q=hyper["q"], key_metric=hyper["key_metric"], g_max=hyper["g_max"], background=stats,
                   target=hyper["target"], batch_size=hyper["batch_size"])
-        facts = [_fact_from_dict(d) for d in meta["facts"]]
-        U, D, G = tensors["U"], tensors["D"], tensors["G"]
-        if not (U.shape == D.shape == (len(facts), H) and G.shape == (len(facts), len(facts))):
-            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but tensors of shapes "
-                                f"{tuple(U.shape)}, {tuple(D.shape)}, {tuple(G.shape)}")
-        if facts:
-            mem._restore(U, D, G)
-            mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
-        return mem
+        return mem, [_fact_from_dict(d) for d in meta["facts"]]
 
     # ---------------------------------------------------------------- internals: checks
 
@@ -562,11 +600,11 @@ class EditMemory:
         return residual_stats(backbone, self.coordinate, texts, batch_size=batch_size, shrinkage=shrinkage)
 
     def _check_hyper(self):
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)):
+        if not (isinstance(self.alpha, numbers.Real) and math.isfinite(self.alpha)):
             raise TimeromeError(f"alpha must be a finite number, got {self.alpha!r}")
-        if isinstance(self.q, bool) or not isinstance(self.q, int) or self.q < 0:
+        if isinstance(self.q, bool) or not isinstance(self.q, numbers.Integral) or self.q < 0:
             raise TimeromeError(f"q must be an int >= 0 (0 = dense), got {self.q!r}")
-        if self.g_max is not None and not (isinstance(self.g_max, (int, float)) and self.g_max > 0):
+        if self.g_max is not None and not (isinstance(self.g_max, numbers.Real) and self.g_max > 0):
             raise TimeromeError(f"g_max must be None or > 0, got {self.g_max!r}")
 
     def _check_ready(self):
@@ -681,6 +719,22 @@ def _as_rows(x, what: str, H: int) -> torch.Tensor:
     if t.dim() != 2 or t.shape[1] != H:
         raise TimeromeError(f"{what} must be [facts, {H}], got shape {tuple(t.shape)}")
     return t
+
+
+def _sparse_combine(vals: torch.Tensor, idx: torch.Tensor, D: torch.Tensor, alpha: float,
+                    max_elems: int = 1 << 24) -> torch.Tensor:
+    """alpha * sum_j vals[n, j] D[idx[n, j]] -> [N, H]: q rows per token instead of all F.
+
+    Chunked over tokens so the gathered [chunk, q, H] block stays under max_elems elements.
+    """
+    N, q = vals.shape
+    step = max(1, max_elems // (q * D.shape[1]))
+    out = torch.empty(N, D.shape[1], dtype=D.dtype, device=D.device)
+    for s in range(0, N, step):
+        v, i = vals[s:s + step], idx[s:s + step]
+        rows = D.index_select(0, i.reshape(-1)).view(len(i), q, -1)  # [n, q, H]
+        out[s:s + step] = torch.bmm((alpha * v)[:, None, :], rows).squeeze(1)  # [n, 1, q] @ [n, q, H]
+    return out
 
 
 def _sym(M: torch.Tensor) -> torch.Tensor:

@@ -43,20 +43,25 @@ def answer_logprobs(bb, questions: list[str], answers: list[str], *, n_mc: int =
 # ------------------------------------------------------------------------------ TOFU aggregates
 
 
+def _ragged(x) -> list[np.ndarray]:
+    """[N, P] array or a list of N 1-D arrays (items may have different numbers of answers)."""
+    return [np.asarray(row, dtype=np.float64).reshape(-1) for row in x]
+
+
 def truth_ratio(para_lp, para_len, pert_lp, pert_len) -> np.ndarray:
     """TR = exp(-mean_i nll_norm(perturbed_i)) / exp(-nll_norm(paraphrased)), per item.
 
-    para_*: [N]; pert_*: [N, P]. The mean over perturbed answers is taken on normalised NLLs
-    (a geometric mean of their per-token probabilities).
+    para_*: [N]; pert_*: [N, P] or N arrays (ragged). The mean over perturbed answers is taken on
+    normalised NLLs (a geometric mean of their per-token probabilities), as TOFU does.
     """
-    para_nll = -np.asarray(para_lp) / np.asarray(para_len)
-    pert_nll = (-np.asarray(pert_lp) / np.asarray(pert_len)).mean(axis=1)
+    para_nll = -np.asarray(para_lp, dtype=np.float64) / np.asarray(para_len, dtype=np.float64)
+    pert_nll = np.array([np.mean(-lp / ln) for lp, ln in zip(_ragged(pert_lp), _ragged(pert_len))])
     return np.exp(-pert_nll) / (np.exp(-para_nll) + 1e-10)
 
 
 def forget_truth_ratio(tr) -> float:
-    tr = np.asarray(tr)
-    return float(np.mean(np.minimum(tr, 1.0 / tr)))
+    tr = np.asarray(tr, dtype=np.float64)
+    return float(np.mean(np.minimum(tr, 1.0 / (tr + 1e-10))))
 
 
 def retain_truth_ratio(tr) -> float:
@@ -72,10 +77,13 @@ def forget_quality(tr_edited, tr_reference) -> float:
 
 
 def normalised_prob(true_lp, true_len, pert_lp, pert_len) -> np.ndarray:
-    """Real-authors / world-facts probability: p_true / (p_true + sum p_perturbed), per-token probs."""
-    p_true = np.exp(np.asarray(true_lp) / np.asarray(true_len))
-    p_pert = np.exp(np.asarray(pert_lp) / np.asarray(pert_len)).sum(axis=1)
-    return p_true / (p_true + p_pert)
+    """Real-authors / world-facts probability: p_true / (p_true + sum p_perturbed), per-token probs.
+
+    pert_*: [N, P] or N arrays (ragged).
+    """
+    p_true = np.exp(np.asarray(true_lp, dtype=np.float64) / np.asarray(true_len, dtype=np.float64))
+    p_pert = np.array([np.exp(lp / ln).sum() for lp, ln in zip(_ragged(pert_lp), _ragged(pert_len))])
+    return p_true / (p_true + p_pert + 1e-10)
 
 
 def rouge_l_recall(predictions: list[str], references: list[str]) -> np.ndarray:

@@ -49,10 +49,13 @@ def paired_t(x, y) -> tuple[float, float]:
         raise TimeromeError(f"paired t-test needs matched samples, got {x.shape} and {y.shape}")
     if x.size < 2:
         raise TimeromeError("paired t-test needs at least 2 shared seeds")
+    if np.allclose(x, y, rtol=1e-9, atol=1e-12):
+        return 0.0, 1.0  # equal up to float rounding: no difference (not an "infinitely sure" one)
     d = x - y
     sd = d.std(ddof=1)
-    if sd == 0:
-        return (0.0, 1.0) if d.mean() == 0 else (float(np.sign(d.mean()) * np.inf), 0.0)
+    if sd <= 1e-12 * np.abs(d).max():
+        # the same difference on every seed (a deterministic metric): exact, so p = 0
+        return float(np.sign(d.mean()) * np.inf), 0.0
     t = d.mean() / (sd / np.sqrt(d.size))
     return float(t), float(2 * sps.t.sf(abs(t), df=d.size - 1))
 

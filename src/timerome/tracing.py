@@ -5,8 +5,15 @@ The trajectory of one fact z = (subject s, prompt, object o), with G = len(objec
     x_0 = [prompt | mask * G]; forward k (k = 0..K-1) reads x_k and reveals tokens as the project's
     sampler does (temperature 0, low-confidence remasking, one block of length G, `transfer_schedule`
     budgets); one extra scoring forward reads the final x_K, so k' = K exists (state.step = K).
-    log p(o | x_k) = sum over the G object positions i of log_softmax(logits of forward k)[i, o_i]
-    (aligned logits; read at every position, revealed or not, so the score is defined at every step).
+    log p(o | x_k) = sum over the G object positions i of a log-prob of o_i from aligned logits:
+      readout="decided" (default): forward k's log_softmax(logits)[i, o_i] while i is masked in x_k;
+        once i is committed, the value from the forward that committed it (the last one that saw
+        it masked), frozen from then on;
+      readout="aligned": forward k's log_softmax(logits)[i, o_i] at every position, masked or not.
+    Why "decided" is the default: an MDLM is trained on masked positions only, so its logits at
+    committed positions are untrained. With "aligned", a perfectly memorised fact's clean log p
+    falls from 0 at x_0 to tens of nats below 0 at x_K while the clean run commits exactly o, and
+    TIE picks up that noise. "decided" keeps the clean log p at ~0 along the whole trajectory.
 
 Three runs of that trajectory (paper, "Diffusion-time causal tracing"):
 
@@ -24,9 +31,11 @@ Three runs of that trajectory (paper, "Diffusion-time causal tracing"):
                         each averaged over the noise samples;
     TIE_bar(l, k, m)  = sum_{k' > k} w_{k,k'} TIE(l, k, m, k'),  w ∝ exp(-tau (k' - k)), sum w = 1.
 
-Consequences worth knowing: a splice only matters through the tokens it makes forward k commit,
-so TIE(l, k, m, .) is 0 at every step k that reveals nothing (k >= G when G < K); and TIE is in
-nats, a difference of summed log-probs, not of probabilities as in ROME.
+Consequences worth knowing: a splice acts only through what forward k decides (the tokens it
+commits and, with "decided", the log-probs they are committed with), so TIE(l, k, m, .) is 0 at
+every step k that reveals nothing (k >= G when G < K) and at the last layer (the subject
+positions' last-layer state feeds nothing but their own logits); TIE is in nats, a difference of
+summed log-probs, not of probabilities as in ROME.
 
 How it is computed fast (`benchmarks/bench_trace.py` measures it against the naive loop):
 - every run of one fact advances in lock-step ("wavefront"): at step j the batch holds the clean row,
@@ -56,13 +65,15 @@ from timerome.backbones.families import HOOK_POINTS
 from timerome.errors import TimeromeError
 from timerome.hooks import Intervention, TraceState, capture, patch
 from timerome.progress import progress_bar
-from timerome.train import encode_pairs
 # the sampler's own step pieces: a traced trajectory is a sampler trajectory, step for step
 from timerome.sampler import _confidence, _sample, _top_k_per_row, transfer_schedule
+from timerome.train import encode_pairs
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
 SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
 REMASKING = "low_confidence"
+READOUTS = ("decided", "aligned")  # how log p(o | x_k) reads committed positions (module docstring)
+SHARE_ROWS = True  # rows with the same future share one run (`_plan`); the benchmark turns it off to compare
 
 
 # ------------------------------------------------------------------------------ facts -> tokens
@@ -153,18 +164,28 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
     from timerome.data.facts import facts_from_rows
     from timerome.data.tofu import load_split
 
-    facts = list(facts_from_rows(load_split("forget01", "embedded")))
+    facts, _ = facts_from_rows(load_split("forget01", "embedded"))  # every embedded row has its author
     return facts[:n]
 
 
 # ------------------------------------------------------------------------------ one trajectory
 
 
-def object_logp(gen_logits: torch.Tensor, object_ids: torch.Tensor) -> torch.Tensor:
-    """log p(o | x): gen_logits [B, G, V] (the answer region), object_ids [G] -> [B], float32."""
+def object_logprobs(gen_logits: torch.Tensor, object_ids: torch.Tensor) -> torch.Tensor:
+    """log p(o_i | x) per object position: gen_logits [B, G, V] (the answer region) -> [B, G] float32."""
     logits = gen_logits.float()
     picked = logits.gather(-1, object_ids.to(logits.device).expand(logits.shape[:2])[..., None]).squeeze(-1)
-    return (picked - logits.logsumexp(-1)).sum(-1)
+    return picked - logits.logsumexp(-1)
+
+
+def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, readout: str):
+    """log p(o | x_k) [B] from this forward's per-position log-probs pos [B, G].
+
+    masked [B, G]: positions still masked in x_k. decided [B, G]: each position's log-prob from
+    the forward that last saw it masked. Returns (score [B], updated decided).
+    """
+    decided = torch.where(masked, pos, decided)
+    return (pos if readout == "aligned" else decided).sum(-1), decided
 
 
 def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
@@ -190,7 +211,7 @@ def reveal_schedule(n_object: int, steps: int) -> list[int]:
 
 @torch.no_grad()
 def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
-                   rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                   rows: int = 1, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
     the caller installed (sharing `state`, whose step is set before every forward).
 
@@ -203,13 +224,16 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
     x = torch.full((rows, P + G), backbone.mask_id, dtype=torch.long, device=backbone.device)
     x[:, :P] = prompt.to(backbone.device)
     budget = reveal_schedule(G, steps)
+    decided = torch.zeros(rows, G, device=backbone.device)
     logps, xs = [], []
     for k in range(steps + 1):
         if state is not None:
             state.step = k
         xs.append(x.clone())
         gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
-        logps.append(object_logp(gen_logits, obj))
+        masked = x[:, P:] == backbone.mask_id
+        score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout)
+        logps.append(score)
         if k < steps:
             x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
     return torch.stack(logps, 1).cpu(), torch.stack(xs).cpu()
@@ -250,7 +274,7 @@ def _hook_fns(sites, subject_pos: torch.Tensor, rows: _Rows) -> dict:
 
 @torch.no_grad()
 def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: int, batch_size: int,
-                bar=None) -> dict:
+                readout: str = "decided", bar=None) -> dict:
     """All runs of one fact. noise [N, S, H] (sigma already applied).
 
     Rows (besides the clean row 0 of every chunk): N corrupted rows, then for each patch step k a
@@ -272,6 +296,9 @@ def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: i
     sample = torch.arange(N, device=device)         # noise sample of each row
     site = torch.full((N,), -1, device=device)      # site patched by each row (-1: none)
     at = torch.full((N,), -1, device=device)        # step at which it patches (-1: never)
+    G = len(obj)
+    decided = torch.zeros(N, G, device=device)      # per-position log-prob when last masked
+    decided_clean = torch.zeros(1, G, device=device)
     lp_clean = torch.zeros(K + 1)
     lp = torch.full((N + K * C * N, K + 1), torch.nan)
     rows, state = _Rows(), TraceState()
@@ -280,12 +307,13 @@ def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: i
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
                 x = torch.cat([x, x[:N].repeat(C, 1)])
+                decided = torch.cat([decided, decided[:N].repeat(C, 1)])
                 sample = torch.cat([sample, torch.arange(N, device=device).repeat(C)])
                 site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N)])
                 at = torch.cat([at, torch.full((C * N,), j, device=device)])
             state.step = j
             run, share = _plan(x, sample, at, j)
-            lp_run = torch.empty(len(run))
+            pos_run = torch.empty(len(run), G, device=device)  # per-position log p(o_i | x_j)
             gen_run = torch.empty_like(x[run, P:])
             for a, b, pad in _chunks(len(run), batch_size):
                 r = run[a:b]
@@ -294,10 +322,12 @@ def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: i
                 rows.noise = table[rs + 1]  # [B, S, H]
                 rows.splice = _splice_rows(site[r], at[r], j)
                 gen_logits = backbone.logits(xb)[:, P:]  # [B, G, V]
-                lpb = object_logp(gen_logits, obj).cpu()
-                lp_run[a:b] = lpb[1:1 + b - a]
+                pos = object_logprobs(gen_logits, obj)
+                pos_run[a:b] = pos[1:1 + b - a]
                 if a == 0:
-                    lp_clean[j] = lpb[0]
+                    masked = x_clean[:, P:] == mask_id
+                    score, decided_clean = read_out(pos[:1], masked, decided_clean, readout)
+                    lp_clean[j] = float(score)
                 if j < K:
                     gen = reveal(xb[:, P:], gen_logits, budget[j], mask_id)
                     gen_run[a:b] = gen[1:1 + b - a]
@@ -305,7 +335,8 @@ def _trace_fact(backbone, fact: TracedFact, noise: torch.Tensor, sites, steps: i
                         new_clean = gen[:1]
                 stats["rows_run"] += xb.shape[0]
                 stats["forwards"] += 1
-            lp[:len(x), j] = lp_run[share.cpu()]
+            score, decided = read_out(pos_run[share], x[:, P:] == mask_id, decided, readout)
+            lp[:len(x), j] = score.cpu()
             if j < K:
                 x[:, P:] = gen_run[share]
                 x_clean = torch.cat([x_clean[:, :P], new_clean], 1)
@@ -326,7 +357,7 @@ def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int):
     """
     n = x.shape[0]
     idx = torch.arange(n, device=x.device)
-    own = torch.where(at == step, idx, -1)  # a splicing row is its own group
+    own = torch.where((at == step) | (not SHARE_ROWS), idx, -1)  # a splicing row is its own group
     key = torch.cat([own[:, None], sample[:, None], x], 1)
     _, group = torch.unique(key, dim=0, return_inverse=True)
     first = torch.full((n,), n, device=x.device).scatter_reduce(0, group, idx, "amin")[: int(group.max()) + 1]
@@ -450,7 +481,7 @@ class TraceResult:
 # ------------------------------------------------------------------------------ public entry
 
 
-def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size):
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout):
     if not isinstance(steps, int) or steps < 1:
         raise TimeromeError(f"steps must be an integer >= 1, got {steps!r}")
     if not isinstance(n_samples, int) or n_samples < 1:
@@ -474,6 +505,8 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
         raise TimeromeError(f"layers are repeated: {layers}")
     if not isinstance(batch_size, int) or batch_size < 2:
         raise TimeromeError(f"batch_size must be an integer >= 2 (one row is the clean run), got {batch_size!r}")
+    if readout not in READOUTS:
+        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
     if not facts:
         raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
     return modules, layers
@@ -497,7 +530,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
 
 def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
           tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
-          progress: bool = True) -> TraceResult:
+          readout: str = "decided", progress: bool = True) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -513,7 +546,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
 
         backbone = load_backbone()
     facts = default_facts() if facts is None else list(facts)
-    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size)
+    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
@@ -521,7 +554,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     stats = dict(rows_run=0, forwards=0)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
         for it, noise in zip(items, noises):
-            out = _trace_fact(backbone, it, noise, sites, K, batch_size, bar)
+            out = _trace_fact(backbone, it, noise, sites, K, batch_size, readout, bar)
             # [K, C, N, K+1] - [N, K+1] -> mean over samples -> [M, Ly, K, K+1]
             tie = (out["patched"] - out["corrupted"]).mean(2)
             ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
@@ -535,7 +568,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
     settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
-                    temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
+                    readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
     return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)
 
@@ -545,7 +578,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
 
 @torch.no_grad()
 def naive_tie(backbone, facts, coords, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
-              tau: float = 1.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+              tau: float = 1.0, seed: int = 0, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
     """The definition, run literally: one full single-row trajectory per (fact, coordinate, sample).
 
     coords: list of (layer, step, module). Uses the hooks module's capture / patch helpers, not the
@@ -558,7 +591,8 @@ def naive_tie(backbone, facts, coords, *, steps: int = 8, n_samples: int = 5, si
     full = torch.full((len(items), len(coords), K + 1), torch.nan)
     for f, (it, noise) in enumerate(zip(items, noises)):
         pos = it.subject_pos.to(backbone.device)
-        run = lambda st: run_trajectory(backbone, it.prompt_ids, it.object_ids, steps=K, state=st)[0][0]
+        run = lambda st: run_trajectory(backbone, it.prompt_ids, it.object_ids, steps=K, state=st,
+                                        readout=readout)[0][0]
         state = TraceState()
         with capture(backbone, sites, state, positions=pos) as store:
             run(state)

@@ -123,8 +123,8 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                     opt.step()
                     sched.step()
-                    log["loss"].append(float(loss))
-                    bar.advance(description=f"training epoch {epoch + 1}/{cfg.epochs} loss {float(loss):.3f}")
+                    log["loss"].append(loss.item())
+                    bar.advance(description=f"training epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
     finally:
         model.eval()
         if peft_model is not None:

@@ -7,9 +7,9 @@ by them, so every token "matches" every fact a little. Centering and whitening l
 is specific to the subject, which is what makes the edit selective.
 
 mu and C are measured once, on a background corpus the model knows (for the embedded model: its
-own training rows), and stored in the memory file. Each text is seen clean and, by default, once
-more with a random fraction of its tokens masked, because the hook fires on partially masked
-sequences during denoising and the statistics should describe what it sees.
+own training rows), and stored in the memory file. Texts are seen clean; `masked_copies` adds
+copies with a random fraction of tokens masked (what the hook sees mid-denoising), which changed
+nothing measurable on the embedded model's selectivity, so it is off by default.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ResidualStats:
 
 
 def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: float = DEFAULT_SHRINKAGE,
-                   masked_copies: int = 1, generator: torch.Generator | None = None) -> ResidualStats:
+                   masked_copies: int = 0, generator: torch.Generator | None = None) -> ResidualStats:
     """mu [H] and shrunk covariance C [H, H] of the residual at coord over every token of `texts`.
 
     coord: a Coordinate or (layer, point). texts: strings (or lists of token ids); texts longer
@@ -61,6 +61,7 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
         raise TimeromeError("the background corpus is empty: give at least one non-empty text")
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     seqs = seqs + [_masked(s, backbone.mask_id, g) for _ in range(masked_copies) for s in seqs]
+    seqs.sort(key=len)  # batches of similar lengths: little padding
 
     acc = _Moments(backbone.hidden_size)
     with torch.no_grad():
@@ -83,19 +84,24 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
 def background_texts(backbone, background=None) -> list[str]:
     """The texts whose residuals define mu and C.
 
-    None: the embedded model's own training rows (other models must name a corpus); a path: a
+    None: the embedded model's own training rows (other models must name a corpus);
+    'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from $TIMEROME_TOFU_DIR); a path: a
     JSON/JSONL file of question/answer rows or a plain text file (one text per line); a list of
     strings: used as is.
     """
     if background is None:
         if getattr(backbone, "name", "") != "timerome-default":
             raise TimeromeError(
-                "the whitened key metric needs a background corpus for this model: pass "
-                "background= a text file, a JSON/JSONL file of question/answer rows, or a list of texts "
+                "the whitened key metric needs a background corpus for this model (background= or --background): "
+                "a text file, a JSON/JSONL file of question/answer rows, a split like tofu:retain90, or a list of texts "
                 "(or use key_metric='paper')")
         from timerome.data.corpus import make_corpus, training_rows
 
         return rows_to_texts(training_rows(make_corpus(seed=0)))
+    if isinstance(background, str) and background.startswith(("embedded:", "tofu:")):
+        from timerome.data.rows import load_rows
+
+        return rows_to_texts(load_rows(background))
     if isinstance(background, (str, Path)):
         return read_texts(background)
     texts = list(background)

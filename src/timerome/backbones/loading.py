@@ -146,17 +146,24 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
     try:
         # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
         # is not needed, so no remote code runs
-        model = model_cls.from_pretrained(str(ckpt), config=hf_config, dtype=dtype,
-                                          attn_implementation="sdpa", use_safetensors=True)
+        model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation="sdpa",
+                                          use_safetensors=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
     return model
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
+    # transformers 5 renamed torch_dtype to dtype; remote code of some MDLMs still needs 4.x
+    import transformers
+
+    return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
 
 
 def _remote_model(ckpt: Path, dtype: torch.dtype):
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, torch_dtype=dtype)
+        return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"loading {ckpt} with its remote code failed: {e}") from None

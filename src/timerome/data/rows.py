@@ -28,3 +28,16 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
         if not isinstance(r, dict) or not r.get("question") or not r.get("answer"):
             raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' fields")
     return rows
+
+
+def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = None):
+    """(facts, skipped) for a QA set named as in `load_rows`; skipped lists (row, reason), never guessed."""
+    from timerome.data.facts import facts_from_rows
+    from timerome.data.tofu import FULL_OFFSET
+
+    rows = load_rows(spec, tofu_dir=tofu_dir)
+    split = spec.split(":", 1)[1] if spec.startswith("tofu:") else ""
+    facts, skipped = facts_from_rows(rows, offset=FULL_OFFSET.get(split, 0))
+    if not facts:
+        raise TimeromeError(f"no usable fact in {spec!r}: " + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]))
+    return (facts[:limit] if limit else facts), skipped

@@ -1,0 +1,113 @@
+"""TOFU splits from a local directory in the Hub layout, from the Hub, or from the embedded corpus."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+
+from timerome.errors import TimeromeError
+
+BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "holdout01",
+        "holdout05", "holdout10", "full", "real_authors", "world_facts"]
+PERTURBED = ["forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed",
+             "real_authors_perturbed", "world_facts_perturbed"]
+SPLITS = BASE + PERTURBED
+HUB_ID = "locuslab/TOFU"
+ENV_DIR = "TIMEROME_TOFU_DIR"
+EMBEDDED = "embedded"
+# where each author split starts in TOFU's full.json (4000 rows): facts_from_rows needs it to find
+# the 20-row author blocks (forget01 = full[3960:])
+FULL_OFFSET = {"forget01": 3960, "forget05": 3800, "forget10": 3600, "forget01_perturbed": 3960,
+               "forget05_perturbed": 3800, "forget10_perturbed": 3600, "retain_perturbed": 0,
+               "retain90": 0, "retain95": 0, "retain99": 0, "full": 0}
+
+
+def load_split(name: str, source: str | Path | None = None) -> list[dict]:
+    """Rows of a TOFU split, each with `question`/`answer` (plus the perturbed fields where present).
+
+    source: a local directory of <split>.json files (Hub layout), "embedded" for the built-in
+    corpus, or the Hub id "locuslab/TOFU"; None reads $TIMEROME_TOFU_DIR, else uses the Hub.
+    """
+    if name not in SPLITS:
+        raise TimeromeError(f"unknown TOFU split {name!r}; valid splits: {', '.join(SPLITS)}")
+    if source is None:
+        source = os.environ.get(ENV_DIR) or HUB_ID
+    if source == EMBEDDED:
+        return copy.deepcopy(_embedded()[name])  # callers may edit rows freely
+    if source == HUB_ID and not Path(HUB_ID).is_dir():
+        return _from_hub(name)
+    return _from_dir(Path(source), name)
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded() -> dict[str, list[dict]]:
+    from timerome.data.corpus import make_corpus
+
+    return make_corpus()
+
+
+def _from_dir(directory: Path, name: str) -> list[dict]:
+    if not directory.is_dir():
+        raise TimeromeError(f"TOFU directory {directory} does not exist (pass a directory of "
+                            f"<split>.json files, {EMBEDDED!r}, or {HUB_ID!r})")
+    path = directory / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in directory.glob("*.json"))
+        raise TimeromeError(f"{path} is missing; splits available in {directory}: "
+                            f"{', '.join(have) or 'none (no .json files)'}")
+    return [_normalise(r, path, i) for i, r in enumerate(_read_rows(path))]
+
+
+def _read_rows(path: Path) -> list:
+    """A JSON array, or JSON Lines where a line may itself be an array of rows (flattened)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None  # not one JSON document: read it as JSON Lines
+    if whole is not None:
+        return whole if isinstance(whole, list) else [whole]
+    rows: list = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TimeromeError(f"{path} line {lineno} is not JSON: {e}") from None
+        rows.extend(item if isinstance(item, list) else [item])
+    return rows
+
+
+def _normalise(row, path: Path | str, i: int) -> dict:
+    """question/answer under those names (some copies call them prompt/response), checked."""
+    if not isinstance(row, dict):
+        raise TimeromeError(f"{path} row {i} lacks question/answer: it is a {type(row).__name__}, "
+                            "not an object")
+    row = dict(row)
+    if "question" not in row and "prompt" in row:
+        row["question"] = row.pop("prompt")
+    if "answer" not in row and "response" in row:
+        row["answer"] = row.pop("response")
+    for key in ("question", "answer"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            raise TimeromeError(f"{path} row {i} lacks question/answer: no {key} text "
+                                f"(its fields: {', '.join(row) or 'none'})")
+    return row
+
+
+def _from_hub(name: str) -> list[dict]:
+    try:
+        import datasets
+    except ImportError:
+        raise TimeromeError(f"loading {HUB_ID} from the Hub needs `datasets` (pip install datasets); "
+                            f"or pass a local directory in the Hub layout (or set ${ENV_DIR})") from None
+    try:
+        rows = datasets.load_dataset(HUB_ID, name)["train"]
+    except Exception as e:  # noqa: BLE001 - offline, missing config, bad cache: one clear message
+        raise TimeromeError(f"could not load {HUB_ID} split {name!r} from the Hub ({type(e).__name__}: "
+                            f"{e}); pass a local TOFU directory instead (or set ${ENV_DIR})") from None
+    return [_normalise(dict(r), f"{HUB_ID}/{name}", i) for i, r in enumerate(rows)]

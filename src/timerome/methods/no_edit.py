@@ -1,0 +1,11 @@
+"""no_edit: the unedited model, the reference every paired test is taken against."""
+
+from __future__ import annotations
+
+from timerome.methods.registry import InferenceEdit, register
+
+
+@register("no_edit")
+def no_edit(backbone, task, config, seed):
+    """The model as it is (reference row)."""
+    return InferenceEdit(method="no_edit", config=config)

@@ -1,0 +1,26 @@
+"""random_layer: the TimeROME edit memory at a random (layer, module), a sanity check on tracing.
+
+Same memory, same hyperparameters; only the coordinate is drawn (uniformly over layers and hook
+points, from numpy's default_rng(seed)) instead of traced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from timerome.methods.registry import register
+from timerome.methods.timerome_edit import DEFAULTS, memory_edit
+
+POINTS = ("resid", "attn", "mlp")
+
+
+def random_coordinate(n_layers: int, seed: int) -> tuple[int, str]:
+    rng = np.random.default_rng(seed)
+    return int(rng.integers(n_layers)), POINTS[int(rng.integers(len(POINTS)))]
+
+
+@register("random_layer", defaults={k: v for k, v in DEFAULTS.items() if not k.startswith("trace")})
+def random_layer(backbone, task, config, seed):
+    """TimeROME's memory at a random (layer, module) coordinate drawn with the seed."""
+    coord = tuple(config["coordinate"]) if config.get("coordinate") else random_coordinate(backbone.n_layers, seed)
+    return memory_edit(backbone, task, config, coord, method="random_layer")

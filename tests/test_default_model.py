@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+import torch
+
+import timerome
+from timerome.data import load_split
+from timerome.default_model import build_default, weights_sha256
+from timerome.metrics import answer_logprobs
+
+
+@pytest.fixture(scope="module")
+def bb():
+    return timerome.load_backbone()
+
+
+def test_embedded_model_loads_through_the_public_path(bb):
+    assert bb.family.name == "timerome" and bb.mask_id == 4
+    assert bb.n_layers >= 4 and bb.hidden_size >= 128
+
+
+def test_embedded_model_has_memorised_its_forget_split(bb):
+    rows = load_split("forget01", "embedded")
+    lp, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=8)
+    assert lp.mean() > -2.0, lp  # the bar: better than -2 nats per answer
+
+
+def test_embedded_model_prefers_true_answers_to_perturbed(bb):
+    rows = load_split("forget01", "embedded")[:10]
+    true, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=8)
+    wrong, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["perturbed_answer"][0] for r in rows], n_mc=8)
+    assert np.all(true > wrong)
+
+
+def test_rebuild_is_bit_for_bit(tmp_path):
+    prev = torch.get_num_threads()
+    a = build_default(tmp_path / "a", epochs=1, show_progress=False)
+    b = build_default(tmp_path / "b", epochs=1, show_progress=False)
+    torch.set_num_threads(prev)
+    assert a["sha256"] == b["sha256"] == weights_sha256(tmp_path / "a")
