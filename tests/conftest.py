@@ -9,3 +9,18 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
+
+
+def find_tofu():
+    """The shared TOFU copy: $TIMEROME_TEST_TOFU, the checkout's ../shared/data/tofu, or /work's."""
+    import os
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2]
+    for p in (os.environ.get("TIMEROME_TEST_TOFU"), here / "shared" / "data" / "tofu", "/work/shared/data/tofu"):
+        if p and (Path(p) / "forget01.json").exists():
+            return Path(p)
+    return here / "shared" / "data" / "tofu"  # absent: the tests that need it say where they looked
+
+
+TOFU_DIR = find_tofu()

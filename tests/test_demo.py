@@ -15,7 +15,7 @@ from timerome.data.tofu import FULL_OFFSET
 from timerome.evaluation import evaluate, fits, tofu_subset, train_tofu_model
 from timerome.methods import ForgetTask, install
 
-TOFU_DIR = Path(os.environ.get("TIMEROME_TEST_TOFU", "/work/shared/data/tofu"))
+from conftest import TOFU_DIR
 
 
 def test_reduced_demo_end_to_end(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ from timerome import TimeromeError
 from timerome.data import FULL_OFFSET, Fact, facts_from_rows, load_split, make_corpus, object_span
 from timerome.data.facts import block_subject, name_candidates
 
-TOFU = Path(__file__).resolve().parents[2] / "shared" / "data" / "tofu"
+from conftest import TOFU_DIR as TOFU
 needs_tofu = pytest.mark.skipif(not TOFU.exists(), reason=f"the TOFU copy is not at {TOFU}")
 
 

@@ -7,7 +7,7 @@ import pytest
 from timerome import TimeromeError
 from timerome.data import SPLITS, load_split, make_corpus
 
-TOFU = Path(__file__).resolve().parents[2] / "shared" / "data" / "tofu"
+from conftest import TOFU_DIR as TOFU
 needs_tofu = pytest.mark.skipif(not TOFU.exists(), reason=f"the TOFU copy is not at {TOFU}")
 
 SIZES = {"forget01": 40, "forget05": 200, "forget10": 400, "retain90": 3600, "retain95": 3800,

@@ -122,7 +122,7 @@ def save_backbone(bb, out: Path) -> None:
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
              trust_remote_code: bool = RemoteOpt,
-             steps: int = 16, gen_length: int = 16, block_length: int = 16,
+             steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
@@ -141,17 +141,22 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     t.add_column("answer")
     if memory is not None:
         t.add_column("answer with edit")
+    def shown(ids):
+        text = bb.decode(ids)
+        end = bb.family.answer_end
+        return text[: text.index(end) + len(end)] if end and end in text else text
+
     for p in prompt:
         ids = torch.tensor([bb.encode(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
                   remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed))
         with torch.no_grad():
-            plain = bb.decode(gen(bb, ids, **kw)[0, ids.shape[1]:])
+            plain = shown(gen(bb, ids, **kw)[0, ids.shape[1]:])
             row = [p, plain]
             if memory is not None:
                 kw["generator"] = torch.Generator(device=bb.device).manual_seed(seed)
                 with memory.applied(bb):
-                    row.append(bb.decode(gen(bb, ids, **kw)[0, ids.shape[1]:]))
+                    row.append(shown(gen(bb, ids, **kw)[0, ids.shape[1]:]))
         t.add_row(*row)
     console.print(t)
 
@@ -229,37 +234,49 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
          module: str = typer.Option("resid", help="resid, attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: use its selected coordinate"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
-         alpha: Optional[float] = None, lam: Optional[float] = typer.Option(None, help="ridge lambda (default: the key scale)"),
+         alpha: float = typer.Option(4.0, help="edit strength (the timerome method's default)"),
+         lam: float = typer.Option(8.0, help="ridge lambda, relative to the mean squared key norm (see --absolute-lam)"),
+         absolute_lam: bool = typer.Option(False, help="take --lam as the absolute ridge lambda (the paper's convention)"),
          q: int = typer.Option(0, help="top-q sparsity over facts (0: dense)"),
          key_metric: str = typer.Option("whitened", help="'whitened' (default) or 'paper'"),
          target: str = typer.Option("I don't know.", help="what the edited model should say instead"),
          background: Optional[Path] = typer.Option(None, help="text file (one text per line) for the whitening statistics")):
-    """Build an edit memory from a forget set and save it (safetensors + JSON)."""
-    from timerome.edit_memory import DEFAULT_ALPHA, EditMemory
+    """Build an edit memory from a forget set and save it (safetensors + JSON).
+
+    The settings are the `timerome` method's (the demo's and the canonical table's), so a memory
+    built here behaves as the evaluated one does.
+    """
+    from timerome.methods import ForgetTask, method_config
+    from timerome.methods.timerome_edit import build_memory
 
     bb = _load(model, family, trust_remote_code)
     facts = _facts(data, tofu_dir)
-    coordinate = None
     if trace_file is not None:
         from timerome.selection import select_coordinate
         from timerome.tracing import TraceResult
 
-        best = select_coordinate(TraceResult.load(trace_file)).best.as_dict()
-        coordinate = (best["layer"], best["module"])
+        best = select_coordinate(TraceResult.load(trace_file)).best
+        coordinate = (best.layer, best.module)
     elif layer is not None:
         coordinate = (layer, module)
+    else:
+        from timerome.edit_memory import default_coordinate
+
+        coordinate = default_coordinate(bb).site
     bg = None
     if background is not None:
         from timerome.whitening import read_texts
 
         bg = read_texts(background)
-    memory = EditMemory(bb, coordinate, alpha=DEFAULT_ALPHA if alpha is None else alpha, lam=lam, q=q,
-                        key_metric=key_metric, step=step, target=target, background=bg)
-    memory.add(facts)
-    path = memory.save(out)
+    config = method_config("timerome", dict(alpha=alpha, lam=lam, q=min(q, len(facts)), key_metric=key_metric,
+                                            target=target, step=step,
+                                            lam_mode="absolute" if absolute_lam else "relative"))
+    task = ForgetTask(forget_rows=[], facts=facts, background=bg)
+    memory = build_memory(bb, task, config, coordinate)
+    memory.save(out)
     c = memory.coordinate
-    console.print(f"edit memory of {len(memory.fact_ids)} facts at layer {c.layer} {c.point} "
-                  f"({memory.key_metric}, alpha {memory.alpha}, lambda {memory.lam:g}, q {memory.q}) -> {path or out}")
+    console.print(f"edit memory of {len(memory)} facts at layer {c.layer} {c.point} "
+                  f"({memory.key_metric}, alpha {memory.alpha:g}, lambda {memory.lam:.4g}, q {memory.q}) -> {out}")
     console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20, reference_authors=30,
-            reference_batch=32, alphas=(1.0, 2.0, 4.0, 6.0, 8.0, 12.0), seeds=(0, 1, 2))
+            reference_batch=32, alphas=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0), seeds=(0, 1, 2))
 
 
 DEMO_COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",

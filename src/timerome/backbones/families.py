@@ -38,6 +38,9 @@ class Family:
     needs_remote_code: bool = False  # the official implementation is remote code
     # LoRA targets as one regex over module names: anchored on the block so a head that shares a
     # projection's name (LLaDA's transformer.ff_out) never gets an adapter
+    # where a generated answer ends when the model never learnt to pad with EOS (the embedded
+    # model's answers all end in " ."); None: show everything the sampler produced
+    answer_end: str | None = None
     lora_targets: str = r".*layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 
 
@@ -55,6 +58,7 @@ FAMILIES: dict[str, Family] = {
             mlp="model.transformer.blocks.{i}.ff_out",
             loader="timerome",
             lora_targets=LLADA_LORA,
+            answer_end=".",
         ),
         Family(
             name="llada",

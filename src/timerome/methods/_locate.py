@@ -1,0 +1,497 @@
+"""Shared machinery of the locate-then-edit baselines (rome, memit, alphaedit, unke) on MDLMs.
+
+What changes from the autoregressive recipes (ROME / MEMIT / AlphaEdit / UnKE):
+- The model is bidirectional and scored by the masked-diffusion objective, so the target value
+  v* is optimised against the MDLM loss of the target answer ("I don't know.") over partially
+  masked states (t ~ U(eps, 1), 1/t weighted, as `train.mdlm_loss`), not next-token log-probs;
+  objective="forget" / "unlikelihood" instead push the original answer down.
+- A fact's key is the down projection's input averaged over the subject's prompt tokens (or its
+  last token) and over a few masked states of the cloze [question | answer with t of it masked]:
+  what the layer sees while the answer is being denoised.
+- The delta is added at every subject token (bidirectional attention reads them all), one
+  vector per fact; ROME's KL "essence" term is dropped and only its norm clamp is kept, relative
+  to the activation's norm (lr too), so one setting fits models of different scales.
+- C = E[k k^T] is measured on the model's own corpus (embedded model: its training rows; else the
+  task's background or retain rows), minus the forget rows, and cached on disk.
+
+Pieces: `down_projection` finds the edited Linear; `encode_facts` / `KeyStates` read keys and
+residuals; `key_stats` is the cached C; `optimise_deltas` fits v* - v; `rome_update` /
+`memit_update` / `alphaedit_update` / `null_projector` are the closed forms; `spread_edit` is
+MEMIT's multi-layer procedure (shared with AlphaEdit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from timerome.errors import TimeromeError
+from timerome.hooks import Intervention
+
+DEFAULT_TARGET = "I don't know."
+OBJECTIVES = ("target", "forget", "unlikelihood")
+
+
+# ------------------------------------------------------------------------------ where to edit
+
+
+@dataclass(frozen=True)
+class DownProj:
+    """The Linear whose output is block `layer`'s MLP output (its weight is [d_model, d_mlp])."""
+
+    layer: int
+    path: str
+    linear: nn.Linear
+
+
+def down_projection(backbone, layer: int) -> DownProj:
+    """The Linear whose output IS the `mlp` hook point's output, found by one probe forward.
+
+    The family table names the MLP module only; when that module is itself a Linear (LLaDA's
+    `ff_out`) it is the answer, otherwise every Linear inside it is hooked and the one whose
+    output is returned unchanged by the MLP (Llama/Qwen `down_proj`) is picked. A MoE's routed
+    sum has no such Linear: an error, not a guess.
+    """
+    layer = _layer(backbone, layer)
+    path = backbone.module_path(layer, "mlp")
+    mlp = backbone.module(layer, "mlp")
+    if isinstance(mlp, nn.Linear):
+        return DownProj(layer, path, mlp)
+    cands = [(f"{path}.{n}", m) for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
+    outs, handles = {}, []
+    for name, m in cands:
+        handles.append(m.register_forward_hook(lambda _m, _i, o, name=name: outs.__setitem__(name, o)))
+    got = []
+    handles.append(mlp.register_forward_hook(lambda _m, _i, o: got.append(o[0] if isinstance(o, tuple) else o)))
+    try:
+        with torch.no_grad():
+            backbone.logits(torch.full((1, 4), backbone.mask_id, dtype=torch.long, device=backbone.device))
+    finally:
+        for h in handles:
+            h.remove()
+    for name, m in cands:
+        o = outs.get(name)
+        if o is not None and got and o.shape == got[0].shape and torch.equal(o, got[0]):
+            return DownProj(layer, name, m)
+    raise TimeromeError(f"no Linear inside {path} produces the MLP output of layer {layer} (a mixture of "
+                        "experts?): the locate-then-edit baselines need a single down projection")
+
+
+def default_layers(n_layers: int, lo: float, hi: float) -> list[int]:
+    """Layers round(lo * n) .. round(hi * n) (at least one): MEMIT's band sits in the lower part
+    of the stack (GPT-J 3-8 of 28, Llama 4-8 of 32); the same fractions for any depth."""
+    a = min(n_layers - 1, round(lo * n_layers))
+    b = min(n_layers - 1, max(a, round(hi * n_layers)))
+    return list(range(a, b + 1))
+
+
+def _layer(backbone, layer) -> int:
+    layer = int(layer)
+    if not -backbone.n_layers <= layer < backbone.n_layers:
+        raise TimeromeError(f"layer {layer} out of range: the model has {backbone.n_layers} layers")
+    return layer % backbone.n_layers
+
+
+# ------------------------------------------------------------------------------ facts as token ids
+
+
+@dataclass
+class FactIds:
+    prompt: list[int]    # the question
+    subject: list[int]   # positions of the subject's tokens in the prompt
+    answer: list[int]    # the original answer (what is forgotten)
+    target: list[int]    # the replacement answer
+
+
+def encode_facts(backbone, facts, target: str | None = DEFAULT_TARGET) -> list[FactIds]:
+    """Token ids of every fact with the evaluation's conventions (edit_memory's subject search)."""
+    from timerome.edit_memory import _answer_ids, _is_bpe, _prompt_ids
+
+    facts = list(facts)
+    if not facts:
+        raise TimeromeError("the forget set has no usable facts")
+    bpe = _is_bpe(backbone)
+    out = []
+    for i, f in enumerate(facts):
+        prompt, subj = _prompt_ids(backbone, f, i)
+        tgt = getattr(f, "target", None) or target or DEFAULT_TARGET
+        out.append(FactIds(prompt, subj, _answer_ids(backbone, f.object, f"the answer of fact {i}", bpe),
+                           _answer_ids(backbone, tgt, f"the target of fact {i}", bpe)))
+    return out
+
+
+def slot_positions(item: FactIds, where: str) -> list[int]:
+    """Token positions that receive the fact's delta: its subject tokens, the last one, or the
+    whole prompt (UnKE's block-level edit)."""
+    if where == "subject":
+        return list(item.subject)
+    if where == "last":
+        return [item.subject[-1]]
+    if where == "prompt":
+        return list(range(len(item.prompt)))
+    raise TimeromeError(f"positions must be 'subject', 'last' or 'prompt', got {where!r}")
+
+
+def _batch(backbone, items, rows, answer_of):
+    """rows: fact indices, one sequence each -> ids [B, L], answer mask [B, L], attention [B, L]."""
+    from timerome.train import collate, pad_id
+
+    pairs = [(items[f].prompt, answer_of(items[f])) for f in rows]
+    return collate(pairs, pad_id(backbone), backbone.device)
+
+
+# ------------------------------------------------------------------------------ reading sites
+
+
+@contextmanager
+def _taps(taps: dict):
+    """taps: name -> (module, "in" | "out"); yields name -> list of tensors [B, L, d], one per forward."""
+    got = {n: [] for n in taps}
+    handles = []
+    for name, (mod, kind) in taps.items():
+        if kind == "in":
+            handles.append(mod.register_forward_pre_hook(lambda _m, a, name=name: got[name].append(a[0])))
+        else:
+            handles.append(mod.register_forward_hook(
+                lambda _m, _a, o, name=name: got[name].append(o[0] if isinstance(o, tuple) else o)))
+    try:
+        yield got
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class KeyStates:
+    """Fixed cloze states [question | original answer, a fraction t of it masked] per fact: the
+    first fully masked (the start of generation), the rest with t ~ U(eps, 1). Built once, so
+    every read of the same site during an install sees the same inputs."""
+
+    def __init__(self, backbone, items, *, n_states: int, generator: torch.Generator,
+                 positions: str = "subject", eps: float = 1e-3):
+        F_ = len(items)
+        rows = [f for _ in range(n_states) for f in range(F_)]
+        ids, ans, att = _batch(backbone, items, rows, lambda it: it.answer)
+        B, L = ids.shape
+        t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)
+        t[:F_] = 1.0  # state 0: every answer token masked
+        hide = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & ans
+        self.ids = torch.where(hide, torch.full_like(ids, backbone.mask_id), ids)
+        self.att = att
+        self.b, self.p, self.f, _ = _slots(backbone, items, rows, positions, False)
+        counts = torch.bincount(self.f, minlength=F_).clamp(min=1)
+        self.w = (1.0 / counts.double())[self.f]                 # mean over a fact's positions and states
+        self.n_facts, self.backbone = F_, backbone
+
+    @torch.no_grad()
+    def means(self, taps: dict) -> dict[str, torch.Tensor]:
+        """name -> [F, d] float64: each tap's mean over the fact's positions and states."""
+        with _taps(taps) as got:
+            self.backbone.logits(self.ids, None if bool(self.att.all()) else self.att)
+        out = {}
+        for name, hs in got.items():
+            h = hs[0][self.b, self.p].double() * self.w[:, None]         # [N, d]
+            out[name] = h.new_zeros(self.n_facts, h.shape[1]).index_add_(0, self.f, h)
+        return out
+
+
+# ------------------------------------------------------------------------------ key statistic C
+
+
+def preserved_texts(backbone, task, source=None) -> list[str]:
+    """Texts whose keys are to be preserved: `source` (a text/JSON file, a split name or a list),
+    else the task's background when it is texts (precomputed ResidualStats hold no keys of the
+    down projection, so they are passed over), else the embedded model's training rows (other
+    models: the retain rows); the forget rows' own texts are left out either way."""
+    from timerome.whitening import background_texts, rows_to_texts
+
+    src = source if source is not None else task.background
+    if not isinstance(src, (str, Path, list, tuple)):
+        src = None
+    if src is None and getattr(backbone, "name", "") != "timerome-default":
+        texts = rows_to_texts(task.retain_rows)
+        if not texts:
+            raise TimeromeError("no texts for the key statistic: give stats_texts= or retain rows")
+    else:
+        texts = background_texts(backbone, src)
+    forget = set(rows_to_texts(task.forget_rows))
+    return [t for t in texts if t not in forget]
+
+
+def spread_texts(texts: list[str], n: int | None) -> list[str]:
+    """n texts evenly spaced over the list (deterministic, so the cache key is stable)."""
+    if not n or n >= len(texts):
+        return list(texts)
+    step = len(texts) / n
+    return [texts[int(i * step)] for i in range(n)]
+
+
+def stats_cache_path(backbone, layer: int, texts: list[str]) -> Path:
+    from timerome.evaluation import cache_dir
+
+    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:12]
+    return cache_dir() / "locate" / f"{backbone.fingerprint()}-L{layer}-n{len(texts)}-{digest}.safetensors"
+
+
+def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,
+              batch_size: int = 64) -> tuple[torch.Tensor, Path]:
+    """C = E[k k^T] [d_mlp, d_mlp] float64 (CPU) of the down projection's input over every token
+    of `texts`, and its cache file: read when it exists, else computed and written."""
+    path = stats_cache_path(backbone, layer, texts)
+    if cache and path.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path))["C"], path
+    C = _second_moment(backbone, layer, texts, batch_size)
+    if cache:
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share a temp file
+        save_file({"C": C.contiguous()}, str(tmp), metadata={"n_texts": str(len(texts))})
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return C, path
+
+
+def _second_moment(backbone, layer, texts, batch_size) -> torch.Tensor:
+    from timerome.whitening import _ids, _pad
+
+    lin = down_projection(backbone, layer).linear
+    seqs = sorted((s for s in (_ids(backbone, t) for t in texts) if s), key=len)
+    if not seqs:
+        raise TimeromeError("the key statistic's corpus is empty")
+    d = lin.in_features
+    S = torch.zeros(d, d, dtype=torch.float64, device=backbone.device)
+    n = 0
+    with torch.no_grad(), _taps({"k": (lin, "in")}) as got:
+        for s in range(0, len(seqs), batch_size):
+            ids, real = _pad(seqs[s:s + batch_size], backbone)
+            block_output(backbone, layer, ids, real)
+            k = got["k"].pop()[real].double()                        # [N, d]
+            S += k.T @ k
+            n += len(k)
+    return (S / n).cpu()
+
+
+class _Stop(Exception):
+    pass
+
+
+def block_output(backbone, layer, ids, real) -> torch.Tensor:
+    """Block `layer`'s output [B, L, H] on ids [B, L] (padding hidden by `real`), without running
+    the layers above, which cannot change it; the autograd graph is kept."""
+    got = []
+
+    def grab(h, _state):
+        got.append(h)
+        raise _Stop
+
+    try:
+        with Intervention(backbone, {(layer, "resid"): grab}):
+            backbone.logits(ids, None if bool(real.all()) else real)
+    except _Stop:
+        pass
+    return got[0]
+
+
+# ------------------------------------------------------------------------------ target values
+
+
+def _slots(backbone, items, rows, positions, per_position):
+    """Index tensors (batch row, position, fact, delta slot) of every place a delta is added."""
+    b_idx, p_idx, f_idx, s_idx = [], [], [], []
+    for b, f in enumerate(rows):
+        for j, p in enumerate(slot_positions(items[f], positions)):
+            b_idx.append(b), p_idx.append(p), f_idx.append(f), s_idx.append(j if per_position else 0)
+    return tuple(torch.tensor(x, device=backbone.device) for x in (b_idx, p_idx, f_idx, s_idx))
+
+
+@torch.no_grad()
+def site_norms(backbone, items, site, positions: str = "subject") -> torch.Tensor:
+    """[F] mean norm of `site`'s output at each fact's positions, on [question | masked answer]."""
+    rows = list(range(len(items)))
+    ids, ans, att = _batch(backbone, items, rows, lambda it: it.answer)
+    ids = torch.where(ans, torch.full_like(ids, backbone.mask_id), ids)
+    b, p, f, _ = _slots(backbone, items, rows, positions, False)
+    with _taps({"h": (backbone.module(*site), "out")}) as got:
+        backbone.logits(ids, None if bool(att.all()) else att)
+    n = got["h"][0].float()[b, p].norm(dim=-1)
+    tot = torch.zeros(len(items), device=n.device).index_add_(0, f, n)
+    return tot / torch.bincount(f, minlength=len(items)).clamp(min=1)
+
+
+def optimise_deltas(backbone, items, site, *, positions: str = "subject", objective: str = "target",
+                    steps: int = 30, lr: float = 0.5, n_states: int = 4, clamp: float = 4.0,
+                    weight_decay: float = 0.0, eps: float = 1e-3, generator: torch.Generator,
+                    per_position: bool = False, norms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Deltas added to `site`'s output (layer, point) at each fact's `positions` that minimise
+    `masked_objective` (the target answer made likely, or the original answer made unlikely).
+
+    Returns delta [F, S, H] float32 (S = 1, shared by the positions, unless per_position: one per
+    prompt position) and a few diagnostics. lr is in units of the site's RMS activation (Adam's
+    step per coordinate is about lr), so one value fits models whose scales differ; each delta
+    is clamped to `clamp` times `norms` [F] (default: the site's norm at the positions; ROME's
+    clamp). Pass the unedited model's norms when editing sequentially, so the clamp cannot grow
+    with the edits.
+    """
+    if objective not in OBJECTIVES:
+        raise TimeromeError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    F_, H = len(items), backbone.hidden_size
+    answer_of = (lambda it: it.target) if objective == "target" else (lambda it: it.answer)
+    rows = [f for _ in range(n_states) for f in range(F_)]
+    ids, ans, att = _batch(backbone, items, rows, answer_of)
+    S = max(len(slot_positions(it, positions)) for it in items) if per_position else 1
+    b_idx, p_idx, f_idx, s_idx = _slots(backbone, items, rows, positions, per_position)
+    norms = site_norms(backbone, items, site, positions) if norms is None else norms.to(backbone.device)
+    rms = float(norms.mean()) / H ** 0.5
+
+    delta = torch.zeros(F_, S, H, device=backbone.device, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr * rms)
+    losses = []
+
+    def add(h, _state):
+        extra = torch.zeros(h.shape, device=h.device, dtype=delta.dtype)
+        extra = extra.index_put((b_idx, p_idx), delta[f_idx, s_idx], accumulate=True)
+        return h + extra.to(h.dtype)
+
+    with Intervention(backbone, {tuple(site): add}):
+        for _ in range(steps):
+            task_loss = masked_objective(backbone, ids, ans, att, generator, eps, objective)
+            reg = weight_decay * (delta.pow(2).sum(-1) / norms[:, None].pow(2)).mean()
+            (g,) = torch.autograd.grad(task_loss + reg, [delta])  # never touches the weights' .grad
+            delta.grad = g
+            opt.step()
+            with torch.no_grad():  # ROME's clamp: |delta| <= clamp * |h|
+                cap = (clamp * norms)[:, None, None]
+                delta.mul_((cap / delta.norm(dim=-1, keepdim=True).clamp(min=1e-12)).clamp(max=1.0))
+            losses.append(float(task_loss.detach()))
+    k = max(1, len(losses) // 5)
+    info = {"loss_first": losses[0], "loss_last": sum(losses[-k:]) / k,
+            "delta_norm": float(delta.detach().norm(dim=-1).mean()), "site_norm": float(norms.mean())}
+    return delta.detach(), info
+
+
+def masked_objective(backbone, ids, ans, att, generator, eps: float = 1e-3, objective: str = "target",
+                     cap: float = 6.0) -> torch.Tensor:
+    """The MDLM loss on partially masked answers (train.mdlm_loss's masking and 1/t weight),
+    nats per answer token, mean over the batch. Per masked answer token:
+      "target":        -log p            make the answer (the target text) likely
+      "forget":        max(log p, -cap)  make the answer (the original) unlikely, up to cap nats:
+                                         negated cross-entropy is unbounded, the cap stops it
+      "unlikelihood":  -log(1 - p)       the same, bounded by construction
+    """
+    B, L_ = ids.shape
+    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)          # [B]
+    masked = (torch.rand(B, L_, generator=generator, device=ids.device) < t[:, None]) & ans
+    noisy = torch.where(masked, torch.full_like(ids, backbone.mask_id), ids)
+    logits = backbone.logits(noisy, None if bool(att.all()) else att).float()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)       # [B, L]
+    if objective == "target":
+        per_tok = -logp
+    elif objective == "forget":
+        per_tok = logp.clamp(min=-cap)
+    else:  # unlikelihood
+        per_tok = -torch.log1p(-logp.exp().clamp(max=1 - 1e-6))
+    per = (per_tok * masked / t[:, None]).sum(1) / ans.sum(1).clamp(min=1)             # [B]
+    return per.mean()
+
+
+# ------------------------------------------------------------------------------ closed forms
+
+
+def rome_update(C_inv: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """ROME's rank-one update: dW = r (C^-1 k)^T / (k^T C^-1 k), so dW k = r and any key
+    orthogonal to k in the C^-1 metric is left alone. k [d], r [H] -> [H, d]."""
+    u = C_inv @ k
+    return torch.outer(r, u) / (k @ u)
+
+
+def memit_update(K: torch.Tensor, R: torch.Tensor, C: torch.Tensor, lam: float) -> torch.Tensor:
+    """MEMIT's batch least squares: dW = R K^T (lam C + K K^T)^-1, i.e. the dW minimising
+    |dW K - R|^2 + lam E|dW k|^2 over background keys k. K [F, d] (rows), R [F, H] -> [H, d]."""
+    A = lam * C + K.T @ K                                                  # [d, d]
+    return torch.linalg.solve(A, K.T @ R).T                                # A sym: (R K^T A^-1)^T = A^-1 K R
+
+
+def null_projector(C: torch.Tensor, *, rel_threshold: float = 1e-2,
+                   energy: float | None = None) -> tuple[torch.Tensor, dict]:
+    """AlphaEdit's projector P [d, d] on the (approximate) null space of the preserved keys.
+
+    AlphaEdit keeps eigen-directions of K0 K0^T whose eigenvalue is below an absolute 1e-2,
+    which depends on the model's scale. Here: eigenvalue < rel_threshold * max eigenvalue, or
+    (energy given) the smallest directions that together hold at most that fraction of the total
+    energy. At least one direction is always kept, so P is never all zero.
+    """
+    evals, evecs = torch.linalg.eigh(C)                                    # ascending
+    if energy is not None:
+        keep = torch.cumsum(evals.clamp(min=0), 0) <= energy * float(evals.clamp(min=0).sum())
+    else:
+        keep = evals < rel_threshold * float(evals.max())
+    keep[0] = True
+    V = evecs[:, keep]
+    pos = evals.clamp(min=0)
+    info = {"null_rank": int(keep.sum()), "null_energy": float(pos[keep].sum() / pos.sum())}
+    return V @ V.T, info
+
+
+def alphaedit_update(K: torch.Tensor, R: torch.Tensor, P: torch.Tensor, l2: float) -> torch.Tensor:
+    """AlphaEdit (one batch, no earlier edits): dW = R^T K P (K^T K P + l2 I)^-1, which equals
+    R^T K (P K^T K + l2 I)^-1 P, so dW (I - P) = 0: keys in the preserved span are untouched.
+    K [F, d] (rows), R [F, H], P [d, d] -> [H, d]."""
+    I = torch.eye(len(P), dtype=P.dtype, device=P.device)
+    X = torch.linalg.solve(P @ (K.T @ K) + l2 * I, P @ K.T @ R)          # [d, H] = dW^T
+    return X.T
+
+
+@torch.no_grad()
+def apply_update(lin: nn.Linear, dW: torch.Tensor) -> None:
+    lin.weight.add_(dW.to(device=lin.weight.device, dtype=lin.weight.dtype))
+
+
+# ------------------------------------------------------------------------------ MEMIT's spread
+
+
+def band(backbone, config, lo: float = 0.1, hi: float = 0.25) -> list[int]:
+    if config["layers"] is None:
+        return default_layers(backbone.n_layers, lo, hi)
+    return sorted({int(l) % backbone.n_layers for l in config["layers"]})
+
+
+def spread_edit(backbone, task, config, seed, solve, method):
+    """MEMIT's procedure (memit.py's docstring) with `solve(K, R, C, layer) -> dW [H, d]` per
+    layer; AlphaEdit swaps the solve. Returns the WeightEdit."""
+    from timerome.methods.registry import weight_edit
+
+    layers = band(backbone, config)
+    projs = [down_projection(backbone, l) for l in layers]
+    top = projs[-1].layer
+    items = encode_facts(backbone, task.facts, config["target"])
+    texts = spread_texts(preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
+    stats = {p.layer: key_stats(backbone, p.layer, texts) for p in projs}
+    gen = torch.Generator(device=backbone.device).manual_seed(seed)
+    info = {"layers": layers, "modules": [p.path for p in projs], "n_stats_texts": len(texts),
+            "stats_files": [str(stats[p.layer][1]) for p in projs], "update_norms": []}
+    with weight_edit(backbone, method) as edit:
+        delta, info["delta"] = optimise_deltas(
+            backbone, items, (top, "mlp"), positions=config["positions"], objective=config["objective"],
+            steps=config["steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
+            weight_decay=config["weight_decay"], generator=gen)
+        states = KeyStates(backbone, items, n_states=config["key_states"], generator=gen,
+                           positions=config["positions"])
+        top_out = (backbone.module(top, "resid"), "out")
+        z = states.means({"h": top_out})["h"].cpu() + delta[:, 0].double().cpu()       # [F, H]
+        for i, p in enumerate(projs):
+            got = states.means({"k": (p.linear, "in"), "h": top_out})
+            K, R = got["k"].cpu(), (z - got["h"].cpu()) / (len(projs) - i)               # [F, d], [F, H]
+            dW = solve(K, R, stats[p.layer][0], p.layer)
+            apply_update(p.linear, dW)
+            info["update_norms"].append(float(dW.norm()))
+        info["residual_left"] = float((z - states.means({"h": top_out})["h"].cpu()).norm(dim=-1).mean())
+    edit.info = info
+    return edit
