@@ -3,6 +3,8 @@
     python benchmarks/bench_edit_memory.py                         # every part
     python benchmarks/bench_edit_memory.py --parts overhead --device cuda
     python benchmarks/bench_edit_memory.py --parts selectivity --tofu-model DIR
+        (DIR from timerome.evaluation.train_tofu_model(TOFU_DIR, DIR): the embedded architecture
+        trained on TOFU forget01 + 2 retain authors, about 1.5 min)
 
 Parts (each prints a table of ratios measured in this one run):
   overhead     wall time of a full denoising generation with a |F|=400 memory installed, over the
@@ -58,6 +60,7 @@ def main() -> int:
     ap.add_argument("--q", type=int, default=0)
     ap.add_argument("--tofu-model", default=None, help="a checkpoint fine-tuned on TOFU (selectivity on TOFU)")
     ap.add_argument("--tofu-dir", default="/work/shared/data/tofu")
+    ap.add_argument("--tofu-retain-authors", type=int, default=2, help="retain authors the TOFU model learnt")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
@@ -289,12 +292,18 @@ def bench_selectivity(args):
         from timerome.backbones import load_backbone
         from timerome.whitening import rows_to_texts
 
+        from timerome.evaluation import fits, tofu_subset
+
+        # the TOFU model (evaluation.train_tofu_model) knows only its subset's words: retain rows
+        # and background come from the retain authors it was trained on
         tb = load_backbone(args.tofu_model, device=args.device)
         t_forget = load_split("forget01", args.tofu_dir)[: args.forget]
-        t_retain = _spread(load_split("retain99", args.tofu_dir), args.retain)
-        background = rows_to_texts(load_split("retain90", args.tofu_dir)[:400])
+        sub = tofu_subset(args.tofu_dir, args.tofu_retain_authors)
+        t_retain = [r for r in sub["retain"] if fits(tb, r)][: args.retain]
+        background = rows_to_texts([r for r in sub["retain"] + sub["forget"] if fits(tb, r)])
         print(f"\n== selectivity on TOFU ({args.tofu_model}): {len(t_forget)} forget facts, {len(t_retain)} retain rows ==")
         facts, skipped = facts_from_rows(t_forget, offset=3960)  # forget01 = full[3960:]
+        facts = [f for f in facts if fits(tb, t_forget[int(f.fact_id) - 3960])]  # within its context
         keep = {int(f.fact_id) - 3960 for f in facts}
         t_forget = [r for i, r in enumerate(t_forget) if i in keep]  # rows whose author was found
         print(f"({len(skipped)} rows skipped: no author name in the question)")

@@ -128,7 +128,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     finally:
         model.eval()
         if peft_model is not None:
-            _merge_lora(backbone, peft_model)
+            merge_lora(backbone, peft_model)
         for p in backbone.model.parameters():
             p.requires_grad_(False)
     log["seconds"] = time.perf_counter() - t0
@@ -148,8 +148,15 @@ def _wrap_lora(backbone, cfg: TrainConfig):
     return peft_model
 
 
-def _merge_lora(backbone, peft_model) -> None:
-    # fold the adapters back in so the Backbone's module paths and hooks stay as they were
-    merged = peft_model.merge_and_unload()
-    backbone.model = merged.eval()
-    backbone._modules = dict(merged.named_modules())
+def merge_lora(backbone, peft_model) -> None:
+    """Fold the adapters into the weights and drop them, so the Backbone's module paths, hooks
+    and state-dict keys stay as they were. Layer by layer, then unload: peft's merge_and_unload
+    reads model.config as a dict, which our own models' SimpleNamespace config is not."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in backbone.model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+    base = peft_model.unload()
+    backbone.model = base.eval()
+    backbone._modules = dict(base.named_modules())
