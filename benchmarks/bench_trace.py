@@ -7,7 +7,8 @@ Prints, from one run:
 - naive wall time: one full single-row trajectory per (fact, layer, step, module, noise sample),
   measured on a subset of coordinates and extrapolated per trajectory (or measured in full with
   --full-naive); the subset's TIE values are checked against the fast trace's;
-- fast wall time and the speed-up;
+- fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
+  below their layer, taking them from their corrupted row), and how many block computations it saves;
 - the fast trace's cost as a multiple of its floor: the minimum number of single-sequence
   forwards the definition needs (clean K+1, corrupted N(K+1), and K-k+1 per patch run at step k)
   times the time of one single-sequence forward, measured here.
@@ -73,15 +74,14 @@ def _bench(args, bb, facts) -> int:
     min_forwards = per_fact * len(items)
 
     trace(bb, facts[:1], steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up
-    tracing.SHARE_ROWS = False  # ablation: batching + prefix reuse only
-    t = time.perf_counter()
-    plain = trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False)
-    plain_s = time.perf_counter() - t
+    tracing.SHARE_ROWS, tracing.REUSE_LAYERS = False, False  # ablation: batching + prefix reuse only
+    plain, plain_s = _timed_trace(args, bb, facts)
     tracing.SHARE_ROWS = True
-    t = time.perf_counter()
-    fast = trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False)
-    fast_s = time.perf_counter() - t
+    whole, whole_s = _timed_trace(args, bb, facts)  # every row runs every block
+    tracing.REUSE_LAYERS = True
+    fast, fast_s = _timed_trace(args, bb, facts)
     plain_err = float((plain.tie - fast.tie).abs().max())
+    reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
 
     # naive: every coordinate of the first fact, or a seeded subset of them
     coords = [(l, k, m) for m in fast.modules for l in range(bb.n_layers) for k in range(K)]
@@ -102,7 +102,7 @@ def _bench(args, bb, facts) -> int:
     speedup = naive_s / fast_s
     cost = fast_s / floor_s
     rows_run, calls = fast.stats["rows_run"], fast.stats["forwards"]
-    patched = len(facts) * C * N * K  # forwards that splice: never shared
+    blocks_on, blocks_off = fast.stats["block_rows"], whole.stats["block_rows"]
     print(f"naive check      {len(sub_facts)} fact(s) x {len(coords)} coordinates x {N} samples: "
           f"{trajectories_run} trajectories in {naive_sub_s:.2f} s; max |TIE fast - naive| = {err:.2e} nats")
     print(f"naive wall time  {naive_s:8.2f} s  ({'measured' if args.full_naive else 'extrapolated'}: "
@@ -111,20 +111,31 @@ def _bench(args, bb, facts) -> int:
           f"{plain.stats['rows_run']} rows in {plain.stats['forwards']} batched forwards; "
           f"speed-up {naive_s / plain_s:.1f} x, cost {plain_s / floor_s:.2f} x the floor; "
           f"max |TIE - fast| = {plain_err:.1e})")
-    print(f"fast wall time   {fast_s:8.2f} s  ({rows_run} sequence rows in {calls} batched forwards)")
+    print(f"fast, no reuse   {whole_s:8.2f} s  (no layer reuse: {whole.stats['rows_run']} rows in "
+          f"{whole.stats['forwards']} batched forwards, {blocks_off} row-blocks computed; "
+          f"speed-up {naive_s / whole_s:.1f} x, cost {whole_s / floor_s:.2f} x the floor)")
+    print(f"fast wall time   {fast_s:8.2f} s  (with layer reuse: {rows_run} rows in {calls} batched forwards, "
+          f"{blocks_on} row-blocks computed)")
     print(f"speed-up         {speedup:8.1f} x   (goal >= 5x)")
     print(f"forward floor    {min_forwards} single-sequence forwards x "
           f"{1e3 * statistics.mean(one.values()):.2f} ms (mean over lengths) = {floor_s:.2f} s")
     print(f"cost multiple    {cost:8.2f} x the floor   (goal <= 1.5x). Below 1: rows are batched, and rows "
           f"whose (noise, x_k) coincide share one run, so {rows_run} rows replace the {min_forwards}")
-    print(f"layer-prefix reuse: skipped. Only the {patched} splicing rows could use it ({patched / rows_run:.0%} "
-          f"of the rows run): below layer l they equal their corrupted row, so at most ~{patched / rows_run / 2:.0%} "
-          "of the work could go. But a Backbone runs whole forwards; a hook can replace a layer's output, not "
-          "skip computing it, so starting at layer l needs a per-family partial forward (RoPE, masks, norms), "
-          "which the architecture keeps out of the algorithms.")
-    ok = err < 1e-4 and plain_err < 1e-4
+    print(f"layer reuse      {whole_s / fast_s:8.2f} x   (splicing rows take blocks 0..l-1 from their corrupted "
+          f"row: {blocks_on} of {blocks_off} row-blocks computed ({1 - blocks_on / blocks_off:.0%} fewer) "
+          f"in {calls} forwards instead of {whole.stats['forwards']}; max |TIE with - without| = {reuse_err:.1e})")
+    ok = err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4
     print("fast == naive: " + ("yes" if ok else "NO"))
     return 0 if ok else 1
+
+
+def _timed_trace(args, bb, facts):
+    """(trace result, wall seconds) of the fast trace under the current module switches."""
+    _sync(bb)
+    t = time.perf_counter()
+    r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False)
+    _sync(bb)
+    return r, time.perf_counter() - t
 
 
 def _model_and_facts(args, tmp: str):

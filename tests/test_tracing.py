@@ -155,6 +155,41 @@ def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced, monkeyp
     assert r.stats["rows_run"] == 2 * ((4 + 1) * (1 + 2) + 9 * 2 * sum(4 - k + 1 for k in range(4)))
 
 
+@pytest.mark.parametrize("batch_size", [256, 5])
+def test_layer_reuse_changes_no_tie(bb, traced, batch_size, monkeypatch):
+    """Splicing rows that take blocks 0..l-1 from their corrupted row give the same TIE, bit for bit
+    on CPU (each row's arithmetic does not depend on what else is in the batch)."""
+    assert tracing.REUSE_LAYERS
+    on = traced if batch_size == 256 else trace(bb, FACTS, batch_size=batch_size, **FAST)
+    monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
+    off = trace(bb, FACTS, batch_size=batch_size, **FAST)
+    torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-5, rtol=0, equal_nan=True)
+    assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
+    assert on.stats["block_rows"] < off.stats["block_rows"]  # it did skip work
+
+
+def test_layer_reuse_really_skips_the_lower_blocks(bb, monkeypatch):
+    """Block 0 is not computed in the forwards that splice above layer 0, and its forward is the
+    class's own again afterwards."""
+    calls = []  # one entry per computation of block 0's attention
+
+    def count(*_):
+        calls.append(1)
+
+    handle = bb.module(0, "attn").register_forward_pre_hook(count)
+    try:
+        r_on = trace(bb, FACTS[:1], **FAST)
+        calls_on = len(calls)
+        monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
+        r_off = trace(bb, FACTS[:1], **FAST)
+    finally:
+        handle.remove()
+    assert len(calls) - calls_on == r_off.stats["forwards"]
+    # per step: one forward of the rows that do not splice, one of the layer-0 splices (none at k' = K)
+    assert calls_on == 2 * 4 + 1 < r_on.stats["forwards"]
+    assert all("forward" not in bb.module(i, "resid").__dict__ for i in range(bb.n_layers))
+
+
 def test_restoring_a_whole_layer_restores_the_clean_run(bb):
     """resid of layer l at ALL positions at EVERY step from the clean run: everything above l, hence
     every commit and every log p, is the clean run's, bit for bit."""
@@ -298,3 +333,22 @@ def test_embedded_hot_coordinate_carries_signal():
         others = torch.stack([mean[c] for c in sorted(randoms)])
         assert mean[hot] > 1.0, (seed, best, float(mean[hot]))
         assert mean[hot] > others.max() + 2.0, (seed, best, float(mean[hot]), others)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="embedded default model not built yet")
+def test_embedded_layer_reuse_changes_no_tie(monkeypatch):
+    """Layer reuse on the embedded model: the same TIE as without it (two facts), and still exactly
+    0 at sigma = 0."""
+    from timerome.tracing import default_facts
+
+    bb = load_backbone()
+    facts = default_facts(2)
+    on = trace(bb, facts, progress=False)
+    zero = trace(bb, facts, sigma=0.0, progress=False)
+    monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
+    off = trace(bb, facts, progress=False)
+    torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-4, rtol=0, equal_nan=True)
+    assert on.tie.abs().max() > 1.0  # not a vacuous match
+    assert on.stats["block_rows"] < off.stats["block_rows"]
+    assert torch.equal(zero.tie, torch.zeros_like(zero.tie))
+    assert torch.equal(torch.nan_to_num(zero.tie_full), torch.zeros_like(zero.tie_full))
