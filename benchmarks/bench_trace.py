@@ -2,6 +2,8 @@
 
     python benchmarks/bench_trace.py            # embedded default model, its 8 validation facts
     python benchmarks/bench_trace.py --tiny     # a tiny random model (when the embedded one is absent)
+    python benchmarks/bench_trace.py --tiny --layers 8 --hidden 512   # a wider random model, where
+                                                # compute rather than per-call overhead dominates
 
 Prints, from one run:
 - naive wall time: one full single-row trajectory per (fact, layer, step, module, noise sample),
@@ -42,7 +44,9 @@ TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiny", action="store_true", help="use a tiny random model (4 layers, d=128)")
+    ap.add_argument("--tiny", action="store_true", help="use a random-initialised model (see --layers, --hidden)")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the --tiny model")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size of the --tiny model")
     ap.add_argument("--facts", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--samples", type=int, default=5)
@@ -147,7 +151,7 @@ def _model_and_facts(args, tmp: str):
         return load_backbone(device=args.device), default_facts(args.facts)
     from timerome.backbones.tiny import make_tiny_checkpoint
 
-    d = make_tiny_checkpoint("timerome", tmp, layers=4, hidden=128)
+    d = make_tiny_checkpoint("timerome", tmp, layers=args.layers, hidden=args.hidden)
     facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
     return load_backbone(d, device=args.device), facts[:args.facts]
 
