@@ -24,3 +24,19 @@ def find_tofu():
 
 
 TOFU_DIR = find_tofu()
+
+
+@pytest.fixture(scope="module")
+def task():
+    """The embedded forget01 split (1 author x 20 facts) with its retain/real/world rows."""
+    from timerome.evaluation import forget_task
+
+    return forget_task("embedded", "forget01")
+
+
+def mean_answer_lp(bb, rows, n_mc: int = 4) -> float:
+    """Mean answer log-probability of QA rows (fixed seed, so before/after numbers are paired)."""
+    from timerome.metrics import answer_logprobs
+
+    lp, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=n_mc, seed=0)
+    return float(lp.mean())

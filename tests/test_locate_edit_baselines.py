@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import timerome
+from conftest import mean_answer_lp
 from timerome.errors import TimeromeError
-from timerome.evaluation import forget_task, spread
+from timerome.evaluation import spread
 from timerome.methods import _locate as L
 from timerome.methods import available, get_method, install
-from timerome.metrics import answer_logprobs
 
 METHODS = ("rome", "memit", "alphaedit", "unke")
 
@@ -35,18 +35,8 @@ def bb(cache):
 
 
 @pytest.fixture(scope="module")
-def task():
-    return forget_task("embedded", "forget01")
-
-
-@pytest.fixture(scope="module")
 def rows(task):
     return {"forget": spread(task.forget_rows, 6), "retain": spread(task.retain_rows, 8)}
-
-
-def _lp(bb, rows) -> float:
-    lp, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=4, seed=0)
-    return float(lp.mean())
 
 
 def _probe_logits(bb, rows):
@@ -57,15 +47,15 @@ def _probe_logits(bb, rows):
 
 @pytest.fixture(scope="module")
 def base(bb, rows):
-    return {"forget": _lp(bb, rows["forget"]), "retain": _lp(bb, rows["retain"]), "logits": _probe_logits(bb, rows)}
+    return {"forget": mean_answer_lp(bb, rows["forget"]), "retain": mean_answer_lp(bb, rows["retain"]), "logits": _probe_logits(bb, rows)}
 
 
 @pytest.fixture(scope="module", params=METHODS)
 def outcome(request, bb, task, rows, base):
     """Install one method (defaults, seed 0), score it, undo it."""
     edit = install(request.param, bb, task, seed=0)
-    out = {"method": request.param, "edit": edit, "forget": _lp(bb, rows["forget"]),
-           "retain": _lp(bb, rows["retain"]), "edited_logits": _probe_logits(bb, rows)}
+    out = {"method": request.param, "edit": edit, "forget": mean_answer_lp(bb, rows["forget"]),
+           "retain": mean_answer_lp(bb, rows["retain"]), "edited_logits": _probe_logits(bb, rows)}
     edit.undo()
     out["undone_logits"] = _probe_logits(bb, rows)
     return out

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import timerome
-from timerome.evaluation import forget_task, spread
+from conftest import mean_answer_lp
+from timerome.evaluation import spread
 from timerome.methods import available, get_method, install
-from timerome.metrics import answer_logprobs
 
 INFERENCE = ("act_steer", "rmu_like")
 WEIGHTS = ("ga", "gd", "npo", "simnpo", "rmu", "adaptive_rmu")
@@ -27,20 +27,10 @@ def bb():
 
 
 @pytest.fixture(scope="module")
-def task():
-    return forget_task("embedded", "forget01")
-
-
-@pytest.fixture(scope="module")
 def rows(task):
     # retain rows other than the ones the safe protocol checks (spread(retain, 8)), so its early
     # stop is judged on rows it never saw
     return {"forget": spread(task.forget_rows, 6), "retain": task.retain_rows[3::50]}
-
-
-def _lp(bb, rows) -> float:
-    lp, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=4, seed=0)
-    return float(lp.mean())
 
 
 def _probe(bb, rows):
@@ -52,7 +42,7 @@ def _probe(bb, rows):
 
 @pytest.fixture(scope="module")
 def base(bb, rows):
-    return {"forget": _lp(bb, rows["forget"]), "retain": _lp(bb, rows["retain"]), "logits": _probe(bb, rows)}
+    return {"forget": mean_answer_lp(bb, rows["forget"]), "retain": mean_answer_lp(bb, rows["retain"]), "logits": _probe(bb, rows)}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +54,7 @@ def outcome(bb, task, rows, base):
         if name not in done:
             edit = install(name, bb, task, seed=0)
             with edit.active():
-                res = {"forget": _lp(bb, rows["forget"]), "retain": _lp(bb, rows["retain"]),
+                res = {"forget": mean_answer_lp(bb, rows["forget"]), "retain": mean_answer_lp(bb, rows["retain"]),
                        "logits_on": _probe(bb, rows)}
             res["logits_inside_after"] = _probe(bb, rows)   # weights: still edited; hooks: gone
             edit.undo()
@@ -138,10 +128,10 @@ def test_safe_protocol_prevents_the_collapse(bb, task, rows, base):
     # a learning rate at which plain GA destroys the model within a few dozen steps
     hot = {"lr": 3e-3, "steps": 30}
     unsafe = install("ga", bb, task, dict(hot, safe=False), seed=0)
-    collapsed = _lp(bb, rows["retain"])
+    collapsed = mean_answer_lp(bb, rows["retain"])
     unsafe.undo()
     safe = install("ga", bb, task, hot, seed=0)
-    kept = _lp(bb, rows["retain"])
+    kept = mean_answer_lp(bb, rows["retain"])
     safe.undo()
     assert base["retain"] - collapsed > 20.0
     assert safe.info["early_stopped"] and safe.info["kept_step"] < safe.info["steps_run"]
