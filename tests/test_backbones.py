@@ -174,3 +174,18 @@ def test_fingerprint_distinguishes_models(tmp_path):
     b = load_backbone(make_tiny_checkpoint("timerome", tmp_path / "b", seed=1))
     a2 = load_backbone(tmp_path / "a")
     assert a.fingerprint() == a2.fingerprint() != b.fingerprint()
+
+
+@pytest.mark.parametrize("family", ["timerome", "dream"])
+def test_fingerprint_sees_an_edit_of_any_layer(tmp_path, family):
+    bb = load_backbone(make_tiny_checkpoint(family, tmp_path / family, seed=0))
+    before = bb.fingerprint()
+    for name, p in bb.model.named_parameters():
+        if p.dim() != 2 or "embed" in name or "wte" in name:
+            continue
+        with torch.no_grad():
+            saved = p.clone()
+            p.add_(1e-3 * torch.outer(torch.ones(p.shape[0]), torch.ones(p.shape[1])))  # rank-one edit
+            assert bb.fingerprint() != before, name
+            p.copy_(saved)
+    assert bb.fingerprint() == before

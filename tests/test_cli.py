@@ -29,7 +29,7 @@ def test_trace_edit_generate_chain(tmp_path):
     mem = tmp_path / "forget.safetensors"
     code, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "--out", mem)
     assert code == 0 and mem.exists(), out
-    assert f"layer {sel['best']['layer']} {sel['best']['module']}" in out
+    assert " resid " in out  # the edited hook point is resid unless --module says otherwise
 
     code, out = run("generate", "--edit", mem, "Where was Isgor Quielson born ?")
     assert code == 0 and "answer with edit" in out, out
@@ -46,3 +46,78 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not a memory")
     code, out = run("generate", "--edit", tmp_path / "bad.safetensors", "hello")
     assert code == 2 and "error:" in out, out
+
+
+def test_edit_follows_the_trace_for_the_chosen_module(tmp_path):
+    # --trace picks the best layer among the edited hook point (resid by default), like the method
+    from timerome.methods.timerome_edit import select
+    from timerome.tracing import TraceResult
+
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4)
+    assert code == 0, out
+    result = TraceResult.load(tmp_path / "t" / "trace.safetensors")
+    for module in ("resid", "mlp"):
+        mem = tmp_path / f"{module}.safetensors"
+        code, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "--module", module, "--out", mem)
+        assert code == 0, out
+        assert f"layer {select(result, (module,)).layer} {module}" in out
+
+
+def test_generate_passes_the_step_to_a_step_only_edit(tmp_path):
+    from timerome import load_backbone
+    from timerome.edit_memory import EditMemory
+    from timerome.sampler import generate
+    import torch
+
+    mem = tmp_path / "k6.safetensors"
+    code, out = run("edit", "--layer", 1, "--step", 6, "--alpha", 20, "--out", mem)
+    assert code == 0, out
+    prompt = "Where was Isgor Quielson born ?"
+    code, out = run("generate", "--edit", mem, prompt)
+    assert code == 0, out
+    # the CLI's edited answer is the API's answer with the step state passed along
+    bb = load_backbone()
+    memory = EditMemory.load(mem, bb)
+    ids = torch.tensor([bb.encode(prompt)])
+    kw = dict(steps=8, gen_length=8, block_length=8, generator=torch.Generator().manual_seed(0))
+    with memory.applied(bb) as state:
+        edited = bb.decode(generate(bb, ids, state=state, **kw)[0, ids.shape[1]:])
+    with torch.no_grad():
+        plain = bb.decode(generate(bb, ids, **{**kw, "generator": torch.Generator().manual_seed(0)})[0, ids.shape[1]:])
+    assert edited != plain  # an edit at step 6 alone changes the answer (without the state it never fires)
+    flat = " ".join(out.split())
+    assert edited.split()[-1] in flat and plain.split()[-1] in flat, out
+
+    # a run too short to reach the edited step is refused, not silently unedited
+    code, out = run("generate", "--edit", mem, "--steps", 4, "--gen-length", 4, "--block-length", 4, prompt)
+    assert code == 2 and "step 6" in out, out
+
+
+def test_edit_rejects_bad_coordinates_and_q(tmp_path):
+    for args in (("--layer", 99), ("--module", "ffn"), ("--q", 500)):
+        code, out = run("edit", *args, "--out", tmp_path / "m.safetensors")
+        assert code == 2 and out.startswith("error:"), (args, out)
+
+
+def test_device_and_dtype_options(tmp_path):
+    code, out = run("info", "--dtype", "bfloat16", "--device", "cpu")
+    assert code == 0, out
+    for args in (("--device", "gpu0"), ("--device", "cuda:7"), ("--dtype", "float8")):
+        code, out = run("info", *args)
+        assert code == 2 and out.startswith("error:"), (args, out)
+    code, out = run("generate", "--dtype", "bfloat16", "Where was Isgor Quielson born ?")
+    assert code == 0 and "Quielson" in out, out
+
+
+def test_edit_on_another_model_asks_for_a_background(tmp_path):
+    import shutil
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    ckpt = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "copy")  # same weights, not "the embedded model"
+    code, out = run("edit", "--model", ckpt, "--layer", 0, "--out", tmp_path / "m.safetensors")
+    assert code == 2 and "--background" in out, out
+    (tmp_path / "bg.txt").write_text("Where was Isgor Quielson born ?\nWhat does Isgor Quielson write ?\n")
+    code, out = run("edit", "--model", ckpt, "--layer", 0, "--background", tmp_path / "bg.txt",
+                    "--out", tmp_path / "m.safetensors")
+    assert code == 0 and (tmp_path / "m.safetensors").exists(), out

@@ -259,3 +259,24 @@ def test_bad_inputs(kw, match):
 def test_empty_prompt():
     with pytest.raises(TimeromeError, match="empty"):
         generate(ToyBackbone(), torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=8, block_length=8)
+
+
+def test_bad_prompt_ids_are_refused_clearly():
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    model = ToyBackbone()
+    model.vocab_size = 64
+    with pytest.raises(TimeromeError, match="lie in 0..63"):
+        generate(model, [[1, 2, 64]], **kw)
+    with pytest.raises(TimeromeError, match="lie in 0..63"):
+        generate(model, [[-1, 2, 3]], **kw)
+    with pytest.raises(TimeromeError, match="rows of one length"):
+        generate(model, [[1, 2], [3]], **kw)
+
+
+def test_text_prompt_on_the_embedded_model():
+    from timerome import load_backbone
+
+    bb = load_backbone()
+    text = "Where was Isgor Quielson born ?"
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    assert torch.equal(generate(bb, text, **kw), generate(bb, bb.encode(text), **kw))

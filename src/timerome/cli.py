@@ -21,10 +21,12 @@ console = Console()
 ModelOpt = typer.Option(None, "--model", "-m", help="checkpoint directory (default: the embedded model)")
 FamilyOpt = typer.Option(None, "--family", help="backbone family (default: from config.json)")
 RemoteOpt = typer.Option(False, "--trust-remote-code", help="run the checkpoint's own modelling code")
+DeviceOpt = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps")
+DtypeOpt = typer.Option(None, "--dtype", help="float32 (default), bfloat16 or float16")
 
 
 def friendly(fn):
-    """TimeromeError -> one red line and exit code 2, never a traceback."""
+    """TimeromeError or a file-system error -> one red line and exit code 2, never a traceback."""
 
     @wraps(fn)
     def inner(*a, **k):
@@ -32,6 +34,10 @@ def friendly(fn):
             return fn(*a, **k)
         except TimeromeError as e:
             console.print(f"[bold red]error:[/] {e}")
+            raise typer.Exit(2)
+        except OSError as e:  # an unwritable output folder, a full disk, a vanished file
+            where = f" ({e.filename})" if e.filename else ""
+            console.print(f"[bold red]error:[/] {e.strerror or e}{where}")
             raise typer.Exit(2)
 
     return inner
@@ -46,9 +52,10 @@ def _load(model, family=None, trust_remote_code=False, dtype=None, device="cpu")
 @app.command()
 @friendly
 def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-         trust_remote_code: bool = RemoteOpt):
+         trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Show a backbone's family, size, mask id and hook points."""
-    bb = _load(model, family, trust_remote_code)
+    bb = _load(model, family, trust_remote_code, dtype, device)
     t = Table(title=str(bb))
     t.add_column("point")
     t.add_column("module path (layer 0)")
@@ -85,6 +92,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           out: Path = typer.Option(..., help="directory to save the fine-tuned checkpoint"),
           model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
           trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
           epochs: int = 10, lr: float = 1e-4, batch_size: int = 16,
           lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
@@ -94,7 +102,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     from timerome.train import TrainConfig
     from timerome.train import train as run_train
 
-    bb = _load(model, family, trust_remote_code)
+    bb = _load(model, family, trust_remote_code, dtype, device)
     rows = load_rows(data, tofu_dir=tofu_dir)
     log = run_train(bb, rows, TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed))
     save_backbone(bb, out)
@@ -122,6 +130,7 @@ def save_backbone(bb, out: Path) -> None:
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
              trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
@@ -130,12 +139,16 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     from timerome.sampler import generate as gen
 
-    bb = _load(model, family, trust_remote_code)
+    bb = _load(model, family, trust_remote_code, dtype, device)
     memory = None
     if edit is not None:
         from timerome.edit_memory import EditMemory
 
         memory = EditMemory.load(edit, bb)
+        k = memory.coordinate.step
+        if k is not None and not 0 <= k < steps:
+            raise TimeromeError(f"{edit} edits only at denoising step {k}, which a {steps}-step run never "
+                                f"reaches: pass --steps {k + 1} or more")
     t = Table(show_lines=True)
     t.add_column("prompt")
     t.add_column("answer")
@@ -144,7 +157,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     def shown(ids):
         text = bb.decode(ids)
         end = bb.family.answer_end
-        return text[: text.index(end) + len(end)] if end and end in text else text
+        # cut at the first end mark after some content: an edited answer may open with one
+        words = next((i for i, ch in enumerate(text) if ch.isalnum()), len(text))
+        cut = text.find(end, words) if end else -1
+        return text[: cut + len(end)] if cut >= 0 else text
 
     for p in prompt:
         ids = torch.tensor([bb.encode(p)], device=bb.device)
@@ -155,8 +171,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
             row = [p, plain]
             if memory is not None:
                 kw["generator"] = torch.Generator(device=bb.device).manual_seed(seed)
-                with memory.applied(bb):
-                    row.append(shown(gen(bb, ids, **kw)[0, ids.shape[1]:]))
+                with memory.applied(bb) as state:  # the state tells a step-k* edit which step it is
+                    row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:]))
         t.add_row(*row)
     console.print(t)
 
@@ -182,7 +198,8 @@ def _facts(data: str, tofu_dir, limit=None):
 @friendly
 def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", help="output folder"),
               model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-              trust_remote_code: bool = RemoteOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+              trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
               steps: int = typer.Option(8, help="denoising steps K"),
               n_samples: int = typer.Option(5, help="noise samples per fact"),
@@ -198,7 +215,10 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     from timerome.selection import per_fact_best, select_coordinate
     from timerome.tracing import trace
 
-    bb = _load(model, family, trust_remote_code)
+    if n_facts < 1:
+        raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
+    out.mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
+    bb = _load(model, family, trust_remote_code, dtype, device)
     facts = _facts(data, tofu_dir, n_facts)
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)
@@ -207,7 +227,6 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     if neighbours:
         other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **kw)
     best, top = select_coordinate(result, other, beta)
-    out.mkdir(parents=True, exist_ok=True)
     result.save(out / "trace.safetensors")
     png = plot_heatmaps(result, out / "heatmaps.png")
     if per_fact:
@@ -229,10 +248,11 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
 @friendly
 def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
          model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-         trust_remote_code: bool = RemoteOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+         trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
-         module: str = typer.Option("resid", help="resid, attn or mlp"),
-         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: use its selected coordinate"),
+         module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
+         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
          alpha: float = typer.Option(4.0, help="edit strength (the timerome method's default)"),
          lam: float = typer.Option(8.0, help="ridge lambda, relative to the mean squared key norm (see --absolute-lam)"),
@@ -249,26 +269,34 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     from timerome.methods import ForgetTask, method_config
     from timerome.methods.timerome_edit import build_memory
 
-    bb = _load(model, family, trust_remote_code)
+    bb = _load(model, family, trust_remote_code, dtype, device)
     facts = _facts(data, tofu_dir)
+    from timerome.backbones import HOOK_POINTS
+
+    if module not in HOOK_POINTS:
+        raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if trace_file is not None:
-        from timerome.selection import select_coordinate
+        from timerome.methods.timerome_edit import select
         from timerome.tracing import TraceResult
 
-        best = select_coordinate(TraceResult.load(trace_file)).best
-        coordinate = (best.layer, best.module)
+        # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
+        coordinate = (select(TraceResult.load(trace_file), (module,)).layer, module)
     elif layer is not None:
+        if not 0 <= layer < bb.n_layers:
+            raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
         coordinate = (layer, module)
     else:
         from timerome.edit_memory import default_coordinate
 
-        coordinate = default_coordinate(bb).site
+        coordinate = (default_coordinate(bb).layer, module)
     bg = None
     if background is not None:
         from timerome.whitening import read_texts
 
         bg = read_texts(background)
-    config = method_config("timerome", dict(alpha=alpha, lam=lam, q=min(q, len(facts)), key_metric=key_metric,
+    if q > len(facts):
+        raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
+    config = method_config("timerome", dict(alpha=alpha, lam=lam, q=q, key_metric=key_metric,
                                             target=target, step=step,
                                             lam_mode="absolute" if absolute_lam else "relative"))
     task = ForgetTask(forget_rows=[], facts=facts, background=bg)
@@ -287,11 +315,14 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
          data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
          reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
          seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
-         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)")):
+         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
     from timerome.demo import run_demo
 
-    run_demo(out, model, data, seeds=_seeds(seeds), reference=reference, quick=quick)
+    seed_list = _seeds(seeds)
+    run_demo(out, model, data, seeds=seed_list, reference=reference, quick=quick,
+             backbone=_load(model, None, False, dtype, device))
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -314,10 +345,13 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
                methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
-               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
+               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming"),
+               device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
-    from timerome.experiments import run_experiment
+    from timerome.experiments import EXPERIMENTS, run_experiment
 
+    if name != "all" and name not in EXPERIMENTS:  # before loading a model that may take minutes
+        raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
     overrides = {}
     if config is not None:
         try:
@@ -328,8 +362,9 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
         overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
-    result = run_experiment(name, model, data, _seeds(seeds), out, resume=not fresh, overrides=overrides,
-                            reference=reference)
+    seed_list = _seeds(seeds)
+    result = run_experiment(name, model, data, seed_list, out, resume=not fresh, overrides=overrides,
+                            reference=reference, backbone=_load(model, None, False, dtype, device))
     results = result if name == "all" else {name: result}
     for n, r in results.items():
         md = Path(r["out_dir"]) / f"{n}.md"

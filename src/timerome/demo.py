@@ -49,12 +49,13 @@ def _say(msg: str) -> None:
 
 
 def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, reference=None,
-             quick: bool = False, progress: bool = True) -> dict:
+             quick: bool = False, progress: bool = True, backbone=None) -> dict:
     """Run the demo; returns {"out_dir", "markdown", "summary", "files", "seconds"}.
 
     model: a checkpoint directory (None: the embedded model); data: "embedded", "tofu"
     ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory. reference: a checkpoint that never saw
     the forget set, for Forget Quality (the embedded model gets one trained automatically).
+    backbone: `model` already loaded (e.g. on a GPU, in bfloat16); `model` still names it.
     quick: 2 seeds, fewer items, a one-point Pareto sweep and a barely trained reference (the
     tests' reduced demo: it exercises every step; its KS p-values mean nothing).
     """
@@ -70,7 +71,8 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     ref_opts = dict(epochs=cfg["reference_epochs"], n_authors=cfg["reference_authors"],
                     batch_size=cfg["reference_batch"])
-    setup = make_setup(model, data, out, progress=progress, reference=reference, reference_options=ref_opts)
+    setup = make_setup(model, data, out, progress=progress, reference=reference, reference_options=ref_opts,
+                       backbone=backbone)
     bb = setup.backbone
     _say(f"[bold]timerome demo[/] on {bb.name} ({bb.n_layers} layers, hidden {bb.hidden_size}), data: {data}")
 
@@ -147,16 +149,16 @@ def _print_table(summary: dict, cols) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from timerome.experiments import SHORT, fmt_cell
+    from timerome.experiments import SHORT, delta_text, fmt_cell
 
-    t = Table(title="canonical forget01 (mean ± std [95% bootstrap CI]; stars: paired t vs no_edit)")
+    t = Table(title="canonical forget01 (mean ± std [95% bootstrap CI]; stars: paired t vs no_edit, † same on every seed)")
     t.add_column("method")
     for c in cols:
         t.add_column(SHORT.get(c, c), overflow="fold")
     t.add_column("Δ ForgetLP (p)")
     for row, c in summary.items():
         d = c.get("ForgetLP", {})
-        delta = f"{d['delta']:+.2f}{d['stars']} (p={d['p']:.2g})" if "p" in d else "–"
+        delta = delta_text(d)
         t.add_row(row, *[fmt_cell(c.get(k), 3 if k in ("ForgetQuality", "ForgetTR", "ModelUtility") else 2)
                          for k in cols], delta)
     Console(width=200).print(t)

@@ -6,7 +6,7 @@ Each experiment is a list of cells (method, config, seed, what is measured). A f
 a JSON file in <out_dir>/cells named by the hash of everything that determines it (model
 fingerprint, data, method config, seed, n_mc, ...), so a rerun skips it. Results over seeds are
 summarised per row as mean ± std with a 2000-resample bootstrap 95 % CI and a paired t-test
-against no_edit on the shared seeds (stars: * p<0.05, ** p<0.01, *** p<1e-4); outputs are
+against no_edit on the shared seeds (stars: * p<0.05, ** p<0.01, *** p<1e-4, † no spread); outputs are
 <name>.json, <name>.md and <name>.png in out_dir.
 
 Seeds drive the Monte-Carlo masks of the likelihood (shared between methods: paired), the
@@ -187,7 +187,7 @@ def _load_reference(setup, ref):
         task = forget_task(setup.source)
         opts = {k: v for k, v in setup.reference_options.items() if k == "epochs"}
         return reference_model(setup.backbone, retain_rows=task.retain_rows, progress=setup.progress, **opts)
-    return load_backbone(ref)
+    return load_backbone(ref, dtype=setup.backbone.dtype, device=setup.backbone.device)
 
 
 def method_cell(setup: Setup, method: str, config: dict, seed: int, rows, task, *, kind="full", n_mc=16,
@@ -276,9 +276,19 @@ def summarise(per_seed: dict[str, dict[int, dict]], columns, reference="no_edit"
             if row != reference and len(shared) >= 2:
                 x, y = [vals[s] for s in shared], [ref[s][col] for s in shared]
                 t, p = paired_t(x, y)
-                entry.update(delta=float(np.mean(np.subtract(x, y))), t=t, p=p, stars=stars(p))
+                # None, not NaN / inf, where no test exists: the JSON stays standard
+                entry.update(delta=float(np.mean(np.subtract(x, y))), t=t if np.isfinite(t) else None,
+                             p=None if np.isnan(p) else p, stars=stars(p))
             out[row][col] = entry
     return out
+
+
+def delta_text(d: dict) -> str:
+    """The paired difference to the reference row with its stars and p-value."""
+    if "p" not in d:
+        return "–"
+    p = "same on every seed" if d["p"] is None else f"p={d['p']:.2g}"
+    return f"{d['delta']:+.2f}{d['stars']} ({p})"
 
 
 def fmt_cell(e: dict | None, digits: int = 2) -> str:
@@ -295,11 +305,11 @@ def markdown(summary: dict, columns, title: str, note: str = "") -> str:
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
         d = cols.get("ForgetLP", {})
-        delta = f"{d['delta']:+.2f}{d['stars']} (p={d['p']:.2g})" if "p" in d else "–"
+        delta = delta_text(d)
         digits = lambda c: 3 if c in ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility") else 2  # noqa: E731
         lines.append("| " + " | ".join([row] + [fmt_cell(cols.get(c), digits(c)) for c in columns] + [delta]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
-              "seeds (* p<0.05, ** p<0.01, *** p<1e-4)." + (" " + note if note else ""), ""]
+              "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]
     return "\n".join(lines)
 
 
@@ -336,10 +346,10 @@ def canonical_rows(methods=None) -> list[tuple[str, dict]]:
 
 
 def canonical(setup: Setup, seeds, cfg) -> dict:
+    plan = canonical_rows(cfg.get("methods"))  # an unknown method fails here, before any tracing
     rows, task = eval_data(setup, cfg["forget"], cfg["n_retain"], cfg["n_world"])
     coord = traced_coordinate(setup, task)
     _warm_background(setup, task, coord)
-    plan = canonical_rows(cfg.get("methods"))
     per_seed: dict[str, dict[int, dict]] = {}
     infos = {}
     with progress_bar("canonical", total=len(plan) * len(seeds), enabled=setup.progress) as bar:
@@ -423,7 +433,7 @@ def scalability(setup: Setup, seeds, cfg) -> dict:
     for n, rows_n in summary.items():
         for row, c in rows_n.items():
             d = c.get("ForgetLP", {})
-            delta = f"{d['delta']:+.2f}{d['stars']} (p={d['p']:.2g})" if "p" in d else "–"
+            delta = delta_text(d)
             lines.append(f"| {n} | {row} | " + " | ".join(fmt_cell(c.get(k)) for k in cols) + f" | {delta} |")
     lines += ["", f"Coordinate layer {coord[0]} {coord[1]}; forget LP over at most {cfg['n_eval_forget']} of the "
               "|F| facts; install = capture + solve (background statistics measured once beforehand).", ""]

@@ -52,7 +52,9 @@ def truth_ratio(para_lp, para_len, pert_lp, pert_len) -> np.ndarray:
     """TR = exp(-mean_i nll_norm(perturbed_i)) / exp(-nll_norm(paraphrased)), per item.
 
     para_*: [N]; pert_*: [N, P] or N arrays (ragged). The mean over perturbed answers is taken on
-    normalised NLLs (a geometric mean of their per-token probabilities), as TOFU does.
+    normalised NLLs (a geometric mean of their per-token probabilities), as TOFU does. The 1e-10
+    in the denominator is open-unlearning's, kept so numbers match theirs; it only matters once the
+    paraphrase's per-token NLL passes ~20 nats, where TR saturates instead of growing.
     """
     para_nll = -np.asarray(para_lp, dtype=np.float64) / np.asarray(para_len, dtype=np.float64)
     pert_nll = np.array([np.mean(-lp / ln) for lp, ln in zip(_ragged(pert_lp), _ragged(pert_len))])

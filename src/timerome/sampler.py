@@ -49,7 +49,7 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
              generator: torch.Generator | None = None, state=None,
              on_step: Callable[[int, torch.Tensor], None] | None = None,
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Fill gen_length masks after prompt_ids [B, P] (or [P]); returns LongTensor [B, P + gen_length].
+    """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
 
     state: any object with an int `step`; set to k before the k-th forward (k = 0..steps-1).
     on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
@@ -59,7 +59,7 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
         device); draws are made on the generator's device.
     """
     device = backbone.device
-    prompt = _as_prompt(prompt_ids, device)
+    prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
     _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
     if generator is None:
@@ -98,14 +98,23 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
 # ------------------------------------------------------------------------------ input checks
 
 
-def _as_prompt(prompt_ids, device) -> torch.Tensor:
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
+    if isinstance(prompt_ids, str):  # text: the convenience most first calls expect
+        prompt_ids = backbone.encode(prompt_ids)
+    try:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    except (TypeError, ValueError, RuntimeError):
+        raise TimeromeError("prompt_ids must be a string, a list of token ids or a LongTensor "
+                            "(rows of one length; left-pad with attention_mask)") from None
     if prompt.dim() == 1:
         prompt = prompt[None, :]
     if prompt.dim() != 2:
         raise TimeromeError(f"prompt_ids must be [batch, length] or [length], got shape {tuple(prompt.shape)}")
     if prompt.shape[0] == 0 or prompt.shape[1] == 0:
         raise TimeromeError("the prompt is empty: give at least one prompt token per row")
+    vocab = getattr(backbone, "vocab_size", None)
+    if vocab is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
+        raise TimeromeError(f"prompt token ids must lie in 0..{vocab - 1}; got {int(prompt.min())}..{int(prompt.max())}")
     return prompt.to(device)
 
 

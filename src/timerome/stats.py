@@ -54,12 +54,18 @@ def paired_t(x, y) -> tuple[float, float]:
     d = x - y
     sd = d.std(ddof=1)
     if sd <= 1e-12 * np.abs(d).max():
-        # the same difference on every seed (a deterministic metric): exact, so p = 0
-        return float(np.sign(d.mean()) * np.inf), 0.0
+        # the same difference on every seed (a metric the seed does not touch): there is no
+        # spread to test against, so no p-value; stars() marks it EXACT instead of "***"
+        return float(np.sign(d.mean()) * np.inf), float("nan")
     t = d.mean() / (sd / np.sqrt(d.size))
     return float(t), float(2 * sps.t.sf(abs(t), df=d.size - 1))
 
 
+EXACT = "†"  # the same nonzero difference on every seed: deterministic, not tested
+
+
 def stars(p: float) -> str:
-    """The paper's markers: * p<0.05, ** p<0.01, *** p<1e-4."""
+    """The paper's markers: * p<0.05, ** p<0.01, *** p<1e-4; EXACT where no p-value exists."""
+    if np.isnan(p):
+        return EXACT
     return "***" if p < 1e-4 else "**" if p < 0.01 else "*" if p < 0.05 else ""

@@ -102,18 +102,27 @@ class Backbone:
 
     # ---------------------------------------------------------------- identity
     def fingerprint(self) -> str:
-        """Stable id of the weights: edit memories refuse to load on another model."""
+        """Stable id of the weights: edit memories and caches refuse another model.
+
+        Every parameter contributes its name, shape and a strided sample of its values, so an
+        edit or a fine-tune of any layer changes the id (a rank-one or LoRA update touches most
+        entries of its matrix), while the cost stays a few small reads per tensor.
+        """
         h = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode())
         with torch.no_grad():
-            for p in (self.embedding().weight, self.module(self.n_layers - 1, "mlp").weight
-                      if hasattr(self.module(self.n_layers - 1, "mlp"), "weight") else None):
-                if p is not None:
-                    h.update(p.detach().float().flatten()[:4096].cpu().numpy().tobytes())
+            for name, p in sorted(self.model.named_parameters(), key=lambda t: t[0]):
+                flat = p.detach().reshape(-1)
+                stride = max(1, flat.numel() // _SAMPLE)
+                h.update(f"{name}{tuple(p.shape)}".encode())
+                h.update(flat[::stride][:_SAMPLE].float().cpu().numpy().tobytes())
         return h.hexdigest()[:16]
 
     def __repr__(self) -> str:
         return (f"Backbone({self.name!r}, family={self.family.name}, layers={self.n_layers}, "
                 f"hidden={self.hidden_size}, mask_id={self.mask_id})")
+
+
+_SAMPLE = 512  # values hashed per parameter tensor
 
 
 def _first(config: dict, keys, what: str):

@@ -53,6 +53,7 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     "default" loads the embedded model. family: one of timerome.backbones.FAMILIES, else read
     from config.json's model_type. Remote code runs only with trust_remote_code=True.
     """
+    device = _device(device)
     ckpt = resolve_checkpoint(path_or_hub_id)
     config = json.loads((ckpt / "config.json").read_text())
     fam = get_family(family) if family else family_for_model_type(config.get("model_type"))
@@ -70,6 +71,20 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
         raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
     return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name)
+
+
+def _device(device) -> torch.device:
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TimeromeError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise TimeromeError(f"device {device!r}: CUDA is not available on this machine")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise TimeromeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        raise TimeromeError(f"device {device!r}: MPS is not available on this machine")
+    return d
 
 
 def _dtype(dtype) -> torch.dtype:

@@ -103,7 +103,7 @@ def background_stats(backbone, coordinate, task, config):
     bg = task.background
     if bg is None and getattr(backbone, "name", "") != "timerome-default":
         # any other model: what it was trained on, as far as the task knows
-        bg = rows_to_texts(task.retain_rows + task.forget_rows)
+        bg = rows_to_texts(task.retain_rows + task.forget_rows) or None  # none: background_texts says what to pass
     if bg is not None and not isinstance(bg, (list, tuple, str)):
         return bg  # already ResidualStats
     texts = background_texts(backbone, bg)
