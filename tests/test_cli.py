@@ -121,3 +121,13 @@ def test_edit_on_another_model_asks_for_a_background(tmp_path):
     code, out = run("edit", "--model", ckpt, "--layer", 0, "--background", tmp_path / "bg.txt",
                     "--out", tmp_path / "m.safetensors")
     assert code == 0 and (tmp_path / "m.safetensors").exists(), out
+
+
+def test_trace_with_a_neighbour_penalty(tmp_path):
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4,
+                    "--neighbours", "embedded:retain90", "--beta", 1.0)
+    assert code == 0, out
+    sel = json.loads((tmp_path / "t" / "selection.json").read_text())
+    assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
+    code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)
+    assert code == 2 and "--n-facts" in out, out

@@ -39,3 +39,13 @@ def test_rebuild_is_bit_for_bit(tmp_path):
     b = build_default(tmp_path / "b", epochs=1, show_progress=False)
     torch.set_num_threads(prev)
     assert a["sha256"] == b["sha256"] == weights_sha256(tmp_path / "a")
+
+
+def test_shipped_weights_match_their_build_record():
+    # build_info.json is what `build-default --check` compares against: it must describe these bytes
+    import json
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    info = json.loads((DEFAULT_MODEL_DIR / "build_info.json").read_text())
+    assert info["sha256"] == weights_sha256(DEFAULT_MODEL_DIR)

@@ -427,3 +427,20 @@ def test_embedded_paper_metric_forget_lp_falls_with_alpha(embedded):
         m.alpha = alpha
         lps.append(_lp(bb, forget, m))
     assert lps[0] > lps[1] > lps[2], lps
+
+
+def test_remove_then_add_again_equals_the_batch_solve(bb):
+    # removing the newest facts moves nothing; what stays behind in the buffers must not leak
+    H = bb.hidden_size
+    U, D = synthetic(12, H, seed=3)
+    kw = dict(lam=0.5, alpha=1.0, key_metric="paper")
+    m = EditMemory(bb, SITE, **kw)
+    m.add_vectors(U, D, [f"f{i}" for i in range(12)])
+    h = torch.randn(5, H, dtype=torch.float64)
+    for gone in (["f11"], ["f10", "f11"], ["f0"], ["f4", "f11"]):
+        m.remove(gone)
+        idx = [int(g[1:]) for g in gone]
+        m.add_vectors(U[idx], D[idx], gone)
+        order = [int(i[1:]) for i in m.fact_ids]
+        ref = vector_memory(bb, U[order], D[order], m.fact_ids, **kw)
+        torch.testing.assert_close(m.delta(h), ref.delta(h), atol=1e-9, rtol=1e-7)

@@ -207,3 +207,21 @@ def test_null_projector_relative_threshold_and_alphaedit_span():
     assert float(dW.norm()) > 0
     assert torch.allclose(dW @ (torch.eye(d, dtype=torch.float64) - P), torch.zeros(5, d, dtype=torch.float64),
                           atol=1e-9)                            # preserved span untouched
+
+
+@pytest.mark.parametrize("method, over", [
+    ("rome", {"steps": 0}), ("memit", {"layers": []}), ("memit", {"layers": [0, "x"]}), ("ga", {"batch_size": 0}),
+    ("ga", {"lr": "fast"}), ("ga", {"safe": "yes"}), ("timerome", {"trace_facts": 0}), ("npo", {"steps": 2.5}),
+])
+def test_bad_options_are_refused_by_name(method, over):
+    from timerome.methods import method_config
+
+    with pytest.raises(TimeromeError, match=next(iter(over))):
+        method_config(method, over)
+
+
+@pytest.mark.parametrize("method, over", [("unke", {"layer": 99}), ("memit", {"layers": [0, 9]}),
+                                          ("rome", {"layer": -9})])
+def test_layers_outside_the_model_are_refused(bb, task, method, over):
+    with pytest.raises(TimeromeError, match="out of range"):
+        install(method, bb, task, over, seed=0)

@@ -138,6 +138,8 @@ def test_safe_protocol_prevents_the_collapse(bb, task, rows, base):
     assert base["retain"] - kept < 5.0
     assert not unsafe.info["early_stopped"] and unsafe.info["steps_run"] == 30
     assert torch.equal(_probe(bb, rows), base["logits"])
+    assert safe.info["check_rows_held_out"]  # forget01's task has hundreds of retain rows to spare
+    assert all(p.grad is None for p in bb.model.parameters())  # no stale gradients left behind
 
 
 def test_seeded(bb, task, rows):
@@ -187,3 +189,25 @@ def test_adaptive_coefficient_follows_the_activation_scale(bb, task):
         cs.append(edit.info["last_c"])
     assert cs[1] / cs[0] == pytest.approx(2.5, rel=1e-6)
     assert cs[0] > 0
+
+
+def test_loss_formulas_match_their_papers():
+    from timerome.methods import _unlearn as U
+
+    cur, old = torch.tensor([3.0, 0.5, 10.0]), torch.tensor([2.0, 1.5, 10.0])  # -log p, -log p_ref
+    beta = 0.1
+    ratio = torch.exp(-cur) / torch.exp(-old)                                   # p / p_ref
+    npo = (2 / beta) * torch.log1p(ratio ** beta).mean()
+    assert torch.allclose(U.npo_loss(cur, old, beta), npo)
+    # NPO's gradient pushes the model's -log p up (forgetting), more where p / p_ref is large
+    c = cur.clone().requires_grad_(True)
+    U.npo_loss(c, old, beta).backward()
+    assert (c.grad < 0).all() and c.grad[1] < c.grad[0]
+
+    per_tok, b, delta = torch.tensor([0.2, 1.0, 4.0]), 4.5, 0.5
+    simnpo = (2 / b) * torch.log1p(torch.exp(-b * (per_tok - delta))).mean()
+    assert torch.allclose(U.simnpo_loss(per_tok, b, delta), simnpo)
+
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])             # [B=1, L=2, H=2]
+    keep = torch.tensor([[True, False]])
+    assert torch.allclose(U.activation_mse(h, torch.zeros(2), keep), torch.tensor(2.5))   # (1 + 4) / 2

@@ -225,7 +225,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
-        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **kw)
+        # the same noise scale as the facts' trace: the penalty compares like with like
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **{**kw, "sigma": result.settings["sigma"]})
     best, top = select_coordinate(result, other, beta)
     result.save(out / "trace.safetensors")
     png = plot_heatmaps(result, out / "heatmaps.png")

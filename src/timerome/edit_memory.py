@@ -667,7 +667,8 @@ class EditMemory:
         """Downdate: G_kk - G_kr G_rr^-1 G_rk, and the matching A and W; O(F^2 r + F r H).
 
         Applied in place to the whole [n, n] block (the dropped rows and columns become zero),
-        then the kept rows and columns are compacted to the front.
+        then the kept rows and columns are compacted to the front. Only what lies past the first
+        dropped index moves, so removing the newest facts copies nothing.
         """
         n, m = self._n, len(keep)
         G, A, D = self._G[:n, :n], self._A[:n], self._D[:n]
@@ -678,10 +679,13 @@ class EditMemory:
         RG_r = R @ G_r                                       # [r, n]
         A.addmm_(G_r.T, R @ A_r, alpha=-1)
         G.addmm_(G_r.T, RG_r, alpha=-1)
-        self._G[:m, :n] = G.index_select(0, keep)
-        self._G[:m, :m] = self._G[:m, :n].index_select(1, keep)
-        for buf in (self._U, self._K, self._D, self._A):
-            buf[:m] = buf[:n].index_select(0, keep)
+        j0 = int(drop.min())
+        moved = keep[j0:]                                    # kept indices past the first hole
+        if len(moved):
+            self._G[j0:m, :n] = G.index_select(0, moved)
+            self._G[:m, j0:m] = self._G[:m, :n].index_select(1, moved)
+            for buf in (self._U, self._K, self._D, self._A):
+                buf[j0:m] = buf[:n].index_select(0, moved)
         self._W = W_new
         self._n = m
         self._version += 1

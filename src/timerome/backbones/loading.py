@@ -59,6 +59,10 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     fam = get_family(family) if family else family_for_model_type(config.get("model_type"))
     torch_dtype = _dtype(dtype)
     tokenizer = _tokenizer(ckpt, trust_remote_code)
+    # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
+    mask_id = _mask_id(config, tokenizer, fam)
+    if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
+        raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
     if trust_remote_code and fam.needs_remote_code:
         model = _remote_model(ckpt, torch_dtype)
     elif fam.loader == "timerome":
@@ -66,9 +70,6 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     else:
         model = _transformers_model(ckpt, config, fam, torch_dtype)
     model.to(device)
-    mask_id = _mask_id(config, tokenizer, fam)
-    if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
-        raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
     return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name)
 

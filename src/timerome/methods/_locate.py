@@ -59,7 +59,7 @@ def down_projection(backbone, layer: int) -> DownProj:
     output is returned unchanged by the MLP (Llama/Qwen `down_proj`) is picked. A MoE's routed
     sum has no such Linear: an error, not a guess.
     """
-    layer = _layer(backbone, layer)
+    layer = check_layer(backbone, layer)
     path = backbone.module_path(layer, "mlp")
     mlp = backbone.module(layer, "mlp")
     if isinstance(mlp, nn.Linear):
@@ -92,7 +92,7 @@ def default_layers(n_layers: int, lo: float, hi: float) -> list[int]:
     return list(range(a, b + 1))
 
 
-def _layer(backbone, layer) -> int:
+def check_layer(backbone, layer) -> int:
     layer = int(layer)
     if not -backbone.n_layers <= layer < backbone.n_layers:
         raise TimeromeError(f"layer {layer} out of range: the model has {backbone.n_layers} layers")
@@ -460,7 +460,7 @@ def apply_update(lin: nn.Linear, dW: torch.Tensor) -> None:
 def band(backbone, config, lo: float = 0.1, hi: float = 0.25) -> list[int]:
     if config["layers"] is None:
         return default_layers(backbone.n_layers, lo, hi)
-    return sorted({int(l) % backbone.n_layers for l in config["layers"]})
+    return sorted({check_layer(backbone, l) for l in config["layers"]})
 
 
 def spread_edit(backbone, task, config, seed, solve, method):

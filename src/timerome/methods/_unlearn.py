@@ -19,7 +19,10 @@ question) in nats, `metrics.answer_logprobs` on `check_rows` retain rows, `check
 fixed seed so successive checks are paired) is compared with the unedited model's; when it has
 dropped by more than `drift` nats, training stops and the trainable weights go back to the last
 check that was within the limit (which costs one copy of the trainable weights; with LoRA only the
-adapters). `safe=False` is the unmitigated setting: no anchor, no early stop.
+adapters). The check rows are left out of the anchor's batches when at least as many retain rows
+remain, so the check sees drift on rows the anchor did not fit. `safe=False` is the unmitigated
+setting: no anchor, no early stop (gradient clipping stays: it is the trainers' default, as in
+open-unlearning's HF Trainer, not a mitigation).
 
 Full fine-tuning by default; `lora_r > 0` trains LoRA adapters through peft (train._wrap_lora) and
 merges them on the way out, so the Backbone's module paths (and the WeightEdit snapshot's keys)
@@ -219,13 +222,19 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     w_retain = float(retain_w) + (float(cfg["anchor"]) if cfg["safe"] else 0.0)
     if (w_retain > 0 or cfg["safe"] or needs_retain(objective)) and not task.retain_rows:
         raise TimeromeError(f"{method} needs retain rows (the retain anchor / early stop); the task has none")
-    forget = qa_pairs(backbone, task.forget_rows)
-    retain = qa_pairs(backbone, task.retain_rows) if task.retain_rows else []
     check = spread(task.retain_rows, int(cfg["check_rows"]))
+    # the early-stop check measures drift on retain rows the anchor does not train on, when there
+    # are enough rows to spare them: drift on rows being trained on would look smaller than it is
+    checked = {id(r) for r in check}
+    held = [r for r in task.retain_rows if id(r) not in checked]
+    held_out = len(held) >= len(check) > 0
+    forget = qa_pairs(backbone, task.forget_rows)
+    retain = qa_pairs(backbone, held if held_out else task.retain_rows) if task.retain_rows else []
     order = torch.Generator().manual_seed(seed)
     run = Run(backbone, cfg, torch.Generator(device=backbone.device).manual_seed(seed + 1), pad_id(backbone))
     flags = {n: p.requires_grad for n, p in backbone.model.named_parameters()}
-    info = {"steps_run": 0, "early_stopped": False, "safe": bool(cfg["safe"]), "retain_weight": w_retain}
+    info = {"steps_run": 0, "early_stopped": False, "safe": bool(cfg["safe"]), "retain_weight": w_retain,
+            "check_rows_held_out": held_out}
 
     with weight_edit(backbone, method) as edit:
         peft_model = None
@@ -243,6 +252,8 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
             info["train_seconds"] = time.perf_counter() - t0
         finally:
             backbone.model.eval()
+            for p in backbone.model.parameters():
+                p.grad = None  # no stale gradients on the weights once the edit is in place
             if peft_model is not None:
                 _merge(backbone, peft_model)
             for n, p in backbone.model.named_parameters():

@@ -21,6 +21,7 @@ new method is one new file: nothing else to edit.
 from __future__ import annotations
 
 import importlib
+import numbers
 import pkgutil
 import resource
 import sys
@@ -156,7 +157,32 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
     if unknown:
         raise TimeromeError(f"method {name!r} has no option {', '.join(unknown)}; "
                             f"its options are {', '.join(sorted(m.defaults)) or 'none'}")
-    return {**m.defaults, **overrides}
+    cfg = {**m.defaults, **overrides}
+    for k in overrides:
+        _check_option(name, k, m.defaults[k], cfg[k])
+    return cfg
+
+
+# options that count something: a 0 would fail deep inside a method with a bare IndexError
+_COUNTS = {"steps", "batch_size", "n_states", "check_every", "check_rows", "check_mc", "trace_facts",
+           "trace_steps", "trace_samples"}
+
+
+def _check_option(method: str, key: str, default, value) -> None:
+    def bad(want):
+        raise TimeromeError(f"method {method!r}: option {key} must be {want}, got {value!r}")
+
+    is_num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
+    if key in _COUNTS and not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
+        bad("an integer >= 1")
+    if isinstance(default, bool) and not isinstance(value, bool):
+        bad("true or false")
+    if is_num(default) and not is_num(value):
+        bad("a number")
+    if key == "layers" and value is not None and (
+            not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)):
+        bad("null or a non-empty list of layer indices")
 
 
 def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0) -> Edit:

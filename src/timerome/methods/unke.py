@@ -41,8 +41,8 @@ DEFAULTS = dict(
 @register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights")
 def unke(backbone, task, config, seed):
     """UnKE on MDLMs: optimise one block's output for the forget facts, then fit the block to it."""
-    layer = L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None else int(config["layer"])
-    layer %= backbone.n_layers
+    layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
+             else L.check_layer(backbone, config["layer"]))
     items = L.encode_facts(backbone, task.facts, config["target"])
     gen = torch.Generator(device=backbone.device).manual_seed(seed)
     texts = L.spread_texts(L.preserved_texts(backbone, task, config["stats_texts"]), config["preserve_texts"])
