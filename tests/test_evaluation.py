@@ -151,3 +151,37 @@ def test_unknown_experiment_and_setting_raise(bb, tmp_path):
         run_experiment("nope", out_dir=tmp_path, backbone=bb)
     with pytest.raises(TimeromeError, match="no setting"):
         run_experiment("pareto", out_dir=tmp_path, overrides={"n_mcc": 2}, backbone=bb)
+
+
+def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
+    # every experiment runs, writes its files, and its numbers say what the method does
+    from timerome.experiments import run_experiment
+
+    small = dict(n_mc=2, n_retain=3, n_world=1)
+    seq = run_experiment("sequential", seeds=(0,), out_dir=tmp_path / "seq", progress=False, backbone=bb,
+                         overrides=dict(small, n_facts=3, variants=({},)))
+    curve = seq["summary"]["timerome"]
+    assert sorted(curve) == [0, 1, 2, 3]
+    assert curve[3]["ForgetLP"]["mean"] < curve[0]["ForgetLP"]["mean"] - 1.0   # forgets as facts arrive
+    assert (tmp_path / "seq" / "sequential.png").exists()
+
+    sca = run_experiment("scalability", seeds=(0,), out_dir=tmp_path / "sca", progress=False, backbone=bb,
+                         overrides=dict(small, sizes=(1, 3), n_eval_forget=3, variants=({},)))
+    at3 = sca["summary"][3]
+    assert at3["timerome"]["ForgetLP"]["mean"] < at3["no_edit"]["ForgetLP"]["mean"]
+    assert at3["timerome"]["install_seconds"]["mean"] > 0
+    assert (tmp_path / "sca" / "scalability.png").exists()
+
+    abl = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
+                         overrides=dict(small, traj_steps=4))
+    rows = abl["summary"]
+    assert len(rows) == 7 and "ForgetTrajLP" in rows["no_edit"]
+    one_step = next(r for r in rows if r.startswith("one step"))
+    assert "ForgetLP" not in rows[one_step] and "ForgetTrajLP" in rows[one_step]
+
+    can = run_experiment("canonical", seeds=(0, 1), out_dir=tmp_path / "can", progress=False, backbone=bb,
+                         reference=bb, overrides=dict(small, rouge=False, methods=["no_edit", "timerome"]))
+    assert len(can["summary"]) == 2 + 4  # no_edit, the four paper points and the toolkit default
+    assert (tmp_path / "can" / "canonical.md").read_text().count("| timerome") == 5
+    saved = json.loads((tmp_path / "can" / "canonical.json").read_text())  # standard JSON: no NaN
+    assert "NaN" not in json.dumps(saved) and "Infinity" not in json.dumps(saved)
