@@ -131,3 +131,16 @@ def test_trace_with_a_neighbour_penalty(tmp_path):
     assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
     code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)
     assert code == 2 and "--n-facts" in out, out
+
+
+def test_threads_option():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out = run("--threads", 1, "methods")
+        assert code == 0 and "timerome" in out and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    code, out = run("--threads", 0, "methods")
+    assert code == 2 and "at least 1" in out and "Traceback" not in out

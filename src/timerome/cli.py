@@ -43,6 +43,19 @@ def friendly(fn):
     return inner
 
 
+@app.callback()
+def _options(threads: Optional[int] = typer.Option(
+        None, "--threads", help="CPU threads torch may use (default: torch's own choice, one per core)")):
+    # a shared machine or several jobs at once: fewer threads than cores avoids oversubscription
+    if threads is not None:
+        if threads < 1:
+            console.print(f"[bold red]error:[/] --threads must be at least 1, got {threads}")
+            raise typer.Exit(2)
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _load(model, family=None, trust_remote_code=False, dtype=None, device="cpu"):
     from timerome.backbones import load_backbone
 

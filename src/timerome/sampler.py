@@ -81,18 +81,29 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
             if state is not None:
                 state.step = k
             masked = (x == mask_id) & real
+            masked[:, end:] = False  # later blocks wait their turn
             logits = _guided_logits(backbone, x, prompt_index, real, attention_mask, cfg_scale)
-            x0 = _sample(logits, temperature, generator)
-            conf = _confidence(logits, x0, remasking, temperature, generator)
-            conf[:, end:] = -torch.inf  # later blocks wait their turn
-            x0 = torch.where(masked, x0, x)
-            conf = torch.where(masked, conf, -torch.inf)
-            reveal = _top_k_per_row(conf, n_transfer[:, i])
-            x[reveal] = x0[reveal]
+            x = denoise_step(x, logits, masked, n_transfer[:, i], temperature=temperature,
+                             remasking=remasking, generator=generator)
             if on_step is not None:
                 on_step(k, x.clone())
             k += 1
     return x
+
+
+def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
+                 temperature: float = 0.0, remasking: str = "low_confidence",
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """One reveal: x [B, L] with the n_reveal[b] most confident positions of `masked` [B, L] (bool)
+    in row b filled from logits [B, L, V]; every other position keeps its token.
+
+    The sampler's step, public so that tracing commits tokens exactly as generation does.
+    """
+    x0 = _sample(logits, temperature, generator)
+    conf = _confidence(logits, x0, remasking, temperature, generator)
+    x0 = torch.where(masked, x0, x)
+    conf = torch.where(masked, conf, -torch.inf)
+    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 
 # ------------------------------------------------------------------------------ input checks

@@ -80,7 +80,7 @@ from timerome.errors import TimeromeError
 from timerome.hooks import Intervention, TraceState, capture, patch
 from timerome.progress import progress_bar
 # the sampler's own step pieces: a traced trajectory is a sampler trajectory, step for step
-from timerome.sampler import _confidence, _sample, _top_k_per_row, transfer_schedule
+from timerome.sampler import denoise_step, transfer_schedule
 from timerome.train import encode_pairs
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
@@ -206,17 +206,12 @@ def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, rea
 def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
     """One sampler step on the answer region: x_gen [B, G] -> x_gen with n more masks revealed.
 
-    Temperature 0 and low-confidence remasking, built from the sampler's own helpers. Only the
+    Temperature 0 and low-confidence remasking: the sampler's own `denoise_step`. Only the
     answer region is passed because the prompt holds no mask (checked in tokenize_fact), so no
     prompt position could compete for the budget; it saves a [B, P, V] float64 softmax.
     """
-    masked = x_gen == mask_id
-    x0 = _sample(gen_logits, 0.0, None)
-    conf = _confidence(gen_logits, x0, REMASKING, 0.0, None)
-    x0 = torch.where(masked, x0, x_gen)
-    conf = torch.where(masked, conf, -torch.inf)
-    chosen = _top_k_per_row(conf, torch.full((x_gen.shape[0],), n, dtype=torch.long, device=x_gen.device))
-    return torch.where(chosen, x0, x_gen)
+    n_reveal = torch.full((x_gen.shape[0],), n, dtype=torch.long, device=x_gen.device)
+    return denoise_step(x_gen, gen_logits, x_gen == mask_id, n_reveal, remasking=REMASKING)
 
 
 def reveal_schedule(n_object: int, steps: int) -> list[int]:

@@ -61,6 +61,9 @@ TRAIN_DEFAULTS = dict(
     check_every=5, check_rows=8, check_mc=4,
 )
 
+# the paper's unmitigated setting, as a canonical row: no anchor, no early stop, at a learning
+# rate ordinary for a model this small; it shows the collapse the safe protocol prevents
+UNMITIGATED = dict(safe=False, lr=3e-3)
 
 # ------------------------------------------------------------------------------ data
 
