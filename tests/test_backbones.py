@@ -189,3 +189,66 @@ def test_fingerprint_sees_an_edit_of_any_layer(tmp_path, family):
             assert bb.fingerprint() != before, name
             p.copy_(saved)
     assert bb.fingerprint() == before
+
+
+_REMOTE_CONFIG = '''
+from transformers import PretrainedConfig
+
+
+class RemoteLLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+'''
+
+# the checkpoint's "own" modelling code: a transformers PreTrainedModel with LLaDA's module names
+_REMOTE_MODEL = '''
+from transformers import PreTrainedModel
+
+from timerome.backbones.llada_model import LLaDAModel, LLaDAModelLM
+from .configuration_remote_llada import RemoteLLaDAConfig
+
+
+class RemoteLLaDAModelLM(PreTrainedModel):
+    config_class = RemoteLLaDAConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.cfg = config.to_dict()
+        self.model = LLaDAModel(self.cfg)
+        self.post_init()
+
+    def _init_weights(self, module):
+        pass
+
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, **_):
+        return LLaDAModelLM.forward(self, input_ids, attention_mask, attention_bias)
+'''
+
+
+def test_remote_code_runs_only_when_asked(tmp_path):
+    d = make_tiny_checkpoint("llada", tmp_path / "remote", layers=2)
+    (d / "configuration_remote_llada.py").write_text(_REMOTE_CONFIG)
+    (d / "modeling_remote_llada.py").write_text(_REMOTE_MODEL)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "configuration_remote_llada.RemoteLLaDAConfig",
+                       "AutoModel": "modeling_remote_llada.RemoteLLaDAModelLM"}
+    (d / "config.json").write_text(json.dumps(cfg))
+
+    ours = load_backbone(d)
+    assert type(ours.model).__name__ == "LLaDAModelLM"  # auto_map ignored without the flag
+    remote = load_backbone(d, trust_remote_code=True)
+    assert type(remote.model).__name__ == "RemoteLLaDAModelLM" and remote.family.name == "llada"
+    ids = _ids(ours)
+    assert torch.equal(ours.logits(ids), remote.logits(ids))  # same weights, same function
+    with capture(remote, [(1, "resid"), (0, "mlp")]) as got:
+        remote.logits(ids)
+    with capture(ours, [(1, "resid"), (0, "mlp")]) as want:
+        ours.logits(ids)
+    assert sorted(got) == sorted(want)
+    for site in want:
+        assert len(got[site]) == 1 and torch.equal(got[site][0], want[site][0])
+
+    broken = shutil.copytree(d, tmp_path / "broken")  # another folder: the loaded module is cached
+    (broken / "modeling_remote_llada.py").write_text("raise RuntimeError('this code is broken')\n")
+    with pytest.raises(TimeromeError, match="remote code failed.*this code is broken"):
+        load_backbone(broken, trust_remote_code=True)
