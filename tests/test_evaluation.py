@@ -185,3 +185,24 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     assert (tmp_path / "can" / "canonical.md").read_text().count("| timerome") == 5
     saved = json.loads((tmp_path / "can" / "canonical.json").read_text())  # standard JSON: no NaN
     assert "NaN" not in json.dumps(saved) and "Infinity" not in json.dumps(saved)
+
+
+def test_measure_sees_each_blocks_own_memory():
+    # a high-water mark (ru_maxrss) would report 0 for the second, smaller block
+    import sys
+    import time
+
+    from timerome.methods.registry import _rss_now_mb, measure
+
+    if _rss_now_mb() is None:
+        assert sys.platform != "linux"  # /proc is always there on Linux
+        return
+    for mb in (300, 120):
+        with measure() as cost:
+            t = torch.ones(mb * 2**18)  # mb MiB of float32, written so the pages are resident
+            time.sleep(0.05)            # the sampling thread's turn
+            del t                       # freed inside the block: only a sample taken meanwhile sees it
+        assert mb * 0.8 < cost["extra_mb"] < mb * 1.5, (mb, cost)
+    with measure() as cost:
+        torch.ones(16).sum()
+    assert cost["extra_mb"] < 20

@@ -42,8 +42,9 @@ CONFIGS = {
     "ablations": dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", traj_steps=8, one_step=0, config={}),
 }
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
-           "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds"]
+           "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds", "install_extra_mb"]
 SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
+         "install_extra_mb": "install MB",
          "ModelUtility": "Utility", "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE"}
 
 
@@ -213,6 +214,8 @@ def method_cell(setup: Setup, method: str, config: dict, seed: int, rows, task, 
     if kind == "full" and reference is not None:
         _add_forget_quality(res, reference)
     res["metrics"]["install_seconds"] = res["cost"].get("install_seconds", 0.0)
+    # memory installing took above what the model already held (CUDA: allocated; CPU: resident set)
+    res["metrics"]["install_extra_mb"] = res["cost"].get("extra_memory_mb", 0.0)
     return res
 
 

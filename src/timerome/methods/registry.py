@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import os
 import pkgutil
 import resource
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -208,20 +210,64 @@ def _rss_peak_mb() -> float:
     return r / 2**20 if sys.platform == "darwin" else r / 1024
 
 
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
+
+
+def _rss_now_mb() -> float | None:
+    """The resident set now (Linux), or None where /proc is not there."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE_MB
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _RssWatch:
+    """Highest resident set seen while the block runs, sampled every `every` seconds by a thread.
+
+    torch's kernels release the GIL, so the thread samples during long operations too; an
+    allocation shorter than the interval can be missed, and memory the allocator reuses without
+    asking the OS for more is not seen (both make `extra` a lower bound).
+    """
+
+    def __init__(self, every: float = 0.002):
+        self.every, self.peak, self._stop = every, _rss_now_mb() or 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, _rss_now_mb() or 0.0)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_now_mb() or 0.0)
+
+
 @contextmanager
 def measure(backbone=None):
     """Wall seconds and peak memory of the block, into the yielded dict.
 
     On CUDA: torch's peak allocated bytes during the block (extra = peak - allocated before).
-    On CPU: the process's peak resident set (ru_maxrss), which never goes down, so `extra_mb`
-    is how far the block pushed the high-water mark (0 when it stayed below an earlier peak).
+    On CPU (Linux): the highest resident set sampled during the block (extra = peak - resident set
+    before; see _RssWatch). Elsewhere on CPU: the process's high-water mark (ru_maxrss), which never
+    goes down, so `extra_mb` is how far the block pushed it (0 when it stayed below an earlier peak).
     """
     cuda = backbone is not None and backbone.device.type == "cuda"
     out = {"seconds": 0.0, "peak_mb": 0.0, "extra_mb": 0.0}
+    watch = None
     if cuda:
         torch.cuda.synchronize(backbone.device)
         torch.cuda.reset_peak_memory_stats(backbone.device)
         before = torch.cuda.memory_allocated(backbone.device) / 2**20
+    elif _rss_now_mb() is not None:
+        watch = _RssWatch()
+        before = watch.peak
+        watch.__enter__()
     else:
         before = _rss_peak_mb()
     t0 = time.perf_counter()
@@ -231,6 +277,9 @@ def measure(backbone=None):
         if cuda:
             torch.cuda.synchronize(backbone.device)
             peak = torch.cuda.max_memory_allocated(backbone.device) / 2**20
+        elif watch is not None:
+            watch.__exit__(None, None, None)
+            peak = watch.peak
         else:
             peak = _rss_peak_mb()
         out.update(seconds=time.perf_counter() - t0, peak_mb=peak, extra_mb=max(0.0, peak - before))
