@@ -44,13 +44,13 @@ def friendly(fn):
 
 
 @app.callback()
+@friendly
 def _options(threads: Optional[int] = typer.Option(
         None, "--threads", help="CPU threads torch may use (default: torch's own choice, one per core)")):
     # a shared machine or several jobs at once: fewer threads than cores avoids oversubscription
     if threads is not None:
         if threads < 1:
-            console.print(f"[bold red]error:[/] --threads must be at least 1, got {threads}")
-            raise typer.Exit(2)
+            raise TimeromeError(f"--threads must be at least 1, got {threads}")
         import torch
 
         torch.set_num_threads(threads)
@@ -105,7 +105,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           out: Path = typer.Option(..., help="directory to save the fine-tuned checkpoint"),
           model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
           trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+          device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
           epochs: int = 10, lr: float = 1e-4, batch_size: int = 16,
           lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
@@ -143,7 +143,7 @@ def save_backbone(bb, out: Path) -> None:
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
              trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+             device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
@@ -212,7 +212,8 @@ def _facts(data: str, tofu_dir, limit=None):
 def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", help="output folder"),
               model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
               trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+              device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+              data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
               steps: int = typer.Option(8, help="denoising steps K"),
               n_samples: int = typer.Option(5, help="noise samples per fact"),
@@ -263,7 +264,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
 def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
          model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
          trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+         data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),

@@ -255,8 +255,7 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
             info["train_seconds"] = time.perf_counter() - t0
         finally:
             backbone.model.eval()
-            for p in backbone.model.parameters():
-                p.grad = None  # no stale gradients on the weights once the edit is in place
+            backbone.model.zero_grad(set_to_none=True)  # no stale gradients once the edit is in place
             if peft_model is not None:
                 _merge(backbone, peft_model)
             for n, p in backbone.model.named_parameters():

@@ -174,17 +174,20 @@ def _check_option(method: str, key: str, default, value) -> None:
     def bad(want):
         raise TimeromeError(f"method {method!r}: option {key} must be {want}, got {value!r}")
 
-    is_num = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)  # noqa: E731
-    if key in _COUNTS and not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
+    if key in _COUNTS and not (_is_a(numbers.Integral, value) and value >= 1):
         bad("an integer >= 1")
     if isinstance(default, bool) and not isinstance(value, bool):
         bad("true or false")
-    if is_num(default) and not is_num(value):
+    if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):
         bad("a number")
     if key == "layers" and value is not None and (
-            not isinstance(value, (list, tuple)) or not value
-            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)):
+            not isinstance(value, (list, tuple)) or not value or not all(_is_a(numbers.Integral, v) for v in value)):
         bad("null or a non-empty list of layer indices")
+
+
+def _is_a(kind, v) -> bool:
+    # bool is an int to Python, never a count or a strength to a user
+    return isinstance(v, kind) and not isinstance(v, bool)
 
 
 def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0) -> Edit:
@@ -223,29 +226,26 @@ def _rss_now_mb() -> float | None:
 
 
 class _RssWatch:
-    """Highest resident set seen while the block runs, sampled every `every` seconds by a thread.
+    """Highest resident set seen from construction to `stop()`, sampled every `every` seconds by a thread.
 
     torch's kernels release the GIL, so the thread samples during long operations too; an
     allocation shorter than the interval can be missed, and memory the allocator reuses without
     asking the OS for more is not seen (both make `extra` a lower bound).
     """
 
-    def __init__(self, every: float = 0.002):
-        self.every, self.peak, self._stop = every, _rss_now_mb() or 0.0, threading.Event()
+    def __init__(self, start_mb: float, every: float = 0.002):
+        self.every, self.peak, self._done = every, start_mb, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
 
     def _run(self):
-        while not self._stop.wait(self.every):
+        while not self._done.wait(self.every):
             self.peak = max(self.peak, _rss_now_mb() or 0.0)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
+    def stop(self) -> float:
+        self._done.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss_now_mb() or 0.0)
+        return max(self.peak, _rss_now_mb() or 0.0)
 
 
 @contextmanager
@@ -264,10 +264,8 @@ def measure(backbone=None):
         torch.cuda.synchronize(backbone.device)
         torch.cuda.reset_peak_memory_stats(backbone.device)
         before = torch.cuda.memory_allocated(backbone.device) / 2**20
-    elif _rss_now_mb() is not None:
-        watch = _RssWatch()
-        before = watch.peak
-        watch.__enter__()
+    elif (before := _rss_now_mb()) is not None:
+        watch = _RssWatch(before)
     else:
         before = _rss_peak_mb()
     t0 = time.perf_counter()
@@ -278,8 +276,7 @@ def measure(backbone=None):
             torch.cuda.synchronize(backbone.device)
             peak = torch.cuda.max_memory_allocated(backbone.device) / 2**20
         elif watch is not None:
-            watch.__exit__(None, None, None)
-            peak = watch.peak
+            peak = watch.stop()
         else:
             peak = _rss_peak_mb()
         out.update(seconds=time.perf_counter() - t0, peak_mb=peak, extra_mb=max(0.0, peak - before))
