@@ -29,7 +29,7 @@ TOFU_DIR = find_tofu()
 @pytest.fixture(scope="module")
 def task():
     """The embedded forget01 split (1 author x 20 facts) with its retain/real/world rows."""
-    from timerome.evaluation import forget_task
+    from timerome.task import forget_task
 
     return forget_task("embedded", "forget01")
 

@@ -12,7 +12,8 @@ from scipy import stats as sps
 from timerome import load_backbone
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import FULL_OFFSET
-from timerome.evaluation import evaluate, fits, tofu_subset, train_tofu_model
+from timerome.evaluation import evaluate, fits
+from timerome.from_scratch import tofu_subset, train_tofu_model
 from timerome.methods import ForgetTask, install
 
 from conftest import TOFU_DIR

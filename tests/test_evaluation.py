@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from timerome import TimeromeError, load_backbone
-from timerome.evaluation import eval_rows, evaluate, forget_task, lp_only, spread, trajectory_logprobs
+from timerome.data.rows import spread
+from timerome.evaluation import eval_rows, evaluate, lp_only, trajectory_logprobs
+from timerome.task import forget_task
 from timerome.methods import (METHODS, ForgetTask, available, get_method, install, method_config, register,
                               weight_edit)
 
@@ -134,8 +136,8 @@ def test_experiment_resumes_from_cached_cells(bb, tmp_path, monkeypatch):
         raise AssertionError("a cached cell was recomputed")
 
     monkeypatch.setattr(registry, "install", no_recompute)
-    monkeypatch.setattr("timerome.methods.install", no_recompute)
-    monkeypatch.setattr("timerome.methods.timerome_edit.locate", no_recompute)
+    monkeypatch.setattr("timerome.experiments.runner.install", no_recompute)
+    monkeypatch.setattr("timerome.experiments.runner.execute", no_recompute)
     again = experiments.run_experiment("pareto", seeds=(0, 1), out_dir=tmp_path, overrides=over,
                                        progress=False, backbone=bb)
     assert again["summary"] == first["summary"]
@@ -192,7 +194,7 @@ def test_measure_sees_each_blocks_own_memory():
     import sys
     import time
 
-    from timerome.methods.registry import _rss_now_mb, measure
+    from timerome.cost import measure, rss_now_mb as _rss_now_mb
 
     if _rss_now_mb() is None:
         assert sys.platform != "linux"  # /proc is always there on Linux

@@ -13,7 +13,7 @@ import torch
 import timerome
 from conftest import mean_answer_lp
 from timerome.errors import TimeromeError
-from timerome.evaluation import spread
+from timerome.data.rows import spread
 from timerome.methods import _locate as L
 from timerome.methods import available, get_method, install
 
@@ -137,7 +137,7 @@ def test_down_projection_inside_an_mlp_module(tmp_path):
 
 
 def test_key_stats_are_cached_and_reused(bb, task, cache, monkeypatch):
-    texts = L.spread_texts(L.preserved_texts(bb, task), 300)
+    texts = spread(L.preserved_texts(bb, task), 300)
     assert not set(texts) & {f"{r['question']} {r['answer']}" for r in task.forget_rows}
     C, path = L.key_stats(bb, 2, texts)
     assert path.is_file() and cache in path.parents

@@ -11,11 +11,13 @@ from timerome.backbones.loading import DEFAULT_MODEL_DIR
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.heatmaps import plot_heatmaps, plot_per_fact
 from timerome.hooks import Intervention, TraceState, capture
-from timerome import tracing
+from timerome.encoding import encode_fact as tokenize_fact
 from timerome.sampler import generate
 from timerome.selection import per_fact_best, select_coordinate
-from timerome.tracing import (TraceResult, _plan, aggregate, naive_tie, object_logprobs, run_trajectory,
-                              tie_weights, tokenize_fact, trace)
+from timerome.tie import aggregate, object_logprobs, run_trajectory, tie_weights
+from timerome.trace_engine import _plan
+from timerome.trace_result import TraceResult
+from timerome.tracing import naive_tie, trace
 
 # every word is in the tiny checkpoints' vocabulary
 FACTS = [
@@ -146,29 +148,29 @@ def test_fast_equals_naive(bb, traced, readout):
     assert traced.stats["rows_run"] > 2 * (4 * (1 + 2 + 9 * 2) + 1 + 2)
 
 
-def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced, monkeypatch):
+def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
     r = trace(bb, FACTS, batch_size=5, **FAST)
     torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
-    monkeypatch.setattr(tracing, "SHARE_ROWS", False)  # every row runs every step
-    r = trace(bb, FACTS, **FAST)
+    r = trace(bb, FACTS, share_rows=False, **FAST)  # every row runs every step
     torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
     assert r.stats["rows_run"] == 2 * ((4 + 1) * (1 + 2) + 9 * 2 * sum(4 - k + 1 for k in range(4)))
 
 
 @pytest.mark.parametrize("batch_size", [256, 5])
-def test_layer_reuse_changes_no_tie(bb, traced, batch_size, monkeypatch):
+def test_layer_reuse_changes_no_tie(bb, traced, batch_size):
     """Splicing rows that take blocks 0..l-1 from their corrupted row give the same TIE, bit for bit
     on CPU (each row's arithmetic does not depend on what else is in the batch)."""
-    assert tracing.REUSE_LAYERS
+    import inspect
+
+    assert inspect.signature(trace).parameters["reuse_layers"].default is True
     on = traced if batch_size == 256 else trace(bb, FACTS, batch_size=batch_size, **FAST)
-    monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
-    off = trace(bb, FACTS, batch_size=batch_size, **FAST)
+    off = trace(bb, FACTS, batch_size=batch_size, reuse_layers=False, **FAST)
     torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-5, rtol=0, equal_nan=True)
     assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
     assert on.stats["block_rows"] < off.stats["block_rows"]  # it did skip work
 
 
-def test_layer_reuse_really_skips_the_lower_blocks(bb, monkeypatch):
+def test_layer_reuse_really_skips_the_lower_blocks(bb):
     """Block 0 is not computed in the forwards that splice above layer 0, and its forward is the
     class's own again afterwards."""
     calls = []  # one entry per computation of block 0's attention
@@ -180,8 +182,7 @@ def test_layer_reuse_really_skips_the_lower_blocks(bb, monkeypatch):
     try:
         r_on = trace(bb, FACTS[:1], **FAST)
         calls_on = len(calls)
-        monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
-        r_off = trace(bb, FACTS[:1], **FAST)
+        r_off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
     finally:
         handle.remove()
     assert len(calls) - calls_on == r_off.stats["forwards"]
@@ -336,7 +337,7 @@ def test_embedded_hot_coordinate_carries_signal():
 
 
 @pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="embedded default model not built yet")
-def test_embedded_layer_reuse_changes_no_tie(monkeypatch):
+def test_embedded_layer_reuse_changes_no_tie():
     """Layer reuse on the embedded model: the same TIE as without it (two facts), and still exactly
     0 at sigma = 0."""
     from timerome.tracing import default_facts
@@ -345,8 +346,7 @@ def test_embedded_layer_reuse_changes_no_tie(monkeypatch):
     facts = default_facts(2)
     on = trace(bb, facts, progress=False)
     zero = trace(bb, facts, sigma=0.0, progress=False)
-    monkeypatch.setattr(tracing, "REUSE_LAYERS", False)
-    off = trace(bb, facts, progress=False)
+    off = trace(bb, facts, reuse_layers=False, progress=False)
     torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-4, rtol=0, equal_nan=True)
     assert on.tie.abs().max() > 1.0  # not a vacuous match
     assert on.stats["block_rows"] < off.stats["block_rows"]

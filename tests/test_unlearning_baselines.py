@@ -13,7 +13,7 @@ import torch
 
 import timerome
 from conftest import mean_answer_lp
-from timerome.evaluation import spread
+from timerome.data.rows import spread
 from timerome.methods import available, get_method, install
 
 INFERENCE = ("act_steer", "rmu_like")

@@ -16,6 +16,7 @@ import torch
 
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
+from timerome.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
 from timerome.train import TrainConfig, train
 
 MODEL_CONFIG = dict(
@@ -26,7 +27,6 @@ MODEL_CONFIG = dict(
 TRAIN_CONFIG = TrainConfig(epochs=70, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
                            grad_clip=1.0, seed=0)
 CORPUS_SEED = 0
-DEFAULT_TARGET = "I don't know."  # the edit target must be spellable in the word vocabulary
 THREADS = 2  # CPU float reductions depend on the thread count: fixed for bit-for-bit rebuilds
 
 

@@ -22,7 +22,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from timerome.progress import progress_bar
+from rich.console import Console
+from rich.table import Table
+
+from timerome.backbones import load_backbone
+from timerome.experiments import resolve_source
+from timerome.experiments.report import (SHORT, THREE_DIGITS, by_row, delta_text, fmt_cell, label, markdown,
+                                         plot_pareto, reference_note, summarise, write_outputs)
+from timerome.experiments.runner import Cell, Context, Runner
+from timerome.heatmaps import plot_heatmaps
+from timerome.methods import method_config
+from timerome.methods.timerome_edit import select, trace_forget_set
 
 
 DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20, reference_authors=30,
@@ -46,14 +56,12 @@ class Clock:
 
 
 def _say(msg: str) -> None:
-    from rich.console import Console
-
     Console().print(msg)
 
 
 def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, reference=None,
              quick: bool = False, progress: bool = True, backbone=None) -> dict:
-    """Run the demo; returns {"out_dir", "markdown", "summary", "files", "seconds"}.
+    """Run the demo; returns {"out_dir", "markdown", "summary", "files", "seconds", "coordinate", "phases"}.
 
     model: a checkpoint directory (None: the embedded model); data: "embedded", "tofu"
     ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory. reference: a checkpoint that never saw
@@ -62,9 +70,6 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     quick: 2 seeds, fewer items, a one-point Pareto sweep and a barely trained reference (the
     tests' reduced demo: it exercises every step; its KS p-values mean nothing).
     """
-    from timerome.experiments import (_warm_background, eval_data, label, make_setup, markdown, method_cell,
-                                      reference_trs, summarise, traced_coordinate, write_outputs)
-
     clock = Clock()
     cfg = dict(DEMO)
     if quick:
@@ -74,92 +79,69 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     ref_opts = dict(epochs=cfg["reference_epochs"], n_authors=cfg["reference_authors"],
                     batch_size=cfg["reference_batch"])
-    setup = make_setup(model, data, out, progress=progress, reference=reference, reference_options=ref_opts,
-                       backbone=backbone)
-    bb = setup.backbone
+    bb = backbone if backbone is not None else load_backbone(model)
+    ctx = Context(bb, resolve_source(data), reference=reference, reference_options=ref_opts, model_path=model,
+                  progress=progress)
+    runner = Runner(out, progress=progress)
     _say(f"[bold]timerome demo[/] on {bb.name} ({bb.n_layers} layers, hidden {bb.hidden_size}), data: {data}")
 
-    rows, task = eval_data(setup, "forget01", cfg["n_retain"], cfg["n_world"])
+    spec = dict(forget="forget01", n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+    rows, task = ctx.data(spec)
     _say(f"forget set: {len(task.facts)} facts; evaluation items: "
          + ", ".join(f"{k} {len(v)}" for k, v in rows.items()))
     clock.lap("load")
-    files = _trace_and_plot(setup, task, cfg, out)
-    trace_cfg = {"trace_facts": cfg["trace_facts"]}
-    coord = traced_coordinate(setup, task, trace_cfg)
-    _say(f"selected coordinate: layer {coord[0]} {coord[1]} (every denoising step)")
-    _warm_background(setup, task, coord)
+    edit_cfg = {"trace_facts": cfg["trace_facts"]}
+    files, coord = _trace_and_plot(bb, task, edit_cfg, out, progress)
+    _say(f"selected coordinate: {coord} (the largest mean |TIE| in the residual stream)")
     clock.lap("trace + select")
 
-    refs = {seed: reference_trs(setup, rows["forget"], cfg["n_mc"], seed) for seed in seeds}
+    refs = [Cell("reference", seed=s, data=spec, options=dict(n_mc=cfg["n_mc"]), row="reference") for s in seeds
+            if ctx.auto_reference() is not None]
+    runner.run(refs, ctx, "reference model")  # its own phase: trained once, then read from the cache
     clock.lap("reference model")
-    per = {}
-    plan = (("no_edit", {}), ("timerome", {}))
-    with progress_bar("edit + evaluate", total=len(plan) * len(seeds), enabled=setup.progress) as bar:
-        for seed in seeds:
-            for method, over in plan:
-                conf = dict(over, coordinate=coord, **trace_cfg) if method == "timerome" else over
-                res = method_cell(setup, method, conf, seed, rows, task, n_mc=cfg["n_mc"],
-                                  reference=refs[seed], rouge=True)
-                per.setdefault(label(method, over), {})[seed] = res["metrics"]
-                bar.advance(description=f"edit + evaluate ({method}, seed {seed})")
+    main = [Cell("full", m, over, s, spec, dict(n_mc=cfg["n_mc"], rouge=True), row=label(m, {}))
+            for s in seeds for m, over in (("no_edit", {}), ("timerome", edit_cfg))]
+    main_res = runner.run(refs + main, ctx, "edit + evaluate")
     clock.lap("edit + evaluate")
-    summary = summarise(per, DEMO_COLUMNS)
+    summary = summarise(by_row(refs + main, main_res), DEMO_COLUMNS)
     note = (f"Embedded model, forget01 = 1 author x 20 facts, n_mc={cfg['n_mc']}, seeds {list(seeds)}; "
-            f"TimeROME at layer {coord[0]} {coord[1]} with the `timerome` method's defaults. KS p uses a "
-            f"cut-down reference model ({cfg['reference_authors']} retain authors, {cfg['reference_epochs']} epochs): "
-            "see timerome.demo.")
+            f"TimeROME at {coord} with the `timerome` method's defaults. KS p uses a cut-down reference model "
+            f"({cfg['reference_authors']} retain authors, {cfg['reference_epochs']} epochs): see timerome.demo. "
+            + reference_note(refs + main))
     md = markdown(summary, DEMO_COLUMNS, "TimeROME demo: canonical forget01", note)
 
     if cfg["alphas"]:
-        files["pareto"] = _pareto(setup, rows, task, coord, cfg, seeds, trace_cfg)
+        sweep = [("timerome", dict(edit_cfg, alpha=a)) for a in cfg["alphas"]] + [("no_edit", {})]
+        pcells = [Cell("lp", m, over, s, spec, dict(n_mc=cfg["n_mc"]), row=label(m, {k: v for k, v in over.items()
+                                                                                     if k == "alpha"}))
+                  for s in seeds for m, over in sweep]
+        psum = summarise(by_row(pcells, runner.run(pcells, ctx, "pareto sweep")), ["ForgetLP", "RetainLP"])
+        files["pareto"] = plot_pareto(psum, [label("timerome", {"alpha": a}) for a in cfg["alphas"]],
+                                      out / "pareto.png")
         clock.lap("pareto sweep")
-    files.update(write_outputs(out, "demo", dict(summary=summary, coordinate=coord, config=cfg,
+    files.update(write_outputs(out, "demo", dict(summary=summary, coordinate=[coord.layer, coord.point], config=cfg,
                                                  phases=clock.phases), md))
     _print_table(summary, DEMO_COLUMNS)
     secs = sum(p["wall_s"] for p in clock.phases.values())
     _say("phases: " + "; ".join(f"{k} {v['wall_s']:.0f}s (cpu {v['cpu_s']:.0f}s)" for k, v in clock.phases.items()))
     _say(f"wrote {', '.join(sorted(Path(f).name for f in files.values()))}")
     _say(f"[bold green]done in {secs:.0f}s; outputs in {out.resolve()}[/]")
-    return dict(out_dir=str(out), markdown=md, summary=summary, files=files, seconds=secs, coordinate=coord,
-                phases=clock.phases)
+    return dict(out_dir=str(out), markdown=md, summary=summary, files=files, seconds=secs,
+                coordinate=[coord.layer, coord.point], phases=clock.phases)
 
 
-def _trace_and_plot(setup, task, cfg, out: Path) -> dict:
-    from timerome.heatmaps import plot_heatmaps
-    from timerome.methods import method_config
-    from timerome.methods.timerome_edit import trace_forget_set
-
-    conf = method_config("timerome", {"trace_facts": cfg["trace_facts"]})
-    result = trace_forget_set(setup.backbone, task.facts, conf, progress=setup.progress)
+def _trace_and_plot(bb, task, edit_cfg, out: Path, progress: bool):
+    """The method's own trace (cached), saved with its heatmaps; the box is the edited coordinate."""
+    conf = method_config("timerome", edit_cfg)
+    result = trace_forget_set(bb, task.validation_facts, conf, progress=progress)
     result.save(out / "trace.safetensors")
-    files = {"heatmap": str(plot_heatmaps(result, out / "heatmap.png"))}
+    chosen = select(result, conf["select_modules"])
+    files = {"heatmap": str(plot_heatmaps(result, out / "heatmap.png", selected=chosen))}
     files["heatmap_fact0"] = str(plot_heatmaps(result, out / "heatmap-fact0.png", fact=0))
-    return files
-
-
-def _pareto(setup, rows, task, coord, cfg, seeds, trace_cfg) -> str:
-    from timerome.experiments import label, method_cell, plot_pareto, summarise
-
-    sweep = [("timerome", {"alpha": a}) for a in cfg["alphas"]]
-    per = {}
-    plan = sweep + [("no_edit", {})]
-    with progress_bar("pareto sweep", total=len(plan) * len(seeds), enabled=setup.progress) as bar:
-        for seed in seeds:
-            for method, over in plan:
-                conf = dict(over, coordinate=coord, **trace_cfg) if method == "timerome" else over
-                res = method_cell(setup, method, conf, seed, rows, task, kind="lp", n_mc=cfg["n_mc"])
-                per.setdefault(label(method, over), {})[seed] = res["metrics"]
-                bar.advance()
-    summary = summarise(per, ["ForgetLP", "RetainLP"])
-    return plot_pareto(summary, [label(m, o) for m, o in sweep], setup.out_dir / "pareto.png")
+    return files, chosen.edit_coordinate
 
 
 def _print_table(summary: dict, cols) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from timerome.experiments import SHORT, delta_text, fmt_cell
-
     t = Table(title="canonical forget01 (mean ± std [95% bootstrap CI]; stars: paired t vs no_edit, † same on every seed)")
     t.add_column("method")
     for c in cols:
@@ -168,6 +150,5 @@ def _print_table(summary: dict, cols) -> None:
     for row, c in summary.items():
         d = c.get("ForgetLP", {})
         delta = delta_text(d)
-        t.add_row(row, *[fmt_cell(c.get(k), 3 if k in ("ForgetQuality", "ForgetTR", "ModelUtility") else 2)
-                         for k in cols], delta)
+        t.add_row(row, *[fmt_cell(c.get(k), 3 if k in THREE_DIGITS else 2) for k in cols], delta)
     Console(width=200).print(t)

@@ -1,127 +1,219 @@
-"""Hooks as context managers: capture, patch and edit are three modes of one mechanism.
+"""Hooks as context managers: keep, edit and stop in one mechanism (baukit's TraceDict, for MDLMs).
 
-A site is (layer, point) with point in {"resid", "attn", "mlp"} (or (None, "embed")). A hook
-function receives the site's output h [B, L, H] and the shared TraceState, and returns a
-replacement tensor or None. Hooks are installed on entering the `with` block and removed on
-leaving it, also when the body raises.
+Every forward hook in timerome is installed here, by `Hooks`, and removed when its `with` block
+ends (also when the body raises). A site is
+
+    (layer, point)   a backbone hook point: point in resid / attn / mlp, or (None, "embed")
+    Coordinate       the same, and with a step it fires only at that denoising step
+    nn.Module        any module (the locate-then-edit baselines read a down projection's input)
+
+    with Hooks(bb, keep=[(1, "resid")]) as tr:           # keep: one tensor per forward
+        bb.logits(ids)
+    tr[(1, "resid")][0]                                   # [B, L, H]
+
+    with Hooks(bb, edit={(1, "resid"): fn}, state=st):   # edit: h -> fn(h, state) (None: unchanged)
+        generate(bb, prompt, state=st)                    # the sampler sets st.step before each forward
+
+    with Hooks(bb, keep=[(1, "resid")], stop=True) as tr: # stop: the layers above 1 never run
+        bb.logits(ids)
+
+`TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it before
+every forward, and an edit at a Coordinate with a step fires only when state.step equals it.
+`state.positions` says which absolute token positions the current forward holds (None: all of
+them, 0..L-1), for forwards that recompute only part of the sequence.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
+from torch import nn
 
-Site = tuple  # (layer: int | None, point: str)
-HookFn = Callable[[torch.Tensor, "TraceState"], torch.Tensor | None]
+from timerome.coordinate import Coordinate
+
+HookFn = Callable[[torch.Tensor, "TraceState"], "torch.Tensor | None"]
 
 
 class TraceState:
-    """Carries the denoising step k; the sampler sets it before every forward."""
+    """The denoising step k of the current forward (and which positions it holds)."""
 
-    def __init__(self, step: int = 0):
+    def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
         self.step = step
+        self.positions = positions
 
     def __repr__(self) -> str:
         return f"TraceState(step={self.step})"
 
 
-class Intervention:
-    """Install hook functions on backbone sites for the duration of a `with` block."""
+class StopForward(Exception):
+    """Raised by a `stop=True` hook once every kept site has been seen; `Hooks` swallows it."""
 
-    def __init__(self, backbone, fns: dict[Site, HookFn], state: TraceState | None = None):
+
+class Hooks(dict):
+    """Install keep / edit hooks on backbone sites for a `with` block; a dict site -> kept tensors.
+
+    keep: sites whose outputs (inputs, with inputs=True) are recorded, one entry per forward,
+        detached and cloned (detach=False keeps them in the autograd graph), sliced to the token
+        `positions` when given, moved to the CPU with to_cpu.
+    edit: {site: fn(h, state)}: h is the site's output (output[0] of a tuple); a returned tensor
+        replaces it. A Coordinate site with a step edits only at that step. With raw=True, fn gets
+        the module's whole output and its return (not None) replaces the whole output.
+    stop: after every kept site has been recorded in a forward, stop it (StopForward, swallowed
+        on leaving the block): what lies above is never computed.
+    Edits run before keeps on the same module, so a kept output is the edited one.
+    """
+
+    def __init__(self, backbone, keep=(), *, edit: dict | None = None, inputs: bool = False, stop: bool = False,
+                 state: TraceState | None = None, positions=None, to_cpu: bool = False, detach: bool = True,
+                 raw: bool = False):
+        super().__init__({site: [] for site in keep})
         self.backbone = backbone
-        self.fns = dict(fns)
+        self.edits = dict(edit or {})
         self.state = state if state is not None else TraceState()
+        self.inputs, self.stop, self.positions = inputs, stop, positions
+        self.to_cpu, self.detach, self.raw = to_cpu, detach, raw
+        if stop and not keep:
+            raise ValueError("stop=True needs at least one kept site")
         self._handles = []
+        self._forwards = 0
+
+    def module(self, site) -> nn.Module:
+        if isinstance(site, nn.Module):
+            return site
+        layer, point = site.site if isinstance(site, Coordinate) else tuple(site)
+        return self.backbone.module(layer, point)
 
     def __enter__(self):
         try:
-            for (layer, point), fn in self.fns.items():
-                module = self.backbone.module(layer, point)
-                self._handles.append(module.register_forward_hook(_wrap(fn, self.state)))
+            for site, fn in self.edits.items():
+                self._handles.append(self.module(site).register_forward_hook(self._editor(site, fn)))
+            for site in list(self):
+                mod = self.module(site)
+                if self.inputs:
+                    self._handles.append(mod.register_forward_pre_hook(self._input_keeper(site)))
+                else:
+                    self._handles.append(mod.register_forward_hook(self._keeper(site)))
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        return False
+        return exc_type is not None and issubclass(exc_type, StopForward)
 
+    # ------------------------------------------------------------------ the hook functions
 
-def _wrap(fn: HookFn, state: TraceState):
-    def hook(module, inputs, output):
-        h = output[0] if isinstance(output, tuple) else output
-        new = fn(h, state)
-        if new is None:
-            return None
-        return (new, *output[1:]) if isinstance(output, tuple) else new
+    def _editor(self, site, fn):
+        step = site.step if isinstance(site, Coordinate) else None
+        state = self.state
 
-    return hook
+        def hook(_module, _inputs, output):
+            if step is not None and state.step != step:
+                return None
+            if self.raw:
+                return fn(output, state)
+            h = output[0] if isinstance(output, tuple) else output
+            new = fn(h, state)
+            if new is None:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
 
+        return hook
 
-# ------------------------------------------------------------------------------ the three modes
+    def _keeper(self, site):
+        def hook(_module, _inputs, output):
+            self._record(site, output[0] if isinstance(output, tuple) else output)
 
+        return hook
 
-@contextmanager
-def capture(backbone, sites, state: TraceState | None = None, positions=None, to_cpu: bool = False):
-    """Record each site's output at every forward: store[site] is a list, one tensor per forward.
+    def _input_keeper(self, site):
+        def hook(_module, args):
+            self._record(site, args[0])
 
-    positions: optional LongTensor [P] of token positions to keep (saves memory when only the
-    subject tokens matter).
-    """
-    store: dict[Site, list[torch.Tensor]] = defaultdict(list)
+        return hook
 
-    def recorder(site):
-        def fn(h, _state):
-            v = h if positions is None else h[:, positions]
+    def _record(self, site, h: torch.Tensor):
+        v = h if self.positions is None else h[:, self.positions]
+        if self.detach:
             v = v.detach().clone()
-            store[site].append(v.cpu() if to_cpu else v)
-            return None
-
-        return fn
-
-    with Intervention(backbone, {s: recorder(s) for s in sites}, state):
-        yield store
+        self[site].append(v.cpu() if self.to_cpu else v)
+        if self.stop and all(len(v) > self._forwards for v in self.values()):
+            self._forwards += 1
+            raise StopForward
 
 
-@contextmanager
-def patch(backbone, values: dict[Site, torch.Tensor], positions, state: TraceState | None = None,
-          at_step: int | None = None):
-    """Splice values[site] [B or 1, P, H] into the site's output at token `positions`.
+# ------------------------------------------------------------------------------ common uses
 
-    With at_step, the splice happens only on the forward where state.step == at_step.
-    """
-    state = state if state is not None else TraceState()
+
+def capture(backbone, sites, state: TraceState | None = None, positions=None, to_cpu: bool = False) -> Hooks:
+    """Keep each site's output at every forward: store[site] is a list, one tensor per forward."""
+    return Hooks(backbone, sites, state=state, positions=positions, to_cpu=to_cpu)
+
+
+def Intervention(backbone, fns: dict, state: TraceState | None = None) -> Hooks:  # noqa: N802 - reads as a class
+    """Edit hooks only: {site: fn(h, state) -> tensor | None}."""
+    return Hooks(backbone, edit=fns, state=state)
+
+
+def patch(backbone, values: dict, positions, state: TraceState | None = None, at_step: int | None = None) -> Hooks:
+    """Splice values[site] [B or 1, P, H] into the site's output at token `positions` (only at
+    denoising step `at_step` when given)."""
 
     def splicer(site):
-        def fn(h, st):
-            if at_step is not None and st.step != at_step:
-                return None
+        def fn(h, _state):
             out = h.clone()
             out[:, positions] = values[site].to(h.dtype)
             return out
 
         return fn
 
-    with Intervention(backbone, {s: splicer(s) for s in values}, state):
-        yield state
+    return Hooks(backbone, edit={Coordinate(*s, step=at_step) if at_step is not None else s: splicer(s)
+                                 for s in values}, state=state)
+
+
+def edit(backbone, site, fn: Callable[[torch.Tensor], torch.Tensor], state: TraceState | None = None) -> Hooks:
+    """Replace the site's output h by fn(h) at every forward (at one step for a Coordinate with a step)."""
+    return Hooks(backbone, edit={site: lambda h, _st: fn(h)}, state=state)
+
+
+def run_to(backbone, site, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+           detach: bool = True) -> torch.Tensor:
+    """The output [B, L, H] of `site` on ids [B, L], without computing the layers above it.
+    attention_mask [B, L] marks real tokens (None or all True: no padding)."""
+    am = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+    with Hooks(backbone, [site], stop=True, detach=detach) as tr:
+        backbone.logits(ids, attention_mask=am)
+    return tr[site][0]
 
 
 @contextmanager
-def edit(backbone, site: Site, fn: Callable[[torch.Tensor], torch.Tensor], state: TraceState | None = None,
-         steps: set[int] | None = None):
-    """Replace the site's output h by fn(h), at every forward or only at the given steps."""
+def replaced(modules, outputs):
+    """Inside the block, modules[i] returns outputs[i] without computing anything.
 
-    def editor(h, st):
-        if steps is not None and st.step not in steps:
-            return None
-        return fn(h)
+    The instance attribute `forward` shadows the class's method for nn.Module.__call__, so the
+    module's own computation never runs; hooks on it still see the returned output.
+    """
+    saved = []
+    try:
+        for module, out in zip(modules, outputs):
+            saved.append((module, module.__dict__.get("forward")))
+            module.forward = _returning(out)
+        yield
+    finally:
+        for module, own in saved:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
 
-    with Intervention(backbone, {site: editor}, state) as iv:
-        yield iv.state
+
+def _returning(out):
+    def forward(*_args, **_kwargs):
+        return out
+
+    return forward

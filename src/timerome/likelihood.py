@@ -40,9 +40,11 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from timerome.encoding import encode_pairs
 from timerome.errors import TimeromeError
 from timerome.progress import progress_bar
 
@@ -141,6 +143,24 @@ def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
     rows = [(0, r) for r in range(len(subsets))]
     scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), 64))
     return float((scores * weights).sum())
+
+
+def answer_logprobs(backbone, questions: list[str], answers: list[str], *, n_mc: int = 16, seed: int = 0,
+                    progress: bool = False):
+    """Text in, nats out: (log p(answer | question) [N], answer token counts [N]) as numpy arrays.
+
+    The prompt is the question as written, the answer encoded as it follows it (encoding.py);
+    draws as log_likelihood_batch with a generator seeded `seed`.
+    """
+    if len(questions) != len(answers):
+        raise TimeromeError("questions and answers differ in length")
+    if not questions:
+        return np.zeros(0), np.zeros(0)
+    pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
+    with torch.no_grad():
+        lp = log_likelihood_batch(backbone, [p for p, _ in pairs], [a for _, a in pairs], n_mc=n_mc,
+                                  generator=torch.Generator().manual_seed(seed), progress=progress)
+    return lp.double().cpu().numpy(), np.array([len(a) for _, a in pairs], dtype=np.float64)
 
 
 # ------------------------------------------------------------------------------ checks

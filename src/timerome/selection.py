@@ -1,4 +1,4 @@
-"""Coordinate selection (paper Eq. coord): where to install the edit, read off TIE heatmaps.
+"""2. Coordinate selection (paper Eq. coord): where to install the edit, read off TIE heatmaps.
 
     (l*, k*, m*) = argmax_{(l,k,m)}  E_{z in F_v} |TIE_bar_z(l,k,m)|  -  beta E_{z' in N} |TIE_bar_z'(l,k,m)|
 
@@ -6,34 +6,47 @@ The magnitude is used because a site that strongly *lowers* the object's log-pro
 involved as one that raises it. beta = 0 is plain max-magnitude selection (the paper's headline
 setting); beta > 0 penalises sites that also matter for neighbour facts (retain selectivity).
 Equal scores are ranked in the heatmap's order (module, layer, step), so the choice is deterministic.
+The paper then edits at k* = -1 (every step) and m* = resid: `modules=("resid",)` restricts the
+ranking to the residual stream, and a candidate's `edit_coordinate` drops its step.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
+from timerome.coordinate import Coordinate
 from timerome.errors import TimeromeError
 
 
 @dataclass(frozen=True)
-class Coordinate:
-    layer: int
-    step: int
-    module: str
+class Candidate:
+    """A scored (layer, step, module): `coordinate.step` is the step k whose TIE was measured."""
+
+    coordinate: Coordinate
     score: float              # the objective (or, per fact, that fact's signed TIE_bar)
     mean_abs_tie: float       # E_{F_v} |TIE_bar| (or |TIE_bar| of that one fact)
     neighbour_abs_tie: float  # E_N |TIE_bar|; 0 without neighbours
 
+    layer = property(lambda self: self.coordinate.layer)
+    step = property(lambda self: self.coordinate.step)
+    module = property(lambda self: self.coordinate.point)
+
+    @property
+    def edit_coordinate(self) -> Coordinate:
+        """Where the paper edits: this layer and module at every denoising step (k* = -1)."""
+        return self.coordinate.every_step()
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return dict(layer=self.layer, step=self.step, module=self.module, score=self.score,
+                    mean_abs_tie=self.mean_abs_tie, neighbour_abs_tie=self.neighbour_abs_tie)
 
 
 @dataclass(frozen=True)
 class Selection:
-    best: Coordinate
-    top: list[Coordinate]  # best first, at most `top` long
+    best: Candidate
+    top: list[Candidate]  # best first, at most `top` long
 
     def __iter__(self):  # best, top = select_coordinate(...)
         return iter((self.best, self.top))
@@ -51,33 +64,37 @@ def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor,
     return own - beta * other, own, other
 
 
-def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10) -> Selection:
-    """The best (layer, step, module) of a TraceResult, and the `top` best in order."""
+def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
+    """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
+    restricts the choice (the paper's m* = resid: modules=("resid",))."""
     if not isinstance(top, int) or top < 1:
         raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
+    if modules is not None:
+        result = result.only(modules)
+        neighbours = neighbours.only(modules) if neighbours is not None else None
     score, own, other = objective(result, neighbours, beta)
     order = torch.sort(score.flatten(), descending=True, stable=True).indices[:top]
-    ranked = [_coordinate(result, i, score, own, other) for i in order.tolist()]
+    ranked = [_candidate(result, i, score, own, other) for i in order.tolist()]
     return Selection(ranked[0], ranked)
 
 
-def per_fact_best(result) -> list[Coordinate]:
+def per_fact_best(result) -> list[Candidate]:
     """For each fact, its argmax of |TIE_bar| (score = the signed TIE_bar there)."""
     out = []
     for f in range(result.tie.shape[0]):
         tie = result.tie[f]  # [M, Ly, K]
         i = int(torch.sort(tie.abs().flatten(), descending=True, stable=True).indices[0])
-        out.append(_coordinate(result, i, tie, tie.abs(), torch.zeros_like(tie)))
+        out.append(_candidate(result, i, tie, tie.abs(), torch.zeros_like(tie)))
     return out
 
 
-def _coordinate(result, flat: int, score, own, other) -> Coordinate:
+def _candidate(result, flat: int, score, own, other) -> Candidate:
     M, Ly, K = score.shape
     m, rest = divmod(flat, Ly * K)
     li, k = divmod(rest, K)
     at = (m, li, k)
-    return Coordinate(layer=int(result.layers[li]), step=k, module=result.modules[m], score=float(score[at]),
-                      mean_abs_tie=float(own[at]), neighbour_abs_tie=float(other[at]))
+    return Candidate(Coordinate(int(result.layers[li]), result.modules[m], k), score=float(score[at]),
+                     mean_abs_tie=float(own[at]), neighbour_abs_tie=float(other[at]))
 
 
 def _check_compatible(result, neighbours) -> None:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from timerome.encoding import collate, encode_pairs, mask_answers, pad_id
 from timerome.errors import TimeromeError
 from timerome.progress import progress_bar
 
@@ -32,57 +33,14 @@ class TrainConfig:
     seed: int = 0
 
 
-def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
-    """(question, answer) rows -> token id pairs; the prompt is the question as written."""
-    pairs = []
-    for i, r in enumerate(rows):
-        q, a = backbone.encode(r["question"]), backbone.encode(" " + r["answer"].strip()) if _needs_space(backbone) else backbone.encode(r["answer"])
-        if not a:
-            raise TimeromeError(f"row {i} has an empty answer")
-        if len(q) + len(a) > backbone.max_length:
-            raise TimeromeError(f"row {i} is {len(q) + len(a)} tokens, over the model's context of {backbone.max_length}")
-        pairs.append((q, a))
-    return pairs
-
-
-def _needs_space(backbone) -> bool:
-    # BPE tokenizers glue a leading space to the first word; word-level ones split on it anyway
-    return getattr(backbone.tokenizer, "is_fast", False) and "Ġ" in "".join(list(backbone.tokenizer.get_vocab())[:2000])
-
-
-def collate(pairs, pad_id: int, device):
-    """-> ids [B, L], answer mask [B, L], attention mask [B, L] (right padding)."""
-    L = max(len(q) + len(a) for q, a in pairs)
-    ids = torch.full((len(pairs), L), pad_id, dtype=torch.long)
-    ans = torch.zeros(len(pairs), L, dtype=torch.bool)
-    att = torch.zeros(len(pairs), L, dtype=torch.bool)
-    for b, (q, a) in enumerate(pairs):
-        n = len(q) + len(a)
-        ids[b, :n] = torch.tensor(q + a)
-        ans[b, len(q):n] = True
-        att[b, :n] = True
-    return ids.to(device), ans.to(device), att.to(device)
-
-
 def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
               per_example: bool = False):
     """The masked-answer MDLM loss (nats per answer token, 1/t weighted)."""
-    B, L = ids.shape
-    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)        # [B]
-    masked = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & answer_mask
-    noisy = torch.where(masked, torch.full_like(ids, backbone.mask_id), ids)
+    noisy, masked, t = mask_answers(ids, answer_mask, backbone.mask_id, generator, eps)
     logits = backbone.logits(noisy, attention_mask if not bool(attention_mask.all()) else None)
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids, reduction="none")        # [B, L]
     per = (ce * masked / t[:, None]).sum(1) / answer_mask.sum(1).clamp(min=1)          # [B]
     return per if per_example else per.mean()
-
-
-def pad_id(backbone) -> int:
-    tok = backbone.tokenizer
-    for cand in (tok.pad_token_id, tok.eos_token_id):
-        if cand is not None:
-            return int(cand)
-    return 0
 
 
 def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: bool = True) -> dict:
@@ -96,7 +54,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     model = backbone.model
     peft_model = None
     if cfg.lora_r > 0:
-        peft_model = _wrap_lora(backbone, cfg)
+        peft_model = wrap_lora(backbone, cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
@@ -135,7 +93,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     return log
 
 
-def _wrap_lora(backbone, cfg: TrainConfig):
+def wrap_lora(backbone, cfg: TrainConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:

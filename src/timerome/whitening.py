@@ -19,8 +19,12 @@ from pathlib import Path
 
 import torch
 
+from timerome.coordinate import Coordinate
+from timerome.data.corpus import make_corpus, training_rows
+from timerome.data.rows import load_rows
+from timerome.encoding import pad_sequences, text_ids
 from timerome.errors import TimeromeError
-from timerome.hooks import Intervention
+from timerome.hooks import run_to
 
 DEFAULT_SHRINKAGE = 0.05
 
@@ -51,12 +55,12 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
     of its tokens set to the mask token (seeded by `generator`, default seed 0).
     C_shrunk = (1 - s) C + s * mean(diag C) * I keeps C invertible when tokens are few.
     """
-    layer, point = _site(coord)
+    layer, point = Coordinate.of(coord).site
     if not 0.0 <= shrinkage <= 1.0:
         raise TimeromeError(f"shrinkage must lie in [0, 1], got {shrinkage}")
     if batch_size < 1 or masked_copies < 0:
         raise TimeromeError(f"batch_size must be >= 1 and masked_copies >= 0 (got {batch_size}, {masked_copies})")
-    seqs = [s for s in (_ids(backbone, t) for t in texts) if s]
+    seqs = [s for s in (text_ids(backbone, t) for t in texts) if s]
     if not seqs:
         raise TimeromeError("the background corpus is empty: give at least one non-empty text")
     g = generator if generator is not None else torch.Generator().manual_seed(0)
@@ -66,8 +70,8 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
     acc = _Moments(backbone.hidden_size)
     with torch.no_grad():
         for start in range(0, len(seqs), batch_size):
-            ids, real = _pad(seqs[start:start + batch_size], backbone)
-            h = _forward_to(backbone, (layer, point), ids, real)  # [B, L, H]
+            ids, real = pad_sequences(seqs[start:start + batch_size], backbone)
+            h = run_to(backbone, (layer, point), ids, real)  # [B, L, H]
             acc.add(h[real].double().cpu())
     mean, cov = acc.result()
     if not (torch.isfinite(mean).all() and torch.isfinite(cov).all()):
@@ -95,12 +99,8 @@ def background_texts(backbone, background=None) -> list[str]:
                 "the whitened key metric needs a background corpus for this model (background= or --background): "
                 "a text file, a JSON/JSONL file of question/answer rows, a split like tofu:retain90, or a list of texts "
                 "(or use key_metric='paper')")
-        from timerome.data.corpus import make_corpus, training_rows
-
         return rows_to_texts(training_rows(make_corpus(seed=0)))
     if isinstance(background, str) and background.startswith(("embedded:", "tofu:")):
-        from timerome.data.rows import load_rows
-
         return rows_to_texts(load_rows(background))
     if isinstance(background, (str, Path)):
         return read_texts(background)
@@ -115,8 +115,6 @@ def read_texts(path) -> list[str]:
     if not p.is_file():
         raise TimeromeError(f"background corpus {p} does not exist")
     if p.suffix in (".json", ".jsonl"):
-        from timerome.data.rows import load_rows
-
         return rows_to_texts(load_rows(str(p)))
     lines = [l.strip() for l in p.read_text(encoding="utf-8").splitlines()]
     return [l for l in lines if l]
@@ -130,52 +128,10 @@ def rows_to_texts(rows) -> list[str]:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _site(coord) -> tuple[int, str]:
-    if hasattr(coord, "layer"):
-        return coord.layer, coord.point
-    layer, point = tuple(coord)[:2]
-    return layer, point
-
-
-def _ids(backbone, text) -> list[int]:
-    ids = backbone.encode(text) if isinstance(text, str) else [int(i) for i in text]
-    return ids[: backbone.max_length]
-
-
 def _masked(ids: list[int], mask_id: int, g: torch.Generator) -> list[int]:
     t = float(torch.rand((), generator=g))
     hide = torch.rand(len(ids), generator=g) < t
     return [mask_id if m else i for i, m in zip(ids, hide.tolist())]
-
-
-def _pad(seqs: list[list[int]], backbone) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, L] and real-token mask [B, L] on the backbone's device."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), backbone.mask_id, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(s)
-    real = torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]
-    return ids.to(backbone.device), real.to(backbone.device)
-
-
-class _StopForward(Exception):
-    """Raised by a capture hook once it has what it needs: the layers above are never run."""
-
-
-def _forward_to(backbone, site, ids, real) -> torch.Tensor:
-    """The output of `site` on ids [B, L] (padding hidden by `real`), without running the rest."""
-    got = []
-
-    def grab(h, _state):
-        got.append(h.detach())
-        raise _StopForward
-
-    try:
-        with Intervention(backbone, {site: grab}):
-            backbone.logits(ids, attention_mask=real)
-    except _StopForward:
-        pass
-    return got[0]
 
 
 class _Moments:

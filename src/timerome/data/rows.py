@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from timerome.errors import TimeromeError
 
 
@@ -41,3 +43,12 @@ def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = No
     if not facts:
         raise TimeromeError(f"no usable fact in {spec!r}: " + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]))
     return (facts[:limit] if limit else facts), skipped
+
+
+def spread(rows: list, n: int | None) -> list:
+    """n rows evenly spaced over the list (all of them when n is None or larger); deterministic,
+    so every method and seed sees the same rows and cache keys stay stable."""
+    if n is None or n >= len(rows):
+        return list(rows)
+    idx = np.linspace(0, len(rows) - 1, n).round().astype(int)
+    return [rows[i] for i in idx]

@@ -22,20 +22,21 @@ MEMIT's multi-layer procedure (shared with AlphaEdit).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from timerome.cache import cache_dir, digest, save_tensors
+from timerome.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences, text_ids,
+                               uses_leading_space)
+from timerome.data.rows import spread
 from timerome.errors import TimeromeError
-from timerome.hooks import Intervention
+from timerome.hooks import Hooks, run_to
+from timerome.methods.registry import weight_edit
+from timerome.whitening import background_texts, rows_to_texts
 
-DEFAULT_TARGET = "I don't know."
 OBJECTIVES = ("target", "forget", "unlikelihood")
 
 
@@ -65,20 +66,12 @@ def down_projection(backbone, layer: int) -> DownProj:
     if isinstance(mlp, nn.Linear):
         return DownProj(layer, path, mlp)
     cands = [(f"{path}.{n}", m) for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
-    outs, handles = {}, []
+    with torch.no_grad(), Hooks(backbone, [m for _, m in cands] + [mlp]) as seen:
+        backbone.logits(torch.full((1, 4), backbone.mask_id, dtype=torch.long, device=backbone.device))
+    out = seen[mlp][0]
     for name, m in cands:
-        handles.append(m.register_forward_hook(lambda _m, _i, o, name=name: outs.__setitem__(name, o)))
-    got = []
-    handles.append(mlp.register_forward_hook(lambda _m, _i, o: got.append(o[0] if isinstance(o, tuple) else o)))
-    try:
-        with torch.no_grad():
-            backbone.logits(torch.full((1, 4), backbone.mask_id, dtype=torch.long, device=backbone.device))
-    finally:
-        for h in handles:
-            h.remove()
-    for name, m in cands:
-        o = outs.get(name)
-        if o is not None and got and o.shape == got[0].shape and torch.equal(o, got[0]):
+        o = seen[m][0] if seen[m] else None
+        if o is not None and o.shape == out.shape and torch.equal(o, out):
             return DownProj(layer, name, m)
     raise TimeromeError(f"no Linear inside {path} produces the MLP output of layer {layer} (a mixture of "
                         "experts?): the locate-then-edit baselines need a single down projection")
@@ -102,70 +95,42 @@ def check_layer(backbone, layer) -> int:
 # ------------------------------------------------------------------------------ facts as token ids
 
 
-@dataclass
-class FactIds:
-    prompt: list[int]    # the question
-    subject: list[int]   # positions of the subject's tokens in the prompt
-    answer: list[int]    # the original answer (what is forgotten)
-    target: list[int]    # the replacement answer
-
-
-def encode_facts(backbone, facts, target: str | None = DEFAULT_TARGET) -> list[FactIds]:
-    """Token ids of every fact with the evaluation's conventions (edit_memory's subject search)."""
-    from timerome.edit_memory import _answer_ids, _is_bpe, _prompt_ids
-
+def encode_facts(backbone, facts, target: str | None = DEFAULT_TARGET) -> list:
+    """Every fact as an EncodedFact with its target answer (encoding.encode_fact's conventions)."""
     facts = list(facts)
     if not facts:
         raise TimeromeError("the forget set has no usable facts")
-    bpe = _is_bpe(backbone)
-    out = []
-    for i, f in enumerate(facts):
-        prompt, subj = _prompt_ids(backbone, f, i)
-        tgt = getattr(f, "target", None) or target or DEFAULT_TARGET
-        out.append(FactIds(prompt, subj, _answer_ids(backbone, f.object, f"the answer of fact {i}", bpe),
-                           _answer_ids(backbone, tgt, f"the target of fact {i}", bpe)))
-    return out
+    bpe = uses_leading_space(backbone)
+    return [encode_fact(backbone, f, i, target=target or DEFAULT_TARGET, bpe=bpe) for i, f in enumerate(facts)]
 
 
-def slot_positions(item: FactIds, where: str) -> list[int]:
+def slot_positions(item, where: str) -> list[int]:
     """Token positions that receive the fact's delta: its subject tokens, the last one, or the
     whole prompt (UnKE's block-level edit)."""
     if where == "subject":
-        return list(item.subject)
+        return item.subject_pos.tolist()
     if where == "last":
-        return [item.subject[-1]]
+        return [int(item.subject_pos[-1])]
     if where == "prompt":
-        return list(range(len(item.prompt)))
+        return list(range(len(item.prompt_ids)))
     raise TimeromeError(f"positions must be 'subject', 'last' or 'prompt', got {where!r}")
 
 
 def _batch(backbone, items, rows, answer_of):
     """rows: fact indices, one sequence each -> ids [B, L], answer mask [B, L], attention [B, L]."""
-    from timerome.train import collate, pad_id
-
-    pairs = [(items[f].prompt, answer_of(items[f])) for f in rows]
+    pairs = [(items[f].prompt_ids.tolist(), answer_of(items[f]).tolist()) for f in rows]
     return collate(pairs, pad_id(backbone), backbone.device)
 
 
+def _objects(it):
+    return it.object_ids
+
+
+def _targets(it):
+    return it.target_ids
+
+
 # ------------------------------------------------------------------------------ reading sites
-
-
-@contextmanager
-def _taps(taps: dict):
-    """taps: name -> (module, "in" | "out"); yields name -> list of tensors [B, L, d], one per forward."""
-    got = {n: [] for n in taps}
-    handles = []
-    for name, (mod, kind) in taps.items():
-        if kind == "in":
-            handles.append(mod.register_forward_pre_hook(lambda _m, a, name=name: got[name].append(a[0])))
-        else:
-            handles.append(mod.register_forward_hook(
-                lambda _m, _a, o, name=name: got[name].append(o[0] if isinstance(o, tuple) else o)))
-    try:
-        yield got
-    finally:
-        for h in handles:
-            h.remove()
 
 
 class KeyStates:
@@ -177,12 +142,9 @@ class KeyStates:
                  positions: str = "subject", eps: float = 1e-3):
         F_ = len(items)
         rows = [f for _ in range(n_states) for f in range(F_)]
-        ids, ans, att = _batch(backbone, items, rows, lambda it: it.answer)
-        B, L = ids.shape
-        t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)
-        t[:F_] = 1.0  # state 0: every answer token masked
-        hide = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & ans
-        self.ids = torch.where(hide, torch.full_like(ids, backbone.mask_id), ids)
+        ids, ans, att = _batch(backbone, items, rows, _objects)
+        # state 0 of every fact: every answer token masked
+        self.ids, _, _ = mask_answers(ids, ans, backbone.mask_id, generator, eps, fully_masked=F_)
         self.att = att
         self.b, self.p, self.f, _ = _slots(backbone, items, rows, positions, False)
         counts = torch.bincount(self.f, minlength=F_).clamp(min=1)
@@ -191,12 +153,15 @@ class KeyStates:
 
     @torch.no_grad()
     def means(self, taps: dict) -> dict[str, torch.Tensor]:
-        """name -> [F, d] float64: each tap's mean over the fact's positions and states."""
-        with _taps(taps) as got:
+        """taps: name -> (module, "in" | "out"); name -> [F, d] float64: each tap's mean over the
+        fact's positions and states."""
+        ins = Hooks(self.backbone, [m for m, kind in taps.values() if kind == "in"], inputs=True)
+        outs = Hooks(self.backbone, [m for m, kind in taps.values() if kind == "out"])
+        with ins, outs:
             self.backbone.logits(self.ids, None if bool(self.att.all()) else self.att)
         out = {}
-        for name, hs in got.items():
-            h = hs[0][self.b, self.p].double() * self.w[:, None]         # [N, d]
+        for name, (mod, kind) in taps.items():
+            h = (ins if kind == "in" else outs)[mod][0][self.b, self.p].double() * self.w[:, None]  # [N, d]
             out[name] = h.new_zeros(self.n_facts, h.shape[1]).index_add_(0, self.f, h)
         return out
 
@@ -209,8 +174,6 @@ def preserved_texts(backbone, task, source=None) -> list[str]:
     else the task's background when it is texts (precomputed ResidualStats hold no keys of the
     down projection, so they are passed over), else the embedded model's training rows (other
     models: the retain rows); the forget rows' own texts are left out either way."""
-    from timerome.whitening import background_texts, rows_to_texts
-
     src = source if source is not None else task.background
     if not isinstance(src, (str, Path, list, tuple)):
         src = None
@@ -224,19 +187,8 @@ def preserved_texts(backbone, task, source=None) -> list[str]:
     return [t for t in texts if t not in forget]
 
 
-def spread_texts(texts: list[str], n: int | None) -> list[str]:
-    """n texts evenly spaced over the list (deterministic, so the cache key is stable)."""
-    if not n or n >= len(texts):
-        return list(texts)
-    step = len(texts) / n
-    return [texts[int(i * step)] for i in range(n)]
-
-
 def stats_cache_path(backbone, layer: int, texts: list[str]) -> Path:
-    from timerome.evaluation import cache_dir
-
-    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:12]
-    return cache_dir() / "locate" / f"{backbone.fingerprint()}-L{layer}-n{len(texts)}-{digest}.safetensors"
+    return cache_dir() / "locate" / f"{backbone.fingerprint()}-L{layer}-n{len(texts)}-{digest(texts, 12)}.safetensors"
 
 
 def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,
@@ -250,54 +202,32 @@ def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,
         return load_file(str(path))["C"], path
     C = _second_moment(backbone, layer, texts, batch_size)
     if cache:
-        from safetensors.torch import save_file
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share a temp file
-        save_file({"C": C.contiguous()}, str(tmp), metadata={"n_texts": str(len(texts))})
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        save_tensors(path, {"C": C}, metadata={"n_texts": str(len(texts))})  # atomic, unique temp name
     return C, path
 
 
 def _second_moment(backbone, layer, texts, batch_size) -> torch.Tensor:
-    from timerome.whitening import _ids, _pad
-
     lin = down_projection(backbone, layer).linear
-    seqs = sorted((s for s in (_ids(backbone, t) for t in texts) if s), key=len)
+    seqs = sorted((s for s in (text_ids(backbone, t) for t in texts) if s), key=len)
     if not seqs:
         raise TimeromeError("the key statistic's corpus is empty")
     d = lin.in_features
     S = torch.zeros(d, d, dtype=torch.float64, device=backbone.device)
     n = 0
-    with torch.no_grad(), _taps({"k": (lin, "in")}) as got:
+    with torch.no_grad(), Hooks(backbone, [lin], inputs=True) as got:
         for s in range(0, len(seqs), batch_size):
-            ids, real = _pad(seqs[s:s + batch_size], backbone)
-            block_output(backbone, layer, ids, real)
-            k = got["k"].pop()[real].double()                        # [N, d]
+            ids, real = pad_sequences(seqs[s:s + batch_size], backbone)
+            run_to(backbone, (layer, "resid"), ids, real)           # the layers above never run
+            k = got[lin].pop()[real].double()                        # [N, d]
             S += k.T @ k
             n += len(k)
     return (S / n).cpu()
 
 
-class _Stop(Exception):
-    pass
-
-
 def block_output(backbone, layer, ids, real) -> torch.Tensor:
     """Block `layer`'s output [B, L, H] on ids [B, L] (padding hidden by `real`), without running
     the layers above, which cannot change it; the autograd graph is kept."""
-    got = []
-
-    def grab(h, _state):
-        got.append(h)
-        raise _Stop
-
-    try:
-        with Intervention(backbone, {(layer, "resid"): grab}):
-            backbone.logits(ids, None if bool(real.all()) else real)
-    except _Stop:
-        pass
-    return got[0]
+    return run_to(backbone, (layer, "resid"), ids, real, detach=False)
 
 
 # ------------------------------------------------------------------------------ target values
@@ -316,12 +246,12 @@ def _slots(backbone, items, rows, positions, per_position):
 def site_norms(backbone, items, site, positions: str = "subject") -> torch.Tensor:
     """[F] mean norm of `site`'s output at each fact's positions, on [question | masked answer]."""
     rows = list(range(len(items)))
-    ids, ans, att = _batch(backbone, items, rows, lambda it: it.answer)
+    ids, ans, att = _batch(backbone, items, rows, _objects)
     ids = torch.where(ans, torch.full_like(ids, backbone.mask_id), ids)
     b, p, f, _ = _slots(backbone, items, rows, positions, False)
-    with _taps({"h": (backbone.module(*site), "out")}) as got:
+    with Hooks(backbone, [tuple(site)]) as got:
         backbone.logits(ids, None if bool(att.all()) else att)
-    n = got["h"][0].float()[b, p].norm(dim=-1)
+    n = got[tuple(site)][0].float()[b, p].norm(dim=-1)
     tot = torch.zeros(len(items), device=n.device).index_add_(0, f, n)
     return tot / torch.bincount(f, minlength=len(items)).clamp(min=1)
 
@@ -343,7 +273,7 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
     if objective not in OBJECTIVES:
         raise TimeromeError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     F_, H = len(items), backbone.hidden_size
-    answer_of = (lambda it: it.target) if objective == "target" else (lambda it: it.answer)
+    answer_of = _targets if objective == "target" else _objects
     rows = [f for _ in range(n_states) for f in range(F_)]
     ids, ans, att = _batch(backbone, items, rows, answer_of)
     S = max(len(slot_positions(it, positions)) for it in items) if per_position else 1
@@ -360,7 +290,7 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
         extra = extra.index_put((b_idx, p_idx), delta[f_idx, s_idx], accumulate=True)
         return h + extra.to(h.dtype)
 
-    with Intervention(backbone, {tuple(site): add}):
+    with Hooks(backbone, edit={tuple(site): add}):
         for _ in range(steps):
             task_loss = masked_objective(backbone, ids, ans, att, generator, eps, objective)
             reg = weight_decay * (delta.pow(2).sum(-1) / norms[:, None].pow(2)).mean()
@@ -386,10 +316,7 @@ def masked_objective(backbone, ids, ans, att, generator, eps: float = 1e-3, obje
                                          negated cross-entropy is unbounded, the cap stops it
       "unlikelihood":  -log(1 - p)       the same, bounded by construction
     """
-    B, L_ = ids.shape
-    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)          # [B]
-    masked = (torch.rand(B, L_, generator=generator, device=ids.device) < t[:, None]) & ans
-    noisy = torch.where(masked, torch.full_like(ids, backbone.mask_id), ids)
+    noisy, masked, t = mask_answers(ids, ans, backbone.mask_id, generator, eps)
     logits = backbone.logits(noisy, None if bool(att.all()) else att).float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)       # [B, L]
     if objective == "target":
@@ -466,13 +393,11 @@ def band(backbone, config, lo: float = 0.1, hi: float = 0.25) -> list[int]:
 def spread_edit(backbone, task, config, seed, solve, method):
     """MEMIT's procedure (memit.py's docstring) with `solve(K, R, C, layer) -> dW [H, d]` per
     layer; AlphaEdit swaps the solve. Returns the WeightEdit."""
-    from timerome.methods.registry import weight_edit
-
     layers = band(backbone, config)
     projs = [down_projection(backbone, l) for l in layers]
     top = projs[-1].layer
     items = encode_facts(backbone, task.facts, config["target"])
-    texts = spread_texts(preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
+    texts = spread(preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
     stats = {p.layer: key_stats(backbone, p.layer, texts) for p in projs}
     gen = torch.Generator(device=backbone.device).manual_seed(seed)
     info = {"layers": layers, "modules": [p.path for p in projs], "n_stats_texts": len(texts),

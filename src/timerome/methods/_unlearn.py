@@ -43,12 +43,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
 from timerome.errors import TimeromeError
-from timerome.hooks import Intervention, edit as edit_hook
+from timerome.hooks import Hooks, edit as edit_hook
 from timerome.methods.registry import weight_edit
-from timerome.train import TrainConfig, collate, encode_pairs, mdlm_loss, pad_id
-
-TARGET = "I don't know."
+from timerome.metrics import answer_logprobs
+from timerome.train import TrainConfig, mdlm_loss, merge_lora, wrap_lora
 
 # The loop's settings, shared by every training method (each adds its own keys).
 # Sized for the embedded model: ~40 steps of batch 8 take a few seconds on one CPU core.
@@ -68,19 +69,9 @@ UNMITIGATED = dict(safe=False, lr=3e-3)
 # ------------------------------------------------------------------------------ data
 
 
-def qa_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
-    return encode_pairs(backbone, rows)
-
-
-def target_pairs(backbone, rows, target: str = TARGET) -> list[tuple[list[int], list[int]]]:
+def target_pairs(backbone, rows, target: str = DEFAULT_TARGET) -> list[tuple[list[int], list[int]]]:
     """Each row's question with `target` as its answer."""
     return encode_pairs(backbone, [{"question": r["question"], "answer": target} for r in rows])
-
-
-def spread(rows: list, n: int | None) -> list:
-    from timerome.evaluation import spread as _spread
-
-    return _spread(rows, n)
 
 
 # ------------------------------------------------------------------------------ activations
@@ -97,11 +88,7 @@ def token_activations(backbone, pairs, site, which: str = "all", batch_size: int
     for s in range(0, len(pairs), batch_size):
         ids, ans, att = collate(pairs[s:s + batch_size], pid, backbone.device)
         keep = ans if which == "answer" else att                                      # [B, L]
-        grabbed = []
-        fns = {site: lambda h, _st: grabbed.append(h.detach())}
-        with Intervention(backbone, fns):
-            backbone.logits(ids, None if bool(att.all()) else att)
-        out.append(grabbed[0][keep].float())                                          # [n, H]
+        out.append(activations(backbone, ids, att, site)[keep].float())              # [n, H]
     if not out:
         raise TimeromeError("no pairs to read activations from")
     return torch.cat(out)
@@ -172,19 +159,14 @@ class Run:
     def noisy(self, batch) -> torch.Tensor:
         """The batch's ids with answer tokens masked as the MDLM loss does (t ~ U(eps, 1))."""
         ids, ans, _ = batch
-        B, L = ids.shape
-        eps = self.config["eps"]
-        t = eps + (1 - eps) * torch.rand(B, generator=self.masks, device=ids.device)       # [B]
-        masked = (torch.rand(B, L, generator=self.masks, device=ids.device) < t[:, None]) & ans
-        return torch.where(masked, torch.full_like(ids, self.backbone.mask_id), ids)
+        return mask_answers(ids, ans, self.backbone.mask_id, self.masks, self.config["eps"])[0]
 
 
 def activations(backbone, ids, att, site) -> torch.Tensor:
     """Forward ids [B, L]; the site's output [B, L, H], with grad when grad is enabled."""
-    grabbed = []
-    with Intervention(backbone, {site: lambda h, _st: grabbed.append(h)}):
+    with Hooks(backbone, [site], detach=False) as got:
         backbone.logits(ids, None if bool(att.all()) else att)
-    return grabbed[0]
+    return got[site][0]
 
 
 def frozen_copy(backbone):
@@ -199,8 +181,6 @@ def frozen_copy(backbone):
 
 def retain_lp(backbone, rows, n_mc: int) -> float:
     """Mean log p(answer | question) of the rows, nats (a fixed MC seed: checks are paired)."""
-    from timerome.metrics import answer_logprobs
-
     was = backbone.model.training
     backbone.model.eval()
     lp, _ = answer_logprobs(backbone, [r["question"] for r in rows], [r["answer"] for r in rows],
@@ -231,8 +211,8 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     checked = {id(r) for r in check}
     held = [r for r in task.retain_rows if id(r) not in checked]
     held_out = len(held) >= len(check) > 0
-    forget = qa_pairs(backbone, task.forget_rows)
-    retain = qa_pairs(backbone, held if held_out else task.retain_rows) if task.retain_rows else []
+    forget = encode_pairs(backbone, task.forget_rows)
+    retain = encode_pairs(backbone, held if held_out else task.retain_rows) if task.retain_rows else []
     order = torch.Generator().manual_seed(seed)
     run = Run(backbone, cfg, torch.Generator(device=backbone.device).manual_seed(seed + 1), pad_id(backbone))
     flags = {n: p.requires_grad for n, p in backbone.model.named_parameters()}
@@ -257,7 +237,7 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
             backbone.model.eval()
             backbone.model.zero_grad(set_to_none=True)  # no stale gradients once the edit is in place
             if peft_model is not None:
-                _merge(backbone, peft_model)
+                merge_lora(backbone, peft_model)
             for n, p in backbone.model.named_parameters():
                 p.requires_grad_(flags.get(n, False))
     edit.info = info
@@ -337,20 +317,12 @@ def _select(backbone, trainable, lora: bool) -> list[torch.nn.Parameter]:
 
 
 def _wrap(backbone, cfg, seed: int):
-    from timerome.train import _wrap_lora
-
     tcfg = TrainConfig(lora_r=int(cfg["lora_r"]), lora_alpha=cfg["lora_alpha"])
     # peft initialises lora_A from the global RNG: seed it here, without disturbing the caller's
     devices = [backbone.device] if backbone.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        return _wrap_lora(backbone, tcfg)   # adapters trainable, base weights frozen
-
-
-def _merge(backbone, peft_model) -> None:
-    from timerome.train import merge_lora
-
-    merge_lora(backbone, peft_model)
+        return wrap_lora(backbone, tcfg)   # adapters trainable, base weights frozen
 
 
 @contextmanager

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.methods import _unlearn as U
 from timerome.methods.registry import InferenceEdit, register
 
 DEFAULTS = dict(
     layer=None,        # None: round(0.5 * n_layers), a middle layer as RepE reads
     coef=3.0,          # multiple of the mean difference added
-    target=U.TARGET,
+    target=DEFAULT_TARGET,
 )
 
 
@@ -31,7 +33,7 @@ def act_steer(backbone, task, config, seed):
     layer = U.parse_layer(backbone, config["layer"], 0.5)
     site = (layer, "resid")
     with torch.no_grad():
-        forget = U.mean_activation(backbone, U.qa_pairs(backbone, task.forget_rows), site, "answer")
+        forget = U.mean_activation(backbone, encode_pairs(backbone, task.forget_rows), site, "answer")
         target = U.mean_activation(backbone, U.target_pairs(backbone, task.forget_rows, config["target"]),
                                    site, "answer")
     shift = float(config["coef"]) * (target - forget)                                  # [H]

@@ -13,12 +13,14 @@ mean squared norm of the projected keys. One batch (no earlier edits' keys in th
 
 from __future__ import annotations
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register
 
 DEFAULTS = dict(
     layers=None,           # as memit: round(0.1 n) .. round(0.25 n)
-    target=L.DEFAULT_TARGET,
+    target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
     positions="subject",
     steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,

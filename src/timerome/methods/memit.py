@@ -14,12 +14,14 @@ edits and background does not drift with |F|; MEMIT's fixed 1.5e4 assumes thousa
 
 from __future__ import annotations
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register
 
 DEFAULTS = dict(
     layers=None,           # None: round(0.1 n) .. round(0.25 n) of n layers (0-1 of 4 here)
-    target=L.DEFAULT_TARGET,
+    target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
     positions="subject",
     steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,

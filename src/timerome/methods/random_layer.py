@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.backbones import HOOK_POINTS
+from timerome.coordinate import Coordinate
 from timerome.methods.registry import register
 from timerome.methods.timerome_edit import DEFAULTS, memory_edit
-
-POINTS = ("resid", "attn", "mlp")
 
 
 def random_coordinate(n_layers: int, seed: int) -> tuple[int, str]:
     rng = np.random.default_rng(seed)
-    return int(rng.integers(n_layers)), POINTS[int(rng.integers(len(POINTS)))]
+    return int(rng.integers(n_layers)), HOOK_POINTS[int(rng.integers(len(HOOK_POINTS)))]
 
 
-@register("random_layer", defaults={k: v for k, v in DEFAULTS.items() if not k.startswith("trace")})
+@register("random_layer", defaults={k: v for k, v in DEFAULTS.items() if not k.startswith(("trace", "select"))})
 def random_layer(backbone, task, config, seed):
     """TimeROME's memory at a random (layer, module) coordinate drawn with the seed."""
-    coord = tuple(config["coordinate"]) if config.get("coordinate") else random_coordinate(backbone.n_layers, seed)
+    step = config.get("step")
+    coord = Coordinate.of(config["coordinate"] or random_coordinate(backbone.n_layers, seed),
+                          None if step is None else int(step)).on(backbone)
     return memory_edit(backbone, task, config, coord, method="random_layer")

@@ -12,7 +12,10 @@ them first, so `edit.undo()` puts them back. Both kinds carry their install cost
 
 `config` is the method's `defaults` updated with the caller's overrides, so a method reads every
 key it declared. `canonical` lists the configurations the canonical experiment runs for this
-method (one row each); by default one row with the defaults.
+method (one row each); by default one row with the defaults. `prepare(backbone, task, config)`,
+when a method has one, does the work that is shared by every install on the same model and data
+(TimeROME's trace, its background statistics) and caches it by its inputs; `install` runs it
+before the timed install, so install cost never includes it (it is reported as prepare_seconds).
 
 Every module in the `timerome.methods` package is imported on first use of the registry, so a
 new method is one new file: nothing else to edit.
@@ -22,31 +25,15 @@ from __future__ import annotations
 
 import importlib
 import numbers
-import os
 import pkgutil
-import resource
-import sys
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
+from timerome.cost import measure
 from timerome.errors import TimeromeError
-
-
-@dataclass
-class ForgetTask:
-    """What every method may use: the forget rows and their facts, plus retain rows (gradient
-    baselines anchor on them; the whitened key metric measures its background statistics on
-    them when `background` is None and the model is not the embedded one)."""
-
-    forget_rows: list[dict]
-    facts: list                    # timerome.data.facts.Fact, one per usable forget row
-    retain_rows: list[dict] = field(default_factory=list)
-    background: object = None      # EditMemory's `background=`: None, a list of texts, or ResidualStats
+from timerome.task import ForgetTask
 
 
 @dataclass
@@ -56,8 +43,9 @@ class Edit:
     method: str
     config: dict
     install_seconds: float = 0.0
-    peak_memory_mb: float = 0.0    # high-water mark while installing (see `measure`)
+    peak_memory_mb: float = 0.0    # high-water mark while installing (see `cost.measure`)
     extra_memory_mb: float = 0.0   # how far installing raised it
+    prepare_seconds: float = 0.0   # the method's shared one-off work (`prepare`), not in install_seconds
     info: dict = field(default_factory=dict)
 
     def active(self):
@@ -68,7 +56,7 @@ class Edit:
 
     def cost(self) -> dict:
         return dict(install_seconds=self.install_seconds, peak_memory_mb=self.peak_memory_mb,
-                    extra_memory_mb=self.extra_memory_mb)
+                    extra_memory_mb=self.extra_memory_mb, prepare_seconds=self.prepare_seconds)
 
 
 @dataclass
@@ -76,6 +64,7 @@ class InferenceEdit(Edit):
     """Hooks only: `context()` must return a fresh context manager that installs and removes them."""
 
     context: Callable | None = None
+    memory: object = None  # the EditMemory behind it, for the memory-based methods
 
     def active(self):
         return self.context() if self.context is not None else nullcontext()
@@ -102,6 +91,7 @@ class Method:
     canonical: tuple  # config overrides, one canonical-table row each
     kind: str         # "inference" or "weights"
     doc: str
+    prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
 
 
 METHODS: dict[str, Method] = {}
@@ -109,7 +99,7 @@ _loaded = False
 
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
-             kind: str = "inference"):
+             kind: str = "inference", prepare: Callable | None = None):
     """Decorator: add a method under `name` (see the module docstring)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
@@ -118,7 +108,7 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
         if name in METHODS and METHODS[name].install is not fn:
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
-                               kind, (fn.__doc__ or "").strip().split("\n")[0])
+                               kind, (fn.__doc__ or "").strip().split("\n")[0], prepare)
         return fn
 
     return deco
@@ -194,6 +184,10 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     """Run method `name` on the backbone; the returned Edit carries its measured install cost."""
     m = get_method(name)
     cfg = method_config(name, config)
+    t0 = time.perf_counter()
+    if m.prepare is not None:
+        m.prepare(backbone, task, cfg)
+    prepared = time.perf_counter() - t0
     with measure(backbone) as cost:
         edit = m.install(backbone, task, cfg, int(seed))
     if not isinstance(edit, Edit):
@@ -201,85 +195,8 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     edit.method, edit.config = name, {**cfg, **(edit.config or {})}  # the method's own adjustments win
     edit.install_seconds, edit.peak_memory_mb, edit.extra_memory_mb = (
         cost["seconds"], cost["peak_mb"], cost["extra_mb"])
+    edit.prepare_seconds = prepared
     return edit
-
-
-# ------------------------------------------------------------------------------ cost
-
-
-def _rss_peak_mb() -> float:
-    # ru_maxrss is KiB on Linux, bytes on macOS
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 2**20 if sys.platform == "darwin" else r / 1024
-
-
-_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 0.0
-
-
-def _rss_now_mb() -> float | None:
-    """The resident set now (Linux), or None where /proc is not there."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE_MB
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class _RssWatch:
-    """Highest resident set seen from construction to `stop()`, sampled every `every` seconds by a thread.
-
-    torch's kernels release the GIL, so the thread samples during long operations too; an
-    allocation shorter than the interval can be missed, and memory the allocator reuses without
-    asking the OS for more is not seen (both make `extra` a lower bound).
-    """
-
-    def __init__(self, start_mb: float, every: float = 0.002):
-        self.every, self.peak, self._done = every, start_mb, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._done.wait(self.every):
-            self.peak = max(self.peak, _rss_now_mb() or 0.0)
-
-    def stop(self) -> float:
-        self._done.set()
-        self._thread.join()
-        return max(self.peak, _rss_now_mb() or 0.0)
-
-
-@contextmanager
-def measure(backbone=None):
-    """Wall seconds and peak memory of the block, into the yielded dict.
-
-    On CUDA: torch's peak allocated bytes during the block (extra = peak - allocated before).
-    On CPU (Linux): the highest resident set sampled during the block (extra = peak - resident set
-    before; see _RssWatch). Elsewhere on CPU: the process's high-water mark (ru_maxrss), which never
-    goes down, so `extra_mb` is how far the block pushed it (0 when it stayed below an earlier peak).
-    """
-    cuda = backbone is not None and backbone.device.type == "cuda"
-    out = {"seconds": 0.0, "peak_mb": 0.0, "extra_mb": 0.0}
-    watch = None
-    if cuda:
-        torch.cuda.synchronize(backbone.device)
-        torch.cuda.reset_peak_memory_stats(backbone.device)
-        before = torch.cuda.memory_allocated(backbone.device) / 2**20
-    elif (before := _rss_now_mb()) is not None:
-        watch = _RssWatch(before)
-    else:
-        before = _rss_peak_mb()
-    t0 = time.perf_counter()
-    try:
-        yield out
-    finally:
-        if cuda:
-            torch.cuda.synchronize(backbone.device)
-            peak = torch.cuda.max_memory_allocated(backbone.device) / 2**20
-        elif watch is not None:
-            peak = watch.stop()
-        else:
-            peak = _rss_peak_mb()
-        out.update(seconds=time.perf_counter() - t0, peak_mb=peak, extra_mb=max(0.0, peak - before))
 
 
 @contextmanager

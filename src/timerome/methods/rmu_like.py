@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.methods import _unlearn as U
 from timerome.methods.registry import InferenceEdit, register
 
@@ -41,9 +43,9 @@ def rmu_like(backbone, task, config, seed):
     layer = U.parse_layer(backbone, config["layer"], 0.5)
     site = (layer, "resid")
     with torch.no_grad():
-        h_f = U.token_activations(backbone, U.qa_pairs(backbone, task.forget_rows), site)            # [Nf, H]
-        bg = U.spread(task.retain_rows, int(config["n_background"]))
-        h_b = U.token_activations(backbone, U.qa_pairs(backbone, bg), site) if bg else None          # [Nb, H]
+        h_f = U.token_activations(backbone, encode_pairs(backbone, task.forget_rows), site)            # [Nf, H]
+        bg = spread(task.retain_rows, int(config["n_background"]))
+        h_b = U.token_activations(backbone, encode_pairs(backbone, bg), site) if bg else None          # [Nb, H]
     m_f = h_f.mean(0)                                                                                # [H]
     m_b = h_b.mean(0) if h_b is not None else torch.zeros_like(m_f)
     direction = m_f - m_b

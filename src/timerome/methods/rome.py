@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import torch
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register, weight_edit
 
 DEFAULTS = dict(
     layer=None,            # None: round(0.2 * n_layers), ROME's early-middle MLP (layer 1 of 4 here)
-    target=L.DEFAULT_TARGET,
+    target=DEFAULT_TARGET,
     objective="target",    # "target": make the target likely; "forget" / "unlikelihood": the answer unlikely
     positions="subject",   # "subject": every subject token, "last": the last one (AR ROME)
     steps=30, lr=1.0, n_states=4, clamp=4.0, weight_decay=0.0,
@@ -36,7 +38,7 @@ def rome(backbone, task, config, seed):
     layer = L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None else int(config["layer"])
     proj = L.down_projection(backbone, layer)
     items = L.encode_facts(backbone, task.facts, config["target"])
-    texts = L.spread_texts(L.preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
+    texts = spread(L.preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
     C, path = L.key_stats(backbone, proj.layer, texts)
     C_inv = torch.linalg.inv(C + config["ridge"] * C.diagonal().mean() * torch.eye(len(C), dtype=C.dtype))
     gen = torch.Generator(device=backbone.device).manual_seed(seed)

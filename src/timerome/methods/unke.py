@@ -21,12 +21,14 @@ from contextlib import contextmanager
 
 import torch
 
+from timerome.data.rows import spread
+from timerome.encoding import DEFAULT_TARGET, pad_sequences, text_ids
 from timerome.methods import _locate as L
 from timerome.methods.registry import register, weight_edit
 
 DEFAULTS = dict(
     layer=None,            # None: round(0.2 * n_layers), as rome (UnKE: layer 7 of 32)
-    target=L.DEFAULT_TARGET,
+    target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
     steps=30, lr=1.0, n_states=2, clamp=1.0, weight_decay=0.0,  # clamp: x |h| at each position
     key_states=4,          # cloze states the block is fitted on
@@ -45,7 +47,7 @@ def unke(backbone, task, config, seed):
              else L.check_layer(backbone, config["layer"]))
     items = L.encode_facts(backbone, task.facts, config["target"])
     gen = torch.Generator(device=backbone.device).manual_seed(seed)
-    texts = L.spread_texts(L.preserved_texts(backbone, task, config["stats_texts"]), config["preserve_texts"])
+    texts = spread(L.preserved_texts(backbone, task, config["stats_texts"]), config["preserve_texts"])
     with weight_edit(backbone, "unke") as edit:
         delta, dinfo = L.optimise_deltas(
             backbone, items, (layer, "resid"), positions="prompt", per_position=True,
@@ -59,10 +61,8 @@ def unke(backbone, task, config, seed):
 
 def _fit_block(backbone, layer, states, delta, texts, config) -> dict:
     """Adam on block `layer`'s parameters towards h + delta (edit) and h (background)."""
-    from timerome.whitening import _ids, _pad
-
     edit_in = (states.ids, states.att)
-    bg_in = _pad([s for s in (_ids(backbone, t) for t in texts) if s], backbone)
+    bg_in = pad_sequences([s for s in (text_ids(backbone, t) for t in texts) if s], backbone)
     with torch.no_grad():
         h_edit, h_bg = L.block_output(backbone, layer, *edit_in), L.block_output(backbone, layer, *bg_in)
     b, p, f = states.b, states.p, states.f  # every prompt position of every state

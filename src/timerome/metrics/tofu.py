@@ -1,43 +1,16 @@
 """TOFU metrics from the MDLM likelihood (nats), following open-unlearning's definitions.
 
 ForgetLP / RetainLP / RealAuth / WorldFact: mean over items of log p(answer | question), the
-sum over answer tokens (the paper's columns). Truth ratio and forget quality use the
-length-normalised NLL, as TOFU does.
+sum over answer tokens (the paper's columns; `likelihood.answer_logprobs`). Truth ratio and
+forget quality use the length-normalised NLL, as TOFU does.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 from scipy.stats import ks_2samp
 
 from timerome.errors import TimeromeError
-
-
-# ------------------------------------------------------------------------------ likelihoods
-
-
-def encode_qa(bb, questions: list[str], answers: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-    from timerome.train import encode_pairs
-
-    pairs = encode_pairs(bb, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
-    return [p for p, _ in pairs], [a for _, a in pairs]
-
-
-def answer_logprobs(bb, questions: list[str], answers: list[str], *, n_mc: int = 16, seed: int = 0,
-                    progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """-> (log p(answer | question) in nats [N], answer token counts [N])."""
-    from timerome.likelihood import log_likelihood_batch
-
-    if len(questions) != len(answers):
-        raise TimeromeError("questions and answers differ in length")
-    if not questions:
-        return np.zeros(0), np.zeros(0)
-    prompts, ans = encode_qa(bb, questions, answers)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        lp = log_likelihood_batch(bb, prompts, ans, n_mc=n_mc, generator=gen, progress=progress)
-    return lp.double().cpu().numpy(), np.array([len(a) for a in ans], dtype=np.float64)
 
 
 # ------------------------------------------------------------------------------ TOFU aggregates

@@ -1,0 +1,89 @@
+"""The one cache helper: where cached things live, how they are named, how they are written.
+
+Everything timerome caches is a pure function of its inputs (model fingerprint, data, settings),
+so an entry is named by `digest(inputs)` and never goes stale; deleting the folder only costs
+recomputation. Root: $TIMEROME_CACHE, else ~/.cache/timerome. Writes are atomic with a unique
+temporary name, so concurrent writers never share a file and a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+VERSION = 2  # part of every digest: bump when a cached thing's meaning changes
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIMEROME_CACHE") or Path.home() / ".cache" / "timerome")
+
+
+def digest(obj, n: int = 20) -> str:
+    """A stable short hash of anything JSON can write (sets/tuples as lists, the rest by str)."""
+    text = json.dumps(obj, sort_keys=True, default=_jsonable)
+    return hashlib.sha256(f"v{VERSION}:{text}".encode()).hexdigest()[:n]
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+def temp_name(path: Path) -> Path:
+    """A temporary name beside `path` that no other writer (process or thread) uses."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_atomic(path, data: str | bytes) -> Path:
+    """Write `data` to `path` all at once (a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_json(path, obj) -> Path:
+    return write_atomic(path, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+
+
+def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
+    """safetensors written atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def cached_tensors(kind: str, key, make, *, enabled: bool = True) -> dict:
+    """{name: tensor} made by make() once per key, then read from <cache>/<kind>/<digest>.safetensors."""
+    from safetensors.torch import load_file
+
+    path = cache_dir() / kind / f"{digest(key)}.safetensors"
+    if enabled and path.is_file():
+        return load_file(str(path))
+    tensors = make()
+    if enabled:
+        save_tensors(path, tensors)
+    return tensors

@@ -1,0 +1,10 @@
+"""The `timerome` command line: `app` with one file of commands per topic."""
+
+from timerome.cli import edit, model, run, trace  # noqa: F401 - importing registers the commands
+from timerome.cli.app import app, console, friendly
+
+__all__ = ["app", "console", "friendly"]
+
+
+def main():  # pragma: no cover
+    app()

@@ -1,0 +1,68 @@
+"""`timerome edit`: build an edit memory from a forget set and save it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from timerome.cli.app import (DataOpt, DeviceOpt, DtypeOpt, FamilyOpt, ModelOpt, RemoteOpt, TofuOpt, app, console,
+                              friendly, load as _load, load_facts as _facts)
+from timerome.errors import TimeromeError
+from timerome.methods.timerome_edit import DEFAULTS
+
+
+@app.command()
+@friendly
+def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
+         model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
+         trust_remote_code: bool = RemoteOpt,
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+         data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+         layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
+         module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
+         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),
+         step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
+         alpha: float = typer.Option(DEFAULTS["alpha"], help="edit strength (the timerome method's default)"),
+         lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
+         lam_absolute: Optional[float] = typer.Option(
+             None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),
+         q: int = typer.Option(DEFAULTS["q"], help="top-q sparsity over facts (0: dense)"),
+         key_metric: str = typer.Option(DEFAULTS["key_metric"], help="'whitened' (default) or 'paper'"),
+         target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead"),
+         background: Optional[Path] = typer.Option(None, help="text file (one text per line) for the whitening statistics")):
+    """Build an edit memory from a forget set and save it (safetensors + JSON).
+
+    The settings are the `timerome` method's (the demo's and the canonical table's), so a memory
+    built here behaves as the evaluated one does.
+    """
+    from timerome.backbones import HOOK_POINTS
+    from timerome.coordinate import Coordinate
+    from timerome.edit_memory import default_coordinate
+    from timerome.methods import method_config
+    from timerome.methods.timerome_edit import build_memory, select
+    from timerome.task import ForgetTask
+    from timerome.trace_result import TraceResult
+    from timerome.whitening import read_texts
+
+    if module not in HOOK_POINTS:
+        raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
+    bb = _load(model, family, trust_remote_code, dtype, device)
+    facts = _facts(data, tofu_dir)
+    if trace_file is not None:
+        # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
+        layer = select(TraceResult.load(trace_file), (module,)).layer
+    elif layer is not None and not 0 <= layer < bb.n_layers:
+        raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
+    coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
+    if q > len(facts):
+        raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
+    config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
+                                            key_metric=key_metric, target=target, step=step))
+    task = ForgetTask(forget_rows=[], facts=facts, background=read_texts(background) if background else None)
+    memory = build_memory(bb, task, config, coordinate)
+    memory.save(out)
+    console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
+                  f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}")
+    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"")

@@ -1,0 +1,214 @@
+"""Text -> token ids, the one way: facts with their subject and object positions, answers, the
+MDLM answer masking, padding, and the default target string.
+
+Conventions every module shares (training, likelihood, tracing, the edit memory, the baselines):
+- a prompt is the question as written, encoded without special tokens;
+- an answer is encoded as it follows the prompt: byte-level BPE vocabularies get a leading space
+  (their first word carries the "Ġ" of the space before it), word-level ones do not;
+- a fact's subject tokens are the prompt tokens whose character span overlaps the subject's
+  first occurrence (verbatim, else case-insensitive);
+- the MDLM masking of an answer (LLaDA's SFT objective): t ~ U(eps, 1) per row, each answer token
+  masked with probability t, the prompt never.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from timerome.errors import TimeromeError
+
+DEFAULT_TARGET = "I don't know."  # what an edited model should say instead (the paper's t)
+
+
+# ------------------------------------------------------------------------------ answers
+
+
+def uses_leading_space(backbone) -> bool:
+    """Byte-level BPE vocabularies mark a leading space with "Ġ"; word-level ones split on spaces."""
+    tok = backbone.tokenizer
+    return bool(getattr(tok, "is_fast", False)) and "Ġ" in "".join(list(tok.get_vocab())[:2000])
+
+
+def answer_ids(backbone, text: str, bpe: bool | None = None) -> list[int]:
+    """The ids of `text` as an answer that follows a prompt (module docstring)."""
+    bpe = uses_leading_space(backbone) if bpe is None else bpe
+    return backbone.encode(" " + text.strip()) if bpe else backbone.encode(text)
+
+
+def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list[int]:
+    """answer_ids, refusing an empty text or one with words the vocabulary cannot encode."""
+    if not isinstance(text, str) or not text.strip():
+        raise TimeromeError(f"{what} is empty")
+    ids = answer_ids(backbone, text, bpe)
+    unk = getattr(backbone.tokenizer, "unk_token_id", None)
+    if not ids or (unk is not None and unk in ids):
+        raise TimeromeError(f"{what} ({text!r}) has words the model's vocabulary cannot encode")
+    return ids
+
+
+def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
+    """(question, answer) rows -> (prompt ids, answer ids) pairs, checked against the context."""
+    bpe = uses_leading_space(backbone)
+    pairs = []
+    for i, r in enumerate(rows):
+        q, a = backbone.encode(r["question"]), answer_ids(backbone, r["answer"], bpe)
+        if not a:
+            raise TimeromeError(f"row {i} has an empty answer")
+        if len(q) + len(a) > backbone.max_length:
+            raise TimeromeError(f"row {i} is {len(q) + len(a)} tokens, over the model's context of {backbone.max_length}")
+        pairs.append((q, a))
+    return pairs
+
+
+# ------------------------------------------------------------------------------ facts
+
+
+@dataclass
+class EncodedFact:
+    """A fact in token ids: prompt [P], subject positions [S] inside it, object [G], target ids."""
+
+    fact_id: str
+    subject: str
+    prompt: str
+    object: str
+    prompt_ids: torch.Tensor   # [P] long
+    subject_pos: torch.Tensor  # [S] long, positions in the prompt
+    object_ids: torch.Tensor   # [G] long
+    target: str | None = None
+    target_ids: torch.Tensor | None = None
+
+    def start(self, mask_id: int) -> torch.Tensor:
+        """x_0 = [prompt | mask * G], LongTensor [P + G]."""
+        return torch.cat([self.prompt_ids, torch.full((len(self.object_ids),), mask_id, dtype=torch.long)])
+
+    def info(self) -> dict:
+        return dict(fact_id=self.fact_id, subject=self.subject, prompt=self.prompt, object=self.object,
+                    prompt_ids=self.prompt_ids.tolist(), object_ids=self.object_ids.tolist(),
+                    subject_positions=self.subject_pos.tolist())
+
+
+def fact_fields(fact, index: int = 0) -> tuple[str, str, str, str, str | None]:
+    """(fact_id, subject, prompt, object, target) of a Fact-like object or a dict."""
+    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
+    missing = [k for k in ("subject", "prompt", "object") if not isinstance(get(k), str)]
+    if missing:
+        raise TimeromeError(f"fact {index} has no text for {', '.join(missing)}: a fact needs "
+                            "subject, prompt and object strings")
+    return fact_id(fact), get("subject"), get("prompt"), get("object"), get("target")
+
+
+def fact_id(fact) -> str:
+    """The fact's own id, else a stable hash of (subject, prompt, object); a str is an id."""
+    if isinstance(fact, str):
+        return fact
+    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
+    own = get("fact_id") or get("id")
+    if own not in (None, ""):
+        return str(own)
+    key = "\x1f".join((get("subject"), get("prompt"), get("object")))
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def subject_positions(backbone, prompt: str, subject: str, name: str = "the fact") -> tuple[list[int], list[int]]:
+    """(prompt ids, positions of the tokens covering the subject's first occurrence)."""
+    if not subject or not subject.strip():
+        raise TimeromeError(f"{name} has an empty subject")
+    start = prompt.find(subject)
+    if start < 0 and len(prompt.lower()) == len(prompt):  # lower() keeps the offsets valid
+        start = prompt.lower().find(subject.lower())
+    if start < 0:
+        raise TimeromeError(f"{name}: subject {subject!r} does not occur in its prompt {prompt!r}")
+    end = start + len(subject)
+    try:
+        enc = backbone.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        pos = [j for j, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < end and b > start]
+    except (NotImplementedError, ValueError):  # slow (Python) tokenizers give no offsets: count tokens
+        ids = backbone.encode(prompt)
+        first, upto = len(backbone.encode(prompt[:start])), len(backbone.encode(prompt[:end]))
+        pos = list(range(first, min(upto, len(ids))))
+    if not pos:
+        raise TimeromeError(f"{name}: no prompt token covers the subject {subject!r}")
+    return ids, pos
+
+
+def encode_fact(backbone, fact, index: int = 0, *, target: str | None = None,
+                bpe: bool | None = None) -> EncodedFact:
+    """A fact's ids (module docstring). `target` (or the fact's own target, which wins) adds the
+    target answer's ids; an object or target the vocabulary cannot encode is refused."""
+    fid, subject, prompt, obj, own_target = fact_fields(fact, index)
+    name = f"fact {index} ({fid})"
+    ids, pos = subject_positions(backbone, prompt, subject, name)
+    if backbone.mask_id in ids:
+        raise TimeromeError(f"{name}: the prompt contains the mask token")
+    bpe = uses_leading_space(backbone) if bpe is None else bpe
+    obj_ids = known_answer_ids(backbone, obj, f"the object of {name}", bpe)
+    tgt = own_target or target
+    tgt_ids = known_answer_ids(backbone, tgt, f"the target of {name}", bpe) if tgt else None
+    for ans in (obj_ids, tgt_ids or []):
+        if len(ids) + len(ans) > backbone.max_length:
+            raise TimeromeError(f"{name}: prompt + answer is {len(ids) + len(ans)} tokens, over the model's "
+                                f"context of {backbone.max_length}")
+    as_t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return EncodedFact(fid, subject, prompt, obj, as_t(ids), as_t(pos), as_t(obj_ids), tgt,
+                       None if tgt_ids is None else as_t(tgt_ids))
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+def pad_id(backbone) -> int:
+    tok = backbone.tokenizer
+    for cand in (tok.pad_token_id, tok.eos_token_id):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+def collate(pairs, pad: int, device):
+    """(prompt ids, answer ids) pairs -> ids [B, L], answer mask [B, L], attention mask [B, L]
+    (right padding with `pad`)."""
+    L = max(len(q) + len(a) for q, a in pairs)
+    ids = torch.full((len(pairs), L), pad, dtype=torch.long)
+    ans = torch.zeros(len(pairs), L, dtype=torch.bool)
+    att = torch.zeros(len(pairs), L, dtype=torch.bool)
+    for b, (q, a) in enumerate(pairs):
+        n = len(q) + len(a)
+        ids[b, :n] = torch.tensor(list(q) + list(a))
+        ans[b, len(q):n] = True
+        att[b, :n] = True
+    return ids.to(device), ans.to(device), att.to(device)
+
+
+def pad_sequences(seqs: list[list[int]], backbone) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, L] (with the mask id) and the real-token mask [B, L], on the backbone's device."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), backbone.mask_id, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s)
+    real = torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]
+    return ids.to(backbone.device), real.to(backbone.device)
+
+
+def text_ids(backbone, text) -> list[int]:
+    """A text (or a list of ids) as ids, cut to the model's context."""
+    ids = backbone.encode(text) if isinstance(text, str) else [int(i) for i in text]
+    return ids[: backbone.max_length]
+
+
+def mask_answers(ids: torch.Tensor, answer_mask: torch.Tensor, mask_id: int, generator: torch.Generator,
+                 eps: float = 1e-3, fully_masked: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The MDLM noising of answers: t ~ U(eps, 1) per row [B], each answer token masked w.p. t.
+
+    fully_masked: the first rows get t = 1 (every answer token masked: the start of generation).
+    Draws, in order: t [B], then U [B, L], from `generator`. Returns (noisy ids, masked [B, L], t).
+    """
+    B, L = ids.shape
+    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)
+    if fully_masked:
+        t[:fully_masked] = 1.0
+    masked = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & answer_mask
+    return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, t

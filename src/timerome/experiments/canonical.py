@@ -1,0 +1,52 @@
+"""canonical: every registered method's canonical rows on forget01 (paper Table "Canonical TOFU forget01")."""
+
+from __future__ import annotations
+
+from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, plot_canonical,
+                                         reference_note, summarise, traced_coordinate, write_outputs)
+from timerome.experiments.runner import Cell
+from timerome.methods import available, get_method, method_config
+
+NAME = "canonical"
+CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None)
+
+
+def canonical_rows(methods=None) -> list[tuple[str, dict]]:
+    """(method, overrides) rows: every canonical variant of each named method (all registered
+    methods by default, no_edit first); an entry {"method": name, "config": {...}} is one row."""
+    out = []
+    for m in available() if methods is None else list(methods):
+        if isinstance(m, dict):
+            method_config(m["method"], m.get("config"))  # an unknown method or option fails now
+            out.append((m["method"], dict(m.get("config") or {})))
+        else:
+            out += [(m, dict(v)) for v in get_method(m).canonical]
+    return out
+
+
+def data_spec(cfg) -> dict:
+    return dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    plan, data = canonical_rows(cfg.get("methods")), data_spec(cfg)
+    out = []
+    for seed in seeds:
+        if ctx.auto_reference() is not None:
+            out.append(Cell("reference", seed=seed, data=data, options=dict(n_mc=cfg["n_mc"]), row="reference"))
+        out += [Cell("full", m, over, seed, data, dict(n_mc=cfg["n_mc"], rouge=cfg["rouge"]), row=label(m, over))
+                for m, over in plan]
+    return out
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    summary = summarise(by_row(cells, results), COLUMNS)
+    forget_items = len(next(r for c, r in zip(cells, results) if c.measure == "full")["items"]["forget"]["lp"])
+    note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
+                                reference_note(cells)) if x)
+    md = markdown(summary, COLUMNS, "Canonical forget01", note)
+    infos = {c.row: r.get("info", {}) for c, r in zip(cells, results) if c.measure == "full"}
+    files = write_outputs(out_dir, NAME, dict(summary=summary, info=infos, coordinate=traced_coordinate(results),
+                                              config=cfg, seeds=list(seeds)), md)
+    files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
+    return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results))

@@ -1,0 +1,36 @@
+"""pareto: TimeROME's alpha sweep, -ForgetLP vs RetainLP, against every other method (paper Figure "Pareto")."""
+
+from __future__ import annotations
+
+from timerome.experiments.canonical import canonical_rows
+from timerome.experiments.report import (by_row, label, markdown, plot_pareto, summarise, traced_coordinate,
+                                         write_outputs)
+from timerome.experiments.runner import Cell
+
+NAME = "pareto"
+CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", q=0,
+              alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point={"alpha": 2.0, "q": 4}, methods=None)
+COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
+
+
+def sweep(cfg) -> list[tuple[str, dict]]:
+    return [("timerome", {"alpha": a, "q": cfg["q"]}) for a in cfg["alphas"]]
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
+    if cfg.get("paper_point"):
+        others.append(("timerome", dict(cfg["paper_point"])))
+    data = dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+    return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
+            for seed in seeds for m, over in sweep(cfg) + others]
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    summary = summarise(by_row(cells, results), COLUMNS)
+    coord = traced_coordinate(results)
+    md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; coordinate layer "
+                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.")
+    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)
+    files["png"] = plot_pareto(summary, [label(m, o) for m, o in sweep(cfg)], out_dir / f"{NAME}.png")
+    return dict(summary=summary, markdown=md, files=files)

@@ -1,0 +1,254 @@
+"""Tables and figures of the experiments: seeds -> mean, std, bootstrap CI, paired t vs no_edit.
+
+Results over seeds are summarised per row as mean ± std with a 2000-resample bootstrap 95 % CI and
+a paired t-test against no_edit on the shared seeds (stars: * p<0.05, ** p<0.01, *** p<1e-4;
+† the same difference on every seed, so no test). Cost columns (seconds, megabytes) are never
+tested: a wall-clock difference is not an effect of the method on the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from timerome.cache import write_atomic, write_json
+from timerome.metrics import forget_quality
+from timerome.stats import cell, paired_t, stars
+
+COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
+           "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds", "install_extra_mb"]
+SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
+         "install_extra_mb": "install MB", "ModelUtility": "Utility", "ForgetROUGE": "fROUGE",
+         "RetainROUGE": "rROUGE"}
+COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepare_seconds", "eval_seconds")
+THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
+
+
+def label(method: str, overrides: dict) -> str:
+    if not overrides:
+        return method
+    return f"{method} (" + ", ".join(f"{k}={_short(v)}" for k, v in overrides.items()) + ")"
+
+
+def _short(v):
+    return f"{v:g}" if isinstance(v, float) else v
+
+
+def summarise(per_seed: dict[str, dict[int, dict]], columns, reference="no_edit") -> dict:
+    """{row: {seed: metrics}} -> {row: {column: cell stats + paired test vs the reference row}}."""
+    ref = per_seed.get(reference, {})
+    out = {}
+    for row, seeds in per_seed.items():
+        out[row] = {}
+        for col in columns:
+            vals = {s: m[col] for s, m in seeds.items() if col in m and np.isfinite(m[col])}
+            if not vals:
+                continue
+            c = cell(list(vals.values()))
+            entry = dict(mean=c.mean, std=c.std, lo=c.lo, hi=c.hi, n=c.n, values=vals)
+            shared = sorted(s for s in vals if col in ref.get(s, {}) and np.isfinite(ref[s][col]))
+            if row != reference and len(shared) >= 2 and col not in COST_COLUMNS:
+                x, y = [vals[s] for s in shared], [ref[s][col] for s in shared]
+                t, p = paired_t(x, y)
+                # None, not NaN / inf, where no test exists: the JSON stays standard
+                entry.update(delta=float(np.mean(np.subtract(x, y))), t=t if np.isfinite(t) else None,
+                             p=None if np.isnan(p) else p, stars=stars(p))
+            out[row][col] = entry
+    return out
+
+
+def delta_text(d: dict) -> str:
+    """The paired difference to the reference row with its stars and p-value."""
+    if "p" not in d:
+        return "–"
+    p = "same on every seed" if d["p"] is None else f"p={d['p']:.2g}"
+    return f"{d['delta']:+.2f}{d['stars']} ({p})"
+
+
+def fmt_cell(e: dict | None, digits: int = 2) -> str:
+    if not e:
+        return "–"
+    s = f"{e['mean']:.{digits}f}"
+    if e["n"] > 1:
+        s += f" ± {e['std']:.{digits}f} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
+    return s + e.get("stars", "")
+
+
+def markdown(summary: dict, columns, title: str, note: str = "") -> str:
+    head = ["method"] + [SHORT.get(c, c) for c in columns] + ["Δ ForgetLP vs no_edit (p)"]
+    lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row, cols in summary.items():
+        d = cols.get("ForgetLP", {})
+        delta = delta_text(d)
+        lines.append("| " + " | ".join([row] + [fmt_cell(cols.get(c), 3 if c in THREE_DIGITS else 2) for c in columns]
+                                        + [delta]) + " |")
+    lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
+              "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, name: str, payload: dict, md: str) -> dict:
+    write_json(Path(out_dir) / f"{name}.json", payload)
+    write_atomic(Path(out_dir) / f"{name}.md", md)
+    return {"json": str(Path(out_dir) / f"{name}.json"), "markdown": str(Path(out_dir) / f"{name}.md")}
+
+
+def figure(w, h):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig, path) -> str:
+    fig.savefig(path, dpi=110, format="png", metadata={"Software": None})
+    return str(path)
+
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def plot_canonical(summary: dict, path) -> str:
+    """Δ ForgetLP and Δ RetainLP vs no_edit per row, with the bootstrap CI of each mean."""
+    rows = [r for r in summary if r != "no_edit"]
+    fig = figure(7.5, 0.5 + 0.45 * max(len(rows), 2))
+    ax = fig.subplots()
+    base = summary.get("no_edit", {})
+    for j, (col, colour) in enumerate((("ForgetLP", "tab:red"), ("RetainLP", "tab:blue"))):
+        b = base.get(col, {}).get("mean", 0.0)
+        for i, r in enumerate(rows):
+            e = summary[r].get(col)
+            if not e:
+                continue
+            y = i + (j - 0.5) * 0.35
+            ax.barh(y, e["mean"] - b, height=0.33, color=colour, label=col if i == 0 else None)
+            ax.plot([e["lo"] - b, e["hi"] - b], [y, y], color="black", lw=1)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel("change vs no_edit (nats); bars: mean, lines: bootstrap 95% CI")
+    ax.legend(fontsize=8)
+    return save_png(fig, path)
+
+
+def plot_scalability(summary, path) -> str:
+    fig = figure(10, 3.6)
+    ax1, ax2 = fig.subplots(1, 2)
+    sizes = sorted(summary)
+    for row in summary[sizes[0]]:
+        for ax, col in ((ax1, "ForgetLP"), (ax2, "install_seconds")):
+            pts = [(n, summary[n][row][col]) for n in sizes if col in summary[n].get(row, {})]
+            if not pts:
+                continue
+            x = [n for n, _ in pts]
+            ax.plot(x, [e["mean"] for _, e in pts], marker="o", label=row)
+            ax.fill_between(x, [e["lo"] for _, e in pts], [e["hi"] for _, e in pts], alpha=0.2)
+    for ax, yl in ((ax1, "ForgetLP (nats)"), (ax2, "install seconds")):
+        ax.set_xscale("log")
+        ax.set_xlabel("|F| facts in the memory")
+        ax.set_ylabel(yl)
+    ax1.legend(fontsize=7)
+    return save_png(fig, path)
+
+
+def curve_summary(curves) -> dict:
+    out = {}
+    for row, by_seed in curves.items():
+        ks = sorted({p["k"] for c in by_seed.values() for p in c})
+        out[row] = {}
+        for k in ks:
+            at = [next(p for p in c if p["k"] == k) for c in by_seed.values() if any(p["k"] == k for p in c)]
+            out[row][k] = {}
+            for col in ("ForgetLP", "RetainLP", "RealAuth", "insert_seconds"):
+                c = cell([p[col] for p in at])
+                out[row][k][col] = dict(mean=c.mean, std=c.std, lo=c.lo, hi=c.hi, n=c.n)
+    return out
+
+
+def plot_sequential(summary, path) -> str:
+    fig = figure(4.2 * len(summary), 3.4)
+    axes = fig.subplots(1, len(summary), squeeze=False)[0]
+    for ax, (row, by_k) in zip(axes, summary.items()):
+        ks = sorted(k for k in by_k if k > 0)
+        for col, colour in (("ForgetLP", "tab:red"), ("RetainLP", "tab:blue"), ("RealAuth", "tab:green")):
+            ax.plot(ks, [by_k[k][col]["mean"] for k in ks], color=colour, label=col)
+            ax.fill_between(ks, [by_k[k][col]["lo"] for k in ks], [by_k[k][col]["hi"] for k in ks],
+                            color=colour, alpha=0.2)
+            if 0 in by_k:
+                ax.axhline(by_k[0][col]["mean"], color=colour, ls="--", lw=0.8)
+        ax.set_title(row, fontsize=9)
+        ax.set_xlabel("facts inserted k")
+        ax.set_ylabel("log-likelihood (nats)")
+    axes[0].legend(fontsize=7)
+    return save_png(fig, path)
+
+
+def plot_pareto(summary: dict, frontier: list[str], path) -> str:
+    """-ForgetLP (right = more forgetting) vs RetainLP (up = more utility); CI ribbons/bars."""
+    fig = figure(6.4, 4.6)
+    ax = fig.subplots()
+    pts = [(summary[r]["ForgetLP"], summary[r]["RetainLP"], r) for r in frontier if r in summary]
+    if pts:
+        x = [-f["mean"] for f, _, _ in pts]
+        ax.plot(x, [r["mean"] for _, r, _ in pts], "-o", color="tab:purple", label="TimeROME alpha sweep")
+        ax.fill_between(x, [r["lo"] for _, r, _ in pts], [r["hi"] for _, r, _ in pts], color="tab:purple", alpha=0.2)
+        ax.errorbar(x, [r["mean"] for _, r, _ in pts], xerr=[[xi + f["hi"] for xi, (f, _, _) in zip(x, pts)],
+                                                             [-f["lo"] - xi for xi, (f, _, _) in zip(x, pts)]],
+                    fmt="none", ecolor="tab:purple", alpha=0.6)
+        for xi, (_, r, name) in zip(x, pts):
+            ax.annotate("α=" + name.split("alpha=")[-1].split(",")[0].rstrip(")"), (xi, r["mean"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+    for r, cols in summary.items():
+        if r in frontier or "ForgetLP" not in cols:
+            continue
+        f, rt = cols["ForgetLP"], cols["RetainLP"]
+        ax.errorbar([-f["mean"]], [rt["mean"]], xerr=[[f["hi"] - f["mean"]], [f["mean"] - f["lo"]]],
+                    yerr=[[rt["mean"] - rt["lo"]], [rt["hi"] - rt["mean"]]], fmt="s", capsize=2, label=r)
+    ax.set_xlabel("− ForgetLP (nats, right = more forgotten)")
+    ax.set_ylabel("RetainLP (nats, up = more kept)")
+    ax.set_title("Forget / retain Pareto frontier (bootstrap 95% CI)", fontsize=10)
+    ax.legend(fontsize=7)
+    return save_png(fig, path)
+
+
+# ------------------------------------------------------------------------------ results -> tables
+
+
+def by_row(cells, results, measures=("full", "lp", "traj")) -> dict:
+    """{row: {seed: metrics}} of the cells that measure `measures`; Forget Quality added from the
+    reference cells of the same seed (the KS test of the two models' forget truth ratios)."""
+    refs = {c.seed: r["tr"] for c, r in zip(cells, results) if c.measure == "reference"}
+    out: dict = {}
+    for c, r in zip(cells, results):
+        if c.measure not in measures:
+            continue
+        m = dict(r["metrics"])
+        tr = r["items"].get("forget", {}).get("tr")
+        if tr is not None and c.seed in refs:
+            m["ForgetQuality"] = forget_quality(tr, refs[c.seed])
+        out.setdefault(c.row, {}).setdefault(c.seed, {}).update(m)  # one row may merge several cells
+    return out
+
+
+def traced_coordinate(results) -> list | None:
+    """[layer, point] of the first result whose method traced its coordinate, else None."""
+    for r in results:
+        info = r.get("info") or {}
+        if info.get("coordinate_source") == "traced":
+            return [info["layer"], info["point"]]
+    return None
+
+
+def coordinate_note(results) -> str:
+    c = traced_coordinate(results)
+    return f"TimeROME coordinate (traced): layer {c[0]} {c[1]}, every step." if c else ""
+
+
+def reference_note(cells) -> str:
+    if any(c.measure == "reference" for c in cells):
+        return ""
+    return ("KS p (Forget Quality) needs a model trained without the forget set: pass --reference DIR "
+            "(the embedded model gets one automatically).")

@@ -1,0 +1,260 @@
+"""The one experiment runner: a list of cells in, one cached result per cell out.
+
+An experiment is data: a list of `Cell`s (what to measure, with which method and config, on
+which data, under which seed). `execute(cell, context)` computes one cell and depends on nothing
+else, so cells can run in any order, on any executor, and a finished cell is never computed
+again: its result is a JSON file in <out_dir>/cells named by the digest of everything that
+determines it (the model's fingerprint, the data, the method's full config, the seed, the
+measurement's options). Rerunning an experiment computes only the cells it has not seen.
+
+Measurements (`Cell.measure`):
+    full        install the method, every TOFU metric (evaluation.evaluate), undo
+    lp          install, log p(answer | question) of every item only, undo
+    traj        install, log p read along the greedy denoising trajectory (a one-step edit exists there)
+    sequential  insert the forget facts one at a time into a TimeROME memory, lp after each insert
+    reference   forget truth ratios of the model that never saw the forget set (Forget Quality's KS test)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from timerome.backbones import Backbone, load_backbone
+from timerome.cache import digest, write_json
+from timerome.data.facts import facts_from_rows
+from timerome.data.rows import spread
+from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
+from timerome.errors import TimeromeError
+from timerome.evaluation import evaluate, fits, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.from_scratch import reference_model
+from timerome.methods import InferenceEdit, install, method_config
+from timerome.methods.timerome_edit import build_memory, locate, prepare
+from timerome.progress import progress_bar
+from timerome.task import ForgetTask
+
+VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
+MEASURES = ("full", "lp", "traj", "sequential", "reference")
+LP_COLUMNS = {"forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
+TRAJ_COLUMNS = {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement. `row` and `group` only say where it goes in the tables (not in its key)."""
+
+    measure: str
+    method: str = "no_edit"
+    config: dict = field(default_factory=dict)   # the method's overrides
+    seed: int = 0
+    data: dict = field(default_factory=dict)     # a data spec (`resolve_data`)
+    options: dict = field(default_factory=dict)  # the measurement's: n_mc, rouge, steps, every
+    row: str = ""
+    group: object = None
+
+    def key(self, context: "Context") -> dict:
+        full = method_config(self.method, self.config) if self.measure != "reference" else {}
+        key = dict(measure=self.measure, method=self.method, config=full, seed=self.seed, data=self.data,
+                   options=self.options, v=VERSION, **context.tag)
+        if self.measure == "reference":
+            key["reference"] = context.reference_tag
+        return key
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
+    """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
+
+    spec keys: forget (split, default forget01), first / last (keep that many forget rows from the
+    start / end), eval_forget (evaluate a spread of that many forget rows), n_retain / n_world
+    (spreads of retain_perturbed and of the real-author / world-fact splits), splits (which
+    evaluation splits), validation (the split whose facts are traced, default the forget facts).
+    """
+    forget = spec.get("forget", "forget01")
+    rows = load_split(forget, source)
+    lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)
+    if spec.get("first") is not None:
+        hi = min(hi, int(spec["first"]))
+    if spec.get("last") is not None:
+        lo = max(0, hi - int(spec["last"]))
+    task_rows = rows[lo:hi]
+    facts, _ = facts_from_rows(task_rows, offset=offset + lo)
+    perturbed = f"{forget}_perturbed"
+    shown = load_split(perturbed, source)[lo:hi] if perturbed in SPLITS else task_rows
+    retain = load_split("retain_perturbed", source)
+    out = {"forget": spread(shown, spec.get("eval_forget")),
+           "retain": spread(retain, spec.get("n_retain", 40)),
+           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
+           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
+    asked = {(r["question"], r["answer"]) for r in task_rows}
+    if any((r["question"], r["answer"]) in asked for r in retain):
+        raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
+                            "forget fewer rows")
+    out = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
+    if not out.get("forget", [None]):
+        raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
+    validation = None
+    if spec.get("validation"):
+        validation, _ = facts_from_rows(load_split(spec["validation"], source),
+                                        offset=FULL_OFFSET.get(spec["validation"], 0))
+    return out, ForgetTask(task_rows, facts, list(retain), validation=validation)
+
+
+# ------------------------------------------------------------------------------ context
+
+
+@dataclass
+class Context:
+    """What every cell of a run shares: the model, the data source, the reference for Forget Quality."""
+
+    backbone: Backbone
+    source: object = "embedded"
+    reference: object = None          # None: auto (embedded model only), a path / Backbone, or "train"
+    reference_options: dict = field(default_factory=dict)
+    model_path: object = None
+    progress: bool = True
+    _data: dict = field(default_factory=dict)
+    _reference: object = None
+
+    @property
+    def tag(self) -> dict:
+        return dict(model=self.backbone.fingerprint(), source=str(self.source))
+
+    @property
+    def reference_tag(self):
+        ref = self.auto_reference()
+        return dict(ref=ref.fingerprint() if isinstance(ref, Backbone) else str(ref), options=self.reference_options)
+
+    def auto_reference(self):
+        """The reference to use: the given one, or the embedded recipe's for the embedded model."""
+        if self.reference is not None:
+            return self.reference
+        if self.model_path is None and self.source == "embedded" and self.backbone.name == "timerome-default":
+            return "embedded"
+        return None
+
+    def data(self, spec: dict) -> tuple[dict, ForgetTask]:
+        key = digest(spec)
+        if key not in self._data:
+            self._data[key] = resolve_data(spec, self.source, self.backbone)
+        return self._data[key]
+
+    def reference_backbone(self):
+        if self._reference is None:
+            ref = self.auto_reference()
+            if ref is None:
+                raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model "
+                                    "trained without the forget set) or reference='train'")
+            if isinstance(ref, Backbone):
+                self._reference = ref
+            elif ref == "embedded":
+                self._reference = reference_model(progress=self.progress, **self.reference_options)
+            elif ref == "train":
+                _, task = self.data({})
+                opts = {k: v for k, v in self.reference_options.items() if k == "epochs"}
+                self._reference = reference_model(self.backbone, retain_rows=task.retain_rows,
+                                                  progress=self.progress, **opts)
+            else:
+                self._reference = load_backbone(ref, dtype=self.backbone.dtype, device=self.backbone.device)
+        return self._reference
+
+
+# ------------------------------------------------------------------------------ one cell
+
+
+def execute(cell: Cell, ctx: Context) -> dict:
+    """The result of one cell (JSON-able): {"items", "metrics", "cost", "info", "config"}."""
+    if cell.measure not in MEASURES:
+        raise TimeromeError(f"unknown measurement {cell.measure!r}; one of {', '.join(MEASURES)}")
+    rows, task = ctx.data(cell.data)
+    o = cell.options
+    if cell.measure == "reference":
+        return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=o.get("n_mc", 16),
+                                             seed=cell.seed)}
+    if cell.measure == "sequential":
+        return _sequential(ctx.backbone, task, rows, cell)
+    edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
+    try:
+        if cell.measure == "full":
+            res = evaluate(ctx.backbone, rows, n_mc=o.get("n_mc", 16), seed=cell.seed, edit=edit,
+                           rouge=o.get("rouge", True))
+        else:
+            t0 = time.perf_counter()
+            if cell.measure == "lp":
+                lps, cols = lp_only(ctx.backbone, rows, n_mc=o.get("n_mc", 16), seed=cell.seed, edit=edit), LP_COLUMNS
+            else:
+                lps = {k: trajectory_logprobs(ctx.backbone, v, steps=o.get("steps", 8), edit=edit)
+                       for k, v in rows.items()}
+                cols = TRAJ_COLUMNS
+            res = {"items": {k: {"lp": v} for k, v in lps.items()},
+                   "metrics": {cols[k]: float(np.mean(v)) for k, v in lps.items() if k in cols},
+                   "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+        res["metrics"].update(install_seconds=edit.install_seconds, install_extra_mb=edit.extra_memory_mb)
+        res["info"], res["config"] = edit.info, edit.config
+        return res
+    finally:
+        edit.undo()
+
+
+def _sequential(bb, task, rows, cell) -> dict:
+    """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
+    conf = method_config("timerome", cell.config)
+    prepare(bb, task, conf)
+    coordinate, info = locate(bb, task, conf)
+    memory = build_memory(bb, task, conf, coordinate, facts=[])  # empty; lambda scaled on all the facts
+    edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb))
+    order = np.random.default_rng(cell.seed).permutation(len(task.facts)).tolist()
+    n_mc, every = cell.options.get("n_mc", 16), cell.options.get("every", 1)
+
+    def point(k, secs, use_edit):
+        lp = lp_only(bb, rows, n_mc=n_mc, seed=cell.seed, edit=edit if use_edit else None)
+        return dict(k=k, insert_seconds=secs, **{c: float(np.mean(lp[s])) for s, c in LP_COLUMNS.items() if s in lp})
+
+    curve = [point(0, 0.0, False)]
+    for k, i in enumerate(order, 1):
+        t0 = time.perf_counter()
+        memory.add([task.facts[i]])
+        memory.q = min(int(conf["q"]), len(memory))  # TopQ cannot keep more facts than stored
+        secs = time.perf_counter() - t0
+        if k % every == 0 or k == len(order):
+            curve.append(point(k, secs, True))
+    return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
+
+
+# ------------------------------------------------------------------------------ the runner
+
+
+class Runner:
+    """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything."""
+
+    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True):
+        self.out_dir, self.resume, self.progress = Path(out_dir), resume, progress
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, cell: Cell, ctx: Context) -> Path:
+        return self.out_dir / "cells" / f"{digest(cell.key(ctx))}.json"
+
+    def cached(self, cell: Cell, ctx: Context) -> dict | None:
+        p = self.path(cell, ctx)
+        if self.resume and p.is_file():
+            return json.loads(p.read_text())["result"]
+        return None
+
+    def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
+        """Every cell's result, in order: cached ones read, the others computed (and cached)."""
+        results = [self.cached(c, ctx) for c in cells]
+        todo = [i for i, r in enumerate(results) if r is None]
+        with progress_bar(f"{title} ({len(cells) - len(todo)} cached)", total=len(todo),
+                          enabled=self.progress and bool(todo)) as bar:
+            for i in todo:
+                c = cells[i]
+                results[i] = execute(c, ctx)
+                write_json(self.path(c, ctx), {"cell": asdict(c), "key": c.key(ctx), "result": results[i]})
+                bar.advance(description=f"{title}: {c.row or c.method} seed {c.seed}")
+        return results

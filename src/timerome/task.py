@@ -1,0 +1,42 @@
+"""ForgetTask: what every editing / unlearning method is given.
+
+    task = forget_task("embedded", "forget01")     # the forget rows, their facts, the retain rows
+    edit = timerome.methods.install("timerome", backbone, task)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from timerome.data.facts import facts_from_rows
+from timerome.data.tofu import FULL_OFFSET, load_split
+
+
+@dataclass
+class ForgetTask:
+    """The forget rows and their facts, plus retain rows (gradient baselines anchor on them; the
+    whitened key metric measures its background statistics on them when `background` is None and
+    the model is not the embedded one)."""
+
+    forget_rows: list[dict]
+    facts: list                    # timerome.data.facts.Fact, one per usable forget row
+    retain_rows: list[dict] = field(default_factory=list)
+    background: object = None      # EditMemory's `background=`: None, a list of texts, or ResidualStats
+    validation: list | None = None  # the paper's F_v, the facts traced to find the coordinate (None: facts)
+
+    @property
+    def validation_facts(self) -> list:
+        return list(self.validation) if self.validation is not None else list(self.facts)
+
+
+def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None, background=None) -> ForgetTask:
+    """The task of a TOFU(-schema) split: its rows, their facts, the retain rows (retain_perturbed)."""
+    rows = load_split(forget, source)
+    facts, skipped = facts_from_rows(rows, offset=FULL_OFFSET.get(forget, 0))
+    if skipped:  # never silently: the user sees which rows could not become facts, and why
+        warnings.warn(f"{len(skipped)} of {len(rows)} {forget} rows give no fact and are not edited: "
+                      + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]), stacklevel=2)
+    if retain_rows is None:
+        retain_rows = load_split("retain_perturbed", source)
+    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
