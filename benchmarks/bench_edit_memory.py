@@ -3,7 +3,7 @@
     python benchmarks/bench_edit_memory.py                         # every part
     python benchmarks/bench_edit_memory.py --parts overhead --device cuda
     python benchmarks/bench_edit_memory.py --parts selectivity --tofu-model DIR
-        (DIR from timerome.evaluation.train_tofu_model(TOFU_DIR, DIR): the embedded architecture
+        (DIR from timerome.from_scratch.train_tofu_model(TOFU_DIR, DIR): the embedded architecture
         trained on TOFU forget01 + 2 retain authors, about 1.5 min)
 
 Parts (each prints a table of ratios measured in this one run):
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from timerome.edit_memory import EditMemory, capture_facts, default_coordinate
+from timerome.capture import capture_facts
+from timerome.edit_memory import EditMemory, default_coordinate
 from timerome.whitening import residual_stats
 
 PARTS = ("overhead", "streaming", "selectivity", "install")
@@ -149,10 +150,10 @@ def _overhead_setup(name, args):
         ids = torch.randint(0, bb.vocab_size - 1, (64, 64), generator=g)
         stats = residual_stats(bb, coord, ids.tolist(), masked_copies=1)
         # keys and deltas: the model's own residuals, so norms and directions are realistic
-        from timerome.whitening import _forward_to
+        from timerome.hooks import run_to
 
         with torch.no_grad():
-            h = _forward_to(bb, coord.site, ids[:20].to(bb.device), None).double().cpu().reshape(-1, bb.hidden_size)
+            h = run_to(bb, coord.site, ids[:20].to(bb.device)).double().cpu().reshape(-1, bb.hidden_size)
         U, D = h[:400], h[400:800] - h[800:1200]
         mems = []
         for label, kw in (("paper q=0", dict(key_metric="paper")),
@@ -250,10 +251,10 @@ def bench_streaming(args):
     ids = [f"f{i}" for i in range(F)]
 
     t = CLOCK()
-    full = EditMemory(bb, key_metric="paper", lam=args.lam).add_vectors(U, D, ids)  # the batch solve
+    full = EditMemory(bb, key_metric="paper", lam_absolute=args.lam).add_vectors(U, D, ids)  # the batch solve
     solve_s = CLOCK() - t
 
-    mem = EditMemory(bb, key_metric="paper", lam=args.lam)
+    mem = EditMemory(bb, key_metric="paper", lam_absolute=args.lam)
     mem.reserve(F)
     mem.add_vectors(U[:-1], D[:-1], ids[:-1])
     inserts, removes_new, removes_mid = [], [], []
@@ -299,7 +300,8 @@ def bench_selectivity(args):
         from timerome.backbones import load_backbone
         from timerome.whitening import rows_to_texts
 
-        from timerome.evaluation import fits, tofu_subset
+        from timerome.evaluation import fits
+        from timerome.from_scratch import tofu_subset
 
         # the TOFU model (evaluation.train_tofu_model) knows only its subset's words: retain rows
         # and background come from the retain authors it was trained on
@@ -332,13 +334,14 @@ def _sweep(bb, facts, forget, retain, alphas, args, background, tag):
     coord = (args.layer if args.layer is not None else (bb.n_layers - 1) // 2, "resid")
     plain_f, plain_r = _lp(bb, forget, None, args), _lp(bb, retain, None, args)
     print(f"layer {coord[0]} resid, q={args.q}; plain: ForgetLP {plain_f:.2f}  RetainLP {plain_r:.2f} (mean nats per row)")
-    white = EditMemory(bb, coord, key_metric="whitened", q=args.q, background=background).add(facts)
+    white = EditMemory(bb, coord, key_metric="whitened", q=args.q, background=background,
+                       lam_absolute=float(bb.hidden_size)).add(facts)
     h2 = float(white.stats.cov.trace() + white.stats.mean.square().sum())  # E|h|^2 over the background
-    variants = [("paper", 1.0), ("paper", h2), ("whitened", white.lam)]
+    variants = [("paper", 1.0), ("paper", h2), ("whitened", white.lam_value)]
     print(f"{'key metric':<10}{'lam':>10}{'alpha':>7}{'dForgetLP':>11}{'dRetainLP':>11}{'ratio':>9}")
     curves = {}
     for metric, lam in variants:
-        mem = white if metric == "whitened" else EditMemory(bb, coord, key_metric="paper", lam=lam, q=args.q).add(facts)
+        mem = white if metric == "whitened" else EditMemory(bb, coord, key_metric="paper", lam_absolute=lam, q=args.q).add(facts)
         pts = []
         for a in alphas:
             mem.alpha = a
@@ -353,11 +356,11 @@ def _sweep(bb, facts, forget, retain, alphas, args, background, tag):
 def _lp(bb, rows, memory, args) -> float:
     from contextlib import nullcontext
 
-    from timerome.edit_memory import _answer_ids
+    from timerome.encoding import known_answer_ids
     from timerome.likelihood import log_likelihood_batch
 
     prompts = [bb.encode(r["question"]) for r in rows]
-    answers = [_answer_ids(bb, r["answer"], "an answer") for r in rows]
+    answers = [known_answer_ids(bb, r["answer"], "an answer") for r in rows]
     with torch.no_grad(), (memory.applied(bb) if memory is not None else nullcontext()):
         lp = log_likelihood_batch(bb, prompts, answers, n_mc=args.n_mc,
                                   generator=torch.Generator().manual_seed(0))

@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from timerome import tracing
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
-from timerome.tracing import naive_tie, tokenize_fact, trace
+from timerome.encoding import encode_fact
+from timerome.tracing import naive_tie, trace
 
 TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
     ("the author", "where was the author born ?", "city of books"),
@@ -71,18 +71,16 @@ def _bench(args, bb, facts) -> int:
           f"{torch.get_num_threads()} threads; {len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
 
     # floor: the single-sequence forwards the definition needs, and what one costs here
-    items = [tokenize_fact(bb, f, i) for i, f in enumerate(facts)]
+    items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
     per_fact = (K + 1) * (1 + N) + C * N * sum(K - k + 1 for k in range(K))
-    one = {L: _time_forward(bb, L) for L in sorted({it.length for it in items})}
-    floor_s = sum(per_fact * one[it.length] for it in items)
+    one = {L: _time_forward(bb, L) for L in sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})}
+    floor_s = sum(per_fact * one[len(it.prompt_ids) + len(it.object_ids)] for it in items)
     min_forwards = per_fact * len(items)
 
     trace(bb, facts[:1], steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up
-    tracing.SHARE_ROWS, tracing.REUSE_LAYERS = False, False  # ablation: batching + prefix reuse only
-    plain, plain_s = _timed_trace(args, bb, facts)
-    tracing.SHARE_ROWS = True
-    whole, whole_s = _timed_trace(args, bb, facts)  # every row runs every block
-    tracing.REUSE_LAYERS = True
+    # ablations: batching + prefix reuse only; + shared rows (every row runs every block); everything
+    plain, plain_s = _timed_trace(args, bb, facts, share_rows=False, reuse_layers=False)
+    whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
     fast, fast_s = _timed_trace(args, bb, facts)
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
@@ -133,11 +131,12 @@ def _bench(args, bb, facts) -> int:
     return 0 if ok else 1
 
 
-def _timed_trace(args, bb, facts):
-    """(trace result, wall seconds) of the fast trace under the current module switches."""
+def _timed_trace(args, bb, facts, **switches):
+    """(trace result, wall seconds) of the fast trace with the engine's switches (share_rows, reuse_layers)."""
     _sync(bb)
     t = time.perf_counter()
-    r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False)
+    r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False,
+              **switches)
     _sync(bb)
     return r, time.perf_counter() - t
 

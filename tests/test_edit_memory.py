@@ -449,3 +449,24 @@ def test_remove_then_add_again_equals_the_batch_solve(bb):
         order = [int(i[1:]) for i in m.fact_ids]
         ref = vector_memory(bb, U[order], D[order], m.fact_ids, **kw)
         torch.testing.assert_close(m.delta(h), ref.delta(h), atol=1e-9, rtol=1e-7)
+
+
+def test_a_version_1_memory_file_still_loads(bb, stats, tmp_path):
+    """Format 1 stored the absolute lambda as `lam`; it loads as lam_absolute, with the same update."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    m = EditMemory(bb, SITE, alpha=2.0, target=TARGET, background=stats).add(facts3())
+    path = m.save(tmp_path / "new.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = json.loads(f.metadata()["timerome"]), {k: f.get_tensor(k) for k in f.keys()}
+    meta["format"] = "timerome-edit-memory/1"
+    meta["hyper"] = {k: v for k, v in meta["hyper"].items() if k not in ("lam_absolute", "key_scale", "lam_value")}
+    meta["hyper"]["lam"] = m.lam_value
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata={"timerome": json.dumps(meta)})
+    old = EditMemory.load(tmp_path / "old.safetensors", bb)
+    assert old.lam_absolute == pytest.approx(m.lam_value) and old.lam_value == pytest.approx(m.lam_value)
+    h = torch.randn(3, bb.hidden_size, dtype=torch.float64)
+    torch.testing.assert_close(old.delta(h), m.delta(h), atol=1e-9, rtol=1e-8)

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.llada_model import build_model, save_model
+from timerome.data.corpus import make_corpus, training_rows
+from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
 from timerome.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
 from timerome.train import TrainConfig, train
@@ -45,9 +47,6 @@ def corpus_texts(corpus: dict) -> list[str]:
 
 def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None = None,
                   show_progress: bool = True, **train_overrides) -> dict:
-    from timerome.data.corpus import make_corpus, training_rows
-    from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
-
     torch.set_num_threads(THREADS)
     t0 = time.perf_counter()
     corpus = make_corpus(seed=CORPUS_SEED)

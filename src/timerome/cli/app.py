@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from functools import wraps
 from typing import Optional
 
@@ -56,10 +58,43 @@ def _options(threads: Optional[int] = typer.Option(
         torch.set_num_threads(threads)
 
 
-def load(model, family=None, trust_remote_code=False, dtype=None, device="cpu"):
-    from timerome.backbones import load_backbone
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a command works on, as its options name it."""
 
-    return load_backbone(model, family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    model: str | None = None
+    family: str | None = None
+    trust_remote_code: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+
+    def load(self):
+        from timerome.backbones import load_backbone
+
+        return load_backbone(self.model, self.family, dtype=self.dtype, device=self.device,
+                             trust_remote_code=self.trust_remote_code)
+
+
+_MODEL_OPTIONS = (("model", Optional[str], ModelOpt), ("family", Optional[str], FamilyOpt),
+                  ("trust_remote_code", bool, RemoteOpt), ("device", str, DeviceOpt), ("dtype", Optional[str], DtypeOpt))
+
+
+def model_options(fn):
+    """Give a command --model, --family, --trust-remote-code, --device and --dtype; the function's
+    `model` parameter receives them as one ModelChoice (typer reads the rewritten signature)."""
+    names = [n for n, _, _ in _MODEL_OPTIONS]
+
+    @wraps(fn)
+    def inner(*args, **kwargs):
+        return fn(*args, model=ModelChoice(**{n: kwargs.pop(n) for n in names}), **kwargs)
+
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "model"]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
+             for n, ann, opt in _MODEL_OPTIONS]
+    inner.__signature__ = inspect.Signature(own + extra)
+    inner.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "model"} | {
+        n: ann for n, ann, _ in _MODEL_OPTIONS}
+    return inner
 
 
 def load_facts(data: str, tofu_dir, limit=None):

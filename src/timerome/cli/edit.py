@@ -7,18 +7,16 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (DataOpt, DeviceOpt, DtypeOpt, FamilyOpt, ModelOpt, RemoteOpt, TofuOpt, app, console,
-                              friendly, load as _load, load_facts as _facts)
+from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options
 from timerome.errors import TimeromeError
 from timerome.methods.timerome_edit import DEFAULTS
 
 
 @app.command()
 @friendly
+@model_options
 def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
-         model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-         trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+         model: ModelChoice = None,
          data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
@@ -48,7 +46,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
 
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
-    bb = _load(model, family, trust_remote_code, dtype, device)
+    bb = model.load()
     facts = _facts(data, tofu_dir)
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)

@@ -9,18 +9,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import (DeviceOpt, DtypeOpt, FamilyOpt, ModelOpt, RemoteOpt, app, console, friendly,
-                              load as _load)
+from timerome.cli.app import ModelChoice, app, console, friendly, model_options
 from timerome.errors import TimeromeError
 
 
 @app.command()
 @friendly
-def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-         trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+@model_options
+def info(model: ModelChoice):
     """Show a backbone's family, size, mask id and hook points."""
-    bb = _load(model, family, trust_remote_code, dtype, device)
+    bb = model.load()
     t = Table(title=str(bb))
     t.add_column("point")
     t.add_column("module path (layer 0)")
@@ -53,11 +51,10 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
 
 @app.command()
 @friendly
+@model_options
 def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tofu:SPLIT' (local dir from --tofu-dir) or a JSON/JSONL file of question/answer rows"),
           out: Path = typer.Option(..., help="directory to save the fine-tuned checkpoint"),
-          model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-          trust_remote_code: bool = RemoteOpt,
-          device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+          model: ModelChoice = None,
           epochs: int = 10, lr: float = 1e-4, batch_size: int = 16,
           lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
@@ -67,7 +64,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     from timerome.train import TrainConfig
     from timerome.train import train as run_train
 
-    bb = _load(model, family, trust_remote_code, dtype, device)
+    bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
     log = run_train(bb, rows, TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed))
     save_backbone(bb, out)
@@ -92,10 +89,9 @@ def save_backbone(bb, out: Path) -> None:
 
 @app.command()
 @friendly
+@model_options
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
-             model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-             trust_remote_code: bool = RemoteOpt,
-             device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+             model: ModelChoice = None,
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
@@ -104,7 +100,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     from timerome.sampler import generate as gen
 
-    bb = _load(model, family, trust_remote_code, dtype, device)
+    bb = model.load()
     memory = None
     if edit is not None:
         from timerome.edit_memory import EditMemory

@@ -8,39 +8,38 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import DeviceOpt, DtypeOpt, ModelOpt, app, console, friendly, load as _load, parse_seeds
+from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds
 from timerome.errors import TimeromeError
 
 
 @app.command()
 @friendly
+@model_options
 def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-demo-DATE)"),
-         model: Optional[str] = ModelOpt,
+         model: ModelChoice = None,
          data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
          reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
          seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
-         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)")):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
     from timerome.demo import run_demo
 
     seed_list = parse_seeds(seeds)
-    run_demo(out, model, data, seeds=seed_list, reference=reference, quick=quick,
-             backbone=_load(model, None, False, dtype, device))
+    run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick, backbone=model.load())
 
 
 @app.command()
 @friendly
+@model_options
 def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
-               model: Optional[str] = ModelOpt,
+               model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
                config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
                methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
-               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming"),
-               device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
+               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
     from timerome.experiments import experiment_config, run_experiment
 
@@ -57,8 +56,8 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
     if name != "all":
         experiment_config(name, overrides)  # the name and every setting, checked before a model loads
     seed_list = parse_seeds(seeds)
-    result = run_experiment(name, model, data, seed_list, out, resume=not fresh, overrides=overrides,
-                            reference=reference, backbone=_load(model, None, False, dtype, device))
+    result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
+                            reference=reference, backbone=model.load())
     results = result if name == "all" else {name: result}
     for n, r in results.items():
         md = Path(r["out_dir"]) / f"{n}.md"

@@ -8,18 +8,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import (DataOpt, DeviceOpt, DtypeOpt, FamilyOpt, ModelOpt, RemoteOpt, TofuOpt, app, console,
-                              friendly, load as _load, load_facts as _facts)
+from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options
 from timerome.cache import write_json
 from timerome.errors import TimeromeError
 
 
 @app.command("trace")
 @friendly
+@model_options
 def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", help="output folder"),
-              model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
-              trust_remote_code: bool = RemoteOpt,
-              device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+              model: ModelChoice = None,
               data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
               steps: int = typer.Option(8, help="denoising steps K"),
@@ -39,7 +37,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     if n_facts < 1:
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
     out.mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
-    bb = _load(model, family, trust_remote_code, dtype, device)
+    bb = model.load()
     facts = _facts(data, tofu_dir, n_facts)
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.data.facts import facts_from_rows
+from timerome.data.tofu import FULL_OFFSET, load_split
 from timerome.errors import TimeromeError
 
 
 def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
-    from timerome.data.tofu import load_split
-
     if spec.startswith("embedded:"):
         return load_split(spec.split(":", 1)[1], "embedded")
     if spec.startswith("tofu:"):
@@ -34,9 +34,6 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
 
 def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = None):
     """(facts, skipped) for a QA set named as in `load_rows`; skipped lists (row, reason), never guessed."""
-    from timerome.data.facts import facts_from_rows
-    from timerome.data.tofu import FULL_OFFSET
-
     rows = load_rows(spec, tofu_dir=tofu_dir)
     split = spec.split(":", 1)[1] if spec.startswith("tofu:") else ""
     facts, skipped = facts_from_rows(rows, offset=FULL_OFFSET.get(split, 0))

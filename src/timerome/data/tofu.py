@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from timerome.data.corpus import make_corpus
 from timerome.errors import TimeromeError
 
 BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "holdout01",
@@ -44,8 +45,6 @@ def load_split(name: str, source: str | Path | None = None) -> list[dict]:
 
 @functools.lru_cache(maxsize=1)
 def _embedded() -> dict[str, list[dict]]:
-    from timerome.data.corpus import make_corpus
-
     return make_corpus()
 
 

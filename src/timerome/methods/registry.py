@@ -29,6 +29,7 @@ import pkgutil
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from timerome.cost import measure
@@ -119,9 +120,7 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    import timerome.methods as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if mod.name != "registry" and not mod.name.startswith("_"):
             importlib.import_module(f"timerome.methods.{mod.name}")
     _loaded = True
