@@ -128,6 +128,22 @@ def test_padding_is_invisible(backbones, fam):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_left_padding_is_invisible(backbones, fam):
+    # RoPE is relative, so only rounding tells positions 0..L-1 from positions counted over real
+    # tokens; with a logit shift the first real token's logits come from a pad slot (a placeholder)
+    bb = backbones[fam]
+    ids = _ids(bb)[:1]
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+    att = torch.cat([torch.zeros(1, 4), torch.ones(1, ids.shape[1])], dim=1).bool()
+    with torch.no_grad():
+        a = bb.logits(ids)
+        b = bb.logits(padded, att)[:, 4:]
+    s = bb.family.logit_shift
+    tol = 1e-5 if bb.family.positions == "from_mask" else 1e-4
+    torch.testing.assert_close(a[:, s:], b[:, s:], atol=tol, rtol=tol)
+
+
 def test_bad_inputs(backbones, tiny_dirs, tmp_path):
     bb = backbones["timerome"]
     with pytest.raises(TimeromeError, match="unknown backbone family"):

@@ -66,14 +66,40 @@ def _load(model, family=None, trust_remote_code=False, dtype=None, device="cpu")
 @friendly
 def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
          trust_remote_code: bool = RemoteOpt,
-         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt):
-    """Show a backbone's family, size, mask id and hook points."""
-    bb = _load(model, family, trust_remote_code, dtype, device)
-    t = Table(title=str(bb))
+         device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+         as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
+    """Show a backbone's family (and why), tokenizer, special ids, hook points and refused config flags."""
+    from timerome.backbones.describe import describe, describe_refusal, summary_rows
+    from timerome.backbones.flags import RefusedConfig
+
+    try:
+        bb = _load(model, family, trust_remote_code, dtype, device)
+        d = describe(bb)
+    except RefusedConfig as e:
+        d = describe_refusal(e)
+        if as_json:
+            typer.echo(json.dumps(d, indent=2))
+            raise typer.Exit(2)
+        _print_rows(d["family"], summary_rows(d))
+        raise
+    if as_json:
+        typer.echo(json.dumps(d, indent=2))
+        return
+    _print_rows(str(bb), summary_rows(d))
+    t = Table(title="hook points")
     t.add_column("point")
     t.add_column("module path (layer 0)")
-    for p in ("embed", "resid", "attn", "mlp"):
-        t.add_row(p, bb.module_path(0, p))
+    for p, path in d["hook_points"].items():
+        t.add_row(p, path)
+    console.print(t)
+
+
+def _print_rows(title: str, rows) -> None:
+    t = Table(title=title, show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        t.add_row(k, v)
     console.print(t)
 
 

@@ -109,7 +109,7 @@ class Backbone:
         elif keys is not None:  # our implementations: a 2-D key mask
             kwargs["attention_mask"] = keys
         if keys is not None and fam.positions == "from_mask":
-            kwargs["position_ids"] = positions_for(ids, keys, True)
+            kwargs["position_ids"] = positions_for(keys)
         return kwargs
 
     def _remote_kwargs(self, ids, keys) -> dict:
@@ -122,7 +122,7 @@ class Backbone:
         if style == "attention_bias":
             return {"attention_bias": both}
         if style == "mask4d":
-            return {"attention_mask": both, "position_ids": positions_for(ids, keys, True)}
+            return {"attention_mask": both, "position_ids": positions_for(keys)}
         raise TimeromeError(
             f"the official {self.family.name} code ignores attention masks, so padded batches run with "
             "trust_remote_code=True would be wrong; load without it to use timerome's implementation")

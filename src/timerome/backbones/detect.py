@@ -35,7 +35,7 @@ def _evidence(fam: Family, config: dict) -> list[str]:
         ev.append(f"architectures {arch}")
     marks = [k for k in fam.markers if k in config]
     if marks:
-        ev.append(f"keys {', '.join(marks)}")
+        ev.append(f"marker keys {', '.join(marks)}")
     return ev
 
 
@@ -66,7 +66,7 @@ def detect_family(config: dict, family: str | None = None) -> tuple[Family, list
             raise TimeromeError(
                 f"cannot tell the backbone family from config.json ({describe_config(config)}); "
                 f"pass family= one of {', '.join(sorted(FAMILIES))}")
-        return best[1], best[2] + [f"keys {', '.join(best[1].keys)}"]
+        return best[1], best[2] + [f"structure keys {', '.join(best[1].keys)} present"]
 
     fam = get_family(family)
     problems = _fits(fam, config)
@@ -77,4 +77,4 @@ def detect_family(config: dict, family: str | None = None) -> tuple[Family, list
     ev = _evidence(fam, config)
     if best is not None and best[1] is not fam and not ev:
         raise TimeromeError(f"family={fam.name!r} does not match this config.json: {looks}")
-    return fam, (ev or []) + [f"keys {', '.join(fam.keys)}", f"family={fam.name!r} given"]
+    return fam, [f"family={fam.name!r} given"] + ev + [f"structure keys {', '.join(fam.keys)} present"]

@@ -139,14 +139,3 @@ def get_family(name: str) -> Family:
         raise TimeromeError(
             f"unknown backbone family {name!r}; known families: {', '.join(sorted(FAMILIES))}"
         ) from None
-
-
-def family_for_model_type(model_type: str | None) -> Family:
-    """The first family whose model_types name this one (detection proper is `detect.detect_family`)."""
-    for fam in FAMILIES.values():
-        if model_type in fam.model_types:
-            return fam
-    raise TimeromeError(
-        f"cannot tell the backbone family from config.json model_type={model_type!r}; "
-        f"pass family= one of {', '.join(sorted(FAMILIES))}"
-    )

@@ -62,11 +62,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([rot * cos + rotate_half(rot) * sin, keep], dim=-1)
 
 
-def positions_for(ids: torch.Tensor, keys: torch.Tensor | None, from_mask: bool) -> torch.Tensor:
-    """Token positions [B or 1, L]: 0..L-1, or counted over real tokens only (a left-padded row
-    then sees the positions it would have unpadded; padding gets position 1, as Dream's sampler)."""
-    if keys is None or not from_mask:
-        return torch.arange(ids.shape[1], device=ids.device)[None]
+def positions_for(keys: torch.Tensor) -> torch.Tensor:
+    """RoPE positions [B, L] counted over the real tokens of a [B, L] key mask: a left-padded row
+    sees the positions it has unpadded; padding gets position 1, as in Dream's sampler."""
     pos = keys.long().cumsum(-1) - 1
     return pos.masked_fill(~keys, 1)
 

@@ -68,7 +68,7 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     if not remote:  # the official code, when it runs, reads its own flags
         flags = check_config(fam.config_spec, config)
         if flags["refused"]:
-            raise RefusedConfig(flags["refused"], {"family": fam.name, "evidence": evidence})
+            raise RefusedConfig(flags["refused"], {"family": fam.name, "evidence": evidence, "checkpoint": str(ckpt)})
     tokenizer, tok_info = load_tokenizer(ckpt, config, trust_remote_code)
     # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
     mask_id = _mask_id(config, tokenizer, fam)

@@ -66,7 +66,8 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
             warnings.simplefilter("ignore", FutureWarning)
             if remote is None or trust_remote_code:
                 tok = transformers.AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
-                how = "remote code (trust_remote_code)" if remote else "AutoTokenizer"
+                how = ("the release's remote code (trust_remote_code)" if remote else
+                       f"AutoTokenizer for the release's {tok_cfg.get('tokenizer_class') or 'files'}")
             else:
                 cls_name, files = _standard_class(ckpt, remote)
                 tok = getattr(transformers, cls_name).from_pretrained(str(ckpt))
