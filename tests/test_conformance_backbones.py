@@ -289,7 +289,7 @@ def test_info_describes_each_release(case):
     assert d["special_ids"]["mask"]["id"] == bb.mask_id
     assert {"eos", "pad"} <= set(d["special_ids"]) and d["tokenizer"]["class"]
     assert set(d["hook_points"]) == set(bb.points) and d["config_keys"]["refused"] == []
-    code, out = _info("-m", ckpt)
+    code, out = _info(ckpt)  # the directory as an argument, as --model
     assert code == 0 and d["family"] in out and "detected from" in out and "refused config flags" in out, out
 
 

@@ -64,7 +64,8 @@ def _load(model, family=None, trust_remote_code=False, dtype=None, device="cpu")
 
 @app.command()
 @friendly
-def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
+def info(checkpoint: Optional[str] = typer.Argument(None, help="checkpoint directory (same as --model)"),
+         model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
          trust_remote_code: bool = RemoteOpt,
          device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
          as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
@@ -72,6 +73,9 @@ def info(model: Optional[str] = ModelOpt, family: Optional[str] = FamilyOpt,
     from timerome.backbones.describe import describe, describe_refusal, summary_rows
     from timerome.backbones.flags import RefusedConfig
 
+    if checkpoint and model and checkpoint != model:
+        raise TimeromeError(f"two checkpoints given ({checkpoint} and --model {model}); pass one")
+    model = checkpoint or model
     try:
         bb = _load(model, family, trust_remote_code, dtype, device)
         d = describe(bb)

@@ -47,7 +47,9 @@ class Backbone:
         for layer in (0, self.n_layers - 1):  # fail at load time, not mid-trace
             for point in POINTS:
                 self.module(layer, point)
-        self._padding_problem = self._probe_remote_padding() if remote else None
+        self._padding_problem = None  # why padded batches are refused (the checkpoint's own code only)
+        if remote:
+            self._padding_problem = self._probe_remote_padding()
 
     # ---------------------------------------------------------------- device / dtype
     @property
@@ -101,11 +103,10 @@ class Backbone:
         if fam.attention in ("bias4d", "additive4d"):  # transformers' classes: a 4-D mask makes them bidirectional
             B, L = ids.shape
             k = keys if keys is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
-            m = k[:, None, None, :].expand(B, 1, L, L)
-            if fam.attention == "additive4d":
-                dt = self.dtype
-                m = torch.zeros(m.shape, dtype=dt, device=ids.device).masked_fill(~m, torch.finfo(dt).min)
-            kwargs["attention_mask"] = m
+            m = k[:, None, None, :]
+            if fam.attention == "additive4d":  # 0 for real keys, the dtype's min for padding
+                m = torch.zeros(m.shape, dtype=self.dtype, device=ids.device).masked_fill(~m, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = m.expand(B, 1, L, L)
         elif keys is not None:  # our implementations: a 2-D key mask
             kwargs["attention_mask"] = keys
         if keys is not None and fam.positions == "from_mask":
@@ -135,7 +136,6 @@ class Backbone:
         V = self.vocab_size
         ids = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 5, 3]], device=self.device) % V
         keys = torch.tensor([[1, 1, 0]] * 3, dtype=torch.bool, device=self.device)
-        self._padding_problem = None
         try:
             with torch.no_grad():
                 out = self.model(input_ids=ids, **self._remote_kwargs(ids, keys)).logits.float()
@@ -156,7 +156,7 @@ class Backbone:
         layer adds routed + shared inline, so the "mlp" point has a module only without a shared expert)."""
         fam = self.family
         for point, template in fam.remote_points:
-            if self._paths[point].format(i=0) in self._modules:
+            if self._has(point):
                 continue
             blocker = [p for p in fam.remote_unhookable_if if self._has(p)]
             if blocker:

@@ -56,12 +56,11 @@ def detect_family(config: dict, family: str | None = None) -> tuple[Family, list
                 scored.append((len(ev), fam, ev))
     scored.sort(key=lambda t: -t[0])
     best = scored[0] if scored else None
-    if family is None and best and len(scored) > 1 and scored[1][0] == best[0]:
-        raise TimeromeError(
-            f"config.json fits several families ({best[1].name}: {'; '.join(best[2])} / "
-            f"{scored[1][1].name}: {'; '.join(scored[1][2])}); pass family= to choose")
-
     if family is None:
+        if best and len(scored) > 1 and scored[1][0] == best[0]:
+            raise TimeromeError(
+                f"config.json fits several families ({best[1].name}: {'; '.join(best[2])} / "
+                f"{scored[1][1].name}: {'; '.join(scored[1][2])}); pass family= to choose")
         if best is None:
             raise TimeromeError(
                 f"cannot tell the backbone family from config.json ({describe_config(config)}); "

@@ -69,11 +69,24 @@ def positions_for(keys: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(~keys, 1)
 
 
-def key_mask(keys: torch.Tensor | None) -> torch.Tensor | None:
-    """A [B, L] boolean key mask (True = real token) -> SDPA's [B, 1, 1, L]; None when nothing is hidden."""
-    if keys is None:
-        return None
-    return keys[:, None, None, :]
+def mask_and_positions(input_ids, attention_mask=None, attention_bias=None, position_ids=None):
+    """What our forwards take -> (SDPA mask, RoPE positions).
+
+    attention_bias: a 4-D boolean or additive bias, used as is (MMaDA's convention);
+    attention_mask: [B, L] (True = real token, hides padded keys) or a 4-D boolean mask;
+    position_ids: [B, L], default 0..L-1.
+    """
+    if attention_bias is not None:
+        mask = attention_bias
+    elif attention_mask is None:
+        mask = None
+    elif attention_mask.dim() == 4:
+        mask = attention_mask.bool()
+    else:
+        mask = attention_mask.bool()[:, None, None, :]
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    return mask, position_ids
 
 
 def attend(q, k, v, mask):

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timerome.backbones.layers import ACTIVATIONS, RMSNorm, apply_rope, attend, key_mask, rope_tables
+from timerome.backbones.layers import ACTIVATIONS, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
 from timerome.backbones.lladamoe_model import LLaDAMoEModelLM
+from timerome.errors import TimeromeError
 
 # official modeling_llada ModelConfig defaults, for keys a config leaves out
 OFFICIAL_DEFAULTS = dict(
@@ -54,7 +55,7 @@ def llada_settings(config: dict) -> SimpleNamespace:
     else:
         nkv = c["n_kv_heads"]
         if c["multi_query_attention"] is not None and nkv != (1 if c["multi_query_attention"] else nh):
-            raise ValueError("n_kv_heads contradicts multi_query_attention")  # refused earlier by flags
+            raise TimeromeError(f"n_kv_heads={nkv} contradicts multi_query_attention={c['multi_query_attention']}")
     c["effective_n_kv_heads"] = nkv
     c["head_dim"] = c["d_model"] // nh
     c["ff_hidden"] = c["mlp_hidden_size"] if c["mlp_hidden_size"] is not None else c["mlp_ratio"] * c["d_model"]
@@ -147,15 +148,8 @@ class LLaDAModelLM(nn.Module):
         x = t.wte(input_ids)
         if s.input_emb_norm:
             x = x * (s.d_model ** 0.5)
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=x.device)[None]
-        cos, sin = rope_tables(position_ids, s.head_dim, s.rope_theta)
-        if attention_bias is not None:
-            mask = attention_bias
-        elif attention_mask is not None and attention_mask.dim() == 4:
-            mask = attention_mask.bool()
-        else:
-            mask = key_mask(None if attention_mask is None else attention_mask.bool())
+        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids)
+        cos, sin = rope_tables(positions, s.head_dim, s.rope_theta)
         for blk in t.blocks:
             x, _ = blk(x, mask, cos, sin)
         x = t.ln_f(x)

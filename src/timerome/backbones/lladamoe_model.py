@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timerome.backbones.layers import GatedMLP, RMSNorm, apply_rope, attend, key_mask, rope_tables
+from timerome.backbones.layers import GatedMLP, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
 
 
 def moe_settings(config: dict) -> SimpleNamespace:
@@ -148,16 +148,9 @@ class LLaDAMoEModelLM(nn.Module):
     def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None, **_):
         s = self.settings
         x = self.model.embed_tokens(input_ids)
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=x.device)[None]
-        cos, sin = rope_tables(position_ids, s.rotary_dim, s.rope_theta)
+        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids)
+        cos, sin = rope_tables(positions, s.rotary_dim, s.rope_theta)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the official tables are cast to the model dtype
-        if attention_bias is not None:
-            mask = attention_bias
-        elif attention_mask is not None and attention_mask.dim() == 4:
-            mask = attention_mask.bool()
-        else:
-            mask = key_mask(None if attention_mask is None else attention_mask.bool())
         for layer in self.model.layers:
             x = layer(x, mask, cos, sin)[0]
         x = self.model.norm(x)
