@@ -106,10 +106,7 @@ def test_logits_aligned_and_bidirectional(backbones, fam):
     ids = _ids(bb)
     with torch.no_grad():
         out = bb.logits(ids)
-        kwargs = {}
-        if bb.family.attention == "bias4d":
-            kwargs["attention_mask"] = torch.ones(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
-        raw = bb.model(input_ids=ids, **kwargs).logits
+        raw = bb.model(input_ids=ids, **bb.forward_kwargs(ids, None)).logits
         if bb.family.logit_shift:
             torch.testing.assert_close(out[:, 1:], raw[:, :-1])
         else:
@@ -129,6 +126,22 @@ def test_padding_is_invisible(backbones, fam):
         a = bb.logits(ids)
         b = bb.logits(padded, att)[:, : ids.shape[1]]
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_left_padding_is_invisible(backbones, fam):
+    # RoPE is relative, so only rounding tells positions 0..L-1 from positions counted over real
+    # tokens; with a logit shift the first real token's logits come from a pad slot (a placeholder)
+    bb = backbones[fam]
+    ids = _ids(bb)[:1]
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+    att = torch.cat([torch.zeros(1, 4), torch.ones(1, ids.shape[1])], dim=1).bool()
+    with torch.no_grad():
+        a = bb.logits(ids)
+        b = bb.logits(padded, att)[:, 4:]
+    s = bb.family.logit_shift
+    tol = 1e-5 if bb.family.positions == "from_mask" else 1e-4
+    torch.testing.assert_close(a[:, s:], b[:, s:], atol=tol, rtol=tol)
 
 
 def test_bad_inputs(backbones, tiny_dirs, tmp_path):
@@ -191,53 +204,133 @@ def test_fingerprint_sees_an_edit_of_any_layer(tmp_path, family):
     assert bb.fingerprint() == before
 
 
-_REMOTE_CONFIG = '''
+# A checkpoint's "own" modelling code, in the three shapes the official forwards have: MMaDA (a 4-D
+# boolean attention_bias; a 2-D attention_mask turns it CAUSAL), Dream (a 4-D boolean attention_mask
+# plus position_ids; a 2-D mask is an error) and LLaDA before 2025-10-21 (every mask silently ignored).
+_REMOTE_CONFIG = """
 from transformers import PretrainedConfig
 
 
-class RemoteLLaDAConfig(PretrainedConfig):
-    model_type = "llada"
-'''
+class RemoteConfig(PretrainedConfig):
+    model_type = "{model_type}"
+"""
 
-# the checkpoint's "own" modelling code: a transformers PreTrainedModel with LLaDA's module names
-_REMOTE_MODEL = '''
+_REMOTE_LLADA = """
+import torch
 from transformers import PreTrainedModel
 
-from timerome.backbones.llada_model import LLaDAModel, LLaDAModelLM
-from .configuration_remote_llada import RemoteLLaDAConfig
+from timerome.backbones.llada_model import LLaDAModel, LLaDAModelLM, llada_settings
+from .configuration_remote import RemoteConfig
+
+SHAPE = "{shape}"
 
 
-class RemoteLLaDAModelLM(PreTrainedModel):
-    config_class = RemoteLLaDAConfig
+class RemoteModel(PreTrainedModel):
+    config_class = RemoteConfig
     base_model_prefix = "model"
 
     def __init__(self, config):
         super().__init__(config)
         self.cfg = config.to_dict()
-        self.model = LLaDAModel(self.cfg)
+        self.settings = llada_settings(self.cfg)
+        self.model = LLaDAModel(self.settings)
         self.post_init()
 
     def _init_weights(self, module):
         pass
 
-    def forward(self, input_ids, attention_mask=None, attention_bias=None, **_):
-        return LLaDAModelLM.forward(self, input_ids, attention_mask, attention_bias)
-'''
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, **unexpected):
+        assert not unexpected, unexpected
+        if SHAPE == "ignores-masks":
+            return LLaDAModelLM.forward(self, input_ids)
+        if attention_bias is None and attention_mask is not None:  # MMaDA's quirk: causal + padding
+            L = input_ids.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool, device=input_ids.device).tril()
+            attention_bias = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        return LLaDAModelLM.forward(self, input_ids, attention_bias=attention_bias)
+"""
+
+_REMOTE_DREAM = """
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+class RemoteConfig(Qwen2Config):
+    model_type = "Dream"
+
+
+class RemoteModel(Qwen2ForCausalLM):
+    config_class = RemoteConfig
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **unexpected):
+        assert not unexpected, unexpected
+        B, L = input_ids.shape
+        if attention_mask is None:  # Dream is bidirectional without a mask
+            attention_mask = torch.ones(B, 1, L, L, dtype=torch.bool, device=input_ids.device)
+        if attention_mask.dim() != 4:
+            raise ValueError("the official Dream forward passes the mask to SDPA as is: it must be 4-D")
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+"""
+
+
+def _with_remote_code(d, shape):
+    cfg = json.loads((d / "config.json").read_text())
+    if shape == "dream":
+        (d / "modeling_remote.py").write_text(_REMOTE_DREAM)
+        cfg["auto_map"] = {"AutoConfig": "modeling_remote.RemoteConfig", "AutoModel": "modeling_remote.RemoteModel"}
+    else:
+        (d / "configuration_remote.py").write_text(_REMOTE_CONFIG.format(model_type=cfg["model_type"]))
+        (d / "modeling_remote.py").write_text(_REMOTE_LLADA.format(shape=shape))
+        cfg["auto_map"] = {"AutoConfig": "configuration_remote.RemoteConfig", "AutoModel": "modeling_remote.RemoteModel"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("family, shape", [("mmada", "mmada"), ("dream", "dream")])
+def test_remote_code_gets_padding_where_its_forward_expects_it(tmp_path, family, shape):
+    d = _with_remote_code(make_tiny_checkpoint(family, tmp_path / family, layers=2), shape)
+    ours = load_backbone(d)
+    assert type(ours.model).__name__ != "RemoteModel"  # auto_map ignored without the flag
+    remote = load_backbone(d, trust_remote_code=True)
+    assert type(remote.model).__name__ == "RemoteModel" and remote.family.name == family and remote.remote
+    ids = _ids(ours)
+    att = torch.ones(ids.shape, dtype=torch.bool)
+    att[1, 6:] = False  # right padding
+    sites = [(l, p) for l in range(ours.n_layers) for p in ("resid", "attn", "mlp")]
+    for am in (None, att):
+        keep = att if am is not None else torch.ones(ids.shape, dtype=torch.bool)
+        with torch.no_grad(), capture(ours, sites) as want:
+            a = ours.logits(ids, attention_mask=am)
+        with torch.no_grad(), capture(remote, sites) as got:
+            b = remote.logits(ids, attention_mask=am)
+        torch.testing.assert_close(a[keep], b[keep], atol=1e-5, rtol=0)
+        for site in sites:
+            torch.testing.assert_close(want[site][0][keep], got[site][0][keep], atol=1e-5, rtol=0)
+    # the padded row's real tokens see exactly what they see unpadded
+    with torch.no_grad():
+        alone = remote.logits(ids[1:, :6])
+    torch.testing.assert_close(b[1, :6], alone[0], atol=1e-5, rtol=0)
+
+
+def test_remote_code_that_ignores_padding_is_refused_on_padded_input(tmp_path):
+    d = _with_remote_code(make_tiny_checkpoint("llada", tmp_path / "old", layers=2), "ignores-masks")
+    ours, remote = load_backbone(d), load_backbone(d, trust_remote_code=True)
+    ids = _ids(ours)
+    with torch.no_grad():
+        assert torch.equal(ours.logits(ids), remote.logits(ids))  # same weights, same function
+        att = torch.ones(ids.shape, dtype=torch.bool)
+        att[:, 6:] = False
+        with pytest.raises(TimeromeError, match="ignores the padding mask"):
+            remote.logits(ids, attention_mask=att)
+        ours.logits(ids, attention_mask=att)  # timerome's implementation pads
 
 
 def test_remote_code_runs_only_when_asked(tmp_path):
-    d = make_tiny_checkpoint("llada", tmp_path / "remote", layers=2)
-    (d / "configuration_remote_llada.py").write_text(_REMOTE_CONFIG)
-    (d / "modeling_remote_llada.py").write_text(_REMOTE_MODEL)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["auto_map"] = {"AutoConfig": "configuration_remote_llada.RemoteLLaDAConfig",
-                       "AutoModel": "modeling_remote_llada.RemoteLLaDAModelLM"}
-    (d / "config.json").write_text(json.dumps(cfg))
-
+    d = _with_remote_code(make_tiny_checkpoint("llada", tmp_path / "remote", layers=2), "mmada")
     ours = load_backbone(d)
     assert type(ours.model).__name__ == "LLaDAModelLM"  # auto_map ignored without the flag
     remote = load_backbone(d, trust_remote_code=True)
-    assert type(remote.model).__name__ == "RemoteLLaDAModelLM" and remote.family.name == "llada"
+    assert type(remote.model).__name__ == "RemoteModel" and remote.family.name == "llada"
     ids = _ids(ours)
     assert torch.equal(ours.logits(ids), remote.logits(ids))  # same weights, same function
     with capture(remote, [(1, "resid"), (0, "mlp")]) as got:
@@ -249,6 +342,6 @@ def test_remote_code_runs_only_when_asked(tmp_path):
         assert len(got[site]) == 1 and torch.equal(got[site][0], want[site][0])
 
     broken = shutil.copytree(d, tmp_path / "broken")  # another folder: the loaded module is cached
-    (broken / "modeling_remote_llada.py").write_text("raise RuntimeError('this code is broken')\n")
+    (broken / "modeling_remote.py").write_text("raise RuntimeError('this code is broken')\n")
     with pytest.raises(TimeromeError, match="remote code failed.*this code is broken"):
         load_backbone(broken, trust_remote_code=True)

@@ -16,8 +16,11 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 
-from timerome.backbones.families import HOOK_POINTS
+from timerome.backbones.families import FAMILIES, HOOK_POINTS
 from timerome.errors import TimeromeError
+
+# the paper's three points, then the family-specific ones some models have (LLaDA-MoE's mlp_routed, ...)
+KNOWN_POINTS = HOOK_POINTS + tuple(sorted({p for f in FAMILIES.values() for p, _ in f.extra_points}))
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,9 @@ class Coordinate:
     step: int | None = None  # None: every denoising step
 
     def __post_init__(self):
-        if self.point not in HOOK_POINTS:
+        if self.point not in KNOWN_POINTS:
             raise TimeromeError(f"unknown hook point {self.point!r}; a coordinate's point is one of "
-                                f"{', '.join(HOOK_POINTS)}")
+                                f"{', '.join(KNOWN_POINTS)}")
         if isinstance(self.layer, bool) or not isinstance(self.layer, numbers.Integral):
             raise TimeromeError(f"layer must be an int, got {self.layer!r}")
         if self.step is not None and (isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral)
@@ -72,6 +75,9 @@ class Coordinate:
     def on(self, backbone) -> "Coordinate":
         """Checked against the backbone; a negative layer counts from the top."""
         n = backbone.n_layers
+        if self.point not in getattr(backbone, "points", HOOK_POINTS):
+            raise TimeromeError(f"the {backbone.family.name} model has no hook point {self.point!r}; its points are "
+                                f"{', '.join(p for p in backbone.points if p != 'embed')}")
         if not -n <= self.layer < n:
             raise TimeromeError(f"layer {self.layer} out of range: the model has {n} layers")
         return dataclasses.replace(self, layer=self.layer % n)

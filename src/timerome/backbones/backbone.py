@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from timerome.backbones.families import HOOK_POINTS, Family
+from timerome.backbones.layers import positions_for
 from timerome.errors import TimeromeError
 
 POINTS = HOOK_POINTS + ("embed",)
@@ -17,27 +18,38 @@ POINTS = HOOK_POINTS + ("embed",)
 class Backbone:
     """A masked diffusion LM seen through its family's module-path table.
 
-    `logits` is always aligned (logits[:, i] predicts token i) and always bidirectional;
-    `module(layer, point)` resolves a hook point to the module whose output it is.
+    `logits` is always aligned (logits[:, i] predicts token i) and always bidirectional; a
+    padding mask goes where the running implementation expects it (ours, a transformers class,
+    or the checkpoint's own code). `module(layer, point)` resolves a hook point to the module
+    whose output it is; `points` lists the points this model has (the paper's three, "embed",
+    and family extras such as LLaDA-MoE's "mlp_routed" / "mlp_shared").
     """
 
     def __init__(self, model: nn.Module, tokenizer, family: Family, config: dict, *,
-                 mask_id: int, name: str = ""):
+                 mask_id: int, name: str = "", remote: bool = False, info: dict | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.family = family
         self.config = config
         self.mask_id = int(mask_id)
         self.name = name or family.name
+        self.remote = remote  # the checkpoint's own modelling code runs (trust_remote_code=True)
+        self.info = dict(info or {})
         self.n_layers = int(_first(config, family.n_layers_keys, "number of layers"))
         self.hidden_size = int(_first(config, family.hidden_keys, "hidden size"))
         self.max_length = int(_first(config, family.context_keys, "context length"))
         self.vocab_size = int(config.get("embedding_size") or config["vocab_size"])
-        self._paths = {"resid": family.block, "attn": family.attn, "mlp": family.mlp}
+        self._paths = family.points()
         self._modules = dict(model.named_modules())
+        if remote:
+            self._remote_paths()
+        self.points = ("embed",) + tuple(p for p in self._paths if self._has(p))
         for layer in (0, self.n_layers - 1):  # fail at load time, not mid-trace
             for point in POINTS:
                 self.module(layer, point)
+        self._padding_problem = None  # why padded batches are refused (the checkpoint's own code only)
+        if remote:
+            self._padding_problem = self._probe_remote_padding()
 
     # ---------------------------------------------------------------- device / dtype
     @property
@@ -59,30 +71,110 @@ class Backbone:
 
     # ---------------------------------------------------------------- forward
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [B, L] -> logits [B, L, V], position i predicting token i."""
+        """ids [B, L] -> logits [B, L, V], position i predicting token i.
+
+        attention_mask [B, L] (True / 1 = real token) hides padding; what the real positions
+        see does not depend on how much padding a row has.
+        """
         if ids.dim() != 2:
             raise TimeromeError(f"ids must be [batch, length], got shape {tuple(ids.shape)}")
         if ids.shape[1] > self.max_length:
             raise TimeromeError(f"sequence of {ids.shape[1]} tokens exceeds the model's context of {self.max_length}")
-        kwargs = {}
-        if self.family.attention == "bias4d":
-            B, L = ids.shape
-            keys = attention_mask.bool() if attention_mask is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
-            kwargs["attention_mask"] = keys[:, None, None, :].expand(B, 1, L, L)  # bidirectional
-        elif attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
-        out = self.model(input_ids=ids, **kwargs).logits
+        keys = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != tuple(ids.shape):
+                raise TimeromeError(f"attention_mask must have the shape of ids {tuple(ids.shape)}, "
+                                    f"got {tuple(attention_mask.shape)}")
+            am = attention_mask.to(ids.device).bool()
+            if not bool(am.all()):
+                keys = am
+        out = self.model(input_ids=ids, **self.forward_kwargs(ids, keys)).logits
         if self.family.logit_shift:
             # Dream/DiffuLLaMA: output j-1 predicts token j
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
         return out
+
+    def forward_kwargs(self, ids: torch.Tensor, keys: torch.Tensor | None) -> dict:
+        """The model's keyword arguments for a batch whose real tokens are `keys` (None: no padding)."""
+        fam = self.family
+        if self.remote:
+            return self._remote_kwargs(ids, keys)
+        kwargs = {}
+        if fam.attention in ("bias4d", "additive4d"):  # transformers' classes: a 4-D mask makes them bidirectional
+            B, L = ids.shape
+            k = keys if keys is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
+            m = k[:, None, None, :]
+            if fam.attention == "additive4d":  # 0 for real keys, the dtype's min for padding
+                m = torch.zeros(m.shape, dtype=self.dtype, device=ids.device).masked_fill(~m, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = m.expand(B, 1, L, L)
+        elif keys is not None:  # our implementations: a 2-D key mask
+            kwargs["attention_mask"] = keys
+        if keys is not None and fam.positions == "from_mask":
+            kwargs["position_ids"] = positions_for(keys)
+        return kwargs
+
+    def _remote_kwargs(self, ids, keys) -> dict:
+        style = self.family.remote_padding
+        if keys is None:
+            return {}  # every official forward is bidirectional without a mask
+        if self._padding_problem:
+            raise TimeromeError(self._padding_problem)
+        both = (keys[:, :, None] & keys[:, None, :])[:, None]  # [B, 1, L, L], as the official samplers build it
+        if style == "attention_bias":
+            return {"attention_bias": both}
+        if style == "mask4d":
+            return {"attention_mask": both, "position_ids": positions_for(keys)}
+        raise TimeromeError(
+            f"the official {self.family.name} code ignores attention masks, so padded batches run with "
+            "trust_remote_code=True would be wrong; load without it to use timerome's implementation")
+
+    def _probe_remote_padding(self) -> str | None:
+        """Check once, on 3 tokens, that the checkpoint's own code honours the padding mask the
+        way this family's official code does (an older LLaDA revision silently ignores it)."""
+        if self.family.remote_padding == "none":
+            return None
+        V = self.vocab_size
+        ids = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 5, 3]], device=self.device) % V
+        keys = torch.tensor([[1, 1, 0]] * 3, dtype=torch.bool, device=self.device)
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=ids, **self._remote_kwargs(ids, keys)).logits.float()
+        except Exception as e:  # noqa: BLE001
+            return (f"the checkpoint's own code fails on a padded batch ({type(e).__name__}: {str(e)[:120]}); "
+                    "load without trust_remote_code to use timerome's implementation")
+        tol = 1e-3 * (1 + out[:, :2].abs().max().item())
+        if (out[0, :2] - out[1, :2]).abs().max().item() > tol:
+            return ("the checkpoint's own code ignores the padding mask (a padded token changed the others); "
+                    "load without trust_remote_code to use timerome's implementation")
+        if (out[0, 0] - out[2, 0]).abs().max().item() <= tol:
+            return ("the checkpoint's own code is not bidirectional on a padded batch; "
+                    "load without trust_remote_code to use timerome's implementation")
+        return None
+
+    def _remote_paths(self):
+        """Points whose module differs in the official code (LLaDA-MoE has no `mlp_sum`: its
+        layer adds routed + shared inline, so the "mlp" point has a module only without a shared expert)."""
+        fam = self.family
+        for point, template in fam.remote_points:
+            if self._has(point):
+                continue
+            blocker = [p for p in fam.remote_unhookable_if if self._has(p)]
+            if blocker:
+                raise TimeromeError(
+                    f"with trust_remote_code=True the official {fam.name} code computes the {point!r} hook "
+                    f"point inline (it includes {blocker[0]!r}), so no module outputs it; load without "
+                    "trust_remote_code to use timerome's implementation")
+            self._paths[point] = template
+
+    def _has(self, point: str) -> bool:
+        return self._paths[point].format(i=0) in self._modules
 
     # ---------------------------------------------------------------- hook points
     def module_path(self, layer: int | None, point: str) -> str:
         if point == "embed":
             return self.family.embed
         if point not in self._paths:
-            raise TimeromeError(f"unknown hook point {point!r}; hook points are {', '.join(POINTS)}")
+            raise TimeromeError(f"unknown hook point {point!r}; hook points are {', '.join(self.points)}")
         if layer is None or not (-self.n_layers <= layer < self.n_layers):
             raise TimeromeError(f"layer {layer} out of range: the model has {self.n_layers} layers")
         return self._paths[point].format(i=layer % self.n_layers)

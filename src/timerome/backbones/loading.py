@@ -9,8 +9,11 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.backbone import Backbone
-from timerome.backbones.families import Family, family_for_model_type, get_family
-from timerome.backbones.llada_model import MODEL_CLASSES
+from timerome.backbones.detect import detect_family
+from timerome.backbones.families import Family
+from timerome.backbones.flags import RefusedConfig, check_config
+from timerome.backbones.llada_model import model_class
+from timerome.backbones.tokenizer import load_tokenizer
 from timerome.errors import TimeromeError
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
@@ -50,20 +53,28 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     """Load a masked diffusion LM and wrap it as a Backbone.
 
     path_or_hub_id: checkpoint directory (config.json + safetensors + tokenizer); None or
-    "default" loads the embedded model. family: one of timerome.backbones.FAMILIES, else read
-    from config.json's model_type. Remote code runs only with trust_remote_code=True.
+    "default" loads the embedded model. family: one of timerome.backbones.FAMILIES, else
+    detected from config.json's keys and architectures (a family that does not fit the config
+    is an error). Config flags our implementation does not implement are refused, unknown keys
+    warned about. Remote code runs only with trust_remote_code=True.
     """
     device = _device(device)
     ckpt = resolve_checkpoint(path_or_hub_id)
-    config = json.loads((ckpt / "config.json").read_text())
-    fam = get_family(family) if family else family_for_model_type(config.get("model_type"))
+    config = read_config(ckpt)
+    fam, evidence = detect_family(config, family)
     torch_dtype = _dtype(dtype)
-    tokenizer = _tokenizer(ckpt, trust_remote_code)
+    remote = bool(trust_remote_code and fam.needs_remote_code)
+    flags = {"refused": [], "unknown": [], "implemented": []}
+    if not remote:  # the official code, when it runs, reads its own flags
+        flags = check_config(fam.config_spec, config)
+        if flags["refused"]:
+            raise RefusedConfig(flags["refused"], {"family": fam.name, "evidence": evidence, "checkpoint": str(ckpt)})
+    tokenizer, tok_info = load_tokenizer(ckpt, config, trust_remote_code)
     # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
     mask_id = _mask_id(config, tokenizer, fam)
     if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
         raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
-    if trust_remote_code and fam.needs_remote_code:
+    if remote:
         model = _remote_model(ckpt, torch_dtype)
     elif fam.loader == "timerome":
         model = _our_model(ckpt, config, fam, torch_dtype)
@@ -71,7 +82,25 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
         model = _transformers_model(ckpt, config, fam, torch_dtype)
     model.to(device)
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
-    return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name)
+    info = {"checkpoint": str(ckpt), "evidence": evidence, "tokenizer": tok_info, "config_keys": flags,
+            "implementation": _implementation(model, fam, remote)}
+    return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
+
+
+def read_config(ckpt: Path) -> dict:
+    try:
+        config = json.loads((ckpt / "config.json").read_text())
+    except ValueError as e:
+        raise TimeromeError(f"{ckpt / 'config.json'} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise TimeromeError(f"{ckpt / 'config.json'} is not a JSON object")
+    return config
+
+
+def _implementation(model, fam: Family, remote: bool) -> str:
+    kind = "the checkpoint's own code (trust_remote_code)" if remote else (
+        "timerome's implementation" if fam.loader == "timerome" else "transformers")
+    return f"{type(model).__name__} ({kind})"
 
 
 def _device(device) -> torch.device:
@@ -96,20 +125,6 @@ def _dtype(dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise TimeromeError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def _tokenizer(ckpt: Path, trust_remote_code: bool):
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # it warns about our model_type while it reads config.json
-    try:
-        return AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001
-        raise TimeromeError(f"could not load a tokenizer from {ckpt}: {e}") from None
-    finally:
-        hf_logging.set_verbosity(level)
 
 
 def _mask_id(config: dict, tokenizer, fam: Family) -> int:
@@ -138,7 +153,7 @@ def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
-    cls = MODEL_CLASSES.get(config.get("model_type"), MODEL_CLASSES["llada"] if "n_layers" in config else MODEL_CLASSES["lladamoe"])
+    cls = model_class(config)
     with torch.device("meta"):
         model = cls(config)
     state = _state_dict(ckpt)
@@ -152,20 +167,26 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
 def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     import transformers
 
-    mt = config.get("model_type")
-    if mt in ("llama",):
-        cfg_cls, model_cls = transformers.LlamaConfig, transformers.LlamaForCausalLM
-    else:  # Dream checkpoints are Qwen2 weights under their own model_type
-        cfg_cls, model_cls = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    from transformers.utils import logging as hf_logging
+
+    cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                          # Dream checkpoints are Qwen2 weights under their own model_type
+                          "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[fam.hf_class]
+    fields = {k: v for k, v in config.items()
+              if k not in ("model_type", "architectures", "auto_map") and not (k == "rope_scaling" and v is None)}
     hf_config = cfg_cls(**fields)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
         # is not needed, so no remote code runs
-        model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation="sdpa",
+        model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation=fam.hf_attention,
                                           use_safetensors=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model
 
 

@@ -28,8 +28,32 @@ def _tokenizer(directory: Path):
     return tok
 
 
+# the keys of the released configs (LLaDA-8B, MMaDA-8B, LLaDA-MoE-7B-A1B), at tiny sizes
+LLADA_RELEASE_KEYS = dict(
+    architectures=["LLaDAModelLM"], activation_type="silu", alibi=False, alibi_bias_max=8.0,
+    attention_dropout=0.0, attention_layer_norm=False, attention_layer_norm_with_affine=True,
+    bias_for_layer_norm=False, block_group_size=1, block_type="llama", embedding_dropout=0.0,
+    flash_attention=False, include_bias=False, include_qkv_bias=False, init_cutoff_factor=None,
+    init_device="meta", init_fn="mitchell", init_std=0.02, input_emb_norm=False, layer_norm_type="rms",
+    layer_norm_with_affine=True, mlp_ratio=4, multi_query_attention=None, precision="amp_bf16",
+    residual_dropout=0.0, rope=True, rope_full_precision=True, scale_logits=False, use_cache=False,
+    weight_tying=False,
+)
+MMADA_KEYS = dict(architectures=["MMadaModelLM"], codebook_size=8, num_vq_tokens=4, num_new_special_tokens=0,
+                  w_clip_vit=False, tie_word_embeddings=False)
+LLADA_MOE_RELEASE_KEYS = dict(
+    architectures=["LLaDAMoEModelLM"], attention_bias=False, attention_dropout=0.0, clip_qkv=None,
+    hidden_act="silu", moe_router_enable_expert_bias=None, moe_router_score_function="softmax",
+    norm_topk_prob=False, output_router_logits=False, partial_rotary_factor=1, qk_layernorm=True,
+    rope_scaling=None, routed_scaling_factor=1, router_aux_loss_coef=0.01, router_num_group=None,
+    router_topk_group=None, tie_word_embeddings=False, use_cache=False,
+)
+
+
 def make_tiny_checkpoint(family: str, directory: str | Path, *, layers: int = 2, hidden: int = 32,
                          seed: int = 0) -> Path:
+    """A tiny random checkpoint of `family`'s structure, with the release's config keys (our own
+    word tokenizer). The LLaDA-MoE one has a shared expert and GQA, which the release does not."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(d)
@@ -39,13 +63,17 @@ def make_tiny_checkpoint(family: str, directory: str | Path, *, layers: int = 2,
                    n_layers=layers, n_heads=4, n_kv_heads=4, mlp_hidden_size=2 * hidden,
                    vocab_size=vocab, embedding_size=vocab, max_sequence_length=128,
                    rope_theta=10000.0, rms_norm_eps=1e-5, mask_token_id=mask, weight_tying=False)
+        if family != "timerome":
+            cfg.update(LLADA_RELEASE_KEYS)
+        if family == "mmada":
+            cfg.update(MMADA_KEYS, llm_vocab_size=vocab, new_vocab_size=vocab)
         save_model(build_model(cfg, seed=seed), d)
     elif family == "llada-moe":
-        cfg = dict(model_type="lladamoe", hidden_size=hidden, num_hidden_layers=layers,
-                   num_attention_heads=4, num_key_value_heads=2, num_experts=4,
-                   num_experts_per_tok=2, expert_intermediate_size=hidden,
-                   shared_expert_intermediate_size=hidden, vocab_size=vocab,
-                   max_position_embeddings=128, rope_theta=10000.0, mask_token_id=mask)
+        cfg = dict(LLADA_MOE_RELEASE_KEYS, model_type="llada", hidden_size=hidden, num_hidden_layers=layers,
+                   num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                   expert_intermediate_size=hidden, dense_intermediate_size=2 * hidden,
+                   shared_expert_intermediate_size=hidden, moe_layer_freq=[1] * layers, vocab_size=vocab,
+                   max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5, mask_token_id=mask)
         save_model(build_model(cfg, seed=seed), d)
     elif family in ("dream", "diffullama"):
         _transformers_tiny(family, d, vocab, mask, layers, hidden, seed)
@@ -68,6 +96,5 @@ def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
     model.save_pretrained(str(d), safe_serialization=True)
     cfg = json.loads((d / "config.json").read_text())
     if family == "dream":
-        cfg["model_type"] = "Dream"
-        cfg["mask_token_id"] = mask
+        cfg.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=mask)
     (d / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -16,14 +17,43 @@ from timerome.errors import TimeromeError
 @app.command()
 @friendly
 @model_options
-def info(model: ModelChoice):
-    """Show a backbone's family, size, mask id and hook points."""
-    bb = model.load()
-    t = Table(title=str(bb))
+def info(checkpoint: Optional[str] = typer.Argument(None, help="checkpoint directory (same as --model)"),
+         model: ModelChoice = None,
+         as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
+    """Show a backbone's family (and why), tokenizer, special ids, hook points and refused config flags."""
+    from timerome.backbones.describe import describe, describe_refusal, summary_rows
+    from timerome.backbones.flags import RefusedConfig
+
+    if checkpoint and model.model and checkpoint != model.model:
+        raise TimeromeError(f"two checkpoints given ({checkpoint} and --model {model.model}); pass one")
+    try:
+        bb = dataclasses.replace(model, model=checkpoint or model.model).load()
+        d = describe(bb)
+    except RefusedConfig as e:
+        d = describe_refusal(e)
+        if as_json:
+            typer.echo(json.dumps(d, indent=2))
+            raise typer.Exit(2)
+        _print_rows(d["family"], summary_rows(d))
+        raise
+    if as_json:
+        typer.echo(json.dumps(d, indent=2))
+        return
+    _print_rows(str(bb), summary_rows(d))
+    t = Table(title="hook points")
     t.add_column("point")
     t.add_column("module path (layer 0)")
-    for p in ("embed", "resid", "attn", "mlp"):
-        t.add_row(p, bb.module_path(0, p))
+    for p, path in d["hook_points"].items():
+        t.add_row(p, path)
+    console.print(t)
+
+
+def _print_rows(title: str, rows) -> None:
+    t = Table(title=title, show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    for k, v in rows:
+        t.add_row(k, v)
     console.print(t)
 
 

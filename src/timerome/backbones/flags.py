@@ -1,0 +1,186 @@
+"""Config keys, checked against what the official forward does with them.
+
+Every key of a family's official config class is in one of three columns:
+  implemented - our forward does with it what the official one does;
+  harmless    - the official forward never reads it (ids, dropout in eval, init, training, versions);
+  refused     - a value we do not implement (or the official code crashes on, or ignores while the
+                value says otherwise): one TimeromeError naming the key, the value and why.
+Any other key is unknown: one warning lists them all (it may change the forward in a way we
+cannot see). Values are judged after the official defaults are applied, so a config that leaves
+out `block_type` is judged as the official default "sequential".
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+from timerome.errors import TimeromeError
+
+COMMON_HARMLESS = {
+    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id", "use_cache", "return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "initializer_range", "attention_dropout",
+}
+
+Rule = tuple[Callable[[Any], bool], str]  # (value is fine, why another value is refused)
+
+
+class TimeromeConfigWarning(UserWarning):
+    """config.json has keys timerome does not know; they might change the forward."""
+
+
+def _in(*ok) -> Callable[[Any], bool]:
+    return lambda v: v in ok
+
+
+LLADA = dict(
+    implemented={
+        "d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_ratio", "mlp_hidden_size", "rope_theta",
+        "rope_full_precision", "rms_norm_eps", "attention_layer_norm", "attention_layer_norm_with_affine",
+        "input_emb_norm", "scale_logits", "layer_norm_with_affine", "include_bias", "include_qkv_bias",
+        "bias_for_layer_norm", "weight_tying", "vocab_size", "embedding_size", "max_sequence_length",
+        "multi_query_attention",
+    },
+    harmless={
+        "residual_dropout", "embedding_dropout", "init_device", "init_fn", "init_std", "init_cutoff_factor",
+        "precision",  # the training recipe's autocast; the HF forward never reads it
+        "alibi_bias_max",  # only with alibi, which is refused
+        "flash_attention",  # flash-attn kernel for the same unmasked attention, when installed
+    },
+    refused={
+        "block_type": (_in("llama"), "only LLaDA's 'llama' block is implemented (the official default "
+                                     "'sequential' fuses q/k/v into att_proj)"),
+        "activation_type": (_in("silu", "gelu", "relu"), "the llama block gates act(ff_proj) * up_proj; "
+                                                         "'swiglu' there crashes the official code"),
+        "block_group_size": (_in(1), "block groups rename the weights (transformer.block_groups)"),
+        "alibi": (_in(False), "the official MDM forward asserts ALiBi is off"),
+        "rope": (_in(True), "the official MDM forward asserts RoPE is on"),
+        "layer_norm_type": (_in("rms"), "only the 'rms' norm of the releases is implemented"),
+    },
+    defaults="timerome.backbones.llada_model",
+)
+
+MMADA = dict(LLADA, harmless=LLADA["harmless"] | {
+    # MMadaConfig's extra keys: image tokens live in the same embedding, the text forward ignores them
+    "llm_vocab_size", "codebook_size", "num_vq_tokens", "num_new_special_tokens", "new_vocab_size",
+    "w_clip_vit", "llm_model_path", "gradient_checkpointing",
+    "tie_word_embeddings",  # LLaDAModelLM.tie_weights follows weight_tying, not this
+})
+
+LLADA_MOE = dict(
+    implemented={
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta", "partial_rotary_factor", "attention_bias",
+        "clip_qkv", "qk_layernorm", "num_experts", "num_experts_per_tok", "expert_intermediate_size",
+        "dense_intermediate_size", "shared_expert_intermediate_size", "moe_layer_freq",
+        "moe_router_enable_expert_bias", "tie_word_embeddings",
+    },
+    harmless={"output_router_logits", "router_aux_loss_coef"},
+    refused={
+        "hidden_act": (_in("silu", "gelu", "relu"), "only silu, gelu and relu experts are implemented"),
+        "rope_scaling": (_in(None), "RoPE scaling is not implemented for LLaDA-MoE"),
+        "norm_topk_prob": (_in(None, False), "the official LLaDA-MoE block never renormalises the top-k "
+                                             "weights (it hard-codes norm_topk_prob off), so the flag's "
+                                             "meaning is ambiguous"),
+        "moe_router_score_function": (_in(None, "softmax"), "the official block always routes with softmax"),
+        "routed_scaling_factor": (_in(None, 1, 1.0), "the official block never scales the routed output"),
+        "router_num_group": (lambda v: v is None or v <= 1, "the official block has no group-limited routing"),
+        "router_topk_group": (lambda v: v is None or v <= 1, "the official block has no group-limited routing"),
+    },
+    defaults=None,
+)
+
+QWEN2 = dict(  # Dream: Qwen2 weights in Dream's own (remote) classes; run by transformers' Qwen2
+    implemented={
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "vocab_size",
+        "max_window_layers", "sliding_window",  # only read with use_sliding_window, refused below
+    },
+    harmless=set(),
+    refused={
+        "hidden_act": (_in("silu"), "only silu is verified for Dream"),
+        "rope_scaling": (_in(None), "RoPE scaling is not verified for Dream"),
+        "use_sliding_window": (_in(None, False), "Dream's official SDPA attention ignores the window while "
+                                                 "its flash-attention path applies it: ambiguous"),
+        # how transformers 5 writes rope_theta / rope_scaling and the per-layer window
+        "rope_parameters": (lambda v: v is None or v.get("rope_type", "default") == "default",
+                            "RoPE scaling is not verified for Dream"),
+        "layer_types": (lambda v: v is None or all(t == "full_attention" for t in v),
+                        "sliding-window layers are not verified for Dream"),
+    },
+    defaults=None,
+)
+
+LLAMA = dict(  # DiffuLLaMA: transformers' own Llama is the official model
+    implemented={
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "attention_bias",
+        "mlp_bias", "head_dim", "tie_word_embeddings", "vocab_size", "rope_parameters",
+    },
+    harmless={"pretraining_tp"},  # 4.x splits the same matmuls into slices
+    refused={},
+    defaults=None,
+)
+
+SPECS = {"llada": LLADA, "mmada": MMADA, "llada-moe": LLADA_MOE, "qwen2": QWEN2, "llama": LLAMA}
+
+
+def _effective(spec: dict, config: dict) -> dict:
+    if spec["defaults"] is None:
+        return config
+    from timerome.backbones.llada_model import OFFICIAL_DEFAULTS, TIMEROME_DEFAULTS
+
+    defaults = TIMEROME_DEFAULTS if config.get("model_type") == "timerome-llada" else OFFICIAL_DEFAULTS
+    return {**defaults, **config}
+
+
+def _consistency(spec_name: str, c: dict) -> list[str]:
+    """Combinations the official code raises on (a clear error here instead)."""
+    bad = []
+    if spec_name in ("llada", "mmada"):
+        mqa, nkv, nh = c.get("multi_query_attention"), c.get("n_kv_heads"), c.get("n_heads")
+        if mqa is not None and nkv is not None and nkv != (1 if mqa else nh):
+            bad.append(f"n_kv_heads={nkv} contradicts multi_query_attention={mqa}")
+        emb, voc = c.get("embedding_size"), c.get("vocab_size")
+        if emb is not None and voc is not None and emb < voc:
+            bad.append(f"embedding_size={emb} is smaller than vocab_size={voc}")
+    if spec_name == "llada-moe":
+        freq, n = c.get("moe_layer_freq"), c.get("num_hidden_layers")
+        if freq and len(freq) < (n or 0):
+            bad.append(f"moe_layer_freq has {len(freq)} entries for {n} layers")
+        if freq and not all(freq) and not c.get("dense_intermediate_size"):
+            bad.append("moe_layer_freq has dense layers but dense_intermediate_size is not set")
+    return bad
+
+
+class RefusedConfig(TimeromeError):
+    """config.json asks for a forward timerome does not implement; `.refused` lists the keys."""
+
+    def __init__(self, refused: list[str], report: dict | None = None):
+        super().__init__("config.json asks for what timerome does not implement: " + "; ".join(refused))
+        self.refused = refused
+        self.report = report or {}  # family and detection evidence, for `timerome info`
+
+
+def check_config(spec_name: str, config: dict, *, warn: bool = True) -> dict:
+    """{"refused": [...], "unknown": [...], "implemented": [...]} for a config.json.
+
+    refused: "key=value (why)" for each value we do not implement; `load_backbone` raises
+    RefusedConfig on any. unknown: keys in no column, reported in one warning.
+    """
+    spec = SPECS[spec_name]
+    c = _effective(spec, config)
+    refused = []
+    for key, (ok, why) in spec["refused"].items():
+        if key in c and not ok(c[key]):
+            shown = "absent, official default " if key not in config else ""
+            refused.append(f"{key}={shown}{c[key]!r} ({why})")
+    refused += _consistency(spec_name, c)
+    known = COMMON_HARMLESS | spec["implemented"] | spec["harmless"] | set(spec["refused"])
+    unknown = sorted(k for k in config if k not in known)
+    if unknown and warn:
+        warnings.warn(f"config.json has keys timerome does not know, which may change the forward: "
+                      f"{', '.join(unknown)}", TimeromeConfigWarning, stacklevel=3)
+    implemented = sorted(k for k in config if k in spec["implemented"] or k in spec["refused"])
+    return {"refused": refused, "unknown": unknown, "implemented": implemented}
