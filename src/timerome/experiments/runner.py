@@ -7,12 +7,16 @@ again: its result is a JSON file in <out_dir>/cells named by the digest of every
 determines it (the model's fingerprint, the data, the method's full config, the seed, the
 measurement's options). Rerunning an experiment computes only the cells it has not seen.
 
-Measurements (`Cell.measure`):
+Measurements (`Cell.measure`), a registry: `@measurement("name")` on a function
+(cell, context, rows, task) -> result adds one (benchmark files add theirs the same way):
     full        install the method, every TOFU metric (evaluation.evaluate), undo
     lp          install, log p(answer | question) of every item only, undo
     traj        install, log p read along the greedy denoising trajectory (a one-step edit exists there)
     sequential  insert the forget facts one at a time into a TimeROME memory, lp after each insert
     reference   forget truth ratios of the model that never saw the forget set (Forget Quality's KS test)
+An executor runs the cells that are not cached: `local_executor` (in this process, in order) by
+default; any callable (cells, context, done) -> None with the same contract can replace it, where
+done(i, result) stores cell i's result.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from timerome.progress import progress_bar
 from timerome.task import ForgetTask
 
 VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
-MEASURES = ("full", "lp", "traj", "sequential", "reference")
+MEASURES: dict = {}  # name -> (cell, context, rows, task) -> JSON-able result; `measurement` fills it
 LP_COLUMNS = {"forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
 TRAJ_COLUMNS = {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
 
@@ -168,42 +172,82 @@ class Context:
 # ------------------------------------------------------------------------------ one cell
 
 
+def measurement(name: str):
+    """Register fn(cell, context, rows, task) -> result as the measurement `name`."""
+
+    def deco(fn):
+        MEASURES[name] = fn
+        return fn
+
+    return deco
+
+
 def execute(cell: Cell, ctx: Context) -> dict:
-    """The result of one cell (JSON-able): {"items", "metrics", "cost", "info", "config"}."""
+    """The result of one cell (JSON-able); it depends on the cell and the context's model and data only."""
     if cell.measure not in MEASURES:
         raise TimeromeError(f"unknown measurement {cell.measure!r}; one of {', '.join(MEASURES)}")
     rows, task = ctx.data(cell.data)
-    o = cell.options
-    if cell.measure == "reference":
-        return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=o.get("n_mc", 16),
-                                             seed=cell.seed)}
-    if cell.measure == "sequential":
-        return _sequential(ctx.backbone, task, rows, cell)
+    return MEASURES[cell.measure](cell, ctx, rows, task)
+
+
+def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
+    """Install the cell's method, run measure(edit) -> result, undo; the result gets the install cost,
+    the method's info and its full config."""
     edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
     try:
-        if cell.measure == "full":
-            res = evaluate(ctx.backbone, rows, n_mc=o.get("n_mc", 16), seed=cell.seed, edit=edit,
-                           rouge=o.get("rouge", True))
-        else:
-            t0 = time.perf_counter()
-            if cell.measure == "lp":
-                lps, cols = lp_only(ctx.backbone, rows, n_mc=o.get("n_mc", 16), seed=cell.seed, edit=edit), LP_COLUMNS
-            else:
-                lps = {k: trajectory_logprobs(ctx.backbone, v, steps=o.get("steps", 8), edit=edit)
-                       for k, v in rows.items()}
-                cols = TRAJ_COLUMNS
-            res = {"items": {k: {"lp": v} for k, v in lps.items()},
-                   "metrics": {cols[k]: float(np.mean(v)) for k, v in lps.items() if k in cols},
-                   "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
-        res["metrics"].update(install_seconds=edit.install_seconds, install_extra_mb=edit.extra_memory_mb)
+        res = measure(edit)
+        res.setdefault("metrics", {}).update(install_seconds=edit.install_seconds,
+                                             install_extra_mb=edit.extra_memory_mb)
         res["info"], res["config"] = edit.info, edit.config
         return res
     finally:
         edit.undo()
 
 
-def _sequential(bb, task, rows, cell) -> dict:
+@measurement("full")
+def _full(cell, ctx, rows, task) -> dict:
+    return with_edit(cell, ctx, task, lambda edit: evaluate(
+        ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit,
+        rouge=cell.options.get("rouge", True)))
+
+
+def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
+    return {"items": {k: {"lp": v} for k, v in lps.items()},
+            "metrics": {cols[k]: float(np.mean(v)) for k, v in lps.items() if k in cols},
+            "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+
+
+@measurement("lp")
+def _lp(cell, ctx, rows, task) -> dict:
+    def measure(edit):
+        t0 = time.perf_counter()
+        return _lps(lp_only(ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit),
+                    LP_COLUMNS, edit, t0)
+
+    return with_edit(cell, ctx, task, measure)
+
+
+@measurement("traj")
+def _traj(cell, ctx, rows, task) -> dict:
+    def measure(edit):
+        t0 = time.perf_counter()
+        lps = {k: trajectory_logprobs(ctx.backbone, v, steps=cell.options.get("steps", 8), edit=edit)
+               for k, v in rows.items()}
+        return _lps(lps, TRAJ_COLUMNS, edit, t0)
+
+    return with_edit(cell, ctx, task, measure)
+
+
+@measurement("reference")
+def _reference(cell, ctx, rows, task) -> dict:
+    return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=cell.options.get("n_mc", 16),
+                                         seed=cell.seed)}
+
+
+@measurement("sequential")
+def _sequential(cell, ctx, rows, task) -> dict:
     """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
+    bb = ctx.backbone
     conf = method_config("timerome", cell.config)
     prepare(bb, task, conf)
     coordinate, info = locate(bb, task, conf)
@@ -230,11 +274,19 @@ def _sequential(bb, task, rows, cell) -> dict:
 # ------------------------------------------------------------------------------ the runner
 
 
+def local_executor(cells: list[Cell], ctx: Context, done, progress: bool = True, title: str = "cells") -> None:
+    """Compute the cells here, one after the other, with a progress bar."""
+    with progress_bar(title, total=len(cells), enabled=progress and bool(cells)) as bar:
+        for i, c in enumerate(cells):
+            done(i, execute(c, ctx))
+            bar.advance(description=f"{title}: {c.row or c.method} seed {c.seed}")
+
+
 class Runner:
     """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything."""
 
-    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True):
-        self.out_dir, self.resume, self.progress = Path(out_dir), resume, progress
+    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor):
+        self.out_dir, self.resume, self.progress, self.executor = Path(out_dir), resume, progress, executor
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, cell: Cell, ctx: Context) -> Path:
@@ -250,11 +302,13 @@ class Runner:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
         results = [self.cached(c, ctx) for c in cells]
         todo = [i for i, r in enumerate(results) if r is None]
-        with progress_bar(f"{title} ({len(cells) - len(todo)} cached)", total=len(todo),
-                          enabled=self.progress and bool(todo)) as bar:
-            for i in todo:
-                c = cells[i]
-                results[i] = execute(c, ctx)
-                write_json(self.path(c, ctx), {"cell": asdict(c), "key": c.key(ctx), "result": results[i]})
-                bar.advance(description=f"{title}: {c.row or c.method} seed {c.seed}")
+
+        def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
+            c = cells[todo[j]]
+            results[todo[j]] = result
+            write_json(self.path(c, ctx), {"cell": asdict(c), "key": c.key(ctx), "result": result})
+
+        cached = len(cells) - len(todo)
+        self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
+                      title=f"{title} ({cached} cached)" if cached else title)
         return results
