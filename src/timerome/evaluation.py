@@ -16,6 +16,8 @@ the same seed share their masks: differences between them are paired, not MC noi
 
 Generation for ROUGE is length-oracle: each answer gets exactly as many mask tokens as its
 reference has tokens, one token revealed per step (our small models never learned an end token).
+`sampler={"cache": "dual", "threshold": 0.9}` (evaluate, score_split, generate_answers) switches
+on the sampler's fast options (sampler.py); the default is the exact reference sampler.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def fits(backbone, row: dict) -> bool:
 
 
 def score_split(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, truth_ratio: bool = True,
-                rouge: bool = True, progress: bool = False) -> dict:
+                rouge: bool = True, progress: bool = False, sampler: dict | None = None) -> dict:
     """Per-item numbers of one split: lp, len, prob (and tr, para/pert terms, rouge)."""
     q = [r["question"] for r in rows]
     lp, ln = M.answer_logprobs(backbone, q, [r["answer"] for r in rows], n_mc=n_mc, seed=seed)
@@ -118,7 +120,8 @@ def score_split(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, tr
         norm = M.normalised_prob(lp, ln, pert_lp, pert_ln)
         out.update(tr=tr.tolist(), norm_prob=norm.tolist())
     if rouge and rows:
-        preds = generate_answers(backbone, q, [r["answer"] for r in rows], seed=seed, progress=progress)
+        preds = generate_answers(backbone, q, [r["answer"] for r in rows], seed=seed, progress=progress,
+                                 **(sampler or {}))
         out["generations"] = preds
         out["rouge"] = M.rouge_l_recall(preds, [r["answer"] for r in rows]).tolist()
     return out
@@ -126,8 +129,13 @@ def score_split(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, tr
 
 @torch.no_grad()
 def generate_answers(backbone, questions: list[str], answers: list[str], *, seed: int = 0,
-                     progress: bool = False) -> list[str]:
-    """Greedy (temperature 0) answers, as many tokens as each reference answer, batched by shape."""
+                     progress: bool = False, cache: str | None = None, threshold: float | None = None,
+                     refresh_every: int | None = None) -> list[str]:
+    """Greedy (temperature 0) answers, as many tokens as each reference answer, batched by shape.
+
+    One block per answer, one token per step; cache / threshold / refresh_every: the sampler's
+    fast options (None: the exact reference sampler). With one block both caches hold the
+    question's keys/values from the first step and recompute the answer at every step."""
     pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (p, a) in enumerate(pairs):
@@ -137,7 +145,8 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
         for (_, G), idx in groups.items():
             prompt = torch.tensor([pairs[i][0] for i in idx], device=backbone.device)
             gen = torch.Generator(device=backbone.device).manual_seed(seed)
-            x = generate(backbone, prompt, steps=G, gen_length=G, block_length=G, generator=gen)
+            x = generate(backbone, prompt, steps=G, gen_length=G, block_length=G, generator=gen, cache=cache,
+                         threshold=threshold, refresh_every=refresh_every)
             for b, i in enumerate(idx):
                 out[i] = backbone.decode(x[b, prompt.shape[1]:])
             bar.advance()
@@ -183,8 +192,12 @@ def model_utility(items: dict[str, dict]) -> float:
 
 
 def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int = 0, reference_tr=None,
-             edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False) -> dict:
+             edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False,
+             sampler: dict | None = None) -> dict:
     """Score every split of `rows` on backbone (with `edit` active when given).
+
+    sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
+    {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler.
 
     Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}}, all JSON-able.
     """
@@ -195,7 +208,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
         for split, rs in rows.items():
             items[split] = score_split(backbone, rs, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio,
-                                       rouge=rouge)
+                                       rouge=rouge, sampler=sampler)
             bar.advance(description=f"evaluated {split}")
     metrics = summarise(items, reference_tr)
     c = {"eval_seconds": cost["seconds"], "eval_peak_memory_mb": cost["peak_mb"]}

@@ -17,10 +17,16 @@ ends (also when the body raises). A site is
     with Hooks(bb, keep=[(1, "resid")], stop=True) as tr: # stop: the layers above 1 never run
         bb.logits(ids)
 
-`TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it before
-every forward, and an edit at a Coordinate with a step fires only when state.step equals it.
-`state.positions` says which absolute token positions the current forward holds (None: all of
-them, 0..L-1), for forwards that recompute only part of the sequence.
+`TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
+denoising step (a cache refresh and the partial forward that follows are the same step), and an
+edit at a Coordinate with a step fires only when state.step equals it. `state.positions` says
+which absolute token positions the current forward holds (None: all of them, 0..L-1): a cached
+sampler's partial forward recomputes only a window (`Backbone.window_logits`, which publishes
+them as `backbone.held_positions`; every hook copies them into its state before it runs). An edit
+acts on the tokens the forward computes, so under a cache it acts on each position when that
+position's keys and values are computed; the token `positions` of `keep` and `patch` are
+absolute and are mapped through the held positions (a position the forward does not hold is
+neither kept nor patched: its cached keys/values are those of the refresh).
 """
 
 from __future__ import annotations
@@ -108,11 +114,17 @@ class Hooks(dict):
 
     # ------------------------------------------------------------------ the hook functions
 
+    def _held(self) -> torch.Tensor | None:
+        """Absolute positions of the forward in flight (None: all), copied into the state."""
+        self.state.positions = getattr(self.backbone, "held_positions", None)
+        return self.state.positions
+
     def _editor(self, site, fn):
         step = site.step if isinstance(site, Coordinate) else None
         state = self.state
 
         def hook(_module, _inputs, output):
+            self._held()
             if step is not None and state.step != step:
                 return None
             if self.raw:
@@ -138,13 +150,29 @@ class Hooks(dict):
         return hook
 
     def _record(self, site, h: torch.Tensor):
-        v = h if self.positions is None else h[:, self.positions]
+        held = self._held()
+        if self.positions is None:
+            v = h
+        else:
+            v = h[:, self.positions] if held is None else h[:, held_index(self.positions, held)[0]]
         if self.detach:
             v = v.detach().clone()
         self[site].append(v.cpu() if self.to_cpu else v)
         if self.stop and all(len(v) > self._forwards for v in self.values()):
             self._forwards += 1
             raise StopForward
+
+
+def held_index(positions, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(local, which): of the absolute token `positions` (ints, a LongTensor or a slice), which ones
+    a forward holding the absolute positions `held` [W] has (bool per position), and their indices
+    in that forward (in the order of `positions`)."""
+    if isinstance(positions, slice):
+        positions = torch.arange(int(held.max()) + 1, device=held.device)[positions]
+    pos = torch.as_tensor(positions, device=held.device).reshape(-1)
+    match = pos[:, None] == held[None, :]  # [P, W]
+    which = match.any(1)
+    return match.long().argmax(1)[which], which
 
 
 # ------------------------------------------------------------------------------ common uses
@@ -165,9 +193,13 @@ def patch(backbone, values: dict, positions, state: TraceState | None = None, at
     denoising step `at_step` when given)."""
 
     def splicer(site):
-        def fn(h, _state):
+        def fn(h, state):
             out = h.clone()
-            out[:, positions] = values[site].to(h.dtype)
+            if state.positions is None:
+                out[:, positions] = values[site].to(h.dtype)
+            else:  # a partial forward: the patched positions it holds
+                local, which = held_index(positions, state.positions)
+                out[:, local] = values[site][:, which].to(h.dtype)
             return out
 
         return fn

@@ -17,6 +17,24 @@ Faithful to the reference (ML-GSAI/LLaDA generate.py), quirks included:
 
 Dream-style confidences ("maskgit_plus", "margin", "entropy") plug into the same block schedule;
 like Dream they are read from softmax(logits / T) (softmax(logits) at T = 0), in float64.
+
+Fast options (Fast-dLLM, Wu et al. 2025), off by default; the default path above is unchanged:
+- cache="prefix" | "dual": an approximate key/value cache (`Backbone.kv_cache`, timerome's own
+  LLaDA / MMaDA / LLaDA-MoE implementations). At the first step of every block a refresh forward
+  computes every position and stores each layer's keys and values; every step then recomputes
+  only a window, [block start, end of x) for "prefix", the block itself for "dual", attending
+  over the stored keys/values of the other positions (stale since the refresh). Only the block's
+  masked positions compete for the reveal (the reference also lets mask tokens inside the prompt
+  compete). refresh_every=n refreshes again every n steps inside a block; refresh_every=1
+  recomputes everything at every step and, at temperature 0, gives the reference's tokens through
+  the cached code path (the tests check it, with and without an edit installed).
+- threshold=tau: each step reveals every candidate position whose confidence is >= tau, and at
+  least the most confident one, until the block is filled (so `steps` no longer fixes the number
+  of steps: a block takes 1..block_length steps). Needs a probability-valued confidence
+  (low_confidence, maskgit_plus, margin).
+Hooks see what each forward computes: an edit acts on every position when its keys/values are
+computed (at a refresh: all of them; in a partial forward: the window's), and `state.step` is set
+once per denoising step, whatever forwards the step makes.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ import torch.nn.functional as F
 from timerome.errors import TimeromeError
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "margin", "entropy")
+CACHES = ("prefix", "dual")
+THRESHOLD_REMASKING = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
 
 
 def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
@@ -48,20 +68,27 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
              temperature: float = 0.0, cfg_scale: float = 0.0, remasking: str = "low_confidence",
              generator: torch.Generator | None = None, state=None,
              on_step: Callable[[int, torch.Tensor], None] | None = None,
-             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+             attention_mask: torch.Tensor | None = None, cache: str | None = None,
+             threshold: float | None = None, refresh_every: int | None = None) -> torch.Tensor:
     """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
 
-    state: any object with an int `step`; set to k before the k-th forward (k = 0..steps-1).
+    state: any object with an int `step`; set to k before the forwards of denoising step k
+        (k = 0..steps-1; with a threshold, as many steps as the blocks take).
     on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
     attention_mask: [B, P] or [B, P + gen_length], False at padding (e.g. left-padded prompts);
         padded positions are never revealed and are hidden from attention.
     generator: every random draw comes from it (default: a Generator seeded 0 on the backbone's
         device); draws are made on the generator's device.
+    cache: None (exact, the reference), "prefix" or "dual" (module docstring); refresh_every: with
+        a cache, refresh it every n steps inside a block too (None: at block starts only).
+    threshold: reveal every candidate whose confidence is >= threshold, at least one per step.
     """
     device = backbone.device
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
     _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    _check_fast(cache, threshold, refresh_every, remasking)
+    kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
     mask_id = backbone.mask_id
@@ -73,29 +100,40 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
 
     n_blocks = gen_length // block_length
     steps_per_block = steps // n_blocks
+    L = P + gen_length
+    forward = _Forward(backbone, prompt_index, real, attention_mask, cfg_scale, kv)
     k = 0
     for b in range(n_blocks):
         start, end = P + b * block_length, P + (b + 1) * block_length
         n_transfer = transfer_schedule((x[:, start:end] == mask_id).sum(1), steps_per_block)  # [B, spb]
-        for i in range(steps_per_block):
+        # the positions each step recomputes: all of them, or the cache's window
+        lo, hi = (0, L) if kv is None else (start, L if cache == "prefix" else end)
+        i = 0
+        while (i < steps_per_block if threshold is None else
+               bool(((x[:, start:end] == mask_id) & real[:, start:end]).any())):
             if state is not None:
-                state.step = k
-            masked = (x == mask_id) & real
-            masked[:, end:] = False  # later blocks wait their turn
-            logits = _guided_logits(backbone, x, prompt_index, real, attention_mask, cfg_scale)
-            x = denoise_step(x, logits, masked, n_transfer[:, i], temperature=temperature,
-                             remasking=remasking, generator=generator)
+                state.step = k  # once per denoising step: a refresh and its partial forward are one step
+            if kv is not None and (i == 0 or (refresh_every is not None and i % refresh_every == 0)):
+                forward.refresh(x)
+            masked = (x[:, lo:hi] == mask_id) & real[:, lo:hi]
+            masked[:, end - lo:] = False  # later blocks wait their turn
+            logits = forward(x, lo, hi)
+            n_reveal = n_transfer[:, i] if threshold is None else torch.ones_like(n_transfer[:, 0])
+            x[:, lo:hi] = denoise_step(x[:, lo:hi], logits, masked, n_reveal, temperature=temperature,
+                                       remasking=remasking, generator=generator, threshold=threshold)
             if on_step is not None:
                 on_step(k, x.clone())
             k += 1
+            i += 1
     return x
 
 
 def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
                  temperature: float = 0.0, remasking: str = "low_confidence",
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, threshold: float | None = None) -> torch.Tensor:
     """One reveal: x [B, L] with the n_reveal[b] most confident positions of `masked` [B, L] (bool)
-    in row b filled from logits [B, L, V]; every other position keeps its token.
+    in row b filled from logits [B, L, V]; every other position keeps its token. With a threshold,
+    row b reveals max(n_reveal[b], its masked positions whose confidence is >= threshold).
 
     The sampler's step, public so that tracing commits tokens exactly as generation does.
     """
@@ -103,6 +141,8 @@ def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_
     conf = _confidence(logits, x0, remasking, temperature, generator)
     x0 = torch.where(masked, x0, x)
     conf = torch.where(masked, conf, -torch.inf)
+    if threshold is not None:
+        n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 
@@ -150,6 +190,22 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
         raise TimeromeError(f"cfg_scale must be >= 0, got {cfg_scale}")
 
 
+def _check_fast(cache, threshold, refresh_every, remasking):
+    if cache is not None and cache not in CACHES:
+        raise TimeromeError(f"unknown cache {cache!r}; choose {' or '.join(map(repr, CACHES))} (None: the exact sampler)")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+            raise TimeromeError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
+        if remasking not in THRESHOLD_REMASKING:
+            raise TimeromeError(f"threshold needs a probability-valued confidence ({', '.join(THRESHOLD_REMASKING)}); "
+                                f"remasking={remasking!r} is not one")
+    if refresh_every is not None:
+        if cache is None:
+            raise TimeromeError("refresh_every needs a cache (cache='prefix' or 'dual')")
+        if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
+            raise TimeromeError(f"refresh_every must be an integer >= 1 (steps between refreshes), got {refresh_every!r}")
+
+
 def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:
     if attention_mask is None:
         return torch.ones(B, P + G, dtype=torch.bool, device=device)
@@ -167,17 +223,36 @@ def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:
 # ------------------------------------------------------------------------------ one step
 
 
-def _guided_logits(backbone, x, prompt_index, real, attention_mask, cfg_scale) -> torch.Tensor:
-    """One forward: [B, L, V] logits, classifier-free guided when cfg_scale > 0."""
-    am = None if attention_mask is None else real
-    if cfg_scale <= 0:
-        return backbone.logits(x, attention_mask=am)
-    uncond = x.clone()
-    uncond[prompt_index] = backbone.mask_id
-    am2 = None if am is None else torch.cat([am, am])
-    both = backbone.logits(torch.cat([x, uncond]), attention_mask=am2)  # [2B, L, V]
-    cond, unc = both.chunk(2, dim=0)
-    return unc + (cfg_scale + 1) * (cond - unc)
+class _Forward:
+    """The step's forward: [B, hi - lo, V] logits of positions lo..hi-1, classifier-free guided when
+    cfg_scale > 0 ([cond; uncond] in one batch, the uncond rows with the prompt masked). Without a
+    cache (lo, hi) = (0, L): one full forward, as the reference; with one, `refresh` stores every
+    position's keys/values and the call computes the window only."""
+
+    def __init__(self, backbone, prompt_index, real, attention_mask, cfg_scale, kv):
+        self.backbone, self.prompt_index, self.cfg_scale, self.kv = backbone, prompt_index, cfg_scale, kv
+        am = None if attention_mask is None else real
+        self.am = am if am is None or cfg_scale <= 0 else torch.cat([am, am])
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg_scale <= 0:
+            return x
+        uncond = x.clone()
+        uncond[self.prompt_index] = self.backbone.mask_id
+        return torch.cat([x, uncond])
+
+    def refresh(self, x: torch.Tensor) -> None:
+        self.backbone.refresh(self.rows(x), self.kv, attention_mask=self.am)
+
+    def __call__(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        if self.kv is None:
+            logits = self.backbone.logits(self.rows(x), attention_mask=self.am)  # [B or 2B, L, V]
+        else:
+            logits = self.backbone.window_logits(self.rows(x), self.kv, lo, hi, attention_mask=self.am)
+        if self.cfg_scale <= 0:
+            return logits
+        cond, unc = logits.chunk(2, dim=0)
+        return unc + (self.cfg_scale + 1) * (cond - unc)
 
 
 def _rand(shape, dtype, generator, device) -> torch.Tensor:

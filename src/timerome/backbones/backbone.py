@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from timerome.backbones.families import HOOK_POINTS, Family
-from timerome.backbones.layers import positions_for
+from timerome.backbones.layers import KVCache, positions_for
 from timerome.errors import TimeromeError
 
 POINTS = HOOK_POINTS + ("embed",)
@@ -48,6 +48,7 @@ class Backbone:
             for point in POINTS:
                 self.module(layer, point)
         self._padding_problem = None  # why padded batches are refused (the checkpoint's own code only)
+        self.held_positions: torch.Tensor | None = None  # absolute positions of a partial forward in flight
         if remote:
             self._padding_problem = self._probe_remote_padding()
 
@@ -76,23 +77,65 @@ class Backbone:
         attention_mask [B, L] (True / 1 = real token) hides padding; what the real positions
         see does not depend on how much padding a row has.
         """
-        if ids.dim() != 2:
-            raise TimeromeError(f"ids must be [batch, length], got shape {tuple(ids.shape)}")
-        if ids.shape[1] > self.max_length:
-            raise TimeromeError(f"sequence of {ids.shape[1]} tokens exceeds the model's context of {self.max_length}")
-        keys = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != tuple(ids.shape):
-                raise TimeromeError(f"attention_mask must have the shape of ids {tuple(ids.shape)}, "
-                                    f"got {tuple(attention_mask.shape)}")
-            am = attention_mask.to(ids.device).bool()
-            if not bool(am.all()):
-                keys = am
+        keys = self._keys(ids, attention_mask)
         out = self.model(input_ids=ids, **self.forward_kwargs(ids, keys)).logits
         if self.family.logit_shift:
             # Dream/DiffuLLaMA: output j-1 predicts token j
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
         return out
+
+    def _keys(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The [B, L] real-token mask of a padded batch (None: no padding), after the shape checks."""
+        if ids.dim() != 2:
+            raise TimeromeError(f"ids must be [batch, length], got shape {tuple(ids.shape)}")
+        if ids.shape[1] > self.max_length:
+            raise TimeromeError(f"sequence of {ids.shape[1]} tokens exceeds the model's context of {self.max_length}")
+        if attention_mask is None:
+            return None
+        if tuple(attention_mask.shape) != tuple(ids.shape):
+            raise TimeromeError(f"attention_mask must have the shape of ids {tuple(ids.shape)}, "
+                                f"got {tuple(attention_mask.shape)}")
+        am = attention_mask.to(ids.device).bool()
+        return None if bool(am.all()) else am
+
+    # ---------------------------------------------------------------- cached forwards (sampler.py's cache=)
+    def kv_cache(self) -> KVCache:
+        """An empty key/value cache for `refresh` and `window_logits`: timerome's own implementations
+        only (LLaDA, MMaDA, LLaDA-MoE, the embedded model); other families are refused in one line."""
+        fam = self.family
+        if self.remote:
+            raise TimeromeError(f"the KV cache needs timerome's implementation of {fam.name}, not the checkpoint's "
+                                "own code: load without trust_remote_code, or sample with cache=None")
+        if fam.loader != "timerome":
+            raise TimeromeError(f"the KV cache is not supported for the {fam.name} family (transformers' "
+                                f"{fam.hf_class} class caches by appending only); sample it with cache=None")
+        return KVCache()
+
+    def refresh(self, ids: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None = None) -> None:
+        """A full forward over ids [B, L] that stores every layer's keys and values in `cache`; the
+        vocabulary head is skipped (hooks on every hook point fire as in `logits`)."""
+        keys = self._keys(ids, attention_mask)
+        cache.start = None
+        self.model(input_ids=ids, kv_cache=cache, **self.forward_kwargs(ids, keys))
+
+    def window_logits(self, ids: torch.Tensor, cache: KVCache, start: int, stop: int,
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, stop - start, V] of positions start..stop-1 of ids [B, L], computing only those
+        tokens and attending over `cache` (its last `refresh`) at every other position. While it
+        runs, `held_positions` says which absolute positions the forward holds (hooks map through it)."""
+        keys = self._keys(ids, attention_mask)
+        if not 0 <= start < stop <= ids.shape[1]:
+            raise TimeromeError(f"window {start}..{stop} is not inside the sequence of {ids.shape[1]} tokens")
+        kwargs = self.forward_kwargs(ids, keys)
+        if "position_ids" in kwargs:
+            kwargs["position_ids"] = kwargs["position_ids"][:, start:stop]
+        cache.start = start
+        self.held_positions = torch.arange(start, stop, device=ids.device)
+        try:
+            return self.model(input_ids=ids[:, start:stop], kv_cache=cache, **kwargs).logits
+        finally:
+            self.held_positions = None
+            cache.start = None
 
     def forward_kwargs(self, ids: torch.Tensor, keys: torch.Tensor | None) -> dict:
         """The model's keyword arguments for a batch whose real tokens are `keys` (None: no padding)."""

@@ -69,12 +69,15 @@ def positions_for(keys: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(~keys, 1)
 
 
-def mask_and_positions(input_ids, attention_mask=None, attention_bias=None, position_ids=None):
+def mask_and_positions(input_ids, attention_mask=None, attention_bias=None, position_ids=None, start: int = 0):
     """What our forwards take -> (SDPA mask, RoPE positions).
 
     attention_bias: a 4-D boolean or additive bias, used as is (MMaDA's convention);
     attention_mask: [B, L] (True = real token, hides padded keys) or a 4-D boolean mask;
     position_ids: [B, L], default 0..L-1.
+    start: the absolute position of input_ids[:, 0] (a partial forward over cached keys/values,
+        `KVCache`): default positions are start..start+L-1, and a 4-D mask over every position
+        keeps only the rows of these queries; a [B, L_all] key mask is read as is.
     """
     if attention_bias is not None:
         mask = attention_bias
@@ -84,9 +87,53 @@ def mask_and_positions(input_ids, attention_mask=None, attention_bias=None, posi
         mask = attention_mask.bool()
     else:
         mask = attention_mask.bool()[:, None, None, :]
+    L = input_ids.shape[1]
+    if mask is not None and mask.dim() == 4 and mask.shape[-2] > L:  # rows of every query: keep ours
+        mask = mask[:, :, start:start + L]
     if position_ids is None:
-        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        position_ids = torch.arange(start, start + L, device=input_ids.device)[None]
     return mask, position_ids
+
+
+class KVCache:
+    """Every layer's keys and values at every position, for forwards that recompute a window only.
+
+    A refresh (`start` None) is a full forward: each attention layer stores its keys and values
+    (after RoPE, before any head repetition) and the model skips its vocabulary head. A partial
+    forward (`start` = the absolute position of its first token) computes queries, keys and values
+    for its own tokens only, writes those keys and values over the stored ones at their positions
+    and attends over all of them: a token outside the window is seen with the keys and values of
+    the last refresh (Fast-dLLM's approximate cache). With nothing changed outside the window
+    since the refresh, a partial forward's outputs are those of a full forward.
+    """
+
+    def __init__(self):
+        self.start: int | None = None
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def slot(self, i: int):
+        """Layer i's exchange: (k, v) of this forward's tokens -> (k, v) the layer attends over."""
+
+        def exchange(k: torch.Tensor, v: torch.Tensor):
+            if self.start is None:
+                self.layers[i] = (k, v)
+                return k, v
+            if i not in self.layers:
+                raise RuntimeError("a partial forward needs a refresh first (KVCache.start = None)")
+            ck, cv = self.layers[i]
+            if ck.shape[0] != k.shape[0]:
+                raise RuntimeError(f"cached batch {ck.shape[0]} != batch {k.shape[0]} of the partial forward")
+            end = self.start + k.shape[2]
+            ck[:, :, self.start:end] = k
+            cv[:, :, self.start:end] = v
+            return ck, cv
+
+        return exchange
+
+    @property
+    def head(self) -> bool:
+        """Whether this forward computes logits (a refresh only stores keys and values)."""
+        return self.start is not None
 
 
 def attend(q, k, v, mask):

@@ -13,7 +13,9 @@ projections and the logit scaling run in the model dtype.
 
 Attention is bidirectional; a 2-D `attention_mask` [B, L] (True = real token) hides padded keys,
 a 4-D boolean or additive `attention_bias` is passed to SDPA as is (MMaDA's convention), and
-`position_ids` [B, L] set RoPE positions (default 0..L-1).
+`position_ids` [B, L] set RoPE positions (default 0..L-1). `kv_cache` (a `layers.KVCache`) makes a
+forward a refresh (store every layer's keys and values, no logits) or a partial forward over the
+cached keys and values of the other positions; without it nothing changes, to the bit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timerome.backbones.layers import ACTIVATIONS, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
+from timerome.backbones.layers import (ACTIVATIONS, KVCache, RMSNorm, apply_rope, attend, mask_and_positions,
+                                       rope_tables)
 from timerome.backbones.lladamoe_model import LLaDAMoEModelLM
 from timerome.errors import TimeromeError
 
@@ -95,7 +98,7 @@ class LLaDABlock(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, mask, cos, sin):
+    def forward(self, x, mask, cos, sin, kv=None):
         B, L, _ = x.shape
         h = self.attn_norm(x)
         q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
@@ -109,6 +112,8 @@ class LLaDABlock(nn.Module):
             q, k = apply_rope(q.float(), cos, sin).to(q.dtype), apply_rope(k.float(), cos, sin).to(k.dtype)
         else:
             q, k = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
+        if kv is not None:  # KVCache.slot: store, or attend over the cached keys/values as well
+            k, v = kv(k, v)
         a = attend(q, k, v, mask).transpose(1, 2).reshape(B, L, -1)
         x = x + self.attn_out(a)
         h = self.ff_norm(x)
@@ -142,16 +147,20 @@ class LLaDAModelLM(nn.Module):
         self.settings = llada_settings(config)
         self.model = LLaDAModel(self.settings)
 
-    def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None, **_):
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None,
+                kv_cache: KVCache | None = None, **_):
         s = self.settings
         t = self.model.transformer
         x = t.wte(input_ids)
         if s.input_emb_norm:
             x = x * (s.d_model ** 0.5)
-        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids)
+        start = (kv_cache.start or 0) if kv_cache is not None else 0
+        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids, start)
         cos, sin = rope_tables(positions, s.head_dim, s.rope_theta)
-        for blk in t.blocks:
-            x, _ = blk(x, mask, cos, sin)
+        for i, blk in enumerate(t.blocks):
+            x, _ = blk(x, mask, cos, sin, None if kv_cache is None else kv_cache.slot(i))
+        if kv_cache is not None and not kv_cache.head:
+            return SimpleNamespace(logits=None)
         x = t.ln_f(x)
         logits = t["ff_out"](x) if "ff_out" in t else F.linear(x, t.wte.weight)
         if s.scale_logits:

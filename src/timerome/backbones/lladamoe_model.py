@@ -11,6 +11,7 @@ head_dim before RoPE; routing softmax over all experts in float32, optional expe
 those weights, top-k, NO renormalisation (the official block hard-codes it off), weights cast to
 the activations' dtype, experts summed in expert order with index_add_; RoPE tables cast to the
 model dtype and applied there; `moe_layer_freq[i] == 0` gives layer i a dense MLP and no shared expert.
+`kv_cache` works as in our LLaDA implementation (`layers.KVCache`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timerome.backbones.layers import GatedMLP, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
+from timerome.backbones.layers import GatedMLP, KVCache, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
 
 
 def moe_settings(config: dict) -> SimpleNamespace:
@@ -85,7 +86,7 @@ class MoEAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, mask, cos, sin):
+    def forward(self, x, mask, cos, sin, kv=None):
         B, L, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         if self.q_norm is not None:  # per head, over head_dim
@@ -98,6 +99,8 @@ class MoEAttention(nn.Module):
         k = k.view(B, L, self.nkv, self.hd).transpose(1, 2)
         v = v.view(B, L, self.nkv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:  # KVCache.slot
+            k, v = kv(k, v)
         a = attend(q, k, v, mask).transpose(1, 2).reshape(B, L, -1)
         return self.o_proj(a), None  # (output, attention weights) like transformers' attention
 
@@ -116,8 +119,8 @@ class MoELayer(nn.Module):
             self.mlp = GatedMLP(s.hidden_size, s.dense_intermediate_size, s.hidden_act)
         self.mlp_sum = nn.Identity()  # no parameters: gives "routed + shared" a module to hook
 
-    def forward(self, x, mask, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin)[0]
+    def forward(self, x, mask, cos, sin, kv=None):
+        x = x + self.self_attn(self.input_layernorm(x), mask, cos, sin, kv)[0]
         h = self.post_attention_layernorm(x)
         m = self.mlp(h)
         if hasattr(self, "shared_expert"):
@@ -145,14 +148,18 @@ class LLaDAMoEModelLM(nn.Module):
         if not s.tie_word_embeddings:
             self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
 
-    def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None, **_):
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None,
+                kv_cache: KVCache | None = None, **_):
         s = self.settings
         x = self.model.embed_tokens(input_ids)
-        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids)
+        start = (kv_cache.start or 0) if kv_cache is not None else 0
+        mask, positions = mask_and_positions(input_ids, attention_mask, attention_bias, position_ids, start)
         cos, sin = rope_tables(positions, s.rotary_dim, s.rope_theta)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the official tables are cast to the model dtype
-        for layer in self.model.layers:
-            x = layer(x, mask, cos, sin)[0]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, mask, cos, sin, None if kv_cache is None else kv_cache.slot(i))[0]
+        if kv_cache is not None and not kv_cache.head:
+            return SimpleNamespace(logits=None)
         x = self.model.norm(x)
         logits = self.lm_head(x) if hasattr(self, "lm_head") else F.linear(x, self.model.embed_tokens.weight)
         return SimpleNamespace(logits=logits)

@@ -124,7 +124,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
              model: ModelChoice = None,
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
-             edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
+             edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
+             cache: Optional[str] = typer.Option(None, help="approximate KV cache: prefix or dual (default: exact)"),
+             threshold: Optional[float] = typer.Option(None, help="reveal every position whose confidence is >= this, at least one per step"),
+             refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps inside a block")):
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
     import torch
 
@@ -156,7 +159,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     for p in prompt:
         ids = torch.tensor([bb.encode(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
-                  remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed))
+                  remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed),
+                  cache=None if cache in (None, "none") else cache, threshold=threshold, refresh_every=refresh_every)
         with torch.no_grad():
             plain = shown(gen(bb, ids, **kw)[0, ids.shape[1]:])
             row = [p, plain]
