@@ -1,9 +1,9 @@
-"""Causal-trace speed: the wavefront `trace` against the naive loop and against the forward-pass floor.
+"""Causal-trace speed: the wavefront `trace` against the naive loop and against its throughput floor.
 
     python benchmarks/bench_trace.py            # embedded default model, its 8 validation facts
     python benchmarks/bench_trace.py --tiny     # a tiny random model (when the embedded one is absent)
-    python benchmarks/bench_trace.py --tiny --layers 8 --hidden 512   # a wider random model, where
-                                                # compute rather than per-call overhead dominates
+    python benchmarks/bench_trace.py --tiny --layers 4 --hidden 1024 --facts 2 --no-ablations
+                                                # a wide random model, where compute dominates
 
 Prints, from one run:
 - naive wall time: one full single-row trajectory per (fact, layer, step, module, noise sample),
@@ -11,24 +11,33 @@ Prints, from one run:
   --full-naive); the subset's TIE values are checked against the fast trace's;
 - fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
   below their layer, taking them from their corrupted row), and how many block computations it saves;
-- the fast trace's cost as a multiple of its floor: the minimum number of single-sequence
-  forwards the definition needs (clean K+1, corrupted N(K+1), and K-k+1 per patch run at step k)
-  times the time of one single-sequence forward, measured here.
+- the fast trace's cost as a multiple of its floor (`timerome.throughput`): the row-blocks the
+  definition needs (`trace_engine` counts them as `min_block_rows`: at every step the clean row and
+  each distinct (noise sample, x_j) state through every block, each splicing row through the
+  blocks above its site only), each at the model's best batched throughput measured here (rows x
+  blocks per second at the best batch size, per fact length, the best token rate charged to all).
+  The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
+Timer: process CPU time with one thread on CPU (steadiest on a shared machine; --clock wall for
+wall time), wall time on a GPU; the floor is measured with the same timer.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.encoding import encode_fact
+from timerome.throughput import bench_clock, best_throughput, floor_seconds
 from timerome.tracing import naive_tie, trace
+
+CLOCK = time.perf_counter
 
 TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
     ("the author", "where was the author born ?", "city of books"),
@@ -53,11 +62,16 @@ def main() -> int:
     ap.add_argument("--naive-coords", type=int, default=8, help="coordinates in the naive subset")
     ap.add_argument("--full-naive", action="store_true", help="run the naive loop on everything")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1 with the CPU clock)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
+                    help="process CPU time (auto on CPU) or wall time (auto on GPU)")
+    ap.add_argument("--no-ablations", action="store_true",
+                    help="time only the fast trace against its floor (no naive loop, no switched-off variants)")
+    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK, _ = bench_clock(args.clock, args.device, args.threads)
 
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         bb, facts = _model_and_facts(args, tmp)
@@ -68,20 +82,44 @@ def _bench(args, bb, facts) -> int:
     K, N = args.steps, args.samples
     C = 3 * bb.n_layers
     print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}) on {bb.device}, "
-          f"{torch.get_num_threads()} threads; {len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
-
-    # floor: the single-sequence forwards the definition needs, and what one costs here
+          f"{torch.get_num_threads()} threads, clock {'CPU' if CLOCK is time.process_time else 'wall'}; "
+          f"{len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
     items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
-    per_fact = (K + 1) * (1 + N) + C * N * sum(K - k + 1 for k in range(K))
-    one = {L: _time_forward(bb, L) for L in sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})}
-    floor_s = sum(per_fact * one[len(it.prompt_ids) + len(it.object_ids)] for it in items)
-    min_forwards = per_fact * len(items)
+    lengths = sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})
 
     trace(bb, facts[:1], steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up
-    # ablations: batching + prefix reuse only; + shared rows (every row runs every block); everything
+    fast, fast_s = _timed_trace(args, bb, facts)
+    rates = [best_throughput(bb, L, clock=CLOCK) for L in lengths]
+    floor_s = floor_seconds(token_blocks=fast.stats["min_block_tokens"], rates=rates)
+    best = max(rates, key=lambda r: r.token_blocks_per_s)
+    out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, facts=len(facts), steps=K, samples=N,
+               fast_seconds=fast_s, floor_seconds=floor_s, cost_multiple=fast_s / floor_s,
+               min_block_rows=fast.stats["min_block_rows"], block_rows=fast.stats["block_rows"],
+               rows_run=fast.stats["rows_run"], forwards=fast.stats["forwards"],
+               throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s) for r in rates})
+    print(f"fast trace       {fast_s:8.2f} s  ({fast.stats['rows_run']} rows in {fast.stats['forwards']} batched "
+          f"forwards, {fast.stats['block_rows']} row-blocks computed)")
+    print("throughput       " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
+                                          for r in rates))
+    print(f"throughput floor {floor_s:8.2f} s  ({fast.stats['min_block_rows']} row-blocks the definition needs, "
+          f"{fast.stats['min_block_tokens']} token-blocks at the best {best.token_blocks_per_s:,.0f}/s, L={best.length})")
+    print(f"cost multiple    {fast_s / floor_s:8.2f} x the floor   (goal <= 1.5x); computed "
+          f"{fast.stats['block_rows'] / fast.stats['min_block_rows']:.2f} x the needed row-blocks")
+    ok = True
+    if not args.no_ablations:
+        ok = _ablations(args, bb, facts, fast, fast_s, floor_s, out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
+
+
+def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
+    """The naive loop (a subset, extrapolated) and the engine with its savings switched off."""
+    K, N = args.steps, args.samples
+    C = 3 * bb.n_layers
     plain, plain_s = _timed_trace(args, bb, facts, share_rows=False, reuse_layers=False)
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
-    fast, fast_s = _timed_trace(args, bb, facts)
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
 
@@ -91,24 +129,20 @@ def _bench(args, bb, facts) -> int:
     if not args.full_naive:
         g = torch.Generator().manual_seed(0)
         coords = [coords[i] for i in torch.randperm(len(coords), generator=g)[:args.naive_coords].tolist()]
-    t = time.perf_counter()
+    t = CLOCK()
     # the s3 sigma depends on the facts traced: hand the full trace's sigma to the subset
     ntie, _ = naive_tie(bb, sub_facts, coords, steps=K, n_samples=N, sigma=fast.settings["sigma"])
-    naive_sub_s = time.perf_counter() - t
+    naive_sub_s = CLOCK() - t
     trajectories_run = len(sub_facts) * (1 + N + len(coords) * N)
     trajectories_all = len(facts) * (1 + N + C * K * N)
     naive_s = naive_sub_s / trajectories_run * trajectories_all
     ftie = torch.stack([fast.tie[:len(sub_facts), fast.modules.index(m), l, k] for l, k, m in coords], 1)
     err = float((ftie - ntie).abs().max())
-
-    speedup = naive_s / fast_s
-    cost = fast_s / floor_s
-    rows_run, calls = fast.stats["rows_run"], fast.stats["forwards"]
     blocks_on, blocks_off = fast.stats["block_rows"], whole.stats["block_rows"]
     print(f"naive check      {len(sub_facts)} fact(s) x {len(coords)} coordinates x {N} samples: "
           f"{trajectories_run} trajectories in {naive_sub_s:.2f} s; max |TIE fast - naive| = {err:.2e} nats")
-    print(f"naive wall time  {naive_s:8.2f} s  ({'measured' if args.full_naive else 'extrapolated'}: "
-          f"{trajectories_all} trajectories x {K + 1} forwards)")
+    print(f"naive loop       {naive_s:8.2f} s  ({'measured' if args.full_naive else 'extrapolated'}: "
+          f"{trajectories_all} trajectories x {K + 1} forwards); {naive_s / floor_s:.1f} x the floor")
     print(f"fast, no sharing {plain_s:8.2f} s  (batching + corrupted-prefix reuse only: "
           f"{plain.stats['rows_run']} rows in {plain.stats['forwards']} batched forwards; "
           f"speed-up {naive_s / plain_s:.1f} x, cost {plain_s / floor_s:.2f} x the floor; "
@@ -116,29 +150,26 @@ def _bench(args, bb, facts) -> int:
     print(f"fast, no reuse   {whole_s:8.2f} s  (no layer reuse: {whole.stats['rows_run']} rows in "
           f"{whole.stats['forwards']} batched forwards, {blocks_off} row-blocks computed; "
           f"speed-up {naive_s / whole_s:.1f} x, cost {whole_s / floor_s:.2f} x the floor)")
-    print(f"fast wall time   {fast_s:8.2f} s  (with layer reuse: {rows_run} rows in {calls} batched forwards, "
-          f"{blocks_on} row-blocks computed)")
-    print(f"speed-up         {speedup:8.1f} x   (goal >= 5x)")
-    print(f"forward floor    {min_forwards} single-sequence forwards x "
-          f"{1e3 * statistics.mean(one.values()):.2f} ms (mean over lengths) = {floor_s:.2f} s")
-    print(f"cost multiple    {cost:8.2f} x the floor   (goal <= 1.5x). Below 1: rows are batched, and rows "
-          f"whose (noise, x_k) coincide share one run, so {rows_run} rows replace the {min_forwards}")
+    print(f"speed-up         {naive_s / fast_s:8.1f} x   (goal >= 5x)")
     print(f"layer reuse      {whole_s / fast_s:8.2f} x   (splicing rows take blocks 0..l-1 from their corrupted "
           f"row: {blocks_on} of {blocks_off} row-blocks computed ({1 - blocks_on / blocks_off:.0%} fewer) "
-          f"in {calls} forwards instead of {whole.stats['forwards']}; max |TIE with - without| = {reuse_err:.1e})")
+          f"in {fast.stats['forwards']} forwards instead of {whole.stats['forwards']}; "
+          f"max |TIE with - without| = {reuse_err:.1e})")
+    out.update(naive_seconds=naive_s, speedup=naive_s / fast_s, no_sharing_seconds=plain_s, no_reuse_seconds=whole_s,
+               max_err_naive=err, max_err_no_sharing=plain_err, max_err_no_reuse=reuse_err)
     ok = err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4
     print("fast == naive: " + ("yes" if ok else "NO"))
-    return 0 if ok else 1
+    return ok
 
 
 def _timed_trace(args, bb, facts, **switches):
     """(trace result, wall seconds) of the fast trace with the engine's switches (share_rows, reuse_layers)."""
     _sync(bb)
-    t = time.perf_counter()
+    t = CLOCK()
     r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False,
               **switches)
     _sync(bb)
-    return r, time.perf_counter() - t
+    return r, CLOCK() - t
 
 
 def _model_and_facts(args, tmp: str):
@@ -153,21 +184,6 @@ def _model_and_facts(args, tmp: str):
     d = make_tiny_checkpoint("timerome", tmp, layers=args.layers, hidden=args.hidden)
     facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
     return load_backbone(d, device=args.device), facts[:args.facts]
-
-
-@torch.no_grad()
-def _time_forward(bb, length: int, repeats: int = 30) -> float:
-    """Median seconds of one [1, length] forward (the unit of the floor)."""
-    x = torch.full((1, length), bb.mask_id, device=bb.device)
-    times = []
-    for i in range(repeats + 3):
-        _sync(bb)
-        t = time.perf_counter()
-        bb.logits(x)
-        _sync(bb)
-        if i >= 3:  # warm-up
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def _sync(bb):

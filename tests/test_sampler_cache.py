@@ -135,15 +135,19 @@ def test_edit_hook_sees_every_position_at_a_refresh_and_the_window_after(tiny, p
     assert (part - full[:, 8:12]).abs().max() < TOL  # the edit reached the cached keys/values too
 
 
-def test_memory_and_steering_exact_through_a_partial_forward(bb, memory):
+def test_every_inference_edit_is_exact_through_a_partial_forward(bb, memory):
+    """The memory, the single-fact gated edit and the steering baselines (act_steer, rmu_like)."""
+    from timerome.gated_edit import GatedEdit
     from timerome.methods import install
     from timerome.task import forget_task
 
-    steer = install("act_steer", bb, forget_task("embedded", "forget01"))
+    task = forget_task("embedded", "forget01")
+    steer, rmu = install("act_steer", bb, task), install("rmu_like", bb, task)
+    gated = GatedEdit.from_fact(bb, memory.facts[0], memory.coordinate, alpha=4.0)
     ids = torch.tensor([bb.encode(PROMPTS[0])])
     P = ids.shape[1]
     x = torch.cat([ids, torch.full((1, 10), bb.mask_id)], 1)
-    for ctx in (memory.applied(bb), steer.active()):
+    for ctx in (memory.applied(bb), gated.applied(bb), steer.active(), rmu.active()):
         with torch.no_grad(), ctx:
             full = bb.logits(x)
             kv = bb.kv_cache()
@@ -244,7 +248,7 @@ def test_step_counter_is_the_denoising_step_under_a_cache(bb):
     with Hooks(bb, edit={(0, "resid"): fn}, state=st):
         generate(bb, ids, steps=8, gen_length=16, block_length=8, state=st, cache="dual", refresh_every=3,
                  on_step=lambda k, _x: steps_done.append(k))
-    L, P = ids.shape[1] + 16, ids.shape[1]
+    L = ids.shape[1] + 16
     assert steps_done == list(range(8))
     full = [k for k, n in seen if n == L]
     assert full == [0, 3, 4, 7]  # block starts (0, 4) and every 3 steps inside a block (3, 7)

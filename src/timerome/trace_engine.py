@@ -30,6 +30,14 @@ It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the
 
 Two switches exist for the benchmark and the tests to compare against: share_rows (`_plan`)
 and reuse_layers (the passes); both on by default, neither changes a number.
+
+`stats` counts the work done (rows_run, forwards, block_rows) and the least work any exact
+implementation must do, `min_block_rows` (one row through one block; `min_block_tokens` weighs
+each by the row's length), the unit of `benchmarks/bench_trace.py`'s floor: at every step j the
+clean row and each distinct (noise sample, x_j) state through every block, and each row that
+splices at j through the blocks above its site only (below, and for resid at l block l itself,
+it is its corrupted row); the padding and repeated clean rows of chunks, the vocabulary head and
+the sampler step are overhead.
 """
 
 from __future__ import annotations
@@ -113,7 +121,9 @@ def trace_fact(backbone, fact, noise: torch.Tensor, sites, steps: int, batch_siz
     lp_clean = torch.zeros(K + 1)
     lp = torch.full((N + K * C * N, K + 1), torch.nan)
     rows, state = _Rows(), TraceState()
-    stats = dict(rows_run=0, forwards=0, block_rows=0)
+    stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0)
+    n_layers = backbone.n_layers
+    above = torch.tensor([n_layers - l - (m == "resid") for l, m in sites], device=device)  # blocks a splice needs
     cache: list[list] = [[] for _ in blocks]  # per block: the corrupted rows' outputs, chunk by chunk
     with Hooks(backbone, edit=_hook_fns(sites, subject_pos, rows), state=state), \
             Hooks(backbone, edit=_keepers(blocks, rows, cache), raw=True):
@@ -126,6 +136,11 @@ def trace_fact(backbone, fact, noise: torch.Tensor, sites, steps: int, batch_siz
                 at = torch.cat([at, torch.full((C * N,), j, device=device)])
             state.step = j
             run, share = _plan(x, sample, at, j, share_rows)
+            distinct = run if share_rows else _plan(x, sample, at, j, True)[0]
+            splices = at[distinct] == j
+            need = n_layers * (1 + int((~splices).sum())) + int(above[site[distinct[splices]]].sum())
+            stats["min_block_rows"] += need
+            stats["min_block_tokens"] += need * x.shape[1]
             pos_run = torch.empty(len(run), G, device=device)  # per-position log p(o_i | x_j)
             gen_run = torch.empty_like(x[run, P:])
             passes = _passes(run, at, site, layer_of, j, bool(blocks))

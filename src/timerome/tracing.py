@@ -114,7 +114,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []
-    stats = dict(rows_run=0, forwards=0, block_rows=0)
+    stats = {}
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
         for it, noise in zip(items, noises):
             out = trace_fact(backbone, it, noise, sites, K, batch_size, readout, bar,
@@ -125,7 +125,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
             corrupted.append(out["corrupted"])
             infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
             for k, v in out["stats"].items():
-                stats[k] += v
+                stats[k] = stats.get(k, 0) + v
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)

@@ -1,0 +1,92 @@
+"""The model's best batched throughput on this device: the unit of every performance floor.
+
+A floor is the least time a piece of work could take here: the row-blocks its definition needs
+(one sequence row through one transformer block), each at the best rate this model reaches on this
+device. The rate is measured, not assumed: full forwards of [b, L] random tokens for b = 1, 2, 4,
+... (until a forward takes `max_seconds` or the rate has stopped growing for two doublings), and
+rows x blocks per second taken at the best b. A forward also runs the embedding and the head, so
+the rate charges each row-block its share of them: work done at that rate would be no faster.
+
+Rows of different lengths: a row of length L is L token-blocks, and the floor charges every
+token-block at the best token rate (rows x blocks x L per second) over the lengths measured, the
+most favourable of them, so the floor stays a lower bound.
+
+    rates = [best_throughput(backbone, L) for L in lengths]     # Throughput(length, rows, ...)
+    floor_s = floor_seconds(token_blocks=result.stats["min_block_tokens"], rates=rates)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Throughput:
+    """The best batched forward rate at one sequence length."""
+
+    length: int
+    rows: int                     # the batch size that reached it
+    row_blocks_per_s: float       # rows x blocks per second at that batch size
+    table: dict = field(default_factory=dict)  # batch size -> rows x blocks per second
+
+    @property
+    def token_blocks_per_s(self) -> float:
+        return self.row_blocks_per_s * self.length
+
+
+@torch.no_grad()
+def best_throughput(backbone, length: int, *, max_rows: int = 512, max_seconds: float = 2.0, repeats: int = 3,
+                    clock=time.perf_counter, seed: int = 0) -> Throughput:
+    """Rows x blocks per second of full forwards of [b, length] at the best batch size b.
+
+    Each b is timed `repeats` times after one warm-up forward (median); b doubles until max_rows,
+    until one forward takes max_seconds, or until two doublings in a row did not beat the best.
+    clock: the timer the work compared with it uses (process CPU time on a shared CPU machine).
+    """
+    g = torch.Generator().manual_seed(seed)
+    table, best, worse, b = {}, 0.0, 0, 1
+    while b <= max_rows:
+        ids = torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
+        backbone.logits(ids)  # warm-up (allocations, kernel selection)
+        times = []
+        for _ in range(repeats):
+            _sync(backbone)
+            t = clock()
+            backbone.logits(ids)
+            _sync(backbone)
+            times.append(clock() - t)
+        sec = max(statistics.median(times), 1e-9)
+        table[b] = b * backbone.n_layers / sec
+        worse = 0 if table[b] > best else worse + 1
+        best = max(best, table[b])
+        if sec > max_seconds or worse >= 2:
+            break
+        b *= 2
+    rows = max(table, key=table.get)
+    return Throughput(length=length, rows=rows, row_blocks_per_s=table[rows], table=table)
+
+
+def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:
+    """The least time for `token_blocks` (row-blocks weighted by their rows' lengths), each at the
+    best token rate among `rates`."""
+    return token_blocks / max(r.token_blocks_per_s for r in rates)
+
+
+def bench_clock(choice: str = "auto", device="cpu", threads: int | None = None):
+    """(timer, label) of a benchmark: "cpu" = process CPU time with `threads` torch threads (default
+    1: idle OpenMP threads spin, and other jobs on a shared machine are not counted), "wall" = wall
+    time; "auto" = CPU time on CPU, wall time on a GPU. Sets torch's thread count when asked to or
+    when timing CPU time."""
+    cpu = choice == "cpu" or (choice == "auto" and not str(device).startswith("cuda"))
+    if threads or cpu:
+        torch.set_num_threads(threads or 1)
+    return (time.process_time, "process CPU time") if cpu else (time.perf_counter, "wall time")
+
+
+def _sync(backbone):
+    if backbone.device.type == "cuda":
+        torch.cuda.synchronize()
