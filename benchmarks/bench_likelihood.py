@@ -114,7 +114,7 @@ def bench(bb, prompts, answers, args, clock) -> dict:
         print(f"max_tokens {mt:>6}: {s:.3f} s, {n_rows / s:,.0f} rows/s, {s / floor_s:.2f} x the floor (goal <= 1.3x)")
     return dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, pairs=len(prompts), n_mc=args.n_mc,
                 rows=n_rows, token_blocks=token_blocks, floor_seconds=floor_s, floor_rows_per_s=n_rows / floor_s,
-                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s) for r in rates},
+                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates},
                 runs=runs)
 
 

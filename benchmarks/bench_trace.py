@@ -96,7 +96,7 @@ def _bench(args, bb, facts) -> int:
                fast_seconds=fast_s, floor_seconds=floor_s, cost_multiple=fast_s / floor_s,
                min_block_rows=fast.stats["min_block_rows"], block_rows=fast.stats["block_rows"],
                rows_run=fast.stats["rows_run"], forwards=fast.stats["forwards"],
-               throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s) for r in rates})
+               throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates})
     print(f"fast trace       {fast_s:8.2f} s  ({fast.stats['rows_run']} rows in {fast.stats['forwards']} batched "
           f"forwards, {fast.stats['block_rows']} row-blocks computed)")
     print("throughput       " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"

@@ -39,7 +39,7 @@ class Throughput:
 
 
 @torch.no_grad()
-def best_throughput(backbone, length: int, *, max_rows: int = 512, max_seconds: float = 2.0, repeats: int = 3,
+def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds: float = 8.0, repeats: int = 3,
                     clock=time.perf_counter, seed: int = 0) -> Throughput:
     """Rows x blocks per second of full forwards of [b, length] at the best batch size b.
 
