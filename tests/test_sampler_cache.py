@@ -321,3 +321,21 @@ def test_evaluation_generations_take_the_options(bb):
     assert generate_answers(bb, q, a, cache="dual", refresh_every=1) == exact
     fast = generate_answers(bb, q, a, cache="dual", threshold=0.9)
     assert len(fast) == len(exact) and all(isinstance(t, str) and t for t in fast)
+
+
+def test_generate_command_takes_the_options():
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    runner = CliRunner()
+    prompt = PROMPTS[0]
+    sizes = ["--steps", "16", "--gen-length", "16", "--block-length", "8"]
+    res = runner.invoke(app, ["generate", prompt, *sizes, "--cache", "dual", "--refresh-every", "1"])
+    assert res.exit_code == 0, res.output
+    exact = runner.invoke(app, ["generate", prompt, *sizes])
+    assert res.output == exact.output  # refreshed at every step: the exact answer
+    fast = runner.invoke(app, ["generate", prompt, *sizes, "--cache", "prefix", "--threshold", "0.9"])
+    assert fast.exit_code == 0 and "Quielson" in fast.output, fast.output
+    bad = runner.invoke(app, ["generate", prompt, "--cache", "triple"])
+    assert bad.exit_code == 2 and "unknown cache 'triple'" in bad.output and "Traceback" not in bad.output
