@@ -15,8 +15,10 @@ Measurements (`Cell.measure`), a registry: `@measurement("name")` on a function
     sequential  insert the forget facts one at a time into a TimeROME memory, lp after each insert
     reference   forget truth ratios of the model that never saw the forget set (Forget Quality's KS test)
 An executor runs the cells that are not cached: `local_executor` (in this process, in order) by
-default; any callable (cells, context, done) -> None with the same contract can replace it, where
-done(i, result) stores cell i's result.
+default; any callable (cells, context, done, progress=, title=) -> None with the same contract can
+replace it (`executors.ray_executor`: Ray workers), where done(i, result) stores cell i's result.
+The cache is written here, by `done`, whichever executor computed the cell: a sweep started on one
+executor resumes on another, and cells sharing a key are computed once.
 """
 
 from __future__ import annotations
@@ -191,17 +193,20 @@ def execute(cell: Cell, ctx: Context) -> dict:
 
 
 def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
-    """Install the cell's method, run measure(edit) -> result, undo; the result gets the install cost,
-    the method's info and its full config."""
+    """Install the cell's method, run measure(edit) -> result, undo; the result gets the compute
+    accounting (install seconds, how far installing raised peak memory (exact on CUDA), the cell's
+    wall seconds: install + measurement + undo), the method's info and its full config."""
+    t0 = time.perf_counter()
     edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
     try:
         res = measure(edit)
         res.setdefault("metrics", {}).update(install_seconds=edit.install_seconds,
                                              install_extra_mb=edit.extra_memory_mb)
         res["info"], res["config"] = edit.info, edit.config
-        return res
     finally:
         edit.undo()
+    res["metrics"]["wall_seconds"] = time.perf_counter() - t0
+    return res
 
 
 @measurement("full")
@@ -301,14 +306,25 @@ class Runner:
     def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
         results = [self.cached(c, ctx) for c in cells]
-        todo = [i for i, r in enumerate(results) if r is None]
+        # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once
+        same: dict[Path, list[int]] = {}
+        for i, r in enumerate(results):
+            if r is None:
+                same.setdefault(self.path(cells[i], ctx), []).append(i)
+        todo = [ix[0] for ix in same.values()]
 
         def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
             c = cells[todo[j]]
-            results[todo[j]] = result
-            write_json(self.path(c, ctx), {"cell": asdict(c), "key": c.key(ctx), "result": result})
+            path = self.path(c, ctx)
+            for i in same[path]:
+                results[i] = result
+            write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
 
-        cached = len(cells) - len(todo)
+        cached = len(cells) - sum(map(len, same.values()))
         self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
                       title=f"{title} ({cached} cached)" if cached else title)
+        missing = [cells[i].row or cells[i].method for i, r in enumerate(results) if r is None]
+        if missing:
+            raise TimeromeError(f"the executor returned without computing {len(missing)} cells "
+                                f"({', '.join(missing[:3])}); rerun to resume from the cached ones")
         return results
