@@ -181,3 +181,25 @@ def test_lm_eval_command_line_runs_the_registered_model(docs, tmp_path):
     assert saved["results"]["tr_mc"]["acc,none"] >= 0.75
     assert saved["config"]["timerome_edit"] is None and saved["config"]["n_mc"] == N_MC
 
+
+def test_utility_experiment_tabulates_operating_points_next_to_no_edit(bb, tasks, tmp_path):
+    from timerome.experiments import run_experiment
+
+    over = dict(tasks=["tr_mc"], include_path=str(tasks), n_mc=N_MC, points=({"alpha": 0.0, "q": 0}, {}))
+    res = run_experiment("utility", seeds=(0, 1), out_dir=tmp_path, overrides=over, progress=False, backbone=bb)
+    s = res["summary"]
+    assert list(s) == ["no_edit", "timerome (alpha=0, q=0)", "timerome"]
+    # no_edit's score is lm-eval's own on the unedited model, seed by seed
+    for seed in (0, 1):
+        direct = evaluate_tasks(TimeromeLM(backbone=bb, n_mc=N_MC, seed=seed, check_greedy=False), ["tr_mc"],
+                                include_path=[tasks])
+        assert s["no_edit"]["tr_mc"]["values"][seed] == direct["results"]["tr_mc"]["acc,none"]
+    # alpha 0 changes nothing; the default edit forgets these very facts, so its accuracy falls
+    assert s["timerome (alpha=0, q=0)"]["tr_mc"]["values"] == s["no_edit"]["tr_mc"]["values"]
+    assert s["timerome"]["tr_mc"]["mean"] < s["no_edit"]["tr_mc"]["mean"]
+    assert s["timerome"]["install_seconds"]["mean"] > 0 and s["timerome"]["wall_seconds"]["mean"] > 0
+    md = (tmp_path / "utility.md").read_text()
+    assert "| tr_mc (acc) |" in md and "tasks within noise" in md and (tmp_path / "utility.png").exists()
+    assert res["within_noise"]["timerome (alpha=0, q=0)"] == 1
+    saved = json.loads((tmp_path / "utility.json").read_text())
+    assert saved["radar"]["utility"]["comparator"] == pytest.approx(s["no_edit"]["tr_mc"]["mean"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -31,7 +32,8 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
 @app.command()
 @friendly
 @model_options
-def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations or all"),
+def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, npo_sweep, "
+                                                    "utility, xbackbone, radar or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
@@ -39,9 +41,13 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
                methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
+               models: Optional[str] = typer.Option(None, help="xbackbone: comma-separated checkpoint directories"),
+               executor: str = typer.Option("local", help="who computes the cells: local or ray"),
+               ray_address: Optional[str] = typer.Option(None, help="with --executor ray: 'auto' (a running cluster) "
+                                                                    "or ray://HOST:PORT; default a local instance"),
                fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
-    from timerome.experiments import experiment_config, run_experiment
+    from timerome.experiments import experiment_config, make_executor, run_experiment
 
     overrides = {}
     if config is not None:
@@ -53,11 +59,15 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
         overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
+    if models:
+        overrides["models"] = [m.strip() for m in models.split(",") if m.strip()]
     if name != "all":
         experiment_config(name, overrides)  # the name and every setting, checked before a model loads
     seed_list = parse_seeds(seeds)
+    run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
-                            reference=reference, backbone=model.load())
+                            reference=reference, backbone=None if models else model.load(), executor=run_on,
+                            load=lambda path: dataclasses.replace(model, model=path).load())
     results = result if name == "all" else {name: result}
     for n, r in results.items():
         md = Path(r["out_dir"]) / f"{n}.md"
