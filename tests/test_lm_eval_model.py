@@ -162,6 +162,9 @@ def test_bad_model_args_are_one_clear_error(bb, tmp_path):
         TimeromeLM(backbone=bb, method="timerome", bogus=1)
     with pytest.raises(TimeromeError, match="give one of"):
         TimeromeLM(backbone=bb, method="timerome", edit="x.safetensors")
+    if not torch.cuda.is_available():  # lm-eval's --device defaults to cuda:0
+        with pytest.raises(TimeromeError, match="pass --device cpu"):
+            TimeromeLM(device="cuda:0")
     with pytest.raises(TimeromeError, match="could not run tasks"):
         evaluate_tasks(TimeromeLM(backbone=bb), ["no_such_task_anywhere"], include_path=[tmp_path])
 

@@ -13,6 +13,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 from timerome import TimeromeError, load_backbone  # noqa: E402
 from timerome.experiments import Cell, Context, Runner, run_experiment  # noqa: E402
 from timerome.experiments.executors import connect, ray_executor  # noqa: E402
+from timerome.experiments.report import without_costs  # noqa: E402
 
 SMALL = dict(n_mc=2, n_retain=3, n_world=2, alphas=(6.0,), paper_point=None, methods=["no_edit"])
 
@@ -30,16 +31,6 @@ def local_ray():
 @pytest.fixture(scope="module")
 def bb():
     return load_backbone()
-
-
-def without_costs(x):
-    """A result with its timings and memory readings left out: they differ from run to run by nature."""
-    if isinstance(x, dict):
-        return {k: without_costs(v) for k, v in x.items()
-                if not (str(k).endswith(("_seconds", "_mb")) or k in ("cost", "seconds"))}
-    if isinstance(x, list):
-        return [without_costs(v) for v in x]
-    return x
 
 
 def test_ray_gives_the_same_json_as_the_local_executor(bb, tmp_path, local_ray):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from contextlib import nullcontext
 
 import torch
@@ -91,6 +92,8 @@ class TimeromeLM(LM):
             raise TimeromeError("give one of edit= (a memory file), method= (a registry method) or installed=")
         if device in (None, "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
+            raise TimeromeError(f"lm-eval asks for device {device}, but CUDA is not available here: pass --device cpu")
         self.backbone = backbone if backbone is not None else load_backbone(
             pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
         self._device = self.backbone.device
@@ -286,7 +289,11 @@ def main() -> None:
         raise SystemExit(INSTALL_HINT)
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except TimeromeError as e:  # ours: one line, exit 2, as the timerome command line does
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ An axis whose experiment has not been run is left out, and the figure says so.
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -109,11 +110,15 @@ def plot_radar(found: dict, missing: dict, path) -> str:
         ax.plot(np.linspace(0, 2 * np.pi, 100), [0.5] * 100, "--", color="grey", lw=0.8, label="parity")
         ax.set_xticks(angles, [f"{n}\n{found[n]['value']:.3g} vs {found[n]['comparator']:.3g}" for n in names],
                       fontsize=7)
-        ax.legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.15, -0.1))
+        ax.tick_params(axis="x", pad=10)
+        for text, angle in zip(ax.get_xticklabels(), angles):  # side labels grow away from the circle
+            c = np.cos(angle)
+            text.set_horizontalalignment("left" if c > 0.1 else "right" if c < -0.1 else "center")
+        ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.12, 1.12))
     ax.set_ylim(0, 1)
     ax.set_yticks([0.25, 0.5, 0.75], ["0.25", "0.5", "0.75"], fontsize=6)
     if missing:
-        fig.text(0.01, 0.01, "not shown: " + "; ".join(f"{a} ({w})" for a, w in missing.items()), fontsize=6,
-                 wrap=True, va="bottom")
+        note = "not shown: " + "; ".join(f"{a} ({w})" for a, w in missing.items())
+        fig.supxlabel(textwrap.fill(note, 120), fontsize=6)
     ax.set_title("TimeROME across analyses (share vs comparator)", fontsize=10)
     return save_png(fig, path)

@@ -27,7 +27,8 @@ COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepar
                 "wall_seconds")
 ACCOUNTING = ("install_seconds", "wall_seconds", "install_extra_mb")  # in every table (runner.with_edit)
 ACCOUNTING_NOTE = ("Cost: install s = installing the method; wall s = the whole cell (install, evaluation, "
-                   "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU).")
+                   "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU); "
+                   "a row made of several cells: the largest install and memory, the summed wall time.")
 THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
 
 
@@ -39,6 +40,17 @@ def label(method: str, overrides: dict) -> str:
 
 def _short(v):
     return f"{v:g}" if isinstance(v, float) else v
+
+
+def without_costs(result):
+    """A result (or any JSON) with its timings and memory readings left out: what two runs of the same
+    cells on different executors or machines must agree on."""
+    if isinstance(result, dict):
+        return {k: without_costs(v) for k, v in result.items()
+                if not (str(k).endswith(("_seconds", "_mb")) or k in ("cost", "seconds"))}
+    if isinstance(result, list):
+        return [without_costs(v) for v in result]
+    return result
 
 
 def with_accounting(columns) -> list:
@@ -284,8 +296,18 @@ def by_row(cells, results, measures=("full", "lp", "traj")) -> dict:
         tr = r["items"].get("forget", {}).get("tr")
         if tr is not None and c.seed in refs:
             m["ForgetQuality"] = forget_quality(tr, refs[c.seed])
-        out.setdefault(c.row, {}).setdefault(c.seed, {}).update(m)  # one row may merge several cells
+        merge_metrics(out.setdefault(c.row, {}).setdefault(c.seed, {}), m)  # one row may merge several cells
     return out
+
+
+def merge_metrics(into: dict, new: dict) -> dict:
+    """One more cell's metrics into its row's (same seed): metrics are set; the accounting of several
+    cells combines, the largest install and extra memory, the summed wall time."""
+    for k, v in new.items():
+        if k in ACCOUNTING and k in into:
+            v = into[k] + v if k == "wall_seconds" else max(into[k], v)
+        into[k] = v
+    return into
 
 
 def traced_coordinate(results) -> list | None:

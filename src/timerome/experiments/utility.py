@@ -20,8 +20,8 @@ import numpy as np
 
 from timerome.cache import digest
 from timerome.errors import TimeromeError
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, fmt_cell, fmt_cost, label, plot_delta_bars,
-                                         summarise, write_outputs)
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, fmt_cell, fmt_cost, label,
+                                         merge_metrics, plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
 from timerome.lm_eval_model import TimeromeLM, evaluate_tasks
 
@@ -107,13 +107,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     tasks = list(dict.fromkeys(c.group for c in cells))
     per_seed, metric, stderr = {}, {}, {}
     for c, r in zip(cells, results):
-        m = per_seed.setdefault(c.row, {}).setdefault(c.seed, {})
-        m[c.group] = r["metrics"][c.group]
-        # an operating point's cost over its tasks: the mean install, the total wall time, the largest memory
-        cost = {k: r["metrics"].get(k, 0.0) for k in ACCOUNTING}
-        m["install_seconds"] = m.get("install_seconds", 0.0) + cost["install_seconds"] / len(tasks)
-        m["wall_seconds"] = m.get("wall_seconds", 0.0) + cost["wall_seconds"]
-        m["install_extra_mb"] = max(m.get("install_extra_mb", 0.0), cost["install_extra_mb"])
+        merge_metrics(per_seed.setdefault(c.row, {}).setdefault(c.seed, {}), r["metrics"])
         metric[c.group] = r["metric"].split(",")[0]
         if r.get("stderr") is not None:
             stderr.setdefault((c.row, c.group), []).append(r["stderr"])
@@ -133,8 +127,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     lines += ["", f"Scores: lm-eval's headline metric per task, mean ± std [bootstrap 95% CI] over seeds; stars: paired "
               f"t vs no_edit over seeds (the seed moves the Monte-Carlo masks). Within noise: |Δ| <= 1.96 sqrt(se² + "
               f"se_no_edit²) with lm-eval's per-item standard errors (conservative: the items are paired). "
-              f"n_mc={cfg['n_mc']}; limit={cfg['limit']}; the edit is built on {cfg['forget']}. {ACCOUNTING_NOTE} "
-              "Per operating point: install s averaged over its task cells, wall s summed over them.", ""]
+              f"n_mc={cfg['n_mc']}; limit={cfg['limit']}; the edit is built on {cfg['forget']}. {ACCOUNTING_NOTE}", ""]
     md = "\n".join(lines)
     radar = {"utility": utility_axis(summary, tasks)} if len(summary) > 1 else {}
     files = write_outputs(out_dir, NAME, dict(summary=summary, metric=metric, within_noise=noise, tasks=tasks,
