@@ -120,8 +120,8 @@ class TimeromeLM(LM):
                 pass
             edit = InferenceEdit(method="memory", config=dict(options), context=lambda: memory.applied(bb),
                                  memory=memory)
-            return edit, {"edit": str(path), "alpha": memory.alpha, "q": memory.q,
-                                         "facts": len(memory), "coordinate": memory.coordinate.as_dict()}
+            return edit, {"edit": str(path), "alpha": memory.alpha, "q": memory.q, "facts": len(memory),
+                          "coordinate": memory.coordinate.as_dict()}
         if method is not None:
             task = forget_task(None if data == "tofu" else data, forget)
             edit = install(method, bb, task, options, self.seed)

@@ -298,24 +298,26 @@ class Runner:
         return self.out_dir / "cells" / f"{digest(cell.key(ctx))}.json"
 
     def cached(self, cell: Cell, ctx: Context) -> dict | None:
-        p = self.path(cell, ctx)
+        return self._read(self.path(cell, ctx))
+
+    def _read(self, p: Path) -> dict | None:
         if self.resume and p.is_file():
             return json.loads(p.read_text())["result"]
         return None
 
     def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
-        results = [self.cached(c, ctx) for c in cells]
+        paths = [self.path(c, ctx) for c in cells]
+        results = [self._read(p) for p in paths]
         # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once
         same: dict[Path, list[int]] = {}
         for i, r in enumerate(results):
             if r is None:
-                same.setdefault(self.path(cells[i], ctx), []).append(i)
+                same.setdefault(paths[i], []).append(i)
         todo = [ix[0] for ix in same.values()]
 
         def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
-            c = cells[todo[j]]
-            path = self.path(c, ctx)
+            c, path = cells[todo[j]], paths[todo[j]]
             for i in same[path]:
                 results[i] = result
             write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
