@@ -109,8 +109,8 @@ def ray_executor(address: str | None = None, *, cpus_per_cell: int = 1, max_work
         ray = connect(address, init_options)
         spec = ContextSpec.of(ctx)
         gpu = spec.device == "cuda"
-        free = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
-        slots = int(free) if gpu else int(free // int(cpus_per_cell))
+        total = ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
+        slots = int(total) if gpu else int(total // int(cpus_per_cell))
         if slots < 1:
             raise TimeromeError(f"the Ray cluster at {address or 'local'} has no {'GPU' if gpu else 'CPU'} "
                                 f"for a cell (the model is on {spec.device}); add one or run with --executor local")
@@ -123,16 +123,16 @@ def ray_executor(address: str | None = None, *, cpus_per_cell: int = 1, max_work
         try:
             for w in workers:
                 if queue:
-                    pending[_submit(w, queue.pop(0))] = w
+                    pending[w.run.remote(*queue.pop(0))] = w
             with progress_bar(f"{title} on ray ({n} workers)", total=len(cells), enabled=progress) as bar:
                 while pending:
                     ready, _ = ray.wait(list(pending), num_returns=1)
                     w = pending.pop(ready[0])
-                    i, result = _result(ray, ready[0], cells)
+                    i, result = _result(ray, ready[0])
                     done(i, result)
                     bar.advance(description=f"{title}: {cells[i].row or cells[i].method} seed {cells[i].seed}")
                     if queue:
-                        pending[_submit(w, queue.pop(0))] = w
+                        pending[w.run.remote(*queue.pop(0))] = w
         finally:
             for w in workers:
                 ray.kill(w)
@@ -140,12 +140,8 @@ def ray_executor(address: str | None = None, *, cpus_per_cell: int = 1, max_work
     return execute_on_ray
 
 
-def _submit(worker, item):
-    i, cell = item
-    return worker.run.remote(i, cell)
-
-
-def _result(ray, ref, cells):
+def _result(ray, ref):
+    """A finished cell's (index, result); a worker's failure as one TimeromeError."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:
