@@ -31,14 +31,20 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
 @app.command()
 @friendly
 @model_options
-def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations or all"),
+def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, transfer, "
+                                                   "rwku, robustness or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
                config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
-               methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
+               methods: Optional[str] = typer.Option(None, help="comma-separated method names (experiments with a "
+                                                                "methods setting)"),
+               bench_data: Optional[Path] = typer.Option(None, "--bench-data", help="folder of the benchmark data "
+                                                         "(muse/, whp/, wmdp/, rwku/) for transfer and rwku "
+                                                         "(default: $TIMEROME_BENCH_DIR, else the Hub)"),
+               quick: bool = typer.Option(False, help="the experiment's laptop subset (fewer rows, methods, samples)"),
                fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
     from timerome.experiments import experiment_config, run_experiment
@@ -53,11 +59,15 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
         overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
+    if bench_data is not None:
+        if not bench_data.is_dir():
+            raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        overrides["bench_dir"] = str(bench_data)
     if name != "all":
-        experiment_config(name, overrides)  # the name and every setting, checked before a model loads
+        experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
     seed_list = parse_seeds(seeds)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
-                            reference=reference, backbone=model.load())
+                            reference=reference, backbone=model.load(), quick=quick)
     results = result if name == "all" else {name: result}
     for n, r in results.items():
         md = Path(r["out_dir"]) / f"{n}.md"

@@ -76,3 +76,44 @@ def load_rwku(target: str, part: str, source=None) -> Loaded:
         return row, why
 
     return keep(f"RWKU {name} {part}", read_file(path), check, str(path))
+
+
+def subject_in(text: str, target: str) -> str | None:
+    """The target as it occurs in `text`: its full name, else the longest run of its name's words
+    there (the later on ties: a surname over a first name), else None."""
+    words = target.split()
+    runs = [" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)]
+    found = [(len(r.split()), i, r) for i, r in enumerate(runs) if re.search(rf"(?<!\w){re.escape(r)}(?!\w)", text)]
+    return max(found)[2] if found else None
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+_HEADING = re.compile(r"=+[^=\n]+=+")  # "=== Exile ===": a wiki section title inside the passage
+
+
+_ABBREVIATIONS = {"c.", "ca.", "lit.", "Dr.", "Mr.", "Mrs.", "Ms.", "St.", "Jr.", "Sr.", "vs.", "e.g.", "i.e.",
+                  "No.", "Mt.", "U.S.", "Gen.", "Col.", "Lt.", "Prof."}
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a passage; a stop after an abbreviation ("c.", "lit.", "Dr.") or an
+    initial ("F.") does not end one."""
+    out: list[str] = []
+    for piece in _SENTENCE.split(_HEADING.sub(" ", text).strip()):
+        last = out[-1].split()[-1] if out else ""
+        if last in _ABBREVIATIONS or re.fullmatch(r"[A-Z]\.", last):
+            out[-1] += " " + piece
+        else:
+            out.append(piece)
+    return [s.strip() for s in out if s.strip()]
+
+
+def passage_rows(rows: list[dict]) -> list[dict]:
+    """Passages as question/answer rows for training-style methods: a passage's first sentence is
+    the question, the sentence after it the answer (passages of one sentence give none)."""
+    out = []
+    for r in rows:
+        parts = sentences(r["text"])
+        if len(parts) >= 2:
+            out.append({"question": parts[0], "answer": parts[1], "subject": r.get("subject")})
+    return out

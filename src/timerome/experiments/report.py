@@ -75,11 +75,12 @@ def fmt_cell(e: dict | None, digits: int = 2) -> str:
     return s + e.get("stars", "")
 
 
-def markdown(summary: dict, columns, title: str, note: str = "") -> str:
-    head = ["method"] + [SHORT.get(c, c) for c in columns] + ["Δ ForgetLP vs no_edit (p)"]
+def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP") -> str:
+    """A table of the summary; the last column is the paired difference of column `delta` to no_edit."""
+    head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
-        d = cols.get("ForgetLP", {})
+        d = cols.get(delta, {})
         delta = delta_text(d)
         lines.append("| " + " | ".join([row] + [fmt_cell(cols.get(c), 3 if c in THREE_DIGITS else 2) for c in columns]
                                         + [delta]) + " |")
