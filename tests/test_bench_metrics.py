@@ -192,3 +192,34 @@ def test_robustness_panel_with_an_inference_edit():
     assert res["unedited"]["original"]["lp"][0] == pytest.approx(0.0, abs=1e-6)
     assert res["robustness"]["original"]["change"] < -25  # the edit took "yes" away
     assert bb.favourite == bb.encode("yes")[0]  # and gave it back
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from timerome.backbones import load_backbone
+
+    return load_backbone(None)
+
+
+def test_pair_logprobs_is_the_tofu_answer_logprob_when_nothing_is_cut(embedded):
+    from timerome.data.tofu import load_split
+    from timerome.metrics import answer_logprobs
+
+    rows = load_split("forget01_perturbed", "embedded")[:4]
+    q, a = [r["question"] for r in rows], [r["answer"] for r in rows]
+    res = text.pair_logprobs(embedded, q, a, n_mc=4, seed=3)
+    assert res["cut"] == 0 and np.allclose(res["lp"], answer_logprobs(embedded, q, a, n_mc=4, seed=3)[0])
+    long = text.pair_logprobs(embedded, [" ".join([q[0]] * 12)], [a[0]], n_mc=4, seed=3)
+    assert long["cut"] == 1 and np.isfinite(long["lp"]).all()  # cut to the context, and counted
+
+
+def test_batched_generation_and_token_scores_do_not_depend_on_the_batch(embedded):
+    prompts = ["Where was Isgor Quielson born ?", "What is the favourite colour of Isgor Quielson ?", "Who ?"]
+    together = text.continuations(embedded, prompts, gen_length=6, batch_size=3)
+    alone = [text.continuations(embedded, [p], gen_length=6)["texts"][0] for p in prompts]
+    assert together["texts"] == alone and together["gen_length"] == 6
+    assert text.continuations(embedded, prompts[:1], gen_length=500)["gen_length"] == 32  # half the context
+    texts = ["Isgor Quielson was born in Pellmoor .", "Where ?"]
+    both, _ = membership.token_scores(embedded, texts, groups=3, seed=1)
+    first, _ = membership.token_scores(embedded, texts[:1], groups=3, seed=1)
+    assert np.allclose(both[0], first[0], atol=1e-5)

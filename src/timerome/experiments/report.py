@@ -80,10 +80,8 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
     head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
-        d = cols.get(delta, {})
-        delta = delta_text(d)
         lines.append("| " + " | ".join([row] + [fmt_cell(cols.get(c), 3 if c in THREE_DIGITS else 2) for c in columns]
-                                        + [delta]) + " |")
+                                        + [delta_text(cols.get(delta, {}))]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
               "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]
     return "\n".join(lines)
