@@ -8,7 +8,8 @@ Parts (each prints a table measured in this one run):
                of the forget probes (levels 1-2, the edited ones) and of the neighbour probes, and
                their ratio. Without --model the model is the test suite's: timerome's LLaDA
                structure (2 layers, d 64) with a word tokenizer, trained 80 epochs on the target's
-               forget and neighbour probes of levels 1-2 (about half a minute on one core).
+               forget and neighbour probes of levels 1-2 (about half a minute on one core); --bpe gives
+               it a byte-level BPE tokenizer instead.
   cost         wall time of the per-token masked-likelihood scores behind Min-K% (metrics/membership.py)
                for `groups` = 2, 4, 8, 16 and the pseudo-log-likelihood (groups = length), as a ratio
                to groups = 8, on the same model and the target's forget_mia texts.
@@ -37,14 +38,15 @@ from bench_models import trained_model  # noqa: E402 - the test suite's small-mo
 PARTS = ("selectivity", "cost")
 
 
-def toy_model(bench, target: str, directory: Path):
+def toy_model(bench, target: str, directory: Path, bpe: bool = False):
     parts = ("forget_level1", "forget_level2", "neighbor_level1", "neighbor_level2")
     rows = qa_rows([r for p in parts for r in load_rwku(target, p, bench).rows])
     others = [f for f in sorted(p.name for p in (Path(bench) / "rwku").iterdir() if p.is_dir())
               if f != target_folder(target, bench)]
-    extra = [r["question"] + " " + r["answer"] for f in others for r in passage_rows(load_rwku(f, "passage", bench).rows)]
+    extra = [r["question"] + " " + r["answer"] for f in others
+             for r in passage_rows(load_rwku(f, "passage", bench).rows)]
     extra += [r["query"] for r in load_rwku(target, "forget_level3", bench).rows]
-    return trained_model(rows, directory, epochs=80, words=True, extra_texts=extra)
+    return trained_model(rows, directory, epochs=80, words=not bpe, extra_texts=extra)
 
 
 def selectivity(bb, args) -> None:
@@ -94,6 +96,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--n-mc", type=int, default=8)
     ap.add_argument("--texts", type=int, default=20, help="cost: forget_mia texts scored")
+    ap.add_argument("--bpe", action="store_true", help="toy model with a byte-level BPE tokenizer (400 pieces) "
+                    "instead of the word tokenizer: the target's name is then several shared pieces")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -101,8 +105,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         bb = load_backbone(args.model, device=args.device) if args.model else toy_model(args.bench_data, args.target,
-                                                                                         Path(tmp))
-        print(f"model: {args.model or 'toy (trained here)'}, {bb.n_layers} layers, built in {time.perf_counter() - t0:.1f}s")
+                                                                                         Path(tmp), args.bpe)
+        kind = args.model or f"toy, {'BPE' if args.bpe else 'word'} tokenizer, trained here"
+        print(f"model: {kind}, {bb.n_layers} layers, built in {time.perf_counter() - t0:.1f}s")
         for part in args.parts.split(","):
             {"selectivity": selectivity, "cost": cost}[part.strip()](bb, args)
     return 0

@@ -89,7 +89,8 @@ def test_embedded_model_says_benchmark_numbers_mean_nothing(tmp_path):
     res = run_experiment("transfer", seeds=(0,), out_dir=tmp_path, overrides=over, progress=False,
                          backbone=load_backbone(None))
     md = " ".join(res["markdown"].split())
-    assert "of this benchmark's tokens are unknown to the model's vocabulary (819 tokens): its numbers mean nothing" in md
+    assert ("of this benchmark's tokens are unknown to the model's vocabulary (819 tokens): its numbers mean "
+            "nothing") in md
 
 
 @needs_bench

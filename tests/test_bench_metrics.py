@@ -129,7 +129,8 @@ def test_whp_trivia_and_familiarity_share():
             {"question": "question ?", "true_answer": "no", "false_answer": "yes"}]
     res = whp.trivia(Fake(favourite="yes"), rows, n_mc=2)
     assert res["correct"] == [True, False] and res["lp"][0] > res["false_lp"][0]
-    assert whp.reference_share("Ron waved his WAND at Hermione's cat", ["Ron", "wand", "Hermione", "Dumbledore"]) == 0.75
+    text_ = "Ron waved his WAND at Hermione's cat"
+    assert whp.reference_share(text_, ["Ron", "wand", "Hermione", "Dumbledore"]) == 0.75
     assert whp.reference_share("Ronald", ["Ron"]) == 0.0  # whole words only
     summary = whp.summary({"trivia": res, "familiarity": {"share": [0.5, 1.0]}})
     assert summary["WHP_Acc"] == 0.5 and summary["WHP_Familiarity"] == 0.75
@@ -146,7 +147,8 @@ def test_rwku_prompts_follow_rwku():
 
 def test_knowmem_prompt_is_museS_few_shot_format():
     icl = [{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}]
-    assert muse.knowmem_prompt("q3", icl) == "Question: q1\nAnswer: a1\n\nQuestion: q2\nAnswer: a2\n\nQuestion: q3\nAnswer:"
+    assert muse.knowmem_prompt("q3", icl) == ("Question: q1\nAnswer: a1\n\nQuestion: q2\nAnswer: a2\n\n"
+                                              "Question: q3\nAnswer:")
     items = {"knowmem_forget": {"lp": [-1.0, -3.0], "rouge": [1.0, 0.0]}, "verbmem": {"lp": [-10.0]},
              "privleak": {"auc": 0.9, "privleak": None}}
     s = muse.summary(items)

@@ -16,7 +16,8 @@ from timerome.data.benchmark import Loaded, bench_dir, find_file, keep, read_fil
 from timerome.errors import TimeromeError
 
 TRIVIA = {"hp_trivia_1239": "hp_trivia_1239.jsonl", "harry_potter_trivia_502_v2": "harry_potter_trivia_502_v2.jsonl"}
-COMPLETIONS = {"evaluation_prompts": "evaluation_prompts.json", "evaluation_prompts_short": "evaluation_prompts_short.json"}
+COMPLETIONS = {"evaluation_prompts": "evaluation_prompts.json",
+               "evaluation_prompts_short": "evaluation_prompts_short.json"}
 
 
 def _dir(source):

@@ -41,8 +41,9 @@ from timerome.task import ForgetTask
 UNKNOWN_WARNING = 0.05  # above this share of unknown tokens a benchmark's numbers mean nothing
 
 
-def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows, own_retain: bool = False) -> tuple[dict, ForgetTask]:
-    """(rows, task) from the loaded splits: the task is TOFU's or built from forget_rows."""
+def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dict, ForgetTask]:
+    """(rows, task) from the loaded splits: the task is TOFU's, or built from forget_rows and
+    retain_rows (None: the TOFU retain split of the context's source)."""
     splits = {k: v.rows for k, v in loaded.items()}
     texts = [str(x) for rows in splits.values() for r in rows[:20] for x in r.values() if isinstance(x, str)]
     share = unknown_share(ctx.backbone, texts)
@@ -59,7 +60,7 @@ def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows, own_retain: bool 
         return {"splits": splits, "info": info}, task
     if spec["task"] != "own":
         raise TimeromeError(f"a benchmark task is 'tofu' or 'own', got {spec['task']!r}")
-    if not own_retain:
+    if retain_rows is None:
         retain_rows = load_split("retain_perturbed", ctx.source)
     task, note = own_task(ctx.backbone, forget_rows, retain_rows)
     info["task"] = note
@@ -108,7 +109,7 @@ def muse_data(spec, ctx):
     for k, v in loaded.items():
         v.rows = spread(v.rows, n.get(k))
     forget = _with_subjects(loaded["knowmem_forget"].rows)
-    return _bundle(spec, ctx, loaded, forget, loaded["knowmem_retain"].rows, own_retain=True)
+    return _bundle(spec, ctx, loaded, forget, loaded["knowmem_retain"].rows)
 
 
 @data_kind("whp")
@@ -119,7 +120,7 @@ def whp_data(spec, ctx):
     loaded["trivia"].rows = spread(loaded["trivia"].rows, spec.get("n_trivia"))
     loaded["completions"].rows = spread(loaded["completions"].rows, spec.get("n_completions"))
     forget = _with_subjects([{"question": r["question"], "answer": r["true_answer"]} for r in loaded["trivia"].rows])
-    return _bundle(spec, ctx, loaded, forget, [])
+    return _bundle(spec, ctx, loaded, forget)
 
 
 @data_kind("wmdp")
@@ -130,7 +131,7 @@ def wmdp_data(spec, ctx):
     rows = [{"question": wmdp_prompt(r, subject), "answer": r["choices"][r["answer"]]} for r in loaded["wmdp"].rows]
     subjects = entity_subject([{"question": r["question"]} for r in loaded["wmdp"].rows])
     forget = [dict(r, subject=s) for r, s in zip(rows, subjects)]
-    rows_out, task = _bundle(spec, ctx, loaded, forget, [])
+    rows_out, task = _bundle(spec, ctx, loaded, forget)
     rows_out["info"]["subject"], rows_out["info"]["layout"] = subject or MIXED, loaded["wmdp"].layout
     return rows_out, task
 
@@ -152,6 +153,6 @@ def rwku_data(spec, ctx):
     others = [f for f in rwku_targets(src) if f != folder]
     retain = [r for f in others for r in passage_rows(load_rwku(f, "passage", src).rows)]
     retain = spread(retain, 40) if retain else load_split("retain_perturbed", ctx.source)
-    rows, task = _bundle(dict(spec, task="own"), ctx, loaded, forget, retain, own_retain=True)
+    rows, task = _bundle(dict(spec, task="own"), ctx, loaded, forget, retain)
     rows["info"]["target"] = name
     return rows, task

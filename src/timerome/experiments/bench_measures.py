@@ -105,8 +105,8 @@ def rwku(cell, ctx, rows, task) -> dict:
         items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", 16), seed=cell.seed, rouge=o.get("rouge", True),
                                 gen_length=o.get("answer_tokens", RWKU.ANSWER_TOKENS)) for p in RWKU.LEVELS}
         if "forget_mia" in s:
-            items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]], [r["text"] for r in s["retain_mia"]],
-                                           seed=cell.seed, **_mia(o))
+            items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]],
+                                           [r["text"] for r in s["retain_mia"]], seed=cell.seed, **_mia(o))
         return items
 
     return _run(cell, ctx, rows, task, score, RWKU.summary)

@@ -24,7 +24,7 @@ from timerome.stats import cell as stat_cell
 
 NAME = "robustness"
 CONFIG = dict(n_mc=16, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN)
-QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", "timerome", "ga"])
+QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}])
 COLUMNS = [f"LP_{c}" for c in CONDITIONS]
 
 
@@ -73,7 +73,9 @@ def panel_markdown(p: dict) -> str:
     for row, conds in p.items():
         def f(cond, what):
             e = conds.get(cond, {}).get(what)
-            return "–" if not e else f"{e['mean']:+.2f}" + (f" [{e['lo']:+.2f}, {e['hi']:+.2f}]" if e["n"] > 1 else "")
+            if not e:
+                return "–"
+            return f"{e['mean']:+.2f}" + (f" [{e['lo']:+.2f}, {e['hi']:+.2f}]" if e["n"] > 1 else "")
 
         lines.append(f"| {row} | " + " | ".join([f(c, "change") for c in CONDITIONS]
                                                + [f(c, "weakening") for c in CONDITIONS[1:]]) + " |")

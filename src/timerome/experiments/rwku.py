@@ -5,7 +5,8 @@ Each target is its own editing task (bench_data.py): the forget set is built fro
 probes (levels 1-2) and passages, subject = the target; the neighbour probes (other entities
 related to the target) and the level-3 adversarial probes are never edited. `targets`: None =
 every target folder, an int = the first n, a list = those names. `methods`: None = every
-registered method's canonical rows. QUICK: one target, three methods, log-probabilities only.
+registered method's canonical rows. QUICK: one target, no_edit / timerome / ga at their defaults,
+log-probabilities only.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
 NAME = "rwku"
 CONFIG = dict(n_mc=16, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
               rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=0.4, mia_groups=8)
-QUICK = dict(n_mc=4, targets=1, methods=["no_edit", "timerome", "ga"], rouge=False, mia=False, n_passages=4)
+QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
+             n_passages=4)
 PAIRS = (("ForgetL1LP", "NeighbourL1LP"), ("ForgetL2LP", "NeighbourL2LP"))
 
 
@@ -47,8 +49,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     opts = {k: cfg[k] for k in ("n_mc", "rouge", "answer_tokens", "mia_k", "mia_groups")}
     out = []
     for target in targets(cfg):
-        spec = dict(kind="rwku", dir=bench_source(cfg), target=target, forget_from=list(cfg["forget_from"]),
-                    n_passages=cfg["n_passages"], mia=cfg["mia"])
+        spec = dict(kind="rwku", task="own", dir=bench_source(cfg), target=target,
+                    forget_from=list(cfg["forget_from"]), n_passages=cfg["n_passages"], mia=cfg["mia"])
         out += [Cell("rwku", m, over, seed, spec, opts, row=label(m, over), group=target_name(target))
                 for seed in seeds for m, over in plan]
     return out

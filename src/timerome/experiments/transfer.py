@@ -73,6 +73,9 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     unknown = sorted(set(cfg["benchmarks"]) - set(BENCHMARKS))
     if unknown:
         raise TimeromeError(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if bench_source(cfg) == "hub" and "whp" in cfg["benchmarks"]:
+        raise TimeromeError("WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR), "
+                            "or leave whp out of the benchmarks setting")
     plan = canonical_rows(cfg["methods"])
     out = []
     for bench in cfg["benchmarks"]:
@@ -86,7 +89,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 def paper_table(summaries: dict) -> str:
     """The paper's layout: Bench | Method | knowmem | verbmem | WHP-logp | WMDP acc (transfer block)."""
     lines = ["## Transfer table (paper layout, TOFU-built edit)", "",
-             "| bench | method | knowmem LP ↓ | verbmem LP ↓ | WHP-logp ↓ | WMDP acc ↓ |", "|---|---|---|---|---|---|"]
+             "| bench | method | knowmem LP ↓ | verbmem LP ↓ | WHP-logp ↓ | WMDP acc ↓ |",
+             "|---|---|---|---|---|---|"]
     for group, summary in summaries.items():
         bench, block = group.split("|")
         if block != "tofu":

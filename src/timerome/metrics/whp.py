@@ -44,8 +44,8 @@ def familiarity(backbone, rows: list[dict], *, gen_length: int = COMPLETION_TOKE
                 progress: bool = False) -> dict:
     """Per prompt: its greedy completion and the share of its reference words the completion uses."""
     gen = continuations(backbone, [r["prompt"] for r in rows], gen_length=gen_length, seed=seed, progress=progress)
-    return {"generations": gen["texts"], "share": [reference_share(t, r["references"]) for t, r in zip(gen["texts"], rows)],
-            "gen_length": gen["gen_length"], "prompts_cut": gen["cut"]}
+    share = [reference_share(t, r["references"]) for t, r in zip(gen["texts"], rows)]
+    return {"generations": gen["texts"], "share": share, "gen_length": gen["gen_length"], "prompts_cut": gen["cut"]}
 
 
 def summary(items: dict) -> dict:
