@@ -88,6 +88,7 @@ def test_embedded_model_says_benchmark_numbers_mean_nothing(tmp_path):
     over = dict(bench_dir=str(BENCH), benchmarks=["wmdp"], own=False, methods=["no_edit"], n_wmdp=3, n_mc=1)
     res = run_experiment("transfer", seeds=(0,), out_dir=tmp_path, overrides=over, progress=False,
                          backbone=load_backbone(None))
+    assert res["markdown"].startswith("**Warning:")  # above the tables, not only under them
     md = " ".join(res["markdown"].split())
     assert ("of this benchmark's tokens are unknown to the model's vocabulary (819 tokens): its numbers mean "
             "nothing") in md

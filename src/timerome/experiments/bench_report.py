@@ -26,6 +26,12 @@ def group_summary(cells, results, measure: str, columns) -> dict:
     return summarise(by_row(cells, results, measures=(measure,)), columns)
 
 
+def warnings_markdown(notes: dict) -> str:
+    """Every group's vocabulary warning, once, in bold: for the top of a report."""
+    found = list(dict.fromkeys(n for ns in notes.values() for n in ns if "mean nothing" in n))
+    return "".join(f"**Warning: {n}**\n\n" for n in found)
+
+
 def notes_markdown(notes: list[str]) -> str:
     """The data notes as a list under a table."""
     return "".join(f"- {n}\n" for n in notes)

@@ -18,7 +18,7 @@ import numpy as np
 from timerome.data.rwku import rwku_targets, target_name
 from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
 from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown,
-                                               plot_panels)
+                                               plot_panels, warnings_markdown)
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import label, markdown, write_outputs
 from timerome.experiments.runner import Cell
@@ -89,7 +89,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                         + notes_markdown(notes[target]))
         panels.append((target, summaries[target], ["ForgetL1LP", "NeighbourL1LP", "ForgetL2LP", "NeighbourL2LP"]))
     head, sel = selectivity(summaries)
-    md = "\n".join([head] + sections)
+    md = "\n".join([warnings_markdown(notes) + head] + sections)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, selectivity=sel, notes=notes, config=cfg,
                                               seeds=list(seeds)), md)
     files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png", ylabel="change vs no_edit (nats)")

@@ -17,7 +17,8 @@ from pathlib import Path
 from timerome.data.benchmark import ENV_DIR
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
-from timerome.experiments.bench_report import data_notes, group_summary, grouped, notes_markdown, plot_panels
+from timerome.experiments.bench_report import (data_notes, group_summary, grouped, notes_markdown, plot_panels,
+                                               warnings_markdown)
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import fmt_cell, label, markdown, write_outputs
 from timerome.experiments.runner import Cell
@@ -113,7 +114,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         sections.append(markdown(summaries[group], cols, f"{bench}: {BLOCKS[block]}", delta=HEADLINE[kind])
                         + notes_markdown(notes[group]))
         panels.append((f"{bench} ({block})", summaries[group], PLOTTED[kind]))
-    md = "\n".join([paper_table(summaries)] + sections)
+    md = "\n".join([warnings_markdown(notes) + paper_table(summaries)] + sections)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, notes=notes, config=cfg, seeds=list(seeds)), md)
     files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png")
     return dict(summary=summaries, markdown=md, files=files)
