@@ -32,19 +32,24 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
 @app.command()
 @friendly
 @model_options
-def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, npo_sweep, "
-                                                    "utility, xbackbone, radar or all"),
+def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, transfer, "
+                                                   "rwku, robustness, npo_sweep, utility, xbackbone, radar or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
                config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
-               methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
+               methods: Optional[str] = typer.Option(None, help="comma-separated method names (experiments with a "
+                                                                "methods setting)"),
                models: Optional[str] = typer.Option(None, help="xbackbone: comma-separated checkpoint directories"),
                executor: str = typer.Option("local", help="who computes the cells: local or ray"),
                ray_address: Optional[str] = typer.Option(None, help="with --executor ray: 'auto' (a running cluster) "
                                                                     "or ray://HOST:PORT; default a local instance"),
+               bench_data: Optional[Path] = typer.Option(None, "--bench-data", help="folder of the benchmark data "
+                                                         "(muse/, whp/, wmdp/, rwku/) for transfer and rwku "
+                                                         "(default: $TIMEROME_BENCH_DIR, else the Hub)"),
+               quick: bool = typer.Option(False, help="the experiment's laptop subset (fewer rows, methods, samples)"),
                fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
     from timerome.experiments import experiment_config, make_executor, run_experiment
@@ -61,13 +66,17 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
         overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
     if models:
         overrides["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    if bench_data is not None:
+        if not bench_data.is_dir():
+            raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        overrides["bench_dir"] = str(bench_data)
     if name != "all":
-        experiment_config(name, overrides)  # the name and every setting, checked before a model loads
+        experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
     seed_list = parse_seeds(seeds)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
                             reference=reference, backbone=None if models else model.load(), executor=run_on,
-                            load=lambda path: dataclasses.replace(model, model=path).load())
+                            load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick)
     results = result if name == "all" else {name: result}
     for n, r in results.items():
         md = Path(r["out_dir"]) / f"{n}.md"

@@ -25,18 +25,19 @@ from pathlib import Path
 
 from timerome.backbones import load_backbone
 from timerome.errors import TimeromeError
-from timerome.experiments import (ablations, canonical, npo_sweep, pareto, radar, scalability, sequential, utility,
-                                  xbackbone)
+from timerome.experiments import (ablations, canonical, npo_sweep, pareto, radar, robustness, rwku, scalability,
+                                  sequential, transfer, utility, xbackbone)
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
 
 # radar last: it draws from the others' outputs
-EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations, npo_sweep, utility,
-                                   xbackbone, radar)}
+EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations, transfer, rwku, robustness,
+                                   npo_sweep, utility, xbackbone, radar)}
 CONFIGS = {name: m.CONFIG for name, m in EXPERIMENTS.items()}
+QUICK = {name: getattr(m, "QUICK", {}) for name, m in EXPERIMENTS.items()}  # --quick: a laptop subset
 canonical_rows = canonical.canonical_rows
 
-__all__ = ["EXPERIMENTS", "CONFIGS", "Cell", "Context", "Runner", "execute", "resolve_data", "run_experiment",
+__all__ = ["EXPERIMENTS", "CONFIGS", "QUICK", "Cell", "Context", "Runner", "execute", "resolve_data", "run_experiment",
            "canonical_rows", "resolve_source", "make_executor"]
 
 
@@ -53,11 +54,12 @@ def resolve_source(data):
     return str(data)
 
 
-def experiment_config(name: str, overrides: dict | None = None) -> dict:
-    """CONFIGS[name] updated with overrides; an unknown setting is refused by name."""
+def experiment_config(name: str, overrides: dict | None = None, quick: bool = False) -> dict:
+    """CONFIGS[name] (with the experiment's QUICK subset when quick) updated with overrides; an
+    unknown setting is refused by name."""
     if name not in EXPERIMENTS:
         raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
-    cfg = dict(CONFIGS[name])
+    cfg = dict(CONFIGS[name], **(QUICK[name] if quick else {}))
     unknown = sorted(set(overrides or {}) - set(cfg))
     if unknown:
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
@@ -67,7 +69,7 @@ def experiment_config(name: str, overrides: dict | None = None) -> dict:
 
 def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
                    overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
-                   executor=local_executor, load=load_backbone) -> dict:
+                   executor=local_executor, load=load_backbone, quick: bool = False) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
@@ -75,12 +77,17 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     saw the forget set, for Forget Quality (None: trained automatically for the embedded model).
     executor: who computes the cells (runner.local_executor, executors.ray_executor(...)).
     load: checkpoint directory -> Backbone (how --device / --dtype reach the models xbackbone loads).
+    quick: the experiment's QUICK settings (a laptop subset) under the overrides.
     """
-    if name == "all":
-        return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume, overrides,
-                                  reference, progress, backbone, executor, load)
+    if name == "all":  # each experiment gets the settings it has; a setting none has is refused
+        unknown = sorted(set(overrides or {}) - {k for c in CONFIGS.values() for k in c})
+        if unknown:
+            raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
+        return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume,
+                                  {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, reference,
+                                  progress, backbone, executor, load, quick)
                 for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
-    cfg = experiment_config(name, overrides)
+    cfg = experiment_config(name, overrides, quick)
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
         raise TimeromeError("give at least one seed")

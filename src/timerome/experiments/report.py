@@ -114,17 +114,18 @@ def fmt_any(column: str, e: dict | None) -> str:
     return fmt_cell(e, 3 if column in THREE_DIGITS else 2)
 
 
-def markdown(summary: dict, columns, title: str, note: str = "") -> str:
+def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP") -> str:
+    """A table of the summary (the accounting columns appended where present); the last column is the
+    paired difference of column `delta` to no_edit."""
     extra = [c for c in with_accounting(columns)[len(columns):] if any(c in cols for cols in summary.values())]
     columns = list(columns) + extra
     if any(c in columns for c in ACCOUNTING):
         note = f"{note} {ACCOUNTING_NOTE}".strip()
-    head = ["method"] + [SHORT.get(c, c) for c in columns] + ["Δ ForgetLP vs no_edit (p)"]
+    head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
-        d = cols.get("ForgetLP", {})
-        delta = delta_text(d)
-        lines.append("| " + " | ".join([row] + [fmt_any(c, cols.get(c)) for c in columns] + [delta]) + " |")
+        lines.append("| " + " | ".join([row] + [fmt_any(c, cols.get(c)) for c in columns]
+                                        + [delta_text(cols.get(delta, {}))]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
               "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]
     return "\n".join(lines)

@@ -19,6 +19,10 @@ default; any callable (cells, context, done, progress=, title=) -> None with the
 replace it (`executors.ray_executor`: Ray workers), where done(i, result) stores cell i's result.
 The cache is written here, by `done`, whichever executor computed the cell: a sweep started on one
 executor resumes on another, and cells sharing a key are computed once.
+
+Data specs: a cell's `data` is a TOFU spec (`resolve_data`) unless it names a `kind`; a data kind,
+registered with `@data_kind("name")` on fn(spec, context) -> (rows, ForgetTask), resolves the
+others (the benchmark files add MUSE, WHP, WMDP and RWKU that way, `bench_data.py`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from timerome.task import ForgetTask
 
 VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
 MEASURES: dict = {}  # name -> (cell, context, rows, task) -> JSON-able result; `measurement` fills it
+DATA_KINDS: dict = {}  # kind -> (spec, context) -> (rows, ForgetTask); `data_kind` fills it
 LP_COLUMNS = {"forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
 TRAJ_COLUMNS = {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
 
@@ -148,7 +153,13 @@ class Context:
     def data(self, spec: dict) -> tuple[dict, ForgetTask]:
         key = digest(spec)
         if key not in self._data:
-            self._data[key] = resolve_data(spec, self.source, self.backbone)
+            kind = spec.get("kind")
+            if kind is None:
+                self._data[key] = resolve_data(spec, self.source, self.backbone)
+            elif kind in DATA_KINDS:
+                self._data[key] = DATA_KINDS[kind](spec, self)
+            else:
+                raise TimeromeError(f"unknown data kind {kind!r}; one of {', '.join(DATA_KINDS) or 'none'}")
         return self._data[key]
 
     def reference_backbone(self):
@@ -172,6 +183,16 @@ class Context:
 
 
 # ------------------------------------------------------------------------------ one cell
+
+
+def data_kind(name: str):
+    """Register fn(spec, context) -> (rows, ForgetTask) as the resolver of data specs of kind `name`."""
+
+    def deco(fn):
+        DATA_KINDS[name] = fn
+        return fn
+
+    return deco
 
 
 def measurement(name: str):
