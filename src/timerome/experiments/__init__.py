@@ -21,6 +21,7 @@ from timerome.backbones import load_backbone
 from timerome.errors import TimeromeError
 from timerome.experiments import ablations, canonical, pareto, scalability, sequential
 from timerome.experiments.runner import Cell, Context, Runner, execute, resolve_data
+from timerome.experiments.settings import check_settings
 
 EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations)}
 CONFIGS = {name: m.CONFIG for name, m in EXPERIMENTS.items()}
@@ -52,20 +53,24 @@ def experiment_config(name: str, overrides: dict | None = None) -> dict:
     if unknown:
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})
+    check_settings(name, cfg, CONFIGS[name])
     return cfg
 
 
 def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
-                   overrides: dict | None = None, reference=None, progress: bool = True, backbone=None) -> dict:
+                   overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
+                   wait: bool | float = True) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
     overrides: settings of CONFIGS[name] to change (e.g. {"n_mc": 8}). reference: the model that never
     saw the forget set, for Forget Quality (None: trained automatically for the embedded model).
+    wait: another run holding the output folder is waited for (True), for that many seconds, or
+    not at all (False: refused, naming it).
     """
     if name == "all":
         return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume, overrides,
-                                  reference, progress, backbone) for n in EXPERIMENTS}
+                                  reference, progress, backbone, wait) for n in EXPERIMENTS}
     cfg = experiment_config(name, overrides)
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
@@ -75,11 +80,12 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     ctx = Context(bb, resolve_source(data), reference=reference, reference_options=dict(cfg.get("reference") or {}),
                   model_path=model, progress=progress)
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
-    runner = Runner(out, resume=resume, progress=progress)
+    runner = Runner(out, resume=resume, progress=progress, wait=wait)
     t0 = time.perf_counter()
     cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
-    results = runner.run(cells, ctx, title=name)
-    result = exp.report(cfg, seeds, cells, results, ctx, out)
+    with runner.lock():  # the cells and the report: one run at a time in a folder
+        results = runner.run(cells, ctx, title=name)
+        result = exp.report(cfg, seeds, cells, results, ctx, out)
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result
