@@ -5,8 +5,8 @@
 
 On a terminal: rich bars; a bar opened while another is showing is one more line of the same
 display (the reference model under an experiment's cells), removed when it ends. Not on a
-terminal (a log file, a background job, CI): plain lines, the first after a few seconds and then
-at most one every $TIMEROME_PROGRESS_SECONDS (default 30) per bar, plus one when a bar ends
+terminal (a log file, a background job, CI): plain lines, the first after 5 seconds and then at
+most one every $TIMEROME_PROGRESS_SECONDS (default 30; 0: every step) per bar, plus one when a bar ends
 that ran that long, so a long job is never silent and a short one adds nothing to the log.
 `enabled=False` shows nothing.
 """
@@ -62,7 +62,8 @@ class _Lines(_Bar):
         self.done += n
         self.description = description or self.description
         now = time.monotonic()
-        due = now - self.t0 >= FIRST_LINE_SECONDS if self.last is None else now - self.last >= _interval()
+        every = _interval()
+        due = now - self.t0 >= min(FIRST_LINE_SECONDS, every) if self.last is None else now - self.last >= every
         if due or (self.done >= self.total and self.last is not None):
             self.write(now)
 

@@ -6,21 +6,50 @@ import inspect
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from functools import wraps
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.markup import escape
 
 from timerome.errors import Interrupted, TimeromeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Find where a masked diffusion LM stores a fact, then make it forget it at inference time.")
+# click's exceptions as typer raises them (typer may vendor its own click: the `click` package's differ)
+clickx = sys.modules[typer.BadParameter.__module__]
+NO_ARGS_HELP = getattr(clickx, "NoArgsIsHelpError", ())
 console = Console()                # results
 err_console = Console(stderr=True)  # errors, warnings, notes: stdout stays clean for --json
+
+
+class OneLineUsageErrors(TyperGroup):
+    """Usage errors (an unknown option, a missing argument, a value of the wrong type) as one red line
+    and exit code 2, like every other input error, instead of click's boxed message."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except NO_ARGS_HELP as e:  # `timerome` alone: the help, as usual
+            e.show()
+            sys.exit(e.exit_code)
+        except clickx.ClickException as e:
+            where = getattr(e, "ctx", None)
+            path = where.command_path if where is not None else "timerome"
+            say_error(f"{path}: {e.format_message()} (see `{path} --help`)")
+            sys.exit(2 if isinstance(e, clickx.UsageError) else e.exit_code)
+        except typer.Abort:
+            err_console.print("[bold yellow]aborted[/]")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True,
+                  help="Find where a masked diffusion LM stores a fact, then make it forget it at inference time.")
 
 ModelOpt = typer.Option(None, "--model", "-m", help="checkpoint directory (default: the embedded model)")
 FamilyOpt = typer.Option(None, "--family", help="backbone family (default: from config.json)")
@@ -47,7 +76,7 @@ def friendly(fn):
     def inner(*a, **k):
         try:
             return fn(*a, **k)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        except (typer.Exit, typer.Abort, clickx.ClickException):
             raise
         except Interrupted as e:
             err_console.print(f"[bold yellow]interrupted:[/] {escape(' '.join(str(e).split()))}", soft_wrap=True,

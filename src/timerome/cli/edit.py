@@ -51,6 +51,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
 
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
+    if not target.strip():
+        raise TimeromeError("--target is empty: give the text the edited model should say instead")
     output_file(out, "--out")  # before minutes of work
     bb = model.load()
     facts = _facts(data, tofu_dir)

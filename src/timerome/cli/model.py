@@ -163,8 +163,6 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     bb = model.load()
-    for i, p in enumerate(prompt):
-        warn_unknown_words(bb, p, f"prompt {i + 1}")
     memory = None
     if edit is not None:
         from timerome.edit_memory import EditMemory
@@ -175,6 +173,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
             raise TimeromeError(f"{edit} edits only at denoising step {k}, which a {steps}-step run never "
                                 f"reaches: pass --steps {k + 1} or more")
         check_edit_scale(bb, memory, [bb.encode(p) for p in prompt], edit)
+    for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
+        warn_unknown_words(bb, p, f"prompt {i + 1}")
     t = Table(show_lines=True)
     t.add_column("prompt")
     t.add_column("answer")
@@ -208,6 +208,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
 
 @app.command("methods")
+@friendly
 def methods_cmd():
     """List the registered methods and their default settings."""
     from timerome.methods import available, method_config
