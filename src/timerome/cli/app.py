@@ -187,11 +187,19 @@ def model_options(fn):
     return inner
 
 
-def load_facts(data: str, tofu_dir, limit=None):
-    """Facts of a QA set; every row that gives no fact is shown, never dropped silently."""
+def load_facts(data: str, tofu_dir, limit=None, backbone=None):
+    """Facts of a QA set; every row that gives no fact is shown, never dropped silently, and
+    subjects the model's vocabulary cannot read are named (they would all be one <unk>)."""
     from timerome.data.rows import load_facts as load
 
     facts, skipped = load(data, tofu_dir=tofu_dir, limit=limit)
+    unknown = [f for f in facts if backbone is not None and unknown_words(backbone, f.subject)]
+    if unknown:
+        words = dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject))
+        err_console.print(f"[yellow]warning:[/] {len(unknown)} of {len(facts)} facts of {escape(data)} have subjects "
+                          f"with words the model's vocabulary does not know ({escape(', '.join(list(words)[:6]))}"
+                          f"{', ...' if len(words) > 6 else ''}): it reads them as {backbone.tokenizer.unk_token!r}, "
+                          "so those subjects look alike to it", soft_wrap=True)
     for i, why in skipped[:10]:
         err_console.print(f"[yellow]skipped row {i}:[/] {escape(why)}", soft_wrap=True)
     if len(skipped) > 10:

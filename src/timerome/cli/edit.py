@@ -55,7 +55,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
     output_file(out, "--out")  # before minutes of work
     bb = model.load()
-    facts = _facts(data, tofu_dir)
+    facts = _facts(data, tofu_dir, backbone=bb)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)

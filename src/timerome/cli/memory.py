@@ -84,7 +84,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     dest = output_file(out or file)
     bb = model.load()
     memory = EditMemory.load(file, bb)
-    facts = _facts(data, tofu_dir)
+    facts = _facts(data, tofu_dir, backbone=bb)
     before = len(memory)
     memory.add(facts)
     _done(memory.save(dest), memory, f"added {len(memory) - before} facts", as_json)

@@ -154,7 +154,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
              model: ModelChoice = None,
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
-             edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it")):
+             edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
+             as_json: bool = typer.Option(False, "--json", help="print the answers as JSON")):
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
     import torch
 
@@ -192,6 +193,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         cut = text.find(end, words) if end else -1
         return text[: cut + len(end)] if cut >= 0 else text
 
+    answers = []
     for p in prompt:
         ids = torch.tensor([bb.encode(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
@@ -204,14 +206,22 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                 with memory.applied(bb) as state:  # the state tells a step-k* edit which step it is
                     row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:]))
         t.add_row(*row)
+        answers.append(dict(zip(("prompt", "answer", "answer_with_edit"), row)))
+    if as_json:
+        print_json(answers)
+        return
     console.print(t)
 
 
 @app.command("methods")
 @friendly
-def methods_cmd():
+def methods_cmd(as_json: bool = typer.Option(False, "--json", help="print the methods and defaults as JSON")):
     """List the registered methods and their default settings."""
     from timerome.methods import available, method_config
+
+    if as_json:
+        print_json({m: method_config(m) for m in available()})
+        return
 
     t = Table(title="methods")
     t.add_column("name")

@@ -41,14 +41,14 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
     output_folder(out).mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
     bb = model.load()
-    facts = _facts(data, tofu_dir, n_facts)
+    facts = _facts(data, tofu_dir, n_facts, backbone=bb)
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
         # the same noise scale as the facts' trace: the penalty compares like with like
-        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **{**kw, "sigma": result.settings["sigma"]})
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result.settings["sigma"]})
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
