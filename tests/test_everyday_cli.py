@@ -206,3 +206,20 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
         for _ in range(3):
             bar.advance()
     assert capsys.readouterr().err == ""
+
+
+def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
+    """`timerome edit --q 50` on 3 facts is refused up front; the API's memory refuses when applied."""
+    from timerome.data import facts_from_rows, load_split
+    from timerome.edit_memory import EditMemory
+
+    rows = tmp_path / "three.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in load_split("forget01", "embedded")[:3]))
+    code, _, out = run("edit", "--data", rows, "--q", 50, "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "--q 50 exceeds the 3 facts" in out, out
+    bb = load_backbone()
+    facts, _ = facts_from_rows(load_split("forget01", "embedded")[:3])
+    memory = EditMemory(bb, q=50).add(facts)
+    with pytest.raises(TimeromeError, match="q=50 exceeds the number of facts"):
+        with memory.applied(bb):
+            pass

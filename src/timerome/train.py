@@ -73,7 +73,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     model = backbone.model
     peft_model = None
     if cfg.lora_r > 0:
-        peft_model = wrap_lora(backbone, cfg)
+        peft_model = wrap_lora(backbone, cfg, seed=cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
@@ -148,7 +148,7 @@ def _eos(backbone) -> int:
     return int(eos)
 
 
-def wrap_lora(backbone, cfg: TrainConfig):
+def wrap_lora(backbone, cfg: TrainConfig, seed: int | None = None):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -157,8 +157,13 @@ def wrap_lora(backbone, cfg: TrainConfig):
         p.requires_grad_(False)
     lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=0.0,
                       target_modules=backbone.family.lora_targets, bias="none")
-    peft_model = get_peft_model(backbone.model, lcfg)
-    return peft_model
+    if seed is None:
+        return get_peft_model(backbone.model, lcfg)
+    # peft draws the adapters' initial weights from torch's global generator: seed it for this
+    # call only, so a LoRA run (and its resumption) is reproducible and the caller's state untouched
+    with torch.random.fork_rng(devices=[backbone.device] if backbone.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return get_peft_model(backbone.model, lcfg)
 
 
 def merge_lora(backbone, peft_model) -> None:

@@ -327,5 +327,6 @@ class Runner:
             except (KeyboardInterrupt, Interrupted) as e:
                 kept = f"{cached + len(finished)} of {len(cells)} {title} cells are cached in {self.out_dir / 'cells'}"
                 inner = f"{e}; " if isinstance(e, Interrupted) else ""
-                raise Interrupted(f"{inner}{kept}; run the same command again to go on from there") from None
+                raise Interrupted(f"{inner}{kept}; run the same command again with the same output folder "
+                                  f"({self.out_dir}) to go on from there") from None
             return results
