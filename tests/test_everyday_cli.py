@@ -124,7 +124,7 @@ def test_settings_are_checked_before_any_work(monkeypatch, tmp_path):
 
 def test_retain_authors_choose_whose_rows_are_evaluated():
     from timerome.data.tofu import load_split
-    from timerome.experiments.runner import resolve_data, retain_of_authors
+    from timerome.experiments.data import resolve_data, retain_of_authors
 
     rows = load_split("retain_perturbed", "embedded")
     two = retain_of_authors(rows, 2)

@@ -13,8 +13,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from timerome.errors import Interrupted, TimeromeError
 

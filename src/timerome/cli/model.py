@@ -93,6 +93,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           eos_pad: Optional[bool] = typer.Option(
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: on "
                                                    "when the tokenizer has EOS, off for the embedded model's family)"),
+          checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
+                                                     "(trained weights + AdamW moments: large for a full fine-tune)"),
           as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):
     """Fine-tune a backbone on question/answer pairs with the MDLM objective (resumable: each epoch
     is checkpointed in OUT/train-state; run the same command again after an interruption)."""
@@ -117,7 +119,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad)
     state = Path(out) / "train-state"
     try:
-        log = run_train(bb, rows, cfg, checkpoint=state)
+        log = run_train(bb, rows, cfg, checkpoint=state if checkpoint else None)
     except Interrupted as e:
         raise Interrupted(f"{e}; run the same command again to resume from there") from None
     save_backbone(bb, out)

@@ -32,7 +32,7 @@ from timerome.backbones import Backbone, load_backbone
 from timerome.cache import digest, write_json
 from timerome.errors import Interrupted, TimeromeError
 from timerome.evaluation import evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
-from timerome.experiments.data import resolve_data, retain_of_authors  # noqa: F401 - part of the runner's API
+from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
 from timerome.from_scratch import reference_model
 from timerome.lock import LOCK_NAME, hold
@@ -240,6 +240,8 @@ OPTION_RULES = {
     "every": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
     "rouge": ("true or false", lambda v: isinstance(v, bool)),
 }
+
+
 def check_cells(cells: list[Cell], ctx: Context) -> None:
     """What would otherwise fail mid-run, checked before the first cell: the measurement, the
     method and its options (in the cell's key), the measurement's options, the data, the reference."""
