@@ -290,6 +290,9 @@ class EditMemory:
             hyper.update(lam_absolute=hyper["lam"], lam=DEFAULT_LAM, key_scale=None)
         stats = None
         coord = Coordinate.of(meta["coordinate"])
+        if not 0 <= coord.layer < backbone.n_layers:  # save() writes 0..n-1: -1 here is a hand edit, not "the top"
+            raise TimeromeError(f"the memory's layer {coord.layer} is outside 0..{backbone.n_layers - 1}, the "
+                                "layers a saved memory names (was its header edited?)")
         if hyper["key_metric"] == "whitened":
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"],
                                   meta["stats"]["n_tokens"], meta["stats"]["shrinkage"])

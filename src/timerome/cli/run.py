@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds
+from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds, print_json, print_markdown
 from timerome.errors import TimeromeError
+from timerome.files import read_json
 
 
 @app.command()
@@ -21,12 +24,18 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
          data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
          reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
          seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
-         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)")):
+         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
+         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (the rest goes to stderr)")):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
     from timerome.demo import run_demo
 
     seed_list = parse_seeds(seeds)
-    run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick, backbone=model.load())
+    # with --json the demo's own report goes to stderr: stdout holds the JSON alone
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        result = run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick,
+                          backbone=model.load())
+    if as_json:
+        print_json({k: result.get(k) for k in ("summary", "coordinate", "files", "seconds", "phases", "out_dir")})
 
 
 @app.command()
@@ -50,16 +59,16 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
                                                          "(muse/, whp/, wmdp/, rwku/) for transfer and rwku "
                                                          "(default: $TIMEROME_BENCH_DIR, else the Hub)"),
                quick: bool = typer.Option(False, help="the experiment's laptop subset (fewer rows, methods, samples)"),
-               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
+               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming"),
+               no_wait: bool = typer.Option(False, "--no-wait", help="if another run holds --out, stop at once "
+                                                                     "(default: wait for it)"),
+               as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
     from timerome.experiments import experiment_config, make_executor, run_experiment
 
     overrides = {}
     if config is not None:
-        try:
-            overrides = json.loads(Path(config).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TimeromeError(f"cannot read config {config}: {e}") from None
+        overrides = read_json(config, "experiment config")
         if not isinstance(overrides, dict):
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
@@ -76,10 +85,14 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
                             reference=reference, backbone=None if models else model.load(), executor=run_on,
-                            load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick)
+                            load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick,
+                            wait=not no_wait)
     results = result if name == "all" else {name: result}
+    if as_json:
+        print_json({n: {k: r.get(k) for k in ("summary", "coordinate", "files", "seconds", "out_dir")}
+                    for n, r in results.items()})
+        return
     for n, r in results.items():
-        md = Path(r["out_dir"]) / f"{n}.md"
-        if md.exists():
-            console.print(md.read_text())
+        if r.get("markdown"):
+            print_markdown(r["markdown"])
         console.print(f"[green]{n}[/]: {r['seconds']:.0f}s, outputs in {r['out_dir']}")

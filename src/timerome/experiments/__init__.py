@@ -29,6 +29,7 @@ from timerome.experiments import (ablations, canonical, npo_sweep, pareto, radar
                                   sequential, transfer, utility, xbackbone)
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
+from timerome.experiments.settings import check_settings
 
 # radar last: it draws from the others' outputs
 EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations, transfer, rwku, robustness,
@@ -64,12 +65,14 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     if unknown:
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})
+    check_settings(name, cfg, CONFIGS[name])
     return cfg
 
 
 def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
                    overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
-                   executor=local_executor, load=load_backbone, quick: bool = False) -> dict:
+                   executor=local_executor, load=load_backbone, quick: bool = False,
+                   wait: bool | float = True) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
@@ -78,6 +81,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     executor: who computes the cells (runner.local_executor, executors.ray_executor(...)).
     load: checkpoint directory -> Backbone (how --device / --dtype reach the models xbackbone loads).
     quick: the experiment's QUICK settings (a laptop subset) under the overrides.
+    wait: another run holding the output folder is waited for (True), for that many seconds, or
+    not at all (False: refused, naming it).
     """
     if name == "all":  # each experiment gets the settings it has; a setting none has is refused
         unknown = sorted(set(overrides or {}) - {k for c in CONFIGS.values() for k in c})
@@ -85,7 +90,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
             raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
         return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume,
                                   {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, reference,
-                                  progress, backbone, executor, load, quick)
+                                  progress, backbone, executor, load, quick, wait)
                 for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
     cfg = experiment_config(name, overrides, quick)
     seeds = tuple(int(s) for s in seeds)
@@ -93,7 +98,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         raise TimeromeError("give at least one seed")
     exp = EXPERIMENTS[name]
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
-    runner = Runner(out, resume=resume, progress=progress, executor=executor)
+    runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
@@ -102,22 +107,25 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         if len(refs) != len(paths):
             raise TimeromeError(f"{len(paths)} models but {len(refs)} references: give one per model (null for none)")
         per_model = {}
-        for column, path, ref in zip(exp.columns(paths), paths, refs):
-            bb = backbone if backbone is not None and path == model else load(path)
-            ctx = Context(bb, source, reference=ref, reference_options=ref_options, model_path=path, progress=progress)
-            cells = exp.cells(cfg, seeds, ctx)
-            about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
-                         fingerprint=bb.fingerprint(), reference=ctx.auto_reference() is not None)
-            per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
-            del bb, ctx  # one model in memory at a time
-        result = exp.report(cfg, seeds, per_model, out)
+        with runner.lock():  # the cells and the report: one run at a time in a folder
+            for column, path, ref in zip(exp.columns(paths), paths, refs):
+                bb = backbone if backbone is not None and path == model else load(path)
+                ctx = Context(bb, source, reference=ref, reference_options=ref_options, model_path=path,
+                              progress=progress)
+                cells = exp.cells(cfg, seeds, ctx)
+                about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
+                             fingerprint=bb.fingerprint(), reference=ctx.auto_reference() is not None)
+                per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
+                del bb, ctx  # one model in memory at a time
+            result = exp.report(cfg, seeds, per_model, out)
     else:
         bb = backbone if backbone is not None else load(model)
         ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
                       progress=progress)
         cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
-        results = runner.run(cells, ctx, title=name)
-        result = exp.report(cfg, seeds, cells, results, ctx, out)
+        with runner.lock():  # the cells and the report: one run at a time in a folder
+            results = runner.run(cells, ctx, title=name)
+            result = exp.report(cfg, seeds, cells, results, ctx, out)
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result

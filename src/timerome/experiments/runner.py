@@ -36,15 +36,15 @@ import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
 from timerome.cache import digest, write_json
-from timerome.data.facts import facts_from_rows
-from timerome.data.rows import spread
-from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
-from timerome.errors import TimeromeError
-from timerome.evaluation import evaluate, fits, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.errors import Interrupted, TimeromeError
+from timerome.evaluation import evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.experiments.data import resolve_data
+from timerome.experiments.settings import is_int
 from timerome.from_scratch import reference_model
+from timerome.lock import LOCK_NAME, hold
 from timerome.methods import InferenceEdit, install, method_config
 from timerome.methods.timerome_edit import build_memory, locate, prepare
-from timerome.progress import progress_bar
+from timerome.progress import notify, progress_bar
 from timerome.task import ForgetTask
 
 VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
@@ -74,47 +74,6 @@ class Cell:
         if self.measure == "reference":
             key["reference"] = context.reference_tag
         return key
-
-
-# ------------------------------------------------------------------------------ data
-
-
-def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
-    """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
-
-    spec keys: forget (split, default forget01), first / last (keep that many forget rows from the
-    start / end), eval_forget (evaluate a spread of that many forget rows), n_retain / n_world
-    (spreads of retain_perturbed and of the real-author / world-fact splits), splits (which
-    evaluation splits), validation (the split whose facts are traced, default the forget facts).
-    """
-    forget = spec.get("forget", "forget01")
-    rows = load_split(forget, source)
-    lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)
-    if spec.get("first") is not None:
-        hi = min(hi, int(spec["first"]))
-    if spec.get("last") is not None:
-        lo = max(0, hi - int(spec["last"]))
-    task_rows = rows[lo:hi]
-    facts, _ = facts_from_rows(task_rows, offset=offset + lo)
-    perturbed = f"{forget}_perturbed"
-    shown = load_split(perturbed, source)[lo:hi] if perturbed in SPLITS else task_rows
-    retain = load_split("retain_perturbed", source)
-    out = {"forget": spread(shown, spec.get("eval_forget")),
-           "retain": spread(retain, spec.get("n_retain", 40)),
-           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
-           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
-    asked = {(r["question"], r["answer"]) for r in task_rows}
-    if any((r["question"], r["answer"]) in asked for r in retain):
-        raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
-                            "forget fewer rows")
-    out = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
-    if not out.get("forget", [None]):
-        raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
-    validation = None
-    if spec.get("validation"):
-        validation, _ = facts_from_rows(load_split(spec["validation"], source),
-                                        offset=FULL_OFFSET.get(spec["validation"], 0))
-    return out, ForgetTask(task_rows, facts, list(retain), validation=validation)
 
 
 # ------------------------------------------------------------------------------ context
@@ -234,7 +193,7 @@ def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
 def _full(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, lambda edit: evaluate(
         ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit,
-        rouge=cell.options.get("rouge", True)))
+        rouge=cell.options.get("rouge", True), progress=ctx.progress))
 
 
 def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
@@ -297,6 +256,35 @@ def _sequential(cell, ctx, rows, task) -> dict:
     return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
 
 
+# ------------------------------------------------------------------------------ checks before any work
+
+
+# options of the measurements (Cell.options): name -> (what it must be, test)
+OPTION_RULES = {
+    "n_mc": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "steps": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "every": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "rouge": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def check_cells(cells: list[Cell], ctx: Context) -> None:
+    """What would otherwise fail mid-run, checked before the first cell: the measurement, the
+    method and its options (in the cell's key), the measurement's options, the data, the reference."""
+    for c in cells:
+        if c.measure not in MEASURES:
+            raise TimeromeError(f"unknown measurement {c.measure!r}; one of {', '.join(MEASURES)}")
+        for key, value in c.options.items():
+            want, ok = OPTION_RULES.get(key, (None, None))
+            if ok is not None and not ok(value):
+                raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
+        c.key(ctx)  # method_config: an unknown method or option, a bad value
+        ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
+        if c.measure == "reference" and ctx.auto_reference() is None:
+            raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
+                                "without the forget set)")
+
+
 # ------------------------------------------------------------------------------ the runner
 
 
@@ -309,11 +297,23 @@ def local_executor(cells: list[Cell], ctx: Context, done, progress: bool = True,
 
 
 class Runner:
-    """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything."""
+    """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything.
 
-    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor):
+    One run at a time per folder: a second process on the same folder waits for the first
+    (`wait=True`), or is refused with the holder's name (`wait=False`), `lock.hold`. A cell file
+    that cannot be read (a crash mid-write of an older version, a disk error, a hand edit) is
+    reported, moved aside as <name>.corrupt-<time> and computed again.
+    """
+
+    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor,
+                 wait: bool | float = True):
         self.out_dir, self.resume, self.progress, self.executor = Path(out_dir), resume, progress, executor
+        self.wait = wait
         self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def lock(self):
+        """The folder's lock, held by `run` (and by callers that write reports after it)."""
+        return hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}")
 
     def path(self, cell: Cell, ctx: Context) -> Path:
         return self.out_dir / "cells" / f"{digest(cell.key(ctx))}.json"
@@ -322,32 +322,52 @@ class Runner:
         return self._read(self.path(cell, ctx))
 
     def _read(self, p: Path) -> dict | None:
-        if self.resume and p.is_file():
-            return json.loads(p.read_text())["result"]
-        return None
+        if not (self.resume and p.is_file()):
+            return None
+        try:
+            result = json.loads(p.read_text(encoding="utf-8"))["result"]
+            if not isinstance(result, dict):
+                raise TypeError(f"its result is a {type(result).__name__}")
+            return result
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            aside = p.with_name(f"{p.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            p.replace(aside)
+            notify(f"cell file {p} was unreadable ({type(e).__name__}: {str(e)[:80]}); moved it to {aside.name} "
+                   "and computing that cell again")
+            return None
 
     def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
-        paths = [self.path(c, ctx) for c in cells]
-        results = [self._read(p) for p in paths]
-        # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once
-        same: dict[Path, list[int]] = {}
-        for i, r in enumerate(results):
-            if r is None:
-                same.setdefault(paths[i], []).append(i)
-        todo = [ix[0] for ix in same.values()]
+        with self.lock():
+            paths = [self.path(c, ctx) for c in cells]
+            results = [self._read(p) for p in paths]
+            # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once
+            same: dict[Path, list[int]] = {}
+            for i, r in enumerate(results):
+                if r is None:
+                    same.setdefault(paths[i], []).append(i)
+            todo = [ix[0] for ix in same.values()]
+            check_cells([cells[i] for i in todo], ctx)
+            finished = []
 
-        def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
-            c, path = cells[todo[j]], paths[todo[j]]
-            for i in same[path]:
-                results[i] = result
-            write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
+            def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
+                c, path = cells[todo[j]], paths[todo[j]]
+                for i in same[path]:
+                    results[i] = result
+                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
+                finished.append(j)
 
-        cached = len(cells) - sum(map(len, same.values()))
-        self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
-                      title=f"{title} ({cached} cached)" if cached else title)
-        missing = [cells[i].row or cells[i].method for i, r in enumerate(results) if r is None]
-        if missing:
-            raise TimeromeError(f"the executor returned without computing {len(missing)} cells "
-                                f"({', '.join(missing[:3])}); rerun to resume from the cached ones")
-        return results
+            cached = len(cells) - sum(map(len, same.values()))
+            try:
+                self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
+                              title=f"{title} ({cached} cached)" if cached else title)
+            except (KeyboardInterrupt, Interrupted) as e:
+                kept = f"{cached + len(finished)} of {len(cells)} {title} cells are cached in {self.out_dir / 'cells'}"
+                inner = f"{e}; " if isinstance(e, Interrupted) else ""
+                raise Interrupted(f"{inner}{kept}; run the same command again with the same output folder "
+                                  f"({self.out_dir}) to go on from there") from None
+            missing = [cells[i].row or cells[i].method for i, r in enumerate(results) if r is None]
+            if missing:
+                raise TimeromeError(f"the executor returned without computing {len(missing)} cells "
+                                    f"({', '.join(missing[:3])}); rerun to resume from the cached ones")
+            return results
