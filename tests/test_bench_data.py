@@ -113,4 +113,4 @@ def test_cli_bad_benchmark_folder_is_one_red_line(tmp_path):
     code, out = run("rwku", "--quick", "--bench-data", str(tmp_path), "--seeds", "0", "-o", str(tmp_path / "out"))
     assert code == 2 and "holds no RWKU target folder" in out and "Traceback" not in out
     code, out = run("transfer", "--quick", "-c", str(tmp_path / "missing.json"))
-    assert code == 2 and "cannot read config" in out
+    assert code == 2 and "missing.json does not exist" in out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Optional

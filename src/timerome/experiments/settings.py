@@ -60,8 +60,8 @@ def _kind(key: str, default) -> str:
     if isinstance(default, str):
         return "a string"
     if isinstance(default, (list, tuple)):
-        return "a non-empty list" + (" of numbers" if default and _is_real(default[0]) else
-                                     " of objects" if default and isinstance(default[0], dict) else "")
+        return "a list" + (" of numbers" if default and _is_real(default[0]) else
+                           " of objects" if default and isinstance(default[0], dict) else "")
     if isinstance(default, dict):
         return "an object"
     return ""
@@ -69,7 +69,7 @@ def _kind(key: str, default) -> str:
 
 def _fits(key: str, default, value) -> bool:
     if isinstance(default, (list, tuple)):
-        if not isinstance(value, (list, tuple)) or not value:
+        if not isinstance(value, (list, tuple)):  # empty is fine: no extra rows, no sweep points
             return False
         if key in COUNT_SETTINGS:
             return all(is_int(v) and v >= 1 for v in value)
