@@ -14,8 +14,9 @@ Parts (each measured in this one run, paired: plain and edited models share ever
               the frontier PNG, and with --json {"methods": [{"method", "config", "d_forget",
               "d_retain", "d_real_authors", "d_world_facts", "weights_changed"}, ...]} where
               config holds the overrides and "model" ("embedded" or "tofu").
-  robustness  codebook vs timerome on text the radii never saw (bench_selective_robustness.py).
-  directions  the codebook's design choices on the embedded model (bench_selective_robustness.py).
+  robustness  codebook vs timerome on text the radii never saw (bench_selectivity_parts.py).
+  directions  the codebook's design choices on the embedded model (bench_selectivity_parts.py).
+  costs       install time, the hook's cost per forward, streaming insert / remove, save / load.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PARTS = ("frontier", "robustness", "directions")
+PARTS = ("frontier", "robustness", "directions", "costs")
 PAPER_VARIANT = dict(key_metric="paper", lam_absolute=1.0, alpha=2.0, q=4)
 SPLITS = ("forget", "retain", "real_authors", "world_facts")
 
@@ -160,8 +161,10 @@ def ratio(d: dict) -> float:
     return d["forget"] / d["retain"]
 
 
-def label(r: dict) -> str:
+def label(r: dict, short: bool = False) -> str:
     cfg = {k: v for k, v in r["config"].items() if k != "model"}
+    if short and r["method"] == "timerome" and cfg == PAPER_VARIANT:
+        return "timerome (paper: alpha 2, q 4, lambda 1)"
     return r["method"] + (" (" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in cfg.items()) + ")" if cfg else "")
 
@@ -213,7 +216,7 @@ def frontier_png(per_model: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(per_model), figsize=(6 * len(per_model), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(per_model), figsize=(7 * len(per_model), 5.2), squeeze=False)
     for ax, (name, results) in zip(axes[0], per_model.items()):
         sweep = sorted((r for r in results if r["method"] == "codebook" and set(r["config"]) <= {"alpha"}),
                        key=lambda r: r["config"].get("alpha", CODEBOOK_ALPHA))
@@ -223,11 +226,11 @@ def frontier_png(per_model: dict, path: Path) -> None:
             x, y = -r["d"]["retain"], -r["d"]["forget"]
             mark = "s" if r["weights_changed"] else "^"
             ax.scatter([x], [y], marker=mark, color="C3" if r["method"] == "codebook" else "C0", s=22)
-            ax.annotate(label(r), (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+            ax.annotate(label(r, short=True), (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
         ax.set_xscale("symlog", linthresh=0.1)
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set(xlabel="retain damage  -d_retain (nats, symlog)", ylabel="forgetting  -d_forget (nats, symlog)",
-               title=f"{name}: up and left is better (square: weights changed)")
+               title=f"{name} (up-left is better; square: weights changed)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,14 +294,16 @@ def main() -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"methods": rows}, indent=2) + "\n")
             print(f"numbers: {args.json}")
-    if "robustness" in parts or "directions" in parts:
-        import bench_selective_robustness as R
+    if set(parts) - {"frontier"}:
+        import bench_selectivity_parts as P
 
         for setup in all_setups:
             if "robustness" in parts:
-                R.robustness(setup, args)
+                P.robustness(setup, args)
             if "directions" in parts and setup.name == "embedded":
-                R.directions(setup, args)
+                P.directions(setup, args)
+            if "costs" in parts:
+                P.costs(setup, args)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s wall (shared, loaded machine: read ratios, not seconds)")
     return 0
 

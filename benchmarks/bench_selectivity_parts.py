@@ -1,5 +1,5 @@
-"""The codebook memory away from its calibration set, and its design choices (bench_selectivity.py's
-`robustness` and `directions` parts; run them through that script).
+"""The codebook memory away from its calibration set, its design choices and its costs
+(bench_selectivity.py's `robustness`, `directions` and `costs` parts; run them through that script).
 
 robustness: d (edited - plain, nats) on rows the radii never saw, for codebook, codebook with
 object keys, timerome (defaults and the paper variant) and rome:
@@ -16,9 +16,17 @@ object keys, timerome (defaults and the paper variant) and rome:
 directions: the embedded model, codebook at its defaults but one setting: layer, margin, values,
 per-fact coordinates, object keys, key states; and keys read at layer 0 with the value written at
 a deeper layer (one hook reads the gate, another adds the delta).
+costs: install time (prepare excluded) of codebook, timerome and rome; the hook's cost per forward
+(batch 16 x 32 tokens, fastest of repeats, as a ratio to the plain forward); inserting and removing
+one fact against building the whole memory again; the saved file and loading it.
 """
 
 from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 
@@ -148,3 +156,68 @@ def directions(setup, args) -> None:
         name = ", ".join(f"{k}={v}" for k, v in cfg.items())
         print(f"{name:52s}{d['forget']:10.2f}{d['retain']:10.3f}{d['real_authors']:9.3f}{d['world_facts']:9.3f}"
               f"{entries:>9}", flush=True)
+
+
+# ------------------------------------------------------------------------------ costs
+
+
+def _fastest(fn, repeats: int = 7) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def costs(setup, args) -> None:
+    import torch
+
+    from timerome.codebook_memory import CodebookMemory
+    from timerome.methods import install
+
+    bb, task = setup.backbone, setup.task
+    edits = {m: install(m, bb, task, seed=0) for m in ("codebook", "timerome", "rome")}
+    edits["rome"].undo()
+    print(f"\n== costs on {setup.name} (one run; fastest of repeats; shared machine) ==")
+    print("install s (prepare excluded): " + ", ".join(f"{m} {e.install_seconds:.3f}" for m, e in edits.items()))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, bb.vocab_size, (16, 32), generator=g)
+    ids[:, 2:4] = torch.tensor(bb.encode(task.facts[0].subject))  # the subject stands in every row: the gate fires
+    best = {"plain": float("inf"), "codebook": float("inf"), "timerome": float("inf")}
+    with torch.no_grad():
+        for _ in range(15):  # interleaved rounds: load from other jobs hits all three alike
+            for m in best:
+                with edits[m].active() if m != "plain" else nullcontext():
+                    best[m] = min(best[m], _fastest(lambda: bb.logits(ids), 1))
+    for m in ("codebook", "timerome"):
+        print(f"forward with {m}'s hook / plain forward: {best[m] / best['plain']:.3f} "
+              f"({best[m] * 1e3:.2f} ms vs {best['plain'] * 1e3:.2f} ms)")
+    mem = edits["codebook"].memory
+    cal = mem._calib  # the same calibration tokens
+    one, rest = task.facts[-1], task.facts[:-1]
+    build = _fastest(lambda: _copy(mem, bb, cal).add(task.facts), 3)
+    base = _copy(mem, bb, cal).add(rest)
+    insert = _fastest(lambda: base.add([one]).remove(one.fact_id), 3)
+    full = _copy(mem, bb, cal).add(task.facts)
+    remove = _fastest(lambda: _copy_of(full).remove(one.fact_id), 3)
+    print(f"memory of {len(task.facts)} facts: build {build:.3f} s; insert one fact + remove it {insert:.3f} s "
+          f"({build / insert:.1f}x faster than a rebuild); remove one {remove * 1e3:.2f} ms")
+    with tempfile.TemporaryDirectory() as d:
+        path = mem.save(Path(d) / "m.safetensors")
+        t = _fastest(lambda: CodebookMemory.load(path, bb), 3)
+        print(f"saved file {path.stat().st_size / 1e6:.2f} MB ({mem.n_entries} entries); load {t:.3f} s")
+
+
+def _copy(mem, bb, calibration):
+    from timerome.codebook_memory import CodebookMemory
+
+    return CodebookMemory(bb, mem.coordinate, background=mem.stats, calibration=calibration, alpha=mem.alpha,
+                          margin=mem.margin, inner=mem.inner, complete=mem.complete, n_states=mem.n_states,
+                          values=mem.values, object_keys=mem.object_keys, target=mem.target, seed=mem.seed)
+
+
+def _copy_of(mem):
+    import copy
+
+    return copy.copy(mem)
