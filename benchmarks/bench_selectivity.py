@@ -266,7 +266,7 @@ def main() -> int:
     ap.add_argument("--parts", default="frontier", help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--models", default="embedded,tofu", help="embedded, tofu or both")
     ap.add_argument("--methods", default="all", help="comma-separated registered methods (default: all)")
-    ap.add_argument("--alphas", default="2,4,16,32,64", help="the codebook memory's alpha sweep (its default too)")
+    ap.add_argument("--alphas", default="1,2,4,16,32", help="the codebook memory's alpha sweep (its default too)")
     ap.add_argument("--n-mc", type=int, default=8, help="Monte-Carlo draws per answer")
     ap.add_argument("--seeds", default="0", help="install and MC seeds; numbers are means over them")
     ap.add_argument("--tofu-model", default=None, help="a TOFU model directory (default: trained into the cache)")

@@ -88,9 +88,10 @@ def robustness(setup, args) -> None:
     sets, heldout_task, calib_nb = robustness_sets(setup)
     apart = heldout_task is not setup.task  # the held-out rows need a memory calibrated without them
     extra = {k: v for k, v in sets.items() if not (apart and k == "heldout")}
-    runs = [("codebook", {}), ("codebook", {"complete": False}), ("codebook", {"object_keys": False}),
-            ("codebook", {"complete": False, "object_keys": False}),
-            ("codebook", {"complete": False, "object_keys": False, "calibration": calib_nb}),
+    plain_gate = {"write": "tokens", "complete": False, "object_keys": False}
+    runs = [("codebook", {}), ("codebook", {"alpha": 2.0}), ("codebook", {"write": "tokens"}),
+            ("codebook", {"write": "tokens", "complete": False}), ("codebook", {"write": "tokens", "object_keys": False}),
+            ("codebook", plain_gate), ("codebook", dict(plain_gate, calibration=calib_nb)),
             ("codebook", {"calibration": calib_nb}), ("timerome", {}), ("timerome", dict(PAPER_VARIANT)), ("rome", {})]
     print(f"\n== robustness on {setup.name}: " + ", ".join(f"{k} {len(v)} rows" for k, v in sets.items())
           + f"; {len(calib_nb)} neighbour rows offered to calibration ==")
@@ -109,14 +110,15 @@ def robustness(setup, args) -> None:
 
 
 def _split_edit(setup, write_layer: int, alpha: float):
-    """Keys read at the traced layer (0 here), the fact's delta (read at `write_layer`) added there."""
+    """Keys read at the traced layer (0 here), the fact's delta (read at `write_layer`) added there,
+    at the tokens where the radius gate fires (write "tokens", no complete gate, no object keys)."""
     from timerome.capture import capture_facts
     from timerome.hooks import Hooks
     from timerome.methods.codebook import build, coordinates
     from timerome.methods.registry import InferenceEdit, method_config
 
     bb, task = setup.backbone, setup.task
-    cfg = method_config("codebook", {"alpha": alpha})
+    cfg = method_config("codebook", {"alpha": alpha, "write": "tokens", "complete": False, "object_keys": False})
     (coord, facts), = coordinates(bb, task, cfg)[0].items()
     mem = build(bb, task, cfg, coord, facts, seed=0)
     D = capture_facts(bb, facts, (write_layer, "resid")).deltas.float()
@@ -135,11 +137,13 @@ def _split_edit(setup, write_layer: int, alpha: float):
 
 def directions(setup, args) -> None:
     runs = [({"coordinate": [layer, "resid"]}, None) for layer in range(setup.backbone.n_layers)]
-    runs += [({"margin": m}, None) for m in (0.5, 1.0, 1.5)]
-    runs += [({"values": "states", "alpha": a}, None) for a in (8.0, 16.0, 32.0)]
+    runs += [({"margin": m}, None) for m in (0.5, 1.0, 1.5)] + [({"inner": 0.0}, None), ({"inner": 0.9}, None)]
+    runs += [({"values": "states"}, None), ({"values": "states", "alpha": 16.0}, None)]
     runs += [({"coordinates": "per_fact"}, None), ({"n_states": 1}, None), ({"n_states": 8}, None)]
-    runs += [({"complete": False}, None), ({"object_keys": False}, None), ({"complete": False, "object_keys": False}, None)]
-    runs += [({"complete": False, "object_keys": False, "alpha": a}, None) for a in (4.0, 16.0)]
+    runs += [({"complete": False}, None), ({"object_keys": False}, None), ({"write": "tokens"}, None)]
+    tokens = {"write": "tokens", "complete": False, "object_keys": False}  # the radius gate alone
+    runs += [(dict(tokens, alpha=a), None) for a in (4.0, 8.0, 16.0)] + [(dict(tokens, values="states"), None)]
+    runs += [(dict(tokens, coordinate=[1, "resid"]), None), (dict(tokens, coordinates="per_fact"), None)]
     runs += [({"write_layer": w, "alpha": a}, (w, a)) for w in (1, 2) for a in (8.0, 32.0)]
     print(f"\n== directions on {setup.name} (codebook at its defaults but the setting shown) ==")
     print(f"{'setting':52s}{'d_forget':>10}{'d_retain':>10}{'d_RA':>9}{'d_WF':>9}{'entries':>9}")

@@ -15,15 +15,27 @@ update is nonzero only when its residual lies inside some entry's radius, margin
     g(h) = clamp((1 - x(h)) / (1 - inner), 0, 1)    1 within inner * radius, exactly 0 beyond it
     h   <- h + alpha g(h) d_{f(e*)}                 e* the entry that gives x(h)
 
-Keys are read per subject token over the states the sampler visits (token_keys.py). The reach of
-an entry is the distance from its key to the nearest calibration token (the retain corpus, in
-the same states): with margin < 1 every calibration token gets exactly zero update, and so does
-any token no nearer to a key than they are. d_z is the paper's target delta v_t - v_o
-(capture.py, "cloze") or the same averaged over partially masked states ("states").
+Keys are read per subject token over the states the sampler visits (token_keys.py), and, with
+object_keys, at every unmasked answer token of those states (the object's evidence in its own
+context). The reach of an entry is the distance from its key to the nearest calibration token
+(the retain corpus, in the same states): with margin < 1 every calibration token gets exactly
+zero update, and so does any token no nearer to a key than they are. d_z is the paper's target
+delta v_t - v_o (capture.py, "cloze") or the same averaged over partially masked states ("states").
+
+Where the update goes (write): "tokens" adds it where the gate fires (the subject's tokens,
+GRACE's way); "sequence" (the default) gives every token of a sequence that sequence's largest
+gate and its entry's delta, so the delta d, read at the object's positions, is also written
+where the object is produced (the masked answer), and only in sequences about a forget subject.
+
+The subject-complete gate (complete=True) also asks that the whole subject stand in the token's
+sequence: each entry knows which of its subject's tokens it is (its slot; object keys have none),
+and a token's g is capped by min over the subject's slots of the largest g a token of that slot
+gets in the same sequence. A name sharing one word with the forget subject then gets nothing.
 
 Entries are independent (a reach depends on its key and the calibration tokens only), so
 inserting facts appends rows and removing them drops rows: a streamed memory equals a memory
-built in one batch. alpha, margin and inner act when the hook runs and may change at any time.
+built in one batch. alpha, margin, inner and complete act when the hook runs and may change at
+any time.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ from timerome.hooks import Hooks, TraceState
 from timerome.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
 
-DEFAULT_ALPHA = 8.0    # embedded model, layer 0 resid (docs/selectivity.md)
+DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
 DEFAULT_MARGIN = 0.8   # radius = 0.8 x the distance to the nearest calibration token
 DEFAULT_INNER = 0.5    # full strength within half the radius
 DEFAULT_STATES = 4     # states per fact the keys are read on (the first fully masked)
@@ -54,6 +66,8 @@ DEFAULT_COMPLETE = True   # fire only where every token of the subject stands in
 DEFAULT_OBJECT_KEYS = True  # key the answer tokens of a fact's states as well as its subject's
 CALIBRATION_STATES = 2
 VALUES = ("cloze", "states")
+WRITES = ("tokens", "sequence")
+DEFAULT_WRITE = "sequence"  # the delta goes to every token of a sequence where the (whole) subject fires
 FORMAT = "timerome-codebook-memory/1"
 _CHUNK = 1 << 24       # [tokens, entries] distance block kept under this many elements
 MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token is dropped (it could never fire)
@@ -73,8 +87,11 @@ class CodebookMemory:
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
                  complete: bool = DEFAULT_COMPLETE, values: str = "cloze", object_keys: bool = DEFAULT_OBJECT_KEYS,
-                 target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
+                 write: str = DEFAULT_WRITE, target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
                  shrinkage: float = DEFAULT_SHRINKAGE):
+        if write not in WRITES:
+            raise TimeromeError(f"write must be one of {', '.join(WRITES)}, got {write!r}")
+        self.write = write
         if values not in VALUES:
             raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
         if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
@@ -114,7 +131,8 @@ class CodebookMemory:
 
     def __repr__(self) -> str:
         return (f"CodebookMemory({len(self)} facts, {self.n_entries} entries at {self.coordinate}, "
-                f"alpha={self.alpha}, margin={self.margin}, inner={self.inner}, values={self.values})")
+                f"alpha={self.alpha}, margin={self.margin}, inner={self.inner}, complete={self.complete}, "
+                f"object_keys={self.object_keys}, values={self.values})")
 
     # ---------------------------------------------------------------- building
 
@@ -247,8 +265,10 @@ class CodebookMemory:
         """The edited copy of h, or None when no token lies inside a radius (the hook then leaves h)."""
         dt = torch.float64 if h.dtype == torch.float64 else torch.float32
         x = h.reshape(-1, self.hidden_size)
-        m = self._matrices(h.device, dt)
-        g, e = self._gate(x.to(dt), m, _n_sequences(h))
+        m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
+        g, e = self._gate(x.to(dt), m, n_seq)
+        if self.write == "sequence":  # each sequence's strongest gate, at every one of its tokens
+            g, e = _spread_over_sequences(g, e, n_seq)
         hit = (g > 0).nonzero().squeeze(1)
         if not len(hit):
             return None
@@ -306,7 +326,7 @@ class CodebookMemory:
             "format": FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
             "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(),
             "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
-                      "complete": self.complete,
+                      "complete": self.complete, "write": self.write,
                       "n_states": self.n_states, "values": self.values, "object_keys": self.object_keys,
                       "target": self.target, "seed": self.seed,
                       "batch_size": self.batch_size},
@@ -396,3 +416,10 @@ class CodebookMemory:
 def _n_sequences(h: torch.Tensor) -> int:
     """How many sequences h [..., L, H] holds (1 for a single token [H] or a single sequence [L, H])."""
     return max(1, h.numel() // (h.shape[-1] * h.shape[-2])) if h.dim() >= 3 else 1
+
+
+def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token of a sequence gets the sequence's largest gate and that token's entry."""
+    G, E = g.view(n_seq, -1), e.view(n_seq, -1)
+    best = G.argmax(1, keepdim=True)
+    return G.gather(1, best).expand_as(G).reshape(-1), E.gather(1, best).expand_as(E).reshape(-1)

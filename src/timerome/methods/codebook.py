@@ -22,7 +22,8 @@ import torch
 
 from timerome.cache import cached_tensors
 from timerome.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
-                                      DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, CodebookMemory)
+                                      DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
+                                      CodebookMemory)
 from timerome.coordinate import Coordinate
 from timerome.data.rows import load_rows
 from timerome.encoding import DEFAULT_TARGET
@@ -38,6 +39,7 @@ DEFAULTS = dict(
     complete=DEFAULT_COMPLETE,  # fire only where every token of the subject is present (spares name-sharers)
     values="cloze",        # "cloze": the paper's d = v_t - v_o; "states": over partially masked states
     object_keys=DEFAULT_OBJECT_KEYS,  # also key the answer tokens (the object's evidence, in its own context)
+    write=DEFAULT_WRITE,   # "tokens": where the gate fires; "sequence": every token of a sequence where it fires
     target=DEFAULT_TARGET,
     calibration=None,      # extra rows/texts the radii must spare: 'embedded:SPLIT', 'tofu:SPLIT', a file, a list
     coordinates="traced",  # "traced": one coordinate for all facts; "per_fact": each fact's own traced layer
@@ -45,8 +47,8 @@ DEFAULTS = dict(
     step=None,             # None = every denoising step
     **{k: v for k, v in PAPER.items() if k.startswith(("trace", "select"))},
 )
-# the defaults, then the radius gate alone (no subject-complete gate, no object keys)
-CANONICAL = [{}, dict(complete=False, object_keys=False)]
+# the defaults, then the radius gate alone (written where it fires, no subject-complete gate, no object keys)
+CANONICAL = [{}, dict(write="tokens", complete=False, object_keys=False)]
 COORDINATES = ("traced", "per_fact")
 
 
@@ -105,7 +107,7 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> CodebookM
     memory = CodebookMemory(backbone, coordinate, background=stats,
                             calibration=calibration_tokens(backbone, coordinate, task, config),
                             alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
-                            complete=config["complete"],
+                            complete=config["complete"], write=config["write"],
                             n_states=config["n_states"], values=config["values"], object_keys=config["object_keys"],
                             target=config.get("target") or DEFAULT_TARGET, seed=seed)
     return memory.add(facts)
