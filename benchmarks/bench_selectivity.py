@@ -17,6 +17,7 @@ Parts (each measured in this one run, paired: plain and edited models share ever
   robustness  codebook vs timerome on text the radii never saw (bench_selectivity_parts.py).
   directions  the codebook's design choices on the embedded model (bench_selectivity_parts.py).
   costs       install time, the hook's cost per forward, streaming insert / remove, save / load.
+  generations greedy answers to forget and retain questions, plain and edited.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PARTS = ("frontier", "robustness", "directions", "costs")
+PARTS = ("frontier", "robustness", "directions", "costs", "generations")
 PAPER_VARIANT = dict(key_metric="paper", lam_absolute=1.0, alpha=2.0, q=4)
 SPLITS = ("forget", "retain", "real_authors", "world_facts")
 
@@ -304,6 +305,8 @@ def main() -> int:
                 P.directions(setup, args)
             if "costs" in parts:
                 P.costs(setup, args)
+            if "generations" in parts:
+                P.generations(setup, args)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s wall (shared, loaded machine: read ratios, not seconds)")
     return 0
 

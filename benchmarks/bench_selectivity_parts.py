@@ -16,6 +16,8 @@ object keys, timerome (defaults and the paper variant) and rome:
 directions: the embedded model, codebook at its defaults but one setting: layer, margin, values,
 per-fact coordinates, object keys, key states; and keys read at layer 0 with the value written at
 a deeper layer (one hook reads the gate, another adds the delta).
+generations: greedy answers (length-oracle, evaluation.generate_answers) to a few forget and retain
+questions, plain and with the codebook memory at a few settings: what the log-probabilities hide.
 costs: install time (prepare excluded) of codebook, timerome and rome; the hook's cost per forward
 (batch 16 x 32 tokens, fastest of repeats, as a ratio to the plain forward); inserting and removing
 one fact against building the whole memory again; the saved file and loading it.
@@ -225,3 +227,24 @@ def _copy_of(mem):
     import copy
 
     return copy.copy(mem)
+
+
+# ------------------------------------------------------------------------------ generations
+
+
+def generations(setup, args) -> None:
+    from timerome.evaluation import generate_answers
+    from timerome.methods import install
+
+    bb = setup.backbone
+    rows = setup.rows["forget"][:3] + setup.rows["retain"][:2]
+    q, a = [r["question"] for r in rows], [r["answer"] for r in rows]
+    print(f"\n== generations on {setup.name} (greedy, as many tokens as the reference answer) ==")
+    answers = {"plain": generate_answers(bb, q, a, seed=0)}
+    for cfg in ({}, {"alpha": 1.0}, {"alpha": 2.0}, {"write": "tokens"}):
+        with install("codebook", bb, setup.task, cfg, seed=0).active():
+            answers[label({"method": "codebook", "config": cfg})] = generate_answers(bb, q, a, seed=0)
+    for i, question in enumerate(q):
+        print(f"{'forget' if i < 3 else 'retain'}: {question}")
+        for name, got in answers.items():
+            print(f"    {name:28s} {got[i][:110]}")
