@@ -189,7 +189,8 @@ def costs(setup, args) -> None:
     print("install s (prepare excluded): " + ", ".join(f"{m} {e.install_seconds:.3f}" for m, e in edits.items()))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, bb.vocab_size, (16, 32), generator=g)
-    ids[:, 2:4] = torch.tensor(bb.encode(task.facts[0].subject))  # the subject stands in every row: the gate fires
+    subject = bb.encode(task.facts[0].subject)
+    ids[:, 2:2 + len(subject)] = torch.tensor(subject)  # the subject stands in every row: the gate fires
     best = {"plain": float("inf"), "codebook": float("inf"), "timerome": float("inf")}
     with torch.no_grad():
         for _ in range(15):  # interleaved rounds: load from other jobs hits all three alike
