@@ -89,9 +89,6 @@ class CodebookMemory:
                  complete: bool = DEFAULT_COMPLETE, values: str = "cloze", object_keys: bool = DEFAULT_OBJECT_KEYS,
                  write: str = DEFAULT_WRITE, target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
                  shrinkage: float = DEFAULT_SHRINKAGE):
-        if write not in WRITES:
-            raise TimeromeError(f"write must be one of {', '.join(WRITES)}, got {write!r}")
-        self.write = write
         if values not in VALUES:
             raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
         if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
@@ -100,7 +97,7 @@ class CodebookMemory:
         self.coordinate = Coordinate.of(coordinate).on(backbone)
         self.hidden_size = H = backbone.hidden_size
         self.fingerprint = backbone.fingerprint()
-        self.alpha, self.margin, self.inner, self.complete = alpha, margin, inner, complete
+        self.alpha, self.margin, self.inner, self.complete, self.write = alpha, margin, inner, complete, write
         self._check_hyper()
         if not isinstance(object_keys, bool):
             raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
@@ -255,8 +252,9 @@ class CodebookMemory:
         return self.update(h) - h
 
     def update(self, h: torch.Tensor) -> torch.Tensor:
-        """h with alpha g(h) d added at the tokens inside some radius; every other token keeps h's
-        own value, bit for bit."""
+        """h with alpha g d added where g > 0 (write "tokens": the tokens inside some radius;
+        "sequence": every token of a sequence where one is); every other token keeps h's own value,
+        bit for bit."""
         self._check_ready()
         out = self._edited(h)
         return h.clone() if out is None else out
@@ -392,6 +390,8 @@ class CodebookMemory:
     def _check_hyper(self):
         if not isinstance(self.complete, bool):
             raise TimeromeError(f"complete must be true or false, got {self.complete!r}")
+        if self.write not in WRITES:
+            raise TimeromeError(f"write must be one of {', '.join(WRITES)}, got {self.write!r}")
         for name, v in (("alpha", self.alpha), ("margin", self.margin), ("inner", self.inner)):
             if isinstance(v, bool) or not (isinstance(v, numbers.Real) and math.isfinite(v)):
                 raise TimeromeError(f"{name} must be a finite number, got {v!r}")
