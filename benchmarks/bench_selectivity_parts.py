@@ -3,8 +3,8 @@
 
 robustness: d (edited - plain, nats) on rows the radii never saw, for codebook, codebook with
 object keys, timerome (defaults and the paper variant) and rome:
-  relearn     the forget answer placed in the prompt before the question (in-context relearning;
-              plain and edited both see it, so d is what the edit still takes away)
+  relearn     metrics.robustness's in-context relearning probe: the question and its answer shown,
+              then the question again (plain and edited both see it, so d is what the edit still takes away)
   paraphrase  the forget questions paraphrased (TOFU's paraphrased_question)
   heldout     retain rows of authors outside the calibration set (embedded: retain90 authors that
               retain_perturbed does not hold; TOFU: the second half of its retain authors, the
@@ -24,6 +24,8 @@ one fact against building the whole memory again; the saved file and loading it.
 """
 
 from __future__ import annotations
+
+from timerome.metrics.robustness import probes
 
 import tempfile
 import time
@@ -66,8 +68,10 @@ def robustness_sets(setup) -> tuple[dict, object, list]:
     from timerome.task import ForgetTask
 
     bb, task, forget = setup.backbone, setup.task, setup.rows["forget"]
-    sets = {"relearn": [dict(r, question=f"{r['answer']} {r['question']}") for r in forget],
-            "paraphrase": [dict(r, question=r["paraphrased_question"]) for r in forget if r.get("paraphrased_question")]}
+    # the robustness panel's own probes (metrics/robustness.py): one definition of each attack
+    pr = probes(forget)
+    sets = {name: [{"question": q, "answer": a} for q, a in zip(pr[cond]["prompts"], pr[cond]["answers"])]
+            for name, cond in (("relearn", "relearn"), ("paraphrase", "paraphrased_question"))}
     authors = _authors(task.retain_rows)
     if setup.name == "embedded":
         known = set(authors)
