@@ -19,6 +19,7 @@ from timerome.coordinate import Coordinate
 from timerome.encoding import DEFAULT_TARGET, encode_fact, pad_sequences, uses_leading_space
 from timerome.errors import TimeromeError
 from timerome.hooks import run_to
+from timerome.progress import progress_bar
 
 
 @dataclass
@@ -78,8 +79,10 @@ def _pooled_residuals(backbone, site, seqs, pools, batch_size) -> torch.Tensor:
     """For each sequence j and pool p: mean of h[j, pools[j][p]] -> float64 CPU [N, n_pools, H]."""
     order = sorted(range(len(seqs)), key=lambda j: -len(seqs[j]))
     out = torch.empty(len(seqs), len(pools[0]), backbone.hidden_size, dtype=torch.float64)
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    # a bar only where there is something to wait for: many facts (one forward per batch)
+    with torch.no_grad(), progress_bar("capturing facts", total=len(starts), enabled=len(starts) > 4) as bar:
+        for start in starts:
             idx = order[start:start + batch_size]
             ids, real = pad_sequences([seqs[j] for j in idx], backbone)
             h = run_to(backbone, site, ids, real).float()  # [B, L, H]
@@ -88,4 +91,5 @@ def _pooled_residuals(backbone, site, seqs, pools, batch_size) -> torch.Tensor:
                 for p, pos in enumerate(pools[j]):
                     w[b, p, pos] = 1.0 / len(pos)
             out[idx] = torch.bmm(w.to(h.device), h).double().cpu()
+            bar.advance()
     return out

@@ -290,6 +290,9 @@ class EditMemory:
             hyper.update(lam_absolute=hyper["lam"], lam=DEFAULT_LAM, key_scale=None)
         stats = None
         coord = Coordinate.of(meta["coordinate"])
+        if not 0 <= coord.layer < backbone.n_layers:  # save() writes 0..n-1: -1 here is a hand edit, not "the top"
+            raise TimeromeError(f"the memory's layer {coord.layer} is outside 0..{backbone.n_layers - 1}, the "
+                                "layers a saved memory names (was its header edited?)")
         if hyper["key_metric"] == "whitened":
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"],
                                   meta["stats"]["n_tokens"], meta["stats"]["shrinkage"])
@@ -378,26 +381,28 @@ def _digest(tensors: dict) -> str:
     return h.hexdigest()
 
 
-def read_file(path) -> tuple[dict, dict]:
-    """(tensors, metadata) of an edit memory file, its format and checksum checked."""
+def read_file(path, formats=(FORMAT, *OLD_FORMATS), what: str = "edit memory") -> tuple[dict, dict]:
+    """(tensors, metadata) of a memory file (`what`, in one of `formats`), its format and checksum checked."""
     from safetensors import safe_open
+
+    a_what = ("an " if what[0] in "aeiou" else "a ") + what
 
     p = Path(path)
     if not p.is_file():
-        raise TimeromeError(f"edit memory file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
+        raise TimeromeError(f"{what} file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
     try:
         with safe_open(str(p), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on a damaged file
-        raise TimeromeError(f"{p} is truncated or not an edit memory file ({type(e).__name__}: "
+        raise TimeromeError(f"{p} is truncated or not {a_what} file ({type(e).__name__}: "
                             f"{str(e)[:120]})") from None
     try:
         meta = json.loads(header["timerome"])
     except (KeyError, json.JSONDecodeError):
-        raise TimeromeError(f"{p} is a safetensors file but not a timerome edit memory") from None
-    if meta.get("format") not in (FORMAT, *OLD_FORMATS):
-        raise TimeromeError(f"{p} has format {meta.get('format')!r}; this version reads {FORMAT!r}")
+        raise TimeromeError(f"{p} is a safetensors file but not a timerome {what}") from None
+    if meta.get("format") not in formats:
+        raise TimeromeError(f"{p} has format {meta.get('format')!r}; this version reads {formats[0]!r}")
     if _digest(tensors) != meta.get("sha256"):
         raise TimeromeError(f"{p} is corrupt: its tensors do not match the checksum written with them")
     return tensors, meta

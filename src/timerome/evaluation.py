@@ -199,7 +199,9 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
     sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
     {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler.
 
-    Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}}, all JSON-able.
+    Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
+    why it is NaN}}, all JSON-able. ForgetQuality needs `reference_tr` (module docstring), else it is NaN
+    and "notes" says so.
     """
     if not rows:
         raise TimeromeError("nothing to evaluate: rows has no splits")
@@ -215,7 +217,26 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
     if edit is not None:
         c.update(edit.cost())
         c.update({k: v for k, v in edit.info.items() if k.endswith("seconds")})
-    return {"items": items, "metrics": metrics, "cost": c}
+    return {"items": items, "metrics": metrics, "cost": c, "notes": missing_notes(metrics, items)}
+
+
+def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
+    """Why a column is NaN, in words (a NaN is never left unexplained)."""
+    needs = {"ForgetLP": "forget", "RetainLP": "retain", "RealAuth": "real_authors", "WorldFact": "world_facts",
+             "ForgetTR": "forget", "RetainTR": "retain"}
+    notes = {}
+    for col, value in metrics.items():
+        if value == value:  # not NaN
+            continue
+        if col == "ForgetQuality" and "tr" in items.get("forget", {}):
+            notes[col] = ("needs the forget truth ratios of a reference model never trained on the forget set: "
+                          "evaluate(..., reference_tr=reference_truth_ratios(REFERENCE, rows['forget'])) "
+                          "(CLI: --reference DIR)")
+        elif col in needs and needs[col] not in items:
+            notes[col] = f"no {needs[col]!r} split in the rows evaluated"
+        else:
+            notes[col] = "the rows lack what it needs (perturbed answers for truth ratios, ROUGE switched off)"
+    return notes
 
 
 def lp_only(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int = 0, edit=None) -> dict[str, list[float]]:

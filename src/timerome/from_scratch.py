@@ -25,6 +25,7 @@ from timerome.data.tokenizer import build_word_tokenizer
 from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts
 from timerome.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
+from timerome.lock import hold
 from timerome.train import TrainConfig, train
 
 
@@ -50,7 +51,10 @@ def reference_model(model=None, *, source="embedded", forget: str = "forget01", 
         recipe, tok, rows, tcfg = _own_recipe(model, retain_rows, train_config, epochs)
     d = Path(directory) if directory else cache_dir() / "reference" / digest(recipe, 16)
     if not (d / "model.safetensors").exists():
-        _train_fresh(recipe["model_config"], tok, rows, tcfg, d, progress)
+        # one process trains a recipe; another that needs it waits, then reads it
+        with hold(d.with_name(d.name + ".lock"), what=f"the reference model {d.name}"):
+            if not (d / "model.safetensors").exists():
+                _train_fresh(recipe["model_config"], tok, rows, tcfg, d, progress, label="reference model")
     return load_backbone(d)
 
 
@@ -69,7 +73,7 @@ def _embedded_recipe(forget, epochs, n_authors=None, batch_size=None):
     over = {k: v for k, v in (("epochs", epochs), ("batch_size", batch_size)) if v}
     tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **train_cfg, **over})
     cfg = dict(MODEL_CONFIG, vocab_size=len(tok), embedding_size=len(tok), mask_token_id=int(tok.mask_token_id))
-    recipe = dict(kind="embedded-reference", model_config=cfg, train=tcfg.__dict__, forget=forget, n_authors=n_authors,
+    recipe = dict(kind="embedded-reference", model_config=cfg, train=_recipe_train(tcfg), forget=forget, n_authors=n_authors,
                   corpus_seed=CORPUS_SEED, n_rows=len(rows), torch=torch.__version__)
     return recipe, tok, rows, tcfg
 
@@ -84,28 +88,38 @@ def _own_recipe(model, retain_rows, train_config, epochs):
     tcfg = train_config or TrainConfig()
     if epochs:
         tcfg = TrainConfig(**{**tcfg.__dict__, "epochs": epochs})
-    recipe = dict(kind="reference", model_config=cfg, train=tcfg.__dict__, tokenizer=len(model.tokenizer),
+    recipe = dict(kind="reference", model_config=cfg, train=_recipe_train(tcfg), tokenizer=len(model.tokenizer),
                   rows=digest([(r["question"], r["answer"]) for r in retain_rows], 16), torch=torch.__version__)
     return recipe, model.tokenizer, list(retain_rows), tcfg
 
 
-def _train_fresh(cfg, tok, rows, tcfg, d: Path, progress: bool):
+def _recipe_train(tcfg: TrainConfig) -> dict:
+    """The training settings in a recipe digest; eos_pad only when on, so older digests stay valid."""
+    return {k: v for k, v in tcfg.__dict__.items() if not (k == "eos_pad" and not v)}
+
+
+def _train_fresh(cfg, tok, rows, tcfg, d: Path, progress: bool, label: str = "training"):
+    """Train a seed-0 model of `cfg` into `d`; each epoch is checkpointed in <d>.train-state, so an
+    interrupted run resumes there (the state goes once the model is in place)."""
+    state = d.with_name(d.name + ".train-state")
     with tempfile.TemporaryDirectory() as tmp:
         tok.save_pretrained(tmp)
         save_model(build_model(cfg, seed=0), tmp)
         bb = load_backbone(tmp)
-        train(bb, rows, tcfg, show_progress=progress)
+        train(bb, rows, tcfg, show_progress=progress, label=label, checkpoint=state)
         part = temp_name(d)  # never a half-written entry, never a folder another process writes too
         try:
             tok.save_pretrained(str(part))
             save_model(bb.model, part)
-            if d.exists():  # another process finished the same recipe first: same bytes
-                shutil.rmtree(part)
-            else:
+            try:
                 part.rename(d)
+            except OSError:  # another process put the same recipe there first: the same bytes
+                if not (d / "model.safetensors").exists():
+                    raise
         finally:
             if part.exists():
                 shutil.rmtree(part)
+    shutil.rmtree(state, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ a real-TOFU model

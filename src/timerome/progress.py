@@ -1,14 +1,46 @@
-"""One progress bar style for the whole toolkit (rich), silent when disabled."""
+"""One progress display for the whole toolkit, on stderr (stdout stays for results and --json).
+
+    with progress_bar("training", total=400) as bar:
+        bar.advance(description="training epoch 1/10 loss 3.2")
+
+On a terminal: rich bars; a bar opened while another is showing is one more line of the same
+display (the reference model under an experiment's cells), removed when it ends. Not on a
+terminal (a log file, a background job, CI): plain lines, the first after 5 seconds and then at
+most one every $TIMEROME_PROGRESS_SECONDS (default 30; 0: every step) per bar, plus one when a bar ends
+that ran that long, so a long job is never silent and a short one adds nothing to the log.
+`enabled=False` shows nothing.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+FIRST_LINE_SECONDS = 5.0
+_live: Progress | None = None  # the display bars share while one is open
+
+
+def _interval() -> float:
+    try:
+        return max(0.0, float(os.environ.get("TIMEROME_PROGRESS_SECONDS", 30)))
+    except ValueError:
+        return 30.0
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 class _Bar:
-    def __init__(self, progress, task):
+    """A rich task (or nothing when the display is off)."""
+
+    def __init__(self, progress=None, task=None):
         self._p, self._t = progress, task
 
     def advance(self, n: int = 1, description: str | None = None):
@@ -17,12 +49,66 @@ class _Bar:
             self._p.update(self._t, advance=n, **kw)
 
 
+class _Lines(_Bar):
+    """Plain progress lines for a stream that is not a terminal."""
+
+    def __init__(self, description: str, total: int, stream):
+        super().__init__()
+        self.description, self.total, self.stream = description, total, stream
+        self.done, self.t0 = 0, time.monotonic()
+        self.last = None  # when the last line was written
+
+    def advance(self, n: int = 1, description: str | None = None):
+        self.done += n
+        self.description = description or self.description
+        now = time.monotonic()
+        every = _interval()
+        due = now - self.t0 >= min(FIRST_LINE_SECONDS, every) if self.last is None else now - self.last >= every
+        if due or (self.done >= self.total and self.last is not None):
+            self.write(now)
+
+    def write(self, now: float) -> None:
+        elapsed = now - self.t0
+        left = elapsed / self.done * (self.total - self.done) if self.done else None
+        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        eta = f", eta {_clock(left)}" if left is not None and self.done < self.total else ""
+        print(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}",
+              file=self.stream, flush=True)
+        self.last = now
+
+
 @contextmanager
 def progress_bar(description: str, total: int, enabled: bool = True):
+    global _live
     if not enabled:
-        yield _Bar(None, None)
+        yield _Bar()
+        return
+    stream = sys.stderr
+    if not stream.isatty():
+        yield _Lines(description, total, stream)
+        return
+    if _live is not None:  # nested: one more line of the open display, gone when it ends
+        task = _live.add_task(description, total=total)
+        try:
+            yield _Bar(_live, task)
+        finally:
+            if _live is not None:
+                _live.remove_task(task)
         return
     cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*cols, transient=False) as p:
-        yield _Bar(p, p.add_task(description, total=total))
+    with Progress(*cols, console=Console(file=stream), transient=False) as p:
+        _live = p
+        try:
+            yield _Bar(p, p.add_task(description, total=total))
+        finally:
+            _live = None
+
+
+def notify(message: str) -> None:
+    """A note for the user while work runs (a damaged cache file set aside, a lock waited for):
+    one line on stderr, above the bars when they are showing."""
+    if _live is not None:
+        _live.console.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        print(f"note: {message}", file=sys.stderr, flush=True)

@@ -3,6 +3,14 @@
 Objective (LLaDA SFT): mask each answer token with probability t ~ U(eps, 1), prompt never
 masked; loss = sum over masked tokens of CE / t, divided by the answer length, averaged over
 the batch. Full fine-tuning or LoRA through `peft`.
+
+EOS padding (`eos_pad`, LLaDA's SFT recipe; on for `timerome new-model` models, off by default so
+that the embedded model's recipe is unchanged): every answer in a batch ends with EOS and is
+padded with EOS to the batch's longest sequence; the EOS tokens are answer tokens, masked and
+learnt like the others, so the model learns to end its answer and fill the rest with EOS.
+
+`checkpoint=FOLDER` saves a resumable state after every epoch (`train_state.py`) and continues
+from it when the same run is started again; Ctrl-C then says where it stopped and what is kept.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from timerome.cache import digest
 from timerome.encoding import collate, encode_pairs, mask_answers, pad_id
-from timerome.errors import TimeromeError
-from timerome.progress import progress_bar
+from timerome.errors import Interrupted, TimeromeError
+from timerome.progress import notify, progress_bar
+from timerome.train_state import load_state, save_state
 
 
 @dataclass
@@ -31,6 +41,7 @@ class TrainConfig:
     lora_alpha: int | None = None
     grad_clip: float = 1.0
     seed: int = 0
+    eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
 
 
 def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
@@ -43,18 +54,26 @@ def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float 
     return per if per_example else per.mean()
 
 
-def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: bool = True) -> dict:
-    """Fine-tune backbone.model in place on rows of {"question", "answer"}; returns a log."""
+def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: bool = True,
+          label: str = "training", checkpoint=None, on_epoch=None) -> dict:
+    """Fine-tune backbone.model in place on rows of {"question", "answer"}; returns a log.
+
+    label: what the progress bar calls this training. checkpoint: a folder for the resumable
+    state (None: none kept). on_epoch(epoch, log): called after each finished epoch (1-based).
+    """
     cfg = config or TrainConfig()
     if not rows:
         raise TimeromeError("no training rows")
     pairs = encode_pairs(backbone, rows)
+    eos = _eos(backbone) if cfg.eos_pad else None
+    recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],
+                         start=backbone.fingerprint())) if checkpoint is not None else ""
     gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
     order_gen = torch.Generator().manual_seed(cfg.seed)
     model = backbone.model
     peft_model = None
     if cfg.lora_r > 0:
-        peft_model = wrap_lora(backbone, cfg)
+        peft_model = wrap_lora(backbone, cfg, seed=cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
@@ -63,16 +82,27 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     pid = pad_id(backbone)
+    log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg), "resumed_at_epoch": 0}
+    state = dict(recipe=recipe, model=model, params=params, opt=opt, sched=sched,
+                 generators={"mask": gen, "order": order_gen})
+    first = 0
+    if checkpoint is not None:
+        saved = load_state(checkpoint, **state)
+        if saved is not None:
+            first, log["loss"], log["resumed_at_epoch"] = saved["epoch"], list(saved["loss"]), saved["epoch"]
+            notify(f"{label}: resuming after epoch {first} of {cfg.epochs}, from the state saved in {checkpoint}")
     model.train()
-    log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg)}
     t0 = time.perf_counter()
+    saved_epochs = first
     try:
-        with progress_bar("training", total=total, enabled=show_progress) as bar:
-            for epoch in range(cfg.epochs):
+        with progress_bar(label, total=total, enabled=show_progress) as bar:
+            bar.advance(first * steps_per_epoch)
+            for epoch in range(first, cfg.epochs):
                 perm = torch.randperm(len(pairs), generator=order_gen).tolist()
-                # group similar lengths inside the epoch to waste little on padding
                 for s in range(steps_per_epoch):
                     batch = [pairs[i] for i in perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                    if eos is not None:
+                        batch = eos_padded(batch, eos, backbone.max_length)
                     ids, ans, att = collate(batch, pid, backbone.device)
                     loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
                     opt.zero_grad(set_to_none=True)
@@ -82,7 +112,17 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                     opt.step()
                     sched.step()
                     log["loss"].append(loss.item())
-                    bar.advance(description=f"training epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
+                    bar.advance(description=f"{label} epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
+                if checkpoint is not None:
+                    save_state(checkpoint, epoch=epoch + 1, step=(epoch + 1) * steps_per_epoch, log=log, **state)
+                    saved_epochs = epoch + 1
+                if on_epoch is not None:
+                    on_epoch(epoch + 1, log)
+    except KeyboardInterrupt:
+        if checkpoint is None or not saved_epochs:
+            raise
+        raise Interrupted(f"{label} stopped; its state after epoch {saved_epochs} of {cfg.epochs} is saved in "
+                          f"{checkpoint}") from None
     finally:
         model.eval()
         if peft_model is not None:
@@ -93,7 +133,22 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     return log
 
 
-def wrap_lora(backbone, cfg: TrainConfig):
+def eos_padded(batch, eos: int, limit: int):
+    """LLaDA's SFT padding: each answer gets EOS tokens up to one past the batch's longest
+    sequence (within the context `limit`), so every row ends its answer with EOS."""
+    length = min(max(len(q) + len(a) for q, a in batch) + 1, limit)
+    return [(q, list(a) + [eos] * max(0, length - len(q) - len(a))) for q, a in batch]
+
+
+def _eos(backbone) -> int:
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise TimeromeError("EOS padding needs an end-of-text token, and this tokenizer has none; train "
+                            "without eos_pad (--no-eos-pad)")
+    return int(eos)
+
+
+def wrap_lora(backbone, cfg: TrainConfig, seed: int | None = None):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -102,8 +157,13 @@ def wrap_lora(backbone, cfg: TrainConfig):
         p.requires_grad_(False)
     lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=0.0,
                       target_modules=backbone.family.lora_targets, bias="none")
-    peft_model = get_peft_model(backbone.model, lcfg)
-    return peft_model
+    if seed is None:
+        return get_peft_model(backbone.model, lcfg)
+    # peft draws the adapters' initial weights from torch's global generator: seed it for this
+    # call only, so a LoRA run (and its resumption) is reproducible and the caller's state untouched
+    with torch.random.fork_rng(devices=[backbone.device] if backbone.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return get_peft_model(backbone.model, lcfg)
 
 
 def merge_lora(backbone, peft_model) -> None:

@@ -24,6 +24,7 @@ from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.rows import load_rows
 from timerome.encoding import pad_sequences, text_ids
 from timerome.errors import TimeromeError
+from timerome.files import read_text
 from timerome.hooks import run_to
 
 DEFAULT_SHRINKAGE = 0.05
@@ -85,11 +86,11 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
 # ------------------------------------------------------------------------------ background texts
 
 
-def background_texts(backbone, background=None) -> list[str]:
+def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
     """The texts whose residuals define mu and C.
 
     None: the embedded model's own training rows (other models must name a corpus);
-    'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from $TIMEROME_TOFU_DIR); a path: a
+    'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from `tofu_dir`, else $TIMEROME_TOFU_DIR); a path: a
     JSON/JSONL file of question/answer rows or a plain text file (one text per line); a list of
     strings: used as is.
     """
@@ -101,7 +102,7 @@ def background_texts(backbone, background=None) -> list[str]:
                 "(or use key_metric='paper')")
         return rows_to_texts(training_rows(make_corpus(seed=0)))
     if isinstance(background, str) and background.startswith(("embedded:", "tofu:")):
-        return rows_to_texts(load_rows(background))
+        return rows_to_texts(load_rows(background, tofu_dir=tofu_dir))
     if isinstance(background, (str, Path)):
         return read_texts(background)
     texts = list(background)
@@ -116,7 +117,7 @@ def read_texts(path) -> list[str]:
         raise TimeromeError(f"background corpus {p} does not exist")
     if p.suffix in (".json", ".jsonl"):
         return rows_to_texts(load_rows(str(p)))
-    lines = [l.strip() for l in p.read_text(encoding="utf-8").splitlines()]
+    lines = [l.strip() for l in read_text(p, "background corpus").splitlines()]
     return [l for l in lines if l]
 
 

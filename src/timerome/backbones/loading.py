@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from timerome.backbones.flags import RefusedConfig, check_config
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.errors import TimeromeError
+from timerome.files import read_json, safetensors_error
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -88,10 +88,7 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
 
 
 def read_config(ckpt: Path) -> dict:
-    try:
-        config = json.loads((ckpt / "config.json").read_text())
-    except ValueError as e:
-        raise TimeromeError(f"{ckpt / 'config.json'} is not valid JSON: {e}") from None
+    config = read_json(ckpt / "config.json", "the checkpoint's config")
     if not isinstance(config, dict):
         raise TimeromeError(f"{ckpt / 'config.json'} is not a JSON object")
     return config
@@ -137,19 +134,30 @@ def _mask_id(config: dict, tokenizer, fam: Family) -> int:
 
 
 def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     single = ckpt / "model.safetensors"
     if single.exists():
-        return load_file(str(single))
+        return _load_weights(single)
     index = ckpt / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, "the checkpoint's weight index")
+        if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
+            raise TimeromeError(f"{index} has no weight_map object: not a safetensors index")
         state = {}
-        for s in shards:
-            state.update(load_file(str(ckpt / s)))
+        for s in sorted(set(map(str, weight_map["weight_map"].values()))):
+            if not (ckpt / s).is_file():
+                raise TimeromeError(f"{index} names the shard {s}, which is missing from {ckpt}")
+            state.update(_load_weights(ckpt / s))
         return state
     raise TimeromeError(f"{ckpt} has no model.safetensors (pickled .bin weights are not loaded)")
+
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises SafetensorError, OSError, ValueError...
+        raise safetensors_error(path, e) from None
 
 
 def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):

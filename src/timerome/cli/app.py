@@ -3,18 +3,53 @@
 from __future__ import annotations
 
 import inspect
+import json
+import math
+import os
+import sys
 from dataclasses import dataclass
 from functools import wraps
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
-from timerome.errors import TimeromeError
+from timerome.errors import Interrupted, TimeromeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# click's exceptions as typer raises them (typer may vendor its own click: the `click` package's differ)
+clickx = sys.modules[typer.BadParameter.__module__]
+NO_ARGS_HELP = getattr(clickx, "NoArgsIsHelpError", ())
+console = Console()                # results
+err_console = Console(stderr=True)  # errors, warnings, notes: stdout stays clean for --json
+
+
+class OneLineUsageErrors(TyperGroup):
+    """Usage errors (an unknown option, a missing argument, a value of the wrong type) as one red line
+    and exit code 2, like every other input error, instead of click's boxed message."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except NO_ARGS_HELP as e:  # `timerome` alone: the help, as usual
+            e.show()
+            sys.exit(e.exit_code)
+        except clickx.ClickException as e:
+            where = getattr(e, "ctx", None)
+            path = where.command_path if where is not None else "timerome"
+            say_error(f"{path}: {e.format_message()} (see `{path} --help`)")
+            sys.exit(2 if isinstance(e, clickx.UsageError) else e.exit_code)
+        except typer.Abort:
+            err_console.print("[bold yellow]aborted[/]")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True,
                   help="Find where a masked diffusion LM stores a fact, then make it forget it at inference time.")
-console = Console()
 
 ModelOpt = typer.Option(None, "--model", "-m", help="checkpoint directory (default: the embedded model)")
 FamilyOpt = typer.Option(None, "--family", help="backbone family (default: from config.json)")
@@ -27,20 +62,43 @@ DataOpt = typer.Option("embedded:forget01", "--data", "-d",
 TofuOpt = typer.Option(None, "--tofu-dir", help="local TOFU directory in the Hub layout")
 
 
+def say_error(message: str) -> None:
+    """One red line on stderr, never wrapped (a log line stays one line)."""
+    err_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True, highlight=False)
+
+
 def friendly(fn):
-    """TimeromeError or a file-system error -> one red line and exit code 2, never a traceback."""
+    """A TimeromeError or a file-system error -> one red line and exit code 2; Ctrl-C -> one line
+    saying what was kept and how to resume (exit 130); anything else is a bug in timerome: one
+    line naming it (exit 1), the traceback only with $TIMEROME_DEBUG set."""
 
     @wraps(fn)
     def inner(*a, **k):
         try:
             return fn(*a, **k)
+        except (typer.Exit, typer.Abort, clickx.ClickException):
+            raise
+        except Interrupted as e:
+            err_console.print(f"[bold yellow]interrupted:[/] {escape(' '.join(str(e).split()))}", soft_wrap=True,
+                              highlight=False)
+            raise typer.Exit(130)
         except TimeromeError as e:
-            console.print(f"[bold red]error:[/] {e}")
+            say_error(str(e))
             raise typer.Exit(2)
+        except KeyboardInterrupt:
+            err_console.print("[bold yellow]interrupted[/] (Ctrl-C) before anything resumable was saved",
+                              soft_wrap=True)
+            raise typer.Exit(130)
         except OSError as e:  # an unwritable output folder, a full disk, a vanished file
             where = f" ({e.filename})" if e.filename else ""
-            console.print(f"[bold red]error:[/] {e.strerror or e}{where}")
+            say_error(f"{e.strerror or e}{where}")
             raise typer.Exit(2)
+        except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on request
+            if os.environ.get("TIMEROME_DEBUG"):
+                raise
+            say_error(f"internal error {type(e).__name__}: {str(e)[:300]} (a bug in timerome: rerun with "
+                      "TIMEROME_DEBUG=1 for the traceback and report it)")
+            raise typer.Exit(1)
 
     return inner
 
@@ -48,14 +106,46 @@ def friendly(fn):
 @app.callback()
 @friendly
 def _options(threads: Optional[int] = typer.Option(
-        None, "--threads", help="CPU threads torch may use (default: torch's own choice, one per core)")):
-    # a shared machine or several jobs at once: fewer threads than cores avoids oversubscription
-    if threads is not None:
-        if threads < 1:
-            raise TimeromeError(f"--threads must be at least 1, got {threads}")
-        import torch
+        None, "--threads", help="CPU threads torch may use (default: $TIMEROME_THREADS, else half the free cores, "
+                                "at least 1; see docs/cli.md)")):
+    import torch
 
-        torch.set_num_threads(threads)
+    from timerome.threads import choose_threads
+
+    n, _ = choose_threads(threads)
+    torch.set_num_threads(n)
+
+
+def print_json(obj) -> None:
+    """A command's result as standard JSON on stdout (--json; NaN and inf become null)."""
+    typer.echo(json.dumps(plain(obj), indent=2))
+
+
+def plain(x):
+    """x with numpy / torch numbers, tuples and paths as JSON values, non-finite floats as None."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set)):
+        return [plain(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy / torch values and arrays
+        return plain(x.tolist())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)
+
+
+def print_markdown(md: str) -> None:
+    """A report's Markdown rendered as tables on a terminal (as wide as the table needs, so no column
+    is cut); elsewhere (a log, a pipe) the Markdown itself, which is a table there and is never cut."""
+    from rich.markdown import Markdown
+
+    if not console.is_terminal:
+        console.print(md, markup=False, highlight=False, soft_wrap=True)
+        return
+    need = max((len(line) for line in md.splitlines() if line.startswith("|")), default=0)
+    Console(width=max(console.width, min(need, 400))).print(Markdown(md))
 
 
 @dataclass(frozen=True)
@@ -97,15 +187,23 @@ def model_options(fn):
     return inner
 
 
-def load_facts(data: str, tofu_dir, limit=None):
-    """Facts of a QA set; every row that gives no fact is shown, never dropped silently."""
+def load_facts(data: str, tofu_dir, limit=None, backbone=None):
+    """Facts of a QA set; every row that gives no fact is shown, never dropped silently, and
+    subjects the model's vocabulary cannot read are named (they would all be one <unk>)."""
     from timerome.data.rows import load_facts as load
 
     facts, skipped = load(data, tofu_dir=tofu_dir, limit=limit)
+    unknown = [f for f in facts if backbone is not None and unknown_words(backbone, f.subject)]
+    if unknown:
+        words = dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject))
+        err_console.print(f"[yellow]warning:[/] {len(unknown)} of {len(facts)} facts of {escape(data)} have subjects "
+                          f"with words the model's vocabulary does not know ({escape(', '.join(list(words)[:6]))}"
+                          f"{', ...' if len(words) > 6 else ''}): it reads them as {backbone.tokenizer.unk_token!r}, "
+                          "so those subjects look alike to it", soft_wrap=True)
     for i, why in skipped[:10]:
-        console.print(f"[yellow]skipped row {i}:[/] {why}")
+        err_console.print(f"[yellow]skipped row {i}:[/] {escape(why)}", soft_wrap=True)
     if len(skipped) > 10:
-        console.print(f"[yellow]... and {len(skipped) - 10} more rows skipped[/]")
+        err_console.print(f"[yellow]... and {len(skipped) - 10} more rows skipped[/]")
     return facts
 
 
@@ -117,3 +215,49 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     if not seeds:
         raise TimeromeError("give at least one seed")
     return seeds
+
+
+def unknown_words(bb, text: str) -> list[str]:
+    """The pieces of `text` the model's vocabulary reads as its unknown token (word-level vocabularies)."""
+    unk = getattr(bb.tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    try:
+        enc = bb.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [text[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
+    except (NotImplementedError, ValueError, TypeError):  # no offsets: say only that there are some
+        return ["?"] if unk in bb.encode(text) else []
+
+
+def warn_unknown_words(bb, text: str, what: str) -> None:
+    """A yellow line when `text` has words the model cannot read: they would silently be <unk>."""
+    words = unknown_words(bb, text)
+    if words:
+        shown = ", ".join(repr(w) for w in dict.fromkeys(words))
+        err_console.print(f"[yellow]warning:[/] {escape(what)} has words the model's vocabulary does not know "
+                          f"({escape(shown)}); the model reads each as {bb.tokenizer.unk_token!r}", soft_wrap=True)
+
+
+def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
+    """Refuse an edit memory whose update overflows on these prompts (e.g. a hand-edited alpha of
+    1e30: the answer would silently be empty); warn when it is over 100 times the residual it edits."""
+    import torch
+
+    from timerome.hooks import run_to
+
+    worst = 0.0
+    with torch.no_grad():
+        for ids in prompts:
+            h = run_to(bb, memory.coordinate.site, torch.tensor([ids], device=bb.device))
+            # what the next layer's norm computes, in the model's dtype: an overflow there ruins the answer
+            if not torch.isfinite(memory.update(h).float().pow(2).mean(-1)).all():
+                raise TimeromeError(f"{source} makes the residual at {memory.coordinate} overflow (alpha "
+                                    f"{memory.alpha:g}): its alpha is far too large; rebuild it or set a smaller "
+                                    "alpha (the default is 4)")
+            h = h.double()
+            change = memory.update(h) - h
+            worst = max(worst, float((change.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).max()))
+    if worst > 100:
+        err_console.print(f"[yellow]warning:[/] {escape(str(source))} changes the residual by up to {worst:.0f} "
+                          f"times its size (alpha {memory.alpha:g}): expect empty or meaningless answers",
+                          soft_wrap=True)

@@ -7,8 +7,10 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options,
+                              print_json)
 from timerome.errors import TimeromeError
+from timerome.files import output_file
 from timerome.methods.timerome_edit import DEFAULTS
 
 
@@ -29,7 +31,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
          q: int = typer.Option(DEFAULTS["q"], help="top-q sparsity over facts (0: dense)"),
          key_metric: str = typer.Option(DEFAULTS["key_metric"], help="'whitened' (default) or 'paper'"),
          target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead"),
-         background: Optional[Path] = typer.Option(None, help="text file (one text per line) for the whitening statistics")):
+         background: Optional[str] = typer.Option(
+             None, help="whitening statistics corpus: a text file (one text per line), a JSON/JSONL rows file, "
+                        "or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
+         as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
     """Build an edit memory from a forget set and save it (safetensors + JSON).
 
     The settings are the `timerome` method's (the demo's and the canonical table's), so a memory
@@ -42,12 +47,16 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.task import ForgetTask
     from timerome.trace_result import TraceResult
-    from timerome.whitening import read_texts
+    from timerome.whitening import background_texts
 
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
+    if not target.strip():
+        raise TimeromeError("--target is empty: give the text the edited model should say instead")
+    output_file(out, "--out")  # before minutes of work
     bb = model.load()
-    facts = _facts(data, tofu_dir)
+    facts = _facts(data, tofu_dir, backbone=bb)
+    texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
         layer = select(TraceResult.load(trace_file), (module,)).layer
@@ -58,9 +67,14 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
     config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
                                             key_metric=key_metric, target=target, step=step))
-    task = ForgetTask(forget_rows=[], facts=facts, background=read_texts(background) if background else None)
+    task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
     memory.save(out)
+    if as_json:
+        print_json(dict(file=str(out), n_facts=len(memory), coordinate=memory.coordinate.as_dict(),
+                        key_metric=memory.key_metric, alpha=memory.alpha, lam=memory.lam, lam_value=memory.lam_value,
+                        q=memory.q, fact_ids=memory.fact_ids))
+        return
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
-                  f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}")
-    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"")
+                  f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
+    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"", soft_wrap=True)

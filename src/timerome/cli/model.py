@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import ModelChoice, app, console, friendly, model_options
+from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, friendly, model_options, print_json,
+                              warn_unknown_words)
 from timerome.errors import TimeromeError
 
 
@@ -88,18 +89,49 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           epochs: int = 10, lr: float = 1e-4, batch_size: int = 16,
           lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
-          seed: int = 0):
-    """Fine-tune a backbone on question/answer pairs with the MDLM objective."""
+          seed: int = 0,
+          eos_pad: Optional[bool] = typer.Option(
+              None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: on "
+                                                   "when the tokenizer has EOS, off for the embedded model's family)"),
+          checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
+                                                     "(trained weights + AdamW moments: large for a full fine-tune)"),
+          as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):
+    """Fine-tune a backbone on question/answer pairs with the MDLM objective (resumable: each epoch
+    is checkpointed in OUT/train-state; run the same command again after an interruption)."""
+    import shutil
+
     from timerome.data.rows import load_rows
+    from timerome.errors import Interrupted
+    from timerome.files import output_folder
     from timerome.train import TrainConfig
     from timerome.train import train as run_train
 
+    for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
+        if value < 1:
+            raise TimeromeError(f"{name} must be at least 1, got {value}")
+    if lora_r < 0 or not lr > 0:
+        raise TimeromeError(f"--lora-r must be >= 0 and --lr > 0, got {lora_r} and {lr}")
+    output_folder(out)
     bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
-    log = run_train(bb, rows, TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed))
+    if eos_pad is None:  # the embedded family's recipe never had EOS: its answers are cut at "."
+        eos_pad = bb.tokenizer.eos_token_id is not None and bb.family.name != "timerome"
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad)
+    state = Path(out) / "train-state"
+    try:
+        log = run_train(bb, rows, cfg, checkpoint=state if checkpoint else None)
+    except Interrupted as e:
+        raise Interrupted(f"{e}; run the same command again to resume from there") from None
     save_backbone(bb, out)
-    console.print(f"trained {len(rows)} rows for {epochs} epochs in {log['seconds']:.1f}s; "
-                  f"final loss {sum(log['loss'][-10:]) / len(log['loss'][-10:]):.3f}; saved to {out}")
+    shutil.rmtree(state, ignore_errors=True)
+    final = sum(log["loss"][-10:]) / max(1, len(log["loss"][-10:]))
+    if as_json:
+        print_json(dict(out=str(out), rows=len(rows), epochs=epochs, seconds=log["seconds"], final_loss=final,
+                        eos_pad=eos_pad, resumed_at_epoch=log["resumed_at_epoch"], loss=log["loss"]))
+        return
+    resumed = f" (resumed after epoch {log['resumed_at_epoch']})" if log["resumed_at_epoch"] else ""
+    console.print(f"trained {len(rows)} rows for {epochs} epochs in {log['seconds']:.1f}s{resumed}; final loss "
+                  f"{final:.3f}; EOS padding {'on' if eos_pad else 'off'}; saved to {out}", soft_wrap=True)
 
 
 def save_backbone(bb, out: Path) -> None:
@@ -125,14 +157,17 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
              steps: int = 8, gen_length: int = 8, block_length: int = 8,
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
+             as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),
              cache: Optional[str] = typer.Option(None, help="approximate KV cache: prefix or dual (default: exact)"),
              threshold: Optional[float] = typer.Option(None, help="reveal every position whose confidence is >= this, at least one per step"),
              refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps inside a block")):
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
     import torch
 
+    from timerome.files import user_text
     from timerome.sampler import generate as gen
 
+    prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     bb = model.load()
     memory = None
     if edit is not None:
@@ -143,12 +178,19 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         if k is not None and not 0 <= k < steps:
             raise TimeromeError(f"{edit} edits only at denoising step {k}, which a {steps}-step run never "
                                 f"reaches: pass --steps {k + 1} or more")
+        check_edit_scale(bb, memory, [bb.encode(p) for p in prompt], edit)
+    for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
+        warn_unknown_words(bb, p, f"prompt {i + 1}")
     t = Table(show_lines=True)
     t.add_column("prompt")
     t.add_column("answer")
     if memory is not None:
         t.add_column("answer with edit")
     def shown(ids):
+        ids = ids.tolist()
+        eos = bb.tokenizer.eos_token_id
+        if eos is not None and eos in ids:  # a model trained with EOS padding ends its answer there
+            ids = ids[: ids.index(eos)]
         text = bb.decode(ids)
         end = bb.family.answer_end
         # cut at the first end mark after some content: an edited answer may open with one
@@ -156,6 +198,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         cut = text.find(end, words) if end else -1
         return text[: cut + len(end)] if cut >= 0 else text
 
+    answers = []
     for p in prompt:
         ids = torch.tensor([bb.encode(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
@@ -169,13 +212,22 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                 with memory.applied(bb) as state:  # the state tells a step-k* edit which step it is
                     row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:]))
         t.add_row(*row)
+        answers.append(dict(zip(("prompt", "answer", "answer_with_edit"), row)))
+    if as_json:
+        print_json(answers)
+        return
     console.print(t)
 
 
 @app.command("methods")
-def methods_cmd():
+@friendly
+def methods_cmd(as_json: bool = typer.Option(False, "--json", help="print the methods and defaults as JSON")):
     """List the registered methods and their default settings."""
     from timerome.methods import available, method_config
+
+    if as_json:
+        print_json({m: method_config(m) for m in available()})
+        return
 
     t = Table(title="methods")
     t.add_column("name")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds
+from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds, print_json, print_markdown
 from timerome.errors import TimeromeError
+from timerome.files import read_json
 
 
 @app.command()
@@ -20,47 +23,75 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
          data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
          reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
          seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
-         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)")):
+         quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
+         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (the rest goes to stderr)")):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
     from timerome.demo import run_demo
 
     seed_list = parse_seeds(seeds)
-    run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick, backbone=model.load())
+    # with --json the demo's own report goes to stderr: stdout holds the JSON alone
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        result = run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick,
+                          backbone=model.load())
+    if as_json:
+        print_json({k: result.get(k) for k in ("summary", "coordinate", "files", "seconds", "phases", "out_dir")})
 
 
 @app.command()
 @friendly
 @model_options
-def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations or all"),
+def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, transfer, "
+                                                   "rwku, robustness, npo_sweep, utility, xbackbone, radar or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
                config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
-               methods: Optional[str] = typer.Option(None, help="canonical only: comma-separated method names"),
-               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming")):
+               methods: Optional[str] = typer.Option(None, help="comma-separated method names (experiments with a "
+                                                                "methods setting)"),
+               models: Optional[str] = typer.Option(None, help="xbackbone: comma-separated checkpoint directories"),
+               executor: str = typer.Option("local", help="who computes the cells: local or ray"),
+               ray_address: Optional[str] = typer.Option(None, help="with --executor ray: 'auto' (a running cluster) "
+                                                                    "or ray://HOST:PORT; default a local instance"),
+               bench_data: Optional[Path] = typer.Option(None, "--bench-data", help="folder of the benchmark data "
+                                                         "(muse/, whp/, wmdp/, rwku/) for transfer and rwku "
+                                                         "(default: $TIMEROME_BENCH_DIR, else the Hub)"),
+               quick: bool = typer.Option(False, help="the experiment's laptop subset (fewer rows, methods, samples)"),
+               fresh: bool = typer.Option(False, help="recompute every cell instead of resuming"),
+               no_wait: bool = typer.Option(False, "--no-wait", help="if another run holds --out, stop at once "
+                                                                     "(default: wait for it)"),
+               as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
-    from timerome.experiments import experiment_config, run_experiment
+    from timerome.experiments import experiment_config, make_executor, run_experiment
 
     overrides = {}
     if config is not None:
-        try:
-            overrides = json.loads(Path(config).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TimeromeError(f"cannot read config {config}: {e}") from None
+        overrides = read_json(config, "experiment config")
         if not isinstance(overrides, dict):
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
         overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
+    if models:
+        overrides["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    if bench_data is not None:
+        if not bench_data.is_dir():
+            raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        overrides["bench_dir"] = str(bench_data)
     if name != "all":
-        experiment_config(name, overrides)  # the name and every setting, checked before a model loads
+        experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
     seed_list = parse_seeds(seeds)
+    run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
-                            reference=reference, backbone=model.load())
+                            reference=reference, backbone=None if models else model.load(), executor=run_on,
+                            load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick,
+                            wait=not no_wait)
     results = result if name == "all" else {name: result}
+    if as_json:
+        print_json({n: {k: r.get(k) for k in ("summary", "coordinate", "files", "seconds", "out_dir")}
+                    for n, r in results.items()})
+        return
     for n, r in results.items():
-        md = Path(r["out_dir"]) / f"{n}.md"
-        if md.exists():
-            console.print(md.read_text())
+        if r.get("markdown"):
+            print_markdown(r["markdown"])
         console.print(f"[green]{n}[/]: {r['seconds']:.0f}s, outputs in {r['out_dir']}")

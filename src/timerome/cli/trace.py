@@ -8,9 +8,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options,
+                              print_json)
 from timerome.cache import write_json
 from timerome.errors import TimeromeError
+from timerome.files import output_folder
 
 
 @app.command("trace")
@@ -28,7 +30,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
               readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
-              seed: int = 0, batch_size: int = 256):
+              seed: int = 0, batch_size: int = 256,
+              as_json: bool = typer.Option(False, "--json", help="print the selection as JSON")):
     """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module)."""
     from timerome.heatmaps import plot_heatmaps, plot_per_fact
     from timerome.selection import per_fact_best, select_coordinate
@@ -36,16 +39,16 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
 
     if n_facts < 1:
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
-    out.mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
+    output_folder(out).mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
     bb = model.load()
-    facts = _facts(data, tofu_dir, n_facts)
+    facts = _facts(data, tofu_dir, n_facts, backbone=bb)
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
         # the same noise scale as the facts' trace: the penalty compares like with like
-        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **{**kw, "sigma": result.settings["sigma"]})
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result.settings["sigma"]})
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
@@ -56,6 +59,10 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     sel = dict(best=best.as_dict(), edit=chosen.as_dict(), top=[c.as_dict() for c in top],
                per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta)
     write_json(out / "selection.json", sel)
+    if as_json:
+        print_json(dict(sel, files=dict(trace=str(out / "trace.safetensors"), heatmaps=str(png),
+                                        selection=str(out / "selection.json"))))
+        return
     objective = "mean |TIE|" + (f" - {beta:g} x neighbours' mean |TIE|" if other is not None else "")
     t = Table(title=f"top coordinates: {objective} over {len(result.fact_ids)} facts (nats)")
     for c in ("rank", "layer", "step", "module", objective, ""):

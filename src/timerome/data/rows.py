@@ -10,6 +10,7 @@ import numpy as np
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import FULL_OFFSET, load_split
 from timerome.errors import TimeromeError
+from timerome.files import read_text
 
 
 def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
@@ -20,15 +21,15 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
     path = Path(spec)
     if not path.exists():
         raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an existing file")
-    text = path.read_text(encoding="utf-8").strip()
+    text = read_text(path, "rows file").strip()
     try:
         rows = json.loads(text) if text.startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
     except json.JSONDecodeError as e:
         raise TimeromeError(f"{path} is not JSON or JSON Lines: {e}") from None
     rows = [r for part in rows for r in (part if isinstance(part, list) else [part])]
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or not r.get("question") or not r.get("answer"):
-            raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' fields")
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k].strip() for k in ("question", "answer")):
+            raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' text fields")
     return rows
 
 

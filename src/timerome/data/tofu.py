@@ -10,6 +10,7 @@ from pathlib import Path
 
 from timerome.data.corpus import make_corpus
 from timerome.errors import TimeromeError
+from timerome.files import read_text
 
 BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "holdout01",
         "holdout05", "holdout10", "full", "real_authors", "world_facts"]
@@ -62,7 +63,7 @@ def _from_dir(directory: Path, name: str) -> list[dict]:
 
 def _read_rows(path: Path) -> list:
     """A JSON array, or JSON Lines where a line may itself be an array of rows (flattened)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "TOFU split")
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:

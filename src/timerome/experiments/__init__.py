@@ -7,6 +7,12 @@ Each experiment file defines CONFIG (its settings, every one overridable), `cell
 <name>.json, <name>.md, <name>.png). `runner.Runner` computes the cells, each one cached by its
 inputs, so a rerun computes only what it has not seen.
 
+An experiment with PER_MODEL = True (xbackbone) runs its cells once per checkpoint of its `models`
+setting, one model in memory at a time, and its report takes {column: (cells, results, a description of the model)}.
+Experiments with IN_ALL = False (utility: lm-eval's tasks; xbackbone: several checkpoints) are run
+by name only, never by "all". `executor` picks who computes the cells (`executors.py`: local, the
+default, or Ray); the cache is the same either way.
+
 Seeds drive the Monte-Carlo masks of the likelihood (shared between methods: paired), the
 insertion order of the sequential experiment and random_layer's coordinate. TimeROME's coordinate
 comes from one trace (trace_seed 0), cached by its inputs and shared by every TimeROME cell.
@@ -19,15 +25,21 @@ from pathlib import Path
 
 from timerome.backbones import load_backbone
 from timerome.errors import TimeromeError
-from timerome.experiments import ablations, canonical, pareto, scalability, sequential
-from timerome.experiments.runner import Cell, Context, Runner, execute, resolve_data
+from timerome.experiments import (ablations, canonical, npo_sweep, pareto, radar, robustness, rwku, scalability,
+                                  sequential, transfer, utility, xbackbone)
+from timerome.experiments.executors import make_executor
+from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
+from timerome.experiments.settings import check_settings
 
-EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations)}
+# radar last: it draws from the others' outputs
+EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations, transfer, rwku, robustness,
+                                   npo_sweep, utility, xbackbone, radar)}
 CONFIGS = {name: m.CONFIG for name, m in EXPERIMENTS.items()}
+QUICK = {name: getattr(m, "QUICK", {}) for name, m in EXPERIMENTS.items()}  # --quick: a laptop subset
 canonical_rows = canonical.canonical_rows
 
-__all__ = ["EXPERIMENTS", "CONFIGS", "Cell", "Context", "Runner", "execute", "resolve_data", "run_experiment",
-           "canonical_rows", "resolve_source"]
+__all__ = ["EXPERIMENTS", "CONFIGS", "QUICK", "Cell", "Context", "Runner", "execute", "resolve_data", "run_experiment",
+           "canonical_rows", "resolve_source", "make_executor"]
 
 
 def resolve_source(data):
@@ -43,43 +55,77 @@ def resolve_source(data):
     return str(data)
 
 
-def experiment_config(name: str, overrides: dict | None = None) -> dict:
-    """CONFIGS[name] updated with overrides; an unknown setting is refused by name."""
+def experiment_config(name: str, overrides: dict | None = None, quick: bool = False) -> dict:
+    """CONFIGS[name] (with the experiment's QUICK subset when quick) updated with overrides; an
+    unknown setting is refused by name."""
     if name not in EXPERIMENTS:
         raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
-    cfg = dict(CONFIGS[name])
+    cfg = dict(CONFIGS[name], **(QUICK[name] if quick else {}))
     unknown = sorted(set(overrides or {}) - set(cfg))
     if unknown:
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})
+    check_settings(name, cfg, CONFIGS[name])
     return cfg
 
 
 def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
-                   overrides: dict | None = None, reference=None, progress: bool = True, backbone=None) -> dict:
+                   overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
+                   executor=local_executor, load=load_backbone, quick: bool = False,
+                   wait: bool | float = True) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
     overrides: settings of CONFIGS[name] to change (e.g. {"n_mc": 8}). reference: the model that never
     saw the forget set, for Forget Quality (None: trained automatically for the embedded model).
+    executor: who computes the cells (runner.local_executor, executors.ray_executor(...)).
+    load: checkpoint directory -> Backbone (how --device / --dtype reach the models xbackbone loads).
+    quick: the experiment's QUICK settings (a laptop subset) under the overrides.
+    wait: another run holding the output folder is waited for (True), for that many seconds, or
+    not at all (False: refused, naming it).
     """
-    if name == "all":
-        return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume, overrides,
-                                  reference, progress, backbone) for n in EXPERIMENTS}
-    cfg = experiment_config(name, overrides)
+    if name == "all":  # each experiment gets the settings it has; a setting none has is refused
+        unknown = sorted(set(overrides or {}) - {k for c in CONFIGS.values() for k in c})
+        if unknown:
+            raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
+        return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume,
+                                  {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, reference,
+                                  progress, backbone, executor, load, quick, wait)
+                for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
+    cfg = experiment_config(name, overrides, quick)
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
         raise TimeromeError("give at least one seed")
     exp = EXPERIMENTS[name]
-    bb = backbone if backbone is not None else load_backbone(model)
-    ctx = Context(bb, resolve_source(data), reference=reference, reference_options=dict(cfg.get("reference") or {}),
-                  model_path=model, progress=progress)
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
-    runner = Runner(out, resume=resume, progress=progress)
+    runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
+    source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
     t0 = time.perf_counter()
-    cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
-    results = runner.run(cells, ctx, title=name)
-    result = exp.report(cfg, seeds, cells, results, ctx, out)
+    if getattr(exp, "PER_MODEL", False):
+        paths = list(cfg.get("models") or [model])
+        refs = list(cfg.get("references") or [reference] * len(paths))
+        if len(refs) != len(paths):
+            raise TimeromeError(f"{len(paths)} models but {len(refs)} references: give one per model (null for none)")
+        per_model = {}
+        with runner.lock():  # the cells and the report: one run at a time in a folder
+            for column, path, ref in zip(exp.columns(paths), paths, refs):
+                bb = backbone if backbone is not None and path == model else load(path)
+                ctx = Context(bb, source, reference=ref, reference_options=ref_options, model_path=path,
+                              progress=progress)
+                cells = exp.cells(cfg, seeds, ctx)
+                about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
+                             fingerprint=bb.fingerprint(), reference=ctx.auto_reference() is not None)
+                per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
+                del bb, ctx  # one model in memory at a time
+            result = exp.report(cfg, seeds, per_model, out)
+    else:
+        bb = backbone if backbone is not None else load(model)
+        ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
+                      progress=progress)
+        cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
+        with runner.lock():  # the cells and the report: one run at a time in a folder
+            results = runner.run(cells, ctx, title=name)
+            result = exp.report(cfg, seeds, cells, results, ctx, out)
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result

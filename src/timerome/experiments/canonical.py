@@ -8,7 +8,10 @@ from timerome.experiments.runner import Cell
 from timerome.methods import available, get_method, method_config
 
 NAME = "canonical"
-CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None)
+# retain_authors: whose retain rows are evaluated (null: spread over all; k: the first k authors, those a
+# model trained on a TOFU subset saw; or a list of indices / names); splits: which evaluation splits (null: all)
+CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None,
+              retain_authors=None, splits=None)
 
 
 def canonical_rows(methods=None) -> list[tuple[str, dict]]:
@@ -25,7 +28,9 @@ def canonical_rows(methods=None) -> list[tuple[str, dict]]:
 
 
 def data_spec(cfg) -> dict:
-    return dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+    spec = dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+    # only when set: the cache keys of runs without them stay as they were
+    return spec | {k: cfg[k] for k in ("retain_authors", "splits") if cfg.get(k) is not None}
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from timerome.experiments.canonical import canonical_rows
+from timerome.experiments.canonical import canonical_rows, data_spec
 from timerome.experiments.report import (by_row, label, markdown, plot_pareto, summarise, traced_coordinate,
                                          write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "pareto"
 CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", q=0,
-              alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point={"alpha": 2.0, "q": 4}, methods=None)
+              alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point={"alpha": 2.0, "q": 4}, methods=None,
+              retain_authors=None, splits=None)  # as canonical's
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 
 
@@ -21,7 +22,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
-    data = dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
+    data = data_spec(cfg)
     return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
             for seed in seeds for m, over in sweep(cfg) + others]
 

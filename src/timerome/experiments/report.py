@@ -3,7 +3,9 @@
 Results over seeds are summarised per row as mean ± std with a 2000-resample bootstrap 95 % CI and
 a paired t-test against no_edit on the shared seeds (stars: * p<0.05, ** p<0.01, *** p<1e-4;
 † the same difference on every seed, so no test). Cost columns (seconds, megabytes) are never
-tested: a wall-clock difference is not an effect of the method on the model.
+tested: a wall-clock difference is not an effect of the method on the model. Every table carries
+the compute accounting (ACCOUNTING): install seconds, the cell's wall seconds and how far installing
+raised peak memory (exact on CUDA; sampled resident set on CPU, a lower bound).
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ from timerome.stats import cell, paired_t, stars
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
            "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds", "install_extra_mb"]
 SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
-         "install_extra_mb": "install MB", "ModelUtility": "Utility", "ForgetROUGE": "fROUGE",
-         "RetainROUGE": "rROUGE"}
-COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepare_seconds", "eval_seconds")
+         "install_extra_mb": "extra MB", "wall_seconds": "wall s", "ModelUtility": "Utility",
+         "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE"}
+COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepare_seconds", "eval_seconds",
+                "wall_seconds")
+ACCOUNTING = ("install_seconds", "wall_seconds", "install_extra_mb")  # in every table (runner.with_edit)
+ACCOUNTING_NOTE = ("Cost: install s = installing the method; wall s = the whole cell (install, evaluation, "
+                   "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU); "
+                   "a row made of several cells: the largest install and memory, the summed wall time.")
 THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
 
 
@@ -35,8 +42,26 @@ def _short(v):
     return f"{v:g}" if isinstance(v, float) else v
 
 
+def without_costs(result):
+    """A result (or any JSON) with its timings and memory readings left out: what two runs of the same
+    cells on different executors or machines must agree on."""
+    if isinstance(result, dict):
+        return {k: without_costs(v) for k, v in result.items()
+                if not (str(k).endswith(("_seconds", "_mb")) or k in ("cost", "seconds"))}
+    if isinstance(result, list):
+        return [without_costs(v) for v in result]
+    return result
+
+
+def with_accounting(columns) -> list:
+    """The columns followed by the compute-accounting ones they lack."""
+    return list(columns) + [c for c in ACCOUNTING if c not in columns]
+
+
 def summarise(per_seed: dict[str, dict[int, dict]], columns, reference="no_edit") -> dict:
-    """{row: {seed: metrics}} -> {row: {column: cell stats + paired test vs the reference row}}."""
+    """{row: {seed: metrics}} -> {row: {column: cell stats + paired test vs the reference row}};
+    the compute-accounting columns come along wherever the metrics have them."""
+    columns = with_accounting(columns)
     ref = per_seed.get(reference, {})
     out = {}
     for row, seeds in per_seed.items():
@@ -75,14 +100,32 @@ def fmt_cell(e: dict | None, digits: int = 2) -> str:
     return s + e.get("stars", "")
 
 
-def markdown(summary: dict, columns, title: str, note: str = "") -> str:
-    head = ["method"] + [SHORT.get(c, c) for c in columns] + ["Δ ForgetLP vs no_edit (p)"]
+def fmt_cost(e: dict | None) -> str:
+    """A cost cell: mean (± std over seeds), no CI and no test (a cost is not an effect on the model)."""
+    if not e:
+        return "–"
+    return f"{e['mean']:.2f}" + (f" ± {e['std']:.2f}" if e["n"] > 1 else "")
+
+
+def fmt_any(column: str, e: dict | None) -> str:
+    """fmt_cell for a metric (3 digits for the 0-1 ones), fmt_cost for a cost column."""
+    if column in COST_COLUMNS:
+        return fmt_cost(e)
+    return fmt_cell(e, 3 if column in THREE_DIGITS else 2)
+
+
+def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP") -> str:
+    """A table of the summary (the accounting columns appended where present); the last column is the
+    paired difference of column `delta` to no_edit."""
+    extra = [c for c in with_accounting(columns)[len(columns):] if any(c in cols for cols in summary.values())]
+    columns = list(columns) + extra
+    if any(c in columns for c in ACCOUNTING):
+        note = f"{note} {ACCOUNTING_NOTE}".strip()
+    head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
-        d = cols.get("ForgetLP", {})
-        delta = delta_text(d)
-        lines.append("| " + " | ".join([row] + [fmt_cell(cols.get(c), 3 if c in THREE_DIGITS else 2) for c in columns]
-                                        + [delta]) + " |")
+        lines.append("| " + " | ".join([row] + [fmt_any(c, cols.get(c)) for c in columns]
+                                        + [delta_text(cols.get(delta, {}))]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
               "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]
     return "\n".join(lines)
@@ -131,6 +174,31 @@ def plot_canonical(summary: dict, path) -> str:
     ax.axvline(0, color="grey", lw=0.8)
     ax.set_xlabel("change vs no_edit (nats); bars: mean, lines: bootstrap 95% CI")
     ax.legend(fontsize=8)
+    return save_png(fig, path)
+
+
+def plot_delta_bars(groups, rows, entry, path, ylabel: str, title: str) -> str:
+    """In each group, one bar per row: its mean minus no_edit's, with the bootstrap CI of its mean.
+
+    entry(group, row) -> (the row's stats, no_edit's stats), either None where not measured.
+    """
+    fig = figure(max(6.0, 0.9 * len(groups) + 2.5), 3.8)
+    ax = fig.subplots()
+    width = 0.8 / max(len(rows), 1)
+    for j, row in enumerate(rows):
+        xs, ys, err = [], [], []
+        for i, g in enumerate(groups):
+            e, base = entry(g, row)
+            if e and base:
+                xs.append(i + (j - (len(rows) - 1) / 2) * width)
+                ys.append(e["mean"] - base["mean"])
+                err.append((e["mean"] - e["lo"], e["hi"] - e["mean"]))
+        ax.bar(xs, ys, width=width, label=row, yerr=list(zip(*err)) if err else None, capsize=2)
+    ax.set_xticks(range(len(groups)), list(groups), rotation=25, ha="right", fontsize=8)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
     return save_png(fig, path)
 
 
@@ -229,8 +297,18 @@ def by_row(cells, results, measures=("full", "lp", "traj")) -> dict:
         tr = r["items"].get("forget", {}).get("tr")
         if tr is not None and c.seed in refs:
             m["ForgetQuality"] = forget_quality(tr, refs[c.seed])
-        out.setdefault(c.row, {}).setdefault(c.seed, {}).update(m)  # one row may merge several cells
+        merge_metrics(out.setdefault(c.row, {}).setdefault(c.seed, {}), m)  # one row may merge several cells
     return out
+
+
+def merge_metrics(into: dict, new: dict) -> dict:
+    """One more cell's metrics into its row's (same seed): metrics are set; the accounting of several
+    cells combines, the largest install and extra memory, the summed wall time."""
+    for k, v in new.items():
+        if k in ACCOUNTING and k in into:
+            v = into[k] + v if k == "wall_seconds" else max(into[k], v)
+        into[k] = v
+    return into
 
 
 def traced_coordinate(results) -> list | None:

@@ -15,8 +15,14 @@ Measurements (`Cell.measure`), a registry: `@measurement("name")` on a function
     sequential  insert the forget facts one at a time into a TimeROME memory, lp after each insert
     reference   forget truth ratios of the model that never saw the forget set (Forget Quality's KS test)
 An executor runs the cells that are not cached: `local_executor` (in this process, in order) by
-default; any callable (cells, context, done) -> None with the same contract can replace it, where
-done(i, result) stores cell i's result.
+default; any callable (cells, context, done, progress=, title=) -> None with the same contract can
+replace it (`executors.ray_executor`: Ray workers), where done(i, result) stores cell i's result.
+The cache is written here, by `done`, whichever executor computed the cell: a sweep started on one
+executor resumes on another, and cells sharing a key are computed once.
+
+Data specs: a cell's `data` is a TOFU spec (`resolve_data`) unless it names a `kind`; a data kind,
+registered with `@data_kind("name")` on fn(spec, context) -> (rows, ForgetTask), resolves the
+others (the benchmark files add MUSE, WHP, WMDP and RWKU that way, `bench_data.py`).
 """
 
 from __future__ import annotations
@@ -30,19 +36,20 @@ import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
 from timerome.cache import digest, write_json
-from timerome.data.facts import facts_from_rows
-from timerome.data.rows import spread
-from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
-from timerome.errors import TimeromeError
-from timerome.evaluation import evaluate, fits, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.errors import Interrupted, TimeromeError
+from timerome.evaluation import evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.experiments.data import resolve_data
+from timerome.experiments.settings import is_int
 from timerome.from_scratch import reference_model
+from timerome.lock import LOCK_NAME, hold
 from timerome.methods import InferenceEdit, install, method_config
 from timerome.methods.timerome_edit import build_memory, locate, prepare
-from timerome.progress import progress_bar
+from timerome.progress import notify, progress_bar
 from timerome.task import ForgetTask
 
 VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
 MEASURES: dict = {}  # name -> (cell, context, rows, task) -> JSON-able result; `measurement` fills it
+DATA_KINDS: dict = {}  # kind -> (spec, context) -> (rows, ForgetTask); `data_kind` fills it
 LP_COLUMNS = {"forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
 TRAJ_COLUMNS = {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
 
@@ -67,47 +74,6 @@ class Cell:
         if self.measure == "reference":
             key["reference"] = context.reference_tag
         return key
-
-
-# ------------------------------------------------------------------------------ data
-
-
-def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
-    """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
-
-    spec keys: forget (split, default forget01), first / last (keep that many forget rows from the
-    start / end), eval_forget (evaluate a spread of that many forget rows), n_retain / n_world
-    (spreads of retain_perturbed and of the real-author / world-fact splits), splits (which
-    evaluation splits), validation (the split whose facts are traced, default the forget facts).
-    """
-    forget = spec.get("forget", "forget01")
-    rows = load_split(forget, source)
-    lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)
-    if spec.get("first") is not None:
-        hi = min(hi, int(spec["first"]))
-    if spec.get("last") is not None:
-        lo = max(0, hi - int(spec["last"]))
-    task_rows = rows[lo:hi]
-    facts, _ = facts_from_rows(task_rows, offset=offset + lo)
-    perturbed = f"{forget}_perturbed"
-    shown = load_split(perturbed, source)[lo:hi] if perturbed in SPLITS else task_rows
-    retain = load_split("retain_perturbed", source)
-    out = {"forget": spread(shown, spec.get("eval_forget")),
-           "retain": spread(retain, spec.get("n_retain", 40)),
-           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
-           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
-    asked = {(r["question"], r["answer"]) for r in task_rows}
-    if any((r["question"], r["answer"]) in asked for r in retain):
-        raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
-                            "forget fewer rows")
-    out = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
-    if not out.get("forget", [None]):
-        raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
-    validation = None
-    if spec.get("validation"):
-        validation, _ = facts_from_rows(load_split(spec["validation"], source),
-                                        offset=FULL_OFFSET.get(spec["validation"], 0))
-    return out, ForgetTask(task_rows, facts, list(retain), validation=validation)
 
 
 # ------------------------------------------------------------------------------ context
@@ -146,7 +112,13 @@ class Context:
     def data(self, spec: dict) -> tuple[dict, ForgetTask]:
         key = digest(spec)
         if key not in self._data:
-            self._data[key] = resolve_data(spec, self.source, self.backbone)
+            kind = spec.get("kind")
+            if kind is None:
+                self._data[key] = resolve_data(spec, self.source, self.backbone)
+            elif kind in DATA_KINDS:
+                self._data[key] = DATA_KINDS[kind](spec, self)
+            else:
+                raise TimeromeError(f"unknown data kind {kind!r}; one of {', '.join(DATA_KINDS) or 'none'}")
         return self._data[key]
 
     def reference_backbone(self):
@@ -172,6 +144,16 @@ class Context:
 # ------------------------------------------------------------------------------ one cell
 
 
+def data_kind(name: str):
+    """Register fn(spec, context) -> (rows, ForgetTask) as the resolver of data specs of kind `name`."""
+
+    def deco(fn):
+        DATA_KINDS[name] = fn
+        return fn
+
+    return deco
+
+
 def measurement(name: str):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`."""
 
@@ -191,24 +173,27 @@ def execute(cell: Cell, ctx: Context) -> dict:
 
 
 def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
-    """Install the cell's method, run measure(edit) -> result, undo; the result gets the install cost,
-    the method's info and its full config."""
+    """Install the cell's method, run measure(edit) -> result, undo; the result gets the compute
+    accounting (install seconds, how far installing raised peak memory (exact on CUDA), the cell's
+    wall seconds: install + measurement + undo), the method's info and its full config."""
+    t0 = time.perf_counter()
     edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
     try:
         res = measure(edit)
         res.setdefault("metrics", {}).update(install_seconds=edit.install_seconds,
                                              install_extra_mb=edit.extra_memory_mb)
         res["info"], res["config"] = edit.info, edit.config
-        return res
     finally:
         edit.undo()
+    res["metrics"]["wall_seconds"] = time.perf_counter() - t0
+    return res
 
 
 @measurement("full")
 def _full(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, lambda edit: evaluate(
         ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit,
-        rouge=cell.options.get("rouge", True)))
+        rouge=cell.options.get("rouge", True), progress=ctx.progress))
 
 
 def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
@@ -271,6 +256,35 @@ def _sequential(cell, ctx, rows, task) -> dict:
     return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
 
 
+# ------------------------------------------------------------------------------ checks before any work
+
+
+# options of the measurements (Cell.options): name -> (what it must be, test)
+OPTION_RULES = {
+    "n_mc": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "steps": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "every": ("an integer >= 1", lambda v: is_int(v) and v >= 1),
+    "rouge": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def check_cells(cells: list[Cell], ctx: Context) -> None:
+    """What would otherwise fail mid-run, checked before the first cell: the measurement, the
+    method and its options (in the cell's key), the measurement's options, the data, the reference."""
+    for c in cells:
+        if c.measure not in MEASURES:
+            raise TimeromeError(f"unknown measurement {c.measure!r}; one of {', '.join(MEASURES)}")
+        for key, value in c.options.items():
+            want, ok = OPTION_RULES.get(key, (None, None))
+            if ok is not None and not ok(value):
+                raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
+        c.key(ctx)  # method_config: an unknown method or option, a bad value
+        ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
+        if c.measure == "reference" and ctx.auto_reference() is None:
+            raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
+                                "without the forget set)")
+
+
 # ------------------------------------------------------------------------------ the runner
 
 
@@ -283,32 +297,77 @@ def local_executor(cells: list[Cell], ctx: Context, done, progress: bool = True,
 
 
 class Runner:
-    """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything."""
+    """Runs cells with a cache in <out_dir>/cells; `resume=False` recomputes everything.
 
-    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor):
+    One run at a time per folder: a second process on the same folder waits for the first
+    (`wait=True`), or is refused with the holder's name (`wait=False`), `lock.hold`. A cell file
+    that cannot be read (a crash mid-write of an older version, a disk error, a hand edit) is
+    reported, moved aside as <name>.corrupt-<time> and computed again.
+    """
+
+    def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor,
+                 wait: bool | float = True):
         self.out_dir, self.resume, self.progress, self.executor = Path(out_dir), resume, progress, executor
+        self.wait = wait
         self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def lock(self):
+        """The folder's lock, held by `run` (and by callers that write reports after it)."""
+        return hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}")
 
     def path(self, cell: Cell, ctx: Context) -> Path:
         return self.out_dir / "cells" / f"{digest(cell.key(ctx))}.json"
 
     def cached(self, cell: Cell, ctx: Context) -> dict | None:
-        p = self.path(cell, ctx)
-        if self.resume and p.is_file():
-            return json.loads(p.read_text())["result"]
-        return None
+        return self._read(self.path(cell, ctx))
+
+    def _read(self, p: Path) -> dict | None:
+        if not (self.resume and p.is_file()):
+            return None
+        try:
+            result = json.loads(p.read_text(encoding="utf-8"))["result"]
+            if not isinstance(result, dict):
+                raise TypeError(f"its result is a {type(result).__name__}")
+            return result
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            aside = p.with_name(f"{p.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            p.replace(aside)
+            notify(f"cell file {p} was unreadable ({type(e).__name__}: {str(e)[:80]}); moved it to {aside.name} "
+                   "and computing that cell again")
+            return None
 
     def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
-        results = [self.cached(c, ctx) for c in cells]
-        todo = [i for i, r in enumerate(results) if r is None]
+        with self.lock():
+            paths = [self.path(c, ctx) for c in cells]
+            results = [self._read(p) for p in paths]
+            # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once
+            same: dict[Path, list[int]] = {}
+            for i, r in enumerate(results):
+                if r is None:
+                    same.setdefault(paths[i], []).append(i)
+            todo = [ix[0] for ix in same.values()]
+            check_cells([cells[i] for i in todo], ctx)
+            finished = []
 
-        def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
-            c = cells[todo[j]]
-            results[todo[j]] = result
-            write_json(self.path(c, ctx), {"cell": asdict(c), "key": c.key(ctx), "result": result})
+            def done(j: int, result: dict) -> None:  # cell todo[j] finished: keep it, cache it at once
+                c, path = cells[todo[j]], paths[todo[j]]
+                for i in same[path]:
+                    results[i] = result
+                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
+                finished.append(j)
 
-        cached = len(cells) - len(todo)
-        self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
-                      title=f"{title} ({cached} cached)" if cached else title)
-        return results
+            cached = len(cells) - sum(map(len, same.values()))
+            try:
+                self.executor([cells[i] for i in todo], ctx, done, progress=self.progress,
+                              title=f"{title} ({cached} cached)" if cached else title)
+            except (KeyboardInterrupt, Interrupted) as e:
+                kept = f"{cached + len(finished)} of {len(cells)} {title} cells are cached in {self.out_dir / 'cells'}"
+                inner = f"{e}; " if isinstance(e, Interrupted) else ""
+                raise Interrupted(f"{inner}{kept}; run the same command again with the same output folder "
+                                  f"({self.out_dir}) to go on from there") from None
+            missing = [cells[i].row or cells[i].method for i, r in enumerate(results) if r is None]
+            if missing:
+                raise TimeromeError(f"the executor returned without computing {len(missing)} cells "
+                                    f"({', '.join(missing[:3])}); rerun to resume from the cached ones")
+            return results

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from timerome.experiments.report import (by_row, coordinate_note, delta_text, fmt_cell, label, plot_scalability,
-                                         summarise, traced_coordinate, write_outputs)
+from timerome.experiments.report import (ACCOUNTING_NOTE, by_row, coordinate_note, delta_text, fmt_any, label,
+                                         plot_scalability, summarise, traced_coordinate, with_accounting,
+                                         write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "scalability"
@@ -30,14 +31,16 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     for n in cfg["sizes"]:
         picked = [(c, r) for c, r in zip(cells, results) if c.group == n]
         summary[n] = summarise(by_row(*zip(*picked)), COLUMNS)
-    lines = ["## Scalability", "", "| abs F | method | ForgetLP | RetainLP | RealAuth | install s | Δ ForgetLP (p) |",
-             "|---|---|---|---|---|---|---|"]
+    shown = with_accounting(COLUMNS)
+    lines = ["## Scalability", "", "| abs F | method | ForgetLP | RetainLP | RealAuth | install s | wall s | extra MB "
+             "| Δ ForgetLP (p) |", "|---|---|---|---|---|---|---|---|---|"]
     for n, rows_n in summary.items():
         for row, c in rows_n.items():
-            lines.append(f"| {n} | {row} | " + " | ".join(fmt_cell(c.get(k)) for k in COLUMNS)
+            lines.append(f"| {n} | {row} | " + " | ".join(fmt_any(k, c.get(k)) for k in shown)
                          + f" | {delta_text(c.get('ForgetLP', {}))} |")
     lines += ["", f"{coordinate_note(results)} Forget LP over at most {cfg['n_eval_forget']} of the |F| facts; "
-              "install = capture + solve (the trace and the background statistics are measured once, before).", ""]
+              "install = capture + solve (the trace and the background statistics are measured once, before). "
+              + ACCOUNTING_NOTE, ""]
     md = "\n".join(lines)
     coord = traced_coordinate(results)
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)

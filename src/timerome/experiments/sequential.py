@@ -24,15 +24,19 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     for c, r in zip(cells, results):
         curves.setdefault(c.row, {})[c.seed] = r["curve"]
     summary = curve_summary(curves)
-    lines = ["## Sequential editing", "", "| variant | k | ForgetLP | RetainLP | RealAuth |", "|---|---|---|---|---|"]
+    lines = ["## Sequential editing", "", "| variant | k | ForgetLP | RetainLP | RealAuth | insert s |",
+             "|---|---|---|---|---|---|"]
     for row, by_k in summary.items():
         for k in by_k:
             if k in SHOWN or k == max(by_k):
-                lines.append(f"| {row} | {k} | " + " | ".join(fmt_cell(by_k[k][c]) for c in ("ForgetLP", "RetainLP",
-                                                                                            "RealAuth")) + " |")
+                lines.append(f"| {row} | {k} | " + " | ".join(fmt_cell(by_k[k][c], 4 if c == "insert_seconds" else 2)
+                                                              for c in ("ForgetLP", "RetainLP", "RealAuth",
+                                                                        "insert_seconds")) + " |")
     info = results[0].get("info", {}) if results else {}
     lines += ["", f"k = facts inserted one at a time (k=0: no edit); ForgetLP over all {cfg['n_facts']} facts "
-              f"(the not-yet-inserted ones included); coordinate layer {info.get('layer')} {info.get('point')}.", ""]
+              f"(the not-yet-inserted ones included); coordinate layer {info.get('layer')} {info.get('point')}. "
+              "insert s = adding the k-th fact to the memory (capture + block update; no training, no extra "
+              "model memory: the memory holds k keys and deltas of the hidden size).", ""]
     md = "\n".join(lines)
     files = write_outputs(out_dir, NAME, dict(summary=summary, curves=curves, config=cfg,
                                               coordinate=[info.get("layer"), info.get("point")]), md)

@@ -1,0 +1,89 @@
+"""`timerome eval`: the paper's metrics for a model directory, or a saved edit memory on it, on the
+splits the canonical experiment evaluates; nothing is traced, captured or rebuilt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from timerome.cli.app import ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options, print_json
+from timerome.errors import TimeromeError
+
+
+@app.command("eval")
+@friendly
+@model_options
+def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file, applied while evaluating"),
+             model: ModelChoice = None,
+             data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR) or a TOFU directory"),
+             forget: str = typer.Option("forget01", help="the forget split"),
+             n_retain: int = typer.Option(40, help="retain rows evaluated (spread over the chosen authors)"),
+             retain_authors: Optional[int] = typer.Option(
+                 None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
+             n_world: int = typer.Option(20, help="real-author and world-fact rows evaluated"),
+             splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
+                                                              "world_facts (default: all)"),
+             n_mc: int = typer.Option(16, help="Monte-Carlo masks per answer likelihood"),
+             seed: int = 0,
+             rouge: bool = typer.Option(True, help="generate answers for ROUGE-L (slower)"),
+             reference: Optional[str] = typer.Option(
+                 None, help="a model never trained on the forget set, for Forget Quality (KS p); 'auto' trains "
+                            "the embedded model's own reference once"),
+             as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON")):
+    """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics."""
+    from timerome.edit_memory import EditMemory
+    from timerome.evaluation import evaluate, reference_truth_ratios
+    from timerome.experiments import resolve_source
+    from timerome.experiments.runner import Context
+    from timerome.methods import InferenceEdit
+
+    spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
+    if retain_authors is not None:
+        spec["retain_authors"] = retain_authors
+    if splits:
+        spec["splits"] = [s.strip() for s in splits.split(",") if s.strip()]
+    for name, value in (("--n-mc", n_mc), ("--n-retain", n_retain), ("--n-world", n_world)):
+        if value < 1:
+            raise TimeromeError(f"{name} must be at least 1, got {value}")
+    unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
+    if unknown or spec.get("splits") == []:
+        raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
+    source = resolve_source(data)
+    bb = model.load()
+    ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
+    rows, _ = ctx.data(spec)
+    memory_edit = None
+    if edit is not None:
+        memory = EditMemory.load(edit, bb)
+        check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
+        memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
+    ref_tr = None
+    if reference is not None and "forget" in rows:
+        if ctx.auto_reference() is None:
+            raise TimeromeError("--reference auto only knows the embedded model's reference; pass a model "
+                                "directory trained without the forget set")
+        ref_tr = reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=seed)
+    result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
+                      progress=True)
+    summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
+                   n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=result["notes"],
+                   seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed)
+    if as_json:
+        print_json(summary)
+        return
+    title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} (n_mc {n_mc}, seed {seed})"
+    console.print(escape(title), soft_wrap=True)
+    t = Table()
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in result["metrics"].items():
+        t.add_row(k, "–" if v != v else f"{v:.4g}")
+    console.print(t)
+    console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
+                  + f"; {summary['seconds']:.1f}s", soft_wrap=True)
+    for k, why in result["notes"].items():
+        err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)

@@ -1,0 +1,169 @@
+"""`timerome memory show|add|remove|merge`: saved edit memories, changed with the streaming insert and
+remove of `EditMemory` (block updates of G, no re-solve from scratch) and written back atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, err_console, friendly,
+                              load_facts as _facts, model_options, print_json)
+from timerome.errors import TimeromeError
+from timerome.files import output_file
+
+memory_app = typer.Typer(no_args_is_help=True, help="Inspect and change saved edit memories.")
+app.add_typer(memory_app, name="memory")
+
+OutOpt = typer.Option(None, "--out", "-o", help="where to write the result (default: FILE itself, replaced atomically)")
+
+
+def describe(path) -> dict:
+    """What a memory file holds, from its header (no model needed; the checksum is verified)."""
+    from timerome.edit_memory import read_file
+
+    tensors, meta = read_file(path)
+    hyper = dict(meta.get("hyper") or {})
+    return dict(file=str(path), format=meta.get("format"), backbone=meta.get("backbone"),
+                fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
+                coordinate=meta.get("coordinate"), hyper=hyper, stats=meta.get("stats"),
+                n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
+                tensors={k: list(v.shape) for k, v in tensors.items()})
+
+
+@memory_app.command("show")
+@friendly
+def show(file: Path = typer.Argument(..., help="an edit memory file"),
+         all_facts: bool = typer.Option(False, "--all", help="list every fact (default: the first 20)"),
+         as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
+    """The coordinate, hyper-parameters, facts and backbone fingerprint of a saved memory."""
+    d = describe(file)
+    if as_json:
+        print_json(d)
+        return
+    c, h = d["coordinate"] or {}, d["hyper"]
+    t = Table(title=f"edit memory {file}", show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    step = "every step" if c.get("step") is None else f"step {c.get('step')} only"
+    lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
+           else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
+    for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
+                 ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"),
+                 ("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
+                 ("key metric", f"{h.get('key_metric')}" + (f" ({d['stats']['n_tokens']} background tokens)"
+                                                          if d.get("stats") else "")),
+                 ("g_max", f"{h.get('g_max')}"), ("target", repr(h.get("target"))),
+                 ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
+        t.add_row(k, escape(v))
+    console.print(t)
+    ft = Table(title="facts")
+    for col in ("fact_id", "subject", "prompt", "object"):
+        ft.add_column(col, overflow="fold")
+    shown = d["facts"] if all_facts else d["facts"][:20]
+    for f in shown:
+        ft.add_row(*(escape(str(f.get(k, ""))) for k in ("fact_id", "subject", "prompt", "object")))
+    console.print(ft)
+    if len(shown) < d["n_facts"]:
+        console.print(f"... and {d['n_facts'] - len(shown)} more facts (--all lists them)")
+
+
+@memory_app.command("add")
+@friendly
+@model_options
+def add(file: Path = typer.Argument(..., help="an edit memory file"),
+        model: ModelChoice = None, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+        out: Optional[Path] = OutOpt,
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
+    """Insert the facts of --data into a saved memory (a block update of G; same lambda scale)."""
+    from timerome.edit_memory import EditMemory
+
+    dest = output_file(out or file)
+    bb = model.load()
+    memory = EditMemory.load(file, bb)
+    facts = _facts(data, tofu_dir, backbone=bb)
+    before = len(memory)
+    memory.add(facts)
+    _done(memory.save(dest), memory, f"added {len(memory) - before} facts", as_json)
+
+
+@memory_app.command("remove")
+@friendly
+@model_options
+def remove(file: Path = typer.Argument(..., help="an edit memory file"),
+           fact_ids: Optional[list[str]] = typer.Argument(None, help="ids of the facts to remove (`memory show`)"),
+           subject: Optional[list[str]] = typer.Option(None, "--subject", help="remove every fact of this subject"),
+           model: ModelChoice = None, out: Optional[Path] = OutOpt,
+           as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
+    """Remove facts from a saved memory (a downdate of G, no re-solve)."""
+    from timerome.edit_memory import EditMemory
+
+    if not fact_ids and not subject:
+        raise TimeromeError("name the facts to remove: fact ids (see `timerome memory show FILE`) or --subject")
+    dest = output_file(out or file)
+    bb = model.load()
+    memory = EditMemory.load(file, bb)
+    ids = list(fact_ids or [])
+    for s in subject or []:
+        of = [fid for fid, f in zip(memory.fact_ids, memory.facts) if getattr(f, "subject", None) == s]
+        if not of:
+            raise TimeromeError(f"no fact of subject {s!r} in {file}")
+        ids += of
+    ids = list(dict.fromkeys(ids))
+    if set(memory.fact_ids) <= set(ids):
+        raise TimeromeError(f"that removes every fact of {file}: an empty memory edits nothing; delete the file instead")
+    memory.remove(ids)
+    _done(memory.save(dest), memory, f"removed {len(ids)} facts", as_json)
+
+
+@memory_app.command("merge")
+@friendly
+@model_options
+def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory files of one model and coordinate"),
+          out: Path = typer.Option(..., "--out", "-o", help="the merged memory file"),
+          model: ModelChoice = None,
+          as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
+    """Merge memories of the same model, coordinate, key metric and background statistics into one
+    (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
+    from timerome.edit_memory import EditMemory
+
+    if len(files) < 2:
+        raise TimeromeError("merge needs at least two memory files")
+    dest = output_file(out)
+    bb = model.load()
+    first = EditMemory.load(files[0], bb)
+    for f in files[1:]:
+        other = EditMemory.load(f, bb)
+        _check_mergeable(first, other, files[0], f)
+        for name in ("alpha", "q", "g_max", "lam", "lam_absolute"):
+            if getattr(other, name) != getattr(first, name):
+                err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the merged "
+                                  f"memory keeps {files[0]}'s {getattr(first, name)}", soft_wrap=True)
+        first.add_vectors(other.ridge.U, other.ridge.D, other.facts)
+    _done(first.save(dest), first, f"merged {len(files)} memories", as_json)
+
+
+def _check_mergeable(a, b, fa, fb) -> None:
+    import torch
+
+    if a.coordinate != b.coordinate:
+        raise TimeromeError(f"{fb} edits at {b.coordinate}, {fa} at {a.coordinate}: only memories at one "
+                            "coordinate merge")
+    if a.key_metric != b.key_metric or a.target != b.target:
+        raise TimeromeError(f"{fb} and {fa} differ in key metric or target ({b.key_metric}, {b.target!r} vs "
+                            f"{a.key_metric}, {a.target!r}): they do not merge")
+    if a.stats is not None and not (torch.equal(a.stats.mean, b.stats.mean) and torch.equal(a.stats.cov, b.stats.cov)):
+        raise TimeromeError(f"{fb} measured its whitening statistics on another background corpus than {fa}: "
+                            "their keys live in different metrics and do not merge; rebuild one with the other's "
+                            "--background")
+
+
+def _done(path, memory, what: str, as_json: bool) -> None:
+    if as_json:
+        print_json(dict(file=str(path), n_facts=len(memory), fact_ids=memory.fact_ids,
+                        coordinate=memory.coordinate.as_dict()))
+        return
+    console.print(f"{what}: {len(memory)} facts at {memory.coordinate} -> {path}", soft_wrap=True)

@@ -1,0 +1,45 @@
+"""`timerome new-model`: a fresh LLaDA-structure MDLM with a BPE tokenizer trained on your texts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from timerome.cli.app import app, console, friendly, print_json
+
+
+@app.command("new-model")
+@friendly
+def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenizer learns from: 'embedded:SPLIT', "
+                                                              "'tofu:SPLIT' (with --tofu-dir), JSON/JSONL rows files "
+                                                              "or text files (one text a line)"),
+                  out: Path = typer.Option(..., "--out", "-o", help="new folder for the model (Hugging Face layout)"),
+                  size: str = typer.Option("small", help="tiny, small (the embedded model's), base or large"),
+                  vocab_size: int = typer.Option(4096, help="BPE vocabulary size (at most; a small corpus gives fewer)"),
+                  context: int = typer.Option(256, help="longest sequence in tokens"),
+                  d_model: Optional[int] = typer.Option(None, help="hidden size (overrides --size)"),
+                  layers: Optional[int] = typer.Option(None, help="number of blocks (overrides --size)"),
+                  heads: Optional[int] = typer.Option(None, help="attention heads (overrides --size)"),
+                  mlp: Optional[int] = typer.Option(None, help="MLP hidden size (overrides --size)"),
+                  seed: int = typer.Option(0, help="seed of the random initialisation"),
+                  tofu_dir: Optional[str] = typer.Option(None, "--tofu-dir", help="local TOFU directory for tofu:SPLIT"),
+                  as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
+    """Create a fresh MDLM (LLaDA structure, random weights) and a byte-level BPE tokenizer trained on
+    your texts; then `timerome train --model OUT --data ROWS --out TRAINED` teaches it your rows."""
+    from timerome.files import user_text
+    from timerome.new_model import new_model
+
+    for i, t in enumerate(texts):
+        user_text(t, f"text source {i + 1}")
+    info = new_model(texts, out, size=size, vocab_size=vocab_size, context=context, seed=seed, tofu_dir=tofu_dir,
+                     d_model=d_model, n_layers=layers, n_heads=heads, mlp_hidden_size=mlp)
+    if as_json:
+        print_json(info)
+        return
+    dims = info["dims"]
+    console.print(f"new model in {out}: {info['parameters']:,} parameters ({dims['n_layers']} layers, hidden "
+                  f"{dims['d_model']}, {dims['n_heads']} heads), BPE vocabulary of {info['vocab_size']} learnt on "
+                  f"{info['n_texts']} texts, context {info['context']}", soft_wrap=True)
+    console.print(f"next: timerome train --model {out} --data ROWS --out {out}-trained", soft_wrap=True)

@@ -1,0 +1,425 @@
+"""A radius-gated codebook edit memory: forget the fact and only the fact (beyond the paper).
+
+    memory = CodebookMemory(backbone, (0, "resid"), background=stats, calibration=retain_rows)
+    memory.add(facts)                                        # keys, radii, deltas
+    with memory.applied(backbone) as state:
+        out = generate(backbone, prompt, ..., state=state)   # h <- h + alpha g(h) d, every step
+    memory.remove(["fact-3"]); memory.save("forget.safetensors")
+
+The paper's memory (edit_memory.py) gives every token a ridge coefficient c(h) = G K (h - mu):
+small but nonzero on every retain token, and alpha amplifies it at every denoising step. This
+memory follows GRACE's codebook instead. An entry is (key k_e, reach r_e, fact f_e); a token's
+update is nonzero only when its residual lies inside some entry's radius, margin * r_e:
+
+    x(h) = min_e |(h - k_e) L| / (margin r_e)       L L^T = C^-1, the background whitening
+    g(h) = clamp((1 - x(h)) / (1 - inner), 0, 1)    1 within inner * radius, exactly 0 beyond it
+    h   <- h + alpha g(h) d_{f(e*)}                 e* the entry that gives x(h)
+
+Keys are read per subject token over the states the sampler visits (token_keys.py), and, with
+object_keys, at every unmasked answer token of those states (the object's evidence in its own
+context). The reach of an entry is the distance from its key to the nearest calibration token
+(the retain corpus, in the same states): with margin < 1 every calibration token gets exactly
+zero update, and so does any token no nearer to a key than they are. d_z is the paper's target
+delta v_t - v_o (capture.py, "cloze") or the same averaged over partially masked states ("states").
+
+Where the update goes (write): "tokens" adds it where the gate fires (the subject's tokens,
+GRACE's way); "sequence" (the default) gives every token of a sequence that sequence's largest
+gate and its entry's delta, so the delta d, read at the object's positions, is also written
+where the object is produced (the masked answer), and only in sequences about a forget subject.
+
+The subject-complete gate (complete=True) also asks that the whole subject stand in the token's
+sequence: each entry knows which of its subject's tokens it is (its slot; object keys have none),
+and a token's g is capped by min over the subject's slots of the largest g a token of that slot
+gets in the same sequence. A name sharing one word with the forget subject then gets nothing.
+
+Entries are independent (a reach depends on its key and the calibration tokens only), so
+inserting facts appends rows and removing them drops rows: a streamed memory equals a memory
+built in one batch. alpha, margin, inner and complete act when the hook runs and may change at
+any time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from timerome.cache import save_tensors
+from timerome.capture import capture_facts, fact_list
+from timerome.coordinate import Coordinate
+from timerome.encoding import DEFAULT_TARGET, fact_id
+from timerome.errors import TimeromeError
+from timerome.edit_memory import _as_rows, _digest, _fact_from_dict, _fact_to_dict, read_file
+from timerome.hooks import Hooks, TraceState
+from timerome.token_keys import state_deltas, state_tokens, subject_keys
+from timerome.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
+
+DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
+DEFAULT_MARGIN = 0.8   # radius = 0.8 x the distance to the nearest calibration token
+DEFAULT_INNER = 0.5    # full strength within half the radius
+DEFAULT_STATES = 4     # states per fact the keys are read on (the first fully masked)
+DEFAULT_COMPLETE = True   # fire only where every token of the subject stands in the sequence
+DEFAULT_OBJECT_KEYS = True  # key the answer tokens of a fact's states as well as its subject's
+CALIBRATION_STATES = 2
+VALUES = ("cloze", "states")
+WRITES = ("tokens", "sequence")
+DEFAULT_WRITE = "sequence"  # the delta goes to every token of a sequence where the (whole) subject fires
+FORMAT = "timerome-codebook-memory/1"
+_CHUNK = 1 << 24       # [tokens, entries] distance block kept under this many elements
+MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token is dropped (it could never fire)
+
+
+class CodebookMemory:
+    """Radius-gated codebook memory (module docstring) at one coordinate of one backbone.
+
+    background: the whitening statistics (ResidualStats at the coordinate, or texts for
+    `whitening.background_texts`). calibration: what the radii are measured on, question/answer
+    rows or texts (the retain corpus), or their residuals [N, H] at the coordinate; a loaded memory
+    needs it only to insert more facts. values: "cloze" (the paper's d) or "states". object_keys:
+    key every unmasked answer token of a fact's states too, not only its subject's tokens (the
+    object's evidence: hardening against the answer shown in context).
+    """
+
+    def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
+                 margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
+                 complete: bool = DEFAULT_COMPLETE, values: str = "cloze", object_keys: bool = DEFAULT_OBJECT_KEYS,
+                 write: str = DEFAULT_WRITE, target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
+                 shrinkage: float = DEFAULT_SHRINKAGE):
+        if values not in VALUES:
+            raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
+        if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
+            raise TimeromeError(f"n_states must be an integer >= 1, got {n_states!r}")
+        self.backbone = backbone
+        self.coordinate = Coordinate.of(coordinate).on(backbone)
+        self.hidden_size = H = backbone.hidden_size
+        self.fingerprint = backbone.fingerprint()
+        self.alpha, self.margin, self.inner, self.complete, self.write = alpha, margin, inner, complete, write
+        self._check_hyper()
+        if not isinstance(object_keys, bool):
+            raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
+        self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
+        self.target, self.seed, self.batch_size = target, int(seed), batch_size
+        self.stats = self._stats(background, shrinkage)
+        self._white = torch.linalg.cholesky(self.stats.precision())  # z = (h - mu) L
+        self._calib = None if calibration is None else self._calibration(calibration)
+        self._keys = torch.zeros(0, H, dtype=torch.float64)
+        self._reach = torch.zeros(0, dtype=torch.float64)
+        self._owner = torch.zeros(0, dtype=torch.long)       # entry -> fact (its index in self._ids)
+        self._slot = torch.zeros(0, dtype=torch.long)        # entry -> which subject token (-1: none)
+        self._deltas = torch.zeros(0, H, dtype=torch.float64)  # fact slot -> d
+        self._facts, self._ids, self._cache, self.version = [], [], {}, 0
+
+    facts = property(lambda self: list(self._facts))
+    fact_ids = property(lambda self: list(self._ids))
+    keys = property(lambda self: self._keys.clone())
+    reach = property(lambda self: self._reach.clone())      # distance to the nearest calibration token
+    radii = property(lambda self: self.margin * self._reach)
+    owners = property(lambda self: self._owner.clone())
+    slots = property(lambda self: self._slot.clone())
+    deltas = property(lambda self: self._deltas.clone())
+    n_entries = property(lambda self: len(self._keys))
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return (f"CodebookMemory({len(self)} facts, {self.n_entries} entries at {self.coordinate}, "
+                f"alpha={self.alpha}, margin={self.margin}, inner={self.inner}, complete={self.complete}, "
+                f"object_keys={self.object_keys}, values={self.values})")
+
+    # ---------------------------------------------------------------- building
+
+    def add(self, facts) -> "CodebookMemory":
+        """Read the facts' keys and deltas, measure each key's reach, insert; on error nothing changes."""
+        facts = fact_list(facts)
+        self._check_new_ids([fact_id(f) for f in facts])
+        keys, owner, slots = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states,
+                                          seed=self.seed, objects=self.object_keys, batch_size=self.batch_size)
+        if self.values == "cloze":
+            deltas = capture_facts(self.backbone, facts, self.coordinate, target=self.target,
+                                   batch_size=self.batch_size).deltas
+        else:
+            deltas = state_deltas(self.backbone, self.coordinate, facts, target=self.target, seed=self.seed,
+                                  batch_size=self.batch_size)
+        return self.add_vectors(keys, owner, deltas, facts, slots)
+
+    def add_vectors(self, keys, owner, deltas, facts, slots=None) -> "CodebookMemory":
+        """Insert entries keys [E, H] owned by owner [E] (indices into `facts`), with slots [E]
+        (which subject token each is; default 0), and one delta [F, H] per fact (a Fact or an id)."""
+        facts = list(facts)
+        K, D = _as_rows(keys, "keys", self.hidden_size), _as_rows(deltas, "deltas", self.hidden_size)
+        owner = torch.as_tensor(owner, dtype=torch.long).reshape(-1)
+        slots = torch.zeros_like(owner) if slots is None else torch.as_tensor(slots, dtype=torch.long).reshape(-1)
+        if not facts or len(D) != len(facts) or len(owner) != len(K) or len(slots) != len(K):
+            raise TimeromeError(f"need one delta per fact and one owner per key, at least one fact (got {len(facts)} "
+                                f"facts, {len(D)} deltas, {len(K)} keys, {len(owner)} owners)")
+        if len(owner) and not (0 <= int(owner.min()) and int(owner.max()) < len(facts)):
+            raise TimeromeError(f"key owners must index the {len(facts)} facts given")
+        self._check_new_ids([fact_id(f) for f in facts])
+        if not (torch.isfinite(K).all() and torch.isfinite(D).all()):
+            raise TimeromeError("keys or deltas contain NaN/inf values")
+        reach = self.reach_of(K)
+        live = reach > MIN_REACH * math.sqrt(self.hidden_size)  # a key on a calibration token could never fire
+        K, owner, slots, reach = K[live], owner[live], slots[live], reach[live]
+        missing = sorted(set(range(len(facts))) - set(owner.tolist()))
+        if missing:
+            raise TimeromeError(f"facts {', '.join(fact_id(facts[i]) for i in missing[:5])} have no usable key: no "
+                                "subject token was read, or every one equals a calibration token (does the "
+                                "calibration corpus hold the forget rows?)")
+        self._keys = torch.cat([self._keys, K])
+        self._reach = torch.cat([self._reach, reach])
+        self._owner = torch.cat([self._owner, owner + len(self._ids)])
+        self._slot = torch.cat([self._slot, slots])
+        self._deltas = torch.cat([self._deltas, D])
+        self._facts += facts
+        self._ids += [fact_id(f) for f in facts]
+        self.version += 1
+        return self
+
+    def reach_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """[E] whitened distance from each raw key [E, H] to its nearest calibration token."""
+        if self._calib is None:
+            raise TimeromeError("the radius gate needs calibration tokens to insert facts: pass calibration= "
+                                "(the retain rows or texts) to the memory, or to CodebookMemory.load")
+        z = self.whiten(_as_rows(keys, "keys", self.hidden_size))
+        calib, step = self._calib.double(), max(1, _CHUNK // max(1, len(self._calib)))  # float64: no cancellation
+        return torch.cat([torch.cdist(z[s:s + step], calib).min(1).values for s in range(0, len(z), step)])
+
+    def remove(self, fact_ids) -> "CodebookMemory":
+        """Drop facts (and their entries) by id; unknown ids raise and nothing is removed."""
+        fact_ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        missing = [i for i in fact_ids if i not in self._ids]
+        if missing:
+            raise TimeromeError(f"no fact with id {', '.join(map(repr, missing[:5]))} in the memory")
+        drop = {self._ids.index(i) for i in fact_ids}
+        keep = [j for j in range(len(self._ids)) if j not in drop]
+        new_slot = torch.full((len(self._ids),), -1, dtype=torch.long)
+        new_slot[keep] = torch.arange(len(keep))
+        rows = new_slot[self._owner] >= 0
+        self._keys, self._reach, self._slot = self._keys[rows], self._reach[rows], self._slot[rows]
+        self._owner = new_slot[self._owner[rows]]
+        self._deltas = self._deltas[keep]
+        self._facts = [self._facts[j] for j in keep]
+        self._ids = [self._ids[j] for j in keep]
+        self.version += 1
+        return self
+
+    # ---------------------------------------------------------------- applying
+
+    def whiten(self, h: torch.Tensor) -> torch.Tensor:
+        """(h - mu) L for raw residuals h [..., H] (float64 math)."""
+        return (h.double() - self.stats.mean.to(h.device)) @ self._white.to(h.device)
+
+    def gate(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g [N], nearest entry [N]) for residuals h [..., L, H] flattened to N tokens; g is exactly
+        0 outside every radius (the entry index is then meaningless)."""
+        self._check_ready()
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size).to(dt)
+        return self._gate(x, self._matrices(h.device, dt), _n_sequences(h))
+
+    def _gate(self, x, m: dict, n_seq: int):
+        z = (x - m["mu"]) @ m["white"]
+        step = max(1, _CHUNK // max(1, len(m["keys"])))
+        best, entry = [], []
+        for s in range(0, len(z), step):
+            v, i = (torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1)
+            best.append(v), entry.append(i)
+        ratio, e = torch.cat(best), torch.cat(entry)
+        g = ((1 - ratio) / (1 - self.inner)).clamp(0, 1)
+        return (self._complete(g, e, m, n_seq) if self.complete else g), e
+
+    def _complete(self, g, e, m: dict, n_seq: int) -> torch.Tensor:
+        """g capped, per token, by how completely its subject stands in its sequence: the smallest
+        over the subject's token slots of the largest gate a token of that slot gets there. A name
+        that shares one word with the forget subject then gets no update."""
+        group, slot, n_slots = m["group"][e], m["slot"][e], m["n_slots"]
+        G, J = len(n_slots), int(n_slots.max())
+        seq = torch.arange(n_seq, device=g.device).repeat_interleave(len(g) // n_seq)
+        counted = (g > 0) & (slot >= 0)
+        flat = ((seq * G + group) * J + slot.clamp(min=0))[counted]
+        cover = g.new_zeros(n_seq * G * J).scatter_reduce(0, flat, g[counted], "amax").view(n_seq, G, J)
+        unused = torch.arange(J, device=g.device) >= n_slots[:, None]          # [G, J]
+        whole = cover.masked_fill(unused, 1.0).amin(-1)                          # [n_seq, G]
+        return torch.minimum(g, whole[seq, group])
+
+    def delta(self, h: torch.Tensor) -> torch.Tensor:
+        """The update alpha g(h) d for residuals h [..., L, H] (exactly zero outside every radius)."""
+        return self.update(h) - h
+
+    def update(self, h: torch.Tensor) -> torch.Tensor:
+        """h with alpha g d added where g > 0 (write "tokens": the tokens inside some radius;
+        "sequence": every token of a sequence where one is); every other token keeps h's own value,
+        bit for bit."""
+        self._check_ready()
+        out = self._edited(h)
+        return h.clone() if out is None else out
+
+    def _edited(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The edited copy of h, or None when no token lies inside a radius (the hook then leaves h)."""
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size)
+        m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
+        g, e = self._gate(x.to(dt), m, n_seq)
+        if self.write == "sequence":  # each sequence's strongest gate, at every one of its tokens
+            g, e = _spread_over_sequences(g, e, n_seq)
+        hit = (g > 0).nonzero().squeeze(1)
+        if not len(hit):
+            return None
+        change = self.alpha * g[hit, None] * m["deltas"][m["owner"][e[hit]]]   # <- alpha multiplies the update here
+        out = h.clone()
+        out.view(-1, self.hidden_size)[hit] = (x[hit].to(dt) + change).to(h.dtype)
+        return out
+
+    @contextmanager
+    def applied(self, backbone, state: TraceState | None = None):
+        """Install the gated hook on `backbone` for the `with` block; removing it is the undo."""
+        if backbone.hidden_size != self.hidden_size or backbone.fingerprint() != self.fingerprint:
+            raise TimeromeError("this codebook memory was built for another model "
+                                f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
+        self._check_ready()
+        self._matrices(backbone.device, torch.float32)  # built now: nothing can fail mid-forward
+        with Hooks(backbone, edit={self.coordinate: lambda h, _st: self._edited(h)}, state=state) as hooks:
+            yield hooks.state
+
+    def _groups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(group of each fact [F], token slots of each group [G]): facts about one subject form a
+        group (a fact given by id alone is its own group)."""
+        names = [getattr(f, "subject", None) or (f.get("subject") if isinstance(f, dict) else None) or fid
+                 for f, fid in zip(self._facts, self._ids)]
+        index = {n: i for i, n in enumerate(dict.fromkeys(names))}
+        group = torch.tensor([index[n] for n in names], dtype=torch.long)
+        n_slots = torch.ones(len(index), dtype=torch.long).scatter_reduce(
+            0, group[self._owner], self._slot + 1, "amax")
+        return group, n_slots
+
+    def _matrices(self, device, dtype) -> dict:
+        """What the hook uses, on device; rebuilt after any change to the entries or the margin."""
+        key = (str(device), dtype, float(self.margin))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        group, n_slots = self._groups()
+        m = {"mu": self.stats.mean, "white": self._white, "keys": self.whiten(self._keys),
+             "radius": self.margin * self._reach, "deltas": self._deltas}
+        m = {k: v.to(device=device, dtype=dtype) for k, v in m.items()}
+        m |= {"owner": self._owner, "slot": self._slot, "group": group[self._owner], "n_slots": n_slots}
+        m = {k: v.to(device) for k, v in m.items()}
+        self._cache = {k: v for k, v in self._cache.items() if v[0] == self.version}
+        self._cache[key] = (self.version, m)
+        return m
+
+    # ---------------------------------------------------------------- saving
+
+    def save(self, path) -> Path:
+        """One safetensors file (keys, reach, owners, deltas, mu, C) with JSON metadata in its header."""
+        tensors = {"keys": self._keys, "reach": self._reach, "owner": self._owner, "slot": self._slot,
+                   "deltas": self._deltas, "mu": self.stats.mean, "cov": self.stats.cov}
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        meta = {
+            "format": FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
+            "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(),
+            "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
+                      "complete": self.complete, "write": self.write,
+                      "n_states": self.n_states, "values": self.values, "object_keys": self.object_keys,
+                      "target": self.target, "seed": self.seed,
+                      "batch_size": self.batch_size},
+            "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
+            "facts": [_fact_to_dict(f) for f in self._facts],
+            "sha256": _digest(tensors),
+        }
+        return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
+
+    @classmethod
+    def load(cls, path, backbone, calibration=None) -> "CodebookMemory":
+        """Read a saved memory for `backbone` (another model's file or a damaged one raises);
+        `calibration` is needed only to insert more facts later."""
+        tensors, meta = read_file(path, formats=(FORMAT,), what="codebook memory")
+        if meta.get("fingerprint") != backbone.fingerprint():
+            raise TimeromeError(f"{path} was built for another model (fingerprint {meta.get('fingerprint')}); "
+                                f"this model's fingerprint is {backbone.fingerprint()}")
+        try:
+            coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
+            stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
+                                  st["shrinkage"])
+            mem = cls(backbone, coord, background=stats, calibration=calibration, **hyper)
+            facts = [_fact_from_dict(d) for d in meta["facts"]]
+            keys, reach, owner, deltas = tensors["keys"], tensors["reach"], tensors["owner"], tensors["deltas"]
+            slot = tensors["slot"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise TimeromeError(f"{path} has incomplete metadata ({type(e).__name__}: {e})") from None
+        H = mem.hidden_size
+        ok = (keys.shape == (len(reach), H) and owner.shape == slot.shape == (len(reach),)
+              and deltas.shape == (len(facts), H)
+              and (not len(owner) or 0 <= int(owner.min()) <= int(owner.max()) < len(facts)))
+        if not ok:
+            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
+                                f"{tuple(reach.shape)}, {tuple(owner.shape)}, {tuple(deltas.shape)}")
+        mem._keys, mem._reach, mem._owner, mem._slot, mem._deltas = keys, reach, owner.long(), slot.long(), deltas
+        mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        mem.version += 1
+        return mem
+
+    # ---------------------------------------------------------------- checks
+
+    def _stats(self, background, shrinkage) -> ResidualStats:
+        if isinstance(background, ResidualStats):
+            if (background.layer, background.point) != self.coordinate.site or len(background.mean) != self.hidden_size:
+                raise TimeromeError(f"background statistics are for layer {background.layer} {background.point}, "
+                                    f"the memory acts at layer {self.coordinate.layer} {self.coordinate.point}")
+            return background
+        texts = background_texts(self.backbone, background)
+        return residual_stats(self.backbone, self.coordinate, texts, shrinkage=shrinkage)
+
+    def _calibration(self, calibration) -> torch.Tensor:
+        """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals."""
+        if isinstance(calibration, torch.Tensor):
+            h = _as_rows(calibration, "calibration residuals", self.hidden_size)
+        else:
+            texts = list(calibration)
+            if not texts:
+                raise TimeromeError("the calibration corpus is empty: give the retain rows or texts")
+            h = state_tokens(self.backbone, self.coordinate, texts, n_states=CALIBRATION_STATES, seed=self.seed,
+                             batch_size=self.batch_size)
+        return self.whiten(h).float()
+
+    def _check_hyper(self):
+        if not isinstance(self.complete, bool):
+            raise TimeromeError(f"complete must be true or false, got {self.complete!r}")
+        if self.write not in WRITES:
+            raise TimeromeError(f"write must be one of {', '.join(WRITES)}, got {self.write!r}")
+        for name, v in (("alpha", self.alpha), ("margin", self.margin), ("inner", self.inner)):
+            if isinstance(v, bool) or not (isinstance(v, numbers.Real) and math.isfinite(v)):
+                raise TimeromeError(f"{name} must be a finite number, got {v!r}")
+        if self.margin <= 0:
+            raise TimeromeError(f"margin (the radius over the distance to the nearest calibration token) must be > 0, "
+                                f"got {self.margin!r}")
+        if not 0 <= self.inner < 1:
+            raise TimeromeError(f"inner (the full-strength part of the radius) must lie in [0, 1), got {self.inner!r}")
+
+    def _check_ready(self):
+        self._check_hyper()
+        if len(self) == 0:
+            raise TimeromeError("the codebook memory is empty: add facts before applying it")
+
+    def _check_new_ids(self, ids):
+        counts = {i: ids.count(i) for i in ids}
+        clash = [i for i in ids if i in self._ids or counts[i] > 1]
+        if clash:
+            raise TimeromeError(f"fact id {clash[0]!r} is already in the memory (or repeated); remove it first")
+
+
+def _n_sequences(h: torch.Tensor) -> int:
+    """How many sequences h [..., L, H] holds (1 for a single token [H] or a single sequence [L, H])."""
+    return max(1, h.numel() // (h.shape[-1] * h.shape[-2])) if h.dim() >= 3 else 1
+
+
+def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token of a sequence gets the sequence's largest gate and that token's entry."""
+    G, E = g.view(n_seq, -1), e.view(n_seq, -1)
+    best = G.argmax(1, keepdim=True)
+    return G.gather(1, best).expand_as(G).reshape(-1), E.gather(1, best).expand_as(E).reshape(-1)

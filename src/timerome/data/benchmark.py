@@ -1,0 +1,184 @@
+"""Benchmark files beyond TOFU (MUSE, WHP, WMDP, RWKU): finding them, reading them, and saying
+which rows could not be used.
+
+Every loader returns a `Loaded`: the usable rows, every row left out with the reason (a row is
+never dropped silently), where the rows came from and in which layout. A benchmark directory is
+either the benchmark's own folder (e.g. `.../data/muse`) or a folder holding one subfolder per
+benchmark (`.../data` with `muse/`, `whp/`, `wmdp/`, `rwku/`); None reads $TIMEROME_BENCH_DIR,
+else the Hub for the benchmarks published there (MUSE, WMDP), through the optional `datasets`.
+
+`entity_subject` gives a QA row without an annotated subject the named entity its question is
+about (the subject TimeROME's edit keys on); `unknown_share` measures how much of a benchmark's
+text a model's vocabulary cannot encode (the embedded model knows 819 words, so benchmark numbers
+on it mean nothing, and the experiments say so).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from timerome.data.tofu import _read_rows
+from timerome.errors import TimeromeError
+
+ENV_DIR = "TIMEROME_BENCH_DIR"
+
+
+@dataclass
+class Loaded:
+    """Rows of one benchmark split; `skipped` lists (row index in the file, reason)."""
+
+    name: str
+    rows: list[dict]
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    source: str = ""
+    layout: str = ""
+
+    def note(self) -> str:
+        """One line: how many rows were read, and which were left out and why."""
+        text = f"{self.name}: {len(self.rows)} rows"
+        if self.layout:
+            text += f" ({self.layout})"
+        if self.skipped:
+            text += f"; {len(self.skipped)} skipped: " + "; ".join(f"row {i}: {why}" for i, why in self.skipped[:3])
+            text += " ..." if len(self.skipped) > 3 else ""
+        return text
+
+    def info(self) -> dict:
+        return dict(name=self.name, rows=len(self.rows), skipped=[list(s) for s in self.skipped],
+                    source=self.source, layout=self.layout)
+
+
+# ------------------------------------------------------------------------------ where the files are
+
+
+def bench_dir(source, name: str) -> Path | None:
+    """The local folder of benchmark `name`, or None when the rows should come from the Hub.
+
+    source: a directory (the benchmark's own, or one holding `name/`), None ($TIMEROME_BENCH_DIR,
+    else the Hub) or "hub".
+    """
+    if source is None:
+        source = os.environ.get(ENV_DIR) or "hub"
+    if source == "hub":
+        return None
+    root = Path(source)
+    if not root.is_dir():
+        raise TimeromeError(f"benchmark directory {root} does not exist (pass a folder holding {name}/ or "
+                            f"the {name} folder itself, or set ${ENV_DIR})")
+    return root / name if (root / name).is_dir() else root
+
+
+def find_file(directory: Path, candidates: tuple[str, ...], what: str) -> Path:
+    """The first of `candidates` (paths relative to `directory`) that exists; else one clear error."""
+    for c in candidates:
+        if (directory / c).is_file():
+            return directory / c
+    where = directory / Path(candidates[0]).parent
+    have = sorted(p.name for p in where.glob("*")) if where.is_dir() else []
+    raise TimeromeError(f"{what}: {directory / candidates[0]} is missing; files in {where}: "
+                        f"{', '.join(have) or 'none'}")
+
+
+def read_file(path: Path) -> list:
+    """Rows of a JSON array or JSON Lines file (TOFU's reader: one format rule for every benchmark)."""
+    try:
+        return _read_rows(Path(path))
+    except OSError as e:
+        raise TimeromeError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def from_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
+    """Rows of a Hub dataset split through `datasets` (optional), or one clear error."""
+    try:
+        import datasets
+    except ImportError:
+        raise TimeromeError(f"loading {hub_id} from the Hub needs `datasets` (pip install datasets); or pass a "
+                            f"local benchmark directory (or set ${ENV_DIR})") from None
+    try:
+        return [dict(r) for r in datasets.load_dataset(hub_id, config, split=split)]
+    except Exception as e:  # noqa: BLE001 - offline, missing config, bad cache: one clear message
+        raise TimeromeError(f"could not load {hub_id} {config or ''} split {split!r} from the Hub "
+                            f"({type(e).__name__}: {e}); pass a local benchmark directory instead") from None
+
+
+def keep(name: str, raw: list, check: Callable, source: str, layout: str = "") -> Loaded:
+    """Run check(row) -> (clean row, None) or (None, reason) over raw rows; nothing goes unreported."""
+    rows, skipped = [], []
+    for i, r in enumerate(raw):
+        row, why = check(r)
+        if row is None:
+            skipped.append((i, why))
+        else:
+            rows.append(row)
+    out = Loaded(name, rows, skipped, source, layout)
+    if skipped:
+        warnings.warn(out.note(), stacklevel=3)
+    if not rows:
+        raise TimeromeError(f"{name} ({source}) has no usable row: " + "; ".join(
+            f"row {i}: {why}" for i, why in skipped[:3]))
+    return out
+
+
+def text_fields(row, names: tuple[str, ...]) -> tuple[dict | None, str | None]:
+    """(row, None) when row is an object with a non-empty string under every name, else (None, reason)."""
+    if not isinstance(row, dict):
+        return None, f"not an object but a {type(row).__name__}"
+    missing = [n for n in names if not isinstance(row.get(n), str) or not row[n].strip()]
+    if missing:
+        return None, f"no {' / '.join(missing)} text"
+    return dict(row), None
+
+
+# ------------------------------------------------------------------------------ subjects
+
+
+_WORD = r"(?:[A-Z][\w'’.-]*\w|[A-Z])"
+_CAPITALISED = re.compile(rf"{_WORD}(?:(?:\s+(?:of|the|de|van|von|al))*\s+{_WORD})*")
+# capitalised because they start the question, not because they name something
+_FUNCTION_WORDS = {"What", "Which", "Who", "Whom", "Whose", "When", "Where", "Why", "How", "In", "On", "At",
+                   "The", "A", "An", "According", "During", "After", "Before", "Is", "Was", "Did", "Does",
+                   "Do", "Are", "Were", "Can", "Could", "Name", "For", "From", "To", "By", "With", "If", "I"}
+
+
+def entities(question: str) -> list[str]:
+    """Runs of capitalised words in a question, leading function words taken off
+    ("What is the name of Harry Potter's owl?" -> ["Harry Potter"])."""
+    out = []
+    for m in _CAPITALISED.finditer(question):
+        words = re.sub(r"['’]s$", "", m.group(0)).split()
+        while words and words[0] in _FUNCTION_WORDS:
+            words = words[1:]
+        if words and len(words[0]) > 1 or len(words) > 1:  # "F." of "F. tularensis" alone names nothing
+            out.append(" ".join(words))
+    return out
+
+
+def entity_subject(rows: list[dict], field_name: str = "question") -> list[str | None]:
+    """Per row, the named entity of its question that recurs most across the rows (the longest on
+    ties), so facts about one entity share one subject key; None where a question names nothing."""
+    found = [entities(r.get(field_name) or "") for r in rows]
+    counts = Counter(e for es in found for e in set(es))
+    return [max(es, key=lambda e: (counts[e], len(e))) if es else None for es in found]
+
+
+# ------------------------------------------------------------------------------ vocabulary
+
+
+def unknown_share(backbone, texts: list[str], limit: int = 200) -> float:
+    """Share of tokens the model's tokenizer maps to its unknown token (0 for byte-level BPE),
+    over the first `limit` texts."""
+    unk = getattr(backbone.tokenizer, "unk_token_id", None)
+    if unk is None:
+        return 0.0
+    total = hits = 0
+    for t in texts[:limit]:
+        ids = backbone.encode(t)
+        total += len(ids)
+        hits += sum(i == unk for i in ids)
+    return hits / total if total else 0.0

@@ -1,0 +1,112 @@
+"""The benchmark measurements: one cell = one method installed on one benchmark's data, every
+metric of that benchmark computed with the edit active, then undone (`runner.with_edit`).
+
+    muse   knowmem (forget and retain QA), verbmem, privleak           metrics/muse.py
+    whp    trivia log-probability and two-choice accuracy, familiarity metrics/whp.py
+    wmdp   letter and choice-text accuracy                              metrics/wmdp.py
+    rwku   every probe level, membership texts                          metrics/rwku.py
+
+Options (Cell.options): n_mc; rouge (generation metrics; False = log-probabilities only);
+knowmem_tokens, verbmem_tokens, completion_tokens, answer_tokens (generation lengths);
+privleak, mia (membership metrics); mia_k, mia_groups (Min-K% share, masking groups);
+privleak_reference (the retrained model's AUC, per corpus); choice_text (WMDP choice texts).
+Every result carries what its data held (`data`: rows, skipped rows, layout, unknown tokens).
+"""
+
+from __future__ import annotations
+
+import time
+
+from timerome.errors import TimeromeError
+from timerome.experiments import bench_data  # noqa: F401 - registers the benchmark data kinds
+from timerome.experiments.runner import measurement, with_edit
+from timerome.metrics import muse as MUSE
+from timerome.metrics import rwku as RWKU
+from timerome.metrics import whp as WHP
+from timerome.metrics import wmdp as WMDP
+from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K
+
+
+def _run(cell, ctx, rows, task, score, summary) -> dict:
+    """Install the cell's method, score(splits) -> items under the edit, undo; items + metrics."""
+    def measure(edit):
+        t0 = time.perf_counter()
+        with edit.active():
+            items = score(rows["splits"])
+        return {"items": items, "metrics": summary(items), "data": rows["info"],
+                "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+
+    if cell.data.get("task") != "own":
+        return with_edit(cell, ctx, task, measure)
+    try:  # a benchmark's own forget set may give a method nothing to work on: a reported skip
+        return with_edit(cell, ctx, task, measure)
+    except TimeromeError as e:
+        return {"items": {}, "metrics": {}, "data": dict(rows["info"], skipped_method=f"{cell.row}: {e}")}
+
+
+def _mia(o) -> dict:
+    return dict(k=o.get("mia_k", DEFAULT_K), groups=o.get("mia_groups", DEFAULT_GROUPS))
+
+
+@measurement("muse")
+def muse(cell, ctx, rows, task) -> dict:
+    bb, o, seed = ctx.backbone, cell.options, cell.seed
+    n_mc, rouge = o.get("n_mc", 16), o.get("rouge", True)
+    reference = (o.get("privleak_reference") or {}).get(cell.data.get("corpus", "books"))
+
+    def score(s):
+        items = {}
+        for part in ("forget", "retain"):
+            items[f"knowmem_{part}"] = MUSE.knowmem(bb, s[f"knowmem_{part}"], s[f"knowmem_{part}_icl"], n_mc=n_mc,
+                                                    seed=seed, rouge=rouge,
+                                                    gen_length=o.get("knowmem_tokens", MUSE.KNOWMEM_TOKENS))
+        items["verbmem"] = MUSE.verbmem(bb, s["verbmem"], n_mc=n_mc, seed=seed, rouge=rouge,
+                                        gen_length=o.get("verbmem_tokens", MUSE.VERBMEM_TOKENS))
+        if "privleak_forget" in s:
+            items["privleak"] = MUSE.privacy_leak(bb, [r["text"] for r in s["privleak_forget"]],
+                                                  [r["text"] for r in s["privleak_holdout"]], seed=seed,
+                                                  reference_auc=reference, **_mia(o))
+        return items
+
+    return _run(cell, ctx, rows, task, score, MUSE.summary)
+
+
+@measurement("whp")
+def whp(cell, ctx, rows, task) -> dict:
+    bb, o = ctx.backbone, cell.options
+
+    def score(s):
+        items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", 16), seed=cell.seed)}
+        if o.get("rouge", True):
+            items["familiarity"] = WHP.familiarity(bb, s["completions"], seed=cell.seed,
+                                                   gen_length=o.get("completion_tokens", WHP.COMPLETION_TOKENS))
+        return items
+
+    return _run(cell, ctx, rows, task, score, WHP.summary)
+
+
+@measurement("wmdp")
+def wmdp(cell, ctx, rows, task) -> dict:
+    subject = rows["info"].get("subject")
+
+    def score(s):
+        return {"wmdp": WMDP.score(ctx.backbone, s["wmdp"], subject=None if subject == "mixed" else subject,
+                                   n_mc=cell.options.get("n_mc", 16), seed=cell.seed,
+                                   choice_text=cell.options.get("choice_text", True))}
+
+    return _run(cell, ctx, rows, task, score, WMDP.summary)
+
+
+@measurement("rwku")
+def rwku(cell, ctx, rows, task) -> dict:
+    bb, o = ctx.backbone, cell.options
+
+    def score(s):
+        items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", 16), seed=cell.seed, rouge=o.get("rouge", True),
+                                gen_length=o.get("answer_tokens", RWKU.ANSWER_TOKENS)) for p in RWKU.LEVELS}
+        if "forget_mia" in s:
+            items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]],
+                                           [r["text"] for r in s["retain_mia"]], seed=cell.seed, **_mia(o))
+        return items
+
+    return _run(cell, ctx, rows, task, score, RWKU.summary)

@@ -1,0 +1,87 @@
+"""The data of an experiment cell: a data spec -> evaluation rows by split and the ForgetTask.
+
+A spec is a small dict (part of every cell's cache key), so a cell names its data without
+holding it; `resolve_data` turns it into rows, checked against the model's context.
+"""
+
+from __future__ import annotations
+
+from timerome.data.facts import TOFU_BLOCK, facts_from_rows
+from timerome.data.rows import spread
+from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
+from timerome.errors import TimeromeError
+from timerome.evaluation import fits
+from timerome.task import ForgetTask
+
+
+
+def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
+    """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
+
+    spec keys: forget (split, default forget01), first / last (keep that many forget rows from the
+    start / end), eval_forget (evaluate a spread of that many forget rows), n_retain / n_world
+    (spreads of retain_perturbed and of the real-author / world-fact splits), retain_authors (whose
+    retain rows are evaluated: `retain_of_authors`), splits (which evaluation splits), validation
+    (the split whose facts are traced, default the forget facts).
+    """
+    forget = spec.get("forget", "forget01")
+    rows = load_split(forget, source)
+    lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)
+    if spec.get("first") is not None:
+        hi = min(hi, int(spec["first"]))
+    if spec.get("last") is not None:
+        lo = max(0, hi - int(spec["last"]))
+    task_rows = rows[lo:hi]
+    facts, _ = facts_from_rows(task_rows, offset=offset + lo)
+    perturbed = f"{forget}_perturbed"
+    shown = load_split(perturbed, source)[lo:hi] if perturbed in SPLITS else task_rows
+    retain = load_split("retain_perturbed", source)
+    out = {"forget": spread(shown, spec.get("eval_forget")),
+           "retain": spread(retain_of_authors(retain, spec.get("retain_authors")), spec.get("n_retain", 40)),
+           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
+           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
+    asked = {(r["question"], r["answer"]) for r in task_rows}
+    if any((r["question"], r["answer"]) in asked for r in retain):
+        raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
+                            "forget fewer rows")
+    out = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
+    if not out.get("forget", [None]):
+        raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
+    validation = None
+    if spec.get("validation"):
+        validation, _ = facts_from_rows(load_split(spec["validation"], source),
+                                        offset=FULL_OFFSET.get(spec["validation"], 0))
+    return out, ForgetTask(task_rows, facts, list(retain), validation=validation)
+
+
+def retain_of_authors(rows: list[dict], authors) -> list[dict]:
+    """The retain rows of the chosen authors, in file order.
+
+    authors: None (every author), k (the first k authors: what a model trained on a TOFU subset
+    such as `from_scratch.tofu_subset` saw), or a list of author indices (0-based) or names. An
+    author is a row's `author` field, else a block of TOFU's 20 consecutive rows.
+    """
+    if authors is None:
+        return rows
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.get("author") or f"TOFU author {i // TOFU_BLOCK}", []).append(r)
+    names = list(groups)
+    if isinstance(authors, int) and not isinstance(authors, bool):
+        if not 1 <= authors <= len(names):
+            raise TimeromeError(f"retain_authors {authors}: the retain split has {len(names)} authors")
+        chosen = names[:authors]
+    elif isinstance(authors, (list, tuple)) and authors:
+        chosen = []
+        for a in authors:
+            if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(names):
+                chosen.append(names[a])
+            elif isinstance(a, str) and a in groups:
+                chosen.append(a)
+            else:
+                raise TimeromeError(f"retain_authors: {a!r} is neither an author index in 0..{len(names) - 1} "
+                                    f"nor an author name of the retain split")
+    else:
+        raise TimeromeError(f"retain_authors must be null, a number of authors or a list of author indices or "
+                            f"names, got {authors!r}")
+    return [r for name in dict.fromkeys(chosen) for r in groups[name]]

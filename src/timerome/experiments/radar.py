@@ -1,0 +1,124 @@
+"""radar: the paper's consolidated figure, drawn from the other experiments' outputs (no cells of
+its own): the converged training-time baseline, the cost (install time, extra memory), the
+ablations, robustness and general utility (paper Figure "radar").
+
+Each axis compares TimeROME with that analysis' comparator as a share, value / (value + comparator)
+for a higher-is-better quantity (comparator / (value + comparator) for a cost), both clipped at 0:
+0.5 is parity, 1 is all TimeROME, 0 all the comparator. The raw numbers are in the axis labels and
+the table. Sources, read from `runs` (default: the folder above the radar's own output folder, as
+`timerome experiment all` lays them out):
+    npo_sweep/npo_sweep.json   converged baseline, install time, extra memory (its "radar" entries)
+    ablations/ablations.json   ForgetLP of the traced resid / all-steps edit vs the best other design
+    robustness/robustness.json its "radar" entries, when an experiment of that name has written one
+    utility/utility.json       mean lm-eval score of the strongest operating point vs no_edit
+An axis whose experiment has not been run is left out, and the figure says so.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from timerome.errors import TimeromeError
+from timerome.experiments.report import figure, save_png, write_outputs
+
+NAME = "radar"
+CONFIG = dict(runs=None)
+AXES = (("converged baseline", "npo_sweep"), ("install time", "npo_sweep"), ("extra memory", "npo_sweep"),
+        ("ablations", "ablations"), ("robustness", "robustness"), ("utility", "utility"))
+ABLATED = "resid, all steps, traced layer (TimeROME)"  # ablations' row of the paper's design
+
+
+def cells(cfg, seeds, ctx) -> list:
+    return []
+
+
+def share(value: float, comparator: float, higher_is_better: bool) -> float:
+    """value / (value + comparator) (comparator / (...) for a cost), clipped at 0; 0.5 when both are 0."""
+    a, b = max(float(value), 0.0), max(float(comparator), 0.0)
+    if a + b == 0:
+        return 0.5
+    return a / (a + b) if higher_is_better else b / (a + b)
+
+
+def ablation_axis(saved: dict) -> dict | None:
+    """-Δ ForgetLP of the paper's design against the best other design of the ablations."""
+    s = saved.get("summary", {})
+    base = s.get("no_edit", {}).get("ForgetLP")
+    if base is None or ABLATED not in s:
+        return None
+    drop = {r: base["mean"] - c["ForgetLP"]["mean"] for r, c in s.items() if r != "no_edit" and "ForgetLP" in c}
+    others = {r: v for r, v in drop.items() if r != ABLATED}
+    if not others:
+        return None
+    best = max(others, key=others.get)
+    return dict(value=drop[ABLATED], comparator=others[best], higher_is_better=True,
+                text=f"-Δ ForgetLP, traced resid all steps vs {best}")
+
+
+def read_axes(runs: Path) -> tuple[dict, dict]:
+    """({axis: entry}, {axis: why it is missing}) from the experiments' JSON files under `runs`."""
+    found, missing = {}, {}
+    for axis, source in AXES:
+        path = runs / source / f"{source}.json"
+        if not path.is_file():
+            missing[axis] = f"not run: timerome experiment {source} -o {runs / source}"
+            continue
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TimeromeError(f"cannot read {path}: {e}") from None
+        entry = ablation_axis(saved) if source == "ablations" else (saved.get("radar") or {}).get(axis)
+        if entry is None:
+            missing[axis] = f"{path} has no {axis!r} entry"
+        else:
+            found[axis] = dict(entry, source=str(path),
+                               share=share(entry["value"], entry["comparator"], entry["higher_is_better"]))
+    return found, missing
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    runs = Path(cfg["runs"]) if cfg["runs"] else Path(out_dir).resolve().parent
+    found, missing = read_axes(runs)
+    lines = ["## Consolidated overview (radar)", "", "| axis | TimeROME | comparator | share | what | source |",
+             "|---|---|---|---|---|---|"]
+    for axis, e in found.items():
+        lines.append(f"| {axis} | {e['value']:.3g} | {e['comparator']:.3g} | {e['share']:.2f} | {e['text']} | "
+                     f"{e['source']} |")
+    for axis, why in missing.items():
+        lines.append(f"| {axis} | – | – | – | {why} | – |")
+    lines += ["", "share = TimeROME / (TimeROME + comparator) for a higher-is-better quantity, comparator / (sum) for a "
+              "cost; 0.5 is parity.", ""]
+    md = "\n".join(lines)
+    files = write_outputs(out_dir, NAME, dict(axes=found, missing=missing, runs=str(runs)), md)
+    files["png"] = plot_radar(found, missing, Path(out_dir) / f"{NAME}.png")
+    return dict(axes=found, missing=missing, markdown=md, files=files)
+
+
+def plot_radar(found: dict, missing: dict, path) -> str:
+    fig = figure(6.4, 6.0)
+    ax = fig.add_subplot(projection="polar")
+    names = list(found)
+    if names:
+        angles = np.linspace(0, 2 * np.pi, len(names), endpoint=False).tolist()
+        vals = [found[n]["share"] for n in names]
+        ax.plot(angles + angles[:1], vals + vals[:1], "-o", color="tab:purple", label="TimeROME")
+        ax.fill(angles + angles[:1], vals + vals[:1], color="tab:purple", alpha=0.2)
+        ax.plot(np.linspace(0, 2 * np.pi, 100), [0.5] * 100, "--", color="grey", lw=0.8, label="parity")
+        ax.set_xticks(angles, [f"{n}\n{found[n]['value']:.3g} vs {found[n]['comparator']:.3g}" for n in names],
+                      fontsize=7)
+        ax.tick_params(axis="x", pad=10)
+        for text, angle in zip(ax.get_xticklabels(), angles):  # side labels grow away from the circle
+            c = np.cos(angle)
+            text.set_horizontalalignment("left" if c > 0.1 else "right" if c < -0.1 else "center")
+        ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.12, 1.12))
+    ax.set_ylim(0, 1)
+    ax.set_yticks([0.25, 0.5, 0.75], ["0.25", "0.5", "0.75"], fontsize=6)
+    if missing:
+        note = "not shown: " + "; ".join(f"{a} ({w})" for a, w in missing.items())
+        fig.supxlabel(textwrap.fill(note, 120), fontsize=6)
+    ax.set_title("TimeROME across analyses (share vs comparator)", fontsize=10)
+    return save_png(fig, path)

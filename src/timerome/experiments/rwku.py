@@ -1,0 +1,96 @@
+"""rwku: per RWKU target, how far each method lowers the forget probes against the neighbour probes
+(the paper's limitation 2: TimeROME drops forget_level1 and neighbour_level1 alike, ~25 nats).
+
+Each target is its own editing task (bench_data.py): the forget set is built from the target's
+probes (levels 1-2) and passages, subject = the target; the neighbour probes (other entities
+related to the target) and the level-3 adversarial probes are never edited. `targets`: None =
+every target folder, an int = the first n, a list = those names. `methods`: None = every
+registered method's canonical rows. QUICK: one target, no_edit / timerome / ga at their defaults,
+log-probabilities only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from timerome.data.rwku import rwku_targets, target_name
+from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
+from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown,
+                                               plot_panels, warnings_markdown)
+from timerome.experiments.canonical import canonical_rows
+from timerome.experiments.report import label, markdown, write_outputs
+from timerome.experiments.runner import Cell
+from timerome.experiments.transfer import bench_source
+from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
+
+NAME = "rwku"
+CONFIG = dict(n_mc=16, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
+              rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=0.4, mia_groups=8)
+QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
+             n_passages=4)
+PAIRS = (("ForgetL1LP", "NeighbourL1LP"), ("ForgetL2LP", "NeighbourL2LP"))
+
+
+def targets(cfg) -> list[str]:
+    src = bench_source(cfg)
+    found = rwku_targets(None if src == "hub" else src)
+    t = cfg["targets"]
+    if t is None:
+        return found
+    if isinstance(t, int):
+        return found[:t]
+    return [next((f for f in found if name in (f, target_name(f))), name) for name in t]
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    plan = canonical_rows(cfg["methods"])
+    opts = {k: cfg[k] for k in ("n_mc", "rouge", "answer_tokens", "mia_k", "mia_groups")}
+    out = []
+    for target in targets(cfg):
+        spec = dict(kind="rwku", task="own", dir=bench_source(cfg), target=target,
+                    forget_from=list(cfg["forget_from"]), n_passages=cfg["n_passages"], mia=cfg["mia"])
+        out += [Cell("rwku", m, over, seed, spec, opts, row=label(m, over), group=target_name(target))
+                for seed in seeds for m, over in plan]
+    return out
+
+
+def selectivity(summaries: dict) -> tuple[str, dict]:
+    """Per method, the change vs no_edit of forget and neighbour probes, averaged over targets."""
+    table: dict = {}
+    for summary in summaries.values():
+        for f_col, n_col in PAIRS:
+            for col in (f_col, n_col):
+                for row, (d, _, _) in deltas(summary, col).items():
+                    table.setdefault(row, {}).setdefault(col, []).append(d)
+    cols = [c for pair in PAIRS for c in pair]
+    lines = ["## Forget vs neighbour drop (mean over targets of the change vs no_edit, nats)", "",
+             "| method | " + " | ".join(f"Δ {c}" for c in cols) + " | L1 selectivity (Δforget − Δneighbour) |",
+             "|" + "---|" * (len(cols) + 2)]
+    out = {}
+    for row, by_col in table.items():
+        out[row] = {c: float(np.mean(v)) for c, v in by_col.items()}
+        sel = out[row].get("ForgetL1LP", np.nan) - out[row].get("NeighbourL1LP", np.nan)
+        out[row]["selectivity"] = sel
+        lines.append(f"| {row} | " + " | ".join(f"{out[row][c]:+.2f}" if c in out[row] else "–" for c in cols)
+                     + f" | {sel:+.2f} |")
+    return "\n".join(lines + ["", "Negative Δ = the method lowered the log-probability; a selective method "
+                              "lowers forget more than neighbour (negative selectivity).", ""]), out
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    cols = COLUMNS + ["install_seconds"]
+    summaries, sections, panels, notes = {}, [], [], {}
+    for target, (cs, rs) in grouped(cells, results).items():
+        summaries[target] = group_summary(cs, rs, "rwku", cols)
+        notes[target] = data_notes(rs)
+        sections.append(markdown(summaries[target], cols, f"RWKU {target}", delta="ForgetL1LP")
+                        + notes_markdown(notes[target]))
+        panels.append((target, summaries[target], ["ForgetL1LP", "NeighbourL1LP", "ForgetL2LP", "NeighbourL2LP"]))
+    head, sel = selectivity(summaries)
+    md = "\n".join([warnings_markdown(notes) + head] + sections)
+    files = write_outputs(out_dir, NAME, dict(summary=summaries, selectivity=sel, notes=notes, config=cfg,
+                                              seeds=list(seeds)), md)
+    files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png", ylabel="change vs no_edit (nats)")
+    return dict(summary=summaries, selectivity=sel, markdown=md, files=files)

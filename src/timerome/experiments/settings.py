@@ -1,0 +1,89 @@
+"""An experiment's settings, checked against its defaults before any work: a setting has the kind
+of value its default has (an integer where the default counts something, a list of numbers where
+it lists alphas, ...), so `"n_mc": 2.5` or `"n_mc": "lots"` is refused with its name before a
+model loads, never after a trace has run.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from timerome.errors import TimeromeError
+
+# settings that count something (>= 1); those also allowed to be null (= all of them)
+COUNT_SETTINGS = {"n_mc", "n_retain", "n_world", "n_facts", "n_eval_forget", "every", "traj_steps", "sizes"}
+ALL_IF_NULL = {"n_retain", "n_world", "n_eval_forget", "retain_authors", "splits", "methods", "paper_point"}
+
+
+def is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# settings whose default says little (null, {}): what they must be
+SPECIAL = {
+    "methods": ("a list of method names or {\"method\": NAME, \"config\": {...}} objects",
+                lambda v: isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, (str, dict)) for m in v)),
+    "splits": ("a list of evaluation splits (forget, retain, real_authors, world_facts)",
+               lambda v: isinstance(v, (list, tuple)) and bool(v)
+               and set(v) <= {"forget", "retain", "real_authors", "world_facts"}),
+    "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
+                  lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
+                  and all(is_int(x) and x >= 1 for x in v.values())),
+}
+
+
+def check_settings(name: str, cfg: dict, defaults: dict) -> None:
+    """Every experiment setting has the kind of value its default has (counts >= 1), before any work."""
+    for key, value in cfg.items():
+        default = defaults.get(key)
+        if value is None and (default is None or key in ALL_IF_NULL):
+            continue
+        want, ok = SPECIAL.get(key, (_kind(key, default), lambda v: _fits(key, default, v)))
+        if want and not ok(value):
+            raise TimeromeError(f"experiment {name!r}: setting {key} must be {want}, got {value!r}")
+
+
+def _kind(key: str, default) -> str:
+    if key in COUNT_SETTINGS:
+        return "a list of integers >= 1" if isinstance(default, (list, tuple)) else "an integer >= 1"
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, numbers.Integral):
+        return "an integer >= 0"
+    if isinstance(default, numbers.Real):
+        return "a number"
+    if isinstance(default, str):
+        return "a string"
+    if isinstance(default, (list, tuple)):
+        return "a list" + (" of numbers" if default and _is_real(default[0]) else
+                           " of objects" if default and isinstance(default[0], dict) else "")
+    if isinstance(default, dict):
+        return "an object"
+    return ""
+
+
+def _fits(key: str, default, value) -> bool:
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, (list, tuple)):  # empty is fine: no extra rows, no sweep points
+            return False
+        if key in COUNT_SETTINGS:
+            return all(is_int(v) and v >= 1 for v in value)
+        if default and _is_real(default[0]):
+            return all(_is_real(v) for v in value)
+        return not (default and isinstance(default[0], dict)) or all(isinstance(v, dict) for v in value)
+    if key in COUNT_SETTINGS:
+        return is_int(value) and value >= 1
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, numbers.Integral):
+        return is_int(value) and value >= 0
+    if isinstance(default, numbers.Real):
+        return _is_real(value)
+    return isinstance(value, type(default))
+
+

@@ -1,0 +1,120 @@
+"""transfer: the edit built once on TOFU forget01, applied unmodified to MUSE-Books, MUSE-News, WHP
+and WMDP (paper Table "Transfer of TimeROME edit"), then each benchmark's own forget set as a
+second block (the benchmark as an editing benchmark).
+
+Rows: the paper's no_edit, AlphaEdit, SimNPO, Adaptive-RMU and TimeROME at (alpha 1, q 2) and
+(alpha 2, q 4), or `methods` (names: their canonical rows; {"method", "config"}: one row each).
+Every method gets the same task per block (TOFU forget01 for the transfer block), installed once
+per cell. Benchmark files come from `bench_dir` (or $TIMEROME_BENCH_DIR, else the Hub for MUSE
+and WMDP). Sizes default to the full protocol; QUICK is a laptop subset.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from timerome.data.benchmark import ENV_DIR
+from timerome.errors import TimeromeError
+from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
+from timerome.experiments.bench_report import (data_notes, group_summary, grouped, notes_markdown, plot_panels,
+                                               warnings_markdown)
+from timerome.experiments.canonical import canonical_rows
+from timerome.experiments.report import fmt_cell, label, markdown, write_outputs
+from timerome.experiments.runner import Cell
+from timerome.metrics import muse, whp, wmdp
+
+NAME = "transfer"
+BENCHMARKS = {"muse-books": ("muse", {"corpus": "books"}), "muse-news": ("muse", {"corpus": "news"}),
+              "whp": ("whp", {}), "wmdp": ("wmdp", {})}
+PAPER_ROWS = [{"method": "no_edit"}, {"method": "alphaedit"}, {"method": "simnpo"}, {"method": "adaptive_rmu"},
+              {"method": "timerome", "config": {"alpha": 1.0, "q": 2}},
+              {"method": "timerome", "config": {"alpha": 2.0, "q": 4}}]
+COLUMNS = {"muse": muse.COLUMNS, "whp": whp.COLUMNS, "wmdp": wmdp.COLUMNS}
+HEADLINE = {"muse": "VerbMemLP", "whp": "WHP_LP", "wmdp": "WMDP_Acc"}
+PLOTTED = {"muse": ["KnowMemLP", "VerbMemLP"], "whp": ["WHP_LP"], "wmdp": ["WMDP_Acc"]}
+BLOCKS = {"tofu": "TOFU-built edit (transfer)", "own": "the benchmark's own forget set"}
+CONFIG = dict(n_mc=16, forget="forget01", bench_dir=None, benchmarks=tuple(BENCHMARKS), methods=PAPER_ROWS, own=True,
+              n_knowmem=None, n_verbmem=None, n_privleak=None, n_trivia=None, n_completions=None, n_wmdp=None,
+              whp_trivia="hp_trivia_1239", whp_prompts="evaluation_prompts", wmdp_subject="bio",
+              knowmem_tokens=muse.KNOWMEM_TOKENS, verbmem_tokens=muse.VERBMEM_TOKENS,
+              completion_tokens=whp.COMPLETION_TOKENS, rouge=True, privleak=True, privleak_reference=None,
+              mia_k=0.4, mia_groups=8, choice_text=True)
+QUICK = dict(n_mc=4, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_completions=6, n_wmdp=16,
+             knowmem_tokens=8, verbmem_tokens=16, completion_tokens=8, mia_groups=4)
+
+
+def bench_source(cfg) -> str:
+    """The benchmark directory (absolute, so the cells' keys name it) or "hub"."""
+    d = cfg.get("bench_dir") or os.environ.get(ENV_DIR)
+    return str(Path(d).resolve()) if d else "hub"
+
+
+def data_spec(cfg, bench: str, block: str) -> dict:
+    kind, extra = BENCHMARKS[bench]
+    spec = dict(kind=kind, dir=bench_source(cfg), task=block, forget=cfg["forget"], **extra)
+    if kind == "muse":
+        spec.update(n_knowmem=cfg["n_knowmem"], n_verbmem=cfg["n_verbmem"], n_privleak=cfg["n_privleak"],
+                    privleak=cfg["privleak"])
+    elif kind == "whp":
+        spec.update(trivia=cfg["whp_trivia"], prompts=cfg["whp_prompts"], n_trivia=cfg["n_trivia"],
+                    n_completions=cfg["n_completions"])
+    else:
+        spec.update(subject=cfg["wmdp_subject"], n_wmdp=cfg["n_wmdp"])
+    return spec
+
+
+def options(cfg) -> dict:
+    keys = ("n_mc", "rouge", "knowmem_tokens", "verbmem_tokens", "completion_tokens", "mia_k", "mia_groups",
+            "privleak_reference", "choice_text")
+    return {k: cfg[k] for k in keys}
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    unknown = sorted(set(cfg["benchmarks"]) - set(BENCHMARKS))
+    if unknown:
+        raise TimeromeError(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if bench_source(cfg) == "hub" and "whp" in cfg["benchmarks"]:
+        raise TimeromeError("WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR), "
+                            "or leave whp out of the benchmarks setting")
+    plan = canonical_rows(cfg["methods"])
+    out = []
+    for bench in cfg["benchmarks"]:
+        for block in ("tofu", "own") if cfg["own"] else ("tofu",):
+            spec = data_spec(cfg, bench, block)
+            out += [Cell(spec["kind"], m, over, seed, spec, options(cfg), row=label(m, over), group=f"{bench}|{block}")
+                    for seed in seeds for m, over in plan]
+    return out
+
+
+def paper_table(summaries: dict) -> str:
+    """The paper's layout: Bench | Method | knowmem | verbmem | WHP-logp | WMDP acc (transfer block)."""
+    lines = ["## Transfer table (paper layout, TOFU-built edit)", "",
+             "| bench | method | knowmem LP ↓ | verbmem LP ↓ | WHP-logp ↓ | WMDP acc ↓ |",
+             "|---|---|---|---|---|---|"]
+    for group, summary in summaries.items():
+        bench, block = group.split("|")
+        if block != "tofu":
+            continue
+        for row, cols in summary.items():
+            cells_ = [fmt_cell(cols.get(c)) for c in ("KnowMemLP", "VerbMemLP", "WHP_LP")]
+            cells_.append(fmt_cell(cols.get("WMDP_Acc"), 3))
+            lines.append(f"| {bench} | {row} | " + " | ".join(cells_) + " |")
+    return "\n".join(lines + [""])
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    summaries, sections, panels, notes = {}, [], [], {}
+    for group, (cs, rs) in grouped(cells, results).items():
+        kind = cs[0].measure
+        cols = COLUMNS[kind] + ["install_seconds"]
+        summaries[group] = group_summary(cs, rs, kind, cols)
+        bench, block = group.split("|")
+        notes[group] = data_notes(rs)
+        sections.append(markdown(summaries[group], cols, f"{bench}: {BLOCKS[block]}", delta=HEADLINE[kind])
+                        + notes_markdown(notes[group]))
+        panels.append((f"{bench} ({block})", summaries[group], PLOTTED[kind]))
+    md = "\n".join([warnings_markdown(notes) + paper_table(summaries)] + sections)
+    files = write_outputs(out_dir, NAME, dict(summary=summaries, notes=notes, config=cfg, seeds=list(seeds)), md)
+    files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png")
+    return dict(summary=summaries, markdown=md, files=files)

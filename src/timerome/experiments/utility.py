@@ -1,0 +1,171 @@
+"""utility: lm-evaluation-harness tasks with TimeROME installed at several (alpha, q) operating
+points, next to no_edit (paper Figure "radar", general-utility axis; Section "General utility").
+
+One cell per (operating point, task, seed): the method is installed on the forget task, lm-eval
+runs the task through `lm_eval_model.TimeromeLM` with the edit active, the edit is removed. The
+seed drives the Monte-Carlo masks (each request's masks come from (seed, its text): the operating
+points and no_edit see the same masks) and lm-eval's own seeds (few-shot sampling).
+
+The paper runs 12 tasks without naming them; TASKS is our choice of 12 standard lm-eval tasks.
+They download their data from the Hugging Face Hub; a local task (a YAML file reading a local
+JSON file) runs offline through `include_path`. Every task needs lm-eval: pip install timerome[eval].
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from timerome.cache import digest
+from timerome.errors import TimeromeError
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, fmt_cell, fmt_cost, label,
+                                         merge_metrics, plot_delta_bars, summarise, write_outputs)
+from timerome.experiments.runner import Cell, measurement, with_edit
+from timerome.lm_eval_model import TimeromeLM, evaluate_tasks
+
+NAME = "utility"
+IN_ALL = False  # lm-eval and its tasks' data: run by name
+TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "openbookqa", "sciq",
+         "lambada_openai", "truthfulqa_mc2", "mmlu", "gsm8k")
+CONFIG = dict(tasks=TASKS, method="timerome", points=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2},
+                                                      {"alpha": 2.0, "q": 4}),
+              forget="forget01", n_mc=16, limit=None, num_fewshot=None, include_path=None,
+              greedy_tasks=("lambada_openai",), generation={})
+METRICS = ("acc_norm", "acc", "exact_match", "f1", "mcc")  # a task's headline: the first of these it reports
+
+
+def plan(cfg) -> list[tuple[str, str, dict]]:
+    """(row, method, overrides): no_edit, then each operating point."""
+    return [("no_edit", "no_edit", {})] + [(label(cfg["method"], dict(p)), cfg["method"], dict(p))
+                                           for p in cfg["points"]]
+
+
+def _include(cfg) -> tuple[str | None, str | None]:
+    """(include path, digest of its files): a changed local task is a new cell."""
+    path = cfg.get("include_path")
+    if not path:
+        return None, None
+    p = Path(path)
+    if not p.is_dir():
+        raise TimeromeError(f"include_path {path} is not a directory of lm-eval task files")
+    files = sorted(f for f in p.rglob("*") if f.is_file())
+    return str(p.resolve()), digest([(str(f.relative_to(p)), f.read_bytes().hex()) for f in files])
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    tasks = [cfg["tasks"]] if isinstance(cfg["tasks"], str) else list(cfg["tasks"])
+    if not tasks:
+        raise TimeromeError("utility: give at least one lm-eval task")
+    include, files = _include(cfg)
+    data = dict(forget=cfg["forget"], splits=["forget"])
+    out = []
+    for seed in seeds:
+        for row, method, over in plan(cfg):
+            for task in tasks:
+                opts = dict(task=task, n_mc=cfg["n_mc"], limit=cfg["limit"], num_fewshot=cfg["num_fewshot"],
+                            include_path=include, task_files=files, check_greedy=task in cfg["greedy_tasks"],
+                            generation=dict(cfg["generation"]))
+                out.append(Cell("lm_eval", method, over, seed, data, opts, row=row, group=task))
+    return out
+
+
+def headline(task_results: dict) -> tuple[str, float, float | None]:
+    """(metric name, value, stderr) of a task's results entry: the first of METRICS it reports."""
+    for metric in METRICS:
+        for key, value in task_results.items():
+            name, _, _filter = key.partition(",")
+            if name == metric and isinstance(value, (int, float)):
+                se = task_results.get(f"{name}_stderr,{_filter}")
+                return key, float(value), float(se) if isinstance(se, (int, float)) else None
+    raise TimeromeError(f"lm-eval reported none of {', '.join(METRICS)} for a task: {sorted(task_results)}")
+
+
+@measurement("lm_eval")
+def _lm_eval(cell, ctx, rows, task) -> dict:
+    o = cell.options
+
+    def measure(edit):
+        lm = TimeromeLM(backbone=ctx.backbone, installed=edit, n_mc=o["n_mc"], seed=cell.seed,
+                        check_greedy=o["check_greedy"], **o["generation"])
+        t0 = time.perf_counter()
+        res = evaluate_tasks(lm, [o["task"]], num_fewshot=o["num_fewshot"], limit=o["limit"],
+                             include_path=[o["include_path"]] if o["include_path"] else None, seed=cell.seed)
+        entry = res["results"].get(o["task"])
+        if entry is None:
+            raise TimeromeError(f"lm-eval returned no results for task {o['task']}")
+        metric, value, se = headline(entry)
+        scores = {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+        return {"metrics": {o["task"]: value}, "metric": metric, "stderr": se, "scores": scores,
+                "n_samples": res.get("n-samples", {}).get(o["task"]), "cost": {"eval_seconds": time.perf_counter() - t0}}
+
+    return with_edit(cell, ctx, task, measure)
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    tasks = list(dict.fromkeys(c.group for c in cells))
+    per_seed, metric, stderr = {}, {}, {}
+    for c, r in zip(cells, results):
+        merge_metrics(per_seed.setdefault(c.row, {}).setdefault(c.seed, {}), r["metrics"])
+        metric[c.group] = r["metric"].split(",")[0]
+        if r.get("stderr") is not None:
+            stderr.setdefault((c.row, c.group), []).append(r["stderr"])
+    summary = summarise(per_seed, tasks)
+    noise = within_noise(summary, stderr, tasks)
+    lines = [f"## Utility (lm-evaluation-harness, {len(tasks)} tasks)", "",
+             "| method | " + " | ".join(f"{t} ({metric.get(t, '?')})" for t in tasks)
+             + " | mean Δ vs no_edit | tasks within noise | " + " | ".join(SHORT[c] for c in ACCOUNTING) + " |",
+             "|" + "---|" * (len(tasks) + 3 + len(ACCOUNTING))]
+    for row, cols in summary.items():
+        deltas = [cols[t]["mean"] - summary["no_edit"][t]["mean"] for t in tasks if t in cols and t in summary["no_edit"]]
+        kept = noise.get(row)
+        lines.append(f"| {row} | " + " | ".join(fmt_cell(cols.get(t), 3) for t in tasks)
+                     + f" | {np.mean(deltas):+.3f} | " + ("–" if row == "no_edit" or kept is None else
+                                                          f"{kept}/{len(tasks)}")
+                     + " | " + " | ".join(fmt_cost(cols.get(c)) for c in ACCOUNTING) + " |")
+    lines += ["", f"Scores: lm-eval's headline metric per task, mean ± std [bootstrap 95% CI] over seeds; stars: paired "
+              f"t vs no_edit over seeds (the seed moves the Monte-Carlo masks). Within noise: |Δ| <= 1.96 sqrt(se² + "
+              f"se_no_edit²) with lm-eval's per-item standard errors (conservative: the items are paired). "
+              f"n_mc={cfg['n_mc']}; limit={cfg['limit']}; the edit is built on {cfg['forget']}. {ACCOUNTING_NOTE}", ""]
+    md = "\n".join(lines)
+    radar = {"utility": utility_axis(summary, tasks)} if len(summary) > 1 else {}
+    files = write_outputs(out_dir, NAME, dict(summary=summary, metric=metric, within_noise=noise, tasks=tasks,
+                                              config=cfg, seeds=list(seeds), radar=radar), md)
+    files["png"] = plot_utility(summary, tasks, out_dir / f"{NAME}.png")
+    return dict(summary=summary, markdown=md, files=files, within_noise=noise)
+
+
+def within_noise(summary: dict, stderr: dict, tasks) -> dict:
+    """{row: how many tasks score within lm-eval's sampling noise of no_edit} (None without stderrs)."""
+    out = {}
+    for row in summary:
+        if row == "no_edit":
+            continue
+        count = 0
+        for t in tasks:
+            se, se0 = stderr.get((row, t)), stderr.get(("no_edit", t))
+            if not se or not se0 or t not in summary[row] or t not in summary["no_edit"]:
+                break
+            gap = abs(summary[row][t]["mean"] - summary["no_edit"][t]["mean"])
+            count += gap <= 1.96 * float(np.hypot(np.mean(se), np.mean(se0)))
+        else:
+            out[row] = int(count)
+    return out
+
+
+def utility_axis(summary: dict, tasks) -> dict:
+    """The radar's utility axis: the strongest operating point's mean score against no_edit's."""
+    row = list(summary)[-1]
+    mean = lambda r: float(np.mean([summary[r][t]["mean"] for t in tasks if t in summary[r]]))  # noqa: E731
+    return dict(value=mean(row), comparator=mean("no_edit"), higher_is_better=True,
+                text=f"mean lm-eval score, {row} vs no_edit")
+
+
+def plot_utility(summary: dict, tasks, path) -> str:
+    """Score change vs no_edit per task, one bar per operating point."""
+    def entry(task, row):
+        return summary[row].get(task), summary["no_edit"].get(task)
+
+    return plot_delta_bars(tasks, [r for r in summary if r != "no_edit"], entry, path, "score − no_edit score",
+                           "lm-evaluation-harness under the edit")

@@ -1,0 +1,145 @@
+"""codebook: TimeROME's trace and selection, then the radius-gated codebook memory (beyond the paper).
+
+The same stages 1-2 as `timerome` (the trace of F_v picks the coordinate, or `coordinate` is
+given); stage 3 builds a `CodebookMemory` instead of the paper's ridge memory: keys per subject
+token over partially masked states, each with a radius measured on the retain corpus, so a token
+away from every key gets exactly zero update and alpha can be raised without touching retain
+answers (docs/selectivity.md has the measured frontier). `coordinates="per_fact"` traces every
+forget fact and gives each its own traced layer (the paper's limitation 4): one memory per
+coordinate, all installed together.
+
+The radii are calibrated on the task's retain rows plus `calibration` (rows or texts: e.g. the
+neighbours to protect), minus the forget rows themselves; the trace, the whitening statistics and
+the calibration residuals are cached on disk by `prepare` (install time never includes them).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+from timerome.cache import cached_tensors
+from timerome.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
+                                      DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
+                                      CodebookMemory)
+from timerome.coordinate import Coordinate
+from timerome.data.rows import load_rows
+from timerome.encoding import DEFAULT_TARGET
+from timerome.errors import TimeromeError
+from timerome.methods.registry import InferenceEdit, register
+from timerome.methods.timerome_edit import DEFAULTS as PAPER, background_stats, locate, trace_forget_set
+from timerome.selection import per_fact_best
+from timerome.token_keys import state_tokens
+from timerome.whitening import rows_to_texts
+
+DEFAULTS = dict(
+    alpha=DEFAULT_ALPHA, margin=DEFAULT_MARGIN, inner=DEFAULT_INNER, n_states=DEFAULT_STATES,
+    complete=DEFAULT_COMPLETE,  # fire only where every token of the subject is present (spares name-sharers)
+    values="cloze",        # "cloze": the paper's d = v_t - v_o; "states": over partially masked states
+    object_keys=DEFAULT_OBJECT_KEYS,  # also key the answer tokens (the object's evidence, in its own context)
+    write=DEFAULT_WRITE,   # "tokens": where the gate fires; "sequence": every token of a sequence where it fires
+    target=DEFAULT_TARGET,
+    calibration=None,      # extra rows/texts the radii must spare: 'embedded:SPLIT', 'tofu:SPLIT', a file, a list
+    coordinates="traced",  # "traced": one coordinate for all facts; "per_fact": each fact's own traced layer
+    coordinate=None,       # [layer, point]; None = traced
+    step=None,             # None = every denoising step
+    **{k: v for k, v in PAPER.items() if k.startswith(("trace", "select"))},
+)
+# the defaults, then the radius gate alone (written where it fires, no subject-complete gate, no object keys)
+CANONICAL = [{}, dict(write="tokens", complete=False, object_keys=False)]
+COORDINATES = ("traced", "per_fact")
+
+
+def calibration_rows(task, config) -> list:
+    """The retain rows and `calibration` (rows or texts), minus every forget row's text."""
+    extra = config.get("calibration")
+    if isinstance(extra, str):
+        extra = load_rows(extra)
+    rows = list(task.retain_rows) + list(extra or [])
+    forget = set(rows_to_texts(task.forget_rows))
+    rows = [r for r in rows if (rows_to_texts([r])[0] if isinstance(r, dict) else r) not in forget]
+    if not rows:
+        raise TimeromeError("the codebook memory calibrates its radii on retain text: the task has no retain rows; "
+                            "give calibration= rows or texts the edit must leave alone")
+    return rows
+
+
+def calibration_tokens(backbone, coordinate, task, config) -> torch.Tensor:
+    """Residuals of the calibration rows' states at the coordinate, cached on disk by their inputs."""
+    rows = calibration_rows(task, config)
+    site = Coordinate.of(coordinate).site
+    seed = int(config.get("trace_seed", 0))
+
+    def make():
+        return {"h": state_tokens(backbone, site, rows, n_states=CALIBRATION_STATES, seed=seed)}
+
+    key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
+               n_states=CALIBRATION_STATES, seed=seed)
+    return cached_tensors("calibration", key, make)["h"]
+
+
+def coordinates(backbone, task, config, progress: bool = False) -> tuple[dict, dict]:
+    """{Coordinate: [facts]} and what was done to find them."""
+    mode = config.get("coordinates", "traced")
+    if mode not in COORDINATES:
+        raise TimeromeError(f"coordinates must be one of {', '.join(COORDINATES)}, got {mode!r}")
+    coord, info = locate(backbone, task, config, progress)
+    if mode == "traced" or config.get("coordinate"):
+        return {coord: list(task.facts)}, info
+    t0 = time.perf_counter()
+    result = trace_forget_set(backbone, task.facts, dict(config, trace_facts=len(task.facts)), progress)
+    best = per_fact_best(result.only(tuple(config["select_modules"])))
+    groups: dict = {}
+    for fact, cand in zip(task.facts, best):
+        c = Coordinate.of(cand.edit_coordinate, coord.step).on(backbone)
+        groups.setdefault(c, []).append(fact)
+    info = dict(info, per_fact_seconds=time.perf_counter() - t0,
+                per_fact_layers={f"{c.layer}:{c.point}": len(fs) for c, fs in groups.items()})
+    return groups, info
+
+
+def build(backbone, task, config, coordinate, facts, seed: int = 0) -> CodebookMemory:
+    """A CodebookMemory at `coordinate` with the config's settings, filled with `facts` (their key
+    states drawn with `seed`)."""
+    stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
+    memory = CodebookMemory(backbone, coordinate, background=stats,
+                            calibration=calibration_tokens(backbone, coordinate, task, config),
+                            alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
+                            complete=config["complete"], write=config["write"],
+                            n_states=config["n_states"], values=config["values"], object_keys=config["object_keys"],
+                            target=config.get("target") or DEFAULT_TARGET, seed=seed)
+    return memory.add(facts)
+
+
+@contextmanager
+def _all_applied(backbone, memories):
+    with ExitStack() as stack:
+        for m in memories:
+            stack.enter_context(m.applied(backbone))
+        yield
+
+
+def prepare(backbone, task, config) -> None:
+    """The trace(s), the whitening statistics and the calibration residuals, into their disk caches."""
+    groups, _ = coordinates(backbone, task, config)
+    for coord in groups:
+        background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
+        calibration_tokens(backbone, coord, task, config)
+
+
+@register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare)
+def codebook(backbone, task, config, seed):
+    """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
+    if not task.facts:
+        raise TimeromeError("the forget set has no usable facts")
+    with torch.no_grad():
+        groups, info = coordinates(backbone, task, config)
+        memories = [build(backbone, task, config, c, fs, seed) for c, fs in groups.items()]
+    first = next(iter(groups))
+    info = dict(info, layer=first.layer, point=first.point, step=first.step, n_facts=sum(len(m) for m in memories),
+                n_entries=sum(m.n_entries for m in memories), n_memories=len(memories))
+    return InferenceEdit(method="codebook", config=config, info=info,
+                         context=lambda: _all_applied(backbone, memories),
+                         memory=memories[0] if len(memories) == 1 else memories)

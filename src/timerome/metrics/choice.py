@@ -1,0 +1,45 @@
+"""Multiple choice by likelihood: every choice scored as the answer to the same prompt (nats), the
+most likely one is the model's pick.
+
+Raw: the choice with the largest log p(choice | prompt). Length-normalised: the largest per-token
+log-probability, log p / number of tokens (lm-eval's acc_norm divides by characters; per token is
+the MDLM likelihood's own unit). Ties go to the first choice, as numpy's argmax (and lm-eval) do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from timerome.errors import TimeromeError
+from timerome.metrics.text import pair_logprobs
+
+
+def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n_mc: int = 16,
+                    seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(log p of each choice [C_i] per item, token counts [C_i] per item)."""
+    if len(prompts) != len(choices):
+        raise TimeromeError(f"got {len(prompts)} prompts but {len(choices)} choice lists")
+    flat_p = [p for p, cs in zip(prompts, choices) for _ in cs]
+    flat_c = [c for cs in choices for c in cs]
+    res = pair_logprobs(backbone, flat_p, flat_c, n_mc=n_mc, seed=seed)
+    lp, ln, at = [], [], 0
+    for cs in choices:
+        lp.append(res["lp"][at:at + len(cs)])
+        ln.append(res["len"][at:at + len(cs)])
+        at += len(cs)
+    return lp, ln
+
+
+def picks(lp, n_tokens, normalise: bool = False) -> np.ndarray:
+    """The index of the most likely choice per item."""
+    return np.array([int(np.argmax(np.asarray(l) / (np.asarray(n) if normalise else 1.0)))
+                     for l, n in zip(lp, n_tokens)], dtype=np.int64)
+
+
+def correct(lp, n_tokens, answers, normalise: bool = False) -> np.ndarray:
+    """Whether each item's most likely choice is its answer (bool per item)."""
+    answers = np.asarray(answers, dtype=np.int64)
+    for i, (l, a) in enumerate(zip(lp, answers)):
+        if not 0 <= a < len(l):
+            raise TimeromeError(f"item {i}: choice index {a} out of range ({len(l)} choices)")
+    return picks(lp, n_tokens, normalise) == answers

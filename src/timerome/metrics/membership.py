@@ -1,0 +1,135 @@
+"""Membership inference on an MDLM: per-token scores from the masked likelihood, Min-K%, AUC and
+MUSE's PrivLeak.
+
+Per-token scores. An autoregressive model scores token i of a text as log p(x_i | x_<i); an MDLM
+has no left-to-right factorisation, so here token i is scored by the masked likelihood with the
+rest of the text as context: the text's tokens are dealt into `groups` groups by a seeded random
+permutation (group sizes differ by at most one), one forward per group hides that group's tokens
+(mask token) and keeps every other token visible, and each hidden token gets
+
+    s_i = log p(x_i | the text with i's group masked)            (nats)
+
+groups = len(text) is the pseudo-log-likelihood (each token alone masked); the default 8 hides an
+eighth of the text per forward (BERT's masked-LM hides 15 %), so a passage costs 8 forwards at
+any length. `repeats` > 1 deals again with fresh permutations and averages each token's scores:
+its mean over the random masks that hid it. Texts are encoded without special tokens and cut to
+the model's context (the cut count is returned). Draws: text i uses likelihood.pair_generator(seed, i).
+
+Min-K% (Shi et al. 2024, MUSE's privleak attack with k = 0.4): the mean of the k share lowest
+token scores (at least one token); higher = more likely the text was trained on.
+AUC: P(score of a member text > score of a non-member text) + P(tie) / 2, the Mann-Whitney
+statistic: 1 = every forget text is more likely than every holdout text (memorised), 0.5 =
+indistinguishable, 0 = the forget texts are the unlikely ones (over-unlearned).
+PrivLeak (MUSE): with MUSE's AUC a = 1 - AUC (the convention open-unlearning documents),
+privleak = (a - a_ref) / a_ref * 100, a_ref from a model retrained without the forget set: about
+-100 for a model that still knows the forget set, 0 for one that behaves like the retrained model,
+positive when the forget set became less likely than unseen text. Without a reference it cannot
+be normalised: the raw AUC is what there is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import rankdata
+
+from timerome.encoding import pad_sequences
+from timerome.errors import TimeromeError
+from timerome.likelihood import pair_generator
+from timerome.progress import progress_bar
+
+DEFAULT_GROUPS = 8
+DEFAULT_K = 0.4  # MUSE's "Min-40%"
+
+
+def _deal(n_tokens: int, groups: int, repeats: int, generator) -> list[torch.Tensor]:
+    """Boolean masks [n_tokens], one per forward: each repeat deals every position into one group."""
+    G = max(1, min(groups, n_tokens))
+    masks = []
+    for _ in range(repeats):
+        perm = torch.randperm(n_tokens, generator=generator)
+        for g in range(G):
+            m = torch.zeros(n_tokens, dtype=torch.bool)
+            m[perm[g::G]] = True
+            masks.append(m)
+    return masks
+
+
+@torch.no_grad()
+def token_scores(backbone, texts: list[str], *, groups: int = DEFAULT_GROUPS, repeats: int = 1, seed: int = 0,
+                 max_tokens: int = 8192, progress: bool = False) -> tuple[list[np.ndarray], int]:
+    """(per-token scores of each text in nats (module docstring), number of texts cut to the context)."""
+    if groups < 1 or repeats < 1:
+        raise TimeromeError(f"groups and repeats must be >= 1, got {groups} and {repeats}")
+    ids = [backbone.encode(t)[: backbone.max_length] for t in texts]
+    cut = sum(len(backbone.encode(t)) > backbone.max_length for t in texts)
+    for i, x in enumerate(ids):
+        if not x:
+            raise TimeromeError(f"text {i} encodes to no token: there is nothing to score")
+    rows = [(i, m) for i, x in enumerate(ids) for m in _deal(len(x), groups, repeats, pair_generator(seed, i))]
+    rows.sort(key=lambda r: -len(ids[r[0]]))  # longest first: each forward pads to its first row
+    sums = [np.zeros(len(x)) for x in ids]
+    chunks, start = [], 0
+    while start < len(rows):
+        n = max(1, max_tokens // len(ids[rows[start][0]]))
+        chunks.append(rows[start:start + n])
+        start += n
+    with progress_bar("token scores", total=len(chunks), enabled=progress) as bar:
+        for chunk in chunks:
+            clean, real = pad_sequences([ids[i] for i, _ in chunk], backbone)
+            hidden = torch.zeros_like(real)
+            for b, (_, m) in enumerate(chunk):
+                hidden[b, : len(m)] = m.to(hidden.device)
+            noisy = clean.masked_fill(hidden, backbone.mask_id)
+            logits = backbone.logits(noisy, attention_mask=None if bool(real.all()) else real)
+            logp = F.log_softmax(logits[hidden].float(), dim=-1).gather(1, clean[hidden][:, None])[:, 0]
+            logp = logp.double().cpu().numpy()
+            at = 0
+            for i, m in chunk:
+                k = int(m.sum())
+                sums[i][m.numpy()] += logp[at:at + k]
+                at += k
+            bar.advance()
+    return [s / repeats for s in sums], cut
+
+
+def min_k(scores, k: float = DEFAULT_K) -> float:
+    """Mean of the k share lowest token scores (at least one)."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    if s.size == 0:
+        raise TimeromeError("Min-K% of a text without tokens")
+    if not 0 < k <= 1:
+        raise TimeromeError(f"k must lie in (0, 1], got {k}")
+    return float(s[: max(1, int(s.size * k))].mean())
+
+
+def auc(members, nonmembers) -> float:
+    """P(member score > non-member score) + P(tie) / 2 (Mann-Whitney U / (n1 n2))."""
+    a, b = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
+    if a.size == 0 or b.size == 0:
+        raise TimeromeError("an AUC needs scores of both member and non-member texts")
+    ranks = rankdata(np.concatenate([a, b]))  # ties share their mean rank
+    u = ranks[: a.size].sum() - a.size * (a.size + 1) / 2
+    return float(u / (a.size * b.size))
+
+
+def privleak(auc_value: float, reference_auc: float) -> float:
+    """MUSE's PrivLeak (module docstring) from this model's AUC and the retrained model's, both in
+    this module's convention (1 = forget texts more likely)."""
+    a, ref = 1.0 - float(auc_value), 1.0 - float(reference_auc)
+    if not 0 < ref <= 1:
+        raise TimeromeError(f"the reference AUC must lie in [0, 1), got {reference_auc}")
+    return (a - ref) / ref * 100.0
+
+
+def min_k_auc(backbone, members: list[str], nonmembers: list[str], *, k: float = DEFAULT_K,
+              groups: int = DEFAULT_GROUPS, seed: int = 0, progress: bool = False) -> dict:
+    """Min-K% scores of both text sets and their AUC, with each text's mean token score (nats/token)."""
+    scores, cut = token_scores(backbone, list(members) + list(nonmembers), groups=groups, seed=seed,
+                               progress=progress)
+    mk = [min_k(s, k) for s in scores]
+    n = len(members)
+    return {"auc": auc(mk[:n], mk[n:]), "member_min_k": mk[:n], "nonmember_min_k": mk[n:],
+            "member_token_lp": [float(s.mean()) for s in scores[:n]],
+            "nonmember_token_lp": [float(s.mean()) for s in scores[n:]], "cut": cut, "k": k, "groups": groups}

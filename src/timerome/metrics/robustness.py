@@ -1,0 +1,88 @@
+"""Robustness of forgetting (the paper's robustness panel): does the forget log-probability stay
+down when the probe is rephrased, or when the answer is shown in context first?
+
+Conditions, each a log-likelihood in nats per forget row (TOFU perturbed schema):
+    original              log p(answer | question)
+    paraphrased_question  log p(answer | paraphrased_question)
+    paraphrased_answer    log p(paraphrased_answer | question)
+    relearn               log p(answer | RELEARN), the in-context relearning attack: the forget
+                          question and answer shown once, then the question asked again
+A condition is the change from the unedited model, per row (edited - unedited; negative = the
+edit lowers it), and `weakening` = change(condition) - change(original): how many nats of the
+edit's effect the condition takes back (the paper: within 2 nats under paraphrase, ~8 under
+in-context relearning).
+
+Any method can be scored: `condition_logprobs(backbone, rows, edit)` runs with `edit.active()`
+(None: the model as it is), so measure the unedited model first (before installing a
+weight-changing method, or with edit=None for an inference-time one), the edited one after, and
+pass both to `robustness`. `robustness_panel` does both for an inference-time edit. Rows lacking
+a paraphrase are left out of that condition and counted in `missing`. All conditions draw their
+Monte-Carlo masks from the same seed, so two models measured with one seed are paired.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from timerome.errors import TimeromeError
+from timerome.metrics.text import pair_logprobs
+
+RELEARN = "{question} {answer}\n{question}"
+CONDITIONS = ("original", "paraphrased_question", "paraphrased_answer", "relearn")
+
+
+def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
+    """Per condition: {"index": rows used, "prompts", "answers"}; a row lacking a field is left out."""
+    def has(r, k):
+        return isinstance(r.get(k), str) and r[k].strip()
+
+    out = {c: {"index": [], "prompts": [], "answers": []} for c in CONDITIONS}
+    for i, r in enumerate(rows):
+        if not (has(r, "question") and has(r, "answer")):
+            raise TimeromeError(f"forget row {i} lacks its question or answer")
+        cases = {"original": (r["question"], r["answer"]),
+                 "relearn": (relearn.format(question=r["question"], answer=r["answer"]), r["answer"])}
+        if has(r, "paraphrased_question"):
+            cases["paraphrased_question"] = (r["paraphrased_question"], r["answer"])
+        if has(r, "paraphrased_answer"):
+            cases["paraphrased_answer"] = (r["question"], r["paraphrased_answer"])
+        for c, (p, a) in cases.items():
+            out[c]["index"].append(i)
+            out[c]["prompts"].append(p)
+            out[c]["answers"].append(a)
+    return out
+
+
+def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = 16, seed: int = 0,
+                       relearn: str = RELEARN) -> dict:
+    """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
+    out = {}
+    with (edit.active() if edit is not None else nullcontext()):
+        for c, p in probes(rows, relearn).items():
+            lp = pair_logprobs(backbone, p["prompts"], p["answers"], n_mc=n_mc, seed=seed)["lp"] if p["index"] else []
+            out[c] = {"index": p["index"], "lp": [float(x) for x in lp]}
+    out["missing"] = {c: len(rows) - len(out[c]["index"]) for c in CONDITIONS}
+    return out
+
+
+def robustness(unedited: dict, edited: dict) -> dict:
+    """{condition: {"change": mean edited - unedited, "weakening": change - change(original)}} from
+    two `condition_logprobs` results on the same rows."""
+    change = {}
+    for c in CONDITIONS:
+        u = dict(zip(unedited[c]["index"], unedited[c]["lp"]))
+        e = dict(zip(edited[c]["index"], edited[c]["lp"]))
+        shared = sorted(set(u) & set(e))
+        change[c] = float(np.mean([e[i] - u[i] for i in shared])) if shared else float("nan")
+    return {c: {"change": change[c], "weakening": change[c] - change["original"]} for c in CONDITIONS}
+
+
+def robustness_panel(backbone, rows: list[dict], edit, *, n_mc: int = 16, seed: int = 0,
+                     relearn: str = RELEARN) -> dict:
+    """Unedited, edited and their comparison, for an inference-time edit (hooks: the model's
+    weights are the unedited model outside `edit.active()`)."""
+    before = condition_logprobs(backbone, rows, None, n_mc=n_mc, seed=seed, relearn=relearn)
+    after = condition_logprobs(backbone, rows, edit, n_mc=n_mc, seed=seed, relearn=relearn)
+    return {"unedited": before, "edited": after, "robustness": robustness(before, after)}

@@ -1,0 +1,164 @@
+"""Per-token residuals over the states the sampler visits: subject keys of facts, and background tokens.
+
+The paper reads one key per fact, the mean residual over the subject's tokens on a fully unmasked
+cloze input [prompt | object]. While an answer is being denoised the model instead sees
+[prompt | object with a fraction t of it masked], and the residual of each subject token moves
+with t and with its own context. This file reads those residuals one token at a time:
+
+    keys, owner, slot = subject_keys(backbone, site, facts, n_states=4, seed=0)
+        # keys [E, H]: one row per subject-token occurrence per state (the subject's tokens in the
+        # prompt, and any unmasked repetition of the subject inside the answer; objects=True: every
+        # unmasked answer token); owner [E]: its fact; slot [E]: which subject token (-1: none)
+    tokens = state_tokens(backbone, site, texts_or_rows, n_states=2, seed=0)
+        # [N, H]: every real token of every state of the background (what the radius is measured on)
+    deltas = state_deltas(backbone, site, facts, n_states=8, seed=0)
+        # [F, H]: the paper's v_t - v_o, averaged over partially masked states instead of the cloze
+
+States are built as the MDLM objective masks answers (`encoding.mask_answers`): state 0 of every
+fact is fully masked (the start of generation), the others mask a fraction t ~ U(eps, 1). A
+background text without a question/answer split has every token maskable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from timerome.coordinate import Coordinate
+from timerome.encoding import (DEFAULT_TARGET, answer_ids, collate, encode_fact, fact_id, mask_answers, pad_id,
+                               uses_leading_space)
+from timerome.errors import TimeromeError
+from timerome.hooks import run_to
+from timerome.likelihood import pair_generator
+
+
+def _items(backbone, facts, target=None):
+    bpe = uses_leading_space(backbone)
+    return [encode_fact(backbone, f, i, target=target, bpe=bpe) for i, f in enumerate(facts)]
+
+
+def fact_seed(fact) -> int:
+    """A stable integer of a fact's id: its states are drawn from (seed, this) alone, so a fact gets
+    the same keys whether it is inserted alone or in a batch."""
+    return int(hashlib.sha1(fact_id(fact).encode()).hexdigest()[:15], 16)
+
+
+def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float = 1e-3):
+    """(noisy ids, clean ids, attention) [n_states * P, L] for (prompt ids, answer ids) pairs,
+    state-major (row s * P + p is state s of pair p); state 0 of each pair fully masked. Pair p's
+    masks come from its own generator `pair_generator(seed, streams[p])` (default: p)."""
+    if n_states < 1:
+        raise TimeromeError(f"n_states must be >= 1, got {n_states}")
+    P, pad = len(pairs), pad_id(backbone)
+    streams = range(P) if streams is None else streams
+    noisy = [None] * (n_states * P)
+    for p, (stream, pair) in enumerate(zip(streams, pairs)):
+        ids, ans, _ = collate([pair] * n_states, pad, "cpu")
+        x, _, _ = mask_answers(ids, ans, backbone.mask_id, pair_generator(seed, stream), eps, fully_masked=1)
+        for s in range(n_states):
+            noisy[s * P + p] = (x[s].tolist(), [])
+    clean, _, att = collate([pairs[p] for _ in range(n_states) for p in range(P)], pad, "cpu")
+    x, _, _ = collate(noisy, pad, "cpu")
+    dev = backbone.device
+    return x.to(dev), clean.to(dev), att.to(dev)
+
+
+def _residuals(backbone, site, ids, att, batch_size: int):
+    """The site's output [B, L, H] (float32) in batches; the layers above never run."""
+    out = [run_to(backbone, site, ids[s:s + batch_size], att[s:s + batch_size]).float()
+           for s in range(0, len(ids), batch_size)]
+    return torch.cat(out)
+
+
+def _occurrences(seq: list[int], pattern: list[int], start: int) -> list[tuple[int, int]]:
+    """(position, index in the pattern) of every token of every occurrence of `pattern` in `seq`
+    at or after `start`."""
+    n, out = len(pattern), []
+    for i in range(start, len(seq) - n + 1):
+        if seq[i:i + n] == pattern:
+            out += [(i + j, j) for j in range(n)]
+    return out
+
+
+@torch.no_grad()
+def subject_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0, objects: bool = False,
+                 batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Residuals at every subject-token occurrence of every state: keys [E, H] float64 (CPU),
+    owner [E] long (the index of the fact each key belongs to) and slot [E] long (which of the
+    subject's tokens it is: 0, 1, ...). objects: also every other unmasked answer token (the
+    object's evidence, read in the fact's own context), with slot -1."""
+    facts = list(facts)
+    if not facts:
+        raise TimeromeError("no facts to read subject keys for")
+    site = Coordinate.of(coordinate).on(backbone).site
+    items = _items(backbone, facts)
+    pairs = [(it.prompt_ids.tolist(), it.object_ids.tolist()) for it in items]
+    noisy, clean, att = _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts])
+    b_idx, p_idx, owner, slot = [], [], [], []
+    for b in range(len(noisy)):
+        f = b % len(items)
+        it = items[f]
+        subject = it.prompt_ids[it.subject_pos].tolist()
+        P = len(it.prompt_ids)
+        seen = noisy[b].tolist()
+        where = dict(_occurrences(clean[b].tolist(), subject, P))
+        answer = range(P, P + len(it.object_ids)) if objects else sorted(where)
+        in_answer = [(p, where.get(p, -1)) for p in answer if seen[p] != backbone.mask_id]
+        for p, j in list(zip(it.subject_pos.tolist(), range(len(subject)))) + in_answer:
+            b_idx.append(b), p_idx.append(p), owner.append(f), slot.append(j)
+    order = sorted(range(len(owner)), key=lambda i: owner[i])  # fact-major: a batch = its facts one by one
+    b_idx, p_idx, owner, slot = ([x[i] for i in order] for x in (b_idx, p_idx, owner, slot))
+    h = _residuals(backbone, site, noisy, att, batch_size)
+    keys = h[torch.tensor(b_idx), torch.tensor(p_idx)].double().cpu()
+    if not torch.isfinite(keys).all():
+        raise TimeromeError(f"subject keys are NaN/inf at layer {site[0]} {site[1]} (the model overflows; try float32)")
+    return keys, torch.tensor(owner), torch.tensor(slot)
+
+
+@torch.no_grad()
+def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 0, batch_size: int = 32, max_tokens: int | None = None) -> torch.Tensor:
+    """Residuals [N, H] float32 (CPU) of every real token of `n_states` states of each text.
+
+    texts: strings (every token maskable) or question/answer rows (the answer is masked, as the
+    likelihood and the sampler do). max_tokens keeps an evenly spaced subset (None: all).
+    """
+    site = Coordinate.of(coordinate).on(backbone).site
+    pairs, bpe = [], uses_leading_space(backbone)
+    for t in texts:
+        if isinstance(t, dict):
+            q, a = backbone.encode(t["question"]), answer_ids(backbone, t["answer"], bpe)
+        else:
+            q, a = [], backbone.encode(t)
+        q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
+        if q or a:
+            pairs.append((q, a))
+    if not pairs:
+        raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")
+    noisy, _, att = _states(backbone, pairs, n_states, seed)
+    h = _residuals(backbone, site, noisy, att, batch_size)[att].cpu()
+    if max_tokens is not None and len(h) > max_tokens:
+        h = h[torch.linspace(0, len(h) - 1, max_tokens).round().long()]
+    if not torch.isfinite(h).all():
+        raise TimeromeError(f"calibration residuals are NaN/inf at layer {site[0]} {site[1]}")
+    return h
+
+
+@torch.no_grad()
+def state_deltas(backbone, coordinate, facts, *, target: str = DEFAULT_TARGET, n_states: int = 8,
+                 seed: int = 0, batch_size: int = 32) -> torch.Tensor:
+    """d = v_t - v_o [F, H] float64 with v_o (v_t) the mean residual over the object (target)
+    positions of n_states partially masked [prompt | object (target)] states."""
+    site = Coordinate.of(coordinate).on(backbone).site
+    items = _items(backbone, facts, target)
+    means = []
+    for answer in ("object_ids", "target_ids"):
+        pairs = [(it.prompt_ids.tolist(), getattr(it, answer).tolist()) for it in items]
+        noisy, _, att = _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts])
+        h = _residuals(backbone, site, noisy, att, batch_size).double()
+        w = torch.zeros(att.shape, dtype=torch.float64, device=h.device)
+        for b, (q, a) in enumerate(pairs * n_states):
+            w[b, len(q):len(q) + len(a)] = 1.0 / len(a)
+        v = torch.einsum("bl,blh->bh", w, h).view(n_states, len(items), -1).mean(0)
+        means.append(v.cpu())
+    return means[1] - means[0]

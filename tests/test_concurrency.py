@@ -1,0 +1,164 @@
+"""Two processes on one folder: cache writes, an experiment folder, a reference model, a damaged cell."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from timerome.errors import TimeromeError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn(code: str, *args, env=None):
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, timeout=300):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-2000:]
+    return out, err
+
+
+WRITER = """
+import sys
+from timerome.cache import write_json, save_tensors
+import torch
+path, me = sys.argv[1], sys.argv[2]
+for i in range(200):
+    write_json(path + ".json", {"writer": me, "i": i, "pad": "x" * 2000})
+    save_tensors(path + ".safetensors", {"w": torch.full((64,), float(i))}, metadata={"writer": me})
+print("ok")
+"""
+
+
+def test_two_writers_on_one_cache_file_never_collide(tmp_path):
+    """200 + 200 concurrent atomic writes of the same names: none fails, the file is always whole."""
+    target = tmp_path / "entry"
+    procs = [spawn(WRITER, target, me) for me in ("a", "b")]
+    for p in procs:
+        assert finish(p)[0].strip() == "ok"
+    assert json.loads((tmp_path / "entry.json").read_text())["i"] == 199
+    from safetensors.torch import load_file
+
+    assert float(load_file(str(tmp_path / "entry.safetensors"))["w"][0]) == 199.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.json", "entry.safetensors"]  # no temporary left
+
+
+EXPERIMENT = """
+import json, os, sys, time
+import torch
+torch.set_num_threads(1)
+from timerome import load_backbone
+from timerome.experiments.runner import Cell, Context, Runner, measurement
+
+@measurement("slow_test_cell")
+def slow(cell, ctx, rows, task):
+    time.sleep(0.05)
+    return {"metrics": {"x": float(cell.seed)}, "pid": os.getpid()}
+
+out, n = sys.argv[1], int(sys.argv[2])
+computed = []
+def executor(cells, ctx, done, progress=True, title=""):
+    for i, c in enumerate(cells):
+        from timerome.experiments.runner import execute
+        done(i, execute(c, ctx))
+        computed.append(i)
+ctx = Context(load_backbone(), progress=False)
+cells = [Cell("slow_test_cell", seed=s, data=dict(splits=["forget"])) for s in range(n)]
+results = Runner(out, progress=False, executor=executor).run(cells, ctx)
+print(json.dumps({"computed": len(computed), "results": results}))
+"""
+
+
+def test_two_processes_on_one_experiment_folder(tmp_path):
+    """The second run waits for the first (told who holds the folder), then reads every cell from
+    the cache: each cell is computed once, every cell file is whole, both runs agree."""
+    procs = [spawn(EXPERIMENT, tmp_path / "exp", 30)]
+    time.sleep(1.0)
+    procs.append(spawn(EXPERIMENT, tmp_path / "exp", 30))
+    outs = [finish(p) for p in procs]
+    runs = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert sorted(r["computed"] for r in runs) == [0, 30]
+    assert runs[0]["results"] == runs[1]["results"]
+    assert len({r["pid"] for r in runs[0]["results"]}) == 1  # one process computed them all
+    waited = [e for _, e in outs if "is in use by pid" in e]
+    assert len(waited) == 1 and "waiting" in waited[0]
+    cells = list((tmp_path / "exp" / "cells").iterdir())
+    assert len(cells) == 30 and all(json.loads(c.read_text())["result"]["metrics"] for c in cells)
+
+
+def test_a_busy_folder_is_refused_by_name_without_wait(tmp_path):
+    from timerome.lock import LOCK_NAME, hold
+
+    holder = spawn("""
+        import sys, time
+        from timerome.lock import hold
+        with hold(sys.argv[1]):
+            print("held", flush=True)
+            time.sleep(30)
+        """, tmp_path / LOCK_NAME)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TimeromeError, match=rf"in use by pid {holder.pid} .*choose another folder"):
+            with hold(tmp_path / LOCK_NAME, wait=False, what="the folder"):
+                pass
+        with pytest.raises(TimeromeError, match="still in use .* after 0.5 s"):
+            with hold(tmp_path / LOCK_NAME, wait=0.5, what="the folder"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold(tmp_path / LOCK_NAME, wait=False):  # the lock died with its holder: nothing stale
+        pass
+
+
+REFERENCE = """
+import sys, torch
+torch.set_num_threads(1)
+from timerome.from_scratch import reference_model
+bb = reference_model(epochs=2, n_authors=2, batch_size=16, progress=False)
+print(bb.fingerprint())
+"""
+
+
+def test_two_processes_need_the_same_reference_model(tmp_path):
+    """One trains it, the other waits and reads it: one entry, no temporary folder left, same weights."""
+    env = {"TIMEROME_CACHE": str(tmp_path)}
+    procs = [spawn(REFERENCE, env=env) for _ in range(2)]
+    outs = [finish(p) for p in procs]
+    assert outs[0][0].strip() == outs[1][0].strip()
+    entries = sorted(p.name for p in (tmp_path / "reference").iterdir())
+    assert len([e for e in entries if not e.endswith(".lock")]) == 1, entries  # no .part, no train-state left
+    assert sum("in use by" in e for _, e in outs) <= 1  # the later one waited, unless the first had finished
+
+
+def test_a_damaged_cell_is_reported_moved_aside_and_recomputed(tmp_path, capsys):
+    from timerome import load_backbone
+    from timerome.experiments.runner import Cell, Context, Runner, measurement
+
+    calls = []
+
+    @measurement("count_test_cell")
+    def count(cell, ctx, rows, task):
+        calls.append(cell.seed)
+        return {"metrics": {"x": float(cell.seed)}}
+
+    ctx = Context(load_backbone(), progress=False)
+    cells = [Cell("count_test_cell", seed=s, data=dict(splits=["forget"])) for s in range(3)]
+    runner = Runner(tmp_path, progress=False)
+    first = runner.run(cells, ctx)
+    damaged = runner.path(cells[1], ctx)
+    damaged.write_text(damaged.read_text()[:40])
+    calls.clear()
+    assert runner.run(cells, ctx) == first and calls == [1]  # only the damaged cell, the same result
+    aside = [p.name for p in damaged.parent.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith(damaged.name)
+    assert f"cell file {damaged} was unreadable" in capsys.readouterr().err

@@ -1,0 +1,225 @@
+"""Everyday commands: memory show/add/remove/merge, eval, --json everywhere, interrupted experiments,
+experiment settings checked before work, the retain authors evaluated, thread defaults."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from timerome import load_backbone
+from timerome.cli import app
+from timerome.errors import Interrupted, TimeromeError
+
+runner = CliRunner()
+
+
+def run(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    return res.exit_code, res.stdout, res.output
+
+
+@pytest.fixture(scope="module")
+def memories(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mem")
+    for name, data in (("f1", "embedded:forget01"), ("f5", "embedded:forget05")):
+        code, _, out = run("edit", "--data", data, "--out", d / f"{name}.safetensors")
+        assert code == 0, out
+    return d
+
+
+def test_memory_show_reads_the_header_alone(memories):
+    code, stdout, out = run("memory", "show", memories / "f1.safetensors", "--json")
+    assert code == 0, out
+    d = json.loads(stdout)
+    assert d["n_facts"] == 20 and d["coordinate"] == {"layer": 1, "point": "resid", "step": None}
+    assert d["hyper"]["alpha"] == 4.0 and d["fingerprint"] == load_backbone().fingerprint()
+    assert d["facts"][0]["fact_id"] == "Isgor Quielson/city"
+    code, stdout, out = run("memory", "show", memories / "f1.safetensors")
+    assert code == 0 and "layer 1 resid, every step" in out and "Quielson/city" in out
+
+
+def test_memory_remove_add_merge_match_the_api(memories, tmp_path):
+    from timerome.edit_memory import EditMemory
+
+    bb = load_backbone()
+    f5 = memories / "f5.safetensors"
+    code, _, out = run("memory", "remove", f5, "--subject", "Isgor Quielson", "-o", tmp_path / "without.safetensors")
+    assert code == 0 and "removed 20 facts: 80 facts" in out, out
+    code, _, out = run("memory", "add", tmp_path / "without.safetensors", "--data", "embedded:forget01",
+                       "-o", tmp_path / "back.safetensors")
+    assert code == 0 and "added 20 facts: 100 facts" in out, out
+    # a downdate then an insert of the same facts gives the memory back (same lambda scale, block updates)
+    h = torch.randn(7, bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+    original, back = EditMemory.load(f5, bb), EditMemory.load(tmp_path / "back.safetensors", bb)
+    assert sorted(back.fact_ids) == sorted(original.fact_ids)
+    # (up to float32 capture rounding: the facts were captured in other batches)
+    scale = float(original.delta(h).abs().max())
+    assert torch.allclose(original.delta(h), back.delta(h), rtol=0, atol=1e-6 * scale)
+    code, _, out = run("memory", "merge", tmp_path / "without.safetensors", memories / "f1.safetensors",
+                       "-o", tmp_path / "merged.safetensors")
+    assert code == 0 and "merged 2 memories: 100 facts" in out, out
+    merged = EditMemory.load(tmp_path / "merged.safetensors", bb)
+    assert torch.allclose(merged.delta(h), back.delta(h), rtol=0, atol=1e-6 * scale)
+    before = f5.read_bytes()
+    code, _, out = run("memory", "remove", f5, "nosuchid", "-o", tmp_path / "x.safetensors")
+    assert code == 2 and f5.read_bytes() == before and not (tmp_path / "x.safetensors").exists()
+
+
+def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
+    import timerome.capture
+    import timerome.tracing
+
+    def never(*a, **k):
+        raise AssertionError("eval must not trace or capture")
+
+    monkeypatch.setattr(timerome.capture, "capture_facts", never)
+    monkeypatch.setattr(timerome.tracing, "trace", never)
+    args = ("--n-mc", 2, "--n-retain", 4, "--n-world", 2, "--no-rouge", "--json")
+    code, stdout, out = run("eval", *args)
+    assert code == 0, out
+    plain = json.loads(stdout)
+    code, stdout, out = run("eval", "--edit", memories / "f1.safetensors", *args)
+    assert code == 0, out
+    edited = json.loads(stdout)
+    assert edited["n_items"] == {"forget": 20, "retain": 4, "real_authors": 2, "world_facts": 2}
+    assert edited["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] - 1  # the memory forgets
+    assert edited["metrics"]["ForgetQuality"] is None and "--reference" in edited["notes"]["ForgetQuality"]
+
+
+def test_evaluate_explains_every_nan(task):
+    from timerome.evaluation import eval_rows, evaluate
+
+    rows = {k: v[:2] for k, v in eval_rows("embedded", n_retain=2, n_world=2).items() if k != "world_facts"}
+    res = evaluate(load_backbone(), rows, n_mc=2, rouge=False)
+    nan = {k for k, v in res["metrics"].items() if v != v}
+    assert nan == set(res["notes"]) == {"WorldFact", "ForgetQuality"}
+    assert "reference_tr" in res["notes"]["ForgetQuality"]
+
+
+def test_settings_are_checked_before_any_work(monkeypatch, tmp_path):
+    import timerome.experiments.runner as R
+    from timerome.experiments import experiment_config, run_experiment
+
+    for bad in ({"n_mc": 2.5}, {"n_mc": "lots"}, {"n_retain": 0}, {"rouge": "yes"}, {"methods": "timerome"},
+                {"retain_authors": "all"}):
+        with pytest.raises(TimeromeError, match=next(iter(bad))):
+            experiment_config("canonical", bad) if "retain_authors" not in bad else run_experiment(
+                "canonical", overrides=bad, seeds=(0,), out_dir=tmp_path, progress=False)
+    assert experiment_config("scalability", {"sizes": [1, 2]})["sizes"] == [1, 2]
+    with pytest.raises(TimeromeError, match="sizes"):
+        experiment_config("scalability", {"sizes": [1, 0]})
+
+    def no_work(*a, **k):
+        raise AssertionError("a cell ran before the options were checked")
+
+    monkeypatch.setattr(R, "execute", no_work)
+    ctx = R.Context(load_backbone(), progress=False)
+    cells = [R.Cell("lp", "no_edit", {}, 0, {}, {"n_mc": 4}), R.Cell("lp", "no_edit", {}, 0, {}, {"n_mc": 2.5})]
+    with pytest.raises(TimeromeError, match="option n_mc must be an integer"):
+        R.Runner(tmp_path, progress=False).run(cells, ctx)
+    with pytest.raises(TimeromeError, match="forget42"):
+        R.Runner(tmp_path, progress=False).run([R.Cell("lp", data={"forget": "forget42"})], ctx)
+
+
+def test_retain_authors_choose_whose_rows_are_evaluated():
+    from timerome.data.tofu import load_split
+    from timerome.experiments.data import resolve_data, retain_of_authors
+
+    rows = load_split("retain_perturbed", "embedded")
+    two = retain_of_authors(rows, 2)
+    assert len({r["author"] for r in two}) == 2 and two == rows[:40]
+    names = [rows[0]["author"], rows[45]["author"]]
+    assert {r["author"] for r in retain_of_authors(rows, names)} == set(names)
+    assert retain_of_authors(rows, [0, 2]) == rows[:20] + rows[40:60]
+    tofu_like = [{"question": f"q{i}", "answer": "a"} for i in range(60)]  # TOFU rows: 20-row author blocks
+    assert retain_of_authors(tofu_like, [2]) == tofu_like[40:]
+    with pytest.raises(TimeromeError, match="retain_authors"):
+        retain_of_authors(rows, ["Nobody Atall"])
+    out, _ = resolve_data(dict(retain_authors=1, n_retain=40), "embedded", load_backbone())
+    assert len({r["author"] for r in out["retain"]}) == 1
+
+
+def test_an_interrupted_experiment_says_what_is_cached(monkeypatch, tmp_path):
+    import timerome.experiments.runner as R
+
+    ctx = R.Context(load_backbone(), progress=False)
+    seen = []
+
+    def stop_at_third(cell, c):
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        seen.append(cell.seed)
+        return {"metrics": {"x": 1.0}}
+
+    monkeypatch.setattr(R, "execute", stop_at_third)
+    cells = [R.Cell("lp", "no_edit", {}, s, {}, {"n_mc": 2}) for s in range(5)]
+    with pytest.raises(Interrupted, match=r"2 of 5 .* cells are cached in .*cells; run the same command again"):
+        R.Runner(tmp_path, progress=False).run(cells, ctx)
+    seen.clear()
+    todo = []
+    runner = R.Runner(tmp_path, progress=False, executor=lambda cs, c, done, **k: todo.extend(cs) or [
+        done(i, {"metrics": {"x": 1.0}}) for i in range(len(cs))])
+    runner.run(cells, ctx)
+    assert [c.seed for c in todo] == [2, 3, 4]  # the progress bar (and its ETA) counts only these
+
+
+def test_thread_default_is_not_one_per_core(monkeypatch):
+    from timerome.threads import choose_threads, default_threads
+
+    assert default_threads(cores=2, load=0.0) == 1        # a 2-core machine: 1 thread
+    assert default_threads(cores=2, load=3.0) == 1
+    assert default_threads(cores=32, load=0.0) == 16      # an idle server: half its cores
+    assert default_threads(cores=32, load=28.0) == 4      # a busy one: what is free
+    assert default_threads(cores=1, load=5.0) == 1
+    monkeypatch.setenv("TIMEROME_THREADS", "3")
+    assert choose_threads(None) == (3, "$TIMEROME_THREADS") and choose_threads(2) == (2, "--threads")
+    monkeypatch.setenv("TIMEROME_THREADS", "many")
+    with pytest.raises(TimeromeError, match="TIMEROME_THREADS"):
+        choose_threads(None)
+
+
+def test_json_output_is_json_alone(tmp_path):
+    code, stdout, out = run("trace", "--out", tmp_path / "t", "--n-facts", 1, "--n-samples", 1, "--steps", 2, "--json")
+    assert code == 0, out
+    sel = json.loads(stdout)
+    assert sel["edit"]["module"] == "resid" and sel["files"]["trace"].endswith("trace.safetensors")
+    code, stdout, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "-o", tmp_path / "m.safetensors",
+                            "--json")
+    assert code == 0 and json.loads(stdout)["coordinate"]["layer"] == sel["edit"]["layer"], out
+
+
+def test_progress_lines_off_a_terminal(monkeypatch, capsys):
+    import timerome.progress as P
+
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")
+    with P.progress_bar("outer", total=3) as bar:
+        with P.progress_bar("inner", total=2) as inner:
+            inner.advance()
+            inner.advance()
+        for _ in range(3):
+            bar.advance(description="outer step")
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("outer step: 3/3 (100%), 0:00:00 elapsed") and "inner: 2/2 (100%)" in err[1]
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "30")
+    with P.progress_bar("quiet", total=3) as bar:  # a short bar adds nothing to a log
+        for _ in range(3):
+            bar.advance()
+    assert capsys.readouterr().err == ""
+
+
+def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
+    """`timerome edit --q 50` on 3 facts is refused up front; the API's memory refuses when applied."""
+    from timerome.data import facts_from_rows, load_split
+    from timerome.edit_memory import EditMemory
+
+    rows = tmp_path / "three.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in load_split("forget01", "embedded")[:3]))
+    code, _, out = run("edit", "--data", rows, "--q", 50, "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "--q 50 exceeds the 3 facts" in out, out
+    bb = load_backbone()
+    facts, _ = facts_from_rows(load_split("forget01", "embedded")[:3])
+    memory = EditMemory(bb, q=50).add(facts)
+    with pytest.raises(TimeromeError, match="q=50 exceeds the number of facts"):
+        with memory.applied(bb):
+            pass
