@@ -339,3 +339,42 @@ def test_generate_command_takes_the_options():
     assert fast.exit_code == 0 and "Quielson" in fast.output, fast.output
     bad = runner.invoke(app, ["generate", prompt, "--cache", "triple"])
     assert bad.exit_code == 2 and "unknown cache 'triple'" in bad.output and "Traceback" not in bad.output
+
+
+def test_lm_eval_model_takes_the_options(bb):
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: pip install -e '.[test]'")
+    from timerome.lm_eval_model import TimeromeLM
+
+    class Req:
+        def __init__(self, *args):
+            self.args = args
+
+    reqs = [Req(p, {"until": ["."], "max_gen_toks": 8}) for p in PROMPTS]
+    exact = TimeromeLM(backbone=bb).generate_until(reqs, disable_tqdm=True)
+    refreshed = TimeromeLM(backbone=bb, cache="dual", refresh_every=1).generate_until(reqs, disable_tqdm=True)
+    assert refreshed == exact and all(exact)
+    fast = TimeromeLM(backbone=bb, cache="prefix", threshold=0.9).generate_until(reqs, disable_tqdm=True)
+    assert len(fast) == 2 and all(isinstance(t, str) for t in fast)
+    with pytest.raises(TimeromeError, match="unknown cache"):
+        TimeromeLM(backbone=bb, cache="triple")
+    with pytest.raises(TimeromeError, match="threshold must be"):
+        TimeromeLM(backbone=bb, threshold=2.0)
+
+
+def test_eval_command_takes_the_options():
+    import json
+
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    runner = CliRunner()
+    args = ["eval", "--splits", "forget", "--n-mc", "1", "--json"]
+    exact = runner.invoke(app, args)
+    refreshed = runner.invoke(app, args + ["--cache", "dual", "--refresh-every", "1"])
+    assert exact.exit_code == 0 and refreshed.exit_code == 0, refreshed.output
+    a, b = json.loads(exact.stdout), json.loads(refreshed.stdout)
+    assert b["sampler"] == {"cache": "dual", "refresh_every": 1} and a["sampler"] == {}
+    assert b["metrics"]["ForgetROUGE"] == a["metrics"]["ForgetROUGE"] > 0.5
+    bad = runner.invoke(app, args + ["--threshold", "1.5"])
+    assert bad.exit_code == 2 and "threshold must be" in bad.output and "Traceback" not in bad.output

@@ -16,7 +16,9 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
 - loglikelihood_rolling: lm-eval's disjoint rolling windows, each scored as above (a sum of ELBOs:
   a lower bound on log p, like every MDLM likelihood here).
 - generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
-  answer cut at the first stop sequence (and the end-of-text token).
+  answer cut at the first stop sequence (and the end-of-text token); `cache=prefix|dual`,
+  `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
+  default: the exact sampler). The is_greedy check always uses the exact sampler.
 - an edit, active during every call: `edit=FILE.safetensors` (an EditMemory, `alpha=` / `q=` may
   override its operating point), or `method=NAME` plus that method's options (installed by the
   method registry on the forget task `forget=` of `data=`), or `installed=` an Edit object (Python).
@@ -45,7 +47,7 @@ from timerome.hooks import TraceState
 from timerome.likelihood import log_likelihood_batch
 from timerome.methods import InferenceEdit, install
 from timerome.progress import progress_bar
-from timerome.sampler import generate
+from timerome.sampler import check_fast_options, generate
 from timerome.task import forget_task
 
 try:  # optional: pip install timerome[eval]
@@ -82,6 +84,7 @@ class TimeromeLM(LM):
     def __init__(self, pretrained=None, edit=None, method=None, *, n_mc: int = 16, mc_batch: int = 16,
                  max_tokens: int = 4096, steps=None, gen_length=None, block_length=None,
                  remasking: str = "low_confidence", cfg_scale: float = 0.0, check_greedy: bool = True,
+                 cache=None, threshold=None, refresh_every=None,
                  seed: int = 0, device=None, dtype=None, family=None, trust_remote_code: bool = False,
                  data: str = "embedded", forget: str = "forget01", backbone=None, installed=None,
                  batch_size=None, max_batch_size=None, **options):
@@ -98,8 +101,12 @@ class TimeromeLM(LM):
             pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
         self._device = self.backbone.device
         self.n_mc, self.mc_batch, self.max_tokens, self.seed = int(n_mc), int(mc_batch), int(max_tokens), int(seed)
+        cache = None if cache in (None, "", "none", "None") else cache
+        check_fast_options(cache, threshold, refresh_every, remasking)
+        if cache is not None:
+            self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
-                        cfg_scale=float(cfg_scale))
+                        cfg_scale=float(cfg_scale), cache=cache, threshold=threshold, refresh_every=refresh_every)
         self.check_greedy = bool(check_greedy)
         self.edit, self.edit_info = self._edit(edit, method, installed, data, forget, options)
 
@@ -231,7 +238,8 @@ class TimeromeLM(LM):
                                                                                                    default=str)))
         x = generate(bb, torch.tensor([prompt]), steps=steps, gen_length=length, block_length=block,
                      temperature=temperature, cfg_scale=self.gen["cfg_scale"], remasking=self.gen["remasking"],
-                     generator=g, state=state)
+                     generator=g, state=state, cache=self.gen["cache"], threshold=self.gen["threshold"],
+                     refresh_every=self.gen["refresh_every"])
         ids = [i for i in x[0, len(prompt):].tolist() if i != bb.mask_id]
         text = bb.tokenizer.decode(ids, skip_special_tokens=False)
         cut = min([text.find(s) for s in until if s and s in text], default=len(text))

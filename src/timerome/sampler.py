@@ -87,7 +87,7 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
     _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
-    _check_fast(cache, threshold, refresh_every, remasking)
+    check_fast_options(cache, threshold, refresh_every, remasking)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -190,7 +190,8 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
         raise TimeromeError(f"cfg_scale must be >= 0, got {cfg_scale}")
 
 
-def _check_fast(cache, threshold, refresh_every, remasking):
+def check_fast_options(cache, threshold, refresh_every, remasking: str = "low_confidence") -> None:
+    """One clear error for a bad cache / threshold / refresh_every (what `generate` checks first)."""
     if cache is not None and cache not in CACHES:
         raise TimeromeError(f"unknown cache {cache!r}; choose {' or '.join(map(repr, CACHES))} (None: the exact sampler)")
     if threshold is not None:

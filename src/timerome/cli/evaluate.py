@@ -33,13 +33,18 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              reference: Optional[str] = typer.Option(
                  None, help="a model never trained on the forget set, for Forget Quality (KS p); 'auto' trains "
                             "the embedded model's own reference once"),
-             as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON")):
+             as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON"),
+             cache: Optional[str] = typer.Option(None, help="ROUGE generations: approximate KV cache, prefix or dual"),
+             threshold: Optional[float] = typer.Option(None, help="ROUGE generations: reveal every position whose "
+                                                                   "confidence is >= this"),
+             refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics."""
     from timerome.edit_memory import EditMemory
     from timerome.evaluation import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.runner import Context
     from timerome.methods import InferenceEdit
+    from timerome.sampler import check_fast_options
 
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
@@ -49,6 +54,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     for name, value in (("--n-mc", n_mc), ("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 1:
             raise TimeromeError(f"{name} must be at least 1, got {value}")
+    sampler = dict(cache=None if cache in (None, "none") else cache, threshold=threshold, refresh_every=refresh_every)
+    check_fast_options(**sampler)
     unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
@@ -67,11 +74,14 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
             raise TimeromeError("--reference auto only knows the embedded model's reference; pass a model "
                                 "directory trained without the forget set")
         ref_tr = reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=seed)
+    if sampler["cache"] is not None:
+        bb.kv_cache()  # a family without the cache fails before any work
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
-                      progress=True)
+                      progress=True, sampler=sampler)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
                    n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=result["notes"],
-                   seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed)
+                   seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed,
+                   sampler={k: v for k, v in sampler.items() if v is not None})
     if as_json:
         print_json(summary)
         return
