@@ -2,8 +2,6 @@
 embedded architecture trained on a small TOFU subset (forget01's 2 authors + 2 retain authors)."""
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest

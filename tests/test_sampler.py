@@ -5,54 +5,16 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from timerome.errors import TimeromeError
 from timerome.sampler import generate, transfer_schedule
 
-VOCAB, MASK = 50, 49
+from toy import MASK
+from toy import ToyBackbone as _Toy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The toy is tiny: extra intra-op threads only spin (100x slower on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-class ToyBackbone:
-    """Tiny bidirectional transformer with seeded random weights: argmax depends on context."""
-
-    def __init__(self, d=32, n_layers=2, n_heads=4, max_length=64, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        r = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale
-        self.tok, self.pos = r(VOCAB, d), r(max_length, d)
-        self.layers = [dict(qkv=r(d, 3 * d, scale=2 * d ** -0.5), o=r(d, d, scale=2 * d ** -0.5),
-                            w1=r(d, 4 * d, scale=d ** -0.5), w2=r(4 * d, d, scale=(4 * d) ** -0.5))
-                       for _ in range(n_layers)]
-        self.head = r(d, VOCAB, scale=3 * d ** -0.5)
-        self.n_heads, self.mask_id, self.vocab_size, self.max_length = n_heads, MASK, VOCAB, max_length
-        self.device = torch.device("cpu")
-        self.calls = []  # (batch size, state.step or None) per forward
-        self.state = None
-
-    def logits(self, ids, attention_mask=None):
-        self.calls.append((ids.shape[0], None if self.state is None else self.state.step))
-        B, L = ids.shape
-        h = self.tok[ids] + self.pos[:L]
-        for w in self.layers:
-            q, k, v = (F.layer_norm(h, h.shape[-1:]) @ w["qkv"]).chunk(3, dim=-1)
-            q, k, v = (t.view(B, L, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
-            att = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, L, L], no causal mask
-            if attention_mask is not None:
-                att = att.masked_fill(~attention_mask[:, None, None, :].bool(), -torch.inf)
-            h = h + (att.softmax(-1) @ v).transpose(1, 2).reshape(B, L, -1) @ w["o"]
-            h = h + F.gelu(F.layer_norm(h, h.shape[-1:]) @ w["w1"]) @ w["w2"]
-        out = F.layer_norm(h, h.shape[-1:]) @ self.head
-        out[..., MASK] = -1e4  # like a trained MDLM, never predict the mask itself
-        return out
+def ToyBackbone(**kw):
+    return _Toy(never_predict_mask=True, **kw)
 
 
 class State:

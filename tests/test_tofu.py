@@ -1,6 +1,5 @@
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
