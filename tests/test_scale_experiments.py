@@ -152,3 +152,27 @@ def test_command_line_executor_options_are_checked(tmp_path):
         res = runner.invoke(app, ["experiment", "pareto", "--out", str(tmp_path), *args])
         assert res.exit_code == 2 and res.output.startswith("error:") and msg in res.output, (args, res.output)
         assert "Traceback" not in res.output
+
+
+def test_robustness_radar_entry_compares_kept_shares(tmp_path):
+    from timerome.experiments.radar import read_axes
+    from timerome.experiments.robustness import kept_share, radar_entry
+
+    def row(original, **others):
+        conds = {"original": {"change": {"mean": original}}}
+        conds.update({c: {"change": {"mean": v}} for c, v in others.items()})
+        return conds
+
+    p = {"timerome": row(-10.0, paraphrased_question=-8.0, paraphrased_answer=-12.0, relearn=-5.0),
+         "ga": row(-50.0, paraphrased_question=-40.0, paraphrased_answer=+5.0, relearn=-30.0),
+         "rome": row(-20.0, paraphrased_question=-20.0, paraphrased_answer=-20.0, relearn=-20.0),
+         "act_steer": row(-0.5, relearn=-0.5)}                    # too little forgetting to take a share of
+    assert kept_share(p["timerome"]) == pytest.approx(0.5)        # the weakest condition: relearn keeps 5 of 10
+    assert kept_share(p["ga"]) == 0.0 and kept_share(p["act_steer"]) is None
+    entry = radar_entry(p)
+    assert entry["value"] == pytest.approx(0.5) and entry["comparator"] == 0.0 and "vs ga" in entry["text"]
+    assert radar_entry({"timerome": p["timerome"]}) is None       # nothing to compare with
+    (tmp_path / "robustness").mkdir()
+    (tmp_path / "robustness" / "robustness.json").write_text(json.dumps({"radar": {"robustness": entry}}))
+    found, _ = read_axes(tmp_path)
+    assert found["robustness"]["share"] == pytest.approx(1.0)

@@ -198,17 +198,17 @@ def _passes(run: torch.Tensor, at: torch.Tensor, site: torch.Tensor, layer_of: t
     """The forwards of one step as passes: (indices into run, blocks skipped), first pass first.
 
     Without reuse: one pass of every row. With it: the rows that do not splice at this step (they
-    hold the corrupted rows, whose block outputs the later passes reuse), then the splicing rows
-    grouped by the layer l of their site, skipping blocks 0..l-1: below l a splicing row is its
-    corrupted row (same noise sample, same x_j).
+    hold the corrupted rows, whose block outputs the later passes reuse) and those splicing at
+    layer 0 (nothing to skip), then the other splicing rows grouped by the layer l of their site,
+    skipping blocks 0..l-1: below l a splicing row is its corrupted row (same noise sample, same x_j).
     """
     everything = torch.arange(len(run), device=run.device)
     splicing = at[run] == step
     if not reuse or not bool(splicing.any()):
         return [(everything, 0)]
     layer = torch.where(splicing, layer_of[site[run].clamp(min=0)], -1)
-    passes = [(everything[~splicing], 0)]
-    for l in layer[splicing].unique().tolist():
+    passes = [(everything[layer <= 0], 0)]  # a layer-0 splice skips nothing: it joins the first pass
+    for l in layer[layer > 0].unique().tolist():
         passes.append((everything[layer == l], int(l)))
     return passes
 

@@ -9,7 +9,8 @@ the table. Sources, read from `runs` (default: the folder above the radar's own 
 `timerome experiment all` lays them out):
     npo_sweep/npo_sweep.json   converged baseline, install time, extra memory (its "radar" entries)
     ablations/ablations.json   ForgetLP of the traced resid / all-steps edit vs the best other design
-    robustness/robustness.json its "radar" entries, when an experiment of that name has written one
+    robustness/robustness.json its "radar" entry: the share of the forgetting kept under paraphrase /
+                               relearning, TimeROME vs the strongest other method
     utility/utility.json       mean lm-eval score of the strongest operating point vs no_edit
 An axis whose experiment has not been run is left out, and the figure says so.
 """

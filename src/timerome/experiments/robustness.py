@@ -66,6 +66,29 @@ def panel(cells, results) -> dict:
     return out
 
 
+def kept_share(conds: dict, min_forget: float = 1.0) -> float | None:
+    """The share of a row's forgetting that its weakest condition keeps: min over paraphrases and
+    relearning of change(condition) / change(original), at least 0; None without a forgetting of
+    `min_forget` nats to take a share of."""
+    original = conds.get("original", {}).get("change", {}).get("mean")
+    if original is None or not original < -min_forget:
+        return None
+    kept = [conds[c]["change"]["mean"] / original for c in CONDITIONS[1:] if "change" in conds.get(c, {})]
+    return max(0.0, min(kept)) if kept else None
+
+
+def radar_entry(p: dict) -> dict | None:
+    """The radar's robustness axis: TimeROME's kept share (the row named "timerome", else the first
+    timerome row) against the strongest other method's (largest forgetting in the original condition)."""
+    ours = "timerome" if "timerome" in p else next((r for r in p if r.split(" ")[0] == "timerome"), None)
+    others = {r: c for r, c in p.items() if r.split(" ")[0] != "timerome" and kept_share(c) is not None}
+    if ours is None or kept_share(p[ours]) is None or not others:
+        return None
+    best = min(others, key=lambda r: others[r]["original"]["change"]["mean"])
+    return dict(value=kept_share(p[ours]), comparator=kept_share(others[best]), higher_is_better=True,
+                text=f"share of the forgetting kept under the weakest of paraphrase / relearning, {ours} vs {best}")
+
+
 def panel_markdown(p: dict) -> str:
     head = ["method"] + [f"Δ {c}" for c in CONDITIONS] + [f"weakening {c}" for c in CONDITIONS[1:]]
     lines = ["## Robustness panel: change of the forget log-probability vs the unedited model (nats)", "",
@@ -93,7 +116,9 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         missing.values()) else ""
     md = "\n".join([panel_markdown(p), markdown(summary, cols, "Forget log-probability per condition", note,
                                                 delta="LP_original")])
-    files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, config=cfg, seeds=list(seeds)), md)
+    entry = radar_entry(p)
+    files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, config=cfg, seeds=list(seeds),
+                                              radar={"robustness": entry} if entry else {}), md)
     files["png"] = plot_panels([("robustness", summary, COLUMNS)], Path(out_dir) / f"{NAME}.png",
                                ylabel="forget LP change vs no_edit (nats)")
     return dict(summary=summary, panel=p, markdown=md, files=files)
