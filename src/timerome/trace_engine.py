@@ -15,10 +15,10 @@ It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the
   rows one pass per layer l, whose blocks 0..l-1 return the cached outputs of their corrupted row
   instead of computing (their `forward` is swapped for the duration of the call; the embedding
   still runs). A block output must be a tensor or a plain tuple of batch-first tensors, else those
-  rows are computed in full. Layer-0 splices save nothing; on the embedded model (4 layers) it
-  computes 29% fewer row-blocks and ran 1.1-1.3 x faster on a shared CPU: the vocabulary
-  head and the sampler step still run per row, and the passes make ~4.5 x more (smaller)
-  forwards (`benchmarks/bench_trace.py`);
+  rows are computed in full. Layer-0 splices save nothing and join the first pass; on the
+  embedded model (4 layers) reuse computes 29% fewer row-blocks yet runs no faster (0.99x on the
+  idle machine): the vocabulary head and the sampler step still run per row, and the passes make
+  3.7 x more (smaller) forwards (`benchmarks/bench_trace.py`);
 - row 0 of the first forward of a step is the clean run and the splice reads the clean h from that
   row (as ROME does): inside the same forward, or, for the later passes of layer reuse, as recorded
   at the subject positions during the first pass of the step. Clean activations are never kept
