@@ -223,3 +223,56 @@ def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
     with pytest.raises(TimeromeError, match="q=50 exceeds the number of facts"):
         with memory.applied(bb):
             pass
+
+
+def test_codebook_memory_through_the_cli(tmp_path):
+    """`edit --method codebook` builds the codebook method's memory; generate, eval and memory
+    show / remove / add take it like a ridge memory; merge refuses it in one line."""
+    from timerome.codebook_memory import CodebookMemory
+    from timerome.memory_file import load_memory
+
+    cb = tmp_path / "cb.safetensors"
+    code, stdout, out = run("edit", "--method", "codebook", "--layer", "0", "-o", cb, "--json")
+    assert code == 0, out
+    built = json.loads(stdout)
+    assert built["method"] == "codebook" and built["n_facts"] == 20 and built["alpha"] == 8.0
+    assert built["calibration"] == "embedded:retain_perturbed" and built["n_entries"] > 20
+    bb = load_backbone()
+    assert isinstance(load_memory(cb, bb), CodebookMemory)
+    code, stdout, out = run("memory", "show", cb, "--json")
+    assert code == 0 and json.loads(stdout)["format"] == "timerome-codebook-memory/1", out
+
+    code, stdout, out = run("generate", "--edit", cb, "--json", "Where was Isgor Quielson born ?",
+                            "Where was Marhar Miostine born ?")
+    assert code == 0, out
+    forget, retain = json.loads(stdout)
+    assert forget["answer_with_edit"] != forget["answer"] and "Pellmoor" not in forget["answer_with_edit"]
+    assert retain["answer_with_edit"] == retain["answer"]
+
+    args = ("eval", "--json", "--no-rouge", "--n-mc", "4", "--n-retain", "10", "--n-world", "5")
+    code, stdout, out = run(*args)
+    assert code == 0, out
+    plain = json.loads(stdout)["metrics"]
+    code, stdout, out = run(*args, "--edit", cb)
+    assert code == 0, out
+    edited = json.loads(stdout)["metrics"]
+    assert edited["ForgetLP"] < plain["ForgetLP"] - 10
+    for k in ("RetainLP", "RealAuth", "WorldFact"):  # exactly zero update off the forget subject
+        assert edited[k] == plain[k], k
+
+    code, _, out = run("memory", "remove", cb, "Isgor Quielson/city", "-o", tmp_path / "less.safetensors")
+    assert code == 0 and "19 facts" in out, out
+    from timerome.data import load_split
+
+    rows = tmp_path / "more.jsonl"  # three facts of another forget05 author
+    other = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
+    rows.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in other))
+    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "pass --calibration" in out and out.count("\n") == 1, out
+    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "--calibration",
+                       "embedded:retain_perturbed", "-o", tmp_path / "m.safetensors")
+    assert code == 0 and "added 3 facts: 22 facts" in out, out
+    code, _, out = run("memory", "merge", cb, tmp_path / "m.safetensors", "-o", tmp_path / "x.safetensors")
+    assert code == 2 and "do not merge" in out and out.count("\n") == 1, out
+    code, _, out = run("edit", "--method", "rome", "-o", tmp_path / "y.safetensors")
+    assert code == 2 and "--method must be" in out, out

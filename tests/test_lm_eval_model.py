@@ -125,6 +125,21 @@ def test_an_installed_edit_is_active_during_evaluation(bb, docs, tasks, tmp_path
         pytest.approx(flat(before), abs=1e-6)  # alpha 0: no change at all
 
 
+def test_a_saved_codebook_memory_is_active_too(bb, docs, tasks, tmp_path):
+    task = forget_task("embedded", "forget01")
+    edit = install("codebook", bb, task, {"coordinate": [0, "resid"]}, seed=0)
+    path = edit.memory.save(tmp_path / "cb.safetensors")
+    expected = own_scores(bb, docs, edit=edit)
+    lm = TimeromeLM(backbone=bb, edit=str(path), n_mc=N_MC, check_greedy=False)
+    assert lm.edit_info["q"] is None and lm.edit_info["alpha"] == 8.0
+    got = evaluate_tasks(lm, ["tr_mc"], include_path=[tasks], log_samples=True)
+    assert flat(lm_eval_scores(got)) == pytest.approx(flat(expected), abs=1e-6)
+    for d, b, e in zip(docs, own_scores(bb, docs), expected):  # the forget answers do fall
+        assert e[d["gold"]] < b[d["gold"]] - 1.0
+    with pytest.raises(TimeromeError, match="only alpha and inner and margin apply"):
+        TimeromeLM(backbone=bb, edit=str(path), q=4)
+
+
 def test_generate_until_is_our_sampler_cut_at_the_stop_sequence(bb, docs, tasks):
     res = evaluate_tasks(TimeromeLM(backbone=bb, n_mc=N_MC), ["tr_gen"], include_path=[tasks], log_samples=True)
     got = [s["filtered_resps"][0] for s in sorted(res["samples"]["tr_gen"], key=lambda s: s["doc_id"])]

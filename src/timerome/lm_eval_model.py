@@ -20,7 +20,8 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
   `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
   default: the exact sampler). The is_greedy check always uses the exact sampler.
 - an edit, active during every call: `edit=FILE.safetensors` (an EditMemory, `alpha=` / `q=` may
-  override its operating point), or `method=NAME` plus that method's options (installed by the
+  override its operating point; a CodebookMemory, `alpha=` / `margin=` / `inner=`), or
+  `method=NAME` plus that method's options (installed by the
   method registry on the forget task `forget=` of `data=`), or `installed=` an Edit object (Python).
 
 Registration: importing this module registers the class as "timerome" in lm-eval's model registry,
@@ -41,7 +42,7 @@ import torch
 
 from timerome.backbones import load_backbone
 from timerome.cache import digest
-from timerome.edit_memory import EditMemory
+from timerome.memory_file import load_memory
 from timerome.errors import TimeromeError
 from timerome.hooks import TraceState
 from timerome.likelihood import log_likelihood_batch
@@ -117,17 +118,19 @@ class TimeromeLM(LM):
         if installed is not None:
             return installed, {"edit": getattr(installed, "method", "installed")}
         if path is not None:
-            unknown = sorted(set(options) - {"alpha", "q"})
+            memory = load_memory(path, bb)
+            allowed = {"alpha", "margin", "inner"} if hasattr(memory, "margin") else {"alpha", "q"}
+            unknown = sorted(set(options) - allowed)
             if unknown:
-                raise TimeromeError(f"unknown model_args {', '.join(unknown)} (with edit= only alpha and q apply)")
-            memory = EditMemory.load(path, bb)
+                raise TimeromeError(f"unknown model_args {', '.join(unknown)} (with edit= only "
+                                    f"{' and '.join(sorted(allowed))} apply to this memory)")
             for k, v in options.items():
                 setattr(memory, k, v)
             with memory.applied(bb):  # a bad alpha / q fails here, not in the middle of a task
                 pass
             edit = InferenceEdit(method="memory", config=dict(options), context=lambda: memory.applied(bb),
                                  memory=memory)
-            return edit, {"edit": str(path), "alpha": memory.alpha, "q": memory.q, "facts": len(memory),
+            return edit, {"edit": str(path), "alpha": memory.alpha, "q": getattr(memory, "q", None), "facts": len(memory),
                           "coordinate": memory.coordinate.as_dict()}
         if method is not None:
             task = forget_task(None if data == "tofu" else data, forget)

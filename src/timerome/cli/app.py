@@ -252,8 +252,8 @@ def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
             # what the next layer's norm computes, in the model's dtype: an overflow there ruins the answer
             if not torch.isfinite(memory.update(h).float().pow(2).mean(-1)).all():
                 raise TimeromeError(f"{source} makes the residual at {memory.coordinate} overflow (alpha "
-                                    f"{memory.alpha:g}): its alpha is far too large; rebuild it or set a smaller "
-                                    "alpha (the default is 4)")
+                                    f"{memory.alpha:g}): its alpha is far too large; rebuild it with a smaller "
+                                    "alpha (`timerome methods` lists the defaults)")
             h = h.double()
             change = memory.update(h) - h
             worst = max(worst, float((change.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).max()))

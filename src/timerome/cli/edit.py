@@ -19,12 +19,18 @@ from timerome.methods.timerome_edit import DEFAULTS
 @model_options
 def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
          model: ModelChoice = None,
+         method: str = typer.Option("timerome", help="'timerome' (the paper's ridge memory) or 'codebook' (the "
+                                                     "radius-gated codebook memory, docs/selectivity.md)"),
+         calibration: Optional[str] = typer.Option(
+             None, help="codebook: the rows its radii must spare ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL "
+                        "file; default: the retain_perturbed split of --data's source)"),
          data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
-         alpha: float = typer.Option(DEFAULTS["alpha"], help="edit strength (the timerome method's default)"),
+         alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's, 4 for timerome, "
+                                                          "8 for codebook)"),
          lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
          lam_absolute: Optional[float] = typer.Option(
              None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),
@@ -49,6 +55,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     from timerome.trace_result import TraceResult
     from timerome.whitening import background_texts
 
+    if method not in ("timerome", "codebook"):
+        raise TimeromeError(f"--method must be 'timerome' or 'codebook', got {method!r}")
+    if calibration is not None and method != "codebook":
+        raise TimeromeError("--calibration applies to --method codebook only")
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if not target.strip():
@@ -63,8 +73,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     elif layer is not None and not 0 <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
+    if method == "codebook":
+        return _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json)
     if q > len(facts):
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
+    alpha = DEFAULTS["alpha"] if alpha is None else alpha
     config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
                                             key_metric=key_metric, target=target, step=step))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
@@ -77,4 +90,38 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
         return
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
+    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"", soft_wrap=True)
+
+
+def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json):
+    """`timerome edit --method codebook`: the codebook method's memory at the coordinate, its radii
+    measured on the calibration rows (minus the forget rows)."""
+    from timerome.data.rows import load_rows
+    from timerome.methods import method_config
+    from timerome.methods.codebook import build
+    from timerome.task import ForgetTask
+
+    if calibration is None:
+        source = data.split(":", 1)[0] if ":" in data else None
+        if source not in ("embedded", "tofu"):
+            raise TimeromeError("--method codebook measures its radii on rows it must leave alone: pass "
+                                "--calibration (e.g. a file of retain question/answer rows)")
+        calibration = f"{source}:retain_perturbed"
+    spare = load_rows(calibration, tofu_dir=tofu_dir)
+    forget = load_rows(data, tofu_dir=tofu_dir)
+    over = dict(target=target, coordinate=[coordinate.layer, coordinate.point], step=coordinate.step)
+    if alpha is not None:
+        over["alpha"] = alpha
+    config = method_config("codebook", over)
+    task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
+    memory = build(bb, task, config, coordinate, facts)
+    memory.save(out)
+    if as_json:
+        print_json(dict(file=str(out), method="codebook", n_facts=len(memory), n_entries=memory.n_entries,
+                        coordinate=memory.coordinate.as_dict(), alpha=memory.alpha, margin=memory.margin,
+                        inner=memory.inner, calibration=calibration, fact_ids=memory.fact_ids))
+        return
+    console.print(f"codebook memory of {len(memory)} facts ({memory.n_entries} entries) at {memory.coordinate}: "
+                  f"alpha {memory.alpha:g}, margin {memory.margin:g}, radii from {calibration} -> {out}",
+                  soft_wrap=True)
     console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"", soft_wrap=True)

@@ -39,10 +39,10 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                                    "confidence is >= this"),
              refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics."""
-    from timerome.edit_memory import EditMemory
     from timerome.evaluation import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.runner import Context
+    from timerome.memory_file import load_memory
     from timerome.methods import InferenceEdit
     from timerome.sampler import check_fast_options
 
@@ -65,7 +65,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     rows, _ = ctx.data(spec)
     memory_edit = None
     if edit is not None:
-        memory = EditMemory.load(edit, bb)
+        memory = load_memory(edit, bb)
         check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
     ref_tr = None

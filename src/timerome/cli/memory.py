@@ -23,9 +23,9 @@ OutOpt = typer.Option(None, "--out", "-o", help="where to write the result (defa
 
 def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
-    from timerome.edit_memory import read_file
+    from timerome.memory_file import read_memory_file
 
-    tensors, meta = read_file(path)
+    tensors, meta = read_memory_file(path)
     hyper = dict(meta.get("hyper") or {})
     return dict(file=str(path), format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
@@ -44,20 +44,29 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     if as_json:
         print_json(d)
         return
+    from timerome.memory_file import is_codebook
+
     c, h = d["coordinate"] or {}, d["hyper"]
-    t = Table(title=f"edit memory {file}", show_header=False)
+    codebook = is_codebook(d)
+    t = Table(title=f"{'codebook' if codebook else 'edit'} memory {file}", show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     step = "every step" if c.get("step") is None else f"step {c.get('step')} only"
-    lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
-           else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
+    background = f" ({d['stats']['n_tokens']} background tokens)" if d.get("stats") else ""
+    if codebook:
+        rows = (("alpha", f"{h.get('alpha')}"), ("radius", f"margin {h.get('margin')} x the distance to the nearest "
+                                                            f"calibration token, full strength within {h.get('inner')}"),
+                ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
+                ("gate", f"subject-complete {h.get('complete')}, write {h.get('write')}, object keys "
+                         f"{h.get('object_keys')}, values {h.get('values')}"))
+    else:
+        lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
+               else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
+        rows = (("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
+                ("key metric", f"{h.get('key_metric')}{background}"), ("g_max", f"{h.get('g_max')}"))
     for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
-                 ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"),
-                 ("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
-                 ("key metric", f"{h.get('key_metric')}" + (f" ({d['stats']['n_tokens']} background tokens)"
-                                                          if d.get("stats") else "")),
-                 ("g_max", f"{h.get('g_max')}"), ("target", repr(h.get("target"))),
-                 ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
+                 ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"), *rows,
+                 ("target", repr(h.get("target"))), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
         t.add_row(k, escape(v))
     console.print(t)
     ft = Table(title="facts")
@@ -77,13 +86,29 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
 def add(file: Path = typer.Argument(..., help="an edit memory file"),
         model: ModelChoice = None, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
         out: Optional[Path] = OutOpt,
+        calibration: Optional[str] = typer.Option(
+            None, help="a codebook memory: the rows its radii must spare (default: the retain_perturbed split of "
+                       "--data's source)"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
-    """Insert the facts of --data into a saved memory (a block update of G; same lambda scale)."""
-    from timerome.edit_memory import EditMemory
+    """Insert the facts of --data into a saved memory (a block update of G, same lambda scale; a
+    codebook memory appends their entries, radii measured on --calibration)."""
+    from timerome.data.rows import load_rows
+    from timerome.memory_file import is_codebook, load_memory, read_memory_file
 
     dest = output_file(out or file)
+    _, meta = read_memory_file(file)
+    rows = None
+    if is_codebook(meta):
+        source = data.split(":", 1)[0] if ":" in data else None
+        if calibration is None and source not in ("embedded", "tofu"):
+            raise TimeromeError("a codebook memory measures new radii on rows it must leave alone: pass --calibration")
+        spare = load_rows(calibration or f"{source}:retain_perturbed", tofu_dir=tofu_dir)
+        forget = {(r["question"], r["answer"]) for r in load_rows(data, tofu_dir=tofu_dir)}
+        rows = [r for r in spare if (r["question"], r["answer"]) not in forget]
+    elif calibration is not None:
+        raise TimeromeError(f"--calibration applies to codebook memories only; {file} is a ridge edit memory")
     bb = model.load()
-    memory = EditMemory.load(file, bb)
+    memory = load_memory(file, bb, calibration=rows)
     facts = _facts(data, tofu_dir, backbone=bb)
     before = len(memory)
     memory.add(facts)
@@ -99,13 +124,13 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
            model: ModelChoice = None, out: Optional[Path] = OutOpt,
            as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Remove facts from a saved memory (a downdate of G, no re-solve)."""
-    from timerome.edit_memory import EditMemory
+    from timerome.memory_file import load_memory
 
     if not fact_ids and not subject:
         raise TimeromeError("name the facts to remove: fact ids (see `timerome memory show FILE`) or --subject")
     dest = output_file(out or file)
     bb = model.load()
-    memory = EditMemory.load(file, bb)
+    memory = load_memory(file, bb)
     ids = list(fact_ids or [])
     for s in subject or []:
         of = [fid for fid, f in zip(memory.fact_ids, memory.facts) if getattr(f, "subject", None) == s]
@@ -130,8 +155,14 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
     (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
     from timerome.edit_memory import EditMemory
 
+    from timerome.memory_file import is_codebook, read_memory_file
+
     if len(files) < 2:
         raise TimeromeError("merge needs at least two memory files")
+    for f in files:
+        if is_codebook(read_memory_file(f)[1]):
+            raise TimeromeError(f"{f} is a codebook memory: its entries' radii depend on the calibration corpus, so "
+                                "codebooks do not merge; `timerome memory add` the other's facts to it instead")
     dest = output_file(out)
     bb = model.load()
     first = EditMemory.load(files[0], bb)

@@ -171,9 +171,9 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     bb = model.load()
     memory = None
     if edit is not None:
-        from timerome.edit_memory import EditMemory
+        from timerome.memory_file import load_memory
 
-        memory = EditMemory.load(edit, bb)
+        memory = load_memory(edit, bb)
         k = memory.coordinate.step
         if k is not None and not 0 <= k < steps:
             raise TimeromeError(f"{edit} edits only at denoising step {k}, which a {steps}-step run never "

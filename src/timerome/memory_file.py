@@ -1,0 +1,34 @@
+"""Which edit memory a saved file holds, and loading it as that memory.
+
+Two memories are saved by timerome, told apart by the `format` in the file's header: the paper's
+ridge memory (`edit_memory.EditMemory`, Eq. multifact) and the radius-gated codebook memory
+(`codebook_memory.CodebookMemory`, beyond the paper). Both have a coordinate, an alpha, an
+`update(h)` and an `applied(backbone)` context, so whatever applies one applies the other:
+`timerome generate --edit`, `timerome eval --edit`, `timerome memory ...`, the lm-eval model.
+"""
+
+from __future__ import annotations
+
+from timerome.codebook_memory import FORMAT as CODEBOOK_FORMAT, CodebookMemory
+from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file
+
+FORMATS = (FORMAT, *OLD_FORMATS, CODEBOOK_FORMAT)
+
+
+def read_memory_file(path) -> tuple[dict, dict]:
+    """(tensors, metadata) of either kind of memory file, its format and checksum checked."""
+    return read_file(path, formats=FORMATS)
+
+
+def is_codebook(meta: dict) -> bool:
+    return meta.get("format") == CODEBOOK_FORMAT
+
+
+def load_memory(path, backbone, calibration=None):
+    """The memory saved at `path`, for `backbone` (another model's file, a damaged one or an unknown
+    format is one TimeromeError). `calibration`: a codebook memory's radius corpus, needed only to
+    insert more facts into it."""
+    _, meta = read_memory_file(path)
+    if is_codebook(meta):
+        return CodebookMemory.load(path, backbone, calibration=calibration)
+    return EditMemory.load(path, backbone)
