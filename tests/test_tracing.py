@@ -10,7 +10,7 @@ from timerome import TimeromeError, load_backbone
 from timerome.backbones.loading import DEFAULT_MODEL_DIR
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.heatmaps import plot_heatmaps, plot_per_fact
-from timerome.hooks import Intervention, TraceState, capture
+from timerome.hooks import Hooks, Intervention, TraceState, capture
 from timerome.encoding import encode_fact as tokenize_fact
 from timerome.sampler import generate
 from timerome.selection import per_fact_best, select_coordinate
@@ -173,18 +173,12 @@ def test_layer_reuse_changes_no_tie(bb, traced, batch_size):
 def test_layer_reuse_really_skips_the_lower_blocks(bb):
     """Block 0 is not computed in the forwards that splice above layer 0, and its forward is the
     class's own again afterwards."""
-    calls = []  # one entry per computation of block 0's attention
+    calls = []  # one entry per computation of block 0's attention (an observer: edits nothing)
 
-    def count(*_):
-        calls.append(1)
-
-    handle = bb.module(0, "attn").register_forward_pre_hook(count)
-    try:
+    with Hooks(bb, edit={(0, "attn"): lambda h, _state: calls.append(1)}):
         r_on = trace(bb, FACTS[:1], **FAST)
         calls_on = len(calls)
         r_off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
-    finally:
-        handle.remove()
     assert len(calls) - calls_on == r_off.stats["forwards"]
     # per step one forward computes block 0: the rows that do not splice with the layer-0 splices
     assert calls_on == 4 + 1 < r_on.stats["forwards"]
