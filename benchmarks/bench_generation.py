@@ -227,12 +227,18 @@ def bench_rouge(args, options) -> dict:
                               **{f"{s}_rouge": v for s, v in scores.items()}, **{f"{s}_diff": d for s, d in diff.items()}))
             print(f"{option:<26}{'yes' if edited else 'no':<7}"
                   + "".join(f"{scores[s]:>15.4f}{diff[s]:>+8.4f}" for s in splits) + f"{secs:>9.2f}", flush=True)
+    n = {s: len(rs) for s, rs in splits.items()}
+    for r in table:  # the forget01 + retain questions as one set: each split weighted by its questions
+        r["pooled_diff"] = sum(n[s] * r[f"{s}_diff"] for s in splits) / sum(n.values())
     per_option = {o: max(abs(r[f"{s}_diff"]) for r in table if r["option"] == o for s in splits)
                   for o in options if o != "exact"}
+    pooled = {o: max(abs(r["pooled_diff"]) for r in table if r["option"] == o) for o in options if o != "exact"}
     for o, d in per_option.items():
-        print(f"{o:<26} largest |ROUGE-L - exact| over splits, with and without the edit: {d:.4f} "
-              f"({'meets' if d <= 0.02 else 'misses'} the goal <= 0.02)")
-    return dict(threshold=tau, rows=table, max_abs_diff=worst, max_abs_diff_by_option=per_option)
+        print(f"{o:<26} largest |ROUGE-L - exact|, with and without the edit: per split {d:.4f} "
+              f"({'meets' if d <= 0.02 else 'misses'} <= 0.02), over all {sum(n.values())} questions "
+              f"{pooled[o]:.4f} ({'meets' if pooled[o] <= 0.02 else 'misses'} <= 0.02)")
+    return dict(threshold=tau, rows=table, max_abs_diff=worst, max_abs_diff_by_option=per_option,
+                max_abs_pooled_diff_by_option=pooled)
 
 
 if __name__ == "__main__":
