@@ -206,7 +206,7 @@ def _time_hook(mem, h, n=50) -> float:
         for i in range(n + 3):
             sync(h.device)
             t = CLOCK()
-            mem._update(h, add=True)
+            mem.update(h)
             sync(h.device)
             if i >= 3:
                 times.append(CLOCK() - t)
