@@ -225,6 +225,15 @@ def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
             pass
 
 
+def test_memory_add_keeps_the_facts_it_already_holds(memories, tmp_path):
+    code, _, out = run("memory", "add", memories / "f1.safetensors", "--data", "embedded:forget05",
+                       "-o", tmp_path / "f5.safetensors")
+    assert code == 0 and "20 facts of embedded:forget05 are already in" in out and "added 80 facts: 100" in out, out
+    code, _, out = run("memory", "add", tmp_path / "f5.safetensors", "--data", "embedded:forget01",
+                       "-o", tmp_path / "again.safetensors")
+    assert code == 2 and "nothing to add" in out and not (tmp_path / "again.safetensors").exists(), out
+
+
 def test_codebook_memory_through_the_cli(tmp_path):
     """`edit --method codebook` builds the codebook method's memory; generate, eval and memory
     show / remove / add take it like a ridge memory; merge refuses it in one line."""

@@ -93,6 +93,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     """Insert the facts of --data into a saved memory (a block update of G, same lambda scale; a
     codebook memory appends their entries, radii measured on --calibration)."""
     from timerome.data.rows import load_rows
+    from timerome.encoding import fact_id
     from timerome.memory_file import is_codebook, load_memory, read_memory_file
 
     dest = output_file(out or file)
@@ -110,8 +111,15 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     bb = model.load()
     memory = load_memory(file, bb, calibration=rows)
     facts = _facts(data, tofu_dir, backbone=bb)
+    held = set(memory.fact_ids)
+    new = [f for f in facts if fact_id(f) not in held]
+    if not new:
+        raise TimeromeError(f"every fact of {data} is already in {file}: nothing to add")
+    if len(new) < len(facts):  # e.g. forget05 onto a forget01 memory: the shared author's facts stay as they are
+        err_console.print(f"[yellow]note:[/] {len(facts) - len(new)} facts of {escape(data)} are already in "
+                          f"{escape(str(file))} and are kept as they are; adding the other {len(new)}", soft_wrap=True)
     before = len(memory)
-    memory.add(facts)
+    memory.add(new)
     _done(memory.save(dest), memory, f"added {len(memory) - before} facts", as_json)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -45,7 +46,8 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
-               config: Optional[Path] = typer.Option(None, "--config", "-c", help="JSON file of settings to override"),
+               config: Optional[str] = typer.Option(None, "--config", "-c", help="settings to override: a JSON file, or "
+                                                                   "inline JSON such as '{\"n_mc\": 8}'"),
                seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
                methods: Optional[str] = typer.Option(None, help="comma-separated method names (experiments with a "
@@ -67,7 +69,13 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
 
     overrides = {}
     if config is not None:
-        overrides = read_json(config, "experiment config")
+        if config.lstrip().startswith(("{", "[")):
+            try:
+                overrides = json.loads(config)
+            except json.JSONDecodeError as e:
+                raise TimeromeError(f"--config is not valid JSON: {e}") from None
+        else:
+            overrides = read_json(Path(config), "experiment config")
         if not isinstance(overrides, dict):
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
     if methods:
