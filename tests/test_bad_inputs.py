@@ -142,7 +142,7 @@ def catalogue(f, tmp):
         ("memory remove of an unknown id", ["memory", "remove", f["mem"], "nosuchid", "-o", out], "nosuchid"),
         ("memory remove of everything", ["memory", "remove", f["mem"], "--subject", "Isgor Quielson", "-o", out],
          "every fact"),
-        ("memory add of facts already in it", ["memory", "add", f["mem"], "-o", out], "already in the memory"),
+        ("memory add of facts already in it", ["memory", "add", f["mem"], "-o", out], "nothing to add"),
         ("memory merge across coordinates", ["memory", "merge", f["mem"], f["mem_l0"], "-o", out], "coordinate"),
         ("eval --n-mc 0", ["eval", "--n-mc", "0"], "--n-mc"),
         ("eval of an unknown split", ["eval", "--splits", "bogus"], "--splits"),

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from functools import wraps
 from typing import Optional
@@ -114,6 +115,18 @@ def _options(threads: Optional[int] = typer.Option(
 
     n, _ = choose_threads(threads)
     torch.set_num_threads(n)
+    warnings.showwarning = _one_line_warning
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python warnings on the command line as one yellow line (no source line: that is for developers;
+    TIMEROME_DEBUG=1 keeps Python's format)."""
+    if os.environ.get("TIMEROME_DEBUG"):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+        return
+    text = " ".join(str(message).split())
+    origin = "" if category is UserWarning else f" ({category.__name__})"
+    err_console.print(f"[yellow]warning:[/] {escape(text)}{origin}", soft_wrap=True)
 
 
 def print_json(obj) -> None:
