@@ -42,6 +42,7 @@ import torch
 
 from timerome.backbones import load_backbone
 from timerome.cache import digest
+from timerome.codebook_memory import CodebookMemory
 from timerome.memory_file import load_memory
 from timerome.errors import TimeromeError
 from timerome.hooks import TraceState
@@ -119,7 +120,7 @@ class TimeromeLM(LM):
             return installed, {"edit": getattr(installed, "method", "installed")}
         if path is not None:
             memory = load_memory(path, bb)
-            allowed = {"alpha", "margin", "inner"} if hasattr(memory, "margin") else {"alpha", "q"}
+            allowed = {"alpha", "margin", "inner"} if isinstance(memory, CodebookMemory) else {"alpha", "q"}
             unknown = sorted(set(options) - allowed)
             if unknown:
                 raise TimeromeError(f"unknown model_args {', '.join(unknown)} (with edit= only "

@@ -220,6 +220,24 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     return facts
 
 
+def codebook_calibration(data: str, calibration: str | None, tofu_dir) -> tuple[str, list[dict]]:
+    """(spec, rows) a codebook memory measures its radii on: --calibration, else the retain_perturbed
+    split of --data's source ('embedded' or 'tofu'), minus --data's own rows."""
+    from timerome.data.rows import load_rows
+    from timerome.methods.codebook import calibration_rows
+    from timerome.task import ForgetTask
+
+    if calibration is None:
+        source = data.split(":", 1)[0] if ":" in data else None
+        if source not in ("embedded", "tofu"):
+            raise TimeromeError("a codebook memory measures its radii on rows it must leave alone: pass "
+                                "--calibration (e.g. a file of retain question/answer rows)")
+        calibration = f"{source}:retain_perturbed"
+    task = ForgetTask(forget_rows=load_rows(data, tofu_dir=tofu_dir), facts=[],
+                      retain_rows=load_rows(calibration, tofu_dir=tofu_dir))
+    return calibration, calibration_rows(task, {})
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options,
-                              print_json)
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, friendly,
+                              load_facts as _facts, model_options, print_json)
 from timerome.errors import TimeromeError
 from timerome.files import output_file
 from timerome.methods.timerome_edit import DEFAULTS
@@ -96,24 +96,16 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
 def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json):
     """`timerome edit --method codebook`: the codebook method's memory at the coordinate, its radii
     measured on the calibration rows (minus the forget rows)."""
-    from timerome.data.rows import load_rows
     from timerome.methods import method_config
     from timerome.methods.codebook import build
     from timerome.task import ForgetTask
 
-    if calibration is None:
-        source = data.split(":", 1)[0] if ":" in data else None
-        if source not in ("embedded", "tofu"):
-            raise TimeromeError("--method codebook measures its radii on rows it must leave alone: pass "
-                                "--calibration (e.g. a file of retain question/answer rows)")
-        calibration = f"{source}:retain_perturbed"
-    spare = load_rows(calibration, tofu_dir=tofu_dir)
-    forget = load_rows(data, tofu_dir=tofu_dir)
+    calibration, spare = codebook_calibration(data, calibration, tofu_dir)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point], step=coordinate.step)
     if alpha is not None:
         over["alpha"] = alpha
     config = method_config("codebook", over)
-    task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
+    task = ForgetTask(forget_rows=[], facts=facts, retain_rows=spare, background=texts)
     memory = build(bb, task, config, coordinate, facts)
     memory.save(out)
     if as_json:

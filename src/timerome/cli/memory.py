@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, err_console, friendly,
-                              load_facts as _facts, model_options, print_json)
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, err_console,
+                              friendly, load_facts as _facts, model_options, print_json)
 from timerome.errors import TimeromeError
 from timerome.files import output_file
 
@@ -92,7 +92,6 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Insert the facts of --data into a saved memory (a block update of G, same lambda scale; a
     codebook memory appends their entries, radii measured on --calibration)."""
-    from timerome.data.rows import load_rows
     from timerome.encoding import fact_id
     from timerome.memory_file import is_codebook, load_memory, read_memory_file
 
@@ -100,12 +99,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     _, meta = read_memory_file(file)
     rows = None
     if is_codebook(meta):
-        source = data.split(":", 1)[0] if ":" in data else None
-        if calibration is None and source not in ("embedded", "tofu"):
-            raise TimeromeError("a codebook memory measures new radii on rows it must leave alone: pass --calibration")
-        spare = load_rows(calibration or f"{source}:retain_perturbed", tofu_dir=tofu_dir)
-        forget = {(r["question"], r["answer"]) for r in load_rows(data, tofu_dir=tofu_dir)}
-        rows = [r for r in spare if (r["question"], r["answer"]) not in forget]
+        _, rows = codebook_calibration(data, calibration, tofu_dir)
     elif calibration is not None:
         raise TimeromeError(f"--calibration applies to codebook memories only; {file} is a ridge edit memory")
     bb = model.load()
