@@ -136,18 +136,20 @@ def test_edit_hook_sees_every_position_at_a_refresh_and_the_window_after(tiny, p
 
 
 def test_every_inference_edit_is_exact_through_a_partial_forward(bb, memory):
-    """The memory, the single-fact gated edit and the steering baselines (act_steer, rmu_like)."""
+    """The memory, the single-fact gated edit, the steering baselines (act_steer, rmu_like) and the
+    codebook memory, whose gate reads the whole sequence (the subject sits outside the window)."""
     from timerome.gated_edit import GatedEdit
     from timerome.methods import install
     from timerome.task import forget_task
 
     task = forget_task("embedded", "forget01")
     steer, rmu = install("act_steer", bb, task), install("rmu_like", bb, task)
+    codebook = install("codebook", bb, task, {"coordinate": [0, "resid"]})
     gated = GatedEdit.from_fact(bb, memory.facts[0], memory.coordinate, alpha=4.0)
     ids = torch.tensor([bb.encode(PROMPTS[0])])
     P = ids.shape[1]
     x = torch.cat([ids, torch.full((1, 10), bb.mask_id)], 1)
-    for ctx in (memory.applied(bb), gated.applied(bb), steer.active(), rmu.active()):
+    for ctx in (memory.applied(bb), gated.applied(bb), steer.active(), rmu.active(), codebook.active()):
         with torch.no_grad(), ctx:
             full = bb.logits(x)
             kv = bb.kv_cache()
@@ -206,6 +208,22 @@ def test_cache_refreshed_every_step_is_exact_with_an_edit_installed(bb, memory, 
     kw = dict(steps=16, gen_length=16, block_length=8)
     plain = generate(bb, ids, **kw)
     with memory.applied(bb) as st:
+        ref = generate(bb, ids, state=st, **kw)
+        fast = generate(bb, ids, state=st, cache=cache, refresh_every=1, **kw)
+    assert torch.equal(fast, ref)
+    assert not torch.equal(ref, plain)  # the memory changes this answer
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_refreshed_every_step_is_exact_with_a_codebook_memory(bb, cache):
+    from timerome.methods import install
+    from timerome.task import forget_task
+
+    codebook = install("codebook", bb, forget_task("embedded", "forget01"), {"coordinate": [0, "resid"]})
+    ids = _prompt(bb)
+    kw = dict(steps=16, gen_length=16, block_length=8)
+    plain = generate(bb, ids, **kw)
+    with codebook.active() as st:
         ref = generate(bb, ids, state=st, **kw)
         fast = generate(bb, ids, state=st, cache=cache, refresh_every=1, **kw)
     assert torch.equal(fast, ref)

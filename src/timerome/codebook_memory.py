@@ -223,6 +223,11 @@ class CodebookMemory:
         return self._gate(x, self._matrices(h.device, dt), _n_sequences(h))
 
     def _gate(self, x, m: dict, n_seq: int):
+        g, e = self._token_gate(x, m)
+        return (self._complete(g, e, m, n_seq) if self.complete else g), e
+
+    def _token_gate(self, x, m: dict):
+        """(g [N], nearest entry [N]) of each token on its own: before the subject-complete cap."""
         z = (x - m["mu"]) @ m["white"]
         step = max(1, _CHUNK // max(1, len(m["keys"])))
         best, entry = [], []
@@ -230,8 +235,7 @@ class CodebookMemory:
             v, i = (torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1)
             best.append(v), entry.append(i)
         ratio, e = torch.cat(best), torch.cat(entry)
-        g = ((1 - ratio) / (1 - self.inner)).clamp(0, 1)
-        return (self._complete(g, e, m, n_seq) if self.complete else g), e
+        return ((1 - ratio) / (1 - self.inner)).clamp(0, 1), e
 
     def _complete(self, g, e, m: dict, n_seq: int) -> torch.Tensor:
         """g capped, per token, by how completely its subject stands in its sequence: the smallest
@@ -259,14 +263,35 @@ class CodebookMemory:
         out = self._edited(h)
         return h.clone() if out is None else out
 
-    def _edited(self, h: torch.Tensor) -> torch.Tensor | None:
-        """The edited copy of h, or None when no token lies inside a radius (the hook then leaves h)."""
+    def _edited(self, h: torch.Tensor, positions: torch.Tensor | None = None,
+                seen: dict | None = None) -> torch.Tensor | None:
+        """The edited copy of h, or None when no token lies inside a radius (the hook then leaves h).
+
+        The gate is a function of whole sequences (the subject-complete cap, write="sequence"). A
+        forward that holds every position (positions None) leaves its per-token gates in `seen`; a
+        partial forward of a cached sampler (positions: the absolute positions it holds) takes the
+        other positions' gates from there, as the cache takes their keys and values from the last
+        refresh, so the edit of a window token is the one a full forward would have made.
+        """
         dt = torch.float64 if h.dtype == torch.float64 else torch.float32
         x = h.reshape(-1, self.hidden_size)
         m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
-        g, e = self._gate(x.to(dt), m, n_seq)
+        g, e = self._token_gate(x.to(dt), m)
+        window = None
+        if seen is not None and positions is None:
+            seen.update(g=g.view(n_seq, -1).clone(), e=e.view(n_seq, -1).clone())
+        elif seen is not None and "g" in seen and seen["g"].shape[0] == n_seq and \
+                int(positions.max()) < seen["g"].shape[1]:
+            window = positions.to(g.device)
+            G, E = seen["g"].clone(), seen["e"].clone()
+            G[:, window], E[:, window] = g.view(n_seq, -1), e.view(n_seq, -1)
+            g, e = G.reshape(-1), E.reshape(-1)
+        if self.complete:
+            g = self._complete(g, e, m, n_seq)
         if self.write == "sequence":  # each sequence's strongest gate, at every one of its tokens
             g, e = _spread_over_sequences(g, e, n_seq)
+        if window is not None:  # back to the tokens this forward holds
+            g, e = g.view(n_seq, -1)[:, window].reshape(-1), e.view(n_seq, -1)[:, window].reshape(-1)
         hit = (g > 0).nonzero().squeeze(1)
         if not len(hit):
             return None
@@ -283,7 +308,9 @@ class CodebookMemory:
                                 f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
         self._check_ready()
         self._matrices(backbone.device, torch.float32)  # built now: nothing can fail mid-forward
-        with Hooks(backbone, edit={self.coordinate: lambda h, _st: self._edited(h)}, state=state) as hooks:
+        seen: dict = {}  # the last full forward's per-token gates, for the partial forwards of a cache
+        with Hooks(backbone, edit={self.coordinate: lambda h, st: self._edited(h, st.positions, seen)},
+                   state=state) as hooks:
             yield hooks.state
 
     def _groups(self) -> tuple[torch.Tensor, torch.Tensor]:
