@@ -285,3 +285,19 @@ def test_codebook_memory_through_the_cli(tmp_path):
     assert code == 2 and "do not merge" in out and out.count("\n") == 1, out
     code, _, out = run("edit", "--method", "rome", "-o", tmp_path / "y.safetensors")
     assert code == 2 and "--method must be" in out, out
+
+
+def test_eval_says_which_rows_it_could_not_score():
+    """Rows over the model's context are counted per split, and a vocabulary that cannot read the
+    data is named: the embedded model on real TOFU text (never silent numbers)."""
+    from conftest import TOFU_DIR
+
+    if not (TOFU_DIR / "forget01.json").exists():
+        pytest.fail(f"the shared TOFU copy is missing: looked in {TOFU_DIR}")
+    code, stdout, out = run("eval", "--data", TOFU_DIR, "--json", "--no-rouge", "--n-mc", "2", "--n-retain", "40",
+                            "--splits", "forget,retain")
+    assert code == 0, out
+    n = json.loads(stdout)["n_items"]
+    assert "rows longer than the model's context of 64 tokens are not scored: forget" in out
+    assert f"forget {40 - n['forget']} of 40" in out and n["forget"] < 40
+    assert "unknown to the model's vocabulary" in out

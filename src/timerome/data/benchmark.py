@@ -170,6 +170,9 @@ def entity_subject(rows: list[dict], field_name: str = "question") -> list[str |
 # ------------------------------------------------------------------------------ vocabulary
 
 
+UNKNOWN_WARNING = 0.05  # above this share of unknown tokens an evaluation's numbers mean little
+
+
 def unknown_share(backbone, texts: list[str], limit: int = 200) -> float:
     """Share of tokens the model's tokenizer maps to its unknown token (0 for byte-level BPE),
     over the first `limit` texts."""

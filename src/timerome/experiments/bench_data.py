@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 
-from timerome.data.benchmark import entity_subject, unknown_share
+from timerome.data.benchmark import UNKNOWN_WARNING, entity_subject, unknown_share
 from timerome.data.facts import facts_from_rows
 from timerome.data.muse import load_muse
 from timerome.data.rows import spread
@@ -38,7 +38,6 @@ from timerome.metrics.rwku import qa_rows
 from timerome.metrics.wmdp import prompt as wmdp_prompt
 from timerome.task import ForgetTask
 
-UNKNOWN_WARNING = 0.05  # above this share of unknown tokens a benchmark's numbers mean nothing
 
 
 def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dict, ForgetTask]:

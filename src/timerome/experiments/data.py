@@ -6,13 +6,15 @@ holding it; `resolve_data` turns it into rows, checked against the model's conte
 
 from __future__ import annotations
 
+import warnings
+
+from timerome.data.benchmark import UNKNOWN_WARNING, unknown_share
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
 from timerome.data.rows import spread
 from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
 from timerome.errors import TimeromeError
 from timerome.evaluation import fits
 from timerome.task import ForgetTask
-
 
 
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
@@ -44,7 +46,17 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     if any((r["question"], r["answer"]) in asked for r in retain):
         raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
                             "forget fewer rows")
-    out = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
+    kept = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
+    dropped = [f"{k} {len(out[k]) - len(v)} of {len(out[k])}" for k, v in kept.items() if len(v) < len(out[k])]
+    if dropped:  # never silently: the counts say how many rows each split lost
+        warnings.warn(f"rows longer than the model's context of {backbone.max_length} tokens are not scored: "
+                      + ", ".join(dropped), stacklevel=2)
+    out = kept
+    share = unknown_share(backbone, [f"{r['question']} {r['answer']}" for v in out.values() for r in v[:20]])
+    if share > UNKNOWN_WARNING:
+        warnings.warn(f"{share:.0%} of the evaluated rows' tokens are unknown to the model's vocabulary "
+                      f"({backbone.vocab_size} tokens): their log-probabilities mean little; use a model that "
+                      "was trained on this data (--model DIR)", stacklevel=2)
     if not out.get("forget", [None]):
         raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
     validation = None
