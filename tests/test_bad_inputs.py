@@ -82,6 +82,13 @@ def files(tmp_path_factory):
     f["alpha_huge"] = rewrite_header(mem, d / "alpha.safetensors", hyper__alpha=1e30)
     f["layer_neg"] = rewrite_header(mem, d / "layer.safetensors", coordinate__layer=-1)
     f["no_hyper"] = rewrite_header(mem, d / "nohyper.safetensors", hyper={})
+    # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
+    res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((d / "tr" / "trace.json").read_text())
+    meta["settings"]["fingerprint"] = "0123456789abcdef"
+    (d / "tr" / "trace.json").write_text(json.dumps(meta))
+    f["trace_other"] = d / "tr" / "trace.safetensors"
     return f
 
 
@@ -107,6 +114,7 @@ def catalogue(f, tmp):
         ("config not an object", ["experiment", "canonical", "-c", f["cfg_array"], "-o", tmp / "e"], "JSON object"),
         ("config not JSON", ["experiment", "canonical", "-c", f["cfg_bad"], "-o", tmp / "e"], "not valid JSON"),
         ("config missing", ["experiment", "canonical", "-c", tmp / "none.json", "-o", tmp / "e"], "does not exist"),
+        ("a trace of another model", ["edit", "--trace", f["trace_other"], "-o", out], "traced on another model"),
         ("inline config not JSON", ["experiment", "canonical", "-c", '{"n_mc": 2,}', "-o", tmp / "e"], "not valid JSON"),
         ("inline config not an object", ["experiment", "canonical", "-c", "[1, 2]", "-o", tmp / "e"],
          "must hold a JSON object"),

@@ -50,6 +50,15 @@ class TraceResult:
             raise TimeromeError(f"no fact {fact!r} in this trace (facts: {', '.join(self.fact_ids)})")
         return self.fact_ids.index(fact)
 
+    def check_model(self, backbone, source="this trace") -> None:
+        """Refuse a trace made on another model (its weights' fingerprint is in the settings; a
+        trace saved before fingerprints were recorded is taken as it is)."""
+        made_on = self.settings.get("fingerprint")
+        if made_on is not None and made_on != backbone.fingerprint():
+            raise TimeromeError(f"{source} was traced on another model ({self.settings.get('model')}, fingerprint "
+                                f"{made_on}); this model's fingerprint is {backbone.fingerprint()}: trace it first "
+                                "(timerome trace --model ...)")
+
     def only(self, modules) -> "TraceResult":
         """The same result restricted to `modules` (in their order in the trace)."""
         keep = [i for i, m in enumerate(self.modules) if m in modules]

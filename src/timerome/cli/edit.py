@@ -69,7 +69,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
-        layer = select(TraceResult.load(trace_file), (module,)).layer
+        traced = TraceResult.load(trace_file)
+        traced.check_model(bb, trace_file)
+        layer = select(traced, (module,)).layer
     elif layer is not None and not 0 <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
