@@ -89,6 +89,7 @@ def files(tmp_path_factory):
     meta["settings"]["fingerprint"] = "0123456789abcdef"
     (d / "tr" / "trace.json").write_text(json.dumps(meta))
     f["trace_other"] = d / "tr" / "trace.safetensors"
+    shutil.copytree(DEFAULT_MODEL_DIR, d / "own")  # a model a user would train in place
     return f
 
 
@@ -114,6 +115,8 @@ def catalogue(f, tmp):
         ("config not an object", ["experiment", "canonical", "-c", f["cfg_array"], "-o", tmp / "e"], "JSON object"),
         ("config not JSON", ["experiment", "canonical", "-c", f["cfg_bad"], "-o", tmp / "e"], "not valid JSON"),
         ("config missing", ["experiment", "canonical", "-c", tmp / "none.json", "-o", tmp / "e"], "does not exist"),
+        ("train onto its own model", ["train", "--model", f["badcfg"].parent / "own", "--out",
+                                      f["badcfg"].parent / "own", "--epochs", "1"], "would overwrite the model"),
         ("a trace of another model", ["edit", "--trace", f["trace_other"], "-o", out], "traced on another model"),
         ("inline config not JSON", ["experiment", "canonical", "-c", '{"n_mc": 2,}', "-o", tmp / "e"], "not valid JSON"),
         ("inline config not an object", ["experiment", "canonical", "-c", "[1, 2]", "-o", tmp / "e"],

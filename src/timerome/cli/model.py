@@ -112,6 +112,12 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     if lora_r < 0 or not lr > 0:
         raise TimeromeError(f"--lora-r must be >= 0 and --lr > 0, got {lora_r} and {lr}")
     output_folder(out)
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    source = Path(model.model) if model.model else DEFAULT_MODEL_DIR
+    if source.is_dir() and Path(out).resolve() in (source.resolve(), *source.resolve().parents):
+        raise TimeromeError(f"--out {out} would overwrite the model being trained ({source}): save the fine-tuned "
+                            "checkpoint to another folder")
     bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
     if eos_pad is None:  # the embedded family's recipe never had EOS: its answers are cut at "."
