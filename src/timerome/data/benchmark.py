@@ -95,16 +95,9 @@ def read_file(path: Path) -> list:
 
 def from_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
     """Rows of a Hub dataset split through `datasets` (optional), or one clear error."""
-    try:
-        import datasets
-    except ImportError:
-        raise TimeromeError(f"loading {hub_id} from the Hub needs `datasets` (pip install datasets); or pass a "
-                            f"local benchmark directory (or set ${ENV_DIR})") from None
-    try:
-        return [dict(r) for r in datasets.load_dataset(hub_id, config, split=split)]
-    except Exception as e:  # noqa: BLE001 - offline, missing config, bad cache: one clear message
-        raise TimeromeError(f"could not load {hub_id} {config or ''} split {split!r} from the Hub "
-                            f"({type(e).__name__}: {e}); pass a local benchmark directory instead") from None
+    from timerome.data.hub import load_split
+
+    return load_split(hub_id, config, split, f"pass a local benchmark directory (--bench-data, or set ${ENV_DIR})")
 
 
 def keep(name: str, raw: list, check: Callable, source: str, layout: str = "") -> Loaded:

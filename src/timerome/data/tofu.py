@@ -100,14 +100,8 @@ def _normalise(row, path: Path | str, i: int) -> dict:
 
 
 def _from_hub(name: str) -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
-        raise TimeromeError(f"loading {HUB_ID} from the Hub needs `datasets` (pip install datasets); "
-                            f"or pass a local directory in the Hub layout (or set ${ENV_DIR})") from None
-    try:
-        rows = datasets.load_dataset(HUB_ID, name)["train"]
-    except Exception as e:  # noqa: BLE001 - offline, missing config, bad cache: one clear message
-        raise TimeromeError(f"could not load {HUB_ID} split {name!r} from the Hub ({type(e).__name__}: "
-                            f"{e}); pass a local TOFU directory instead (or set ${ENV_DIR})") from None
+    from timerome.data.hub import load_split as hub_split
+
+    rows = hub_split(HUB_ID, name, "train", f"pass a local TOFU directory in the Hub layout (--tofu-dir, or set "
+                                             f"${ENV_DIR})")
     return [_normalise(dict(r), f"{HUB_ID}/{name}", i) for i, r in enumerate(rows)]
