@@ -118,6 +118,7 @@ def catalogue(f, tmp):
         ("train onto its own model", ["train", "--model", f["badcfg"].parent / "own", "--out",
                                       f["badcfg"].parent / "own", "--epochs", "1"], "would overwrite the model"),
         ("a trace of another model", ["edit", "--trace", f["trace_other"], "-o", out], "traced on another model"),
+        ("--quick where there is none", ["experiment", "canonical", "--quick", "-o", tmp / "e"], "no --quick subset"),
         ("inline config not JSON", ["experiment", "canonical", "-c", '{"n_mc": 2,}', "-o", tmp / "e"], "not valid JSON"),
         ("inline config not an object", ["experiment", "canonical", "-c", "[1, 2]", "-o", tmp / "e"],
          "must hold a JSON object"),

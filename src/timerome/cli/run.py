@@ -11,7 +11,8 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import ModelChoice, app, console, friendly, model_options, parse_seeds, print_json, print_markdown
+from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options, parse_seeds,
+                              print_json, print_markdown)
 from timerome.errors import TimeromeError
 from timerome.files import read_json
 
@@ -88,6 +89,18 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
         overrides["bench_dir"] = str(bench_data)
     if name != "all":
         experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
+        from timerome.experiments import QUICK
+
+        if quick and not QUICK.get(name):  # never start the full protocol when a quick run was asked for
+            raise TimeromeError(f"experiment {name!r} has no --quick subset (those with one: "
+                                f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with settings instead, "
+                                "e.g. -c '{\"n_mc\": 4}' --seeds 0")
+    elif quick:
+        from timerome.experiments import EXPERIMENTS, QUICK
+
+        full = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True) and not QUICK.get(n)]
+        err_console.print(f"[yellow]note:[/] --quick shrinks only {', '.join(n for n, q in QUICK.items() if q)}; "
+                          f"{', '.join(full)} run their full protocol", soft_wrap=True)
     seed_list = parse_seeds(seeds)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
