@@ -162,3 +162,19 @@ def test_a_damaged_cell_is_reported_moved_aside_and_recomputed(tmp_path, capsys)
     aside = [p.name for p in damaged.parent.iterdir() if ".corrupt-" in p.name]
     assert len(aside) == 1 and aside[0].startswith(damaged.name)
     assert f"cell file {damaged} was unreadable" in capsys.readouterr().err
+
+
+def test_saved_tensors_are_as_readable_as_any_other_file(tmp_path):
+    """safetensors creates its files 0600; a memory or model handed to a collaborator must follow the umask."""
+    import os
+
+    import torch
+
+    from timerome.cache import save_tensors
+
+    old = os.umask(0o022)
+    try:
+        p = save_tensors(tmp_path / "x.safetensors", {"w": torch.zeros(2)})
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644

@@ -61,6 +61,13 @@ def write_json(path, obj) -> Path:
     return write_atomic(path, json.dumps(obj, indent=2, default=_jsonable) + "\n")
 
 
+def _file_mode() -> int:
+    """The mode a plain new file gets under this process's umask (0644 under the usual 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
     """safetensors written atomically."""
     from safetensors.torch import save_file
@@ -70,6 +77,7 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
     tmp = temp_name(path)
     try:
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, _file_mode())  # safetensors creates 0600; a saved file is as readable as any other
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

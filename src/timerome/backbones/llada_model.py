@@ -203,10 +203,10 @@ def _n_layers(c: dict) -> int:
 
 
 def save_model(model: nn.Module, directory: str | Path) -> None:
-    from safetensors.torch import save_file
+    from timerome.cache import save_tensors
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(model.cfg, indent=2, sort_keys=True) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(d / "model.safetensors", state, metadata={"format": "pt"})
