@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, friendly,
-                              load_facts as _facts, model_options, print_json)
+from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, err_console,
+                              friendly, load_facts as _facts, model_options, print_json)
 from timerome.errors import TimeromeError
 from timerome.files import output_file
 from timerome.methods.timerome_edit import DEFAULTS
@@ -55,6 +55,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     from timerome.trace_result import TraceResult
     from timerome.whitening import background_texts
 
+    if alpha is not None and alpha <= 0:
+        err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
+                          else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
+
     if method not in ("timerome", "codebook"):
         raise TimeromeError(f"--method must be 'timerome' or 'codebook', got {method!r}")
     if calibration is not None and method != "codebook":
@@ -76,7 +80,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
     if method == "codebook":
-        return _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json)
+        return _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json,
+                         model)
     if q > len(facts):
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
@@ -92,10 +97,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
         return
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
-    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"", soft_wrap=True)
+    console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
 
 
-def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json):
+def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json, model):
     """`timerome edit --method codebook`: the codebook method's memory at the coordinate, its radii
     measured on the calibration rows (minus the forget rows)."""
     from timerome.methods import method_config
@@ -118,4 +123,10 @@ def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, al
     console.print(f"codebook memory of {len(memory)} facts ({memory.n_entries} entries) at {memory.coordinate}: "
                   f"alpha {memory.alpha:g}, margin {memory.margin:g}, radii from {calibration} -> {out}",
                   soft_wrap=True)
-    console.print(f"try it: timerome generate --edit {out} \"{facts[0].prompt}\"", soft_wrap=True)
+    console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
+
+
+def _try_it(model, out, facts) -> str:
+    """The command that answers a forget question with the new memory (on the same model)."""
+    where = f" -m {model.model}" if model.model else ""
+    return f"timerome generate{where} --edit {out} \"{facts[0].prompt}\""

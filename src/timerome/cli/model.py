@@ -109,8 +109,10 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
         if value < 1:
             raise TimeromeError(f"{name} must be at least 1, got {value}")
-    if lora_r < 0 or not lr > 0:
-        raise TimeromeError(f"--lora-r must be >= 0 and --lr > 0, got {lora_r} and {lr}")
+    if lora_r < 0:
+        raise TimeromeError(f"--lora-r must be >= 0 (0 = full fine-tuning), got {lora_r}")
+    if not lr > 0:
+        raise TimeromeError(f"--lr must be > 0, got {lr}")
     output_folder(out)
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
 
