@@ -63,7 +63,7 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
         lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
                else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
         rows = (("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
-                ("key metric", f"{h.get('key_metric')}{background}"), ("g_max", f"{h.get('g_max')}"))
+                ("key metric", f"{h.get('key_metric')}{background}"), ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
     for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
                  ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"), *rows,
                  ("target", repr(h.get("target"))), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):

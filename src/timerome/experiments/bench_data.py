@@ -49,10 +49,11 @@ def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dic
     info = {"splits": {k: v.info() for k, v in loaded.items()}, "unknown_token_share": share,
             "vocabulary": ctx.backbone.vocab_size}
     if share > UNKNOWN_WARNING:
-        info["warning"] = (f"{share:.0%} of this benchmark's tokens are unknown to the model's vocabulary "
+        name = spec["kind"] + (f"-{spec['corpus']}" if spec.get("corpus") else "")
+        info["warning"] = (f"{name}: {share:.0%} of this benchmark's tokens are unknown to the model's vocabulary "
                            f"({ctx.backbone.vocab_size} tokens): its numbers mean nothing; run a real "
                            "backbone (--model DIR)")
-        warnings.warn(f"{spec['kind']}: {info['warning']}", stacklevel=2)
+        warnings.warn(info["warning"], stacklevel=2)
     if spec.get("task", "tofu") == "tofu":
         _, task = ctx.data({"forget": spec.get("forget", "forget01"), "splits": ["forget"]})
         info["task"] = f"TOFU {spec.get('forget', 'forget01')} ({len(task.facts)} facts): transfer"
