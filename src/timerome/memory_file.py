@@ -9,6 +9,8 @@ ridge memory (`edit_memory.EditMemory`, Eq. multifact) and the radius-gated code
 
 from __future__ import annotations
 
+import json
+
 from timerome.codebook_memory import FORMAT as CODEBOOK_FORMAT, CodebookMemory
 from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file
 
@@ -24,11 +26,22 @@ def is_codebook(meta: dict) -> bool:
     return meta.get("format") == CODEBOOK_FORMAT
 
 
+def is_codebook_file(path) -> bool:
+    """Whether the file's header says codebook memory: its header alone is read (no tensors, no
+    checksum); a file that cannot be read says no, and the loader then says what is wrong with it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return is_codebook(json.loads((f.metadata() or {})["timerome"]))
+    except Exception:  # noqa: BLE001 - missing, truncated, foreign: EditMemory.load reports it in one line
+        return False
+
+
 def load_memory(path, backbone, calibration=None):
     """The memory saved at `path`, for `backbone` (another model's file, a damaged one or an unknown
     format is one TimeromeError). `calibration`: a codebook memory's radius corpus, needed only to
     insert more facts into it."""
-    _, meta = read_memory_file(path)
-    if is_codebook(meta):
+    if is_codebook_file(path):
         return CodebookMemory.load(path, backbone, calibration=calibration)
     return EditMemory.load(path, backbone)

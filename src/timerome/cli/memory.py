@@ -63,7 +63,8 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
         lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
                else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
         rows = (("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
-                ("key metric", f"{h.get('key_metric')}{background}"), ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
+                ("key metric", f"{h.get('key_metric')}{background}"),
+                ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
     for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
                  ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"), *rows,
                  ("target", repr(h.get("target"))), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
@@ -93,12 +94,11 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     """Insert the facts of --data into a saved memory (a block update of G, same lambda scale; a
     codebook memory appends their entries, radii measured on --calibration)."""
     from timerome.encoding import fact_id
-    from timerome.memory_file import is_codebook, load_memory, read_memory_file
+    from timerome.memory_file import is_codebook_file, load_memory
 
     dest = output_file(out or file)
-    _, meta = read_memory_file(file)
     rows = None
-    if is_codebook(meta):
+    if is_codebook_file(file):
         _, rows = codebook_calibration(data, calibration, tofu_dir)
     elif calibration is not None:
         raise TimeromeError(f"--calibration applies to codebook memories only; {file} is a ridge edit memory")
@@ -156,13 +156,12 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
     """Merge memories of the same model, coordinate, key metric and background statistics into one
     (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
     from timerome.edit_memory import EditMemory
-
-    from timerome.memory_file import is_codebook, read_memory_file
+    from timerome.memory_file import is_codebook_file
 
     if len(files) < 2:
         raise TimeromeError("merge needs at least two memory files")
     for f in files:
-        if is_codebook(read_memory_file(f)[1]):
+        if is_codebook_file(f):
             raise TimeromeError(f"{f} is a codebook memory: its entries' radii depend on the calibration corpus, so "
                                 "codebooks do not merge; `timerome memory add` the other's facts to it instead")
     dest = output_file(out)

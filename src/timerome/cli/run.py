@@ -66,7 +66,7 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
                                                                      "(default: wait for it)"),
                as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
-    from timerome.experiments import experiment_config, make_executor, run_experiment
+    from timerome.experiments import EXPERIMENTS, QUICK, experiment_config, make_executor, run_experiment
 
     overrides = {}
     if config is not None:
@@ -87,20 +87,16 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
         if not bench_data.is_dir():
             raise TimeromeError(f"--bench-data {bench_data} is not a folder")
         overrides["bench_dir"] = str(bench_data)
+    shrunk = ", ".join(n for n, q in QUICK.items() if q)  # the experiments with a --quick subset
     if name != "all":
         experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
-        from timerome.experiments import QUICK
-
         if quick and not QUICK.get(name):  # never start the full protocol when a quick run was asked for
-            raise TimeromeError(f"experiment {name!r} has no --quick subset (those with one: "
-                                f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with settings instead, "
-                                "e.g. -c '{\"n_mc\": 4}' --seeds 0")
+            raise TimeromeError(f"experiment {name!r} has no --quick subset (those with one: {shrunk}); shrink it "
+                                "with settings instead, e.g. -c '{\"n_mc\": 4}' --seeds 0")
     elif quick:
-        from timerome.experiments import EXPERIMENTS, QUICK
-
         full = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True) and not QUICK.get(n)]
-        err_console.print(f"[yellow]note:[/] --quick shrinks only {', '.join(n for n, q in QUICK.items() if q)}; "
-                          f"{', '.join(full)} run their full protocol", soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] --quick shrinks only {shrunk}; {', '.join(full)} run their full "
+                          "protocol", soft_wrap=True)
     seed_list = parse_seeds(seeds)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,

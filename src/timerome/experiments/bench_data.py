@@ -39,7 +39,6 @@ from timerome.metrics.wmdp import prompt as wmdp_prompt
 from timerome.task import ForgetTask
 
 
-
 def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dict, ForgetTask]:
     """(rows, task) from the loaded splits: the task is TOFU's, or built from forget_rows and
     retain_rows (None: the TOFU retain split of the context's source)."""
