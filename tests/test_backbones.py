@@ -9,6 +9,8 @@ from timerome.backbones.families import FAMILIES, get_family
 from timerome.backbones.loading import _mask_id
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.hooks import Intervention, capture, patch
+from timerome.trace_engine import rows_can_join
+from timerome.tracing import trace
 
 FAMILY_NAMES = ["timerome", "llada", "mmada", "llada-moe", "dream", "diffullama"]
 
@@ -142,6 +144,20 @@ def test_left_padding_is_invisible(backbones, fam):
     s = bb.family.logit_shift
     tol = 1e-5 if bb.family.positions == "from_mask" else 1e-4
     torch.testing.assert_close(a[:, s:], b[:, s:], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("fam", FAMILY_NAMES)
+def test_trace_rows_join_at_their_layer_in_every_family(backbones, fam):
+    """The trace engine appends splicing rows to the batch between blocks: every family's blocks
+    take the grown batch (`rows_can_join`) and give the TIE of the computation without joins."""
+    bb = backbones[fam]
+    assert rows_can_join(bb)
+    facts = [dict(subject="the author", prompt="where was the author born ?", object="city of books")]
+    on = trace(bb, facts, steps=3, n_samples=2, progress=False)
+    off = trace(bb, facts, steps=3, n_samples=2, progress=False, reuse_layers=False)
+    torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert torch.equal(on.clean_logp, off.clean_logp)
+    assert on.stats["block_rows"] < off.stats["block_rows"]
 
 
 def test_bad_inputs(backbones, tiny_dirs, tmp_path):

@@ -15,7 +15,7 @@ from timerome.encoding import encode_fact as tokenize_fact
 from timerome.sampler import generate
 from timerome.selection import per_fact_best, select_coordinate
 from timerome.tie import aggregate, object_logprobs, run_trajectory, tie_weights
-from timerome.trace_engine import _plan
+from timerome.trace_engine import _plan, rows_can_join
 from timerome.trace_result import TraceResult
 from timerome.tracing import naive_tie, trace
 
@@ -170,19 +170,74 @@ def test_layer_reuse_changes_no_tie(bb, traced, batch_size):
     assert on.stats["block_rows"] < off.stats["block_rows"]  # it did skip work
 
 
-def test_layer_reuse_really_skips_the_lower_blocks(bb):
-    """Block 0 is not computed in the forwards that splice above layer 0, and its forward is the
-    class's own again afterwards."""
-    calls = []  # one entry per computation of block 0's attention (an observer: edits nothing)
+# two pairs of facts of one length each (prompt + object tokens): 6 + 3 and 7 + 2; 8 + 3 twice,
+# with subjects of 2 and 1 tokens
+SAME_LENGTH = [
+    dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
+    dict(fact_id="win", subject="his first", prompt="what did his first novels win ?", object="award prize"),
+    dict(fact_id="prize", subject="the author", prompt="what prize did the author win first ?", object="poetry award prize"),
+    dict(fact_id="genre", subject="his", prompt="what genre did his novels write about ?", object="sea rain night"),
+]
 
-    with Hooks(bb, edit={(0, "attn"): lambda h, _state: calls.append(1)}):
-        r_on = trace(bb, FACTS[:1], **FAST)
-        calls_on = len(calls)
-        r_off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
-    assert len(calls) - calls_on == r_off.stats["forwards"]
-    # per step one forward computes block 0: the rows that do not splice with the layer-0 splices
-    assert calls_on == 4 + 1 < r_on.stats["forwards"]
-    assert all("forward" not in bb.module(i, "resid").__dict__ for i in range(bb.n_layers))
+
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition(bb, readout):
+    """Facts of one length share the wavefront's forwards (each its own clean row, answer region,
+    subject and reveal budget): the numbers are those of each fact traced alone, and the definition's."""
+    together = trace(bb, SAME_LENGTH, readout=readout, **FAST)
+    # batch_size 20 holds less than one fact's rows of a step (1 + 2 + 9 * 2): no two facts go together
+    alone = trace(bb, SAME_LENGTH, readout=readout, batch_size=20, **FAST)
+    torch.testing.assert_close(together.tie_full, alone.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
+    torch.testing.assert_close(together.corrupted_logp, alone.corrupted_logp, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(together.clean_logp, alone.clean_logp, atol=1e-5, rtol=1e-4)
+    assert [f["clean_answer"] for f in together.facts] == [f["clean_answer"] for f in alone.facts]
+    assert together.stats["forwards"] == 2 * (4 + 1) < alone.stats["forwards"]
+    assert together.stats["min_block_rows"] == alone.stats["min_block_rows"]
+    assert together.tie.abs().max() > 0.1
+    coords = [(l, k, m) for m in ("resid", "mlp") for l in (0, bb.n_layers - 1) for k in (0, 2)]
+    tie, _ = naive_tie(bb, SAME_LENGTH, coords, steps=4, n_samples=2, readout=readout)
+    for c, (l, k, m) in enumerate(coords):
+        torch.testing.assert_close(together.tie[:, together.modules.index(m), l, k], tie[:, c], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch_size", [7, 45])  # 45: two facts a group, cut in chunks
+def test_grouped_facts_cut_into_chunks_give_the_same_tie(bb, batch_size):
+    """Chunks of a grouped step each carry the clean rows of their facts and the corrupted rows their
+    joining rows copy; no chunk exceeds batch_size rows."""
+    whole = trace(bb, SAME_LENGTH, **FAST)
+    seen = []
+    with Hooks(bb, edit={(bb.n_layers - 1, "resid"): lambda h, _state: seen.append(h.shape[0])}):
+        r = trace(bb, SAME_LENGTH, batch_size=batch_size, **FAST)
+    torch.testing.assert_close(r.tie_full, whole.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert max(seen) <= batch_size and r.stats["forwards"] > whole.stats["forwards"]
+
+
+def test_layer_reuse_really_skips_the_lower_blocks(bb):
+    """Rows that splice above layer 0 join the batch above block 0: one forward per step, in which
+    block 0 computes fewer rows than the top block (which sees every row of the step but those that
+    splice the top block's output: they join after it)."""
+    top = bb.n_layers - 1
+    seen = {0: [], top: []}  # rows each block's attention computes, per forward (observers: edit nothing)
+    with Hooks(bb, edit={(0, "attn"): lambda h, _state: seen[0].append(h.shape[0]),
+                         (top, "attn"): lambda h, _state: seen[top].append(h.shape[0])}):
+        r = trace(bb, FACTS[:1], **FAST)
+    n = r.stats["forwards"]
+    assert n == 4 + 1  # one per step (the first entries are `rows_can_join`'s check)
+    lower, upper = seen[0][-n:], seen[top][-n:]
+    assert all(lo <= up for lo, up in zip(lower, upper)) and sum(lower) < sum(upper) <= r.stats["rows_run"]
+
+
+def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
+    """A backbone whose blocks take a per-row mask cannot grow its batch mid-forward: the check says
+    so, and the trace then runs every row from the embedding (the same numbers, more work)."""
+    assert rows_can_join(bb)
+    on = trace(bb, FACTS[:1], **FAST)
+    monkeypatch.setattr(bb, "forward_kwargs", lambda ids, keys: {"attention_mask": torch.ones_like(ids, dtype=torch.bool)})
+    assert not rows_can_join(bb)
+    r = trace(bb, FACTS[:1], **FAST)
+    off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
+    assert r.stats == off.stats and r.stats["block_rows"] > on.stats["block_rows"]
+    torch.testing.assert_close(r.tie_full, on.tie_full, atol=1e-5, rtol=0, equal_nan=True)
 
 
 def test_restoring_a_whole_layer_restores_the_clean_run(bb):

@@ -137,10 +137,18 @@ def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_
 
     The sampler's step, public so that tracing commits tokens exactly as generation does.
     """
-    x0 = _sample(logits, temperature, generator)
-    conf = _confidence(logits, x0, remasking, temperature, generator)
-    x0 = torch.where(masked, x0, x)
-    conf = torch.where(masked, conf, -torch.inf)
+    if temperature == 0 and remasking != "random":
+        # nothing random is drawn: decide the masked positions only (a position's prediction and
+        # confidence read its own logits alone, so this is the same as deciding all of them)
+        picked = logits[masked]  # [M, V]
+        x0 = x.masked_scatter(masked, _sample(picked, 0, None))
+        conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
+        conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
+    else:  # the draws cover every position, as the reference's do
+        x0 = _sample(logits, temperature, generator)
+        conf = _confidence(logits, x0, remasking, temperature, generator)
+        x0 = torch.where(masked, x0, x)
+        conf = torch.where(masked, conf, -torch.inf)
     if threshold is not None:
         n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
@@ -264,7 +272,7 @@ def _rand(shape, dtype, generator, device) -> torch.Tensor:
 def _sample(logits, temperature, generator) -> torch.Tensor:
     """x0 [B, L]: argmax at T = 0, else Gumbel-max in float64 as the reference writes it."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return logits.max(-1).indices  # argmax's first maximum, without argmax's slower CPU kernel
     l64 = logits.to(torch.float64)
     noise = _rand(l64.shape, torch.float64, generator, l64.device)
     # exp(l) / (-log U)^T has the argmax of l / T + Gumbel: a draw from softmax(l / T)

@@ -68,10 +68,20 @@ def aggregate(tie_full: torch.Tensor, tau: float) -> torch.Tensor:
 # ------------------------------------------------------------------------------ one trajectory
 
 
-def object_logprobs(gen_logits: torch.Tensor, object_ids: torch.Tensor) -> torch.Tensor:
-    """log p(o_i | x) per object position: gen_logits [B, G, V] (the answer region) -> [B, G] float32."""
+def object_logprobs(gen_logits: torch.Tensor, object_ids: torch.Tensor, only: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(o_i | x) per object position: gen_logits [B, G, V] (the answer region) -> [B, G] float32.
+
+    only [B, G] (bool): compute these positions alone, NaN elsewhere (readout "decided" reads the
+    masked positions only; each position's value reads its own logits alone, so it is the same).
+    """
+    obj = object_ids.to(gen_logits.device).expand(gen_logits.shape[:2])
+    if only is not None:
+        out = torch.full(gen_logits.shape[:2], torch.nan, device=gen_logits.device)
+        logits = gen_logits[only].float()  # [M, V]
+        out[only] = logits.gather(-1, obj[only][:, None]).squeeze(-1) - logits.logsumexp(-1)
+        return out
     logits = gen_logits.float()
-    picked = logits.gather(-1, object_ids.to(logits.device).expand(logits.shape[:2])[..., None]).squeeze(-1)
+    picked = logits.gather(-1, obj[..., None]).squeeze(-1)
     return picked - logits.logsumexp(-1)
 
 
@@ -85,13 +95,13 @@ def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, rea
     return (pos if readout == "aligned" else decided).sum(-1), decided
 
 
-def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n: int, mask_id: int) -> torch.Tensor:
-    """One sampler step on the answer region: x_gen [B, G] -> x_gen with n more masks revealed.
+def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n, mask_id: int) -> torch.Tensor:
+    """One sampler step: x_gen [B, G] -> x_gen with n (an int, or one per row) more masks revealed.
 
-    The sampler's own `denoise_step` (temperature 0, low confidence). Only the answer region is
-    passed: the prompt holds no mask, so no prompt position competes for the budget.
+    The sampler's own `denoise_step` (temperature 0, low confidence). The answer region, or whole
+    rows: the prompt holds no mask, so no prompt position competes for the budget.
     """
-    n_reveal = torch.full((x_gen.shape[0],), n, dtype=torch.long, device=x_gen.device)
+    n_reveal = torch.as_tensor(n, dtype=torch.long, device=x_gen.device).expand(x_gen.shape[0])
     return denoise_step(x_gen, gen_logits, x_gen == mask_id, n_reveal, remasking=REMASKING)
 
 

@@ -1,4 +1,4 @@
-"""The fast trace engine: every run of one fact in lock-step, sharing what the definition repeats.
+"""The fast trace engine: every run of a fact in lock-step, sharing what the definition repeats.
 
 It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the two), for every
 (layer, step, module) of a fact at once. How (`benchmarks/bench_trace.py` measures it against the literal loop):
@@ -6,45 +6,44 @@ It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the
   the n_samples corrupted rows and every patch row started at a step k <= j, so no step is ever
   recomputed: the patch rows of step j are copies of the corrupted rows' x_j, made just before
   forward j, and all (site, sample) patches of a step go through one batched call;
+- facts of one length (prompt + object tokens) share that wavefront (`group_facts`, as many as
+  one batch holds): each keeps its own clean row, answer region, subject positions and reveal
+  budget, so a row's numbers are those of its fact traced alone; small models get fuller batches;
 - a row with no splice ahead is a deterministic function of (noise sample, x_j), so rows with equal
   (sample, x_j) share one run (`_plan`); a splice that commits the same tokens as the corrupted run
   folds back into it right after its patched forward, and costs nothing more;
-- a patch at (l, k) shares the blocks below l at step k with its corrupted row (same noise sample,
-  same x_k), so with reuse_layers step j runs in passes: first the rows that do not splice at j
-  (the corrupted rows among them), caching the corrupted rows' raw block outputs, then the splicing
-  rows one pass per layer l, whose blocks 0..l-1 return the cached outputs of their corrupted row
-  instead of computing (their `forward` is swapped for the duration of the call; the embedding
-  still runs). A block output must be a tensor or a plain tuple of batch-first tensors, else those
-  rows are computed in full. Layer-0 splices save nothing and join the first pass; on the
-  embedded model (4 layers) reuse computes 29% fewer row-blocks yet runs no faster (0.99x on the
-  idle machine): the vocabulary head and the sampler step still run per row, and the passes make
-  3.7 x more (smaller) forwards (`benchmarks/bench_trace.py`);
-- row 0 of the first forward of a step is the clean run and the splice reads the clean h from that
-  row (as ROME does): inside the same forward, or, for the later passes of layer reuse, as recorded
-  at the subject positions during the first pass of the step. Clean activations are never kept
-  past their step and, with sigma = 0, a patched row is bit-identical to its corrupted row (TIE
-  exactly 0) as long as a row's arithmetic does not depend on the rest of its batch (true on CPU);
-- a step whose rows exceed `batch_size` is cut into equal-size chunks (each led by a clean row,
-  short chunks padded with clean copies), so every row of one pass sees the same kernel shapes;
-  the layer-reuse passes are chunked alike, without clean row or padding.
+- rows join the batch at their layer (reuse_layers): a row that splices at step j at (l, m) is, below
+  its site, its corrupted row (same noise sample, same x_j), so it is not computed there: one
+  forward per step starts with the clean rows, the rows that do not splice and the corrupted rows,
+  and at the output of block b - 1 the rows that skip b blocks are appended to the batch as copies
+  of their corrupted row's hidden states (b = l for attn / mlp at layer l, l + 1 for resid, whose
+  block l is then spliced). The blocks above see the grown batch: this needs blocks whose other
+  inputs (RoPE tables, masks) broadcast over the batch, which `rows_can_join` checks once on the
+  backbone (else every row runs every block, as with reuse_layers=False);
+- each fact's clean run is a row of every forward, and the splice reads the clean h from that row
+  in the same forward (as ROME does). Clean activations are never kept, and, with sigma = 0, a
+  patched row is bit-identical to its corrupted row (TIE exactly 0) as long as a row's arithmetic
+  does not depend on the rest of its batch (true on CPU);
+- a step whose rows exceed `batch_size` (counted at the top, after every join) is cut into
+  chunks, each holding the clean rows of its facts and the corrupted rows its joining rows copy.
 
 Two switches exist for the benchmark and the tests to compare against: share_rows (`_plan`)
-and reuse_layers (the passes); both on by default, neither changes a number.
+and reuse_layers (the joins); both on by default, neither changes a number.
 
-`stats` counts the work done (rows_run, forwards, block_rows) and the least work any exact
-implementation must do, `min_block_rows` (one row through one block; `min_block_tokens` weighs
-each by the row's length), the unit of `benchmarks/bench_trace.py`'s floor: at every step j the
-clean row and each distinct (noise sample, x_j) state through every block, and each row that
-splices at j through the blocks above its site only (below, and for resid at l block l itself,
-it is its corrupted row); the padding and repeated clean rows of chunks, the vocabulary head and
-the sampler step are overhead.
+`stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows) and the
+least work any exact implementation must do, `min_block_rows` (one row through one block;
+`min_block_tokens` weighs each by the row's length), the unit of `benchmarks/bench_trace.py`'s
+floor: at every step j the clean row and each distinct (noise sample, x_j) state through every
+block, and each row that splices at j through the blocks above its site only (below, and for resid
+at l block l itself, it is its corrupted row); repeated clean and corrupted rows of chunks, the
+vocabulary head and the sampler step are overhead.
 """
 
 from __future__ import annotations
 
 import torch
 
-from timerome.hooks import Hooks, TraceState, replaced
+from timerome.hooks import Hooks, TraceState
 from timerome.tie import object_logprobs, read_out, reveal, reveal_schedule
 
 
@@ -52,30 +51,27 @@ class _Rows:
     """What the hooks need about the batch in flight; set before every forward."""
 
     def __init__(self):
-        self.noise: torch.Tensor | None = None    # [B, S, H] added to the subject embeddings
-        self.splice: dict[int, torch.Tensor] = {}  # site index -> rows [n] spliced at this forward
-        self.clean: dict[int, torch.Tensor] = {}   # site index -> clean h [S, H] of this step, if recorded
-        self.record = False                        # record row 0's h at every site into `clean`
-        self.keep: torch.Tensor | None = None      # batch rows whose block outputs are cached
+        self.noise: torch.Tensor | None = None  # [B0, L, H] added to the embeddings (0 off the subject)
+        self.splice: dict = {}                   # site index -> (batch row, its clean row, subject position) triples
+        self.join: dict = {}                     # block b -> batch rows copied onto the batch after it
 
 
-def _hook_fns(sites, subject_pos: torch.Tensor, rows: _Rows) -> dict:
-    def add_noise(h, _state):  # h [B, L, H]: token embeddings
-        out = h.clone()
-        out[:, subject_pos] += rows.noise
-        return out
+def _hook_fns(sites, rows: _Rows) -> dict:
+    """Edits in place: the engine runs without autograd, and each output edited is the module's own
+    fresh tensor, read by nothing before the edit."""
+
+    def add_noise(h, _state):  # h [B0, L, H]: token embeddings
+        h += rows.noise
+        return h
 
     def splicer(c):
         def fn(h, _state):  # h [B, L, H]: output of site c
-            if rows.record:  # row 0 is the clean run; a later forward of this step splices it
-                rows.clean[c] = h[0, subject_pos].clone()
-            idx = rows.splice.get(c)
-            if idx is None:
+            if c not in rows.splice:
                 return None
-            out = h.clone()
-            # the clean h of this step: recorded, or row 0 of this very forward (the clean run)
-            out[idx[:, None], subject_pos] = rows.clean[c] if c in rows.clean else h[0, subject_pos]
-            return out
+            idx, clean, positions = rows.splice[c]
+            # the subject positions take the clean run's h of this step (its row in this forward)
+            h[idx, positions] = h[clean, positions]  # the right side is a copy, read first
+            return h
 
         return fn
 
@@ -84,184 +80,163 @@ def _hook_fns(sites, subject_pos: torch.Tensor, rows: _Rows) -> dict:
     return fns
 
 
-@torch.no_grad()
-def trace_fact(backbone, fact, noise: torch.Tensor, sites, steps: int, batch_size: int,
-               readout: str = "decided", bar=None, *, share_rows: bool = True, reuse_layers: bool = True) -> dict:
-    """All runs of one fact. noise [N, S, H] (sigma already applied).
-
-    Rows (besides the clean row 0 of every chunk): N corrupted rows, then for each patch step k a
-    block of C * N rows, row c * N + s patching site c under noise sample s. They are appended as
-    the wavefront reaches step k, so a row keeps its index and its log p column j is its step j.
-    Only the rows `_plan` picks are run; the others share a run's results (same future).
-
-    With reuse_layers, step j runs in passes (`_passes`): first every row that does not splice at
-    this step (the clean row 0 and the corrupted rows among them), recording the clean h at every
-    site and caching the corrupted rows' block outputs; then the splicing rows, one pass per layer
-    l, with blocks 0..l-1 answered from that cache instead of computed (`hooks.replaced`).
-    """
-    device, mask_id = backbone.device, backbone.mask_id
-    K, C, N = steps, len(sites), noise.shape[0]
-    P = len(fact.prompt_ids)
-    obj = fact.object_ids.to(device)
-    budget = reveal_schedule(len(obj), K)
-    subject_pos = fact.subject_pos.to(device)
-    # noise by row: index 0 = no noise (clean and padding rows), s + 1 = sample s
-    table = torch.cat([torch.zeros_like(noise[:1]), noise]).to(device=device, dtype=backbone.dtype)
-    layer_of = torch.tensor([l for l, _ in sites], device=device)  # layer of each site
-    blocks = [backbone.module(i, "resid") for i in range(int(layer_of.max()))] if reuse_layers else []
-
-    x_clean = fact.start(mask_id)[None].to(device)  # [1, L]
-    x = x_clean.repeat(N, 1)                        # [rows, L]; rows grow with the wavefront
-    sample = torch.arange(N, device=device)         # noise sample of each row
-    site = torch.full((N,), -1, device=device)      # site patched by each row (-1: none)
-    at = torch.full((N,), -1, device=device)        # step at which it patches (-1: never)
-    G = len(obj)
-    decided = torch.zeros(N, G, device=device)      # per-position log-prob when last masked
-    decided_clean = torch.zeros(1, G, device=device)
-    lp_clean = torch.zeros(K + 1)
-    lp = torch.full((N + K * C * N, K + 1), torch.nan)
-    rows, state = _Rows(), TraceState()
-    stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0)
-    n_layers = backbone.n_layers
-    above = torch.tensor([n_layers - l - (m == "resid") for l, m in sites], device=device)  # blocks a splice needs
-    cache: list[list] = [[] for _ in blocks]  # per block: the corrupted rows' outputs, chunk by chunk
-    with Hooks(backbone, edit=_hook_fns(sites, subject_pos, rows), state=state), \
-            Hooks(backbone, edit=_keepers(blocks, rows, cache), raw=True):
-        for j in range(K + 1):
-            if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
-                x = torch.cat([x, x[:N].repeat(C, 1)])
-                decided = torch.cat([decided, decided[:N].repeat(C, 1)])
-                sample = torch.cat([sample, torch.arange(N, device=device).repeat(C)])
-                site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N)])
-                at = torch.cat([at, torch.full((C * N,), j, device=device)])
-            state.step = j
-            run, share = _plan(x, sample, at, j, share_rows)
-            distinct = run if share_rows else _plan(x, sample, at, j, True)[0]
-            splices = at[distinct] == j
-            need = n_layers * (1 + int((~splices).sum())) + int(above[site[distinct[splices]]].sum())
-            stats["min_block_rows"] += need
-            stats["min_block_tokens"] += need * x.shape[1]
-            pos_run = torch.empty(len(run), G, device=device)  # per-position log p(o_i | x_j)
-            gen_run = torch.empty_like(x[run, P:])
-            passes = _passes(run, at, site, layer_of, j, bool(blocks))
-            rows.clean = {}
-            for n_pass, (idx, skip) in enumerate(passes):
-                first = n_pass == 0  # the pass with the clean row: it leads each chunk
-                lead = int(first)
-                rows.record = first and len(passes) > 1
-                if rows.record:
-                    for part in cache:
-                        part.clear()
-                outs = None if first else _gathered(cache, skip)
-                skip = skip if outs is not None else 0  # an output it cannot index: compute in full
-                for a, b, pad in _chunks(len(idx), batch_size, lead):
-                    r = run[idx[a:b]]
-                    if first:  # clean row 0, the rows, clean padding
-                        xb = torch.cat([x_clean, x[r], x_clean.expand(pad, -1)])  # [B, L]
-                        rs = torch.cat([sample.new_full((1,), -1), sample[r], sample.new_full((pad,), -1)])
-                        # the corrupted rows are run[0..N-1] (each leads its group), so this pass's first N
-                        rows.keep = 1 + torch.arange(a, max(a, min(b, N)), device=device) - a if rows.record else None
-                    else:  # no clean row (its h was recorded) and no padding: blocks above l run anyway
-                        xb, rs, rows.keep = x[r], sample[r], None
-                    rows.noise = table[rs + 1]  # [B, S, H]
-                    rows.splice = _splice_rows(site[r], at[r], j, lead)
-                    with replaced(blocks[:skip], [_take(o, sample[r]) for o in (outs or [])[:skip]]):
-                        gen_logits = backbone.logits(xb)[:, P:]  # [B, G, V]
-                    pos = object_logprobs(gen_logits, obj)
-                    pos_run[idx[a:b]] = pos[lead:lead + b - a]
-                    if first and a == 0:
-                        masked = x_clean[:, P:] == mask_id
-                        score, decided_clean = read_out(pos[:1], masked, decided_clean, readout)
-                        lp_clean[j] = float(score)
-                    if j < K:
-                        gen = reveal(xb[:, P:], gen_logits, budget[j], mask_id)
-                        gen_run[idx[a:b]] = gen[lead:lead + b - a]
-                        if first and a == 0:
-                            new_clean = gen[:1]
-                    stats["rows_run"] += xb.shape[0]
-                    stats["forwards"] += 1
-                    stats["block_rows"] += xb.shape[0] * (backbone.n_layers - skip)
-            rows.record, rows.keep, rows.clean = False, None, {}
-            score, decided = read_out(pos_run[share], x[:, P:] == mask_id, decided, readout)
-            lp[:len(x), j] = score.cpu()
-            if j < K:
-                x[:, P:] = gen_run[share]
-                x_clean = torch.cat([x_clean[:, :P], new_clean], 1)
-            if bar is not None:
-                bar.advance()
-    return dict(clean=lp_clean, corrupted=lp[:N], patched=lp[N:].view(K, C, N, K + 1),
-                clean_ids=x_clean[0].cpu(), stats=stats)
+class _CannotJoin(Exception):
+    """A block output that rows cannot be appended to (not a tensor or a plain (tensor, None...) tuple)."""
 
 
-def _passes(run: torch.Tensor, at: torch.Tensor, site: torch.Tensor, layer_of: torch.Tensor, step: int,
-            reuse: bool) -> list[tuple[torch.Tensor, int]]:
-    """The forwards of one step as passes: (indices into run, blocks skipped), first pass first.
-
-    Without reuse: one pass of every row. With it: the rows that do not splice at this step (they
-    hold the corrupted rows, whose block outputs the later passes reuse) and those splicing at
-    layer 0 (nothing to skip), then the other splicing rows grouped by the layer l of their site,
-    skipping blocks 0..l-1: below l a splicing row is its corrupted row (same noise sample, same x_j).
-    """
-    everything = torch.arange(len(run), device=run.device)
-    splicing = at[run] == step
-    if not reuse or not bool(splicing.any()):
-        return [(everything, 0)]
-    layer = torch.where(splicing, layer_of[site[run].clamp(min=0)], -1)
-    passes = [(everything[layer <= 0], 0)]  # a layer-0 splice skips nothing: it joins the first pass
-    for l in layer[layer > 0].unique().tolist():
-        passes.append((everything[layer == l], int(l)))
-    return passes
+def _grow(output, src: torch.Tensor):
+    """The block output with rows src appended (copies of those batch rows)."""
+    if torch.is_tensor(output):
+        return torch.cat([output, output[src]])
+    if type(output) is tuple and output and torch.is_tensor(output[0]) and all(t is None for t in output[1:]):
+        return (torch.cat([output[0], output[0][src]]), *output[1:])
+    raise _CannotJoin(type(output).__name__)
 
 
-def _take(out, idx: torch.Tensor):
-    """out's rows idx along the batch dimension: a tensor, or a plain tuple of batch-first tensors
-    (and Nones). None for anything else: such a block output cannot be cached."""
-    if torch.is_tensor(out):
-        return out[idx]
-    if type(out) is tuple and out and torch.is_tensor(out[0]):
-        B = out[0].shape[0]
-        if all(t is None or (torch.is_tensor(t) and t.dim() > 0 and t.shape[0] == B) for t in out):
-            return tuple(None if t is None else t[idx] for t in out)
-    return None
+def _joiners(blocks, rows: _Rows) -> dict:
+    """Raw-output hooks on every block: after block b, append copies of the batch rows rows.join[b]."""
 
-
-def _cat(parts: list):
-    """Batch-concatenate what `_take` returned, chunk by chunk; None if any part is unusable."""
-    if not parts or any(p is None for p in parts):
-        return None
-    if torch.is_tensor(parts[0]):
-        return torch.cat(parts)
-    if any(len(p) != len(parts[0]) for p in parts):
-        return None
-    out = []
-    for items in zip(*parts):
-        if all(t is None for t in items):
-            out.append(None)
-        elif any(t is None for t in items):
-            return None
-        else:
-            out.append(torch.cat(items))
-    return tuple(out)
-
-
-def _gathered(cache: list[list], skip: int) -> list | None:
-    """The cached outputs of blocks 0..skip-1, indexed by noise sample; None if one is unusable."""
-    outs = [_cat(parts) for parts in cache[:skip]]
-    return None if any(o is None for o in outs) else outs
-
-
-def _keepers(blocks, rows: _Rows, cache: list[list]) -> dict:
-    """Raw-output hooks appending block i's output at the batch rows `rows.keep` to cache[i]."""
-
-    def keeper(i):
+    def joiner(b):
         def fn(output, _state):
-            if rows.keep is not None and len(rows.keep):
-                cache[i].append(_take(output, rows.keep))
-            return None
+            src = rows.join.get(b)
+            return None if src is None else _grow(output, src)
 
         return fn
 
-    return {block: keeper(i) for i, block in enumerate(blocks)}
+    return {block: joiner(b) for b, block in enumerate(blocks)}
+
+
+@torch.no_grad()
+def rows_can_join(backbone) -> bool:
+    """Whether rows appended to the batch after a block run correctly through the blocks above it:
+    a copy of row 0 joined after block 0 must give row 0's logits, and rows 0-1 their own."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, backbone.vocab_size, (2, 4), generator=g).to(backbone.device)
+    rows = _Rows()
+    rows.join = {0: torch.tensor([0], device=backbone.device)}
+    try:
+        with Hooks(backbone, edit=_joiners([backbone.module(0, "resid")], rows), raw=True):
+            got = backbone.logits(ids).float()
+    except Exception:  # noqa: BLE001 - whatever the block makes of a grown batch, it is a no
+        return False
+    want = backbone.logits(ids).float()
+    if got.shape[0] != 3:
+        return False
+    tol = 1e-3 * float(want.abs().max()) + 1e-5
+    return bool((got[:2] - want).abs().max() <= tol and (got[2] - want[0]).abs().max() <= tol)
+
+
+def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
+    """Indices of the facts traced together: facts of one length (prompt + object tokens), as many
+    as fit in one batch at n_rows rows each (the rows one fact adds at a step), one by one otherwise."""
+    per = max(1, batch_size // max(1, n_rows))
+    by_length: dict[int, list[int]] = {}
+    for i, f in enumerate(facts):
+        by_length.setdefault(len(f.prompt_ids) + len(f.object_ids), []).append(i)
+    return [idx[a:a + per] for idx in by_length.values() for a in range(0, len(idx), per)]
+
+
+@torch.no_grad()
+def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
+                share_rows: bool = True, reuse_layers: bool = True) -> tuple[list[dict], dict]:
+    """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
+
+    Rows (besides each fact's clean run, row 0 of its own): the F * N corrupted rows (row f * N + s:
+    fact f, noise sample s), then for each patch step k a block of F * C * N rows (fact f, site c,
+    sample s in that order). They are appended as the wavefront reaches step k, so a row keeps its
+    index and its log p column j is its step j. Only the rows `_plan` picks are run; the others share
+    a run's results (same future). reuse_layers: splicing rows join the batch at their layer (the
+    caller checks `rows_can_join`). Every per-position array spans the L positions; the prompt
+    holds no mask, so "masked" means "an answer position not yet committed".
+
+    Returns (per fact: clean [K+1], corrupted [N, K+1], patched [K, C, N, K+1] log p and the clean
+    run's final ids; the work counts `stats` of the whole group).
+    """
+    device, mask_id, dtype = backbone.device, backbone.mask_id, backbone.dtype
+    F, K, C, N = len(facts), steps, len(sites), noises[0].shape[0]
+    n_layers = backbone.n_layers
+    x_clean = torch.stack([f.start(mask_id) for f in facts]).to(device)  # [F, L]
+    L = x_clean.shape[1]
+    answer = x_clean == mask_id                                            # [F, L] the answer positions
+    obj = torch.zeros(F, L, dtype=torch.long, device=device)              # object ids at the answer positions
+    subject = torch.zeros(F, L, dtype=torch.bool, device=device)
+    # noise by (fact, sample): index f * (N + 1) = none (the clean row), f * (N + 1) + s + 1 = sample s
+    table = torch.zeros(F, N + 1, L, backbone.hidden_size, device=device, dtype=dtype)
+    budget = torch.zeros(F, K, dtype=torch.long, device=device)           # tokens each step reveals
+    for f, (it, noise) in enumerate(zip(facts, noises)):
+        P = len(it.prompt_ids)
+        obj[f, P:] = it.object_ids.to(device)
+        subject[f, it.subject_pos.to(device)] = True
+        table[f, 1:, it.subject_pos.to(device)] = noise.to(device=device, dtype=dtype)
+        budget[f] = torch.tensor(reveal_schedule(len(it.object_ids), K), device=device)
+    table = table.view(F * (N + 1), L, -1)
+    below = torch.tensor([l + (m == "resid") for l, m in sites], device=device)  # blocks below a splice
+    skip_of = below if reuse_layers else torch.zeros_like(below)  # blocks a splicing row does not compute
+    blocks = [backbone.module(i, "resid") for i in range(n_layers)]
+
+    x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
+    fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
+    sample = torch.arange(N, device=device).repeat(F)             # noise sample of each row
+    site = torch.full((F * N,), -1, device=device)                # site patched by each row (-1: none)
+    at = torch.full((F * N,), -1, device=device)                  # step at which it patches (-1: never)
+    decided = torch.zeros(F * N, L, device=device)                # per-position log-prob when last masked
+    decided_clean = torch.zeros(F, L, device=device)
+    lp_clean = torch.zeros(F, K + 1)
+    lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
+    rows, state = _Rows(), TraceState()
+    stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0)
+    # the joins first: at a block's output rows join before the resid splice there acts on them
+    with Hooks(backbone, edit=_joiners(blocks, rows), raw=True), Hooks(backbone, edit=_hook_fns(sites, rows), state=state):
+        for j in range(K + 1):
+            if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
+                new = torch.arange(F * N, device=device).view(F, 1, N).expand(F, C, N).reshape(-1)
+                x, decided = torch.cat([x, x[new]]), torch.cat([decided, decided[new]])
+                fact, sample = torch.cat([fact, fact[new]]), torch.cat([sample, sample[new]])
+                site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N).repeat(F)])
+                at = torch.cat([at, torch.full((F * C * N,), j, device=device)])
+            state.step = j
+            run, share = _plan(x, fact * N + sample, at, j, share_rows)
+            distinct = run if share_rows else _plan(x, fact * N + sample, at, j, True)[0]
+            splices = at[distinct] == j
+            need = n_layers * (F + int((~splices).sum())) + int((n_layers - below[site[distinct[splices]]]).sum())
+            stats["min_block_rows"] += need
+            stats["min_block_tokens"] += need * L
+            skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
+            pos_run = torch.empty(len(run), L, device=device)  # per-position log p(o_i | x_j)
+            pos_clean = torch.empty(F, L, device=device)
+            gen_run, gen_clean = torch.empty_like(x[run]), x_clean.clone()
+            for items in _chunks(skip, fact[run], sample[run], N, batch_size):
+                xb, x_all, fr, where, clean_at, n_blocks = _layout(
+                    rows, items, run, skip, x, x_clean, fact, sample, site, at, j, table, subject, N, n_layers)
+                logits = backbone.logits(xb)  # [B, L, V]: the rows that joined included
+                masked = x_all == mask_id
+                # "decided" reads each position while it is masked only; "aligned" every answer position
+                pos = object_logprobs(logits, obj[fr], masked if readout == "decided" else answer[fr])
+                if readout != "decided":
+                    pos = pos.masked_fill(~answer[fr], 0.0)
+                pos_run[items] = pos[where]
+                have = clean_at >= 0
+                pos_clean[have] = pos[clean_at[have]]
+                if j < K:
+                    gen = reveal(x_all, logits, budget[fr, j], mask_id)
+                    gen_run[items] = gen[where]
+                    gen_clean[have] = gen[clean_at[have]]
+                stats["rows_run"] += x_all.shape[0]
+                stats["forwards"] += 1
+                stats["block_rows"] += n_blocks
+            rows.join, rows.splice = {}, {}
+            score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
+            lp_clean[:, j] = score.cpu()
+            score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
+            lp[:len(x), j] = score.cpu()
+            if j < K:
+                x = gen_run[share]
+                x_clean = gen_clean
+            if bar is not None:
+                bar.advance(F)
+    patched = lp[F * N:].view(K, F, C, N, K + 1)
+    return [dict(clean=lp_clean[f], corrupted=lp[f * N:(f + 1) * N], patched=patched[:, f], clean_ids=x_clean[f].cpu())
+            for f in range(F)], stats
 
 
 def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int, share: bool = True):
@@ -276,28 +251,107 @@ def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int, sh
     n = x.shape[0]
     idx = torch.arange(n, device=x.device)
     own = torch.where((at == step) | (not share), idx, -1)  # a splicing row is its own group
-    key = torch.cat([own[:, None], sample[:, None], x], 1)
-    _, group = torch.unique(key, dim=0, return_inverse=True)
+    varies = (x != x[:1]).any(0)  # columns equal in every row (the prompt) tell no row apart
+    group = _row_groups(torch.cat([own[:, None], sample[:, None], x[:, varies]], 1))
     first = torch.full((n,), n, device=x.device).scatter_reduce(0, group, idx, "amin")[: int(group.max()) + 1]
     run = first.sort().values
     share = torch.searchsorted(run, first[group])
     return run, share
 
 
-def _chunks(n: int, batch_size: int, lead: int = 1):
-    """(start, end, padding) of equal-size chunks of n rows, each leaving room for `lead` clean rows."""
-    per = max(1, batch_size - lead)
-    n_chunks = -(-n // per)
-    size = -(-n // n_chunks)
-    for a in range(0, n, size):
-        b = min(a + size, n)
-        yield a, b, size - (b - a)
+def _row_groups(key: torch.Tensor) -> torch.Tensor:
+    """Group id [n] of each row of key [n, m]: equal rows share one (torch.unique(dim=0)'s inverse,
+    without its row-by-row comparisons): a lexicographic sort, one stable sort per column."""
+    n = key.shape[0]
+    order = torch.arange(n, device=key.device)
+    for c in reversed(range(key.shape[1])):
+        order = order[torch.sort(key[order, c], stable=True).indices]
+    ranked = key[order]
+    new = torch.ones(n, dtype=torch.long, device=key.device)
+    new[1:] = (ranked[1:] != ranked[:-1]).any(1)
+    return torch.empty_like(order).scatter_(0, order, new.cumsum(0) - 1)
 
 
-def _splice_rows(site: torch.Tensor, at: torch.Tensor, step: int, lead: int = 1) -> dict[int, torch.Tensor]:
-    """site index -> chunk row indices (+lead: after the clean row, if any) that splice at this step."""
-    idx = (at == step).nonzero().squeeze(1)
-    if idx.numel() == 0:
-        return {}
-    hit = site[idx]
-    return {int(c): idx[hit == c] + lead for c in hit.unique().tolist()}
+def _chunks(skip: torch.Tensor, fact: torch.Tensor, sample: torch.Tensor, n_samples: int, batch_size: int):
+    """The run rows (indices into run) of each forward of one step: all of them when they fit in
+    batch_size with the clean rows, else chunks filled in turn, each counting the clean rows of its
+    facts and the corrupted rows its joining rows copy (joining rows ordered by fact and noise
+    sample, so a chunk's joining rows mostly copy the same few). skip, fact, sample: per run row;
+    run row f * N + s is the corrupted row of fact f, sample s."""
+    n = len(skip)
+    joins = skip > 0
+    source = fact * n_samples + sample  # the corrupted row a joining row copies
+    key = source * (int(skip.max()) + 1) + skip
+    order = torch.cat([(~joins).nonzero().squeeze(1), joins.nonzero().squeeze(1)[torch.sort(key[joins], stable=True).indices]])
+    if int(fact.unique().numel()) + n <= batch_size:
+        yield order
+        return
+    n_corrupted = int(fact.max()) * n_samples + n_samples
+    chunk, cleans, present, needed = [], set(), set(), set()
+    for i, sk, f, src in zip(order.tolist(), skip[order].tolist(), fact[order].tolist(), source[order].tolist()):
+        size = len(chunk) + 1 + len(cleans | {f}) + len((needed | ({src} if sk > 0 else set()))
+                                                         - (present | ({i} if i < n_corrupted else set())))
+        if chunk and size > batch_size:
+            yield order.new_tensor(chunk)
+            chunk, cleans, present, needed = [], set(), set(), set()
+        chunk.append(i)
+        cleans.add(f)
+        if sk > 0:
+            needed.add(src)
+        elif i < n_corrupted:
+            present.add(i)
+    yield order.new_tensor(chunk)
+
+
+def _layout(rows: _Rows, items, run, skip, x, x_clean, fact, sample, site, at, step: int, table, subject,
+            n_samples: int, n_layers: int):
+    """The batch of one forward, and rows.noise / splice / join set for its hooks. Returns (ids
+    [B0, L] it starts from, ids [B, L] of the final batch, fact of each final row, where
+    [len(items)]: each item's row in the final batch, clean_at [F]: each fact's clean row in it or
+    -1, row-blocks it computes).
+
+    Rows from the embedding: the clean rows of the items' facts, the items that skip nothing, then
+    any corrupted row a joining item copies that is not among them. Then, block by block, the items
+    that skip b blocks are appended after block b - 1 as copies of their corrupted row (run row
+    f * N + s for fact f, sample s: the corrupted rows lead their groups, so they are run[0..F*N-1]).
+    """
+    device, N = x.device, n_samples
+    F = x_clean.shape[0]
+    s_items = skip[items]
+    base, joining = items[s_items == 0], items[s_items > 0]
+    facts_in = fact[run[items]].unique()
+    clean_at = torch.full((F,), -1, dtype=torch.long, device=device)
+    clean_at[facts_in] = torch.arange(len(facts_in), device=device)
+    where = torch.empty(len(run), dtype=torch.long, device=device)  # run index -> batch row
+    first = len(facts_in)
+    where[base] = torch.arange(first, first + len(base), device=device)
+    n_corr = F * N
+    present = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    present[base[base < n_corr]] = True
+    needed = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    sources = fact[run[joining]] * N + sample[run[joining]]  # the corrupted (run) row each joining row copies
+    needed[sources] = True
+    extra = (needed & ~present).nonzero().squeeze(1)  # corrupted rows here only to be copied
+    where[extra] = torch.arange(first + len(base), first + len(base) + len(extra), device=device)
+    start = run[torch.cat([base, extra])]
+    B0 = first + len(start)
+    rows.join, top, joined = {}, B0, []
+    for b in s_items[s_items > 0].unique().tolist():
+        these = joining[skip[joining] == b]
+        rows.join[b - 1] = where[fact[run[these]] * N + sample[run[these]]]
+        where[these] = torch.arange(top, top + len(these), device=device)
+        top += len(these)
+        joined.append(run[these])
+    xb = torch.cat([x_clean[facts_in], x[start]])
+    x_all = torch.cat([xb, *(x[r] for r in joined)])  # the tokens of every row of the final batch
+    fr = torch.cat([facts_in, fact[start], *(fact[r] for r in joined)])  # fact of each final row
+    rows.noise = table[torch.cat([facts_in * (N + 1), fact[start] * (N + 1) + sample[start] + 1])]
+    splicing = items[at[run[items]] == step]
+    batch_rows, site_of = where[splicing], site[run[splicing]]
+    rows.splice = {}
+    for c in site_of.unique().tolist():
+        row, positions = subject[fr[batch_rows[site_of == c]]].nonzero(as_tuple=True)  # each (row, subject position)
+        idx = batch_rows[site_of == c][row]
+        rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions)
+    n_blocks = B0 * n_layers + int((n_layers - s_items[s_items > 0]).sum())
+    return xb, x_all, fr, where[items], clean_at, n_blocks

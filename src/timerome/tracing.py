@@ -23,7 +23,7 @@ from timerome.errors import TimeromeError
 from timerome.progress import progress_bar
 from timerome.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tie import tie as tie_of
-from timerome.trace_engine import trace_fact
+from timerome.trace_engine import group_facts, rows_can_join, trace_facts
 from timerome.trace_result import TraceResult
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
@@ -115,17 +115,23 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []
     stats = {}
+    reuse_layers = reuse_layers and rows_can_join(backbone)
+    outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
-        for it, noise in zip(items, noises):
-            out = trace_fact(backbone, it, noise, sites, K, batch_size, readout, bar,
-                             share_rows=share_rows, reuse_layers=reuse_layers)
-            tie = tie_of(out["patched"], out["corrupted"])  # [K, C, N, K+1] vs [N, K+1] -> [K, C, K+1]
-            ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
-            clean.append(out["clean"])
-            corrupted.append(out["corrupted"])
-            infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
-            for k, v in out["stats"].items():
+        # facts of one length go through the wavefront together, as many as one batch holds
+        for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
+            per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
+                                         batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers)
+            for i, out in zip(group, per_fact):
+                outs[i] = out
+            for k, v in work.items():
                 stats[k] = stats.get(k, 0) + v
+    for it, out in zip(items, outs):
+        tie = tie_of(out["patched"], out["corrupted"])  # [K, C, N, K+1] vs [N, K+1] -> [K, C, K+1]
+        ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
+        clean.append(out["clean"])
+        corrupted.append(out["corrupted"])
+        infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)

@@ -145,11 +145,13 @@ class Backbone:
         kwargs = {}
         if fam.attention in ("bias4d", "additive4d"):  # transformers' classes: a 4-D mask makes them bidirectional
             B, L = ids.shape
-            k = keys if keys is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
+            # without padding one [1, 1, L, L] mask serves every row (and rows the trace engine
+            # appends to the batch between blocks)
+            k = keys if keys is not None else torch.ones(1, L, dtype=torch.bool, device=ids.device)
             m = k[:, None, None, :]
             if fam.attention == "additive4d":  # 0 for real keys, the dtype's min for padding
                 m = torch.zeros(m.shape, dtype=self.dtype, device=ids.device).masked_fill(~m, torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = m.expand(B, 1, L, L)
+            kwargs["attention_mask"] = m.expand(k.shape[0], 1, L, L)
         elif keys is not None:  # our implementations: a 2-D key mask
             kwargs["attention_mask"] = keys
         if keys is not None and fam.positions == "from_mask":
