@@ -5,7 +5,7 @@ import torch
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.throughput import Throughput, best_throughput, floor_seconds
+from timerome.throughput import Throughput, best_throughput, floor_by_length, floor_seconds
 from timerome.tracing import trace
 
 FACTS = [
@@ -54,6 +54,15 @@ def test_floor_charges_every_token_block_at_the_best_rate():
     assert floor_seconds(token_blocks=2400, rates=rates) == pytest.approx(2400 / 1200)  # 60 x 20 beats 100 x 10
 
 
+def test_floor_by_length_charges_each_length_its_own_rate():
+    rates = [Throughput(length=10, rows=8, row_blocks_per_s=100.0), Throughput(length=20, rows=4, row_blocks_per_s=60.0)]
+    assert floor_by_length({"10": 300, "20": 120}, rates) == pytest.approx(300 / 100 + 120 / 60)
+    # never below the strict floor, which charges every token-block the best token rate
+    assert floor_by_length({"10": 300, "20": 120}, rates) >= floor_seconds(token_blocks=300 * 10 + 120 * 20, rates=rates)
+    with pytest.raises(ValueError, match="length"):
+        floor_by_length({"15": 1}, rates)
+
+
 def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):
     """min_block_rows is the same whatever the engine's switches, and no variant computes less."""
     runs = [trace(bb, FACTS, steps=K, n_samples=N, progress=False, share_rows=s, reuse_layers=r)
@@ -71,3 +80,6 @@ def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):
     above = sum(n - l - (m == "resid") for m in ("resid", "attn", "mlp") for l in range(n))
     assert need >= len(FACTS) * ((K + 1) * (1 + N) * n + K * N * above)
     assert runs[0].stats["min_block_tokens"] > need
+    by_length = runs[0].stats["min_block_rows_by_length"]
+    assert sum(by_length.values()) == need and len(by_length) == 2  # the two facts differ in length
+    assert sum(int(n) * v for n, v in by_length.items()) == runs[0].stats["min_block_tokens"]

@@ -7,12 +7,16 @@ device. The rate is measured, not assumed: full forwards of [b, L] random tokens
 rows x blocks per second taken at the best b. A forward also runs the embedding and the head, so
 the rate charges each row-block its share of them: work done at that rate would be no faster.
 
-Rows of different lengths: a row of length L is L token-blocks, and the floor charges every
-token-block at the best token rate (rows x blocks x L per second) over the lengths measured, the
-most favourable of them, so the floor stays a lower bound.
+Rows of different lengths: `floor_by_length` charges each length's row-blocks at the rate
+measured at that length (rows of one length batch together; an exact computation cannot pad them
+to another, as padding changes the float rounding), the issue's "row-blocks at the best rows x
+blocks per second" made precise. `floor_seconds` is stricter still: a row of length L is L
+token-blocks, each charged at the best token rate (rows x blocks x L per second) over the lengths
+measured, the most favourable of them.
 
     rates = [best_throughput(backbone, L) for L in lengths]     # Throughput(length, rows, ...)
-    floor_s = floor_seconds(token_blocks=result.stats["min_block_tokens"], rates=rates)
+    floor_s = floor_by_length(result.stats["min_block_rows_by_length"], rates)
+    strict_s = floor_seconds(token_blocks=result.stats["min_block_tokens"], rates=rates)
 """
 
 from __future__ import annotations
@@ -72,8 +76,20 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
 
 def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:
     """The least time for `token_blocks` (row-blocks weighted by their rows' lengths), each at the
-    best token rate among `rates`."""
+    best token rate among `rates` (the strictest floor: a short row is charged the token rate of
+    the length that runs fastest per token)."""
     return token_blocks / max(r.token_blocks_per_s for r in rates)
+
+
+def floor_by_length(block_rows: dict, rates: list[Throughput]) -> float:
+    """The least time for block_rows {length: row-blocks}, each row-block at the best rows x blocks
+    per second measured at its own length: rows of one length batch together, and an exact
+    computation cannot pad a row to another length (padding changes the float rounding)."""
+    by_length = {r.length: r for r in rates}
+    missing = sorted({int(n) for n in block_rows} - set(by_length))
+    if missing:
+        raise ValueError(f"no throughput measured at length(s) {missing}")
+    return sum(n / by_length[int(length)].row_blocks_per_s for length, n in block_rows.items())
 
 
 def bench_clock(choice: str = "auto", device="cpu", threads: int | None = None):

@@ -32,8 +32,8 @@ and reuse_layers (the joins); both on by default, neither changes a number.
 
 `stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows) and the
 least work any exact implementation must do, `min_block_rows` (one row through one block;
-`min_block_tokens` weighs each by the row's length), the unit of `benchmarks/bench_trace.py`'s
-floor: at every step j the clean row and each distinct (noise sample, x_j) state through every
+`min_block_tokens` weighs each by the row's length, `min_block_rows_by_length` splits it by row
+length), the unit of `benchmarks/bench_trace.py`'s floor: at every step j the clean row and each distinct (noise sample, x_j) state through every
 block, and each row that splices at j through the blocks above its site only (below, and for resid
 at l block l itself, it is its corrupted row); repeated clean and corrupted rows of chunks, the
 vocabulary head and the sampler step are overhead.
@@ -184,7 +184,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     lp_clean = torch.zeros(F, K + 1)
     lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
     rows, state = _Rows(), TraceState()
-    stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0)
+    stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0,
+                 min_block_rows_by_length={str(L): 0})
     # the joins first: at a block's output rows join before the resid splice there acts on them
     with Hooks(backbone, edit=_joiners(blocks, rows), raw=True), Hooks(backbone, edit=_hook_fns(sites, rows), state=state):
         for j in range(K + 1):
@@ -201,6 +202,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             need = n_layers * (F + int((~splices).sum())) + int((n_layers - below[site[distinct[splices]]]).sum())
             stats["min_block_rows"] += need
             stats["min_block_tokens"] += need * L
+            stats["min_block_rows_by_length"][str(L)] += need
             skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
             pos_run = torch.empty(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.empty(F, L, device=device)

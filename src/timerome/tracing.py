@@ -124,8 +124,11 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
                                          batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers)
             for i, out in zip(group, per_fact):
                 outs[i] = out
-            for k, v in work.items():
-                stats[k] = stats.get(k, 0) + v
+            for k, v in work.items():  # counts add up; a dict of counts adds up key by key
+                if isinstance(v, dict):
+                    stats[k] = {n: stats.get(k, {}).get(n, 0) + v.get(n, 0) for n in {*stats.get(k, {}), *v}}
+                else:
+                    stats[k] = stats.get(k, 0) + v
     for it, out in zip(items, outs):
         tie = tie_of(out["patched"], out["corrupted"])  # [K, C, N, K+1] vs [N, K+1] -> [K, C, K+1]
         ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
