@@ -187,9 +187,10 @@ def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition
     together = trace(bb, SAME_LENGTH, readout=readout, **FAST)
     # batch_size 20 holds less than one fact's rows of a step (1 + 2 + 9 * 2): no two facts go together
     alone = trace(bb, SAME_LENGTH, readout=readout, batch_size=20, **FAST)
-    torch.testing.assert_close(together.tie_full, alone.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
-    torch.testing.assert_close(together.corrupted_logp, alone.corrupted_logp, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(together.clean_logp, alone.clean_logp, atol=1e-5, rtol=1e-4)
+    # bit for bit on CPU: a row's arithmetic does not depend on the rest of its batch
+    assert torch.equal(together.tie_full.nan_to_num(), alone.tie_full.nan_to_num())
+    assert torch.equal(together.corrupted_logp, alone.corrupted_logp)
+    assert torch.equal(together.clean_logp, alone.clean_logp)
     assert [f["clean_answer"] for f in together.facts] == [f["clean_answer"] for f in alone.facts]
     assert together.stats["forwards"] == 2 * (4 + 1) < alone.stats["forwards"]
     assert together.stats["min_block_rows"] == alone.stats["min_block_rows"]
@@ -200,7 +201,7 @@ def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition
         torch.testing.assert_close(together.tie[:, together.modules.index(m), l, k], tie[:, c], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("batch_size", [7, 45])  # 45: two facts a group, cut in chunks
+@pytest.mark.parametrize("batch_size", [2, 3, 7, 45])  # 45: two facts a group, cut in chunks
 def test_grouped_facts_cut_into_chunks_give_the_same_tie(bb, batch_size):
     """Chunks of a grouped step each carry the clean rows of their facts and the corrupted rows their
     joining rows copy; no chunk exceeds batch_size rows."""

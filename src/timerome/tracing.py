@@ -115,7 +115,8 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []
     stats = {}
-    reuse_layers = reuse_layers and rows_can_join(backbone)
+    # a joining row needs its fact's clean row and its corrupted row beside it: 3 rows at least
+    reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
     outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
         # facts of one length go through the wavefront together, as many as one batch holds
