@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_edit_memory import random_backbone, sync  # noqa: E402  (a sibling script)
 
-from timerome.likelihood import log_likelihood_batch  # noqa: E402
+from timerome.likelihood import default_max_tokens, log_likelihood_batch  # noqa: E402
 from timerome.throughput import bench_clock, best_throughput, floor_seconds  # noqa: E402
 
 
@@ -36,7 +36,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="embedded,random")
     ap.add_argument("--n-mc", type=int, default=16)
-    ap.add_argument("--max-tokens", default="4096", help="comma-separated max_tokens values to time")
+    ap.add_argument("--max-tokens", default="default",
+                    help="comma-separated max_tokens values to time ('default': the library's for this device)")
     ap.add_argument("--pairs", type=int, default=64, help="random model: pairs scored")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
@@ -100,7 +101,7 @@ def bench(bb, prompts, answers, args, clock) -> dict:
     print(f"floor       {floor_s:.3f} s ({n_rows} rows x {bb.n_layers} blocks, {token_blocks} token-blocks at the "
           f"best {best.token_blocks_per_s:,.0f}/s, L={best.length}): {n_rows / floor_s:,.0f} rows/s")
     runs = []
-    for mt in [int(m) for m in args.max_tokens.split(",")]:
+    for mt in [default_max_tokens(bb.device) if m == "default" else int(m) for m in args.max_tokens.split(",")]:
         times = []
         for _ in range(args.repeats):
             sync(bb.device)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from timerome.errors import TimeromeError
 from timerome.likelihood import (
     _stratified_counts,
+    default_max_tokens,
     exact_log_likelihood,
     log_likelihood,
     log_likelihood_batch,
@@ -102,6 +103,18 @@ def test_batch_defaults_match_log_likelihood_for_the_first_pair():
     model = ToyBackbone()
     p, a = PAIRS[0]
     assert log_likelihood_batch(model, [p], [a]).item() == pytest.approx(log_likelihood(model, p, a), abs=1e-5)
+
+
+def test_forwards_hold_the_device_default_tokens_unless_told():
+    """max_tokens None packs a CPU's forwards to 1024 tokens (an accelerator's to 4096)."""
+    assert default_max_tokens("cpu") == 1024 and default_max_tokens("cuda") == 4096
+    model = ToyBackbone()
+    prompts, answers = [[3, 17, 8]] * 40, [[12, 40, 7]] * 40  # 640 rows of 6 tokens
+    log_likelihood_batch(model, prompts, answers, generator=torch.Generator().manual_seed(0))
+    assert max(b * length for b, length, _ in model.forwards) <= 1024 < sum(b * length for b, length, _ in model.forwards)
+    model.forwards.clear()
+    log_likelihood_batch(model, prompts, answers, generator=torch.Generator().manual_seed(0), max_tokens=4096)
+    assert max(b * length for b, length, _ in model.forwards) > 1024
 
 
 def test_padding_does_not_change_values():

@@ -84,7 +84,7 @@ class TimeromeLM(LM):
     """lm-eval's LM over a timerome Backbone, with an optional edit active (module docstring)."""
 
     def __init__(self, pretrained=None, edit=None, method=None, *, n_mc: int = 16, mc_batch: int = 16,
-                 max_tokens: int = 4096, steps=None, gen_length=None, block_length=None,
+                 max_tokens: int | None = None, steps=None, gen_length=None, block_length=None,
                  remasking: str = "low_confidence", cfg_scale: float = 0.0, check_greedy: bool = True,
                  cache=None, threshold=None, refresh_every=None,
                  seed: int = 0, device=None, dtype=None, family=None, trust_remote_code: bool = False,
@@ -102,7 +102,8 @@ class TimeromeLM(LM):
         self.backbone = backbone if backbone is not None else load_backbone(
             pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
         self._device = self.backbone.device
-        self.n_mc, self.mc_batch, self.max_tokens, self.seed = int(n_mc), int(mc_batch), int(max_tokens), int(seed)
+        self.n_mc, self.mc_batch, self.seed = int(n_mc), int(mc_batch), int(seed)
+        self.max_tokens = None if max_tokens is None else int(max_tokens)  # None: the device's default
         cache = None if cache in (None, "", "none", "None") else cache
         check_fast_options(cache, threshold, refresh_every, remasking)
         if cache is not None:
