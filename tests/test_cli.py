@@ -23,7 +23,7 @@ def test_trace_edit_generate_chain(tmp_path):
     code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4)
     assert code == 0, out
     sel = json.loads((tmp_path / "t" / "selection.json").read_text())
-    assert (tmp_path / "t" / "heatmaps.png").stat().st_size > 1000
+    assert (tmp_path / "t" / "heatmap.png").stat().st_size > 1000
     assert sel["best"]["module"] in ("resid", "attn", "mlp") and len(sel["per_fact"]) == 2
 
     mem = tmp_path / "forget.safetensors"

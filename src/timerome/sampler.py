@@ -178,15 +178,17 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    # each message names the Python argument and the CLI option (--gen-length ...) alike
     if gen_length < 1 or block_length < 1 or steps < 1:
-        raise TimeromeError(f"steps, gen_length and block_length must be >= 1 "
-                            f"(got steps={steps}, gen_length={gen_length}, block_length={block_length})")
+        raise TimeromeError(f"steps, gen_length and block_length (--steps, --gen-length, --block-length) must be "
+                            f">= 1 (got {steps}, {gen_length}, {block_length})")
     if gen_length % block_length:
-        raise TimeromeError(f"gen_length={gen_length} is not a multiple of block_length={block_length}")
+        raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
+                            f"(--block-length) {block_length}")
     n_blocks = gen_length // block_length
     if steps % n_blocks:
-        raise TimeromeError(f"steps={steps} is not divisible by the number of blocks "
-                            f"({gen_length} // {block_length} = {n_blocks})")
+        raise TimeromeError(f"steps (--steps) {steps} is not divisible by the number of blocks "
+                            f"(gen_length // block_length = {gen_length} // {block_length} = {n_blocks})")
     if P + gen_length > backbone.max_length:
         raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
                             f"context of {backbone.max_length} tokens")

@@ -53,7 +53,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
     result.save(out / "trace.safetensors")
-    png = plot_heatmaps(result, out / "heatmaps.png", selected=chosen)
+    png = plot_heatmaps(result, out / "heatmap.png", selected=chosen)  # the name the demo writes
     if per_fact:
         plot_per_fact(result, out / "per_fact")
     sel = dict(best=best.as_dict(), edit=chosen.as_dict(), top=[c.as_dict() for c in top],
