@@ -141,7 +141,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 share_rows: bool = True, reuse_layers: bool = True) -> tuple[list[dict], dict]:
     """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
 
-    Rows (besides each fact's clean run, row 0 of its own): the F * N corrupted rows (row f * N + s:
+    Rows (besides each fact's clean run, which leads every forward): the F * N corrupted rows (row f * N + s:
     fact f, noise sample s), then for each patch step k a block of F * C * N rows (fact f, site c,
     sample s in that order). They are appended as the wavefront reaches step k, so a row keeps its
     index and its log p column j is its step j. Only the rows `_plan` picks are run; the others share
@@ -172,7 +172,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     table = table.view(F * (N + 1), L, -1)
     below = torch.tensor([l + (m == "resid") for l, m in sites], device=device)  # blocks below a splice
     skip_of = below if reuse_layers else torch.zeros_like(below)  # blocks a splicing row does not compute
-    blocks = [backbone.module(i, "resid") for i in range(n_layers)]
+    blocks = [backbone.module(i, "resid") for i in range(n_layers)] if reuse_layers else []  # where rows join
 
     x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
     fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
