@@ -196,20 +196,22 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N).repeat(F)])
                 at = torch.cat([at, torch.full((F * C * N,), j, device=device)])
             state.step = j
-            run, share = _plan(x, fact * N + sample, at, j, share_rows)
-            distinct = run if share_rows else _plan(x, fact * N + sample, at, j, True)[0]
+            corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
+            run, share = _plan(x, corrupted, at, j, share_rows)
+            distinct = run if share_rows else _plan(x, corrupted, at, j, True)[0]
             splices = at[distinct] == j
             need = n_layers * (F + int((~splices).sum())) + int((n_layers - below[site[distinct[splices]]]).sum())
             stats["min_block_rows"] += need
             stats["min_block_tokens"] += need * L
             stats["min_block_rows_by_length"][str(L)] += need
             skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
+            source = corrupted[run]  # the corrupted rows are run[0..F*N-1], so also their run index
             pos_run = torch.empty(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.empty(F, L, device=device)
             gen_run, gen_clean = torch.empty_like(x[run]), x_clean.clone()
-            for items in _chunks(skip, fact[run], sample[run], N, batch_size):
+            for items in _chunks(skip, fact[run], source, F * N, batch_size):
                 xb, x_all, fr, where, clean_at, n_blocks = _layout(
-                    rows, items, run, skip, x, x_clean, fact, sample, site, at, j, table, subject, N, n_layers)
+                    rows, items, run, skip, source, x, x_clean, fact, sample, site, at, j, table, subject, N, n_layers)
                 logits = backbone.logits(xb)  # [B, L, V]: the rows that joined included
                 masked = x_all == mask_id
                 # "decided" reads each position while it is masked only; "aligned" every answer position
@@ -274,21 +276,19 @@ def _row_groups(key: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(0, order, new.cumsum(0) - 1)
 
 
-def _chunks(skip: torch.Tensor, fact: torch.Tensor, sample: torch.Tensor, n_samples: int, batch_size: int):
+def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corrupted: int, batch_size: int):
     """The run rows (indices into run) of each forward of one step: all of them when they fit in
     batch_size with the clean rows, else chunks filled in turn, each counting the clean rows of its
     facts and the corrupted rows its joining rows copy (joining rows ordered by fact and noise
-    sample, so a chunk's joining rows mostly copy the same few). skip, fact, sample: per run row;
-    run row f * N + s is the corrupted row of fact f, sample s."""
+    sample, so a chunk's joining rows mostly copy the same few). skip, fact, source (the run index
+    of the row's corrupted row, f * N + s): per run row; run rows 0..n_corrupted-1 are the corrupted rows."""
     n = len(skip)
     joins = skip > 0
-    source = fact * n_samples + sample  # the corrupted row a joining row copies
     key = source * (int(skip.max()) + 1) + skip
     order = torch.cat([(~joins).nonzero().squeeze(1), joins.nonzero().squeeze(1)[torch.sort(key[joins], stable=True).indices]])
     if int(fact.unique().numel()) + n <= batch_size:
         yield order
         return
-    n_corrupted = int(fact.max()) * n_samples + n_samples
     chunk, cleans, present, needed = [], set(), set(), set()
     for i, sk, f, src in zip(order.tolist(), skip[order].tolist(), fact[order].tolist(), source[order].tolist()):
         size = len(chunk) + 1 + len(cleans | {f}) + len((needed | ({src} if sk > 0 else set()))
@@ -305,7 +305,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, sample: torch.Tensor, n_samp
     yield order.new_tensor(chunk)
 
 
-def _layout(rows: _Rows, items, run, skip, x, x_clean, fact, sample, site, at, step: int, table, subject,
+def _layout(rows: _Rows, items, run, skip, source, x, x_clean, fact, sample, site, at, step: int, table, subject,
             n_samples: int, n_layers: int):
     """The batch of one forward, and rows.noise / splice / join set for its hooks. Returns (ids
     [B0, L] it starts from, ids [B, L] of the final batch, fact of each final row, where
@@ -331,8 +331,7 @@ def _layout(rows: _Rows, items, run, skip, x, x_clean, fact, sample, site, at, s
     present = torch.zeros(n_corr, dtype=torch.bool, device=device)
     present[base[base < n_corr]] = True
     needed = torch.zeros(n_corr, dtype=torch.bool, device=device)
-    sources = fact[run[joining]] * N + sample[run[joining]]  # the corrupted (run) row each joining row copies
-    needed[sources] = True
+    needed[source[joining]] = True  # the corrupted (run) rows the joining rows copy
     extra = (needed & ~present).nonzero().squeeze(1)  # corrupted rows here only to be copied
     where[extra] = torch.arange(first + len(base), first + len(base) + len(extra), device=device)
     start = run[torch.cat([base, extra])]
@@ -340,7 +339,7 @@ def _layout(rows: _Rows, items, run, skip, x, x_clean, fact, sample, site, at, s
     rows.join, top, joined = {}, B0, []
     for b in s_items[s_items > 0].unique().tolist():
         these = joining[skip[joining] == b]
-        rows.join[b - 1] = where[fact[run[these]] * N + sample[run[these]]]
+        rows.join[b - 1] = where[source[these]]
         where[these] = torch.arange(top, top + len(these), device=device)
         top += len(these)
         joined.append(run[these])
@@ -352,8 +351,9 @@ def _layout(rows: _Rows, items, run, skip, x, x_clean, fact, sample, site, at, s
     batch_rows, site_of = where[splicing], site[run[splicing]]
     rows.splice = {}
     for c in site_of.unique().tolist():
-        row, positions = subject[fr[batch_rows[site_of == c]]].nonzero(as_tuple=True)  # each (row, subject position)
-        idx = batch_rows[site_of == c][row]
+        spliced = batch_rows[site_of == c]
+        row, positions = subject[fr[spliced]].nonzero(as_tuple=True)  # each (row, subject position)
+        idx = spliced[row]
         rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions)
     n_blocks = B0 * n_layers + int((n_layers - s_items[s_items > 0]).sum())
     return xb, x_all, fr, where[items], clean_at, n_blocks
