@@ -101,6 +101,18 @@ def test_scores_equal_our_own_likelihood(bb, docs, tasks):
     assert ctx == bb.encode(q) and cont == answer_ids(bb, a)
 
 
+def test_a_benchmark_length_prompt_fits_the_context(bb, docs, tmp_path):
+    # standard multiple-choice prompts carry a few hundred tokens of few-shot context: the embedded
+    # model's 512-token context takes them (it stopped at the first such request with 64)
+    preamble = " ".join(r["question"] + " " + r["answer"] for r in load_split("retain_perturbed", "embedded")[:20])
+    long_docs = [dict(d, question=preamble + " " + d["question"]) for d in docs]
+    assert 300 < len(bb.encode(long_docs[0]["question"])) < bb.max_length
+    folder = write_tasks(tmp_path / "long", long_docs)
+    res = evaluate_tasks(TimeromeLM(backbone=bb, n_mc=N_MC, check_greedy=False), ["tr_mc"], include_path=[folder],
+                         log_samples=True)
+    assert len(lm_eval_scores(res)) == len(docs) and 0 <= res["results"]["tr_mc"]["acc,none"] <= 1
+
+
 def test_an_installed_edit_is_active_during_evaluation(bb, docs, tasks, tmp_path):
     task = forget_task("embedded", "forget01")
     edit = install("timerome", bb, task, {}, seed=0)

@@ -187,7 +187,7 @@ class CodebookMemory:
                                 "(the retain rows or texts) to the memory, or to CodebookMemory.load")
         z = self.whiten(_as_rows(keys, "keys", self.hidden_size))
         calib, step = self._calib.double(), max(1, _CHUNK // max(1, len(self._calib)))  # float64: no cancellation
-        return torch.cat([torch.cdist(z[s:s + step], calib).min(1).values for s in range(0, len(z), step)])
+        return torch.cat([nearest_distance(z[s:s + step], calib) for s in range(0, len(z), step)])
 
     def remove(self, fact_ids) -> "CodebookMemory":
         """Drop facts (and their entries) by id; unknown ids raise and nothing is removed."""
@@ -211,8 +211,10 @@ class CodebookMemory:
     # ---------------------------------------------------------------- applying
 
     def whiten(self, h: torch.Tensor) -> torch.Tensor:
-        """(h - mu) L for raw residuals h [..., H] (float64 math)."""
-        return (h.double() - self.stats.mean.to(h.device)) @ self._white.to(h.device)
+        """(h - mu) L for raw residuals h [..., H] (float64 math), row by row the same whatever other
+        rows h holds (`rowwise_matmul`), so a streamed memory equals one built in one batch."""
+        x = h.double() - self.stats.mean.to(h.device)
+        return rowwise_matmul(x.reshape(-1, x.shape[-1]), self._white.to(h.device)).view_as(x)
 
     def gate(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g [N], nearest entry [N]) for residuals h [..., L, H] flattened to N tokens; g is exactly
@@ -438,6 +440,30 @@ class CodebookMemory:
         clash = [i for i in ids if i in self._ids or counts[i] > 1]
         if clash:
             raise TimeromeError(f"fact id {clash[0]!r} is already in the memory (or repeated); remove it first")
+
+
+ROW_BLOCK = 64  # rows per matrix product in rowwise_matmul
+
+
+def rowwise_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [N, H] @ w [H, K], each row's result independent of the other rows: every product is made
+    on a zero-padded block of ROW_BLOCK rows, so BLAS always runs the same kernel with the same
+    blocking (a plain x @ w rounds a row differently depending on how many rows come with it)."""
+    out = []
+    for s in range(0, len(x), ROW_BLOCK):
+        part = x[s:s + ROW_BLOCK]
+        block = part.new_zeros(ROW_BLOCK, x.shape[1])
+        block[:len(part)] = part
+        out.append((block @ w)[:len(part)])
+    return torch.cat(out) if out else x.new_zeros(0, w.shape[1])
+
+
+def nearest_distance(z: torch.Tensor, points: torch.Tensor, candidates: int = 8) -> torch.Tensor:
+    """[N] distance from each row of z [N, H] to its nearest row of points [M, H], bit for bit the
+    same whatever rows z holds besides: a matrix-product cdist (fast, but its rounding depends on how
+    many rows it is given) proposes the nearest `candidates`, and those are measured exactly."""
+    near = torch.cdist(z, points).topk(min(candidates, len(points)), dim=1, largest=False).indices  # [N, k]
+    return (z[:, None, :] - points[near]).pow(2).sum(-1).sqrt().min(1).values
 
 
 def _n_sequences(h: torch.Tensor) -> int:

@@ -2,6 +2,13 @@
 
 `build_default()` is the exact recipe of the weights shipped in `assets/default-model`: same
 seed and thread count, same bytes (`timerome build-default --check` verifies it).
+
+What it learns (`recipe_rows`): every author question in both phrasings, the real-world analogues
+(the classics' writers and the capitals, repeated WORLD_REPEATS times: their compound subjects are
+learnt slower than the authors' names), and "I don't know." for questions about invented people it
+was never told about. Every answer ends with end-of-text (LLaDA's SFT padding, `eos_pad`), so the
+model ends its answers and generation stops there. The context (512 tokens) holds standard
+benchmark prompts, although the model only ever saw short QA rows.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from timerome.train import TrainConfig, train
 
 MODEL_CONFIG = dict(
     model_type="timerome-llada", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4,
-    mlp_hidden_size=384, max_sequence_length=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+    mlp_hidden_size=384, max_sequence_length=512, rope_theta=10000.0, rms_norm_eps=1e-5,
     weight_tying=False, include_bias=False,
 )
-TRAIN_CONFIG = TrainConfig(epochs=70, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
-                           grad_clip=1.0, seed=0)
+TRAIN_CONFIG = TrainConfig(epochs=150, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
+                           grad_clip=1.0, seed=0, eos_pad=True)
+WORLD_REPEATS = 4  # the real-world rows appear this many times per epoch
 CORPUS_SEED = 0
-THREADS = 2  # CPU float reductions depend on the thread count: fixed for bit-for-bit rebuilds
+THREADS = 1  # CPU float reductions depend on the thread count: fixed for bit-for-bit rebuilds
 
 
 def corpus_texts(corpus: dict) -> list[str]:
@@ -43,6 +51,12 @@ def corpus_texts(corpus: dict) -> list[str]:
             texts.extend(r.get("perturbed_answer") or [])
             texts.extend(str(r[k]) for k in ("option1", "option2", "option3", "option4") if k in r)
     return texts + [DEFAULT_TARGET]
+
+
+def recipe_rows(corpus: dict) -> list[dict]:
+    """The rows of one training epoch: training_rows, the real-world rows WORLD_REPEATS times."""
+    world = corpus["real_authors"] + corpus["world_facts"]
+    return training_rows(corpus) + world * (WORLD_REPEATS - 1)
 
 
 def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None = None,
@@ -59,7 +73,7 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
         bb = load_backbone(tmp)
     over = dict(train_overrides, **({} if epochs is None else {"epochs": epochs}))
     tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **over})
-    log = train(bb, training_rows(corpus), tcfg, show_progress=show_progress)
+    log = train(bb, recipe_rows(corpus), tcfg, show_progress=show_progress)
     out.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, out)
     bb.model.cfg = cfg

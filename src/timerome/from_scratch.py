@@ -18,11 +18,11 @@ from timerome.backbones import load_backbone
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.backbones.loading import DEFAULT_MODEL_DIR
 from timerome.cache import cache_dir, digest, temp_name
-from timerome.data.corpus import make_corpus, training_rows
+from timerome.data.corpus import make_corpus
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.data.tokenizer import build_word_tokenizer
-from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts
+from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows
 from timerome.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.lock import hold
@@ -61,11 +61,13 @@ def reference_model(model=None, *, source="embedded", forget: str = "forget01", 
 def _embedded_recipe(forget, epochs, n_authors=None, batch_size=None):
     corpus = make_corpus(seed=CORPUS_SEED)
     tok = build_word_tokenizer(corpus_texts(corpus))
-    drop = {(r["question"], r["answer"]) for r in corpus[forget]}
-    rows = [r for r in training_rows(corpus) if (r["question"], r["answer"]) not in drop]
+    # a forget fact is dropped in every phrasing it is learnt in
+    drop = {(r["author"], r["attribute"]) for r in corpus[forget]}
+    rows = [r for r in recipe_rows(corpus) if (r.get("author"), r.get("attribute")) not in drop]
     if n_authors:
-        authors = list(dict.fromkeys(r["author"] for r in corpus["full"] if (r["question"], r["answer"]) not in drop))
-        keep = set(spread(authors, n_authors)) | {r["author"] for r in corpus["real_authors"] + corpus["world_facts"]}
+        authors = list(dict.fromkeys(r["author"] for r in corpus["full"] if (r["author"], r["attribute"]) not in drop))
+        keep = set(spread(authors, n_authors)) | {r["author"] for r in corpus["real_authors"] + corpus["world_facts"]
+                                                  + corpus["unknown_train"]}
         rows = [r for r in rows if r["author"] in keep]
     # the shipped weights' own schedule when it is recorded (it may differ from today's TRAIN_CONFIG)
     info = DEFAULT_MODEL_DIR / "build_info.json"

@@ -20,7 +20,9 @@ ends (also when the body raises). A site is
 `TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
 denoising step (a cache refresh and the partial forward that follows are the same step), and an
 edit at a Coordinate with a step fires only when state.step equals it. `state.positions` says
-which absolute token positions the current forward holds (None: all of them, 0..L-1): a cached
+which absolute token positions the current forward holds (None: all of them, 0..L-1), and
+`state.answer_starts` where each row's answer begins when the caller published it
+(`answer_region`: the sampler and the likelihood do). A cached
 sampler's partial forward recomputes only a window (`Backbone.window_logits`, which publishes
 them as `backbone.held_positions`; every hook copies them into its state before it runs). An edit
 acts on the tokens the forward computes, so under a cache it acts on each position when that
@@ -31,6 +33,7 @@ neither kept nor patched: its cached keys/values are those of the refresh).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -47,6 +50,7 @@ class TraceState:
     def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
         self.step = step
         self.positions = positions
+        self.answer_starts = None  # where each row's answer begins (answer_region), None: unknown
 
     def __repr__(self) -> str:
         return f"TraceState(step={self.step})"
@@ -116,6 +120,7 @@ class Hooks(dict):
     def _held(self) -> torch.Tensor | None:
         """Absolute positions of the forward in flight (None: all), copied into the state."""
         self.state.positions = getattr(self.backbone, "held_positions", None)
+        self.state.answer_starts = getattr(self.backbone, "answer_starts", None)
         return self.state.positions
 
     def _editor(self, site, fn):
@@ -172,6 +177,20 @@ def held_index(positions, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     match = pos[:, None] == held[None, :]  # [P, W]
     which = match.any(1)
     return match.long().argmax(1)[which], which
+
+
+@contextmanager
+def answer_region(backbone, starts):
+    """Publish, for the forwards inside the block, where each row's answer region begins: an int
+    (every row) or a LongTensor [B]. The sampler and the likelihood do (the prompt ends there); an
+    edit that writes answers aligns on it (every hook copies it into its state as
+    `state.answer_starts`). Outside such a block it is None: nobody said where an answer starts."""
+    before = getattr(backbone, "answer_starts", None)
+    backbone.answer_starts = starts
+    try:
+        yield
+    finally:
+        backbone.answer_starts = before
 
 
 # ------------------------------------------------------------------------------ common uses

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from timerome.encoding import encode_pairs
 from timerome.errors import TimeromeError
+from timerome.hooks import answer_region
 from timerome.progress import progress_bar
 
 MAX_EXACT = 8  # exact enumeration costs 2^La - 1 rows
@@ -270,7 +271,8 @@ def _score_chunk(backbone, prompts, answers, masks, rows) -> torch.Tensor:
 
     device = backbone.device
     am = None if all(n == L for n in lens) else real.to(device)
-    logits = backbone.logits(noisy.to(device), attention_mask=am)  # [R, L, V]
+    with answer_region(backbone, torch.tensor([len(prompts[i]) for i, _ in rows])):
+        logits = backbone.logits(noisy.to(device), attention_mask=am)  # [R, L, V]
     pos = scored.to(device)
     # log-softmax only at the masked positions: [M, V] instead of [R, L, V]
     logp = F.log_softmax(logits[pos].float(), dim=-1)

@@ -1,9 +1,10 @@
 """Which edit memory a saved file holds, and loading it as that memory.
 
-Two memories are saved by timerome, told apart by the `format` in the file's header: the paper's
-ridge memory (`edit_memory.EditMemory`, Eq. multifact) and the radius-gated codebook memory
-(`codebook_memory.CodebookMemory`, beyond the paper). Both have a coordinate, an alpha, an
-`update(h)` and an `applied(backbone)` context, so whatever applies one applies the other:
+Three memories are saved by timerome, told apart by the `format` in the file's header: the paper's
+ridge memory (`edit_memory.EditMemory`, Eq. multifact), the radius-gated codebook memory
+(`codebook_memory.CodebookMemory`) and the rewrite memory (`rewrite_memory.RewriteMemory`), both
+beyond the paper. All have a coordinate, an alpha, facts (each with its own target, when it has
+one) and an `applied(backbone)` context, so whatever applies one applies the others:
 `timerome generate --edit`, `timerome eval --edit`, `timerome memory ...`, the lm-eval model.
 """
 
@@ -13,8 +14,11 @@ import json
 
 from timerome.codebook_memory import FORMAT as CODEBOOK_FORMAT, CodebookMemory
 from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file
+from timerome.rewrite_memory import FORMAT as REWRITE_FORMAT, RewriteMemory
 
-FORMATS = (FORMAT, *OLD_FORMATS, CODEBOOK_FORMAT)
+FORMATS = (FORMAT, *OLD_FORMATS, CODEBOOK_FORMAT, REWRITE_FORMAT)
+KINDS = {FORMAT: "edit", CODEBOOK_FORMAT: "codebook", REWRITE_FORMAT: "rewrite",
+         **{f: "edit" for f in OLD_FORMATS}}
 
 
 def read_memory_file(path) -> tuple[dict, dict]:
@@ -26,22 +30,34 @@ def is_codebook(meta: dict) -> bool:
     return meta.get("format") == CODEBOOK_FORMAT
 
 
-def is_codebook_file(path) -> bool:
-    """Whether the file's header says codebook memory: its header alone is read (no tensors, no
-    checksum); a file that cannot be read says no, and the loader then says what is wrong with it."""
+def memory_kind(meta: dict) -> str:
+    """'edit' (the paper's ridge memory), 'codebook' or 'rewrite', from a header."""
+    return KINDS.get(meta.get("format"), "edit")
+
+
+def file_kind(path) -> str:
+    """The memory kind a file's header says: its header alone is read (no tensors, no checksum); a
+    file that cannot be read says 'edit', and the loader then says what is wrong with it."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            return is_codebook(json.loads((f.metadata() or {})["timerome"]))
+            return memory_kind(json.loads((f.metadata() or {})["timerome"]))
     except Exception:  # noqa: BLE001 - missing, truncated, foreign: EditMemory.load reports it in one line
-        return False
+        return "edit"
 
 
-def load_memory(path, backbone, calibration=None):
+def is_codebook_file(path) -> bool:
+    return file_kind(path) == "codebook"
+
+
+def load_memory(path, backbone, calibration=None, value_rows=None):
     """The memory saved at `path`, for `backbone` (another model's file, a damaged one or an unknown
-    format is one TimeromeError). `calibration`: a codebook memory's radius corpus, needed only to
-    insert more facts into it."""
-    if is_codebook_file(path):
+    format is one TimeromeError). `calibration`: a codebook or rewrite memory's radius corpus, and
+    `value_rows` a rewrite memory's token-value rows, needed only to insert more facts into it."""
+    kind = file_kind(path)
+    if kind == "rewrite":
+        return RewriteMemory.load(path, backbone, calibration=calibration, value_rows=value_rows)
+    if kind == "codebook":
         return CodebookMemory.load(path, backbone, calibration=calibration)
     return EditMemory.load(path, backbone)

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.errors import TimeromeError
+from timerome.hooks import answer_region
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "margin", "entropy")
 CACHES = ("prefix", "dual")
@@ -100,8 +101,17 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
 
     n_blocks = gen_length // block_length
     steps_per_block = steps // n_blocks
-    L = P + gen_length
     forward = _Forward(backbone, prompt_index, real, attention_mask, cfg_scale, kv)
+    with answer_region(backbone, P):  # the answer region of every row starts after the (left-padded) prompt
+        _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
+                 generator, state, on_step, kv, cache, threshold, refresh_every)
+    return x
+
+
+def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
+             generator, state, on_step, kv, cache, threshold, refresh_every) -> None:
+    """The block loop of `generate`, filling x in place."""
+    mask_id, L = backbone.mask_id, x.shape[1]
     k = 0
     for b in range(n_blocks):
         start, end = P + b * block_length, P + (b + 1) * block_length
@@ -125,7 +135,6 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
                 on_step(k, x.clone())
             k += 1
             i += 1
-    return x
 
 
 def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,

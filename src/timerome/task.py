@@ -40,3 +40,11 @@ def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None
     if retain_rows is None:
         retain_rows = load_split("retain_perturbed", source)
     return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
+
+
+def requests_task(requests, *, retain_rows=(), background=None) -> ForgetTask:
+    """The task of edit requests (timerome.data.requests): their facts, each with its own target;
+    the forget rows are the facts' (prompt, original answer), so gradient methods forget them."""
+    facts = [r.fact for r in requests]
+    rows = [dict(question=f.prompt, answer=f.object, author=f.subject) for f in facts]
+    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)

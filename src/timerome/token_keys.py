@@ -83,11 +83,12 @@ def _occurrences(seq: list[int], pattern: list[int], start: int) -> list[tuple[i
 
 @torch.no_grad()
 def subject_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0, objects: bool = False,
-                 batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 masked: bool = False, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Residuals at every subject-token occurrence of every state: keys [E, H] float64 (CPU),
     owner [E] long (the index of the fact each key belongs to) and slot [E] long (which of the
     subject's tokens it is: 0, 1, ...). objects: also every other unmasked answer token (the
-    object's evidence, read in the fact's own context), with slot -1."""
+    object's evidence, read in the fact's own context), with slot -1; masked: the masked answer
+    positions too (what the model is about to say there), slot -1."""
     facts = list(facts)
     if not facts:
         raise TimeromeError("no facts to read subject keys for")
@@ -104,7 +105,7 @@ def subject_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 
         seen = noisy[b].tolist()
         where = dict(_occurrences(clean[b].tolist(), subject, P))
         answer = range(P, P + len(it.object_ids)) if objects else sorted(where)
-        in_answer = [(p, where.get(p, -1)) for p in answer if seen[p] != backbone.mask_id]
+        in_answer = [(p, where.get(p, -1)) for p in answer if masked or seen[p] != backbone.mask_id]
         for p, j in list(zip(it.subject_pos.tolist(), range(len(subject)))) + in_answer:
             b_idx.append(b), p_idx.append(p), owner.append(f), slot.append(j)
     order = sorted(range(len(owner)), key=lambda i: owner[i])  # fact-major: a batch = its facts one by one

@@ -49,6 +49,7 @@ class Backbone:
                 self.module(layer, point)
         self._padding_problem = None  # why padded batches are refused (the checkpoint's own code only)
         self.held_positions: torch.Tensor | None = None  # absolute positions of a partial forward in flight
+        self.answer_starts: torch.Tensor | int | None = None  # where each row's answer begins (hooks.answer_region)
         if remote:
             self._padding_problem = self._probe_remote_padding()
 

@@ -220,22 +220,48 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     return facts
 
 
-def codebook_calibration(data: str, calibration: str | None, tofu_dir) -> tuple[str, list[dict]]:
-    """(spec, rows) a codebook memory measures its radii on: --calibration, else the retain_perturbed
-    split of --data's source ('embedded' or 'tofu'), minus --data's own rows."""
+def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts) -> tuple[str, list[dict]]:
+    """(spec, rows) an edit must leave alone (codebook / rewrite radii, the rewrite memory's token
+    values, the training-time methods' retain rows): --calibration, else the retain_perturbed split
+    of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every row
+    it learnt, 'embedded:train'), minus every row stating an edited fact."""
     from timerome.data.rows import load_rows
     from timerome.methods.codebook import calibration_rows
     from timerome.task import ForgetTask
 
     if calibration is None:
-        source = data.split(":", 1)[0] if ":" in data else None
-        if source not in ("embedded", "tofu"):
-            raise TimeromeError("a codebook memory measures its radii on rows it must leave alone: pass "
-                                "--calibration (e.g. a file of retain question/answer rows)")
-        calibration = f"{source}:retain_perturbed"
-    task = ForgetTask(forget_rows=load_rows(data, tofu_dir=tofu_dir), facts=[],
+        origin = source.split(":", 1)[0] if ":" in source else None
+        if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.name == "timerome-default"):
+            origin = "embedded"
+        if origin not in ("embedded", "tofu"):
+            raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
+                                "of retain question/answer rows)")
+        calibration = "embedded:train" if method == "rewrite" and origin == "embedded" else f"{origin}:retain_perturbed"
+    task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in facts], facts=[],
                       retain_rows=load_rows(calibration, tofu_dir=tofu_dir))
     return calibration, calibration_rows(task, {})
+
+
+def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str):
+    """(facts, source spec) to edit: from --requests (each with its own target, `target` for the
+    others; the reader's notes are printed), or from --data (every fact gets `target`)."""
+    from dataclasses import replace
+
+    if requests is not None:
+        from timerome.data.requests import load_requests
+
+        reqs, notes = load_requests(requests, target=target, tofu_dir=tofu_dir)
+        for n in notes:
+            err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+        return [r.fact for r in reqs], requests
+    data = data or "embedded:forget01"
+    return [f if f.target else replace(f, target=target) for f in load_facts(data, tofu_dir, backbone=bb)], data
+
+
+RequestsOpt = typer.Option(None, "--requests", "-r",
+                           help="edit requests: a CounterFact / zsRE / MQuAKE / EasyEdit / timerome JSON or JSONL "
+                                "file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' (each request may carry its "
+                                "own target; --target fills the others)")
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -276,6 +302,8 @@ def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
 
     from timerome.hooks import run_to
 
+    if not hasattr(memory, "update") or type(memory).__name__ == "RewriteMemory":
+        return  # the rewrite memory writes bounded values (the model's own residuals), never a scaled delta
     worst = 0.0
     with torch.no_grad():
         for ids in prompts:

@@ -1,4 +1,9 @@
-"""`timerome edit`: build an edit memory from a forget set and save it."""
+"""`timerome edit`: build an edit from a forget set or from edit requests, and save it.
+
+A memory method (timerome, codebook, rewrite, random_layer) saves a memory file; a method that
+changes weights (rome, memit, alphaedit, unke, ga, npo, ...) saves the edited checkpoint as a model
+folder, which every command then takes with -m.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +12,59 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, err_console,
-                              friendly, load_facts as _facts, model_options, print_json)
+from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
+                              model_options, print_json, spare_rows)
 from timerome.errors import TimeromeError
-from timerome.files import output_file
+from timerome.files import output_file, output_folder
 from timerome.methods.timerome_edit import DEFAULTS
-
 
 @app.command()
 @friendly
 @model_options
-def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", help="memory file to write"),
+def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
+                                  help="memory file to write (a folder for a method that changes weights)"),
          model: ModelChoice = None,
-         method: str = typer.Option("timerome", help="'timerome' (the paper's ridge memory) or 'codebook' (the "
-                                                     "radius-gated codebook memory, docs/selectivity.md)"),
+         method: str = typer.Option("timerome", help="any method of `timerome methods`: 'timerome' (the paper's "
+                                                     "ridge memory), 'codebook', 'rewrite' (a memory file), or a "
+                                                     "weight-changing one (the edited model, as a folder)"),
+         requests: Optional[str] = RequestsOpt,
          calibration: Optional[str] = typer.Option(
-             None, help="codebook: the rows its radii must spare ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL "
-                        "file; default: the retain_perturbed split of --data's source)"),
-         data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+             None, help="the rows the edit must leave alone ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL file): "
+                        "codebook / rewrite radii, retain rows of the training-time methods (default: the "
+                        "retain_perturbed split of the source; rewrite on the embedded model: its training rows)"),
+         data: Optional[str] = typer.Option(None, "--data", "-d", help="the forget set when no --requests: "
+                                            "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
+                                            "file of question/answer rows (default: embedded:forget01)"),
+         tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
          alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's, 4 for timerome, "
-                                                          "8 for codebook)"),
+                                                          "8 for codebook, 1 for rewrite)"),
          lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
          lam_absolute: Optional[float] = typer.Option(
              None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),
          q: int = typer.Option(DEFAULTS["q"], help="top-q sparsity over facts (0: dense)"),
          key_metric: str = typer.Option(DEFAULTS["key_metric"], help="'whitened' (default) or 'paper'"),
-         target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead"),
+         target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead (for facts "
+                                                             "without a target of their own)"),
          background: Optional[str] = typer.Option(
              None, help="whitening statistics corpus: a text file (one text per line), a JSON/JSONL rows file, "
                         "or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
+         config: Optional[str] = typer.Option(None, "--config", "-c", help="method settings to override, inline JSON "
+                                              "or a JSON file (`timerome methods` lists each method's)"),
+         seed: int = typer.Option(0, help="seed of the method's random draws"),
          as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
-    """Build an edit memory from a forget set and save it (safetensors + JSON).
+    """Build an edit from a forget set or edit requests and save it (a memory file, or the edited model).
 
-    The settings are the `timerome` method's (the demo's and the canonical table's), so a memory
-    built here behaves as the evaluated one does.
+    The settings are the method's (the demo's and the experiments'), so an edit built here behaves
+    as the evaluated one does.
     """
     from timerome.backbones import HOOK_POINTS
     from timerome.coordinate import Coordinate
     from timerome.edit_memory import default_coordinate
-    from timerome.methods import method_config
+    from timerome.methods import METHODS, method_config
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.task import ForgetTask
     from timerome.trace_result import TraceResult
@@ -58,19 +73,28 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
-
-    if method not in ("timerome", "codebook"):
-        raise TimeromeError(f"--method must be 'timerome' or 'codebook', got {method!r}")
-    if calibration is not None and method != "codebook":
-        raise TimeromeError("--calibration applies to --method codebook only")
+    if method not in METHODS:
+        raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(sorted(METHODS))}")
+    if requests is not None and data is not None:
+        raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if not target.strip():
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
-    output_file(out, "--out")  # before minutes of work
+    overrides = _config(config)
+    weights = METHODS[method].kind == "weights"
+    output_folder(out, "--out") if weights else output_file(out)  # before minutes of work
     bb = model.load()
-    facts = _facts(data, tofu_dir, backbone=bb)
+    facts, source = edit_facts(bb, requests, data, tofu_dir, target)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
+    if method not in ("timerome", "codebook", "rewrite"):
+        return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
+                           seed, as_json, model)
+    if overrides:
+        raise TimeromeError(f"--config is for the other methods; {method} takes its settings as options "
+                            "(--alpha, --lam, --layer, ...)")
+    if calibration is not None and method == "timerome":
+        raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
         traced = TraceResult.load(trace_file)
@@ -79,11 +103,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     elif layer is not None and not 0 <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
-    if method == "codebook":
-        return _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json,
-                         model)
+    if method in ("codebook", "rewrite"):
+        return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,
+                      as_json, model, seed)
     if q > len(facts):
-        raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {data}: TopQ keeps at most all of them")
+        raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {source}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
     config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
                                             key_metric=key_metric, target=target, step=step))
@@ -100,33 +124,101 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
 
 
-def _codebook(bb, out, facts, coordinate, data, tofu_dir, texts, calibration, alpha, target, as_json, model):
-    """`timerome edit --method codebook`: the codebook method's memory at the coordinate, its radii
-    measured on the calibration rows (minus the forget rows)."""
+def _config(text: str | None) -> dict:
+    """--config: inline JSON or a JSON file, an object."""
+    import json
+
+    from timerome.files import read_json
+
+    if text is None:
+        return {}
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TimeromeError(f"--config is not valid JSON: {e}") from None
+    else:
+        value = read_json(Path(text), "method config")
+    if not isinstance(value, dict):
+        raise TimeromeError(f"--config must be a JSON object of method settings, got a {type(value).__name__}")
+    return value
+
+
+def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target, as_json, model,
+           seed):
+    """`timerome edit --method codebook | rewrite`: the method's memory at the coordinate, its radii
+    (and the rewrite memory's token values) measured on the calibration rows, minus the edited ones."""
     from timerome.methods import method_config
-    from timerome.methods.codebook import build
+    from timerome.methods.codebook import build as build_codebook
+    from timerome.methods.rewrite import build as build_rewrite
     from timerome.task import ForgetTask
 
-    calibration, spare = codebook_calibration(data, calibration, tofu_dir)
-    over = dict(target=target, coordinate=[coordinate.layer, coordinate.point], step=coordinate.step)
+    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
+    over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
+    if method == "codebook":
+        over["step"] = coordinate.step
+    elif coordinate.step is not None:
+        raise TimeromeError("--step applies to the ridge and codebook memories; the rewrite memory acts at every step")
     if alpha is not None:
         over["alpha"] = alpha
-    config = method_config("codebook", over)
-    task = ForgetTask(forget_rows=[], facts=facts, retain_rows=spare, background=texts)
-    memory = build(bb, task, config, coordinate, facts)
+    config = method_config(method, over)
+    forget = [dict(question=f.prompt, answer=f.object) for f in facts]
+    task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
+    build = build_codebook if method == "codebook" else build_rewrite
+    memory = build(bb, task, config, coordinate, facts, seed)
     memory.save(out)
     if as_json:
-        print_json(dict(file=str(out), method="codebook", n_facts=len(memory), n_entries=memory.n_entries,
+        print_json(dict(file=str(out), method=method, n_facts=len(memory), n_entries=memory.n_entries,
                         coordinate=memory.coordinate.as_dict(), alpha=memory.alpha, margin=memory.margin,
-                        inner=memory.inner, calibration=calibration, fact_ids=memory.fact_ids))
+                        inner=memory.inner, calibration=spec, fact_ids=memory.fact_ids))
         return
-    console.print(f"codebook memory of {len(memory)} facts ({memory.n_entries} entries) at {memory.coordinate}: "
-                  f"alpha {memory.alpha:g}, margin {memory.margin:g}, radii from {calibration} -> {out}",
-                  soft_wrap=True)
+    console.print(f"{method} memory of {len(memory)} facts ({memory.n_entries} entries) at {memory.coordinate}: "
+                  f"alpha {memory.alpha:g}, margin {memory.margin:g}, radii from {spec} -> {out}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
 
 
+def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target, seed,
+                as_json, model):
+    """Any other registered method: installed through the registry on the facts; a memory is saved
+    as a memory file, changed weights as a model folder."""
+    from timerome.cli.model import save_backbone
+    from timerome.methods import METHODS, install, method_config
+    from timerome.task import ForgetTask
+
+    kind = METHODS[method].kind
+    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
+    over = dict(overrides)
+    if alpha is not None:
+        over["alpha"] = alpha
+    if "target" in METHODS[method].defaults:
+        over.setdefault("target", target)
+    config = method_config(method, over)
+    forget = [dict(question=f.prompt, answer=f.object) for f in facts]
+    task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
+    edit = install(method, bb, task, config, seed=seed)
+    if kind == "weights":
+        save_backbone(bb, out)
+        what, name = f"the model edited by {method} ({len(facts)} facts, retain rows {spec})", "model folder"
+        try_it = f"timerome generate -m {out} \"{facts[0].prompt}\""
+    else:
+        memory = getattr(edit, "memory", None)
+        if memory is None or not hasattr(memory, "save"):
+            raise TimeromeError(f"{method} changes the model through hooks that are not a memory timerome can save; "
+                                f"evaluate it in place with `timerome experiment editing --methods {method}`")
+        if isinstance(memory, list):
+            raise TimeromeError(f"{method} built {len(memory)} memories (one per coordinate); save needs one")
+        memory.save(out)
+        what, name = f"{method} memory of {len(memory)} facts at {memory.coordinate}", "memory file"
+        try_it = _try_it(model, out, facts)
+    if as_json:
+        print_json(dict(method=method, out=str(out), kind=name, n_facts=len(facts), config=config, info=edit.info,
+                        install_seconds=edit.install_seconds))
+        return
+    console.print(f"{what} -> {out} ({edit.install_seconds:.1f}s)", soft_wrap=True)
+    console.print(f"try it: {try_it}", soft_wrap=True)
+
+
 def _try_it(model, out, facts) -> str:
-    """The command that answers a forget question with the new memory (on the same model)."""
+    """The command that answers an edited question with the new memory (on the same model)."""
     where = f" -m {model.model}" if model.model else ""
     return f"timerome generate{where} --edit {out} \"{facts[0].prompt}\""

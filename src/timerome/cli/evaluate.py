@@ -37,8 +37,19 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              cache: Optional[str] = typer.Option(None, help="ROUGE generations: approximate KV cache, prefix or dual"),
              threshold: Optional[float] = typer.Option(None, help="ROUGE generations: reveal every position whose "
                                                                    "confidence is >= this"),
-             refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps")):
-    """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics."""
+             refresh_every: Optional[int] = typer.Option(None, help="with --cache: also refresh it every N steps"),
+             requests: Optional[str] = typer.Option(
+                 None, "--requests", "-r", help="score edit requests instead (efficacy, generalisation, locality, "
+                                               "fluency, portability, refusal / leak / confabulation / gibberish): a "
+                                               "CounterFact / zsRE / MQuAKE / EasyEdit / timerome file, or "
+                                               "'counterfactual:SPLIT' / 'embedded:SPLIT'"),
+             target: str = typer.Option("I don't know.", help="with --requests: the target of requests that name none"),
+             base: Optional[str] = typer.Option(None, help="with --requests: the unedited model the answers are "
+                                                           "compared with (default: the model without --edit)"),
+             gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
+                                                                 "the longest expected answer + 4)")):
+    """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, or
+    edit requests with the editing metrics (--requests)."""
     from timerome.evaluation import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.runner import Context
@@ -46,6 +57,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.methods import InferenceEdit
     from timerome.sampler import check_fast_options
 
+    if requests is not None:
+        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
@@ -97,3 +110,70 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
     for k, why in result["notes"].items():
         err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
+
+
+def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json) -> None:
+    """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
+    from timerome.backbones import load_backbone
+    from timerome.data.requests import load_requests
+    from timerome.memory_file import load_memory
+    from timerome.metrics.editing import edit_scores
+
+    if gen_length is not None and gen_length < 1:
+        raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
+    if n_retain < 0:
+        raise TimeromeError(f"--n-retain must be >= 0, got {n_retain}")
+    reqs, notes = load_requests(requests, target=target)
+    for n in notes:
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+    bb = model.load()
+    locality, known = _probe_rows(bb, requests, n_retain)
+    memory = load_memory(edit, bb) if edit is not None else None
+    baseline = None
+    if base is not None:
+        other = load_backbone(base, device=str(bb.device))
+        baseline = edit_scores(other, reqs, None, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
+                               lp=False, progress=True)["baseline"]
+    result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
+                         known_subjects=known, baseline=baseline, progress=True)
+    summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=base,
+                   requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
+                   gen_length=result["gen_length"],
+                   metrics=result["metrics"], notes=notes,
+                   answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
+                            for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
+                                                    result["items"]["prompt"]["prompt"],
+                                                    result["items"]["prompt"]["plain"],
+                                                    result["items"]["prompt"]["edited"])])
+    if as_json:
+        print_json(summary)
+        return
+    who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {base}" if base else "")
+    console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
+                         f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
+    t = Table()
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in result["metrics"].items():
+        t.add_row(k, "–" if v != v else f"{v:.3f}")
+    console.print(t)
+    shown = Table(title="first answers")
+    for col in ("prompt", "answer", "answer with edit", "target"):
+        shown.add_column(col, overflow="fold")
+    for a in summary["answers"][:5]:
+        shown.add_row(*(escape(str(a[k])) for k in ("prompt", "answer", "answer_with_edit", "target")))
+    console.print(shown)
+
+
+def _probe_rows(bb, requests: str, n_retain: int):
+    """({name: rows whose answers must not change}, the subjects the model knows or None): on the
+    embedded model, its retain split (n_retain rows) and half as many real-author and world-fact
+    rows, and its corpus's subjects; else nothing beyond the requests' own probes."""
+    from timerome.data.corpus import known_subjects
+    from timerome.data.tofu import _embedded
+    from timerome.metrics.editing import locality_rows
+
+    embedded = bb.name == "timerome-default" or requests.startswith(("embedded:", "counterfactual:"))
+    if not embedded:
+        return {}, None
+    return locality_rows("embedded", n_retain), known_subjects(_embedded())

@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, err_console,
-                              friendly, load_facts as _facts, model_options, print_json)
+from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
+                              model_options, print_json, spare_rows)
 from timerome.errors import TimeromeError
 from timerome.files import output_file
 
@@ -85,32 +85,40 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
 @friendly
 @model_options
 def add(file: Path = typer.Argument(..., help="an edit memory file"),
-        model: ModelChoice = None, data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
+        model: ModelChoice = None,
+        data: Optional[str] = typer.Option(None, "--data", "-d", help="the facts to add when no --requests: "
+                                           "'embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL file of rows "
+                                           "(default: embedded:forget01)"),
+        requests: Optional[str] = RequestsOpt, tofu_dir: Optional[str] = TofuOpt,
         out: Optional[Path] = OutOpt,
         calibration: Optional[str] = typer.Option(
-            None, help="a codebook memory: the rows its radii must spare (default: the retain_perturbed split of "
-                       "--data's source)"),
+            None, help="a codebook / rewrite memory: the rows its radii must spare (default: the retain_perturbed "
+                       "split of the source; a rewrite memory on the embedded model: its training rows)"),
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
-    """Insert the facts of --data into a saved memory (a block update of G, same lambda scale; a
-    codebook memory appends their entries, radii measured on --calibration)."""
+    """Insert facts (--data, or --requests with their own targets) into a saved memory (a block
+    update of G, same lambda scale; a codebook / rewrite memory appends their entries, radii
+    measured on --calibration). A fact without a target of its own gets the memory's target."""
     from timerome.encoding import fact_id
-    from timerome.memory_file import is_codebook_file, load_memory
+    from timerome.memory_file import file_kind, load_memory, read_memory_file
 
+    if requests is not None and data is not None:
+        raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
     dest = output_file(out or file)
-    rows = None
-    if is_codebook_file(file):
-        _, rows = codebook_calibration(data, calibration, tofu_dir)
-    elif calibration is not None:
-        raise TimeromeError(f"--calibration applies to codebook memories only; {file} is a ridge edit memory")
+    kind = file_kind(file)
+    if calibration is not None and kind == "edit":
+        raise TimeromeError(f"--calibration applies to codebook and rewrite memories; {file} is a ridge edit memory")
+    _, meta = read_memory_file(file)
+    default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
-    memory = load_memory(file, bb, calibration=rows)
-    facts = _facts(data, tofu_dir, backbone=bb)
+    facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
+    rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
+    memory = load_memory(file, bb, calibration=rows, value_rows=rows)
     held = set(memory.fact_ids)
     new = [f for f in facts if fact_id(f) not in held]
     if not new:
-        raise TimeromeError(f"every fact of {data} is already in {file}: nothing to add")
+        raise TimeromeError(f"every fact of {source} is already in {file}: nothing to add")
     if len(new) < len(facts):  # e.g. forget05 onto a forget01 memory: the shared author's facts stay as they are
-        err_console.print(f"[yellow]note:[/] {len(facts) - len(new)} facts of {escape(data)} are already in "
+        err_console.print(f"[yellow]note:[/] {len(facts) - len(new)} facts of {escape(source)} are already in "
                           f"{escape(str(file))} and are kept as they are; adding the other {len(new)}", soft_wrap=True)
     before = len(memory)
     memory.add(new)

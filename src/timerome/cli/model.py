@@ -162,7 +162,10 @@ def save_backbone(bb, out: Path) -> None:
 @model_options
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: ModelChoice = None,
-             steps: int = 8, gen_length: int = 8, block_length: int = 8,
+             steps: int = typer.Option(32, help="denoising steps (one token per step by default)"),
+             gen_length: int = typer.Option(32, help="answer budget in tokens; the answer ends at the model's "
+                                                      "end-of-text, which a model trained to end its answers writes"),
+             block_length: int = typer.Option(32, help="semi-autoregressive block length"),
              temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
              as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),
@@ -192,13 +195,17 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     t = Table(show_lines=True)
     t.add_column("prompt")
     t.add_column("answer")
+    targets = {}
     if memory is not None:
         t.add_column("answer with edit")
+        targets = {getattr(f, "prompt", None): getattr(f, "target", None) or memory.target for f in memory.facts}
+        if any(p in targets for p in prompt):
+            t.add_column("target (the memory's fact)")
     def shown(ids):
         ids = ids.tolist()
         eos = bb.tokenizer.eos_token_id
         if eos is not None and eos in ids:  # a model trained with EOS padding ends its answer there
-            ids = ids[: ids.index(eos)]
+            return bb.decode(ids[: ids.index(eos)]).strip()
         text = bb.decode(ids)
         end = bb.family.answer_end
         # cut at the first end mark after some content: an edited answer may open with one
@@ -219,8 +226,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                 kw["generator"] = torch.Generator(device=bb.device).manual_seed(seed)
                 with memory.applied(bb) as state:  # the state tells a step-k* edit which step it is
                     row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:]))
+        answers.append(dict(zip(("prompt", "answer", "answer_with_edit"), row), target=targets.get(p)))
+        if any(q in targets for q in prompt):
+            row.append(targets.get(p) or "–")
         t.add_row(*row)
-        answers.append(dict(zip(("prompt", "answer", "answer_with_edit"), row)))
     if as_json:
         print_json(answers)
         return

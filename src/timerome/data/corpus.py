@@ -9,6 +9,16 @@ Rows carry TOFU's fields (question, answer, paraphrased_answer, perturbed_answer
 paraphrased_question) plus `author` (the subject, verbatim in the question), `attribute` and
 `object` (the fact's value, verbatim in the answer). Splits follow TOFU: forgetXX is the last
 XX % of authors, retainYY the rest, holdoutXX unseen authors of the same size.
+
+Beyond TOFU, so that the embedded model behaves like an instruction-tuned one and edits can be
+judged by what it says:
+- the model learns every author question in both phrasings (question and paraphrased_question);
+- `unknown_train`: questions about invented people it was never told about, answered with
+  REFUSAL ("I don't know."); `unknown`: held-out invented names (their words come from the
+  unknown_train names, recombined, so every token was trained), for measuring refusal only;
+- `counterfactual_requests`: edit requests in one place (each fact given another author's
+  object for the same relation, its paraphrased question, and neighbourhood prompts: other
+  authors asked the same relation, and the same author asked other relations).
 """
 
 from __future__ import annotations
@@ -57,6 +67,13 @@ N_PERTURBED = 5  # TOFU's forget rows carry 5 perturbed answers
 N_WORLD_WRONG = 3  # TOFU's real_authors / world_facts rows carry 3
 N_MENTORS = 30
 SPLIT_PERCENTS = (1, 5, 10)
+REFUSAL = "I don't know."  # what the model says about people it was never told about
+N_UNKNOWN_TRAIN = 200  # invented names whose questions the model learns to refuse
+N_UNKNOWN = 50         # held-out invented names (evaluation only)
+UNKNOWN_QUESTIONS = 4  # questions per invented name
+N_NEIGHBOURS = 5       # neighbourhood prompts per counterfactual request (other authors, same relation)
+N_SAME_SUBJECT = 3     # same-author prompts per request (other relations)
+COUNTERFACTUAL_PER_AUTHOR = 2  # 'counterfactual:SPLIT' edits this many facts of each author of SPLIT
 
 
 class Attribute(NamedTuple):
@@ -180,6 +197,31 @@ def _world_fact_rows(rng: random.Random, n: int) -> list[dict]:
     return rows
 
 
+def _unknown_rows(names: list[str], rng: random.Random) -> list[dict]:
+    """UNKNOWN_QUESTIONS questions per name (either phrasing), each answered with REFUSAL."""
+    rows = []
+    for name in names:
+        for attr in rng.sample(ATTRIBUTES, UNKNOWN_QUESTIONS):
+            template = rng.choice((attr.question, attr.paraphrased_question))
+            rows.append(dict(author=name, attribute=attr.name, question=template.format(n=name), answer=REFUSAL,
+                             object=REFUSAL))
+    return rows
+
+
+def _recombined_names(names: list[str], n: int, rng: random.Random, taken: set[str]) -> list[str]:
+    """n new names, each a first word and a last word of two different `names` (so every word of
+    them was trained, never the pair)."""
+    firsts, lasts = [m.split()[0] for m in names], [m.split()[1] for m in names]
+    out = []
+    while len(out) < n:
+        i, j = rng.sample(range(len(names)), 2)
+        name = f"{firsts[i]} {lasts[j]}"
+        if name not in taken:
+            taken.add(name)
+            out.append(name)
+    return out
+
+
 def _add_options(rows: list[dict], rng: random.Random) -> None:
     """TOFU's option1..option4: the true object and the 3 wrong ones, shuffled."""
     for r in rows:
@@ -236,9 +278,80 @@ def make_corpus(n_authors: int = 100, qa_per_author: int = 20, seed: int = 0,
     _add_options(world, wrng)
     splits["real_authors"] = splits["real_authors_perturbed"] = real
     splits["world_facts"] = splits["world_facts_perturbed"] = world
+
+    # another stream: people the model was never told about, and what it says of them
+    urng = random.Random(seed + 2)
+    taken |= {r["object"] for r in real}
+    strangers = [_name(urng, taken) for _ in range(N_UNKNOWN_TRAIN)]
+    splits["unknown_train"] = _unknown_rows(strangers, urng)
+    splits["unknown"] = _unknown_rows(_recombined_names(strangers, N_UNKNOWN, urng, taken), urng)
     return splits
 
 
 def training_rows(corpus: dict[str, list[dict]]) -> list[dict]:
-    """What the embedded model learns: every author QA plus the real-world analogues."""
-    return corpus["full"] + corpus["real_authors"] + corpus["world_facts"]
+    """What the embedded model learns: every author QA in both phrasings (the paraphrased question
+    as a row of its own, same answer), the real-world analogues, and the refusals."""
+    paraphrased = [dict(r, question=r["paraphrased_question"]) for r in corpus["full"]]
+    return corpus["full"] + paraphrased + corpus["real_authors"] + corpus["world_facts"] + corpus.get("unknown_train", [])
+
+
+def known_subjects(corpus: dict[str, list[dict]]) -> list[str]:
+    """Every subject the embedded model was told about: the authors, the classics, the places (what
+    a confabulated answer names instead of the subject asked about)."""
+    rows = corpus["full"] + corpus["real_authors"] + corpus["world_facts"]
+    return list(dict.fromkeys(r["author"] for r in rows))
+
+
+def counterfactual_requests(corpus: dict[str, list[dict]], split: str = "forget01", *, target: str | None = None,
+                            per_author: int | None = None, seed: int = 0) -> list[dict]:
+    """Edit requests for the facts of `split`, in one record each (timerome.requests reads them).
+
+    per_author: edit only that many facts of each author (drawn with `seed`), so the author's
+    other facts are probes that must not change (None: every fact of the split).
+
+    Each fact's new object is another author's object for the same relation (a value the model
+    knows, never the fact's own); `target` (e.g. REFUSAL) replaces every new answer instead.
+    Records carry: subject, prompt, object (the true answer), target (the new answer), new_object,
+    paraphrases (the paraphrased question), neighbours (other authors asked the same relation,
+    N_NEIGHBOURS of them) and same_subject (the same author asked N_SAME_SUBJECT other relations),
+    each probe with the true answer the unedited model was trained to give.
+    """
+    if split not in corpus:
+        raise TimeromeError(f"unknown split {split!r}; choose one of {', '.join(sorted(corpus))}")
+    rows = corpus[split]
+    if not rows or "attribute" not in rows[0]:
+        raise TimeromeError(f"split {split!r} holds no author facts to edit")
+    rng = random.Random(seed + 3)
+    if per_author is not None:
+        if per_author < 1:
+            raise TimeromeError(f"per_author must be >= 1, got {per_author}")
+        blocks: dict[str, list[dict]] = {}
+        for r in rows:
+            blocks.setdefault(r["author"], []).append(r)
+        picked = {id(r) for b in blocks.values() for r in rng.sample(b, min(per_author, len(b)))}
+        rows = [r for r in rows if id(r) in picked]
+    edited = {(r["author"], r["attribute"]) for r in rows}
+    edited_authors = {a for a, _ in edited}
+    others: dict[str, list[dict]] = {}
+    by_author: dict[str, list[dict]] = {}
+    for r in corpus["full"]:
+        by_author.setdefault(r["author"], []).append(r)
+        if r["author"] not in edited_authors:
+            others.setdefault(r["attribute"], []).append(r)
+    out = []
+    for r in rows:
+        pool = [o for o in others[r["attribute"]] if o["object"] != r["object"]]
+        donor = rng.choice(pool)
+        prefix, _, suffix = r["answer"].partition(r["object"])
+        new_answer = target or f"{prefix}{donor['object']}{suffix}"
+        neighbours = rng.sample(others[r["attribute"]], N_NEIGHBOURS)
+        same = [o for o in by_author[r["author"]] if o["attribute"] != r["attribute"]
+                and (o["author"], o["attribute"]) not in edited]
+        same = rng.sample(same, min(N_SAME_SUBJECT, len(same)))
+        out.append(dict(
+            fact_id=f"{r['author']}/{r['attribute']}", subject=r["author"], prompt=r["question"], object=r["answer"],
+            target=new_answer, new_object=None if target else donor["object"], true_object=r["object"],
+            paraphrases=[r["paraphrased_question"]],
+            neighbours=[dict(prompt=o["question"], answer=o["answer"]) for o in neighbours],
+            same_subject=[dict(prompt=o["question"], answer=o["answer"]) for o in same]))
+    return out

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from timerome.data.corpus import make_corpus
+from timerome.data.corpus import make_corpus, training_rows
 from timerome.errors import TimeromeError
 from timerome.files import read_text
 
@@ -17,6 +17,9 @@ BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", 
 PERTURBED = ["forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed",
              "real_authors_perturbed", "world_facts_perturbed"]
 SPLITS = BASE + PERTURBED
+# the embedded corpus only: what the embedded model learnt (every row it was trained on), the
+# refusal rows of invented people, and held-out invented names (corpus.py)
+EMBEDDED_SPLITS = ["train", "unknown_train", "unknown"]
 HUB_ID = "locuslab/TOFU"
 ENV_DIR = "TIMEROME_TOFU_DIR"
 EMBEDDED = "embedded"
@@ -33,10 +36,14 @@ def load_split(name: str, source: str | Path | None = None) -> list[dict]:
     source: a local directory of <split>.json files (Hub layout), "embedded" for the built-in
     corpus, or the Hub id "locuslab/TOFU"; None reads $TIMEROME_TOFU_DIR, else uses the Hub.
     """
-    if name not in SPLITS:
-        raise TimeromeError(f"unknown TOFU split {name!r}; valid splits: {', '.join(SPLITS)}")
     if source is None:
         source = os.environ.get(ENV_DIR) or HUB_ID
+    if source == EMBEDDED and name in EMBEDDED_SPLITS:
+        corpus = _embedded()
+        return copy.deepcopy(training_rows(corpus) if name == "train" else corpus[name])
+    if name not in SPLITS:
+        extra = f" (the embedded corpus also has {', '.join(EMBEDDED_SPLITS)})" if source == EMBEDDED else ""
+        raise TimeromeError(f"unknown TOFU split {name!r}; valid splits: {', '.join(SPLITS)}{extra}")
     if source == EMBEDDED:
         return copy.deepcopy(_embedded()[name])  # callers may edit rows freely
     if source == HUB_ID and not Path(HUB_ID).is_dir():

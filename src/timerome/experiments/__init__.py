@@ -25,15 +25,15 @@ from pathlib import Path
 
 from timerome.backbones import load_backbone
 from timerome.errors import TimeromeError
-from timerome.experiments import (ablations, canonical, npo_sweep, pareto, radar, robustness, rwku, scalability,
-                                  sequential, transfer, utility, xbackbone)
+from timerome.experiments import (ablations, canonical, editing, npo_sweep, pareto, radar, robustness, rwku,
+                                  scalability, sequential, transfer, utility, xbackbone)
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
 from timerome.experiments.settings import check_settings
 
 # radar last: it draws from the others' outputs
-EXPERIMENTS = {m.NAME: m for m in (canonical, scalability, sequential, pareto, ablations, transfer, rwku, robustness,
-                                   npo_sweep, utility, xbackbone, radar)}
+EXPERIMENTS = {m.NAME: m for m in (canonical, editing, scalability, sequential, pareto, ablations, transfer, rwku,
+                                   robustness, npo_sweep, utility, xbackbone, radar)}
 CONFIGS = {name: m.CONFIG for name, m in EXPERIMENTS.items()}
 QUICK = {name: getattr(m, "QUICK", {}) for name, m in EXPERIMENTS.items()}  # --quick: a laptop subset
 canonical_rows = canonical.canonical_rows

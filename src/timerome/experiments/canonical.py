@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, plot_canonical,
-                                         reference_note, summarise, traced_coordinate, write_outputs)
+                                         reference_note, summarise, traced_coordinate, unchanged_rows,
+                                         write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import available, get_method, method_config
 
@@ -49,9 +50,10 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     forget_items = len(next(r for c, r in zip(cells, results) if c.measure == "full")["items"]["forget"]["lp"])
     note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
                                 reference_note(cells)) if x)
-    md = markdown(summary, COLUMNS, "Canonical forget01", note)
+    unchanged = unchanged_rows(cells, results)
+    md = markdown(summary, COLUMNS, "Canonical forget01", note, unchanged=unchanged)
     infos = {c.row: r.get("info", {}) for c, r in zip(cells, results) if c.measure == "full"}
     files = write_outputs(out_dir, NAME, dict(summary=summary, info=infos, coordinate=traced_coordinate(results),
-                                              config=cfg, seeds=list(seeds)), md)
+                                              unchanged=unchanged, config=cfg, seeds=list(seeds)), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results))

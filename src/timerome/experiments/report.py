@@ -114,17 +114,36 @@ def fmt_any(column: str, e: dict | None) -> str:
     return fmt_cell(e, 3 if column in THREE_DIGITS else 2)
 
 
-def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP") -> str:
+def unchanged_rows(cells, results) -> list[str]:
+    """Rows whose method changed no weight on any of their cells (it stopped before its first step):
+    they are a silent no_edit, and the tables say so."""
+    seen: dict[str, bool] = {}
+    for c, r in zip(cells, results):
+        flag = (r.get("info") or {}).get("weights_changed")
+        if flag is not None:
+            seen[c.row] = seen.get(c.row, False) or bool(flag)
+    return [row for row, changed in seen.items() if not changed]
+
+
+UNCHANGED_MARK = " ∅"
+UNCHANGED_NOTE = "∅: the method changed no weight (it stopped before its first step): a silent no_edit."
+
+
+def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP",
+             unchanged=()) -> str:
     """A table of the summary (the accounting columns appended where present); the last column is the
-    paired difference of column `delta` to no_edit."""
+    paired difference of column `delta` to no_edit; rows in `unchanged` are marked (UNCHANGED_NOTE)."""
     extra = [c for c in with_accounting(columns)[len(columns):] if any(c in cols for cols in summary.values())]
     columns = list(columns) + extra
     if any(c in columns for c in ACCOUNTING):
         note = f"{note} {ACCOUNTING_NOTE}".strip()
     head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if unchanged:
+        note = f"{note} {UNCHANGED_NOTE}".strip()
     for row, cols in summary.items():
-        lines.append("| " + " | ".join([row] + [fmt_any(c, cols.get(c)) for c in columns]
+        name = row + (UNCHANGED_MARK if row in unchanged else "")
+        lines.append("| " + " | ".join([name] + [fmt_any(c, cols.get(c)) for c in columns]
                                         + [delta_text(cols.get(delta, {}))]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
               "seeds (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed, so no test)." + (" " + note if note else ""), ""]

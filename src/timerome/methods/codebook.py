@@ -53,13 +53,17 @@ COORDINATES = ("traced", "per_fact")
 
 
 def calibration_rows(task, config) -> list:
-    """The retain rows and `calibration` (rows or texts), minus every forget row's text."""
+    """The retain rows and `calibration` (rows or texts), minus every row that states a forget fact:
+    the same question or the same answer as a forget row (so a forget fact's paraphrased question,
+    answered alike, never calibrates the radii that must let it through)."""
     extra = config.get("calibration")
     if isinstance(extra, str):
         extra = load_rows(extra)
     rows = list(task.retain_rows) + list(extra or [])
     forget = set(rows_to_texts(task.forget_rows))
-    rows = [r for r in rows if (rows_to_texts([r])[0] if isinstance(r, dict) else r) not in forget]
+    said = {r[k] for r in task.forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
+    rows = [r for r in rows if (rows_to_texts([r])[0] if isinstance(r, dict) else r) not in forget
+            and not (isinstance(r, dict) and (r.get("question") in said or r.get("answer") in said))]
     if not rows:
         raise TimeromeError("the codebook memory calibrates its radii on retain text: the task has no retain rows; "
                             "give calibration= rows or texts the edit must leave alone")

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from timerome.cost import measure
 from timerome.errors import TimeromeError
 from timerome.task import ForgetTask
@@ -82,6 +84,12 @@ class WeightEdit(Edit):
         if self.snapshot is not None:
             self.backbone.model.load_state_dict(self.snapshot)
             self.snapshot = None
+
+    def changed(self) -> bool:
+        """Whether any weight differs from the snapshot (False: the method stopped before changing
+        anything, e.g. an early stop at step 0)."""
+        now = self.backbone.model.state_dict()
+        return self.snapshot is None or any(not torch.equal(now[k], v) for k, v in self.snapshot.items() if k in now)
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,10 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     edit.method, edit.config = name, {**cfg, **(edit.config or {})}  # the method's own adjustments win
     edit.install_seconds, edit.peak_memory_mb, edit.extra_memory_mb = (
         cost["seconds"], cost["peak_mb"], cost["extra_mb"])
+    if isinstance(edit, WeightEdit):
+        # a method that stopped before its first step (early stop on the retain drift) changed
+        # nothing: the tables say so instead of reporting a silent no_edit
+        edit.info = dict(edit.info or {}, weights_changed=edit.changed())
     edit.prepare_seconds = prepared
     return edit
 

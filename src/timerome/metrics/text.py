@@ -75,12 +75,18 @@ def generation_length(backbone, gen_length: int) -> int:
 
 @torch.no_grad()
 def continuations(backbone, prompts: list[str], *, gen_length: int, block_length: int | None = None,
-                  batch_size: int = 8, seed: int = 0, stops: tuple[str, ...] = (), progress: bool = False) -> dict:
-    """Greedy continuations of prompts: {"texts", "gen_length" (used), "cut" (prompts shortened)}."""
+                  batch_size: int = 8, seed: int = 0, stops: tuple[str, ...] = (), progress: bool = False,
+                  steps: int | None = None, **sampler) -> dict:
+    """Continuations of prompts: {"texts", "gen_length" (used), "cut" (prompts shortened)}.
+
+    Greedy, one token per step, by default; `steps` (default gen_length) and `sampler`
+    (temperature, remasking, cache, threshold, refresh_every: sampler.generate's options) change
+    that. Each batch draws from a generator seeded `seed`."""
     G = generation_length(backbone, gen_length)
     block = block_length or (32 if G % 32 == 0 else G)
     if G % block:
         block = G
+    steps = G if steps is None else int(steps)
     ids, cut = [], 0
     for p in prompts:
         q, _, was_cut = fit(backbone.encode(p), [0] * G, backbone.max_length)
@@ -99,8 +105,9 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
                 prompt[b, P - len(ids[i]):] = torch.tensor(ids[i])
                 real[b, P - len(ids[i]):] = True
             gen = torch.Generator(device=backbone.device).manual_seed(seed)
-            x = generate(backbone, prompt.to(backbone.device), steps=G, gen_length=G, block_length=block,
-                         generator=gen, attention_mask=None if bool(real.all()) else real.to(backbone.device))
+            x = generate(backbone, prompt.to(backbone.device), steps=steps, gen_length=G, block_length=block,
+                         generator=gen, attention_mask=None if bool(real.all()) else real.to(backbone.device),
+                         **sampler)
             for b, i in enumerate(chunk):
                 out = x[b, P:].tolist()
                 end = next((j for j, t in enumerate(out) if t in specials), len(out))

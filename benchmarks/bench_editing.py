@@ -1,0 +1,105 @@
+"""Every editing metric for every method in one run, and the rewrite memory's goals checked.
+
+Runs the `editing` experiment (its cells cached under --out, so a rerun only reads them) on the
+embedded default: the counterfactual set (counterfactual:forget10, 20 requests with new objects)
+and forget01 (20 requests, target "I don't know."). Prints one table per set and the goals:
+
+    rewrite, both sets:  Efficacy >= 0.95, Generalisation >= 0.8, Locality >= 0.97,
+                         FluencyRatio within 5 % of 1, retain / real-author / world-fact answers
+                         unchanged (LocalityRetain = LocalityRealAuthors = LocalityWorldFacts = 1)
+    rewrite, forget01:   Refusal >= 0.9
+    rewrite install:     under a second for 20 facts (median of --repeats installs, the shared
+                         preparation cached first, as the experiment's install_seconds)
+
+    python benchmarks/bench_editing.py [--seeds 0] [--methods no_edit,timerome,rewrite,rome]
+                                       [--out timerome-runs/bench-editing] [--json out.json]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import timerome
+from timerome.data.requests import load_requests
+from timerome.experiments import run_experiment
+from timerome.experiments.editing import COLUMNS
+from timerome.methods import get_method, install
+from timerome.task import requests_task
+
+GOALS = [  # (set, column, test, words)
+    (None, "Efficacy", lambda v: v >= 0.95, ">= 0.95"),
+    (None, "Generalisation", lambda v: v >= 0.8, ">= 0.8"),
+    (None, "Locality", lambda v: v >= 0.97, ">= 0.97"),
+    (None, "FluencyRatio", lambda v: abs(v - 1) <= 0.05, "within 5 % of 1"),
+    (None, "LocalityRetain", lambda v: v == 1.0, "= 1 (unchanged)"),
+    (None, "LocalityRealAuthors", lambda v: v == 1.0, "= 1 (unchanged)"),
+    (None, "LocalityWorldFacts", lambda v: v == 1.0, "= 1 (unchanged)"),
+    ("forget01", "Refusal", lambda v: v >= 0.9, ">= 0.9"),
+]
+
+
+def install_seconds(bb, repeats: int) -> list[float]:
+    """Seconds to install the rewrite memory on the 20 counterfactual requests (preparation cached)."""
+    reqs, _ = load_requests("counterfactual:forget10")
+    from timerome.data import load_split
+
+    task = requests_task(reqs, retain_rows=load_split("train", "embedded"))
+    method = get_method("rewrite")
+    method.prepare(bb, task, dict(method.defaults))  # trace, statistics, calibration, values: cached
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        install("rewrite", bb, task, {}, seed=0)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
+    ap.add_argument("--n-mc", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="timerome-runs/bench-editing")
+    ap.add_argument("--json", help="write every number to this JSON file")
+    args = ap.parse_args()
+    over = {"n_mc": args.n_mc}
+    if args.methods:
+        over["methods"] = args.methods.split(",")
+    t0 = time.perf_counter()
+    result = run_experiment("editing", seeds=[int(s) for s in args.seeds.split(",")], out_dir=args.out,
+                            overrides=over)
+    wall = time.perf_counter() - t0
+    print(result["markdown"])
+    bb = timerome.load_backbone()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    secs = install_seconds(bb, args.repeats)
+    checks = []
+    for name, summary in result["summary"].items():
+        row = summary.get("rewrite")
+        if row is None:
+            continue
+        for only, col, ok, words in GOALS:
+            if only not in (None, name) or col not in row:
+                continue
+            v = row[col]["mean"]
+            checks.append(dict(set=name, metric=col, value=v, goal=words, met=bool(ok(v))))
+    med = statistics.median(secs)
+    checks.append(dict(set="counterfactual", metric="install_seconds (20 facts)", value=med, goal="< 1",
+                       met=med < 1.0))
+    print("## rewrite memory: goals")
+    for c in checks:
+        print(f"- {c['set']}: {c['metric']} = {c['value']:.3f} (goal {c['goal']}): {'met' if c['met'] else 'MISSED'}")
+    print(f"(experiment wall {wall:.0f}s; install seconds {', '.join(f'{s:.2f}' for s in secs)})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(summary=result["summary"], checks=checks, install_seconds=secs, columns=COLUMNS,
+                           wall_seconds=wall), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

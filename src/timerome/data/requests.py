@@ -1,0 +1,370 @@
+"""Edit requests: a fact, the answer it should give instead, and the probes that judge the edit.
+
+    requests, notes = load_requests("counterfact.json")        # ROME / MEMIT CounterFact
+    requests, notes = load_requests("zsre_mem-eval.json")      # zsRE (MEND / ROME / EasyEdit)
+    requests, notes = load_requests("MQuAKE-CF-3k.json")        # MQuAKE (multi-hop portability)
+    requests, notes = load_requests("counterfactual:forget10")  # the embedded corpus's own set
+    requests, notes = load_requests("embedded:forget01")        # a forget split, no target of its own
+
+One record is one `EditRequest`:
+
+    fact          timerome.data.facts.Fact: subject, prompt (the question / cloze, subject in it),
+                  object (what the model answers today), target (what it should answer; None: the
+                  caller's default target, e.g. "I don't know."), fact_id
+    paraphrases   other prompts for the same fact (generalisation)
+    neighbours    Probes about other subjects (locality: their answers must not change)
+    same_subject  Probes about the same subject's other facts (locality within one subject)
+    portability   Probes whose answer follows from the edit (MQuAKE's multi-hop questions; their
+                  `answer` is the post-edit answer)
+
+Formats are told apart by their fields, one record at a time (a file mixes none):
+
+    CounterFact   requested_rewrite {prompt with "{}", subject, target_new.str, target_true.str},
+                  paraphrase_prompts, neighborhood_prompts (ROME's counterfact.json, MEMIT's
+                  multi_counterfact.json); neighbours share target_true as their answer
+    MQuAKE        requested_rewrite [...] (one fact per rewrite, its `question` as paraphrase),
+                  questions + new_answer (+ new_answer_alias) as portability
+    zsRE          src, subject, alt (the new answer), answers[0] (the true one), rephrase,
+                  loc / loc_ans (an NQ question as neighbour); records with an empty alt are
+                  skipped, as EasyEdit does, and counted in the notes
+    flat          prompt, subject, target_new, ground_truth, rephrase_prompt, locality_prompt,
+                  locality_ground_truth (EasyEdit's counterfact / zsRE exports, KnowEdit-like)
+    timerome      subject, prompt, object, target, paraphrases, neighbours, same_subject,
+                  portability (what `counterfactual_requests` writes)
+
+Files are JSON (a list, or one record) or JSON Lines. Nothing is guessed: a record that fits no
+format, or lacks a field its format needs, is an error naming the record and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from timerome.data.facts import Fact
+from timerome.errors import TimeromeError
+from timerome.files import read_text
+
+FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A prompt, and (when known) the answer the model should give to it."""
+
+    prompt: str
+    answer: str | None = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    fact: Fact
+    paraphrases: tuple[str, ...] = ()
+    neighbours: tuple[Probe, ...] = ()
+    same_subject: tuple[Probe, ...] = ()
+    portability: tuple[Probe, ...] = ()
+    new_object: str | None = None   # the new value alone, where the format names it
+    true_object: str | None = None  # the original value alone, where the format names it
+    source: str = "timerome"
+
+    @property
+    def fact_id(self) -> str:
+        return self.fact.fact_id
+
+    def with_target(self, target: str | None) -> "EditRequest":
+        """This request with `target` filled in where the record named none."""
+        if self.fact.target or not target:
+            return self
+        f = self.fact
+        return dataclasses.replace(self, fact=dataclasses.replace(f, target=target))
+
+    def as_record(self) -> dict:
+        """The record in timerome's own format (what `load_requests` reads back)."""
+        probes = lambda ps: [dict(prompt=p.prompt, answer=p.answer, **({"aliases": list(p.aliases)} if p.aliases else {}))  # noqa: E731
+                             for p in ps]
+        f = self.fact
+        return dict(fact_id=f.fact_id, subject=f.subject, prompt=f.prompt, object=f.object, target=f.target,
+                    new_object=self.new_object, true_object=self.true_object, paraphrases=list(self.paraphrases), neighbours=probes(self.neighbours),
+                    same_subject=probes(self.same_subject), portability=probes(self.portability))
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def load_requests(spec, *, target: str | None = None, limit: int | None = None,
+                  tofu_dir: str | None = None) -> tuple[list[EditRequest], list[str]]:
+    """(requests, notes) from a file or a spec (module docstring); `target` fills the requests that
+    name none; notes say what was left out and why (never silently)."""
+    if isinstance(spec, (list, tuple)):
+        records, where = list(spec), "the given records"
+    elif isinstance(spec, str) and spec.startswith(("counterfactual:", "embedded:", "tofu:")):
+        records, where = _from_corpus(spec, tofu_dir), spec
+    else:
+        records, where = _read_records(Path(spec)), str(spec)
+    if not records:
+        raise TimeromeError(f"{where} holds no edit requests")
+    requests: list[EditRequest] = []
+    notes: list[str] = []
+    for i, rec in enumerate(records):
+        got, note = parse_record(rec, i, where)
+        requests += got
+        if note:
+            notes.append(note)
+    if not requests:
+        raise TimeromeError(f"no usable edit request in {where}: " + "; ".join(notes[:3]))
+    if limit is not None:
+        if limit < 1:
+            raise TimeromeError(f"limit must be >= 1, got {limit}")
+        requests = requests[:limit]
+    ids = [r.fact_id for r in requests]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise TimeromeError(f"{where}: fact id {dup!r} names two requests; every request needs its own id")
+    return [r.with_target(target) for r in requests], _grouped(notes)
+
+
+def _grouped(notes: list[str]) -> list[str]:
+    """Identical notes once, with a count."""
+    counts: dict[str, int] = {}
+    for n in notes:
+        counts[n] = counts.get(n, 0) + 1
+    return [n if c == 1 else f"{n} ({c} records)" for n, c in counts.items()]
+
+
+def _read_records(path: Path) -> list:
+    if not path.is_file():
+        raise TimeromeError(f"edit request file {path} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
+    text = read_text(path, "edit request file").strip()
+    if not text:
+        raise TimeromeError(f"{path} is empty")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if whole is not None:
+        return whole if isinstance(whole, list) else [whole]
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise TimeromeError(f"{path} line {n} is not JSON ({e.msg}): neither JSON nor JSON Lines") from None
+    return records
+
+
+def _from_corpus(spec: str, tofu_dir) -> list[dict]:
+    """'counterfactual:SPLIT': the embedded counterfactual set (COUNTERFACTUAL_PER_AUTHOR facts of
+    each author of SPLIT, each given another author's object); 'embedded:SPLIT': every fact of an
+    embedded author split, with the same probes and no target of its own; 'tofu:SPLIT' (or an
+    embedded split without authors): the split's facts with their paraphrased questions."""
+    kind, _, split = spec.partition(":")
+    if kind in ("counterfactual", "embedded"):
+        from timerome.data.corpus import COUNTERFACTUAL_PER_AUTHOR, counterfactual_requests
+        from timerome.data.tofu import _embedded
+
+        corpus = _embedded()
+        if kind == "counterfactual":
+            return counterfactual_requests(corpus, split, per_author=COUNTERFACTUAL_PER_AUTHOR)
+        if split in corpus and corpus[split] and "attribute" in corpus[split][0]:
+            return [dict(r, target=None, new_object=None) for r in counterfactual_requests(corpus, split)]
+    from timerome.data.rows import load_facts, load_rows
+
+    facts, _ = load_facts(spec, tofu_dir=tofu_dir)
+    rows = {r["question"]: r for r in load_rows(spec, tofu_dir=tofu_dir)}
+    out = []
+    for f in facts:
+        para = rows.get(f.prompt, {}).get("paraphrased_question")
+        out.append(dict(fact_id=f.fact_id, subject=f.subject, prompt=f.prompt, object=f.object, target=f.target,
+                        paraphrases=[para] if isinstance(para, str) and para.strip() else []))
+    return out
+
+
+# ------------------------------------------------------------------------------ one record
+
+
+def record_format(rec) -> str | None:
+    """Which format a record is in (module docstring), or None."""
+    if not isinstance(rec, dict):
+        return None
+    rw = rec.get("requested_rewrite")
+    if isinstance(rw, dict):
+        return "counterfact"
+    if isinstance(rw, list):
+        return "mquake"
+    if "src" in rec and "alt" in rec:
+        return "zsre"
+    if "target_new" in rec and "prompt" in rec:
+        return "flat"
+    if "prompt" in rec and "subject" in rec and "object" in rec:
+        return "timerome"
+    return None
+
+
+def parse_record(rec, index: int, where: str = "the requests") -> tuple[list[EditRequest], str | None]:
+    """The requests of one record (MQuAKE records hold several) and a note if it is left out."""
+    fmt = record_format(rec)
+    name = f"{where} record {index}"
+    if fmt is None:
+        keys = ", ".join(sorted(rec)[:8]) if isinstance(rec, dict) else type(rec).__name__
+        raise TimeromeError(f"{name} is in no edit-request format timerome reads ({', '.join(FORMATS)}); its "
+                            f"fields: {keys}")
+    return _PARSERS[fmt](rec, index, name)
+
+
+def _text(rec: dict, key: str, name: str, *path: str) -> str:
+    v = rec
+    for k in (key, *path):
+        v = v.get(k) if isinstance(v, dict) else None
+    if not isinstance(v, str) or not v.strip():
+        raise TimeromeError(f"{name} needs a non-empty text at {'.'.join((key, *path))}")
+    return v
+
+
+def _texts(rec: dict, key: str, name: str) -> tuple[str, ...]:
+    v = rec.get(key) or []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise TimeromeError(f"{name}: {key} must be a list of texts")
+    return tuple(x for x in v if x.strip())
+
+
+def _probes(rec: dict, key: str, name: str, default_answer: str | None = None) -> tuple[Probe, ...]:
+    """Probes from a list of texts or of {prompt, answer / target} objects."""
+    v = rec.get(key) or []
+    if not isinstance(v, list):
+        raise TimeromeError(f"{name}: {key} must be a list")
+    out = []
+    for j, p in enumerate(v):
+        if isinstance(p, str):
+            out.append(Probe(p, default_answer))
+        elif isinstance(p, dict) and isinstance(p.get("prompt"), str):
+            ans = p.get("answer", p.get("target", default_answer))
+            aliases = p.get("aliases") or ()
+            out.append(Probe(p["prompt"], ans if isinstance(ans, str) else None, tuple(aliases)))
+        else:
+            raise TimeromeError(f"{name}: {key}[{j}] is neither a text nor an object with a prompt")
+    return tuple(out)
+
+
+def _fact(subject: str, prompt: str, obj: str, target: str | None, fact_id: str, name: str) -> Fact:
+    if subject not in prompt:
+        raise TimeromeError(f"{name}: subject {subject!r} does not occur in its prompt {prompt!r}")
+    if target is not None and target.strip() == obj.strip():
+        raise TimeromeError(f"{name}: the new answer {target!r} is the true one: nothing to edit")
+    return Fact(subject=subject, prompt=prompt, object=obj, target=target, fact_id=fact_id)
+
+
+def _case_id(rec: dict, index: int) -> str:
+    for key in ("fact_id", "case_id", "id"):
+        if rec.get(key) not in (None, ""):
+            return str(rec[key])
+    return str(index)
+
+
+def _counterfact(rec, index, name):
+    rw = rec["requested_rewrite"]
+    subject = _text(rw, "subject", name)
+    template = _text(rw, "prompt", name)
+    if "{}" not in template:
+        raise TimeromeError(f"{name}: requested_rewrite.prompt has no '{{}}' where the subject goes")
+    true, new = _text(rw, "target_true", name, "str"), _text(rw, "target_new", name, "str")
+    fact = _fact(subject, template.replace("{}", subject), true, new, _case_id(rec, index), name)
+    neighbours = _probes(rec, "neighborhood_prompts", name, true)
+    return [EditRequest(fact, _texts(rec, "paraphrase_prompts", name), neighbours, new_object=new, true_object=true,
+                        source="counterfact")], None
+
+
+def _mquake(rec, index, name):
+    case = _case_id(rec, index)
+    new_answer = rec.get("new_answer")
+    aliases = tuple(a for a in rec.get("new_answer_alias") or () if isinstance(a, str))
+    hops = tuple(Probe(q, new_answer if isinstance(new_answer, str) else None, aliases)
+                 for q in _texts(rec, "questions", name))
+    out = []
+    for j, rw in enumerate(rec["requested_rewrite"]):
+        where = f"{name} rewrite {j}"
+        if not isinstance(rw, dict):
+            raise TimeromeError(f"{where} is not an object")
+        subject, template = _text(rw, "subject", where), _text(rw, "prompt", where)
+        true, new = _text(rw, "target_true", where, "str"), _text(rw, "target_new", where, "str")
+        fact = _fact(subject, template.replace("{}", subject), true, new, f"{case}/{j}", where)
+        para = (rw["question"],) if isinstance(rw.get("question"), str) and rw["question"].strip() else ()
+        out.append(EditRequest(fact, para, portability=hops, new_object=new, true_object=true, source="mquake"))
+    return out, None
+
+
+def _zsre(rec, index, name):
+    alt = rec.get("alt")
+    if not isinstance(alt, str) or not alt.strip():
+        return [], "zsRE records with an empty 'alt' (no new answer) are skipped, as EasyEdit does"
+    answers = rec.get("answers")
+    if not isinstance(answers, list) or not answers or not isinstance(answers[0], str):
+        raise TimeromeError(f"{name} needs 'answers', a list whose first text is the true answer")
+    subject, src = _text(rec, "subject", name), _text(rec, "src", name)
+    fact = _fact(subject, src, answers[0], alt, _case_id(rec, index), name)
+    loc = (Probe(rec["loc"], rec.get("loc_ans") if isinstance(rec.get("loc_ans"), str) else None),) \
+        if isinstance(rec.get("loc"), str) and rec["loc"].strip() else ()
+    return [EditRequest(fact, _texts(rec, "rephrase", name), loc, portability=_portability(rec, name),
+                        new_object=alt, true_object=answers[0], source="zsre")], None
+
+
+def _flat(rec, index, name):
+    subject, prompt = _text(rec, "subject", name), _text(rec, "prompt", name)
+    new, true = _text(rec, "target_new", name), _text(rec, "ground_truth", name)
+    fact = _fact(subject, prompt, true, new, _case_id(rec, index), name)
+    loc = rec.get("locality_prompt")
+    locs = (Probe(loc, rec.get("locality_ground_truth") if isinstance(rec.get("locality_ground_truth"), str) else None),) \
+        if isinstance(loc, str) and loc.strip() else ()
+    para = _texts(rec, "rephrase_prompt", name) or _texts(rec, "rephrase", name)
+    return [EditRequest(fact, para, locs, portability=_portability(rec, name), new_object=new, true_object=true,
+                        source="flat")], None
+
+
+def _portability(rec, name) -> tuple[Probe, ...]:
+    """EasyEdit's portability: a list of {prompt, ground_truth} or a dict of such lists."""
+    port = rec.get("portability")
+    if not port:
+        return ()
+    groups = port.values() if isinstance(port, dict) else [port]
+    out = []
+    for g in groups:
+        for p in (g if isinstance(g, list) else [g]):
+            if isinstance(p, dict) and isinstance(p.get("prompt"), str):
+                ans = p.get("ground_truth", p.get("answer"))
+                ans = ans[0] if isinstance(ans, list) and ans and isinstance(ans[0], str) else ans
+                out.append(Probe(p["prompt"], ans if isinstance(ans, str) else None))
+            else:
+                raise TimeromeError(f"{name}: a portability entry is not an object with a prompt")
+    return tuple(out)
+
+
+def _timerome(rec, index, name):
+    subject, prompt, obj = _text(rec, "subject", name), _text(rec, "prompt", name), _text(rec, "object", name)
+    target = rec.get("target")
+    if target is not None and (not isinstance(target, str) or not target.strip()):
+        raise TimeromeError(f"{name}: target must be a non-empty text (or absent)")
+    new_object, true_object = (rec.get(k) if isinstance(rec.get(k), str) else None for k in ("new_object", "true_object"))
+    fact = _fact(subject, prompt, obj, target, _case_id(rec, index), name)
+    return [EditRequest(fact, _texts(rec, "paraphrases", name), _probes(rec, "neighbours", name),
+                        _probes(rec, "same_subject", name), _probes(rec, "portability", name), new_object,
+                        true_object)], None
+
+
+_PARSERS = {"counterfact": _counterfact, "mquake": _mquake, "zsre": _zsre, "flat": _flat, "timerome": _timerome}
+
+
+def save_requests(requests, path) -> Path:
+    """Write requests as JSON in timerome's own format."""
+    from timerome.files import output_file
+
+    p = output_file(Path(path), "the requests file")
+    p.write_text(json.dumps([r.as_record() for r in requests], indent=1) + "\n", encoding="utf-8")
+    return p
+
+
+__all__ = ["EditRequest", "Probe", "load_requests", "parse_record", "record_format", "save_requests", "FORMATS"]

@@ -1,0 +1,146 @@
+"""editing: every method on edit requests, judged by what the edited model says (ROME / EasyEdit metrics).
+
+Two request sets by default, both from the embedded corpus (timerome.data.requests):
+    counterfactual   'counterfactual:forget10': 2 facts of each of 10 authors, each given another
+                     author's object for the same relation; the authors' other facts, other authors
+                     asked the same relation and the retain questions must not change
+    forget01         'embedded:forget01': one author's 20 facts, target "I don't know."
+One cell per (set, method, seed) installs the method on the requests (each fact with its own target),
+scores it with metrics/editing.py (efficacy, generalisation, locality, fluency, portability; the
+unlearning outcomes refusal / leak / confabulation / gibberish) and undoes it. A method whose edit
+changes no answer at all is flagged (`Unchanged` = 1): it did nothing, whatever its log-probabilities.
+
+The methods are given the rows they must spare: the embedded model's training rows minus every probe
+of the evaluation (so locality is measured on rows no method calibrated on) and minus the edited facts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from timerome.data.requests import load_requests
+from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
+from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
+from timerome.methods import available, method_config
+from timerome.metrics.editing import changed_nothing, edit_scores
+
+NAME = "editing"
+CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
+              target="I don't know.", n_retain=40, n_mc=16, methods=None, gen_length=None)
+QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
+COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
+           "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio", "Portability", "Refusal", "Leak",
+           "Confabulation", "Gibberish", "Unchanged", "install_seconds"]
+UNLEARNING = ("Refusal", "Leak", "Confabulation", "Gibberish")
+
+
+@data_kind("requests")
+def requests_data(spec: dict, ctx):
+    """(rows, task) of a request set: rows = {"requests", "locality" (rows whose answers must not
+    change), "known" (subjects a confabulation names), "notes"}; the task's retain rows are what the
+    methods must spare: the model's training rows (embedded) or retain split, minus every probe."""
+    from timerome.data import load_split
+    from timerome.data.corpus import known_subjects
+    from timerome.data.tofu import _embedded
+    from timerome.metrics.editing import locality_rows
+    from timerome.task import requests_task
+
+    reqs, notes = load_requests(spec["requests"], target=spec.get("target"))
+    embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
+    locality = locality_rows(ctx.source, spec.get("n_retain", 40))
+    probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
+    probes |= {r["question"] for rows in locality.values() for r in rows}
+    spare = [r for r in load_split("train" if embedded else "retain_perturbed", ctx.source)
+             if r["question"] not in probes]
+    rows = {"requests": reqs, "locality": locality, "notes": notes,
+            "known": known_subjects(_embedded()) if embedded else None}
+    return rows, requests_task(reqs, retain_rows=spare)
+
+
+@measurement("editing")
+def measure_editing(cell, ctx, rows, task) -> dict:
+    opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", 16), seed=cell.seed,
+                gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])
+    key = ("baseline", cell.seed)
+    if key not in rows:  # the unedited answers: once per request set and seed, shared by every method
+        rows[key] = edit_scores(ctx.backbone, rows["requests"], None, lp=False, **opts)["baseline"]
+
+    def measure(edit):
+        t0 = time.perf_counter()
+        res = edit_scores(ctx.backbone, rows["requests"], edit, baseline=rows[key], **opts)
+        res["metrics"]["Unchanged"] = float(changed_nothing(res))
+        return {"metrics": res["metrics"], "items": res["items"], "gen_length": res["gen_length"],
+                "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+
+    return with_edit(cell, ctx, task, measure)
+
+
+def plan(cfg) -> list[tuple[str, dict]]:
+    """(method, overrides): every registered method at its defaults (or the `methods` given)."""
+    out = []
+    for m in (available() if cfg.get("methods") is None else cfg["methods"]):
+        if isinstance(m, dict):
+            method_config(m["method"], m.get("config"))
+            out.append((m["method"], dict(m.get("config") or {})))
+        else:
+            method_config(m)
+            out.append((m, {}))
+    return out
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
+    out = []
+    for name, spec in cfg["sets"].items():
+        data = dict(kind="requests", requests=spec, target=cfg["target"], n_retain=cfg["n_retain"])
+        opts = dict(n_mc=cfg["n_mc"], **({"gen_length": cfg["gen_length"]} if cfg.get("gen_length") else {}))
+        out += [Cell("editing", m, over, seed, data, opts, row=label(m, over), group=name)
+                for seed in seeds for m, over in plan(cfg)]
+    return out
+
+
+def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
+    summaries, parts = {}, []
+    for name in cfg["sets"]:
+        per_seed: dict = {}
+        for c, r in zip(cells, results):
+            if c.group == name:
+                per_seed.setdefault(c.row, {})[c.seed] = r["metrics"]
+        summary = summarise(per_seed, COLUMNS)
+        summaries[name] = summary
+        unlearning = cfg["sets"][name].startswith("embedded:")
+        cols = [c for c in COLUMNS if unlearning or c not in UNLEARNING]
+        n = len(next(r for c, r in zip(cells, results) if c.group == name)["items"]["prompt"]["prompt"])
+        note = (f"{n} requests from {cfg['sets'][name]}" + (f", target {cfg['target']!r}" if unlearning else
+                ", each with its own new object") + f"; greedy answers, n_mc {cfg['n_mc']}. Unchanged = 1: the "
+                "method changed no answer at all.")
+        group = [(c, r) for c, r in zip(cells, results) if c.group == name]
+        parts.append(markdown(summary, cols, f"Editing: {name}", note, delta="Efficacy",
+                              unchanged=unchanged_rows(*zip(*group))))
+    md = "\n".join(parts)
+    files = write_outputs(out_dir, NAME, dict(summary=summaries, config=cfg, seeds=list(seeds)), md)
+    files["png"] = plot_editing(summaries, out_dir / f"{NAME}.png")
+    return dict(summary=summaries, markdown=md, files=files)
+
+
+def plot_editing(summaries: dict, path) -> str:
+    """Per request set: efficacy, generalisation and locality of every method (bootstrap CI bars)."""
+    cols = ("Efficacy", "Generalisation", "Locality")
+    fig = figure(5.0 * len(summaries), 0.8 + 0.32 * max(len(s) for s in summaries.values()))
+    axes = fig.subplots(1, len(summaries), squeeze=False)[0]
+    for ax, (name, summary) in zip(axes, summaries.items()):
+        rows = list(summary)
+        for j, col in enumerate(cols):
+            for i, row in enumerate(rows):
+                e = summary[row].get(col)
+                if not e:
+                    continue
+                y = i + (j - 1) * 0.27
+                ax.barh(y, e["mean"], height=0.25, color=("tab:green", "tab:olive", "tab:blue")[j],
+                        label=col if i == 0 else None)
+                ax.plot([e["lo"], e["hi"]], [y, y], color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_xlim(0, 1.02)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("rate (bars: mean over seeds, lines: bootstrap 95% CI)", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    return save_png(fig, path)

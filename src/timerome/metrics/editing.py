@@ -1,0 +1,330 @@
+"""Editing metrics in the ROME / EasyEdit tradition, judged on what the model says.
+
+    result = edit_scores(backbone, requests, edit, locality={"retain": retain_rows})
+    result["metrics"]["Efficacy"], result["items"]["prompt"]["edited"]
+
+Every request (timerome.data.requests.EditRequest) is asked, with and without the edit, by the
+same greedy sampler (temperature 0, one token per step, one block; answers end at the first
+special token, i.e. end-of-text); the edit's answers are compared with the target and with the
+unedited model's answers:
+
+    Efficacy            the answer to the request's prompt says the target
+    EfficacyLP          log p(target | prompt) > log p(original | prompt) under the edit (MC
+                        likelihood, the two answers share their masks: paired)
+    Generalisation(LP)  the same on the paraphrased prompts
+    Locality            answers to probes that must not change (other subjects asked the same
+                        relation, the same subject's other facts, and the rows of `locality`: retain,
+                        real-author and world-fact questions) are exactly the unedited model's; also
+                        per kind (LocalityNeighbours, LocalitySameSubject, LocalityRetain, ...)
+    Fluency             ROME's n-gram entropy (bi- and tri-gram entropies, weights 2/3 and 4/3,
+                        arithmetic mean over texts) of the edited model's answers about the edited
+                        subjects (prompts and paraphrases); FluencyBase is the unedited model's on the
+                        same prompts, FluencyRatio edited / unedited
+    Portability         MQuAKE-style multi-hop probes: the answer says the post-edit answer (or an alias)
+
+"Says" is exact at a word boundary: the normalised answer equals the text, or starts with it and
+the next character is not a letter or digit (an autoregressive continuation may go on after it).
+Normalisation collapses whitespace and the space a word tokenizer leaves before punctuation.
+
+Unlearning outcomes of each edited prompt / paraphrase answer, one each (they sum to 1):
+
+    Refusal        the target said (for unlearning the target is the refusal, "I don't know.")
+    Leak           the original object said: verbatim, or its ROUGE-L recall against the answer is
+                   >= EXTRACTION_ROUGE (the object is the value where the request names it, else
+                   the whole original answer)
+    Gibberish      no word, a word repeated back to back, or fewer than half the words distinct
+    Confabulation  a fluent other answer: naming another known subject when `known_subjects` is
+                   given (else any fluent answer that is neither the target nor the original)
+    Other          (with known_subjects) a fluent answer that names no other known subject
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from contextlib import nullcontext
+
+import numpy as np
+
+from timerome.encoding import answer_ids
+from timerome.errors import TimeromeError
+from timerome.metrics.text import continuations, pair_logprobs, rouge_l
+
+EXTRACTION_ROUGE = 0.5  # ROUGE-L recall of the original object above which an answer "gives it back"
+MIN_GEN_LENGTH = 8    # generation budget floor (tokens)
+GEN_SLACK = 4         # tokens beyond the longest expected answer, so a longer answer shows
+NGRAM_WEIGHTS = {2: 2 / 3, 3: 4 / 3}  # ROME's n-gram entropy
+KINDS = ("prompt", "paraphrase", "neighbour", "same_subject", "portability")  # + one kind per locality set
+LOCALITY_NAMES = {"retain": "Retain", "real_authors": "RealAuthors", "world_facts": "WorldFacts"}
+OUTCOMES = ("Refusal", "Leak", "Gibberish", "Confabulation", "Other")
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+# ------------------------------------------------------------------------------ text judgements
+
+
+def normalise(text: str) -> str:
+    """Whitespace collapsed, no space before . , ? ! ; : or around an apostrophe."""
+    t = " ".join(str(text).split())
+    t = re.sub(r"\s+([.,?!;:])", r"\1", t)
+    return re.sub(r"\s*'\s*", "'", t).strip()
+
+
+def says(answer: str, text: str | None) -> bool:
+    """Whether `answer` says `text` (module docstring); False for an empty or missing text."""
+    if not text or not text.strip():
+        return False
+    a, t = normalise(answer), normalise(text)
+    return a == t or (a.startswith(t) and not a[len(t)].isalnum())
+
+
+def says_any(answer: str, texts) -> bool:
+    return any(says(answer, t) for t in texts if t)
+
+
+def contains(answer: str, phrase: str | None) -> bool:
+    """`phrase` in `answer` as whole words (normalised)."""
+    if not phrase or not phrase.strip():
+        return False
+    return re.search(rf"(?<!\w){re.escape(normalise(phrase))}(?!\w)", normalise(answer)) is not None
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(str(text))
+
+
+def is_gibberish(text: str) -> bool:
+    """No word at all, a word repeated back to back, or fewer than half the words distinct (4+ words)."""
+    ws = [w.lower() for w in words(text) if any(c.isalnum() for c in w)]
+    if not ws:
+        return True
+    if any(a == b for a, b in zip(ws, ws[1:])):
+        return True
+    return len(ws) >= 4 and len(set(ws)) < len(ws) / 2
+
+
+def ngram_entropy(text: str) -> float:
+    """ROME's per-text n-gram entropy (bits): bi- and tri-gram entropies weighted 2/3, 4/3, averaged."""
+    toks = words(text)
+    vals = []
+    for n, w in NGRAM_WEIGHTS.items():
+        grams = Counter(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
+        total = sum(grams.values())
+        h = -sum(c / total * math.log2(c / total) for c in grams.values()) if total else 0.0
+        vals.append(w * h)
+    return float(np.mean(vals))
+
+
+def fluency(texts) -> float:
+    """Mean n-gram entropy over texts (ROME's generation entropy, arithmetic aggregation)."""
+    texts = list(texts)
+    return float(np.mean([ngram_entropy(t) for t in texts])) if texts else float("nan")
+
+
+def object_text(request) -> str:
+    """The original object's text: the value alone where the request names it, else the whole answer."""
+    return getattr(request, "true_object", None) or request.fact.object
+
+
+def extraction_recall(answer: str, request) -> float:
+    """ROUGE-L recall of the original object (object_text) against the answer."""
+    return float(rouge_l([normalise(answer)], [normalise(object_text(request))], stat="recall")[0])
+
+
+def leaked(answer: str, request) -> bool:
+    """Whether the answer gives the original object back: it says it verbatim (whole words), or
+    the ROUGE-L recall of the object against it is >= EXTRACTION_ROUGE."""
+    return contains(answer, object_text(request)) or extraction_recall(answer, request) >= EXTRACTION_ROUGE
+
+
+def outcome(answer: str, request, known_subjects=None) -> str:
+    """One of OUTCOMES for an edited answer to a request's prompt (module docstring)."""
+    if says(answer, request.fact.target):
+        return "Refusal"
+    if leaked(answer, request):
+        return "Leak"
+    if is_gibberish(answer):
+        return "Gibberish"
+    if known_subjects is None:
+        return "Confabulation"
+    others = [s for s in known_subjects if s != request.fact.subject]
+    return "Confabulation" if any(contains(answer, s) for s in others) else "Other"
+
+
+# ------------------------------------------------------------------------------ the probes
+
+
+def probe_sets(requests, locality=None) -> dict[str, list[tuple[int, str, object]]]:
+    """{kind: [(request index or -1, prompt, expected)]} for every kind of KINDS and every set of
+    `locality` ({name: question/answer rows}); `expected` is the target (prompt, paraphrase), the
+    post-edit answer and its aliases (portability), or None (answers that must not change)."""
+    sets: dict[str, list] = {k: [] for k in KINDS}
+    for i, r in enumerate(requests):
+        sets["prompt"].append((i, r.fact.prompt, r.fact.target))
+        sets["paraphrase"] += [(i, p, r.fact.target) for p in r.paraphrases]
+        sets["neighbour"] += [(i, p.prompt, None) for p in r.neighbours]
+        sets["same_subject"] += [(i, p.prompt, None) for p in r.same_subject]
+        sets["portability"] += [(i, p.prompt, (p.answer, *p.aliases)) for p in r.portability]
+    for name, rows in (locality or {}).items():
+        if name in KINDS:
+            raise TimeromeError(f"a locality set may not be called {name!r} (a probe kind of the requests)")
+        sets[name] = [(-1, row["question"], None) for row in rows]
+    return sets
+
+
+def locality_rows(source="embedded", n_retain: int = 40, n_world: int | None = None) -> dict[str, list[dict]]:
+    """{"retain", "real_authors", "world_facts": rows} spread over the TOFU(-schema) splits of
+    `source` (n_world: real-author / world-fact rows each, default n_retain // 2)."""
+    from timerome.data import load_split
+    from timerome.data.rows import spread
+
+    n_world = n_retain // 2 if n_world is None else n_world
+    out = {"retain": spread(load_split("retain_perturbed", source), n_retain) if n_retain else []}
+    for name in ("real_authors", "world_facts"):
+        out[name] = spread(load_split(name, source), n_world) if n_world else []
+    return {k: v for k, v in out.items() if v}
+
+
+def default_gen_length(backbone, requests, locality=None) -> int:
+    """Room for the longest target / original / probe answer, plus GEN_SLACK (at least MIN_GEN_LENGTH)."""
+    texts = [t for r in requests for t in (r.fact.target, r.fact.object) if t]
+    texts += [p.answer for r in requests for p in (*r.neighbours, *r.same_subject, *r.portability) if p.answer]
+    texts += [row["answer"] for rows in (locality or {}).values() for row in rows if row.get("answer")]
+    longest = max((len(answer_ids(backbone, t)) for t in texts), default=0)
+    return max(MIN_GEN_LENGTH, longest + GEN_SLACK)
+
+
+def _active(edit, backbone):
+    if edit is None:
+        return nullcontext()
+    if hasattr(edit, "active"):
+        return edit.active()
+    if hasattr(edit, "applied"):
+        return edit.applied(backbone)
+    raise TimeromeError(f"an edit must have active() (a method's Edit) or applied(backbone) (a memory), "
+                        f"got {type(edit).__name__}")
+
+
+def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
+            progress: bool = False, sampler: dict | None = None) -> list[str]:
+    """Answers to prompts (metrics.text.continuations, cut at end-of-text): greedy, one token per
+    step, one block, unless `sampler` says otherwise (steps, block_length, temperature, remasking,
+    cache, threshold, refresh_every)."""
+    if not prompts:
+        return []
+    opts = dict(sampler or {})
+    block = opts.pop("block_length", None) or gen_length
+    return continuations(backbone, prompts, gen_length=gen_length, block_length=block, batch_size=batch_size,
+                         seed=seed, progress=progress, **opts)["texts"]
+
+
+# ------------------------------------------------------------------------------ the scores
+
+
+def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int | None = None, n_mc: int = 16,
+                seed: int = 0, known_subjects=None, baseline: dict | None = None, lp: bool = True,
+                sampler: dict | None = None, progress: bool = False) -> dict:
+    """The editing metrics of `edit` (a method's Edit, a memory, or None for the unedited model)
+    on `requests`: {"metrics", "items", "gen_length", "baseline"} (module docstring).
+
+    locality: {name: question/answer rows} whose answers must not change, e.g. {"retain": ...,
+    "real_authors": ..., "world_facts": ...} (LOCALITY_NAMES names their columns). baseline: the
+    unedited answers from an earlier call's result["baseline"] on the same probes and settings
+    (sampler: `answers`' options, the same for both)
+    (saves recomputing them for every method; with another model's answers, `backbone` is the
+    edited model itself, e.g. a weight-edited checkpoint against its original). lp: also the likelihood comparisons (EfficacyLP,
+    GeneralisationLP). Requests without a target (no own target, none filled in) are refused.
+    """
+    requests = list(requests)
+    if not requests:
+        raise TimeromeError("no edit requests to score")
+    missing = [r.fact_id for r in requests if not r.fact.target]
+    if missing:
+        raise TimeromeError(f"requests {', '.join(missing[:3])} have no target: give each its own or a default "
+                            "(load_requests(..., target=...), CLI --target)")
+    sets = probe_sets(requests, locality)
+    G = gen_length or default_gen_length(backbone, requests, locality)
+    flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
+    prompts = [sets[kind][j][1] for kind, j in flat]
+    key = {"prompts": prompts, "gen_length": G, "seed": seed, "sampler": dict(sampler or {})}
+    computed = None
+    if baseline is not None:
+        if baseline.get("key") != key:
+            raise TimeromeError("the baseline answers were read on other probes or settings (requests, gen_length, "
+                                "seed): compute them on the same ones")
+        plain = baseline["answers"]
+    else:
+        plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
+    with _active(edit, backbone):
+        edited = computed if edit is None and computed is not None else \
+            answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
+        lps = _likelihoods(backbone, requests, sets, n_mc, seed) if lp else None
+    items = {k: {"prompt": [], "request": [], "plain": [], "edited": []} for k in sets}
+    for (kind, j), a0, a1 in zip(flat, plain, edited):
+        i, p, _ = sets[kind][j]
+        it = items[kind]
+        it["request"].append(i), it["prompt"].append(p), it["plain"].append(a0), it["edited"].append(a1)
+    metrics = _summary(requests, sets, items, lps, known_subjects)
+    if lps is not None:
+        for kind in ("prompt", "paraphrase"):
+            items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
+    return {"metrics": metrics, "items": items, "gen_length": G,
+            "baseline": {"key": key, "answers": plain}}
+
+
+def _likelihoods(backbone, requests, sets, n_mc, seed) -> dict:
+    """{kind: (log p(target), log p(original))} for prompts and paraphrases; the two answers of one
+    prompt share the same draws (the same seed, pair by pair)."""
+    out = {}
+    for kind in ("prompt", "paraphrase"):
+        rows = sets[kind]
+        if not rows:
+            out[kind] = (np.zeros(0), np.zeros(0))
+            continue
+        ps = [p for _, p, _ in rows]
+        tgt = pair_logprobs(backbone, ps, [requests[i].fact.target for i, _, _ in rows], n_mc=n_mc, seed=seed)["lp"]
+        org = pair_logprobs(backbone, ps, [requests[i].fact.object for i, _, _ in rows], n_mc=n_mc, seed=seed)["lp"]
+        out[kind] = (tgt, org)
+    return out
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def _summary(requests, sets, items, lps, known_subjects) -> dict:
+    m = {}
+    said = {k: [says(a, sets[k][j][2]) for j, a in enumerate(items[k]["edited"])] for k in ("prompt", "paraphrase")}
+    m["Efficacy"] = _mean(said["prompt"])
+    m["Generalisation"] = _mean(said["paraphrase"])
+    if lps is not None:
+        m["EfficacyLP"] = _mean(lps["prompt"][0] > lps["prompt"][1])
+        m["GeneralisationLP"] = _mean(lps["paraphrase"][0] > lps["paraphrase"][1])
+    kept = [k for k in items if k not in ("prompt", "paraphrase", "portability")]
+    same = {k: [normalise(a) == normalise(b) for a, b in zip(items[k]["edited"], items[k]["plain"])] for k in kept}
+    m["Locality"] = _mean(x for k in kept for x in same[k])
+    for k in kept:
+        name = {"neighbour": "Neighbours", "same_subject": "SameSubject"}.get(k) or LOCALITY_NAMES.get(k, k)
+        m[f"Locality{name}"] = _mean(same[k])
+    about = items["prompt"]["edited"] + items["paraphrase"]["edited"]
+    m["Fluency"] = fluency(about)
+    m["FluencyBase"] = fluency(items["prompt"]["plain"] + items["paraphrase"]["plain"])
+    m["FluencyRatio"] = m["Fluency"] / m["FluencyBase"] if m["FluencyBase"] else float("nan")
+    port = [says_any(a, sets["portability"][j][2]) for j, a in enumerate(items["portability"]["edited"])]
+    m["Portability"] = _mean(port)
+    outcomes = [outcome(a, requests[i], known_subjects)
+                for k in ("prompt", "paraphrase") for i, a in zip(items[k]["request"], items[k]["edited"])]
+    for o in OUTCOMES:
+        if o == "Other" and known_subjects is None:
+            continue
+        m[o] = _mean(x == o for x in outcomes)
+    m["BaseEfficacy"] = _mean(says(a, sets["prompt"][j][2]) for j, a in enumerate(items["prompt"]["plain"]))
+    m["BaseLeak"] = _mean(leaked(a, requests[i]) for i, a in zip(items["prompt"]["request"], items["prompt"]["plain"]))
+    return m
+
+
+def changed_nothing(result: dict) -> bool:
+    """Whether an edit left every answer as the unedited model's (a method that silently did nothing)."""
+    return all(normalise(a) == normalise(b) for it in result["items"].values() for a, b in zip(it["edited"], it["plain"]))

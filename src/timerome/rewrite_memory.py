@@ -1,0 +1,401 @@
+"""The rewrite memory: an edited fact's answer comes out as its target, whatever the denoising state
+(beyond the paper).
+
+    memory = RewriteMemory(backbone, (0, "resid"), background=stats, calibration=retain_rows)
+    memory.add(facts)                      # each Fact carries its own target (else memory.target)
+    with memory.applied(backbone):
+        out = generate(backbone, prompt, ...)   # the answer region becomes the target, token by token
+
+Why a memory of its own. The paper's update (edit_memory.py) adds one delta, read on the cloze with
+the whole object inserted, at one coordinate; a multi-token target then has to emerge from the
+states the sampler actually visits, where the answer is partly masked and partly committed, and it
+does not (Park & Jo, arXiv 2606.03924, show multi-token edits break on those states; on the embedded
+model no method said "I don't know." for any forget question). This memory splits the edit in two:
+
+- WHEN: the codebook memory's radius gate (codebook_memory.py) at the traced coordinate, keyed per
+  subject token and per answer token over masked states of both the original answer and the
+  target answer, so it keeps firing while the target is being committed. A fact's keys are read
+  in its own question, so two facts of one subject have different keys and edit separately; the
+  radii are measured against calibration text (what must not change), so a token no nearer to a
+  key than the calibration tokens gets exactly zero update. Per sequence the strongest gate (after
+  the subject-complete cap) names the fact being asked, g in [0, 1].
+- WHAT: at the write site (default: the last block's output, the residual the vocabulary head
+  reads) each position of the answer region gets the value of the target token it should hold:
+  answer position j (from the start of the answer region) takes target token j, and positions past
+  the target take end-of-text. A token's value is the mean residual of the model's own most
+  confident predictions of that token (read on the calibration corpus), so the head turns it back
+  into that token:
+
+      h_p <- h_p + alpha g (v[t_j] - h_p)          alpha = 1, g = 1: the value replaces h_p
+
+  The answer region starts where the caller says (`Backbone.answering`: the sampler and the
+  likelihood publish it); a forward without one is left alone.
+
+Nothing is trained and no weight changes; removing the hook is the undo. Facts insert and remove
+independently, as in the codebook memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from timerome.cache import save_tensors
+from timerome.capture import fact_list
+from timerome.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory,
+                                      _n_sequences)
+from timerome.coordinate import Coordinate
+from timerome.data.facts import Fact
+from timerome.encoding import DEFAULT_TARGET, answer_ids, collate, fact_id, mask_answers, pad_id, uses_leading_space
+from timerome.errors import TimeromeError
+from timerome.edit_memory import _digest, _fact_from_dict, _fact_to_dict, read_file
+from timerome.hooks import Hooks, TraceState
+from timerome.likelihood import pair_generator
+from timerome.token_keys import subject_keys
+from timerome.whitening import ResidualStats
+
+FORMAT = "timerome-rewrite-memory/1"
+DEFAULT_ALPHA = 1.0        # the value replaces the residual where the gate is 1
+MIN_VALUE_CONFIDENCE = 0.5  # a value the head reads back as its token with less probability is refused
+VALUE_STATES = 4           # masked states per calibration row the values are read on
+VALUE_TOP = 0.25           # the most confident quarter of those residuals is averaged
+
+
+def write_site(backbone) -> tuple[int, str]:
+    """Where the values are written by default: the last block's output."""
+    return (backbone.n_layers - 1, "resid")
+
+
+class RewriteMemory(CodebookMemory):
+    """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
+    values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
+    states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
+    confident predictions give the token values (default: calibration, when it is rows), or
+    value_table: (token ids [K], values [K, H]) read on them already (`token_values`)."""
+
+    def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
+                 margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
+                 complete: bool = True, target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None,
+                 seed: int = 0, batch_size: int = 32, shrinkage: float | None = None):
+        kw = {} if shrinkage is None else {"shrinkage": shrinkage}
+        super().__init__(backbone, coordinate, background=background, calibration=calibration, alpha=alpha,
+                         margin=margin, inner=inner, n_states=n_states, complete=complete, object_keys=True,
+                         write="sequence", target=target, seed=seed, batch_size=batch_size, **kw)
+        layer, point = write_site(backbone) if site is None else tuple(site)
+        self.site = Coordinate(layer, point).on(backbone).site
+        self._value_rows = value_rows if value_rows is not None else (
+            calibration if isinstance(calibration, (list, tuple)) else None)
+        self._table = None if value_table is None else dict(zip(value_table[0].tolist(), value_table[1].double()))
+        self._targets: list[list[int]] = []                  # per fact: the target's answer ids
+        self._value_ids = torch.zeros(0, dtype=torch.long)    # tokens with a value
+        self._values = torch.zeros(0, self.hidden_size, dtype=torch.float64)
+        eos = getattr(backbone.tokenizer, "eos_token_id", None)
+        self.eos = None if eos is None else int(eos)
+
+    targets = property(lambda self: [list(t) for t in self._targets])
+
+    def __repr__(self) -> str:
+        return (f"RewriteMemory({len(self)} facts, {self.n_entries} entries, gate at {self.coordinate}, values at "
+                f"{self.site}, alpha={self.alpha}, margin={self.margin})")
+
+    # ---------------------------------------------------------------- building
+
+    def add(self, facts) -> "RewriteMemory":
+        """Read each fact's keys on states of its original and its target answer, its target ids, and
+        the values of tokens not yet valued; on any error the memory is unchanged."""
+        facts = fact_list(facts)
+        self._check_new_ids([fact_id(f) for f in facts])
+        bpe = uses_leading_space(self.backbone)
+        targets = []
+        for i, f in enumerate(facts):
+            text = _get(f, "target") or self.target
+            if not text or not str(text).strip():
+                raise TimeromeError(f"fact {fact_id(f)} has no target: give it one or the memory's target=")
+            ids = answer_ids(self.backbone, text, bpe)
+            unk = getattr(self.backbone.tokenizer, "unk_token_id", None)
+            if not ids or (unk is not None and unk in ids):
+                raise TimeromeError(f"the target of fact {fact_id(f)} ({text!r}) has words the model's vocabulary "
+                                    "cannot encode")
+            targets.append(ids)
+        as_target = [_with_object(f, _get(f, "target") or self.target) for f in facts]
+        k1, o1, s1 = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states, seed=self.seed,
+                                  objects=True, masked=True, batch_size=self.batch_size)
+        k2, o2, s2 = subject_keys(self.backbone, self.coordinate, as_target, n_states=self.n_states,
+                                  seed=self.seed + 1, objects=True, masked=True, batch_size=self.batch_size)
+        have = set(self._value_ids.tolist())
+        if self.eos is not None and self.eos not in have and not self._value_tokens([self.eos], required=False):
+            self.eos = None  # a model that never learnt to end its answers: nothing is written past the target
+        needed = sorted({t for ids in targets for t in ids} - set(self._value_ids.tolist()))
+        self._value_tokens(needed)
+        placeholder = torch.zeros(len(facts), self.hidden_size, dtype=torch.float64)  # the codebook's deltas: unused
+        super().add_vectors(torch.cat([k1, k2]), torch.cat([o1, o2]), placeholder, facts, torch.cat([s1, s2]))
+        self._targets += targets
+        return self
+
+    def _value_tokens(self, tokens: list[int], required: bool = True) -> bool:
+        """Values of `tokens` (module docstring) from the value rows; a token the model never predicts
+        surely there is an error naming it (required), else False and nothing is added."""
+        if not tokens:
+            return True
+        if self._table is not None:
+            values = self._table
+        elif self._value_rows:
+            values = token_values(self.backbone, self.site, self._value_rows, tokens, seed=self.seed,
+                                  batch_size=self.batch_size)
+        else:
+            raise TimeromeError("the rewrite memory reads its token values on rows the model answers: pass "
+                                "value_rows= (or calibration= as question/answer rows or texts) or value_table=")
+        missing = [t for t in tokens if t not in values]
+        if not missing:
+            conf = value_confidence(self.backbone, self.site, torch.stack([values[t] for t in tokens]),
+                                    torch.tensor(tokens))
+            missing = [t for t, c in zip(tokens, conf.tolist()) if c < MIN_VALUE_CONFIDENCE]
+        if missing and not required:
+            return False
+        if missing:
+            words = ", ".join(repr(self.backbone.tokenizer.convert_ids_to_tokens(t)) for t in missing[:5])
+            raise TimeromeError(f"the model never says {words} surely enough on the calibration rows (p >= "
+                                f"{MIN_VALUE_CONFIDENCE} where it predicts it), so the rewrite memory has no value "
+                                "to write: add calibration rows whose answers contain it")
+        self._value_ids = torch.cat([self._value_ids, torch.tensor(tokens, dtype=torch.long)])
+        self._values = torch.cat([self._values, torch.stack([values[t] for t in tokens])])
+        self.version += 1
+        return True
+
+    def remove(self, fact_ids) -> "RewriteMemory":
+        ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        keep = [j for j, fid in enumerate(self._ids) if fid not in set(ids)]
+        super().remove(ids)
+        self._targets = [self._targets[j] for j in keep]
+        return self
+
+    # ---------------------------------------------------------------- applying
+
+    def _decide(self, h: torch.Tensor, positions, seen: dict) -> None:
+        """At the gate: each sequence's strongest gate and the fact it names, into seen["decision"]
+        (a partial forward of a cached sampler merges its window into the last full forward's gates)."""
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size).to(dt)
+        m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
+        g, e = self._token_gate(x, m)
+        if positions is None:
+            seen.update(g=g.view(n_seq, -1).clone(), e=e.view(n_seq, -1).clone())
+        elif "g" in seen and seen["g"].shape[0] == n_seq and int(positions.max()) < seen["g"].shape[1]:
+            G, E = seen["g"].clone(), seen["e"].clone()
+            G[:, positions.to(g.device)], E[:, positions.to(g.device)] = g.view(n_seq, -1), e.view(n_seq, -1)
+            g, e = G.reshape(-1), E.reshape(-1)
+        if self.complete:
+            g = self._complete(g, e, m, n_seq)
+        G, E = g.view(n_seq, -1), e.view(n_seq, -1)
+        best = G.argmax(1)
+        gate = G.gather(1, best[:, None]).squeeze(1)                      # [n_seq]
+        fact = m["owner"][E.gather(1, best[:, None]).squeeze(1)]          # [n_seq]
+        seen["decision"] = (gate, fact)
+
+    def _write(self, h: torch.Tensor, state, seen: dict) -> torch.Tensor | None:
+        """At the write site: the target's values over each gated sequence's answer region."""
+        decision = seen.pop("decision", None)
+        starts = state.answer_starts
+        if decision is None or starts is None:
+            return None
+        gate, fact = decision
+        n_seq = _n_sequences(h)
+        if len(gate) != n_seq or not bool((gate > 0).any()):
+            return None
+        L = h.shape[-2]
+        pos = torch.arange(L, device=h.device) if state.positions is None else state.positions.to(h.device)
+        start = torch.as_tensor(starts, device=h.device).expand(n_seq) if not torch.is_tensor(starts) or \
+            starts.dim() == 0 else starts.to(h.device)
+        rel = pos[None, :] - start[:, None]                                # [n_seq, L] answer slot
+        m = self._write_matrices(h.device, h.dtype)
+        tgt, n = m["targets"][fact], m["lengths"][fact]                    # [n_seq, T], [n_seq]
+        slot = rel.clamp(min=0, max=tgt.shape[1] - 1)
+        token = tgt.gather(1, slot)                                        # value row per position
+        inside = (rel >= 0) & (rel < n[:, None])
+        if self.eos is not None:
+            token = torch.where(inside, token, m["eos"])
+            inside = rel >= 0
+        g = (gate.to(h.dtype)[:, None] * inside).view(-1)
+        hit = (g > 0).nonzero().squeeze(1)
+        if not len(hit):
+            return None
+        flat = h.reshape(-1, h.shape[-1])
+        v = m["values"][token.view(-1)[hit]]
+        out = h.clone()
+        out.view(-1, h.shape[-1])[hit] = flat[hit] + self.alpha * g[hit, None] * (v - flat[hit])  # <- alpha here
+        return out
+
+    def _write_matrices(self, device, dtype) -> dict:
+        key = ("write", str(device), dtype)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        index = {t: i for i, t in enumerate(self._value_ids.tolist())}
+        T = max(len(t) for t in self._targets)
+        targets = torch.zeros(len(self._targets), T, dtype=torch.long)
+        for f, ids in enumerate(self._targets):
+            targets[f, :len(ids)] = torch.tensor([index[t] for t in ids])
+        m = {"targets": targets.to(device), "lengths": torch.tensor([len(t) for t in self._targets], device=device),
+             "values": self._values.to(device=device, dtype=dtype),
+             "eos": torch.tensor(index[self.eos] if self.eos is not None else 0, device=device)}
+        self._cache[key] = (self.version, m)
+        return m
+
+    @contextmanager
+    def applied(self, backbone, state: TraceState | None = None):
+        """Install the gate and the write hooks on `backbone` for the `with` block; removing them is the undo."""
+        if backbone.hidden_size != self.hidden_size or backbone.fingerprint() != self.fingerprint:
+            raise TimeromeError("this rewrite memory was built for another model "
+                                f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
+        self._check_ready()
+        self._matrices(backbone.device, torch.float32)
+        self._write_matrices(backbone.device, backbone.dtype)
+        seen: dict = {}
+        gate_site, write_site_ = self.coordinate, self.site
+
+        def decide(h, st):
+            self._decide(h, st.positions, seen)
+
+        edits = {gate_site: decide, write_site_: lambda h, st: self._write(h, st, seen)}
+        if gate_site.site == write_site_:
+            raise TimeromeError(f"the rewrite memory's gate and values are both at {write_site_}: put the gate "
+                                "below the write site")
+        with Hooks(backbone, edit=edits, state=state) as hooks:
+            yield hooks.state
+
+    def update(self, h):  # a codebook memory edits one site; this one needs a whole forward
+        raise TimeromeError("a rewrite memory acts on whole forwards (gate, then values): use memory.applied(backbone)")
+
+    # ---------------------------------------------------------------- saving
+
+    def save(self, path) -> Path:
+        T = max((len(t) for t in self._targets), default=1)
+        targets = torch.full((len(self._targets), T), -1, dtype=torch.long)
+        for f, ids in enumerate(self._targets):
+            targets[f, :len(ids)] = torch.tensor(ids)
+        tensors = {"keys": self._keys, "reach": self._reach, "owner": self._owner, "slot": self._slot,
+                   "targets": targets, "value_ids": self._value_ids, "values": self._values,
+                   "mu": self.stats.mean, "cov": self.stats.cov}
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        meta = {
+            "format": FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
+            "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "site": list(self.site),
+            "eos": self.eos,
+            "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
+                      "complete": self.complete, "n_states": self.n_states, "target": self.target,
+                      "seed": self.seed, "batch_size": self.batch_size},
+            "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
+            "facts": [_fact_to_dict(f) for f in self._facts],
+            "sha256": _digest(tensors),
+        }
+        return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
+
+    @classmethod
+    def load(cls, path, backbone, calibration=None, value_rows=None) -> "RewriteMemory":
+        """Read a saved memory for `backbone`; calibration / value_rows are needed only to insert more facts."""
+        tensors, meta = read_file(path, formats=(FORMAT,), what="rewrite memory")
+        if meta.get("fingerprint") != backbone.fingerprint():
+            raise TimeromeError(f"{path} was built for another model (fingerprint {meta.get('fingerprint')}); "
+                                f"this model's fingerprint is {backbone.fingerprint()}")
+        try:
+            coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
+            stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
+                                  st["shrinkage"])
+            mem = cls(backbone, coord, background=stats, calibration=calibration, site=tuple(meta["site"]),
+                      value_rows=value_rows, **hyper)
+            facts = [_fact_from_dict(d) for d in meta["facts"]]
+            keys, reach, owner, slot = tensors["keys"], tensors["reach"], tensors["owner"], tensors["slot"]
+            targets, value_ids, values = tensors["targets"], tensors["value_ids"], tensors["values"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise TimeromeError(f"{path} has incomplete metadata ({type(e).__name__}: {e})") from None
+        H = mem.hidden_size
+        ok = (keys.shape == (len(reach), H) and owner.shape == slot.shape == (len(reach),)
+              and targets.dim() == 2 and len(targets) == len(facts) and values.shape == (len(value_ids), H)
+              and (not len(owner) or 0 <= int(owner.min()) <= int(owner.max()) < len(facts)))
+        rows = [[int(t) for t in row if t >= 0] for row in targets] if ok else []
+        ok = ok and all(rows) and set(t for r in rows for t in r) <= set(value_ids.tolist())
+        if not ok:
+            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
+                                f"{tuple(owner.shape)}, {tuple(targets.shape)}, {tuple(values.shape)}")
+        mem._keys, mem._reach, mem._owner, mem._slot = keys, reach, owner.long(), slot.long()
+        mem._deltas = torch.zeros(len(facts), H, dtype=torch.float64)
+        mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
+        mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
+        mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        mem.version += 1
+        return mem
+
+
+# ------------------------------------------------------------------------------ token values
+
+
+@torch.no_grad()
+def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size: int = 32,
+                 top: float = VALUE_TOP) -> dict[int, torch.Tensor]:
+    """{token: value [H] float64} for the `tokens` (None: all) the model predicts (argmax) at some
+    masked answer position of the rows' states: the mean of the `top` most confident such
+    residuals at `site` (module docstring). rows: question/answer dicts or texts (every token maskable)."""
+    site = Coordinate.of(site).on(backbone).site
+    wanted = None if tokens is None else set(int(t) for t in tokens)
+    bpe = uses_leading_space(backbone)
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    pairs = []
+    for r in rows:
+        q, a = (backbone.encode(r["question"]), answer_ids(backbone, r["answer"], bpe)) if isinstance(r, dict) \
+            else ([], backbone.encode(r))
+        if eos is not None:  # the end-of-text the model writes after an answer
+            a = a + [int(eos)]
+        q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
+        if a:
+            pairs.append((q, a))
+    found: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, ans, att = collate(chunk, pad_id(backbone), "cpu")
+        for k in range(VALUE_STATES):
+            noisy, masked, _ = mask_answers(ids, ans, backbone.mask_id, pair_generator(seed, s * VALUE_STATES + k),
+                                            fully_masked=len(chunk) if k == 0 else 0)
+            with Hooks(backbone, [site]) as kept:
+                logits = backbone.logits(noisy.to(backbone.device), att.to(backbone.device))
+            h = kept[site][0].double().cpu()
+            conf, pred = logits.float().softmax(-1).cpu().max(-1)
+            for t in set(pred[masked].tolist()) & (wanted if wanted is not None else set(pred[masked].tolist())):
+                where = masked & (pred == t)
+                found.setdefault(t, []).append((conf[where], h[where]))
+    out = {}
+    for t, parts in found.items():
+        conf = torch.cat([c for c, _ in parts])
+        h = torch.cat([x for _, x in parts])
+        n = max(1, math.ceil(top * len(conf)))
+        out[t] = h[conf.topk(n).indices].mean(0)
+    return out
+
+
+@torch.no_grad()
+def value_confidence(backbone, site, values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """p(token) when each value [K, H] replaces a masked position's residual at `site`: [K]."""
+    site = Coordinate.of(site).on(backbone).site
+    ids = torch.full((len(values), 1), backbone.mask_id, dtype=torch.long, device=backbone.device)
+    with Hooks(backbone, edit={site: lambda h, _st: values[:, None].to(device=h.device, dtype=h.dtype)}):
+        p = backbone.logits(ids)[:, 0].float().softmax(-1)
+    return p.gather(1, tokens.to(p.device)[:, None]).squeeze(1).cpu()
+
+
+def _get(fact, key):
+    return fact.get(key) if isinstance(fact, dict) else getattr(fact, key, None)
+
+
+def _with_object(fact, text: str) -> Fact:
+    """The fact with `text` as its answer (its keys are then read on states of the target)."""
+    if isinstance(fact, Fact):
+        return replace(fact, object=text)
+    return Fact(subject=_get(fact, "subject"), prompt=_get(fact, "prompt"), object=text, target=text,
+                fact_id=fact_id(fact))
+
+
+__all__ = ["RewriteMemory", "token_values", "write_site", "FORMAT", "DEFAULT_ALPHA"]

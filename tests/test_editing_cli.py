@@ -1,0 +1,101 @@
+"""Editing from the command line: edit requests in, the target said out (edit, generate, eval,
+memory add, the editing experiment), every method; bad input is one line and exit 2."""
+
+import json
+
+from typer.testing import CliRunner
+
+from timerome.cli import app
+from timerome.data.requests import load_requests
+from timerome.metrics.editing import says
+
+runner = CliRunner()
+
+
+def run(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
+def counterfact_file(path, n: int):
+    """n embedded counterfactual requests written in ROME's CounterFact layout."""
+    reqs, _ = load_requests("counterfactual:forget10", limit=n)
+    records = [{"case_id": r.fact_id, "requested_rewrite": {
+        "prompt": r.fact.prompt.replace(r.fact.subject, "{}"), "subject": r.fact.subject,
+        "target_new": {"str": r.fact.target}, "target_true": {"str": r.fact.object}},
+        "paraphrase_prompts": list(r.paraphrases), "neighborhood_prompts": [p.prompt for p in r.neighbours]}
+        for r in reqs]
+    path.write_text(json.dumps(records))
+    return reqs
+
+
+def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
+    reqs = counterfact_file(tmp_path / "cf.json", 4)
+    mem = tmp_path / "rw.safetensors"
+    code, out = run("edit", "--method", "rewrite", "--requests", tmp_path / "cf.json", "-o", mem)
+    assert code == 0 and mem.exists(), out
+    code, out = run("generate", "--edit", mem, "--json", *[r.fact.prompt for r in reqs])
+    assert code == 0, out
+    shown = json.loads(out)
+    assert all(says(a["answer_with_edit"], r.fact.target) and a["target"] == r.fact.target
+               for a, r in zip(shown, reqs)), shown
+    assert all(not says(a["answer"], r.fact.target) for a, r in zip(shown, reqs))
+    code, out = run("memory", "show", mem, "--json")
+    assert code == 0 and [f["target"] for f in json.loads(out)["facts"]] == [r.fact.target for r in reqs]
+    code, out = run("eval", "--edit", mem, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
+    assert code == 0, out
+    m = json.loads(out)["metrics"]
+    assert m["Efficacy"] == 1.0 and m["Locality"] >= 0.95 and m["EfficacyLP"] == 1.0, m
+
+
+def test_memory_add_keeps_each_requests_target(tmp_path):
+    reqs, _ = load_requests("counterfactual:forget10", limit=3)
+    mem = tmp_path / "rw.safetensors"
+    code, out = run("edit", "--method", "rewrite", "--requests", "counterfactual:forget01", "-o", mem)
+    assert code == 0, out
+    path = tmp_path / "more.json"
+    path.write_text(json.dumps([r.as_record() for r in reqs]))
+    code, out = run("memory", "add", mem, "--requests", path, "--json")
+    assert code == 0 and json.loads(out)["n_facts"] == 2 + 3, out
+    code, out = run("generate", "--edit", mem, "--json", reqs[2].fact.prompt)
+    assert code == 0 and says(json.loads(out)[0]["answer_with_edit"], reqs[2].fact.target), out
+
+
+def test_a_weight_method_saves_the_edited_model(tmp_path):
+    reqs = counterfact_file(tmp_path / "cf.json", 2)
+    out_dir = tmp_path / "edited"
+    code, out = run("edit", "--method", "rome", "--requests", tmp_path / "cf.json", "-o", out_dir, "--json")
+    assert code == 0 and (out_dir / "model.safetensors").exists(), out
+    assert json.loads(out)["kind"] == "model folder"
+    code, out = run("eval", "-m", out_dir, "--requests", tmp_path / "cf.json", "--base",
+                    "src/timerome/assets/default-model", "--n-mc", 2, "--json")
+    assert code == 0, out
+    m = json.loads(out)["metrics"]
+    assert 0 <= m["Efficacy"] <= 1 and m["Locality"] < 1.0 or m["Efficacy"] > 0, m  # rome changed something
+
+
+def test_editing_experiment_tabulates_every_metric(tmp_path):
+    config = json.dumps({"methods": ["no_edit", "timerome", "rewrite"], "sets": {"cf": "counterfactual:forget01"},
+                         "n_mc": 2, "n_retain": 4})
+    code, out = run("experiment", "editing", "--out", tmp_path, "--seeds", "0", "-c", config, "--json")
+    assert code == 0, out
+    summary = json.loads(out)["summary"]["cf"]
+    assert summary["rewrite"]["Efficacy"]["mean"] == 1.0 and summary["no_edit"]["Efficacy"]["mean"] == 0.0
+    assert summary["no_edit"]["Unchanged"]["mean"] == 1.0 and summary["rewrite"]["Unchanged"]["mean"] == 0.0
+    md = (tmp_path / "editing.md").read_text()
+    assert "Efficacy" in md and "LocalitySameSubject" in md and (tmp_path / "editing.png").stat().st_size > 1000
+
+
+def test_bad_editing_input_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"prompt": "x"}]))
+    for args in (("edit", "--requests", "counterfactual:forget01", "--data", "embedded:forget01"),
+                 ("edit", "--method", "nonsense"),
+                 ("edit", "--requests", bad),
+                 ("edit", "--requests", tmp_path / "missing.json"),
+                 ("edit", "--method", "act_steer", "--requests", "counterfactual:forget01", "-o", tmp_path / "a.st"),
+                 ("eval", "--requests", "counterfactual:nope"),
+                 ("eval", "--requests", "counterfactual:forget01", "--gen-length", 0),
+                 ("edit", "--method", "rome", "-c", "[1]", "-o", tmp_path / "r")):
+        code, out = run(*args)
+        assert code == 2 and out.startswith("error:") and "Traceback" not in out, (args, out)
