@@ -85,7 +85,7 @@ def test_refusal_target_for_a_whole_author(bb):
     task = requests_task(reqs, retain_rows=[r for r in load_split("train", "embedded") if r["question"] not in probes])
     edit = install("rewrite", bb, task, {}, seed=0)
     got = _say(bb, [r.fact.prompt for r in reqs] + [r.paraphrases[0] for r in reqs], edit)
-    assert sum(says(a, REFUSAL) for a in got) >= 9, got
+    assert sum(says(a, REFUSAL) for a in got) >= 9, "; ".join(got)
 
 
 def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):

@@ -74,6 +74,9 @@ MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token i
 
 
 class CodebookMemory:
+    pads = None       # end-of-text tokens after the answer in the key and calibration states (token_keys._states)
+    last_pads = None  # with these counts, the memory also calibrates on last-step states (token_keys.answer_keys)
+
     """Radius-gated codebook memory (module docstring) at one coordinate of one backbone.
 
     background: the whitening statistics (ResidualStats at the coordinate, or texts for
@@ -413,7 +416,7 @@ class CodebookMemory:
             if not texts:
                 raise TimeromeError("the calibration corpus is empty: give the retain rows or texts")
             h = state_tokens(self.backbone, self.coordinate, texts, n_states=CALIBRATION_STATES, seed=self.seed,
-                             batch_size=self.batch_size)
+                             batch_size=self.batch_size, pads=self.pads, last_steps=self.last_pads or False)
         return self.whiten(h).float()
 
     def _check_hyper(self):
@@ -461,8 +464,11 @@ def rowwise_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def nearest_distance(z: torch.Tensor, points: torch.Tensor, candidates: int = 8) -> torch.Tensor:
     """[N] distance from each row of z [N, H] to its nearest row of points [M, H], bit for bit the
     same whatever rows z holds besides: a matrix-product cdist (fast, but its rounding depends on how
-    many rows it is given) proposes the nearest `candidates`, and those are measured exactly."""
-    near = torch.cdist(z, points).topk(min(candidates, len(points)), dim=1, largest=False).indices  # [N, k]
+    many rows it is given) proposes the nearest `candidates`, and those are measured exactly in z's
+    dtype."""
+    # float32 proposes (a float32 distance is off by ~1e-6 relative: the true nearest is among the
+    # candidates unless `candidates` points tie with it that closely), float64 decides
+    near = torch.cdist(z.float(), points.float()).topk(min(candidates, len(points)), dim=1, largest=False).indices
     return (z[:, None, :] - points[near]).pow(2).sum(-1).sqrt().min(1).values
 
 

@@ -50,6 +50,7 @@ class TraceState:
     def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
         self.step = step
         self.positions = positions
+        self.ids = None  # the token ids of the forward in flight (Hooks(..., ids=True)), [B, L held]
         self.answer_starts = None  # where each row's answer begins (answer_region), None: unknown
 
     def __repr__(self) -> str:
@@ -71,18 +72,20 @@ class Hooks(dict):
         the module's whole output and its return (not None) replaces the whole output.
     stop: after every kept site has been recorded in a forward, stop it (StopForward, swallowed
         on leaving the block): what lies above is never computed.
+    ids: before each forward, put its token ids (the embedding's input: the held window's only in a
+        cached sampler's partial forward) in `state.ids`, for edits that read the text.
     Edits run before keeps on the same module, so a kept output is the edited one.
     """
 
     def __init__(self, backbone, keep=(), *, edit: dict | None = None, inputs: bool = False, stop: bool = False,
                  state: TraceState | None = None, positions=None, to_cpu: bool = False, detach: bool = True,
-                 raw: bool = False):
+                 raw: bool = False, ids: bool = False):
         super().__init__({site: [] for site in keep})
         self.backbone = backbone
         self.edits = dict(edit or {})
         self.state = state if state is not None else TraceState()
         self.inputs, self.stop, self.positions = inputs, stop, positions
-        self.to_cpu, self.detach, self.raw = to_cpu, detach, raw
+        self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
             raise ValueError("stop=True needs at least one kept site")
         self._handles = []
@@ -96,6 +99,8 @@ class Hooks(dict):
 
     def __enter__(self):
         try:
+            if self.ids:
+                self._handles.append(self.backbone.embedding().register_forward_pre_hook(self._ids_keeper))
             for site, fn in self.edits.items():
                 self._handles.append(self.module(site).register_forward_hook(self._editor(site, fn)))
             for site in list(self):
@@ -140,6 +145,9 @@ class Hooks(dict):
             return (new, *output[1:]) if isinstance(output, tuple) else new
 
         return hook
+
+    def _ids_keeper(self, _module, args):
+        self.state.ids = args[0] if args else None
 
     def _keeper(self, site):
         def hook(_module, _inputs, output):

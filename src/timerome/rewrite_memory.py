@@ -56,12 +56,18 @@ from timerome.errors import TimeromeError
 from timerome.edit_memory import _digest, _fact_from_dict, _fact_to_dict, read_file
 from timerome.hooks import Hooks, TraceState
 from timerome.likelihood import pair_generator
-from timerome.token_keys import subject_keys
+from timerome.token_keys import answer_keys
 from timerome.whitening import ResidualStats
 
 FORMAT = "timerome-rewrite-memory/1"
 DEFAULT_ALPHA = 1.0        # the value replaces the residual where the gate is 1
 MIN_VALUE_CONFIDENCE = 0.5  # a value the head reads back as its token with less probability is refused
+# end-of-text tokens after the answer in the states keys and calibration are read on, one count per
+# state in turn: the sampler's answer region runs past the answer by however much the caller's
+# gen_length leaves, and every position reads the whole region
+STATE_PADS = (4, 0, 8, 12)
+LAST_STEP_PADS = (4, 12)  # those of the last-step states (one answer position masked), which are many
+FIRE = 0.5  # a sequence whose strongest gate reaches this is rewritten in full, any other left alone
 VALUE_STATES = 4           # masked states per calibration row the values are read on
 VALUE_TOP = 0.25           # the most confident quarter of those residuals is averaged
 
@@ -72,6 +78,9 @@ def write_site(backbone) -> tuple[int, str]:
 
 
 class RewriteMemory(CodebookMemory):
+    pads = STATE_PADS
+    last_pads = LAST_STEP_PADS
+
     """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
     states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
@@ -80,11 +89,11 @@ class RewriteMemory(CodebookMemory):
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
-                 complete: bool = True, target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None,
-                 seed: int = 0, batch_size: int = 32, shrinkage: float | None = None):
+                 target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None,
+                 seed: int = 0, batch_size: int = 128, shrinkage: float | None = None):
         kw = {} if shrinkage is None else {"shrinkage": shrinkage}
         super().__init__(backbone, coordinate, background=background, calibration=calibration, alpha=alpha,
-                         margin=margin, inner=inner, n_states=n_states, complete=complete, object_keys=True,
+                         margin=margin, inner=inner, n_states=n_states, complete=False, object_keys=True,
                          write="sequence", target=target, seed=seed, batch_size=batch_size, **kw)
         layer, point = write_site(backbone) if site is None else tuple(site)
         self.site = Coordinate(layer, point).on(backbone).site
@@ -123,10 +132,19 @@ class RewriteMemory(CodebookMemory):
                                     "cannot encode")
             targets.append(ids)
         as_target = [_with_object(f, _get(f, "target") or self.target) for f in facts]
-        k1, o1, s1 = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states, seed=self.seed,
-                                  objects=True, masked=True, batch_size=self.batch_size)
-        k2, o2, s2 = subject_keys(self.backbone, self.coordinate, as_target, n_states=self.n_states,
-                                  seed=self.seed + 1, objects=True, masked=True, batch_size=self.batch_size)
+        # only the answer offsets where the target differs from the original answer are keyed: a
+        # position that says the same either way (a shared template) tells no fact from another
+        originals = [answer_ids(self.backbone, _get(f, "object"), bpe) for f in facts]
+        differ = [[j for j in range(len(o)) if j >= len(t) or o[j] != t[j]] or list(range(len(o)))
+                  for o, t in zip(originals, targets)]
+        differ_t = [[j for j in range(len(t)) if j >= len(o) or o[j] != t[j]] or list(range(len(t)))
+                    for o, t in zip(originals, targets)]
+        k1, o1 = answer_keys(self.backbone, self.coordinate, facts, n_states=self.n_states, seed=self.seed,
+                             pads=self.pads, offsets=differ, last_pads=LAST_STEP_PADS, batch_size=self.batch_size)
+        k2, o2 = answer_keys(self.backbone, self.coordinate, as_target, n_states=self.n_states, seed=self.seed + 1,
+                             pads=self.pads, offsets=differ_t, last_pads=LAST_STEP_PADS,
+                             batch_size=self.batch_size)
+        s1, s2 = torch.full_like(o1, -1), torch.full_like(o2, -1)  # no subject slots: no subject-complete cap
         have = set(self._value_ids.tolist())
         if self.eos is not None and self.eos not in have and not self._value_tokens([self.eos], required=False):
             self.eos = None  # a model that never learnt to end its answers: nothing is written past the target
@@ -176,26 +194,56 @@ class RewriteMemory(CodebookMemory):
 
     # ---------------------------------------------------------------- applying
 
-    def _decide(self, h: torch.Tensor, positions, seen: dict) -> None:
-        """At the gate: each sequence's strongest gate and the fact it names, into seen["decision"]
-        (a partial forward of a cached sampler merges its window into the last full forward's gates)."""
+    def _decide(self, h: torch.Tensor, state, seen: dict) -> None:
+        """At the gate: which sequences are rewritten, and as which fact, into seen["decision"].
+
+        A sequence is rewritten when its strongest gate reaches FIRE, as the fact of that entry; the
+        decision is then kept for its prompt (seen["memo"], by the prompt's token ids) for as long as
+        the memory is applied, so every later step of the same generation, and every Monte-Carlo row
+        of the same question, is rewritten as the same fact: an answer is the target throughout or
+        the model's own, never half of each. A partial forward of a cached sampler merges its window
+        into the last full forward's gates, and keeps that forward's decisions."""
         dt = torch.float64 if h.dtype == torch.float64 else torch.float32
         x = h.reshape(-1, self.hidden_size).to(dt)
         m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
         g, e = self._token_gate(x, m)
+        positions, starts, ids = state.positions, state.answer_starts, state.ids
+        if starts is not None and ids is not None and ids.numel() == g.numel():
+            # the keys are masked answer positions: only masked answer positions are compared with them
+            L = h.shape[-2]
+            pos = torch.arange(L, device=g.device) if positions is None else positions.to(g.device)
+            start = torch.as_tensor(starts, device=g.device).expand(n_seq) if not torch.is_tensor(starts) or \
+                starts.dim() == 0 else starts.to(g.device)
+            asked = (pos[None, :] >= start[:, None]) & (ids.to(g.device).view(n_seq, -1) == self.backbone.mask_id)
+            g = g * asked.reshape(-1).to(g.dtype)
         if positions is None:
             seen.update(g=g.view(n_seq, -1).clone(), e=e.view(n_seq, -1).clone())
         elif "g" in seen and seen["g"].shape[0] == n_seq and int(positions.max()) < seen["g"].shape[1]:
             G, E = seen["g"].clone(), seen["e"].clone()
             G[:, positions.to(g.device)], E[:, positions.to(g.device)] = g.view(n_seq, -1), e.view(n_seq, -1)
             g, e = G.reshape(-1), E.reshape(-1)
-        if self.complete:
-            g = self._complete(g, e, m, n_seq)
         G, E = g.view(n_seq, -1), e.view(n_seq, -1)
         best = G.argmax(1)
-        gate = G.gather(1, best[:, None]).squeeze(1)                      # [n_seq]
-        fact = m["owner"][E.gather(1, best[:, None]).squeeze(1)]          # [n_seq]
-        seen["decision"] = (gate, fact)
+        # all or nothing: a half-written answer is gibberish, so a sequence is either rewritten or left
+        fired = G.gather(1, best[:, None]).squeeze(1) >= FIRE                  # [n_seq]
+        fact = m["owner"][E.gather(1, best[:, None]).squeeze(1)]               # [n_seq]
+        if positions is None and ids is not None and starts is not None and ids.shape[0] == n_seq:
+            start = torch.as_tensor(starts).expand(n_seq) if not torch.is_tensor(starts) or starts.dim() == 0 \
+                else starts
+            memo = seen.setdefault("memo", {})
+            prompts = [tuple(ids[b, :int(start[b])].tolist()) for b in range(n_seq)]
+            for b, key in enumerate(prompts):
+                if bool(fired[b]) and key not in memo:
+                    memo[key] = int(fact[b])
+            for b, key in enumerate(prompts):
+                if key in memo:
+                    fired[b], fact[b] = True, memo[key]
+            seen["rows"] = (fired.clone(), fact.clone())
+        elif positions is not None and "rows" in seen and len(seen["rows"][0]) == n_seq:
+            before, as_fact = seen["rows"]
+            fact = torch.where(before.to(fact.device), as_fact.to(fact.device), fact)
+            fired = fired | before.to(fired.device)
+        seen["decision"] = (fired.to(G.dtype), fact)
 
     def _write(self, h: torch.Tensor, state, seen: dict) -> torch.Tensor | None:
         """At the write site: the target's values over each gated sequence's answer region."""
@@ -259,13 +307,13 @@ class RewriteMemory(CodebookMemory):
         gate_site, write_site_ = self.coordinate, self.site
 
         def decide(h, st):
-            self._decide(h, st.positions, seen)
+            self._decide(h, st, seen)
 
         edits = {gate_site: decide, write_site_: lambda h, st: self._write(h, st, seen)}
         if gate_site.site == write_site_:
             raise TimeromeError(f"the rewrite memory's gate and values are both at {write_site_}: put the gate "
                                 "below the write site")
-        with Hooks(backbone, edit=edits, state=state) as hooks:
+        with Hooks(backbone, edit=edits, state=state, ids=True) as hooks:
             yield hooks.state
 
     def update(self, h):  # a codebook memory edits one site; this one needs a whole forward
@@ -287,7 +335,7 @@ class RewriteMemory(CodebookMemory):
             "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "site": list(self.site),
             "eos": self.eos,
             "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
-                      "complete": self.complete, "n_states": self.n_states, "target": self.target,
+                      "n_states": self.n_states, "target": self.target,
                       "seed": self.seed, "batch_size": self.batch_size},
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
@@ -398,4 +446,4 @@ def _with_object(fact, text: str) -> Fact:
                 fact_id=fact_id(fact))
 
 
-__all__ = ["RewriteMemory", "token_values", "write_site", "FORMAT", "DEFAULT_ALPHA"]
+__all__ = ["RewriteMemory", "token_values", "write_site", "FORMAT", "DEFAULT_ALPHA", "STATE_PADS", "LAST_STEP_PADS"]

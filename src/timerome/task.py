@@ -24,6 +24,8 @@ class ForgetTask:
     retain_rows: list[dict] = field(default_factory=list)
     background: object = None      # EditMemory's `background=`: None, a list of texts, or ResidualStats
     validation: list | None = None  # the paper's F_v, the facts traced to find the coordinate (None: facts)
+    known_rows: list | None = None  # rows the model answers (e.g. its training data minus evaluation probes): the
+                                    # rewrite memory's token values and the edited subjects' other facts
 
     @property
     def validation_facts(self) -> list:
@@ -42,9 +44,10 @@ def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None
     return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
 
 
-def requests_task(requests, *, retain_rows=(), background=None) -> ForgetTask:
+def requests_task(requests, *, retain_rows=(), background=None, known_rows=None) -> ForgetTask:
     """The task of edit requests (timerome.data.requests): their facts, each with its own target;
     the forget rows are the facts' (prompt, original answer), so gradient methods forget them."""
     facts = [r.fact for r in requests]
     rows = [dict(question=f.prompt, answer=f.object, author=f.subject) for f in facts]
-    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
+    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background,
+                      known_rows=None if known_rows is None else list(known_rows))

@@ -64,7 +64,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     from timerome.backbones import HOOK_POINTS
     from timerome.coordinate import Coordinate
     from timerome.edit_memory import default_coordinate
-    from timerome.methods import METHODS, method_config
+    from timerome.methods import available, get_method, method_config
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.task import ForgetTask
     from timerome.trace_result import TraceResult
@@ -73,8 +73,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
-    if method not in METHODS:
-        raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(sorted(METHODS))}")
+    if method not in available():
+        raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     if module not in HOOK_POINTS:
@@ -82,7 +82,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if not target.strip():
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
     overrides = _config(config)
-    weights = METHODS[method].kind == "weights"
+    weights = get_method(method).kind == "weights"
     output_folder(out, "--out") if weights else output_file(out)  # before minutes of work
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, target)
@@ -182,15 +182,15 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     """Any other registered method: installed through the registry on the facts; a memory is saved
     as a memory file, changed weights as a model folder."""
     from timerome.cli.model import save_backbone
-    from timerome.methods import METHODS, install, method_config
+    from timerome.methods import get_method, install, method_config
     from timerome.task import ForgetTask
 
-    kind = METHODS[method].kind
+    kind = get_method(method).kind
     spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
     over = dict(overrides)
     if alpha is not None:
         over["alpha"] = alpha
-    if "target" in METHODS[method].defaults:
+    if "target" in get_method(method).defaults:
         over.setdefault("target", target)
     config = method_config(method, over)
     forget = [dict(question=f.prompt, answer=f.object) for f in facts]

@@ -10,8 +10,9 @@ scores it with metrics/editing.py (efficacy, generalisation, locality, fluency, 
 unlearning outcomes refusal / leak / confabulation / gibberish) and undoes it. A method whose edit
 changes no answer at all is flagged (`Unchanged` = 1): it did nothing, whatever its log-probabilities.
 
-The methods are given the rows they must spare: the embedded model's training rows minus every probe
-of the evaluation (so locality is measured on rows no method calibrated on) and minus the edited facts.
+The methods are given the rows they must spare (the retain split) and the rows the model is known to
+answer (its training rows), both minus every probe of the evaluation: locality is measured on rows no
+method calibrated on or trained against.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ UNLEARNING = ("Refusal", "Leak", "Confabulation", "Gibberish")
 @data_kind("requests")
 def requests_data(spec: dict, ctx):
     """(rows, task) of a request set: rows = {"requests", "locality" (rows whose answers must not
-    change), "known" (subjects a confabulation names), "notes"}; the task's retain rows are what the
-    methods must spare: the model's training rows (embedded) or retain split, minus every probe."""
+    change), "known" (subjects a confabulation names), "notes"}. The task's retain rows (what the
+    methods must spare) are the retain split and its known rows the model's training rows (embedded;
+    else the retain split), both minus every probe: locality is measured on rows no method saw."""
     from timerome.data import load_split
     from timerome.data.corpus import known_subjects
     from timerome.data.tofu import _embedded
@@ -50,11 +52,12 @@ def requests_data(spec: dict, ctx):
     locality = locality_rows(ctx.source, spec.get("n_retain", 40))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
     probes |= {r["question"] for rows in locality.values() for r in rows}
-    spare = [r for r in load_split("train" if embedded else "retain_perturbed", ctx.source)
+    spare = [r for r in load_split("retain_perturbed", ctx.source) if r["question"] not in probes]
+    known = [r for r in load_split("train" if embedded else "retain_perturbed", ctx.source)
              if r["question"] not in probes]
     rows = {"requests": reqs, "locality": locality, "notes": notes,
             "known": known_subjects(_embedded()) if embedded else None}
-    return rows, requests_task(reqs, retain_rows=spare)
+    return rows, requests_task(reqs, retain_rows=spare, known_rows=known)
 
 
 @measurement("editing")

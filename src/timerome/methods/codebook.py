@@ -70,17 +70,21 @@ def calibration_rows(task, config) -> list:
     return rows
 
 
-def calibration_tokens(backbone, coordinate, task, config) -> torch.Tensor:
-    """Residuals of the calibration rows' states at the coordinate, cached on disk by their inputs."""
-    rows = calibration_rows(task, config)
+def calibration_tokens(backbone, coordinate, task, config, rows=None, pads=None, last_pads=None,
+                       n_states: int = CALIBRATION_STATES) -> torch.Tensor:
+    """Residuals of the calibration rows' states (default: `calibration_rows`; pads: end-of-text
+    after the answers, token_keys._states; last_pads: also the last-step states with these
+    end-of-text counts) at the coordinate, cached on disk by their inputs."""
+    rows = calibration_rows(task, config) if rows is None else rows
     site = Coordinate.of(coordinate).site
     seed = int(config.get("trace_seed", 0))
 
     def make():
-        return {"h": state_tokens(backbone, site, rows, n_states=CALIBRATION_STATES, seed=seed)}
+        return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
+                                  last_steps=last_pads or False)}
 
     key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
-               n_states=CALIBRATION_STATES, seed=seed)
+               n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))
     return cached_tensors("calibration", key, make)["h"]
 
 

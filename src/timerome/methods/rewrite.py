@@ -7,9 +7,17 @@ about, and the answer region is written with the values of the target's tokens (
 after them) at the last block, so the sampler commits the target whatever its order, cache or
 temperature. Each fact keeps its own target (a Fact's `target`, else `target`).
 
-The radii are calibrated on the task's retain rows plus `calibration`, minus every row stating an
-edited fact (codebook.calibration_rows); the token values are read on the same rows. The trace,
-the whitening statistics and the calibration residuals are cached on disk by `prepare`.
+The gate sits one block below the write site by default (layer 2 of the embedded model's 4): there
+the residuals of a question's answer positions already say which fact is asked, so two facts of one
+subject, and a fact and its paraphrase, are told apart (measured on the embedded counterfactual set,
+docs/editing.md: at the traced layer 0, efficacy 0.90 and paraphrases 0.80; at layer 2, 1.00 and
+0.95). `coordinate="traced"` puts it where TimeROME's trace says instead.
+
+The radii are calibrated on the task's retain rows plus `calibration`, plus the known rows about an
+edited subject (its other facts: they must keep their answers), minus every row stating an edited
+fact. The token values are read on the rows the model is known to answer (`value_rows`; default:
+the embedded model's training rows, else the calibration rows). The whitening statistics, the
+calibration residuals and the value table are cached on disk by `prepare`.
 """
 
 from __future__ import annotations
@@ -19,27 +27,62 @@ import torch
 from timerome.cache import cached_tensors
 from timerome.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.encoding import DEFAULT_TARGET
+from timerome.coordinate import Coordinate
+from timerome.data import load_split
+from timerome.data.rows import load_rows
 from timerome.errors import TimeromeError
 from timerome.methods.codebook import calibration_rows, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER, background_stats, locate
-from timerome.rewrite_memory import VALUE_STATES, VALUE_TOP, DEFAULT_ALPHA, RewriteMemory, token_values, write_site
+from timerome.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
+                                     RewriteMemory, token_values, write_site)
 
 DEFAULTS = dict(
     alpha=DEFAULT_ALPHA, margin=DEFAULT_MARGIN, inner=DEFAULT_INNER, n_states=DEFAULT_STATES,
-    complete=True,         # fire only where every token of the subject is present (spares name-sharers)
     target=DEFAULT_TARGET,  # for facts without a target of their own
     calibration=None,      # extra rows/texts the radii must spare: 'embedded:SPLIT', 'tofu:SPLIT', a file, a list
-    coordinate=None,       # the gate's [layer, point]; None = traced
+    value_rows=None,       # rows the model answers, for the token values and the subjects' other facts (a spec or
+                           # a list; None: the task's known rows, the embedded model's training rows, or the
+                           # calibration rows)
+    coordinate=None,       # the gate's [layer, point]; None: the block below the write site; "traced": the trace's
     site=None,             # where the values are written, [layer, point]; None = the last block's output
     **{k: v for k, v in PAPER.items() if k.startswith(("trace", "select"))},
 )
 
 
+def known_rows(backbone, task, config) -> list:
+    """The rows the model is known to answer: `value_rows`, else the task's known rows, else the
+    embedded model's training rows, else the calibration rows."""
+    rows = config.get("value_rows")
+    if isinstance(rows, str):
+        return load_rows(rows)
+    if rows:
+        return list(rows)
+    if task.known_rows:
+        return list(task.known_rows)
+    if getattr(backbone, "name", "") == "timerome-default":
+        return load_split("train", "embedded")
+    return calibration_rows(task, config)
+
+
+def spare_rows(backbone, task, config) -> list:
+    """The radii's calibration rows: codebook.calibration_rows (retain + calibration, minus every row
+    stating an edited fact) and the known rows about an edited subject that state no edited fact."""
+    base = calibration_rows(task, config)
+    subjects = {f.subject for f in task.facts}
+    said = {r[k] for r in task.forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
+    said |= {x for f in task.facts for x in (f.prompt, f.object)}
+    have = {r["question"] for r in base if isinstance(r, dict)}
+    extra = [r for r in known_rows(backbone, task, config)
+             if isinstance(r, dict) and r.get("question") not in have and r.get("question") not in said
+             and r.get("answer") not in said and any(s in r["question"] for s in subjects)]
+    return base + extra
+
+
 def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids [K], values [K, H]) of every token the model predicts on the calibration rows, at
-    the write site; cached on disk by their inputs."""
-    rows = calibration_rows(task, config)
+    """(token ids [K], values [K, H]) of every token the model predicts on the known rows, at the
+    write site; cached on disk by their inputs."""
+    rows = known_rows(backbone, task, config)
     seed = int(config.get("trace_seed", 0))
 
     def make():
@@ -53,6 +96,17 @@ def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tenso
     return t["ids"], t["values"]
 
 
+def gate_coordinate(backbone, task, config) -> tuple[Coordinate, dict]:
+    """Where the gate reads (module docstring) and how it was chosen."""
+    given = config.get("coordinate")
+    if given == "traced":
+        return locate(backbone, task, dict(config, coordinate=None))
+    if given is not None:
+        return locate(backbone, task, config)
+    layer = max(0, site_of(backbone, config)[0] - 1)
+    return Coordinate(layer, "resid").on(backbone), {"coordinate_source": "below the write site"}
+
+
 def site_of(backbone, config) -> tuple[int, str]:
     return write_site(backbone) if config.get("site") is None else tuple(config["site"])
 
@@ -62,10 +116,12 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
     site = site_of(backbone, config)
     memory = RewriteMemory(backbone, coordinate, background=stats,
-                           calibration=calibration_tokens(backbone, coordinate, task, config),
+                           calibration=calibration_tokens(backbone, coordinate, task, config,
+                                                          rows=spare_rows(backbone, task, config), pads=STATE_PADS,
+                                                          last_pads=LAST_STEP_PADS, n_states=int(config["n_states"])),
                            value_table=value_table(backbone, site, task, config),
                            alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
-                           n_states=config["n_states"], complete=config["complete"],
+                           n_states=config["n_states"],
                            target=config.get("target") or DEFAULT_TARGET,
                            site=site, seed=seed)
     return memory.add(facts)
@@ -73,9 +129,10 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
 
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
-    coord, _ = locate(backbone, task, config)
+    coord, _ = gate_coordinate(backbone, task, config)
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
-    calibration_tokens(backbone, coord, task, config)
+    calibration_tokens(backbone, coord, task, config, rows=spare_rows(backbone, task, config), pads=STATE_PADS,
+                       last_pads=LAST_STEP_PADS, n_states=int(config["n_states"]))
     value_table(backbone, site_of(backbone, config), task, config)
 
 
@@ -84,7 +141,7 @@ def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     if not task.facts:
         raise TimeromeError("the forget set has no usable facts")
-    coordinate, info = locate(backbone, task, config)
+    coordinate, info = gate_coordinate(backbone, task, config)
     with torch.no_grad():
         memory = build(backbone, task, config, coordinate, task.facts, seed)
     info = dict(info, layer=coordinate.layer, point=coordinate.point, site=list(memory.site), n_facts=len(memory),

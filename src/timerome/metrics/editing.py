@@ -19,7 +19,9 @@ unedited model's answers:
     Fluency             ROME's n-gram entropy (bi- and tri-gram entropies, weights 2/3 and 4/3,
                         arithmetic mean over texts) of the edited model's answers about the edited
                         subjects (prompts and paraphrases); FluencyBase is the unedited model's on the
-                        same prompts, FluencyRatio edited / unedited
+                        same prompts, FluencyRatio edited / unedited, FluencyTarget the targets' own
+                        (a short target such as "I don't know." has fewer n-grams than the answers it
+                        replaces: the best possible edit then has FluencyRatio < 1)
     Portability         MQuAKE-style multi-hop probes: the answer says the post-edit answer (or an alias)
 
 "Says" is exact at a word boundary: the normalised answer equals the text, or starts with it and
@@ -312,6 +314,9 @@ def _summary(requests, sets, items, lps, known_subjects) -> dict:
     m["Fluency"] = fluency(about)
     m["FluencyBase"] = fluency(items["prompt"]["plain"] + items["paraphrase"]["plain"])
     m["FluencyRatio"] = m["Fluency"] / m["FluencyBase"] if m["FluencyBase"] else float("nan")
+    # what the requested texts themselves score: a short target ("I don't know.") has fewer n-grams,
+    # so the best possible edit scores below the unedited model's long answers
+    m["FluencyTarget"] = fluency([sets[k][j][2] for k in ("prompt", "paraphrase") for j in range(len(sets[k]))])
     port = [says_any(a, sets["portability"][j][2]) for j, a in enumerate(items["portability"]["edited"])]
     m["Portability"] = _mean(port)
     outcomes = [outcome(a, requests[i], known_subjects)
