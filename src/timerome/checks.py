@@ -73,6 +73,8 @@ def _inside(v, lo, hi, lo_open, hi_open) -> bool:
 
 
 def _range(kind: str, lo, hi, lo_open, hi_open, none) -> str:
+    if hi is not None and hi >= INT64 - 1:
+        hi = None  # "below 2**63" says it
     if lo is not None and hi is not None:
         text = f"{kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
     elif lo is not None:
@@ -181,7 +183,7 @@ def budget(what: str, forwards: float, detail: str = "") -> None:
     if forwards <= FORWARD_LIMIT or insisting_now():
         return
     extra = f" ({detail})" if detail else ""
-    raise TimeromeError(f"{what} needs about {forwards:.3g} model forwards{extra}, more than the {FORWARD_LIMIT:.0e} "
+    raise TimeromeError(f"{what}: about {forwards:.3g} model forwards{extra}, more than the {FORWARD_LIMIT:.0e} "
                         f"timerome starts without being told: nothing was run; {HOW_TO_INSIST}")
 
 
@@ -191,7 +193,7 @@ def memory_budget(what: str, n_bytes: float, device=None) -> None:
     if free is None or n_bytes <= free or insisting_now():
         return
     where = "this machine's free memory" if device is None or str(device) == "cpu" else f"{device}'s free memory"
-    raise TimeromeError(f"{what} needs about {_bytes(n_bytes)} of memory, more than {where} ({_bytes(free)}): "
+    raise TimeromeError(f"{what}: about {_bytes(n_bytes)} of memory, more than {where} ({_bytes(free)}): "
                         f"nothing was allocated; {HOW_TO_INSIST}")
 
 

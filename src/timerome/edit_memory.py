@@ -46,7 +46,7 @@ DEFAULT_KEY_METRIC = "whitened"  # the selectivity benchmark's winner on the emb
 DEFAULT_ALPHA = 4.0  # embedded model, relative lam 8: forget01 LP -6.4 nats for -0.6 retain (README)
 FORMAT = "timerome-edit-memory/2"
 OLD_FORMATS = ("timerome-edit-memory/1",)  # lam was the absolute lambda there
-G_TOLERANCE = 1e-6  # max |G (Gram + lambda I) - I| a loaded memory may have (solve and updates give ~1e-12)
+G_TOLERANCE = 1e-9  # ridge.solution_error a loaded memory may have (a solve and its updates give about 1e-16)
 
 
 def default_coordinate(backbone) -> Coordinate:
@@ -280,9 +280,9 @@ class EditMemory:
                                 "relative lambda")
         error = mem.ridge.solution_error(U, G) if facts else 0.0
         if not error <= G_TOLERANCE:
-            raise TimeromeError(f"{path} is inconsistent: its G is not the ridge inverse of its keys (max error "
-                                f"{error:.3g}; a saved memory's is below 1e-9): G or the keys were changed by hand "
-                                "or damaged; rebuild the memory")
+            raise TimeromeError(f"{path} is inconsistent: its G is not the ridge inverse of its keys (relative error "
+                                f"{error:.3g}, where a saved memory's is about 1e-16): G or the keys were changed by "
+                                "hand or damaged; rebuild the memory")
         if facts:
             mem.ridge.restore(U, D, G)
             mem._facts, mem._ids = facts, [fact_id(f) for f in facts]

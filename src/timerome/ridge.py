@@ -150,15 +150,19 @@ class RidgeMemory:
         self.version += 1
 
     def solution_error(self, U: torch.Tensor, G: torch.Tensor) -> float:
-        """How far G is from solving the ridge problem of keys U: max |G (K Uc^T + lambda I) - I|
-        (about 1e-12 for a G this class computed; a hand-edited or zeroed G is far off)."""
+        """How far G is from solving the ridge problem of keys U: |G M - I| / (|G| |M|) (Frobenius
+        norms), M = K Uc^T + lambda I. A computed inverse has a backward error of a few float64
+        epsilons whatever M's conditioning (about 1e-16 here); a zeroed, scaled or hand-edited G is
+        of order 1 (inf for a G of zeros)."""
         if not len(U):
             return 0.0
         K, Uc = self.metric_keys(U)
         lam = self.lam_absolute if self.lam_absolute is not None else self.lam * (
             self.key_scale if self.key_scale is not None else self.scale_of(U))
         eye = torch.eye(len(U), dtype=torch.float64)
-        return float((G @ (K @ Uc.T + lam * eye) - eye).abs().max())
+        M = K @ Uc.T + lam * eye
+        scale = float(torch.linalg.matrix_norm(G) * torch.linalg.matrix_norm(M))
+        return float(torch.linalg.matrix_norm(G @ M - eye)) / scale if scale > 0 else math.inf
 
     def restore(self, U: torch.Tensor, D: torch.Tensor, G: torch.Tensor) -> None:
         """Set the state from saved U, D, G (A and W recomputed from them)."""

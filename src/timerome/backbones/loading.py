@@ -68,11 +68,10 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     check_values(fam.config_spec, config, str(ckpt / "config.json"))
     n_params = parameter_count(fam.config_spec, config)
     n_bytes = n_params * torch.tensor([], dtype=torch_dtype).element_size()
-    memory_budget(f"{ckpt / 'config.json'} describes a model of about {n_params:.3g} parameters, which",
-                  n_bytes, "cpu")
+    what = f"{ckpt / 'config.json'} describes a model of about {n_params:.3g} parameters"
+    memory_budget(what, n_bytes, "cpu")
     if device.type != "cpu":
-        memory_budget(f"{ckpt / 'config.json'} describes a model of about {n_params:.3g} parameters, which",
-                      n_bytes, device)
+        memory_budget(what, n_bytes, device)
     remote = bool(trust_remote_code and fam.needs_remote_code)
     flags = {"refused": [], "unknown": [], "implemented": []}
     if not remote:  # the official code, when it runs, reads its own flags
@@ -130,7 +129,7 @@ def verified_weights(bb: Backbone, ckpt: Path) -> str:
             pass
     fingerprint, nonfinite = found
     if nonfinite:
-        raise TimeromeError(f"the weights of {ckpt} hold NaN or infinite values ({len(nonfinite)} tensors: "
+        raise TimeromeError(f"the weights of {ckpt} hold NaN or infinite values ({len(nonfinite)} of its tensors: "
                             f"{', '.join(nonfinite[:3])}{', ...' if len(nonfinite) > 3 else ''})"
                             + (f" once cast to {str(bb.dtype).removeprefix('torch.')}" if bb.dtype != torch.float32
                                else "") + ": every output would be NaN; use an undamaged checkpoint")
@@ -216,6 +215,11 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     with torch.device("meta"):
         model = cls(config)
     state = _state_dict(ckpt)
+    ints = [k for k, v in state.items() if not v.is_floating_point()]
+    if ints:
+        raise TimeromeError(f"weights in {ckpt} are not floating point ({ints[0]} is "
+                            f"{str(state[ints[0]].dtype).removeprefix('torch.')}{' and more' if len(ints) > 1 else ''}): "
+                            "was the checkpoint converted? use the original weights")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:

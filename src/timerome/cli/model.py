@@ -175,7 +175,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     from timerome.files import user_text
     from timerome.sampler import generate as gen
 
+    from timerome.checks import seed as check_seed
+
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
+    check_seed(seed, "--seed")
     bb = model.load()
     memory = None
     if edit is not None:

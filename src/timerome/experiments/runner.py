@@ -306,7 +306,7 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
                                 "without the forget set)")
         forwards += cell_forwards(c, rows, task)
     if cells:
-        budget(f"{len(cells)} cells", forwards, "their likelihoods and trajectories")
+        budget(f"the {len(cells)} cells to compute", forwards, "their likelihoods and trajectories")
 
 
 # ------------------------------------------------------------------------------ the runner
