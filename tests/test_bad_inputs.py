@@ -152,9 +152,8 @@ def files(tmp_path_factory):
                       ("layers_huge", {"n_layers": 1000000000}), ("width_odd", {"d_model": 130}),
                       ("cfg_list", "[1, 2]")):
         f[name] = model_copy(d / name, config=cfg)
-    f["w_nan"] = model_copy(d / "w_nan", weights=lambda s: _set(s, "model.transformer.blocks.1.ff_out.weight",
-                                                                  lambda w: w.index_put_((torch.tensor([3]), torch.tensor([5])),
-                                                                                         torch.tensor(float("nan")))))
+    nan_at = lambda w: w.index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(float("nan")))  # noqa: E731
+    f["w_nan"] = model_copy(d / "w_nan", weights=lambda s: _set(s, "model.transformer.blocks.1.ff_out.weight", nan_at))
     f["w_int"] = model_copy(d / "w_int", weights=lambda s: _set(s, "model.transformer.blocks.0.ff_out.weight",
                                                                   lambda w: w.to(torch.int32)))
     mem, cb = f["mem"], d / "cb.safetensors"
@@ -163,7 +162,7 @@ def files(tmp_path_factory):
                      ("mem_i32", lambda t: _set(t, "G", lambda x: x.to(torch.int32))),
                      ("mem_i64", lambda t: _set(t, "D", lambda x: x.to(torch.int64))),
                      ("mem_zero_g", lambda t: _set(t, "G", torch.zeros_like)),
-                     ("mem_nan_keys", lambda t: _set(t, "U", lambda x: x.index_fill(0, torch.tensor([2]), float("nan"))))):
+                     ("mem_nan_keys", lambda t: _set(t, "U", lambda x: x.index_fill(0, torch.tensor([2]), torch.nan)))):
         f[name] = rewrite_memory(mem, d / f"{name}.safetensors", tensors=fn)
     with __import__("safetensors").safe_open(str(mem), framework="pt") as h:
         meta = json.loads(h.metadata()["timerome"])
@@ -180,8 +179,8 @@ def files(tmp_path_factory):
     f["cb_layer"] = rewrite_memory(cb, d / "cb_layer.safetensors",
                                    header={**cmeta, "coordinate": {**cmeta["coordinate"], "layer": -1}})
     tr = d / "tr"
-    f["tr_nan"] = trace_copy(tr, d / "tr_nan", tensors=lambda t: _set(t, "tie", lambda x: x.index_fill(0, torch.tensor([0]),
-                                                                                                     float("nan"))))
+    f["tr_nan"] = trace_copy(tr, d / "tr_nan",
+                             tensors=lambda t: _set(t, "tie", lambda x: x.index_fill(0, torch.tensor([0]), torch.nan)))
     f["tr_shape"] = trace_copy(tr, d / "tr_shape", meta=lambda m: {**m, "layers": m["layers"][:-1]})
     f["tr_int"] = trace_copy(tr, d / "tr_int", tensors=lambda t: _set(t, "tie", lambda x: x.to(torch.int64)))
     f["tr_list"] = trace_copy(tr, d / "tr_list", meta=lambda m: [m])

@@ -134,8 +134,8 @@ def big_int_path(doc, where: str = "") -> str | None:
     return None
 
 
-def finite_tensor(t, what: str) -> None:
-    """Refuse a floating tensor holding NaN or inf: how many, and the index of the first."""
+def finite_tensor(t, what: str, hint: str = "the file is damaged or was made from a broken model") -> None:
+    """Refuse a floating tensor holding NaN or inf: how many, the index of the first, and `hint`."""
     import torch
 
     if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
@@ -146,7 +146,7 @@ def finite_tensor(t, what: str) -> None:
     bad = (~ok).nonzero()[0].tolist()
     first = t[tuple(bad)].item()
     raise TimeromeError(f"{what} holds {int((~ok).sum())} non-finite values of {t.numel()} (the first, {first}, "
-                        f"at index {tuple(bad)}): the file is damaged or was made from a broken model")
+                        f"at index {tuple(bad)}): {hint}")
 
 
 # ------------------------------------------------------------------------------ budgets

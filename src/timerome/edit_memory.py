@@ -21,16 +21,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import numbers
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from timerome.cache import save_tensors
-from timerome.checks import big_int_path, finite_tensor, integer, number, shown
 from timerome.capture import capture_facts, fact_list
+from timerome.checks import big_int_path, finite_tensor, integer, number, shown
 from timerome.coordinate import Coordinate
 from timerome.data.facts import Fact
 from timerome.encoding import DEFAULT_TARGET, fact_id
@@ -318,11 +316,8 @@ class EditMemory:
         return residual_stats(backbone, self.coordinate, texts, batch_size=batch_size, shrinkage=shrinkage)
 
     def _check_hyper(self):
-        if isinstance(self.alpha, bool) or not (isinstance(self.alpha, numbers.Real) and math.isfinite(self.alpha)):
-            raise TimeromeError(f"alpha must be a finite number, got {self.alpha!r}")
+        number(self.alpha, "alpha")
         integer(self.q, "q (0 = dense)", lo=0)
-        if self.g_max is not None and not (isinstance(self.g_max, numbers.Real) and self.g_max > 0):
-            raise TimeromeError(f"g_max must be None or > 0, got {self.g_max!r}")
         number(self.g_max, "g_max", lo=0, lo_open=True, none=True)
         integer(self.batch_size, "batch_size", lo=1)
         if not isinstance(self.target, str) or not self.target.strip():
@@ -342,7 +337,6 @@ class EditMemory:
                                 f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
 
 
-
 # ------------------------------------------------------------------------------ helpers
 
 
@@ -356,9 +350,9 @@ def _as_rows(x, what: str, H: int) -> torch.Tensor:
 
 
 def fact_content(fact, target: str):
-    """What a fact is, which decides whether a memory holds it: (subject, prompt, object, target, its
-    own target or the memory's); None for a bare id (a vector-only entry, known by its id alone).
-    Never its row number: two files number their rows alike."""
+    """What a fact is, which decides whether a memory holds it: (subject, prompt, object, target), the
+    target being the fact's own or else the memory's `target`; None for a bare id (a vector-only
+    entry, known by its id alone). Never its id or row number: two files number their rows alike."""
     if isinstance(fact, str):
         return None
     get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
@@ -366,12 +360,11 @@ def fact_content(fact, target: str):
 
 
 def sort_new_facts(held, new, target: str) -> tuple[list, list[tuple[str, str]], list[tuple[str, str]], list[int]]:
-    """(facts to add, [(fact id, why it is skipped)], [(old id, new id)], the indices in `new` of the
-    facts to add) for adding `new` to a memory
-    holding `held`: a fact whose content a held fact (or an earlier new one) has is skipped, naming
-    which; a new fact whose id another fact already has is added under its id + '#' + a digest of its
-    content (a rows file without fact_id numbers its rows 0, 1, ... like every other file). The same
-    content: the same subject, question, answer and target."""
+    """(facts to add, [(fact id, why it is skipped)], [(old id, new id)], their indices in `new`) for
+    adding `new` to a memory holding `held`. A fact whose content (`fact_content`: subject, question,
+    answer, target) a held fact or an earlier new one has is skipped, naming which; a new fact whose
+    id another fact has is added as ID#digest-of-its-content (a rows file without fact_id numbers its
+    rows 0, 1, ... like every other file)."""
     have = {fact_content(f, target): (fact_id(f), True) for f in held if fact_content(f, target) is not None}
     taken = {fact_id(f) for f in held}
     add, skipped, renamed, kept = [], [], [], []
@@ -412,8 +405,8 @@ def check_new_facts(held, new, target: str) -> None:
                             "fact once")
     if renamed:
         fid = renamed[0][0]
-        raise TimeromeError(f"fact id {fid!r} is taken by another fact (different subject, question, answer or target); "
-                            "give the new fact another fact_id")
+        raise TimeromeError(f"fact id {fid!r} is taken by another fact (different subject, question, answer or "
+                            "target); give the new fact another fact_id")
 
 
 def _fact_to_dict(f) -> dict:

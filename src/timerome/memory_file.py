@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from timerome.codebook_memory import FORMAT as CODEBOOK_FORMAT, CodebookMemory
-from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file, sort_new_facts
+from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file
+from timerome.edit_memory import sort_new_facts  # noqa: F401 - the CLI takes it from here
 from timerome.lock import hold
 
 FORMATS = (FORMAT, *OLD_FORMATS, CODEBOOK_FORMAT)

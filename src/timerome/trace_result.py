@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,9 +147,9 @@ def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> N
     want = dict(tie=(F, M, Ly, K), tie_full=(F, M, Ly, K, K + 1), clean_logp=(F, K + 1), corrupted_logp=(F, N, K + 1))
     for name, shape in want.items():
         if tuple(t[name].shape) != shape or K < 1:
-            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} facts, "
-                                f"{M} modules, {Ly} layers and {N} noise samples, so it must be {shape} (the two "
-                                "files do not belong together, or one was edited)")
+            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} "
+                                f"facts, {M} modules, {Ly} layers and {N} noise samples, so it must be {shape} (the "
+                                "two files do not belong together, or one was edited)")
     if "steps" in settings and settings["steps"] != K:
         raise TimeromeError(f"{where}: its settings say {settings['steps']} steps, its tensors hold {K}")
     finite_tensor(tie, f"{where}: tensor tie")

@@ -217,9 +217,10 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     state = _state_dict(ckpt)
     ints = [k for k, v in state.items() if not v.is_floating_point()]
     if ints:
+        more = " and more" if len(ints) > 1 else ""
         raise TimeromeError(f"weights in {ckpt} are not floating point ({ints[0]} is "
-                            f"{str(state[ints[0]].dtype).removeprefix('torch.')}{' and more' if len(ints) > 1 else ''}): "
-                            "was the checkpoint converted? use the original weights")
+                            f"{str(state[ints[0]].dtype).removeprefix('torch.')}{more}): was the checkpoint "
+                            "converted? use the original weights")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:

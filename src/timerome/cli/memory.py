@@ -126,8 +126,7 @@ def _notes(skipped, renamed, source: str, into: str) -> None:
     """Notes naming every fact skipped, and why, and every fact added under a new id."""
     held = [(i, why) for i, why in skipped if why.startswith("already")]
     again = [(i, why) for i, why in skipped if not why.startswith("already")]
-    show = lambda s: f"{s[0]!r}" + (s[1].removeprefix("already in the memory") if s[1] != "already in the memory"  # noqa: E731
-                                    else "")
+    show = lambda s: f"{s[0]!r}" + s[1].removeprefix("already in the memory")  # noqa: E731 - "'0' as fact 'x'"
     for items, what in (
             (held, f"{len(held)} facts of {source} are already in {into} (same subject, question, answer and "
                    "target) and are kept as they are"),
