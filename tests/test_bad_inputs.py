@@ -275,6 +275,7 @@ def catalogue(f, tmp):
         ("--seed -1", ["generate", "--seed", "-1", "Where was Isgor Quielson born ?"], "--seed"),
         ("--seeds beyond 64 bits", ["experiment", "canonical", "--seeds", "0," + "9" * 25, "-o", tmp / "e"], "seed"),
         ("--n-samples beyond 64 bits", ["trace", "--n-samples", "1" + "0" * 20, "-o", tmp / "t"], "--n-samples"),
+        ("a sampler option refused before any warning", ["generate", "--gen-length", "0", "Zorblax ?"], "--gen-length"),
         # absurd sizes: refused before any work, the estimate in the message, --insist to go on
         ("generate --steps 1e9", ["generate", "--steps", "1000000000", "Where was Isgor Quielson born ?"], "--insist"),
         ("trace --steps 1e9", ["trace", "--steps", "1000000000", "-o", tmp / "t"], "--insist"),

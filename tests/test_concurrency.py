@@ -95,18 +95,26 @@ def test_two_processes_on_one_experiment_folder(tmp_path):
     assert len(cells) == 30 and all(json.loads(c.read_text())["result"]["metrics"] for c in cells)
 
 
+def held_elsewhere(how: str, path):
+    """A process holding `path` for 30 s with `how` (a context manager of timerome, "lock.hold" or
+    "memory_file.changing"), once it says it holds it."""
+    module, fn = how.rsplit(".", 1)
+    holder = spawn(f"""
+        import sys, time
+        from timerome.{module} import {fn}
+        with {fn}(sys.argv[1]):
+            print("held", flush=True)
+            time.sleep(30)
+        """, path)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_a_busy_folder_is_refused_by_name_without_wait(tmp_path):
     from timerome.lock import LOCK_NAME, hold
 
-    holder = spawn("""
-        import sys, time
-        from timerome.lock import hold
-        with hold(sys.argv[1]):
-            print("held", flush=True)
-            time.sleep(30)
-        """, tmp_path / LOCK_NAME)
+    holder = held_elsewhere("lock.hold", tmp_path / LOCK_NAME)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(TimeromeError, match=rf"in use by pid {holder.pid} .*choose another folder"):
             with hold(tmp_path / LOCK_NAME, wait=False, what="the folder"):
                 pass
@@ -243,15 +251,8 @@ def test_a_memory_file_in_use_is_refused_without_wait(tmp_path):
 
     mem = tmp_path / "m.safetensors"
     assert CliRunner().invoke(app, ["edit", "--out", str(mem)]).exit_code == 0
-    holder = spawn("""
-        import sys, time
-        from timerome.memory_file import changing
-        with changing(sys.argv[1]):
-            print("held", flush=True)
-            time.sleep(30)
-        """, mem)
+    holder = held_elsewhere("memory_file.changing", mem)
     try:
-        assert holder.stdout.readline().strip() == "held"
         res = CliRunner().invoke(app, ["memory", "remove", str(mem), "Isgor Quielson/city", "-o",
                                        str(tmp_path / "o.safetensors"), "--no-wait"])
         assert res.exit_code == 0, res.output  # reading it is fine: another file is written

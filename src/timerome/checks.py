@@ -55,8 +55,9 @@ def integer(value, what: str, *, lo=None, hi=None, none: bool = False):
     """`value` if it is an integer (not a bool, not a float) with |value| < 2**63, in [lo, hi]."""
     if value is None and none:
         return value
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or abs(int(value)) >= INT64
-            or not _inside(value, lo, hi, False, False)):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) >= INT64:
+        raise TimeromeError(f"{what} must be an integer below 2**63 (64 bits), got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not _inside(value, lo, hi, False, False):
         raise TimeromeError(f"{what} must be {_range('an integer', lo, hi, False, False, none)}, got {shown(value)}")
     return int(value)
 
@@ -83,8 +84,6 @@ def _range(kind: str, lo, hi, lo_open, hi_open, none) -> str:
         text = f"{kind} {'<' if hi_open else '<='} {hi:g}"
     else:
         text = kind
-    if kind == "an integer" and (hi is None or hi >= INT64):
-        text += " below 2**63"
     return text + (" (or null)" if none else "")
 
 

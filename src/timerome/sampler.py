@@ -87,10 +87,9 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
     device = backbone.device
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
-    _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
-    check_fast_options(cache, threshold, refresh_every, remasking)
-    budget(f"generating with {steps} steps for {B} prompt(s)", steps * B * (2 if cfg_scale > 0 else 1),
-           "one per step and prompt")
+    check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
+                     temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
+                     threshold=threshold, refresh_every=refresh_every)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -178,6 +177,17 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if vocab is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
         raise TimeromeError(f"prompt token ids must lie in 0..{vocab - 1}; got {int(prompt.min())}..{int(prompt.max())}")
     return prompt.to(device)
+
+
+def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps: int = 128, gen_length: int = 128,
+                     block_length: int = 128, temperature: float = 0.0, cfg_scale: float = 0.0,
+                     remasking: str = "low_confidence", cache=None, threshold=None, refresh_every=None) -> None:
+    """Everything `generate` checks before its first forward (the CLI calls it before any warning):
+    the options, their fit with the prompt and the model's context, and the work within the budget."""
+    _check(backbone, prompt_length, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    check_fast_options(cache, threshold, refresh_every, remasking)
+    budget(f"generating with {steps} steps for {n_prompts} prompt(s)",
+           steps * n_prompts * (2 if cfg_scale > 0 else 1), "one per step and prompt")
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
