@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, codebook_calibration, console, err_console,
                               friendly, load_facts as _facts, model_options, print_json)
@@ -48,7 +49,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     """
     from timerome.backbones import HOOK_POINTS
     from timerome.coordinate import Coordinate
-    from timerome.edit_memory import default_coordinate
+    from timerome.edit_memory import default_coordinate, sort_new_facts
     from timerome.methods import method_config
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.task import ForgetTask
@@ -70,6 +71,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o", hel
     output_file(out, "--out")  # before minutes of work
     bb = model.load()
     facts = _facts(data, tofu_dir, backbone=bb)
+    facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
+    if repeated:
+        shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
+        err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(data)} repeat an earlier one and are "
+                          f"left out: {escape(shown)}", soft_wrap=True)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
