@@ -220,6 +220,69 @@ def test_fingerprint_sees_an_edit_of_any_layer(tmp_path, family):
     assert bb.fingerprint() == before
 
 
+def test_one_changed_weight_changes_the_fingerprint_and_a_memory_refuses_it(tmp_path, monkeypatch):
+    """Every byte counts (the old fingerprint hashed a strided sample: this entry was not in it), and a
+    memory made on one model is refused by the other."""
+    from safetensors.torch import load_file, save_file
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.edit_memory import EditMemory
+    from timerome.task import forget_task
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    other = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "other")
+    state = load_file(str(other / "model.safetensors"))
+    w = state["model.transformer.blocks.1.ff_out.weight"]
+    assert w.numel() // 512 > 1  # index 1 lay between the 512 sampled values
+    w.view(-1)[1] += 1e-6
+    save_file(state, str(other / "model.safetensors"))
+    a, b = load_backbone(), load_backbone(other)
+    assert a.fingerprint() != b.fingerprint()
+    memory = EditMemory(a, (1, "resid"), key_metric="paper").add(forget_task("embedded", "forget01").facts[:2])
+    memory.save(tmp_path / "m.safetensors")
+    with pytest.raises(TimeromeError, match="built for another model"):
+        EditMemory.load(tmp_path / "m.safetensors", b)
+
+
+def test_a_second_load_reads_the_fingerprint_from_the_cache(tmp_path, monkeypatch):
+    """The first load hashes every weight once; the next ones, of the same files, hash nothing; a file
+    that changes (its size or modification time) is hashed again."""
+    import os
+
+    import timerome.backbones.backbone as B
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    ckpt = make_tiny_checkpoint("timerome", tmp_path / "m", seed=0)
+    calls = []
+    real = B.weights_digest
+    monkeypatch.setattr(B, "weights_digest", lambda *a: calls.append(1) or real(*a))
+    first = load_backbone(ckpt).fingerprint()
+    assert len(calls) == 1
+    again = load_backbone(ckpt)
+    assert again.fingerprint() == first and len(calls) == 1  # nothing hashed
+    with torch.no_grad():
+        next(again.model.parameters()).add_(1.0)  # changed in memory: computed anew
+    assert again.fingerprint() != first and len(calls) == 2
+    weights = ckpt / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert load_backbone(ckpt).fingerprint() == first and len(calls) == 3  # a touched file is hashed again
+
+
+def test_nan_weights_are_refused_at_load_once_cached_too(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    ckpt = make_tiny_checkpoint("timerome", tmp_path / "m", seed=0)
+    state = load_file(str(ckpt / "model.safetensors"))
+    name = sorted(k for k in state if k.endswith("ff_out.weight"))[0]
+    state[name].view(-1)[7] = float("inf")
+    save_file(state, str(ckpt / "model.safetensors"))
+    for _ in range(2):  # the refusal is cached with the digest
+        with pytest.raises(TimeromeError, match=f"NaN or infinite.*{name}"):
+            load_backbone(ckpt)
+
+
 # A checkpoint's "own" modelling code, in the three shapes the official forwards have: MMaDA (a 4-D
 # boolean attention_bias; a 2-D attention_mask turns it CAUSAL), Dream (a 4-D boolean attention_mask
 # plus position_ids; a 2-D mask is an error) and LLaDA before 2025-10-21 (every mask silently ignored).

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from timerome.backbones import load_backbone
 from timerome.backbones.loading import DEFAULT_MODEL_DIR
 from timerome.cli import app
 
@@ -37,6 +38,55 @@ def rewrite_header(src: Path, dst: Path, **changes) -> Path:
         target[last] = value
     save_file(tensors, str(dst), metadata={"timerome": json.dumps(meta)})
     return dst
+
+
+def rewrite_memory(src: Path, dst: Path, *, tensors=None, header=None) -> Path:
+    """A copy of a memory file with tensors changed (tensors(dict) -> dict) and the checksum written anew,
+    as a careful hand would; or its whole header replaced by `header` (any JSON value)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from timerome.edit_memory import _digest
+
+    with safe_open(str(src), framework="pt") as f:
+        meta = json.loads(f.metadata()["timerome"])
+        ts = {k: f.get_tensor(k) for k in f.keys()}
+    if tensors is not None:
+        ts = tensors(ts)
+        meta["sha256"] = _digest(ts)
+    text = json.dumps(header) if header is not None else json.dumps(meta)
+    save_file(ts, str(dst), metadata={"timerome": text})
+    return dst
+
+
+def model_copy(dst: Path, config=None, weights=None) -> Path:
+    """A copy of the embedded model with config.json entries set (config dict) or weights changed
+    (weights(state) -> state)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(DEFAULT_MODEL_DIR, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**cfg, **config}) if isinstance(config, dict) else config)
+    if weights is not None:
+        save_file(weights(load_file(str(dst / "model.safetensors"))), str(dst / "model.safetensors"))
+    return dst
+
+
+def trace_copy(src: Path, dst: Path, *, tensors=None, meta=None) -> Path:
+    """A copy of a trace (safetensors + JSON) with tensors (dict -> dict) or its JSON (dict -> value) changed."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    t = load_file(str(src / "trace.safetensors"))
+    save_file(tensors(t) if tensors else t, str(dst / "trace.safetensors"))
+    m = json.loads((src / "trace.json").read_text())
+    (dst / "trace.json").write_text(json.dumps(meta(m) if meta else m))
+    return dst / "trace.safetensors"
+
+
+def _set(ts: dict, name: str, value) -> dict:
+    return {**ts, name: value(ts[name])}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +140,56 @@ def files(tmp_path_factory):
     (d / "tr" / "trace.json").write_text(json.dumps(meta))
     f["trace_other"] = d / "tr" / "trace.safetensors"
     shutil.copytree(DEFAULT_MODEL_DIR, d / "own")  # a model a user would train in place
+    # round 2 (issue 23): numbers, sizes and files that used to be silently wrong, exit 1 or unbounded
+    import torch
+
+    for name, body in (("cfg_nan", '{"n_mc": NaN}'), ("cfg_bigint", '{"n_retain": 1000000000000000000000000000000}'),
+                       ("cfg_nmc_huge", '{"n_mc": 1000000000000000000}')):
+        f[name] = d / f"{name}.json"
+        f[name].write_text(body)
+    for name, cfg in (("eps_nan", '{"d_model": 128, "n_heads": 4, "n_layers": 4, "rms_norm_eps": NaN}'),
+                      ("layers_str", {"n_layers": "4"}), ("heads_zero", {"n_heads": 0}),
+                      ("layers_huge", {"n_layers": 1000000000}), ("width_odd", {"d_model": 130}),
+                      ("cfg_list", "[1, 2]")):
+        f[name] = model_copy(d / name, config=cfg)
+    nan_at = lambda w: w.index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(float("nan")))  # noqa: E731
+    f["w_nan"] = model_copy(d / "w_nan", weights=lambda s: _set(s, "model.transformer.blocks.1.ff_out.weight", nan_at))
+    f["w_int"] = model_copy(d / "w_int", weights=lambda s: _set(s, "model.transformer.blocks.0.ff_out.weight",
+                                                                  lambda w: w.to(torch.int32)))
+    mem, cb = f["mem"], d / "cb.safetensors"
+    assert runner.invoke(app, ["edit", "--method", "codebook", "--out", str(cb)]).exit_code == 0
+    for name, fn in (("mem_f16", lambda t: _set(t, "U", lambda x: x.half())),
+                     ("mem_i32", lambda t: _set(t, "G", lambda x: x.to(torch.int32))),
+                     ("mem_i64", lambda t: _set(t, "D", lambda x: x.to(torch.int64))),
+                     ("mem_zero_g", lambda t: _set(t, "G", torch.zeros_like)),
+                     ("mem_nan_keys", lambda t: _set(t, "U", lambda x: x.index_fill(0, torch.tensor([2]), torch.nan)))):
+        f[name] = rewrite_memory(mem, d / f"{name}.safetensors", tensors=fn)
+    with __import__("safetensors").safe_open(str(mem), framework="pt") as h:
+        meta = json.loads(h.metadata()["timerome"])
+    f["hdr_list"] = rewrite_memory(mem, d / "hdr_list.safetensors", header=[1, 2])
+    f["hdr_str"] = rewrite_memory(mem, d / "hdr_str.safetensors", header="timerome")
+    f["hdr_facts"] = rewrite_memory(mem, d / "hdr_facts.safetensors", header={**meta, "facts": "x"})
+    f["hdr_hidden"] = rewrite_memory(mem, d / "hdr_hidden.safetensors", header={**meta, "hidden_size": "128"})
+    f["hdr_layer"] = rewrite_memory(mem, d / "hdr_layer.safetensors",
+                                    header={**meta, "coordinate": {**meta["coordinate"], "layer": 99}})
+    f["hdr_nan"] = d / "hdr_nan.safetensors"
+    rewrite_memory(mem, f["hdr_nan"], header={**meta, "hyper": {**meta["hyper"], "key_scale": float("nan")}})
+    with __import__("safetensors").safe_open(str(cb), framework="pt") as h:
+        cmeta = json.loads(h.metadata()["timerome"])
+    f["cb_layer"] = rewrite_memory(cb, d / "cb_layer.safetensors",
+                                   header={**cmeta, "coordinate": {**cmeta["coordinate"], "layer": -1}})
+    tr = d / "tr"
+    f["tr_nan"] = trace_copy(tr, d / "tr_nan",
+                             tensors=lambda t: _set(t, "tie", lambda x: x.index_fill(0, torch.tensor([0]), torch.nan)))
+    f["tr_shape"] = trace_copy(tr, d / "tr_shape", meta=lambda m: {**m, "layers": m["layers"][:-1]})
+    f["tr_int"] = trace_copy(tr, d / "tr_int", tensors=lambda t: _set(t, "tie", lambda x: x.to(torch.int64)))
+    f["tr_list"] = trace_copy(tr, d / "tr_list", meta=lambda m: [m])
+    f["tr_layer"] = trace_copy(tr, d / "tr_layer", meta=lambda m: {**m, "layers": m["layers"][:-1] + [99]})
+    for k in ("tr_nan", "tr_shape", "tr_int", "tr_list", "tr_layer"):  # made on this model (the others test that)
+        m = json.loads(f[k].with_suffix(".json").read_text())
+        if isinstance(m, dict):
+            m["settings"]["fingerprint"] = load_backbone().fingerprint()
+            f[k].with_suffix(".json").write_text(json.dumps(m))
     return f
 
 
@@ -166,6 +266,62 @@ def catalogue(f, tmp):
                                  tmp / "nm"], "heads"),
         ("train zero epochs", ["train", "--epochs", "0", "--out", tmp / "tr"], "--epochs"),
         ("train on a missing file", ["train", "--data", "nowhere.json", "--out", tmp / "tr"], "nowhere.json"),
+        # round 2 (issue 23). Numbers on the command line: finite, within 64 bits, in range
+        ("--temperature nan", ["generate", "--temperature", "nan", "Where was Isgor Quielson born ?"], "--temperature"),
+        ("--temperature inf", ["generate", "--temperature", "inf", "Where was Isgor Quielson born ?"], "--temperature"),
+        ("--threshold nan", ["generate", "--threshold", "nan", "Where was Isgor Quielson born ?"], "--threshold"),
+        ("--lr inf", ["train", "--lr", "inf", "--out", tmp / "tr"], "--lr"),
+        ("--seed beyond 64 bits", ["generate", "--seed", "9" * 30, "Where was Isgor Quielson born ?"], "--seed"),
+        ("--seed -1", ["generate", "--seed", "-1", "Where was Isgor Quielson born ?"], "--seed"),
+        ("--seeds beyond 64 bits", ["experiment", "canonical", "--seeds", "0," + "9" * 25, "-o", tmp / "e"], "seed"),
+        ("--n-samples beyond 64 bits", ["trace", "--n-samples", "1" + "0" * 20, "-o", tmp / "t"], "--n-samples"),
+        ("a sampler option refused before any warning", ["generate", "--gen-length", "0", "Zorblax ?"], "--gen-length"),
+        # absurd sizes: refused before any work, the estimate in the message, --insist to go on
+        ("generate --steps 1e9", ["generate", "--steps", "1000000000", "Where was Isgor Quielson born ?"], "--insist"),
+        ("trace --steps 1e9", ["trace", "--steps", "1000000000", "-o", tmp / "t"], "--insist"),
+        ("eval --n-mc 1e18", ["eval", "--n-mc", "1" + "0" * 18, "--no-rouge"], "--insist"),
+        ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
+        ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
+         "--insist"),
+        ("config n_mc 1e18", ["experiment", "canonical", "-c", f["cfg_nmc_huge"], "-o", tmp / "e"], "--insist"),
+        ("method steps 1e12", ["experiment", "canonical", "-c", '{"methods": [{"method": "ga", "config": '
+                                                                  '{"steps": 1000000000000}}]}', "-o", tmp / "e"],
+         "--insist"),
+        ("config.json n_layers 1e9", ["info", "--model", f["layers_huge"]], "--insist"),
+        # experiment configs: the numbers inside them
+        ("NaN alpha in an inline config", ["experiment", "canonical", "-c", '{"methods": [{"method": "timerome", '
+                                                                            '"config": {"alpha": NaN}}]}',
+                                           "-o", tmp / "e"], "alpha"),
+        ("NaN in a config file", ["experiment", "canonical", "-c", f["cfg_nan"], "-o", tmp / "e"], "n_mc"),
+        ("an integer beyond 64 bits in a config", ["experiment", "canonical", "-c", f["cfg_bigint"], "-o", tmp / "e"],
+         "n_retain"),
+        # checkpoint config.json and weights
+        ("config.json rms_norm_eps NaN", ["generate", "--model", f["eps_nan"], "hello"], "rms_norm_eps"),
+        ("config.json n_layers a string", ["info", "--model", f["layers_str"]], "n_layers"),
+        ("config.json n_heads 0", ["info", "--model", f["heads_zero"]], "n_heads"),
+        ("config.json heads that do not divide the width", ["info", "--model", f["width_odd"]], "divisible"),
+        ("config.json a list", ["info", "--model", f["cfg_list"]], "JSON object"),
+        ("a NaN weight", ["eval", "--model", f["w_nan"], "--no-rouge"], "NaN"),
+        ("integer weights", ["generate", "--model", f["w_int"], "hello"], "floating point"),
+        # memory files: dtypes, header types, values
+        ("memory U float16", ["generate", "--edit", f["mem_f16"], "hello"], "float16"),
+        ("memory G int32", ["generate", "--edit", f["mem_i32"], "hello"], "int32"),
+        ("memory D int64", ["memory", "show", f["mem_i64"]], "int64"),
+        ("memory header a list", ["generate", "--edit", f["hdr_list"], "hello"], "JSON list"),
+        ("memory header a string", ["memory", "show", f["hdr_str"]], "JSON string"),
+        ('memory header "facts": "x"', ["memory", "show", f["hdr_facts"]], "facts"),
+        ("memory header hidden_size a string", ["generate", "--edit", f["hdr_hidden"], "hello"], "hidden_size"),
+        ("memory header NaN key_scale", ["eval", "--edit", f["hdr_nan"]], "NaN"),
+        ("memory layer 99", ["generate", "--edit", f["hdr_layer"], "hello"], "layer 99"),
+        ("codebook memory layer -1", ["generate", "--edit", f["cb_layer"], "hello"], "layer -1"),
+        ("memory with an all-zero G", ["generate", "--edit", f["mem_zero_g"], "hello"], "ridge inverse"),
+        ("memory with NaN keys", ["generate", "--edit", f["mem_nan_keys"], "hello"], "non-finite"),
+        # trace files
+        ("trace with NaN TIE", ["edit", "--trace", f["tr_nan"], "-o", out], "non-finite"),
+        ("trace tensor shape against its JSON", ["edit", "--trace", f["tr_shape"], "-o", out], "shape"),
+        ("trace tensor int64", ["edit", "--trace", f["tr_int"], "-o", out], "int64"),
+        ("trace JSON a list", ["edit", "--trace", f["tr_list"], "-o", out], "JSON object"),
+        ("trace layer out of range", ["edit", "--trace", f["tr_layer"], "-o", out], "layer 99"),
     ]
 
 
@@ -234,3 +390,112 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch):
     monkeypatch.setattr(timerome.methods, "available", interrupted)
     res = runner.invoke(app, ["methods"])
     assert res.exit_code == 130 and res.output.startswith("interrupted") and res.output.count("\n") == 1, res.output
+
+
+def test_the_python_api_refuses_the_same_classes(files, tmp_path):
+    """What the command line refuses, the Python API refuses too (one TimeromeError each, before any work)."""
+    import torch
+
+    from timerome.backbones import load_backbone as load
+    from timerome.checks import FORWARD_LIMIT, budget, insisting
+    from timerome.edit_memory import EditMemory
+    from timerome.errors import TimeromeError
+    from timerome.evaluation import evaluate
+    from timerome.experiments import run_experiment
+    from timerome.likelihood import log_likelihood_batch
+    from timerome.memory_file import load_memory
+    from timerome.methods import install
+    from timerome.sampler import generate
+    from timerome.task import forget_task
+    from timerome.trace_result import TraceResult
+    from timerome.tracing import trace
+    from timerome.train import TrainConfig, train
+
+    bb = load()
+    q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
+    task = forget_task("embedded", "forget01")
+    nan, big = float("nan"), 10**30
+    cases = [
+        (lambda: generate(bb, q, steps=8, gen_length=8, block_length=8, temperature=nan), "temperature"),
+        (lambda: generate(bb, q, steps=8, gen_length=8, block_length=8, threshold=float("inf")), "threshold"),
+        (lambda: generate(bb, q, steps=10**9, gen_length=8, block_length=8), "insist"),
+        (lambda: trace(bb, steps=10**9), "insist"),
+        (lambda: trace(bb, steps=2, n_samples=1, seed=big), "seed"),
+        (lambda: trace(bb, steps=2, sigma=nan), "sigma"),
+        (lambda: log_likelihood_batch(bb, [[1, 2]], [[3]], n_mc=10**18), "insist"),
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, n_mc=10**18), "insist"),
+        (lambda: install("timerome", bb, task, {"alpha": nan}), "alpha"),
+        (lambda: install("ga", bb, task, {"steps": 10**12}), "insist"),
+        (lambda: install("no_edit", bb, task, {}, seed=-1), "seed"),
+        (lambda: run_experiment("canonical", overrides={"methods": [{"method": "timerome", "config": {"alpha": nan}}]},
+                                out_dir=tmp_path / "e", backbone=bb), "NaN"),
+        (lambda: run_experiment("canonical", seeds=(big,), out_dir=tmp_path / "e", backbone=bb), "seed"),
+        (lambda: train(bb, task.forget_rows, TrainConfig(lr=nan)), "lr"),
+        (lambda: train(bb, task.forget_rows, TrainConfig(epochs=10**12)), "insist"),
+        (lambda: EditMemory(bb, (1, "resid"), key_metric="paper", q=big), "q"),
+        (lambda: load(files["eps_nan"]), "rms_norm_eps"),
+        (lambda: load(files["heads_zero"]), "n_heads"),
+        (lambda: load(files["layers_huge"]), "insist"),
+        (lambda: load(files["w_nan"]), "NaN"),
+        (lambda: load_memory(files["mem_f16"], bb), "float16"),
+        (lambda: load_memory(files["hdr_facts"], bb), "facts"),
+        (lambda: load_memory(files["mem_zero_g"], bb), "ridge inverse"),
+        (lambda: load_memory(files["cb_layer"], bb), "layer -1"),
+        (lambda: TraceResult.load(files["tr_nan"]), "non-finite"),
+        (lambda: TraceResult.load(files["tr_shape"]), "shape"),
+    ]
+    failures = []
+    for i, (call, needle) in enumerate(cases):
+        try:
+            call()
+            failures.append(f"case {i} ({needle}): no error")
+        except TimeromeError as e:
+            if needle not in str(e):
+                failures.append(f"case {i}: {e}")
+        except Exception as e:  # noqa: BLE001 - what this test exists to catch
+            failures.append(f"case {i}: {type(e).__name__}: {e}")
+    assert not failures, "\n".join(failures)
+    assert bb.fingerprint() == load().fingerprint()  # nothing above changed the model
+    with insisting():  # the way to go on: a budget lets the work through
+        budget("a test", 10 * FORWARD_LIMIT)
+    with pytest.raises(TimeromeError, match="insist"):
+        budget("a test", 10 * FORWARD_LIMIT)
+
+
+def test_a_disk_that_fills_mid_write_leaves_the_original_whole(files, tmp_path):
+    """A real failed write (the process's file-size limit, as a full disk fails it): one line, exit 2, the
+    memory being replaced keeps its bytes, and no temporary or lock file is left beside it."""
+    import resource  # noqa: F401 - POSIX only, as the limit is
+
+    work = tmp_path / "w"
+    work.mkdir()
+    mem = work / "m.safetensors"
+    shutil.copy(files["mem"], mem)
+    rows = work / "new.jsonl"
+    rows.write_text(json.dumps({"question": "Where was Marhar Miostine born ?", "subject": "Marhar Miostine",
+                                "answer": "Marhar Miostine was born in Ravensby Gate ."}) + "\n")
+    before = mem.read_bytes()
+    code = ("import resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) // 2}, {len(before) // 2}))\n"
+            "from timerome.cli import app\n"
+            "sys.argv[0] = 'timerome'\n"
+            "app()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TIMEROME_CACHE=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-c", code, "memory", "add", str(mem), "--data", str(rows)],
+                         capture_output=True, env=env, timeout=300, text=True)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "could not write" in lines[0], res.stderr
+    assert "left as it was" in lines[0] and "Traceback" not in res.stderr
+    assert mem.read_bytes() == before
+    assert sorted(p.name for p in work.iterdir()) == ["m.safetensors", "new.jsonl"]  # no .tmp, no .lock
+
+
+def test_the_readme_counts_the_catalogue(files, tmp_path):
+    """The README and docs/cli.md say how many bad inputs are tested: the catalogue's length."""
+    import re
+
+    n = len(catalogue(files, tmp_path))
+    readme = re.findall(r"(\d+) of them are tested", (ROOT / "README.md").read_text())
+    cli = re.findall(r"walks (\d+) such inputs", (ROOT / "docs" / "cli.md").read_text())
+    assert readme == [str(n)] and cli == [str(n)], (n, readme, cli)

@@ -301,3 +301,42 @@ def test_eval_says_which_rows_it_could_not_score():
     assert "rows longer than the model's context of 64 tokens are not scored: forget" in out
     assert f"forget {40 - n['forget']} of 40" in out and n["forget"] < 40
     assert "unknown to the model's vocabulary" in out
+
+
+def test_memory_add_knows_a_fact_by_its_content_not_its_row_number(tmp_path):
+    """Two rows files without fact_id number their rows alike (0, 1, ...): facts of another author at the
+    same positions are new and are added (under new ids); facts with the same subject, question, answer
+    and target are skipped, each named with why; the API refuses both kinds as they are."""
+    import dataclasses
+
+    from timerome.data.tofu import load_split
+    from timerome.memory_file import load_memory
+
+    rows = load_split("forget05", "embedded")
+    authors = list(dict.fromkeys(r["author"] for r in rows))
+    strip = lambda rs: "\n".join(  # noqa: E731 - rows without fact_id (nor attribute)
+        json.dumps(dict(question=r["question"], answer=r["answer"], author=r["author"])) for r in rs)
+    first = [r for r in rows if r["author"] == authors[0]]
+    second = [r for r in rows if r["author"] == authors[1]]
+    (tmp_path / "a.jsonl").write_text(strip(first))
+    (tmp_path / "b.jsonl").write_text(strip(first[:3] + second))  # 3 facts it holds, then 20 new at rows 3..22
+    mem = tmp_path / "m.safetensors"
+    assert run("edit", "--data", tmp_path / "a.jsonl", "-o", mem)[0] == 0
+    code, stdout, out = run("memory", "add", mem, "--data", tmp_path / "b.jsonl", "--json")
+    assert code == 0, out
+    d = json.loads(stdout)
+    assert d["n_facts"] == 40 and [s["fact_id"] for s in d["skipped"]] == ["0", "1", "2"]
+    assert all(s["why"] == "already in the memory" for s in d["skipped"])
+    assert sorted(d["renamed"], key=int) == [str(i) for i in range(3, 20)]  # ids 3..19 were taken; 20..22 not
+    assert "3 facts of" in out and "are already in" in out and "under new ids" in out
+    bb = load_backbone()
+    memory = load_memory(mem, bb)
+    subjects = [f.subject for f in memory.facts]
+    assert subjects.count(authors[0]) == 20 and subjects.count(authors[1]) == 20
+    facts = memory.facts
+    with pytest.raises(TimeromeError, match="already in the memory"):
+        memory.add([facts[0]])
+    clash = dataclasses.replace(facts[1], fact_id=facts[0].fact_id, target="Something else .")
+    with pytest.raises(TimeromeError, match="taken by another fact"):
+        memory.add([clash])
+    assert len(memory) == 40  # nothing changed

@@ -52,9 +52,20 @@ def write_atomic(path, data: str | bytes) -> Path:
     try:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         tmp.replace(path)
+    except OSError as e:
+        raise _unwritten(path, e) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _unwritten(path: Path, e: OSError):
+    """A write that failed (a full disk, a quota, a vanished folder), in words: what is and is not there."""
+    from timerome.errors import TimeromeError
+
+    kept = "left as it was" if path.exists() else "not created"
+    return TimeromeError(f"could not write {path}: {e.strerror or e}; {path.name} is {kept} and nothing half-written "
+                         "is left; free some space (or choose another place) and run the command again")
 
 
 def write_json(path, obj) -> Path:
@@ -79,6 +90,12 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         os.chmod(tmp, _file_mode())  # safetensors creates 0600; a saved file is as readable as any other
         tmp.replace(path)
+    except OSError as e:
+        raise _unwritten(path, e) from None
+    except Exception as e:  # noqa: BLE001 - safetensors reports a failed write as its own error type
+        if type(e).__name__ == "SafetensorError" and "I/O error" in str(e):
+            raise _unwritten(path, OSError(str(e).split("I/O error: ", 1)[-1])) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -53,7 +53,8 @@ from timerome.capture import capture_facts, fact_list
 from timerome.coordinate import Coordinate
 from timerome.encoding import DEFAULT_TARGET, fact_id
 from timerome.errors import TimeromeError
-from timerome.edit_memory import _as_rows, _digest, _fact_from_dict, _fact_to_dict, read_file
+from timerome.edit_memory import (_as_rows, _digest, _fact_from_dict, _fact_to_dict, check_for_model,
+                                  check_new_facts, read_file, register_tensors)
 from timerome.hooks import Hooks, TraceState
 from timerome.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
@@ -69,6 +70,10 @@ VALUES = ("cloze", "states")
 WRITES = ("tokens", "sequence")
 DEFAULT_WRITE = "sequence"  # the delta goes to every token of a sequence where the (whole) subject fires
 FORMAT = "timerome-codebook-memory/1"
+register_tensors(FORMAT, {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
+                          "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
+                          "deltas": (torch.float64, 2, True), "mu": (torch.float64, 1, True),
+                          "cov": (torch.float64, 2, True)})
 _CHUNK = 1 << 24       # [tokens, entries] distance block kept under this many elements
 MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token is dropped (it could never fire)
 
@@ -139,7 +144,7 @@ class CodebookMemory:
     def add(self, facts) -> "CodebookMemory":
         """Read the facts' keys and deltas, measure each key's reach, insert; on error nothing changes."""
         facts = fact_list(facts)
-        self._check_new_ids([fact_id(f) for f in facts])
+        check_new_facts(self._facts, facts, self.target)
         keys, owner, slots = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states,
                                           seed=self.seed, objects=self.object_keys, batch_size=self.batch_size)
         if self.values == "cloze":
@@ -162,7 +167,7 @@ class CodebookMemory:
                                 f"facts, {len(D)} deltas, {len(K)} keys, {len(owner)} owners)")
         if len(owner) and not (0 <= int(owner.min()) and int(owner.max()) < len(facts)):
             raise TimeromeError(f"key owners must index the {len(facts)} facts given")
-        self._check_new_ids([fact_id(f) for f in facts])
+        check_new_facts(self._facts, facts, self.target)
         if not (torch.isfinite(K).all() and torch.isfinite(D).all()):
             raise TimeromeError("keys or deltas contain NaN/inf values")
         reach = self.reach_of(K)
@@ -371,9 +376,7 @@ class CodebookMemory:
         """Read a saved memory for `backbone` (another model's file or a damaged one raises);
         `calibration` is needed only to insert more facts later."""
         tensors, meta = read_file(path, formats=(FORMAT,), what="codebook memory")
-        if meta.get("fingerprint") != backbone.fingerprint():
-            raise TimeromeError(f"{path} was built for another model (fingerprint {meta.get('fingerprint')}); "
-                                f"this model's fingerprint is {backbone.fingerprint()}")
+        check_for_model(path, meta, backbone)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
@@ -391,6 +394,9 @@ class CodebookMemory:
         if not ok:
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
                                 f"{tuple(reach.shape)}, {tuple(owner.shape)}, {tuple(deltas.shape)}")
+        if len(reach) and not bool((reach > 0).all()):
+            raise TimeromeError(f"{path} is inconsistent: {int((reach <= 0).sum())} of its entries have a radius <= 0, "
+                                "which a saved codebook never holds (was it edited?)")
         mem._keys, mem._reach, mem._owner, mem._slot, mem._deltas = keys, reach, owner.long(), slot.long(), deltas
         mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
         mem.version += 1
@@ -438,11 +444,6 @@ class CodebookMemory:
         if len(self) == 0:
             raise TimeromeError("the codebook memory is empty: add facts before applying it")
 
-    def _check_new_ids(self, ids):
-        counts = {i: ids.count(i) for i in ids}
-        clash = [i for i in ids if i in self._ids or counts[i] > 1]
-        if clash:
-            raise TimeromeError(f"fact id {clash[0]!r} is already in the memory (or repeated); remove it first")
 
 
 ROW_BLOCK = 64  # rows per matrix product in rowwise_matmul

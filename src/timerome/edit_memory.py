@@ -21,8 +21,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import numbers
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,10 +28,12 @@ import torch
 
 from timerome.cache import save_tensors
 from timerome.capture import capture_facts, fact_list
+from timerome.checks import big_int_path, finite_tensor, integer, number, shown
 from timerome.coordinate import Coordinate
 from timerome.data.facts import Fact
 from timerome.encoding import DEFAULT_TARGET, fact_id
 from timerome.errors import TimeromeError
+from timerome.files import parse_json
 from timerome.hooks import Hooks, TraceState
 from timerome.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
 from timerome.topq import top_q_combine
@@ -44,6 +44,7 @@ DEFAULT_KEY_METRIC = "whitened"  # the selectivity benchmark's winner on the emb
 DEFAULT_ALPHA = 4.0  # embedded model, relative lam 8: forget01 LP -6.4 nats for -0.6 retain (README)
 FORMAT = "timerome-edit-memory/2"
 OLD_FORMATS = ("timerome-edit-memory/1",)  # lam was the absolute lambda there
+G_TOLERANCE = 1e-9  # ridge.solution_error a loaded memory may have (a solve and its updates give about 1e-16)
 
 
 def default_coordinate(backbone) -> Coordinate:
@@ -139,7 +140,7 @@ class EditMemory:
     def add(self, facts) -> "EditMemory":
         """Capture the facts (batched) and insert them; on any error the memory is unchanged."""
         facts = fact_list(facts)
-        self._check_new_ids([fact_id(f) for f in facts])
+        check_new_facts(self._facts, facts, self.target)
         cap = capture_facts(self.backbone, facts, self.coordinate, target=self.target, batch_size=self.batch_size)
         return self.add_vectors(cap.keys, cap.deltas, facts)
 
@@ -150,7 +151,7 @@ class EditMemory:
         if not (len(U_new) == len(D_new) == len(facts)) or not facts:
             raise TimeromeError(f"need as many keys, deltas and facts, at least one "
                                 f"(got {len(U_new)}, {len(D_new)}, {len(facts)})")
-        self._check_new_ids([fact_id(f) for f in facts])
+        check_new_facts(self._facts, facts, self.target)
         if not (torch.isfinite(U_new).all() and torch.isfinite(D_new).all()):
             raise TimeromeError("keys or deltas contain NaN/inf values")
         self.ridge.insert(U_new, D_new)
@@ -262,10 +263,7 @@ class EditMemory:
     def load(cls, path, backbone) -> "EditMemory":
         """Read a saved memory for `backbone`; another model's file or a damaged one raises."""
         tensors, meta = read_file(path)
-        if meta.get("fingerprint") != backbone.fingerprint():
-            raise TimeromeError(
-                f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
-                f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}")
+        check_for_model(path, meta, backbone)
         try:
             mem, facts = cls._from_meta(meta, tensors, backbone)
             U, D, G = tensors["U"], tensors["D"], tensors["G"]
@@ -275,6 +273,14 @@ class EditMemory:
         if not (U.shape == D.shape == (len(facts), H) and G.shape == (len(facts), len(facts))):
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but tensors of shapes "
                                 f"{tuple(U.shape)}, {tuple(D.shape)}, {tuple(G.shape)}")
+        if facts and mem.key_scale is None and mem.lam_absolute is None:
+            raise TimeromeError(f"{path} has incomplete metadata: {len(facts)} facts but no key_scale for its "
+                                "relative lambda")
+        error = mem.ridge.solution_error(U, G) if facts else 0.0
+        if not error <= G_TOLERANCE:
+            raise TimeromeError(f"{path} is inconsistent: its G is not the ridge inverse of its keys (relative error "
+                                f"{error:.3g}, where a saved memory's is about 1e-16): G or the keys were changed by "
+                                "hand or damaged; rebuild the memory")
         if facts:
             mem.ridge.restore(U, D, G)
             mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
@@ -283,16 +289,11 @@ class EditMemory:
     @classmethod
     def _from_meta(cls, meta: dict, tensors: dict, backbone) -> tuple["EditMemory", list]:
         """An empty memory with the saved coordinate, hyper-parameters and statistics, and the facts."""
-        H, hyper = meta["hidden_size"], dict(meta["hyper"])
-        if H != backbone.hidden_size:
-            raise TimeromeError(f"the memory has hidden size {H}, the model {backbone.hidden_size}")
+        hyper = dict(meta["hyper"])
         if meta["format"] in OLD_FORMATS:  # version 1 stored the absolute lambda as "lam"
             hyper.update(lam_absolute=hyper["lam"], lam=DEFAULT_LAM, key_scale=None)
         stats = None
         coord = Coordinate.of(meta["coordinate"])
-        if not 0 <= coord.layer < backbone.n_layers:  # save() writes 0..n-1: -1 here is a hand edit, not "the top"
-            raise TimeromeError(f"the memory's layer {coord.layer} is outside 0..{backbone.n_layers - 1}, the "
-                                "layers a saved memory names (was its header edited?)")
         if hyper["key_metric"] == "whitened":
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"],
                                   meta["stats"]["n_tokens"], meta["stats"]["shrinkage"])
@@ -315,12 +316,12 @@ class EditMemory:
         return residual_stats(backbone, self.coordinate, texts, batch_size=batch_size, shrinkage=shrinkage)
 
     def _check_hyper(self):
-        if isinstance(self.alpha, bool) or not (isinstance(self.alpha, numbers.Real) and math.isfinite(self.alpha)):
-            raise TimeromeError(f"alpha must be a finite number, got {self.alpha!r}")
-        if isinstance(self.q, bool) or not isinstance(self.q, numbers.Integral) or self.q < 0:
-            raise TimeromeError(f"q must be an int >= 0 (0 = dense), got {self.q!r}")
-        if self.g_max is not None and not (isinstance(self.g_max, numbers.Real) and self.g_max > 0):
-            raise TimeromeError(f"g_max must be None or > 0, got {self.g_max!r}")
+        number(self.alpha, "alpha")
+        integer(self.q, "q (0 = dense)", lo=0)
+        number(self.g_max, "g_max", lo=0, lo_open=True, none=True)
+        integer(self.batch_size, "batch_size", lo=1)
+        if not isinstance(self.target, str) or not self.target.strip():
+            raise TimeromeError(f"target must be a non-empty string, got {shown(self.target)}")
 
     def _check_ready(self):
         self._check_hyper()
@@ -335,13 +336,6 @@ class EditMemory:
             raise TimeromeError("this edit memory was built for another model "
                                 f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
 
-    def _check_new_ids(self, ids):
-        have, new = set(self._ids), set()
-        for i in ids:
-            if i in have or i in new:
-                raise TimeromeError(f"fact id {i!r} is already in the memory (or repeated); remove it first")
-            new.add(i)
-
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -353,6 +347,66 @@ def _as_rows(x, what: str, H: int) -> torch.Tensor:
     if t.dim() != 2 or t.shape[1] != H:
         raise TimeromeError(f"{what} must be [facts, {H}], got shape {tuple(t.shape)}")
     return t
+
+
+def fact_content(fact, target: str):
+    """What a fact is, which decides whether a memory holds it: (subject, prompt, object, target), the
+    target being the fact's own or else the memory's `target`; None for a bare id (a vector-only
+    entry, known by its id alone). Never its id or row number: two files number their rows alike."""
+    if isinstance(fact, str):
+        return None
+    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
+    return (get("subject"), get("prompt"), get("object"), get("target") or target)
+
+
+def sort_new_facts(held, new, target: str) -> tuple[list, list[tuple[str, str]], list[tuple[str, str]], list[int]]:
+    """(facts to add, [(fact id, why it is skipped)], [(old id, new id)], their indices in `new`) for
+    adding `new` to a memory holding `held`. A fact whose content (`fact_content`: subject, question,
+    answer, target) a held fact or an earlier new one has is skipped, naming which; a new fact whose
+    id another fact has is added as ID#digest-of-its-content (a rows file without fact_id numbers its
+    rows 0, 1, ... like every other file)."""
+    have = {fact_content(f, target): (fact_id(f), True) for f in held if fact_content(f, target) is not None}
+    taken = {fact_id(f) for f in held}
+    add, skipped, renamed, kept = [], [], [], []
+    for i, f in enumerate(new):
+        key, fid = fact_content(f, target), fact_id(f)
+        if key is not None and key in have:
+            same, held_one = have[key]
+            skipped.append((fid, ("already in the memory" + ("" if same == fid else f" as fact {same!r}")
+                                  if held_one else f"repeats fact {same!r} given before it")))
+            continue
+        if fid in taken:
+            if key is None:
+                skipped.append((fid, "a fact with this id is already in the memory"))
+                continue
+            new_id = f"{fid}#{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}"
+            renamed.append((fid, new_id))
+            f = (dataclasses.replace(f, fact_id=new_id) if dataclasses.is_dataclass(f)
+                 else dict(f, fact_id=new_id) if isinstance(f, dict)
+                 else Fact(*key[:3], target=getattr(f, "target", None), fact_id=new_id))
+            fid = new_id
+        if key is not None:
+            have[key] = (fid, False)
+        taken.add(fid)
+        add.append(f)
+        kept.append(i)
+    return add, skipped, renamed, kept
+
+
+def check_new_facts(held, new, target: str) -> None:
+    """Refuse facts a memory holding `held` cannot take as they are: one whose content it already
+    holds (under any id), one repeated among `new`, one whose id another fact has (name it anew, or
+    use `sort_new_facts`, which skips and renames)."""
+    _, skipped, renamed, _ = sort_new_facts(held, new, target)
+    if skipped:
+        fid, why = skipped[0]
+        more = f" (and {len(skipped) - 1} more facts)" if len(skipped) > 1 else ""
+        raise TimeromeError(f"fact {fid!r}: {why} (same subject, question, answer and target){more}; give each "
+                            "fact once")
+    if renamed:
+        fid = renamed[0][0]
+        raise TimeromeError(f"fact id {fid!r} is taken by another fact (different subject, question, answer or "
+                            "target); give the new fact another fact_id")
 
 
 def _fact_to_dict(f) -> dict:
@@ -381,12 +435,32 @@ def _digest(tensors: dict) -> str:
     return h.hexdigest()
 
 
+# What a memory file of each format holds: tensor name -> (dtype, number of dimensions, required).
+# Each memory kind registers its own (`register_tensors`); `read_file` checks every file against it.
+TENSORS: dict[str, dict[str, tuple[torch.dtype, int, bool]]] = {}
+# a format nobody registered: what timerome writes at all (float64 values, int64 indices)
+WRITTEN_DTYPES = (torch.float64, torch.int64)
+
+
+def register_tensors(formats, schema: dict) -> None:
+    """Declare the tensors of memory files in `formats`: {name: (dtype, ndim, required)}."""
+    for fmt in (formats,) if isinstance(formats, str) else formats:
+        TENSORS[fmt] = dict(schema)
+
+
+register_tensors((FORMAT, *OLD_FORMATS), {
+    "U": (torch.float64, 2, True), "D": (torch.float64, 2, True), "G": (torch.float64, 2, True),
+    "mu": (torch.float64, 1, False), "cov": (torch.float64, 2, False)})
+
+
 def read_file(path, formats=(FORMAT, *OLD_FORMATS), what: str = "edit memory") -> tuple[dict, dict]:
-    """(tensors, metadata) of a memory file (`what`, in one of `formats`), its format and checksum checked."""
+    """(tensors, metadata) of a memory file (`what`, in one of `formats`), checked before anything uses
+    it: its format and checksum; its header (a JSON object with the fields every memory has, of
+    their types, no NaN, no integer beyond 64 bits: `check_header`); its tensors (the names, dtypes
+    and dimensions its format registered, every value finite)."""
     from safetensors import safe_open
 
-    a_what = ("an " if what[0] in "aeiou" else "a ") + what
-
+    a_what = a_of(what)
     p = Path(path)
     if not p.is_file():
         raise TimeromeError(f"{what} file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
@@ -397,12 +471,94 @@ def read_file(path, formats=(FORMAT, *OLD_FORMATS), what: str = "edit memory") -
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on a damaged file
         raise TimeromeError(f"{p} is truncated or not {a_what} file ({type(e).__name__}: "
                             f"{str(e)[:120]})") from None
-    try:
-        meta = json.loads(header["timerome"])
-    except (KeyError, json.JSONDecodeError):
-        raise TimeromeError(f"{p} is a safetensors file but not a timerome {what}") from None
+    if "timerome" not in header:
+        raise TimeromeError(f"{p} is a safetensors file but not a timerome {what}")
+    meta = parse_json(header["timerome"], f"the header of {p}")
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the header of {p} is a JSON {_json_kind(meta)}, not the object a timerome {what} "
+                            "writes (was it edited by hand?)")
     if meta.get("format") not in formats:
-        raise TimeromeError(f"{p} has format {meta.get('format')!r}; this version reads {formats[0]!r}")
+        raise TimeromeError(f"{p} has format {shown(meta.get('format'))}; this version reads {formats[0]!r}")
     if _digest(tensors) != meta.get("sha256"):
         raise TimeromeError(f"{p} is corrupt: its tensors do not match the checksum written with them")
+    check_header(meta, p)
+    check_tensors(tensors, TENSORS.get(meta["format"]), p, what)
     return tensors, meta
+
+
+def check_header(meta: dict, p) -> None:
+    """The fields every memory header has, of their types (one clear error instead of a crash later)."""
+    where = big_int_path(meta)
+    if where:
+        raise TimeromeError(f"the header of {p}: {where} is an integer beyond 64 bits")
+
+    def need(ok: bool, field: str, want: str):
+        if not ok:
+            raise TimeromeError(f"the header of {p}: {field} must be {want}, got {shown(meta.get(field))} "
+                                "(was it edited by hand?)")
+
+    for field in ("fingerprint", "sha256"):
+        need(isinstance(meta.get(field), str), field, "a string")
+    need(isinstance(meta.get("backbone", ""), str), "backbone", "a string")
+    need(isinstance(meta.get("hyper"), dict), "hyper", "an object of hyper-parameters")
+    need(meta.get("stats") is None or isinstance(meta.get("stats"), dict), "stats", "null or an object")
+    need(isinstance(meta.get("coordinate"), dict), "coordinate", "an object with layer, point and step")
+    integer(meta.get("hidden_size"), f"the header of {p}: hidden_size", lo=1)
+    Coordinate.of(meta["coordinate"])  # layer an int, a known point, a step
+    facts = meta.get("facts")
+    need(isinstance(facts, list), "facts", "a list of facts")
+    for i, d in enumerate(facts):
+        if not isinstance(d, dict) or not isinstance(d.get("fact_id"), str):
+            raise TimeromeError(f"the header of {p}: fact {i} must be an object with a string fact_id, got {shown(d)}")
+        if set(d) != {"fact_id"}:
+            bad = [k for k in ("subject", "prompt", "object") if not isinstance(d.get(k), str)]
+            if bad or not (d.get("target") is None or isinstance(d.get("target"), str)):
+                raise TimeromeError(f"the header of {p}: fact {i} ({d['fact_id']!r}) needs subject, prompt and "
+                                    f"object strings and a string or null target")
+
+
+def check_tensors(tensors: dict, schema: dict | None, p, what: str) -> None:
+    """Each tensor of the file is one its format declares, of its dtype and dimensions, and finite."""
+    for name, t in tensors.items():
+        if schema is None:
+            if t.dtype not in WRITTEN_DTYPES:
+                raise TimeromeError(f"{p}: tensor {name} is {str(t.dtype).removeprefix('torch.')}; timerome writes "
+                                    "float64 and int64 only (was the file converted?)")
+        elif name not in schema:
+            raise TimeromeError(f"{p} has a tensor {name!r} that no {what} holds (it holds "
+                                f"{', '.join(schema)}): was it edited by hand?")
+        else:
+            dtype, ndim, _ = schema[name]
+            if t.dtype != dtype or t.dim() != ndim:
+                raise TimeromeError(f"{p}: tensor {name} is {str(t.dtype).removeprefix('torch.')} with {t.dim()} "
+                                    f"dimensions; {a_of(what)} stores it as {str(dtype).removeprefix('torch.')} with "
+                                    f"{ndim} (was the file converted or edited?)")
+        finite_tensor(t, f"{p}: tensor {name}")
+    missing = [n for n, (_, _, required) in (schema or {}).items() if required and n not in tensors]
+    if missing:
+        raise TimeromeError(f"{p} lacks the tensor(s) {', '.join(missing)} that {a_of(what)} holds")
+
+
+def check_for_model(path, meta: dict, backbone) -> Coordinate:
+    """A memory file's model and coordinate against `backbone`: its fingerprint, hidden size and
+    layer (save() writes 0..n-1: -1 or n in a header is a hand edit, never "the top layer")."""
+    if meta.get("fingerprint") != backbone.fingerprint():
+        raise TimeromeError(
+            f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
+            f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}")
+    if meta["hidden_size"] != backbone.hidden_size:
+        raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
+                            f"{backbone.hidden_size}")
+    coord = Coordinate.of(meta["coordinate"])
+    if not 0 <= coord.layer < backbone.n_layers:
+        raise TimeromeError(f"{path}: the memory's layer {coord.layer} is outside 0..{backbone.n_layers - 1}, the "
+                            "layers a saved memory names (was its header edited?)")
+    return coord
+
+
+def a_of(what: str) -> str:
+    return ("an " if what[0] in "aeiou" else "a ") + what
+
+
+def _json_kind(v) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(v), "null")

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from timerome import metrics as M
+from timerome.checks import budget, integer
+from timerome.checks import seed as check_seed
 from timerome.cost import measure
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
@@ -205,6 +207,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
     """
     if not rows:
         raise TimeromeError("nothing to evaluate: rows has no splits")
+    check_evaluation(rows, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio)
     items = {}
     ctx = edit.active() if edit is not None else nullcontext()
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
@@ -218,6 +221,23 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
         c.update(edit.cost())
         c.update({k: v for k, v in edit.info.items() if k.endswith("seconds")})
     return {"items": items, "metrics": metrics, "cost": c, "notes": missing_notes(metrics, items)}
+
+
+def answer_count(rows: dict, truth_ratio: bool = True) -> int:
+    """How many answers an evaluation of `rows` scores (each n_mc times): every row's answer, and with
+    truth ratios its paraphrase and its perturbed answers."""
+    return sum(1 + (1 + len(r.get("perturbed_answer") or []) if truth_ratio else 0)
+               for rs in rows.values() for r in rs if isinstance(r, dict))
+
+
+def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: str = "evaluating") -> None:
+    """n_mc and seed checked, and the likelihood forwards of an evaluation of `rows` within the budget
+    (n_mc per answer: the answer, and with truth ratios its paraphrase and perturbed answers)."""
+    integer(n_mc, "n_mc", lo=1)
+    check_seed(seed, "seed")
+    answers = answer_count(rows, truth_ratio)
+    budget(f"{what} {sum(map(len, rows.values()))} rows with n_mc {n_mc}", n_mc * answers,
+           f"n_mc x {answers} answers")
 
 
 def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
@@ -234,9 +254,19 @@ def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
                           "(CLI: --reference DIR)")
         elif col in needs and needs[col] not in items:
             notes[col] = f"no {needs[col]!r} split in the rows evaluated"
+        elif _nan_scores(items):
+            notes[col] = (f"the model's own scores are NaN ({_nan_scores(items)}): its weights, or the edit "
+                          "applied, make the forward NaN or infinite; check the model and the edit's strength")
         else:
             notes[col] = "the rows lack what it needs (perturbed answers for truth ratios, ROUGE switched off)"
     return notes
+
+
+def _nan_scores(items: dict) -> str:
+    """Which splits hold NaN log-likelihoods ('' when none): a NaN the rows cannot explain."""
+    bad = [s for s, it in items.items() if isinstance(it, dict)
+           and any(v != v for v in np.asarray(it.get("lp", []), dtype=float).ravel())]
+    return ", ".join(f"{s} log-likelihoods" for s in bad)
 
 
 def lp_only(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int = 0, edit=None) -> dict[str, list[float]]:

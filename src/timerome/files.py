@@ -2,7 +2,8 @@
 
 Every failure here is a TimeromeError that names the file (or the option) and says what to do:
     read_text(path, "the rows file")      UTF-8 text; another encoding says where the bad byte is
-    read_json(path, "config")             JSON, with the line and column of a syntax error
+    read_json(path, "config")             JSON, with the line and column of a syntax error; NaN / inf refused
+    parse_json(text, "--config")          the same for JSON text given inline
     user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
     safetensors_error(path, e)            a truncated / foreign safetensors file, in words
     output_file(path, "--out")            a file to write: not a directory, its folder creatable
@@ -37,13 +38,27 @@ def read_text(path, what: str = "file") -> str:
                             f"(byte offset {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
-def read_json(path, what: str = "file"):
-    """The JSON document in the file (read_text's checks first)."""
-    text = read_text(path, what)
+def read_json(path, what: str = "file", *, finite: bool = True):
+    """The JSON document in the file (read_text's checks first); `finite`: NaN and Infinity, which
+    Python's json reads although JSON has no such numbers, are refused naming where they are."""
+    return parse_json(read_text(path, what), f"{what} {path}", finite=finite)
+
+
+def parse_json(text: str, what: str, *, finite: bool = True):
+    """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`."""
+    from timerome.checks import nonfinite_path
+
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TimeromeError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise TimeromeError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise TimeromeError(f"{what} nests its JSON too deeply to read") from None
+    bad = nonfinite_path(doc) if finite else None
+    if bad:
+        raise TimeromeError(f"{what}: {bad} is NaN or infinite, which is not a JSON number and not a usable value; "
+                            "write a finite number")
+    return doc
 
 
 def user_text(text: str, what: str) -> str:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from timerome.checks import budget, integer
 from timerome.encoding import encode_pairs
 from timerome.errors import TimeromeError
 from timerome.hooks import answer_region
@@ -100,7 +101,7 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
     if len(prompts) != len(answers):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(answers)} answers")
     batch_size = 16 if batch_size is None else batch_size
-    _check_mc(n_mc, batch_size)
+    _check_mc(n_mc, batch_size, len(answers))
     max_tokens = default_max_tokens(backbone.device) if max_tokens is None else max_tokens
     if max_tokens < 1:
         raise TimeromeError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -198,11 +199,10 @@ def _check_pair(backbone, prompt, answer, where: str = ""):
                             f"got {int(ids.min())}..{int(ids.max())}")
 
 
-def _check_mc(n_mc, batch_size):
-    if n_mc < 1:
-        raise TimeromeError(f"n_mc must be >= 1, got {n_mc}")
-    if batch_size < 1:
-        raise TimeromeError(f"batch_size must be >= 1, got {batch_size}")
+def _check_mc(n_mc, batch_size, n_pairs: int = 1):
+    integer(n_mc, "n_mc", lo=1)
+    integer(batch_size, "batch_size", lo=1)
+    budget(f"a likelihood of {n_pairs} answer(s) with n_mc {n_mc}", n_mc * n_pairs, "n_mc per answer")
 
 
 # ------------------------------------------------------------------------------ sampling

@@ -42,6 +42,8 @@ import torch
 
 from timerome.backbones import load_backbone
 from timerome.cache import digest
+from timerome.checks import integer, number
+from timerome.checks import seed as check_seed
 from timerome.codebook_memory import CodebookMemory
 from timerome.memory_file import load_memory
 from timerome.errors import TimeromeError
@@ -102,8 +104,10 @@ class TimeromeLM(LM):
         self.backbone = backbone if backbone is not None else load_backbone(
             pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
         self._device = self.backbone.device
-        self.n_mc, self.mc_batch, self.seed = int(n_mc), int(mc_batch), int(seed)
-        self.max_tokens = None if max_tokens is None else int(max_tokens)  # None: the device's default
+        self.n_mc, self.mc_batch = integer(n_mc, "n_mc", lo=1), integer(mc_batch, "mc_batch", lo=1)
+        self.seed = check_seed(seed, "seed")
+        self.max_tokens = integer(max_tokens, "max_tokens", lo=1, none=True)  # None: the device's default
+        number(cfg_scale, "cfg_scale", lo=0)
         cache = None if cache in (None, "", "none", "None") else cache
         check_fast_options(cache, threshold, refresh_every, remasking)
         if cache is not None:

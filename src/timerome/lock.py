@@ -44,12 +44,14 @@ def holder(path) -> str:
 
 
 @contextmanager
-def hold(path, *, wait: bool | float = True, what: str = "this folder", say=None):
+def hold(path, *, wait: bool | float = True, what: str = "this folder", say=None, remove: bool = False):
     """Hold the lock at `path` for the block.
 
     wait: True waits as long as it takes, a number waits that many seconds, False not at all; a
     run that does not get the lock raises a TimeromeError naming the holder. say(message) is
-    told once when the lock is busy and this run waits (default: progress.notify).
+    told once when the lock is busy and this run waits (default: progress.notify). remove: delete
+    the lock file when done (a lock beside a user's file leaves nothing behind); a waiter that got
+    the deleted file's lock sees the path no longer is that file and locks the path anew.
     """
     path = Path(path)
     key = str(path.resolve())
@@ -61,18 +63,41 @@ def hold(path, *, wait: bool | float = True, what: str = "this folder", say=None
             _held[key] -= 1
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    say = say or notify
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _acquire(fd, path, wait, what, say)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # its holder removed the file as we waited for it: lock the path's new file
+        say = _quiet
     try:
-        _acquire(fd, path, wait, what, say or notify)
         _record(fd)
         _held[key] = 1
         try:
             yield
         finally:
             _held.pop(key, None)
+            if remove:
+                path.unlink(missing_ok=True)  # still held: a waiter on this file then finds the path changed
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _quiet(message: str) -> None:
+    pass
 
 
 def _acquire(fd: int, path: Path, wait, what: str, say) -> None:

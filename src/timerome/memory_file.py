@@ -6,14 +6,23 @@ ridge memory (`edit_memory.EditMemory`, Eq. multifact), the radius-gated codeboo
 beyond the paper. All have a coordinate, an alpha, facts (each with its own target, when it has
 one) and an `applied(backbone)` context, so whatever applies one applies the others:
 `timerome generate --edit`, `timerome eval --edit`, `timerome memory ...`, the lm-eval model.
+
+Changing a saved memory is a read, a change and an atomic write; `changing(path)` makes the three
+one at a time per file across processes (`lock.hold` on a hidden `.NAME.lock` beside it, removed
+when done), so two
+`timerome memory add` on one file never lose each other's facts: the second waits for the first
+(or, with wait=False, is refused naming it) and then reads what the first wrote.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from timerome.codebook_memory import FORMAT as CODEBOOK_FORMAT, CodebookMemory
 from timerome.edit_memory import FORMAT, OLD_FORMATS, EditMemory, read_file
+from timerome.edit_memory import sort_new_facts  # noqa: F401 - the CLI takes it from here
+from timerome.lock import hold
 from timerome.rewrite_memory import FORMAT as REWRITE_FORMAT, RewriteMemory
 
 FORMATS = (FORMAT, *OLD_FORMATS, CODEBOOK_FORMAT, REWRITE_FORMAT)
@@ -61,3 +70,16 @@ def load_memory(path, backbone, calibration=None, value_rows=None):
     if kind == "codebook":
         return CodebookMemory.load(path, backbone, calibration=calibration)
     return EditMemory.load(path, backbone)
+
+
+def lock_path(path) -> Path:
+    """The lock file of a memory file: hidden, beside it."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.lock")
+
+
+def changing(path, *, wait: bool | float = True):
+    """Hold the memory file at `path` for a read-change-write (`with changing(path): load, change,
+    save`): another process changing it waits, or with wait=False is refused naming the holder."""
+    return hold(lock_path(path), wait=wait, what=f"the memory file {path}", remove=True)
+

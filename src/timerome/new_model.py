@@ -17,9 +17,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from timerome.backbones.flags import parameter_count
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.backbones.tiny import LLADA_RELEASE_KEYS
 from timerome.cache import write_json
+from timerome.checks import integer, memory_budget
+from timerome.checks import seed as check_seed
 from timerome.data.rows import load_rows
 from timerome.data.tokenizer import SPECIAL_ROLES, SPECIALS, save_tokenizer
 from timerome.default_model import corpus_texts
@@ -72,6 +75,15 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB):
 def model_config(tok, size: str = "small", *, context: int = DEFAULT_CONTEXT, **override) -> dict:
     """The LLaDA-release config of a model of `size` (SIZES) for this tokenizer; `override` sets
     d_model, n_layers, n_heads or mlp_hidden_size directly."""
+    dims = model_dims(size, context=context, **override)
+    return dict(LLADA_RELEASE_KEYS, model_type="llada", **dims, n_kv_heads=dims["n_heads"], max_sequence_length=context,
+                rope_theta=10000.0, rms_norm_eps=1e-5, vocab_size=len(tok), embedding_size=len(tok),
+                mask_token_id=int(tok.mask_token_id), eos_token_id=int(tok.eos_token_id),
+                pad_token_id=int(tok.pad_token_id), bos_token_id=int(tok.bos_token_id))
+
+
+def model_dims(size: str = "small", *, context: int = DEFAULT_CONTEXT, **override) -> dict:
+    """d_model, n_layers, n_heads and mlp_hidden_size of `size` with `override`, checked."""
     if size not in SIZES:
         raise TimeromeError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     d, n_layers, n_heads, mlp = SIZES[size]
@@ -82,23 +94,26 @@ def model_config(tok, size: str = "small", *, context: int = DEFAULT_CONTEXT, **
         if value is not None:
             dims[key] = value
     for key, value in dict(dims, context=context).items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TimeromeError(f"{key} must be an integer >= 1, got {value!r}")
+        integer(value, key, lo=1)
     if dims["d_model"] % dims["n_heads"] or (dims["d_model"] // dims["n_heads"]) % 2:
         raise TimeromeError(f"d_model {dims['d_model']} must split into {dims['n_heads']} heads of an even size "
                             "(RoPE rotates pairs)")
-    return dict(LLADA_RELEASE_KEYS, model_type="llada", **dims, n_kv_heads=dims["n_heads"], max_sequence_length=context,
-                rope_theta=10000.0, rms_norm_eps=1e-5, vocab_size=len(tok), embedding_size=len(tok),
-                mask_token_id=int(tok.mask_token_id), eos_token_id=int(tok.eos_token_id),
-                pad_token_id=int(tok.pad_token_id), bos_token_id=int(tok.bos_token_id))
+    return dims
 
 
 def new_model(sources, out, *, size: str = "small", vocab_size: int = DEFAULT_VOCAB, context: int = DEFAULT_CONTEXT,
               seed: int = 0, tofu_dir=None, **dims) -> dict:
     """Write a fresh model + tokenizer to `out` (module docstring); returns what was built."""
     out = output_folder(out)
+    check_seed(seed, "seed")
+    integer(vocab_size, "vocab_size", lo=1)
     if (out / "model.safetensors").exists():
         raise TimeromeError(f"{out} already holds a model; choose a new folder")
+    # before the tokenizer is learnt: the largest model these settings can give (vocab_size is an upper bound)
+    dims = model_dims(size, context=context, **dims)
+    n_params = parameter_count("llada", dict(dims, model_type="llada", vocab_size=vocab_size, weight_tying=False,
+                                             embedding_size=vocab_size))
+    memory_budget(f"a new model of up to {n_params:.3g} parameters", 4 * n_params)
     texts = user_texts(sources, tofu_dir=tofu_dir)
     tok = train_bpe_tokenizer(texts, vocab_size)
     cfg = model_config(tok, size, context=context, **dims)

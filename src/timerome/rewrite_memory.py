@@ -53,13 +53,19 @@ from timerome.coordinate import Coordinate
 from timerome.data.facts import Fact
 from timerome.encoding import DEFAULT_TARGET, answer_ids, collate, fact_id, mask_answers, pad_id, uses_leading_space
 from timerome.errors import TimeromeError
-from timerome.edit_memory import _digest, _fact_from_dict, _fact_to_dict, read_file
+from timerome.edit_memory import (_digest, _fact_from_dict, _fact_to_dict, check_for_model, check_new_facts, read_file,
+                                  register_tensors)
 from timerome.hooks import Hooks, TraceState
 from timerome.likelihood import pair_generator
 from timerome.token_keys import answer_keys
 from timerome.whitening import ResidualStats
 
 FORMAT = "timerome-rewrite-memory/1"
+register_tensors(FORMAT, {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
+                          "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
+                          "targets": (torch.int64, 2, True), "value_ids": (torch.int64, 1, True),
+                          "values": (torch.float64, 2, True), "mu": (torch.float64, 1, True),
+                          "cov": (torch.float64, 2, True)})
 DEFAULT_ALPHA = 1.0        # the value replaces the residual where the gate is 1
 MIN_VALUE_CONFIDENCE = 0.5  # a value the head reads back as its token with less probability is refused
 # end-of-text tokens after the answer in the states keys and calibration are read on, one count per
@@ -118,7 +124,7 @@ class RewriteMemory(CodebookMemory):
         """Read each fact's keys on states of its original and its target answer, its target ids, and
         the values of tokens not yet valued; on any error the memory is unchanged."""
         facts = fact_list(facts)
-        self._check_new_ids([fact_id(f) for f in facts])
+        check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
         targets = []
         for i, f in enumerate(facts):
@@ -347,9 +353,7 @@ class RewriteMemory(CodebookMemory):
     def load(cls, path, backbone, calibration=None, value_rows=None) -> "RewriteMemory":
         """Read a saved memory for `backbone`; calibration / value_rows are needed only to insert more facts."""
         tensors, meta = read_file(path, formats=(FORMAT,), what="rewrite memory")
-        if meta.get("fingerprint") != backbone.fingerprint():
-            raise TimeromeError(f"{path} was built for another model (fingerprint {meta.get('fingerprint')}); "
-                                f"this model's fingerprint is {backbone.fingerprint()}")
+        check_for_model(path, meta, backbone)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],

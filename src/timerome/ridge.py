@@ -28,6 +28,7 @@ import numbers
 
 import torch
 
+from timerome.checks import number
 from timerome.errors import TimeromeError
 
 DEFAULT_LAM = 8.0  # relative: lambda = 8 x the mean squared key norm (README, "Operating point")
@@ -48,6 +49,7 @@ class RidgeMemory:
     def __init__(self, hidden_size: int, *, mean: torch.Tensor | None = None, precision: torch.Tensor | None = None,
                  lam: float = DEFAULT_LAM, lam_absolute: float | None = None, key_scale: float | None = None):
         check_lambda(lam, lam_absolute)
+        number(key_scale, "key_scale (the keys' mean squared norm)", lo=0, lo_open=True, none=True)
         self.hidden_size = H = int(hidden_size)
         self.mean = mean if mean is not None else torch.zeros(H, dtype=torch.float64)
         self.precision = precision  # C^-1; None = identity (the paper's metric)
@@ -146,6 +148,21 @@ class RidgeMemory:
         self.W = W_new
         self.n = m
         self.version += 1
+
+    def solution_error(self, U: torch.Tensor, G: torch.Tensor) -> float:
+        """How far G is from solving the ridge problem of keys U: |G M - I| / (|G| |M|) (Frobenius
+        norms), M = K Uc^T + lambda I. A computed inverse has a backward error of a few float64
+        epsilons whatever M's conditioning (about 1e-16 here); a zeroed, scaled or hand-edited G is
+        of order 1 (inf for a G of zeros)."""
+        if not len(U):
+            return 0.0
+        K, Uc = self.metric_keys(U)
+        lam = self.lam_absolute if self.lam_absolute is not None else self.lam * (
+            self.key_scale if self.key_scale is not None else self.scale_of(U))
+        eye = torch.eye(len(U), dtype=torch.float64)
+        M = K @ Uc.T + lam * eye
+        scale = float(torch.linalg.matrix_norm(G) * torch.linalg.matrix_norm(M))
+        return float(torch.linalg.matrix_norm(G @ M - eye)) / scale if scale > 0 else math.inf
 
     def restore(self, U: torch.Tensor, D: torch.Tensor, G: torch.Tensor) -> None:
         """Set the state from saved U, D, G (A and W recomputed from them)."""

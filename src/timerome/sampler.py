@@ -44,6 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from timerome.checks import budget, integer, number
 from timerome.errors import TimeromeError
 from timerome.hooks import answer_region
 
@@ -87,8 +88,9 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
     device = backbone.device
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
-    _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
-    check_fast_options(cache, threshold, refresh_every, remasking)
+    check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
+                     temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
+                     threshold=threshold, refresh_every=refresh_every)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -186,11 +188,21 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     return prompt.to(device)
 
 
+def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps: int = 128, gen_length: int = 128,
+                     block_length: int = 128, temperature: float = 0.0, cfg_scale: float = 0.0,
+                     remasking: str = "low_confidence", cache=None, threshold=None, refresh_every=None) -> None:
+    """Everything `generate` checks before its first forward (the CLI calls it before any warning):
+    the options, their fit with the prompt and the model's context, and the work within the budget."""
+    _check(backbone, prompt_length, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    check_fast_options(cache, threshold, refresh_every, remasking)
+    budget(f"generating with {steps} steps for {n_prompts} prompt(s)",
+           steps * n_prompts * (2 if cfg_scale > 0 else 1), "one per step and prompt")
+
+
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
     # each message names the Python argument and the CLI option (--gen-length ...) alike
-    if gen_length < 1 or block_length < 1 or steps < 1:
-        raise TimeromeError(f"steps, gen_length and block_length (--steps, --gen-length, --block-length) must be "
-                            f">= 1 (got {steps}, {gen_length}, {block_length})")
+    for name, v in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
+        integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
     if gen_length % block_length:
         raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
                             f"(--block-length) {block_length}")
@@ -203,10 +215,8 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
                             f"context of {backbone.max_length} tokens")
     if remasking not in REMASKING:
         raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
-    if temperature < 0:
-        raise TimeromeError(f"temperature must be >= 0, got {temperature}")
-    if cfg_scale < 0:
-        raise TimeromeError(f"cfg_scale must be >= 0, got {cfg_scale}")
+    number(temperature, "temperature (--temperature)", lo=0)
+    number(cfg_scale, "cfg_scale", lo=0)
 
 
 def check_fast_options(cache, threshold, refresh_every, remasking: str = "low_confidence") -> None:
@@ -214,16 +224,14 @@ def check_fast_options(cache, threshold, refresh_every, remasking: str = "low_co
     if cache is not None and cache not in CACHES:
         raise TimeromeError(f"unknown cache {cache!r}; choose {' or '.join(map(repr, CACHES))} (None: the exact sampler)")
     if threshold is not None:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
-            raise TimeromeError(f"threshold must be a confidence in (0, 1], got {threshold!r}")
+        number(threshold, "threshold", lo=0, hi=1, lo_open=True)
         if remasking not in THRESHOLD_REMASKING:
             raise TimeromeError(f"threshold needs a probability-valued confidence ({', '.join(THRESHOLD_REMASKING)}); "
                                 f"remasking={remasking!r} is not one")
     if refresh_every is not None:
         if cache is None:
             raise TimeromeError("refresh_every needs a cache (cache='prefix' or 'dual')")
-        if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
-            raise TimeromeError(f"refresh_every must be an integer >= 1 (steps between refreshes), got {refresh_every!r}")
+        integer(refresh_every, "refresh_every", lo=1)
 
 
 def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:

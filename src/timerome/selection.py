@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from timerome.checks import finite_tensor, number
 from timerome.coordinate import Coordinate
 from timerome.errors import TimeromeError
 
@@ -69,10 +70,13 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     restricts the choice (the paper's m* = resid: modules=("resid",))."""
     if not isinstance(top, int) or top < 1:
         raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
+    number(beta, "beta (the neighbour penalty)")
     if modules is not None:
         result = result.only(modules)
         neighbours = neighbours.only(modules) if neighbours is not None else None
     score, own, other = objective(result, neighbours, beta)
+    finite_tensor(score, "the trace's TIE (what selection ranks)",  # a NaN would sort first and be chosen
+                  "a NaN would be ranked first and chosen; trace again")
     order = torch.sort(score.flatten(), descending=True, stable=True).indices[:top]
     ranked = [_candidate(result, i, score, own, other) for i in order.tolist()]
     return Selection(ranked[0], ranked)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from timerome.cache import save_tensors, write_json
+from timerome.checks import INT64, finite_tensor, integer, shown
 from timerome.errors import TimeromeError
+from timerome.files import read_json
+from timerome.tie import later_steps
 
 
 @dataclass
@@ -58,6 +60,10 @@ class TraceResult:
             raise TimeromeError(f"{source} was traced on another model ({self.settings.get('model')}, fingerprint "
                                 f"{made_on}); this model's fingerprint is {backbone.fingerprint()}: trace it first "
                                 "(timerome trace --model ...)")
+        outside = [l for l in self.layers if not 0 <= l < backbone.n_layers]
+        if outside:
+            raise TimeromeError(f"{source} traces layer {outside[0]}, outside this model's 0..{backbone.n_layers - 1} "
+                                "(was its JSON edited?)")
 
     def only(self, modules) -> "TraceResult":
         """The same result restricted to `modules` (in their order in the trace)."""
@@ -82,6 +88,9 @@ class TraceResult:
 
     @classmethod
     def load(cls, path: str | Path) -> "TraceResult":
+        """Read a saved trace, checked before anything selects from it: its JSON (an object with
+        fact_ids, modules, layers and settings of their types, no NaN), its tensors (float32 or
+        float64, of the shapes those name, every TIE finite)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -89,14 +98,64 @@ class TraceResult:
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():
             raise TimeromeError(f"a trace result is {path} plus {meta_path.name}; one of them is missing")
+        meta = read_json(meta_path, "the trace's JSON")
         try:
             t = load_file(str(path))
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], list(meta["fact_ids"]),
-                       tuple(meta["modules"]), list(meta["layers"]), dict(meta["settings"]),
-                       list(meta.get("facts", [])), dict(meta.get("stats", {})))
-        except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+        except (SafetensorError, OSError, ValueError) as e:
             raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
+        fact_ids, modules, layers, settings = _check_meta(meta, meta_path)
+        _check_tensors(t, len(fact_ids), len(modules), len(layers), settings, path)
+        return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], fact_ids, tuple(modules), layers,
+                   settings, list(meta.get("facts", [])), dict(meta.get("stats", {})))
+
+
+def _check_meta(meta, where) -> tuple[list, list, list, dict]:
+    from timerome.coordinate import KNOWN_POINTS
+
+    def need(ok: bool, field: str, want: str):
+        if not ok:
+            got = meta.get(field) if isinstance(meta, dict) else meta
+            raise TimeromeError(f"{where}: {field} must be {want}, got {shown(got)} (was it edited by hand?)")
+
+    need(isinstance(meta, dict), "the document", "a JSON object")
+    ids, modules, layers, settings = (meta.get(k) for k in ("fact_ids", "modules", "layers", "settings"))
+    need(isinstance(ids, list) and bool(ids) and all(isinstance(i, str) for i in ids), "fact_ids", "a list of strings")
+    need(isinstance(modules, list) and bool(modules) and len(set(map(str, modules))) == len(modules)
+         and all(m in KNOWN_POINTS for m in modules), "modules", f"distinct hook points ({', '.join(KNOWN_POINTS)})")
+    need(isinstance(layers, list) and bool(layers) and len(set(map(str, layers))) == len(layers)
+         and all(isinstance(l, int) and not isinstance(l, bool) and 0 <= l < INT64 for l in layers),
+         "layers", "a list of distinct layer indices >= 0")
+    need(isinstance(settings, dict), "settings", "an object")
+    need(isinstance(meta.get("facts", []), list), "facts", "a list")
+    need(isinstance(meta.get("stats", {}), dict), "stats", "an object")
+    integer(settings.get("n_samples", 1), f"{where}: settings.n_samples", lo=1)
+    return list(ids), list(modules), list(layers), dict(settings)
+
+
+def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> None:
+    """The four tensors, float32 / float64, of one consistent shape, the TIE finite where it is defined."""
+    missing = [k for k in ("tie", "tie_full", "clean_logp", "corrupted_logp") if k not in t]
+    if missing:
+        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a trace result")
+    for name in ("tie", "tie_full", "clean_logp", "corrupted_logp"):
+        if t[name].dtype not in (torch.float32, torch.float64):
+            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a trace "
+                                "stores float32 (was the file converted?)")
+    tie = t["tie"]
+    K = tie.shape[-1] if tie.dim() == 4 else -1
+    N = settings.get("n_samples", t["corrupted_logp"].shape[1] if t["corrupted_logp"].dim() == 3 else -1)
+    want = dict(tie=(F, M, Ly, K), tie_full=(F, M, Ly, K, K + 1), clean_logp=(F, K + 1), corrupted_logp=(F, N, K + 1))
+    for name, shape in want.items():
+        if tuple(t[name].shape) != shape or K < 1:
+            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} "
+                                f"facts, {M} modules, {Ly} layers and {N} noise samples, so it must be {shape} (the "
+                                "two files do not belong together, or one was edited)")
+    if "steps" in settings and settings["steps"] != K:
+        raise TimeromeError(f"{where}: its settings say {settings['steps']} steps, its tensors hold {K}")
+    finite_tensor(tie, f"{where}: tensor tie")
+    finite_tensor(t["tie_full"][..., later_steps(K)], f"{where}: tensor tie_full (where k' > k)")
+    finite_tensor(t["clean_logp"], f"{where}: tensor clean_logp")
+    finite_tensor(t["corrupted_logp"], f"{where}: tensor corrupted_logp")
 
 
 def _tensor_path(path) -> Path:

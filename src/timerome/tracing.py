@@ -11,11 +11,11 @@ the noise scale sigma and every noise draw, and checks the arguments.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from timerome.backbones import HOOK_POINTS, load_backbone
+from timerome.checks import budget, integer, memory_budget, number
+from timerome.checks import seed as check_seed
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import load_split
 from timerome.encoding import encode_fact
@@ -44,15 +44,12 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
     return facts[:n]
 
 
-def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout):
-    if not isinstance(steps, int) or steps < 1:
-        raise TimeromeError(f"steps must be an integer >= 1, got {steps!r}")
-    if not isinstance(n_samples, int) or n_samples < 1:
-        raise TimeromeError(f"n_samples must be an integer >= 1, got {n_samples!r}")
-    if sigma is not None and not (math.isfinite(float(sigma)) and float(sigma) >= 0):
-        raise TimeromeError(f"sigma must be a finite number >= 0 (or None for 3 x subject-embedding std), got {sigma!r}")
-    if not math.isfinite(float(tau)):
-        raise TimeromeError(f"tau must be finite, got {tau!r}")
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
+    integer(steps, "steps", lo=1)
+    integer(n_samples, "n_samples", lo=1)
+    number(sigma, "sigma", lo=0, none=True)
+    number(tau, "tau")
+    check_seed(seed, "seed")
     if isinstance(modules, str):
         modules = (modules,)
     modules = tuple(modules)
@@ -66,12 +63,17 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
     layers = [l % n for l in layers]
     if len(set(layers)) != len(layers):
         raise TimeromeError(f"layers are repeated: {layers}")
-    if not isinstance(batch_size, int) or batch_size < 2:
-        raise TimeromeError(f"batch_size must be an integer >= 2 (one row is the clean run), got {batch_size!r}")
+    integer(batch_size, "batch_size (one row is the clean run)", lo=2)
     if readout not in READOUTS:
         raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
     if not facts:
         raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
+    F, C = len(facts), len(modules) * len(layers)
+    # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
+    budget(f"tracing {F} facts over {steps} steps", F * (1 + n_samples + n_samples * C * (steps + 1) / 2) * (steps + 1),
+           f"{n_samples} noise samples x {C} sites x the steps left after each of {steps} steps")
+    memory_budget(f"tracing {F} facts over {steps} steps (TIE for every step pair)",
+                  4 * F * C * steps * (steps + 1) * 2)
     return modules, layers
 
 
@@ -109,7 +111,8 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     if backbone is None:
         backbone = load_backbone()
     facts = default_facts() if facts is None else list(facts)
-    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout)
+    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
+                             seed)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps

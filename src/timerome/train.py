@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from timerome.cache import digest
+from timerome.checks import budget, integer, number
+from timerome.checks import seed as check_seed
 from timerome.encoding import collate, encode_pairs, mask_answers, pad_id
 from timerome.errors import Interrupted, TimeromeError
 from timerome.progress import notify, progress_bar
@@ -42,6 +44,21 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
+
+
+def check_config(cfg: TrainConfig, n_rows: int) -> None:
+    """Every training setting of its type and range, and the epochs within the work budget."""
+    integer(cfg.epochs, "epochs (--epochs)", lo=1)
+    number(cfg.lr, "lr (--lr)", lo=0, lo_open=True)
+    integer(cfg.batch_size, "batch_size (--batch-size)", lo=1)
+    number(cfg.weight_decay, "weight_decay", lo=0)
+    number(cfg.warmup_frac, "warmup_frac", lo=0, hi=1)
+    number(cfg.eps, "eps (the smallest masking probability)", lo=0, hi=1, lo_open=True)
+    integer(cfg.lora_r, "lora_r (--lora-r)", lo=0)
+    number(cfg.lora_alpha, "lora_alpha", lo=0, lo_open=True, none=True)
+    number(cfg.grad_clip, "grad_clip (0: off)", lo=0, none=True)
+    check_seed(cfg.seed, "seed (--seed)")
+    budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
 
 
 def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
@@ -64,6 +81,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     cfg = config or TrainConfig()
     if not rows:
         raise TimeromeError("no training rows")
+    check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
     eos = _eos(backbone) if cfg.eos_pad else None
     recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],

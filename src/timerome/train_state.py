@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from timerome.cache import save_tensors, write_json
+from timerome.checks import finite_tensor
 from timerome.errors import TimeromeError
 from timerome.files import safetensors_error
 
@@ -55,26 +56,39 @@ def load_state(folder, *, recipe: str, model, params, opt, sched, generators: di
     except (OSError, ValueError) as e:
         raise TimeromeError(f"the training state {meta_path} is unreadable ({e}); delete {folder} to start "
                             "over") from None
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the training state {meta_path} is not a JSON object; delete {folder} to start over")
     if meta.get("recipe") != recipe:
         return None
     try:
         t = load_file(str(tensor_path))
     except Exception as e:  # noqa: BLE001 - a damaged file: say which
         raise safetensors_error(tensor_path, e) from None
+    unfit = TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
     if t.get("gen.order") is None or meta.get("n_params") != len(params):
-        raise TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
+        raise unfit
     named = dict(model.named_parameters())
-    with torch.no_grad():
+    for key, value in t.items():  # every saved weight fits its parameter and is finite, before one is copied
+        if key.startswith("param."):
+            p = named.get(key[len("param."):])
+            if p is None or p.shape != value.shape or not value.is_floating_point():
+                raise unfit
+            finite_tensor(value, f"the training state {tensor_path}: {key}",
+                          f"the run it saved diverged or the file is damaged; delete {folder} to start over")
+    try:
+        with torch.no_grad():
+            for key, value in t.items():
+                if key.startswith("param."):
+                    named[key[len("param."):]].copy_(value)
+        state: dict = {}
         for key, value in t.items():
-            if key.startswith("param."):
-                named[key[len("param."):]].copy_(value)
-    state: dict = {}
-    for key, value in t.items():
-        if key.startswith("opt."):
-            _, i, k = key.split(".", 2)
-            state.setdefault(int(i), {})[k] = value
-    opt.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
-    sched.load_state_dict(meta["schedule"])
-    for name, g in generators.items():
-        g.set_state(t[f"gen.{name}"])
+            if key.startswith("opt."):
+                _, i, k = key.split(".", 2)
+                state.setdefault(int(i), {})[k] = value
+        opt.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+        sched.load_state_dict(meta["schedule"])
+        for name, g in generators.items():
+            g.set_state(t[f"gen.{name}"])
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        raise unfit from None
     return meta

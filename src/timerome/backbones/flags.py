@@ -15,6 +15,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
+import math
+
+from timerome.checks import INT64, shown
 from timerome.errors import TimeromeError
 
 COMMON_HARMLESS = {
@@ -24,6 +27,68 @@ COMMON_HARMLESS = {
 }
 
 Rule = tuple[Callable[[Any], bool], str]  # (value is fine, why another value is refused)
+
+
+# ------------------------------------------------------------------ values: the type and range of each number
+
+def _count(v) -> bool:  # an integer >= 1 a tensor can be shaped with
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v < INT64
+
+
+def _index(v) -> bool:  # a token id
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < INT64
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < INT64
+
+
+def _flag(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _or_null(ok):
+    return lambda v: v is None or ok(v)
+
+
+COUNT = (_count, "an integer >= 1")
+POSITIVE = (_positive, "a finite number > 0")
+FLAG = (_or_null(_flag), "true, false or null")
+VALUES_COMMON = {
+    "vocab_size": COUNT, "mask_token_id": (_or_null(_index), "a token id (an integer >= 0) or null"),
+    "eos_token_id": (lambda v: v is None or _index(v) or (isinstance(v, list) and all(map(_index, v))),
+                     "a token id, a list of them, or null"),
+    "bos_token_id": (_or_null(_index), "a token id or null"), "pad_token_id": (_or_null(_index), "a token id or null"),
+    "rms_norm_eps": POSITIVE, "rope_theta": POSITIVE,
+}
+VALUES_LLADA = dict(VALUES_COMMON, **{
+    "d_model": COUNT, "n_heads": COUNT, "n_layers": COUNT, "max_sequence_length": COUNT,
+    "n_kv_heads": (_or_null(_count), "an integer >= 1 or null"), "mlp_ratio": POSITIVE,
+    "mlp_hidden_size": (_or_null(_count), "an integer >= 1 or null"),
+    "embedding_size": (_or_null(_count), "an integer >= 1 or null"),
+    "multi_query_attention": (_or_null(_flag), "true, false or null"),
+    "bias_for_layer_norm": (_or_null(_flag), "true, false or null"),
+    **{k: FLAG for k in ("rope_full_precision", "attention_layer_norm", "attention_layer_norm_with_affine",
+                         "input_emb_norm", "scale_logits", "layer_norm_with_affine", "include_bias",
+                         "include_qkv_bias", "weight_tying")},
+})
+VALUES_HF = dict(VALUES_COMMON, **{
+    "hidden_size": COUNT, "num_hidden_layers": COUNT, "num_attention_heads": COUNT, "max_position_embeddings": COUNT,
+    "num_key_value_heads": (_or_null(_count), "an integer >= 1 or null"),
+    "intermediate_size": COUNT, "head_dim": (_or_null(_count), "an integer >= 1 or null"),
+    "tie_word_embeddings": FLAG, "attention_bias": FLAG, "mlp_bias": FLAG,
+    "partial_rotary_factor": (lambda v: _positive(v) and v <= 1, "a number in (0, 1]"),
+    "clip_qkv": (_or_null(_positive), "a number > 0 or null"), "qk_layernorm": FLAG,
+    "num_experts": COUNT, "num_experts_per_tok": COUNT, "expert_intermediate_size": COUNT,
+    "dense_intermediate_size": (_or_null(_count), "an integer >= 1 or null"),
+    "shared_expert_intermediate_size": (lambda v: v is None or (_index(v)), "an integer >= 0 or null"),
+    "moe_router_enable_expert_bias": FLAG,
+    "moe_layer_freq": (lambda v: v is None or (isinstance(v, list) and all(x in (0, 1, True, False) for x in v)),
+                       "a list of 0 / 1 per layer or null"),
+    "max_window_layers": (_or_null(_index), "an integer >= 0 or null"),
+    "sliding_window": (_or_null(_index), "an integer >= 0 or null"),
+})
+VALUES = {"llada": VALUES_LLADA, "mmada": VALUES_LLADA, "llada-moe": VALUES_HF, "qwen2": VALUES_HF, "llama": VALUES_HF}
 
 
 class TimeromeConfigWarning(UserWarning):
@@ -184,3 +249,52 @@ def check_config(spec_name: str, config: dict, *, warn: bool = True) -> dict:
                       f"{', '.join(unknown)}", TimeromeConfigWarning, stacklevel=3)
     implemented = sorted(k for k in config if k in spec["implemented"] or k in spec["refused"])
     return {"refused": refused, "unknown": unknown, "implemented": implemented}
+
+
+def check_values(spec_name: str, config: dict, where: str = "config.json") -> None:
+    """Every number and flag of config.json the forward reads, of its type and range (a NaN eps, a
+    string layer count, zero heads, a head count that does not divide the width): one error naming
+    the key, before anything is built."""
+    for key, (ok, want) in VALUES[spec_name].items():
+        if key in config and not ok(config[key]):
+            raise TimeromeError(f"{where}: {key} must be {want}, got {shown(config[key])}")
+    c = _effective(SPECS[spec_name], config)
+    if spec_name in ("llada", "mmada"):
+        d, nh, nkv = c.get("d_model"), c.get("n_heads"), c.get("n_kv_heads")
+        pairs = [("d_model", d, "n_heads", nh), ("n_heads", nh, "n_kv_heads", nkv)]
+    else:
+        d, nh, nkv = c.get("hidden_size"), c.get("num_attention_heads"), c.get("num_key_value_heads")
+        pairs = [("num_attention_heads", nh, "num_key_value_heads", nkv)]
+        if c.get("head_dim") is None:
+            pairs.insert(0, ("hidden_size", d, "num_attention_heads", nh))
+        if _count(c.get("num_experts_per_tok")) and _count(c.get("num_experts")) and \
+                c["num_experts_per_tok"] > c["num_experts"]:
+            raise TimeromeError(f"{where}: num_experts_per_tok {c['num_experts_per_tok']} exceeds num_experts "
+                                f"{c['num_experts']}")
+    for a, va, b, vb in pairs:
+        if _count(va) and _count(vb) and va % vb:
+            raise TimeromeError(f"{where}: {a} {va} is not divisible by {b} {vb}")
+
+
+def parameter_count(spec_name: str, config: dict) -> int:
+    """About how many parameters the config describes (embeddings, attention, MLPs or experts): what
+    loading will allocate, estimated before anything is (`checks.memory_budget`)."""
+    c = _effective(SPECS[spec_name], config)
+    if spec_name in ("llada", "mmada"):
+        d, L, nh = c.get("d_model") or 0, c.get("n_layers") or 0, c.get("n_heads") or 1
+        nkv = c.get("n_kv_heads") or (1 if c.get("multi_query_attention") else nh)
+        ff = c.get("mlp_hidden_size") or int((c.get("mlp_ratio") or 4) * d)
+        V = c.get("embedding_size") or c.get("vocab_size") or 0
+        head = 0 if c.get("weight_tying") else V * d
+        return V * d + head + L * (2 * d * d + 2 * d * (d // nh) * nkv + 3 * d * ff)
+    d, L, nh = c.get("hidden_size") or 0, c.get("num_hidden_layers") or 0, c.get("num_attention_heads") or 1
+    hd = c.get("head_dim") or d // nh
+    nkv = c.get("num_key_value_heads") or nh
+    V = c.get("vocab_size") or 0
+    if c.get("num_experts"):
+        mlp = c["num_experts"] * 3 * d * (c.get("expert_intermediate_size") or 0) + d * c["num_experts"] + \
+            3 * d * (c.get("shared_expert_intermediate_size") or 0)
+    else:
+        mlp = 3 * d * (c.get("intermediate_size") or 0)
+    head = 0 if c.get("tie_word_embeddings") else V * d
+    return V * d + head + L * (2 * d * nh * hd + 2 * d * nkv * hd + mlp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,9 +11,10 @@ import torch
 from timerome.backbones.backbone import Backbone
 from timerome.backbones.detect import detect_family
 from timerome.backbones.families import Family
-from timerome.backbones.flags import RefusedConfig, check_config
+from timerome.backbones.flags import RefusedConfig, check_config, check_values, parameter_count
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
+from timerome.checks import memory_budget
 from timerome.errors import TimeromeError
 from timerome.files import read_json, safetensors_error
 
@@ -63,6 +65,13 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     config = read_config(ckpt)
     fam, evidence = detect_family(config, family)
     torch_dtype = _dtype(dtype)
+    check_values(fam.config_spec, config, str(ckpt / "config.json"))
+    n_params = parameter_count(fam.config_spec, config)
+    n_bytes = n_params * torch.tensor([], dtype=torch_dtype).element_size()
+    what = f"{ckpt / 'config.json'} describes a model of about {n_params:.3g} parameters"
+    memory_budget(what, n_bytes, "cpu")
+    if device.type != "cpu":
+        memory_budget(what, n_bytes, device)
     remote = bool(trust_remote_code and fam.needs_remote_code)
     flags = {"refused": [], "unknown": [], "implemented": []}
     if not remote:  # the official code, when it runs, reads its own flags
@@ -84,7 +93,48 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
     info = {"checkpoint": str(ckpt), "evidence": evidence, "tokenizer": tok_info, "config_keys": flags,
             "implementation": _implementation(model, fam, remote)}
-    return Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
+    bb = Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
+    verified_weights(bb, ckpt)
+    return bb
+
+
+def verified_weights(bb: Backbone, ckpt: Path) -> str:
+    """The fingerprint of a freshly loaded model, its weights checked finite (a NaN or inf weight, or
+    one a cast to float16 overflowed, is refused by name). Both come from one pass over every byte
+    (`weights_digest`), cached in <cache>/fingerprints by the checkpoint's files (path, size,
+    modification time), the dtype and the implementation: a second load of the same files costs
+    nothing. A cache that cannot be written only costs the pass next time."""
+    from timerome.backbones.backbone import FINGERPRINT_VERSION, weights_digest
+    from timerome.cache import cache_dir, digest, write_json
+
+    files = sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".py"))
+    stats = []
+    for p in files:
+        st = p.stat()
+        stats.append((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
+    key = dict(kind="weights", v=FINGERPRINT_VERSION, files=stats, dtype=str(bb.dtype),
+               implementation=bb.info.get("implementation"), remote=bb.remote)
+    entry = cache_dir() / "fingerprints" / f"{digest(key)}.json"
+    found = None
+    try:
+        found = json.loads(entry.read_text(encoding="utf-8"))
+        found = (str(found["fingerprint"]), [str(n) for n in found["nonfinite"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if found is None:
+        found = weights_digest(bb.model, bb.config)
+        try:
+            write_json(entry, dict(fingerprint=found[0], nonfinite=found[1], checkpoint=str(ckpt), dtype=str(bb.dtype)))
+        except OSError:
+            pass
+    fingerprint, nonfinite = found
+    if nonfinite:
+        raise TimeromeError(f"the weights of {ckpt} hold NaN or infinite values ({len(nonfinite)} of its tensors: "
+                            f"{', '.join(nonfinite[:3])}{', ...' if len(nonfinite) > 3 else ''})"
+                            + (f" once cast to {str(bb.dtype).removeprefix('torch.')}" if bb.dtype != torch.float32
+                               else "") + ": every output would be NaN; use an undamaged checkpoint")
+    bb.know_fingerprint(fingerprint)
+    return fingerprint
 
 
 def read_config(ckpt: Path) -> dict:
@@ -165,6 +215,12 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     with torch.device("meta"):
         model = cls(config)
     state = _state_dict(ckpt)
+    ints = [k for k, v in state.items() if not v.is_floating_point()]
+    if ints:
+        more = " and more" if len(ints) > 1 else ""
+        raise TimeromeError(f"weights in {ckpt} are not floating point ({ints[0]} is "
+                            f"{str(state[ints[0]].dtype).removeprefix('torch.')}{more}): was the checkpoint "
+                            "converted? use the original weights")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:

@@ -76,6 +76,7 @@ def friendly(fn):
     @wraps(fn)
     def inner(*a, **k):
         try:
+            _check_numbers(fn, k)
             return fn(*a, **k)
         except (typer.Exit, typer.Abort, clickx.ClickException):
             raise
@@ -104,15 +105,37 @@ def friendly(fn):
     return inner
 
 
+def _check_numbers(fn, values: dict) -> None:
+    """Every number option of every command, before the command runs: a float must be finite (typer
+    reads "nan" and "inf"), an int must fit in 64 bits (`--seed 99999999999999999999` would overflow
+    every generator). The class is refused here once; each command checks its own ranges."""
+    from timerome.checks import INT64, shown
+
+    params = inspect.signature(fn).parameters
+    for name, v in values.items():
+        bad_float = isinstance(v, float) and not math.isfinite(v)
+        bad_int = isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT64
+        if bad_float or bad_int:
+            decls = getattr(params[name].default, "param_decls", None) if name in params else None
+            flag = next((d for d in decls or () if d.startswith("--")), "--" + name.replace("_", "-"))
+            want = "a finite number" if bad_float else "an integer below 2**63"
+            raise TimeromeError(f"{flag} must be {want}, got {shown(v)}")
+
+
 @app.callback()
 @friendly
 def _options(threads: Optional[int] = typer.Option(
         None, "--threads", help="CPU threads torch may use (default: $TIMEROME_THREADS, else half the free cores, "
-                                "at least 1; see docs/cli.md)")):
+                                "at least 1; see docs/cli.md)"),
+             insist: bool = typer.Option(
+                 False, "--insist", help="run work whose estimated size timerome refuses as absurd (more model "
+                                         "forwards than 1e8, or more memory than is free; also $TIMEROME_INSIST=1)")):
     import torch
 
+    from timerome.checks import set_insist
     from timerome.threads import choose_threads
 
+    set_insist(insist)
     n, _ = choose_threads(threads)
     torch.set_num_threads(n)
     warnings.showwarning = _one_line_warning
@@ -265,13 +288,15 @@ RequestsOpt = typer.Option(None, "--requests", "-r",
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
+    from timerome.checks import seed
+
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise TimeromeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+        raise TimeromeError(f"--seeds takes comma-separated integers, got {text[:80]!r}") from None
     if not seeds:
         raise TimeromeError("give at least one seed")
-    return seeds
+    return tuple(seed(s, "a seed of --seeds") for s in seeds)
 
 
 def unknown_words(bb, text: str) -> list[str]:
@@ -308,6 +333,10 @@ def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
     with torch.no_grad():
         for ids in prompts:
             h = run_to(bb, memory.coordinate.site, torch.tensor([ids], device=bb.device))
+            if not torch.isfinite(h).all():  # the model itself, before any edit: not the memory's fault
+                raise TimeromeError(f"the model's residual at {memory.coordinate} is already NaN or infinite on "
+                                    f"these prompts, before {source} acts: the model overflows in "
+                                    f"{str(bb.dtype).removeprefix('torch.')}; try --dtype float32")
             # what the next layer's norm computes, in the model's dtype: an overflow there ruins the answer
             if not torch.isfinite(memory.update(h).float().pow(2).mean(-1)).all():
                 raise TimeromeError(f"{source} makes the residual at {memory.coordinate} overflow (alpha "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
                               model_options, print_json, spare_rows)
@@ -63,7 +64,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     """
     from timerome.backbones import HOOK_POINTS
     from timerome.coordinate import Coordinate
-    from timerome.edit_memory import default_coordinate
+    from timerome.edit_memory import default_coordinate, sort_new_facts
     from timerome.methods import available, get_method, method_config
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.task import ForgetTask
@@ -86,6 +87,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     output_folder(out, "--out") if weights else output_file(out)  # before minutes of work
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, target)
+    facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
+    if repeated:
+        shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
+        err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(source)} repeat an earlier one and are "
+                          f"left out: {escape(shown)}", soft_wrap=True)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,

@@ -19,6 +19,8 @@ memory_app = typer.Typer(no_args_is_help=True, help="Inspect and change saved ed
 app.add_typer(memory_app, name="memory")
 
 OutOpt = typer.Option(None, "--out", "-o", help="where to write the result (default: FILE itself, replaced atomically)")
+NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changing the file, stop at once (default: "
+                                                  "wait for it, then change what it wrote)")
 
 
 def describe(path) -> dict:
@@ -94,12 +96,14 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         calibration: Optional[str] = typer.Option(
             None, help="a codebook / rewrite memory: the rows its radii must spare (default: the retain_perturbed "
                        "split of the source; a rewrite memory on the embedded model: its training rows)"),
+        no_wait: bool = NoWaitOpt,
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Insert facts (--data, or --requests with their own targets) into a saved memory (a block
     update of G, same lambda scale; a codebook / rewrite memory appends their entries, radii
-    measured on --calibration). A fact without a target of its own gets the memory's target."""
-    from timerome.encoding import fact_id
-    from timerome.memory_file import file_kind, load_memory, read_memory_file
+    measured on --calibration). A fact without a target of its own gets the memory's target. A
+    fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
+    a new fact whose id another fact holds is added under a new id; a note names both."""
+    from timerome.memory_file import changing, file_kind, load_memory, read_memory_file, sort_new_facts
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
@@ -112,17 +116,41 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
-    memory = load_memory(file, bb, calibration=rows, value_rows=rows)
-    held = set(memory.fact_ids)
-    new = [f for f in facts if fact_id(f) not in held]
-    if not new:
-        raise TimeromeError(f"every fact of {source} is already in {file}: nothing to add")
-    if len(new) < len(facts):  # e.g. forget05 onto a forget01 memory: the shared author's facts stay as they are
-        err_console.print(f"[yellow]note:[/] {len(facts) - len(new)} facts of {escape(source)} are already in "
-                          f"{escape(str(file))} and are kept as they are; adding the other {len(new)}", soft_wrap=True)
-    before = len(memory)
-    memory.add(new)
-    _done(memory.save(dest), memory, f"added {len(memory) - before} facts", as_json)
+    with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
+        memory = load_memory(file, bb, calibration=rows, value_rows=rows)
+        new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
+        if not new:
+            raise TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
+                                "target): nothing to add")
+        _notes(skipped, renamed, source, str(file))
+        before = len(memory)
+        memory.add(new)
+        saved = memory.save(dest)
+    _done(saved, memory, f"added {len(memory) - before} facts", as_json,
+          skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed))
+
+
+def _notes(skipped, renamed, source: str, into: str) -> None:
+    """Notes naming every fact skipped, and why, and every fact added under a new id."""
+    held = [(i, why) for i, why in skipped if why.startswith("already")]
+    again = [(i, why) for i, why in skipped if not why.startswith("already")]
+    show = lambda s: f"{s[0]!r}" + s[1].removeprefix("already in the memory")  # noqa: E731 - "'0' as fact 'x'"
+    for items, what in (
+            (held, f"{len(held)} facts of {source} are already in {into} (same subject, question, answer and "
+                   "target) and are kept as they are"),
+            (again, f"{len(again)} facts of {source} repeat an earlier one and are left out"),
+            (renamed, f"{len(renamed)} facts of {source} have ids that other facts in {into} hold and are added "
+                      "under new ids")):
+        if items:
+            fmt = (lambda r: f"{r[0]!r} -> {r[1]!r}") if items is renamed else (show if items is held else  # noqa: E731
+                                                                               lambda s: f"{s[0]!r} ({s[1]})")
+            err_console.print(f"[yellow]note:[/] {escape(what)}: {escape(_listed(items, fmt))}", soft_wrap=True)
+
+
+def _listed(items, show, n: int = 10) -> str:
+    """The first n items shown, and how many more (--json lists them all)."""
+    text = "; ".join(show(x) for x in items[:n])
+    return text + (f"; and {len(items) - n} more (--json lists them all)" if len(items) > n else "")
 
 
 @memory_app.command("remove")
@@ -131,27 +159,30 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
 def remove(file: Path = typer.Argument(..., help="an edit memory file"),
            fact_ids: Optional[list[str]] = typer.Argument(None, help="ids of the facts to remove (`memory show`)"),
            subject: Optional[list[str]] = typer.Option(None, "--subject", help="remove every fact of this subject"),
-           model: ModelChoice = None, out: Optional[Path] = OutOpt,
+           model: ModelChoice = None, out: Optional[Path] = OutOpt, no_wait: bool = NoWaitOpt,
            as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Remove facts from a saved memory (a downdate of G, no re-solve)."""
-    from timerome.memory_file import load_memory
+    from timerome.memory_file import changing, load_memory
 
     if not fact_ids and not subject:
         raise TimeromeError("name the facts to remove: fact ids (see `timerome memory show FILE`) or --subject")
     dest = output_file(out or file)
     bb = model.load()
-    memory = load_memory(file, bb)
-    ids = list(fact_ids or [])
-    for s in subject or []:
-        of = [fid for fid, f in zip(memory.fact_ids, memory.facts) if getattr(f, "subject", None) == s]
-        if not of:
-            raise TimeromeError(f"no fact of subject {s!r} in {file}")
-        ids += of
-    ids = list(dict.fromkeys(ids))
-    if set(memory.fact_ids) <= set(ids):
-        raise TimeromeError(f"that removes every fact of {file}: an empty memory edits nothing; delete the file instead")
-    memory.remove(ids)
-    _done(memory.save(dest), memory, f"removed {len(ids)} facts", as_json)
+    with changing(dest, wait=not no_wait):
+        memory = load_memory(file, bb)
+        ids = list(fact_ids or [])
+        for s in subject or []:
+            of = [fid for fid, f in zip(memory.fact_ids, memory.facts) if getattr(f, "subject", None) == s]
+            if not of:
+                raise TimeromeError(f"no fact of subject {s!r} in {file}")
+            ids += of
+        ids = list(dict.fromkeys(ids))
+        if set(memory.fact_ids) <= set(ids):
+            raise TimeromeError(f"that removes every fact of {file}: an empty memory edits nothing; delete the file "
+                                "instead")
+        memory.remove(ids)
+        saved = memory.save(dest)
+    _done(saved, memory, f"removed {len(ids)} facts", as_json)
 
 
 @memory_app.command("merge")
@@ -159,12 +190,12 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
 @model_options
 def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory files of one model and coordinate"),
           out: Path = typer.Option(..., "--out", "-o", help="the merged memory file"),
-          model: ModelChoice = None,
+          model: ModelChoice = None, no_wait: bool = NoWaitOpt,
           as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Merge memories of the same model, coordinate, key metric and background statistics into one
     (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
     from timerome.edit_memory import EditMemory
-    from timerome.memory_file import is_codebook_file
+    from timerome.memory_file import changing, is_codebook_file, sort_new_facts
 
     if len(files) < 2:
         raise TimeromeError("merge needs at least two memory files")
@@ -174,16 +205,21 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
                                 "codebooks do not merge; `timerome memory add` the other's facts to it instead")
     dest = output_file(out)
     bb = model.load()
-    first = EditMemory.load(files[0], bb)
-    for f in files[1:]:
-        other = EditMemory.load(f, bb)
-        _check_mergeable(first, other, files[0], f)
-        for name in ("alpha", "q", "g_max", "lam", "lam_absolute"):
-            if getattr(other, name) != getattr(first, name):
-                err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the merged "
-                                  f"memory keeps {files[0]}'s {getattr(first, name)}", soft_wrap=True)
-        first.add_vectors(other.ridge.U, other.ridge.D, other.facts)
-    _done(first.save(dest), first, f"merged {len(files)} memories", as_json)
+    with changing(dest, wait=not no_wait):  # -o may be one of the inputs: read and write it as one
+        first = EditMemory.load(files[0], bb)
+        for f in files[1:]:
+            other = EditMemory.load(f, bb)
+            _check_mergeable(first, other, files[0], f)
+            for name in ("alpha", "q", "g_max", "lam", "lam_absolute"):
+                if getattr(other, name) != getattr(first, name):
+                    err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the "
+                                      f"merged memory keeps {files[0]}'s {getattr(first, name)}", soft_wrap=True)
+            new, skipped, renamed, kept = sort_new_facts(first.facts, other.facts, first.target)
+            _notes(skipped, renamed, str(f), str(files[0]))
+            if new:
+                first.add_vectors(other.ridge.U[kept], other.ridge.D[kept], new)
+        saved = first.save(dest)
+    _done(saved, first, f"merged {len(files)} memories", as_json)
 
 
 def _check_mergeable(a, b, fa, fb) -> None:
@@ -201,9 +237,9 @@ def _check_mergeable(a, b, fa, fb) -> None:
                             "--background")
 
 
-def _done(path, memory, what: str, as_json: bool) -> None:
+def _done(path, memory, what: str, as_json: bool, **extra) -> None:
     if as_json:
         print_json(dict(file=str(path), n_facts=len(memory), fact_ids=memory.fact_ids,
-                        coordinate=memory.coordinate.as_dict()))
+                        coordinate=memory.coordinate.as_dict(), **extra))
         return
     console.print(f"{what}: {len(memory)} facts at {memory.coordinate} -> {path}", soft_wrap=True)

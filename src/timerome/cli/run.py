@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,7 +13,7 @@ import typer
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options, parse_seeds,
                               print_json, print_markdown)
 from timerome.errors import TimeromeError
-from timerome.files import read_json
+from timerome.files import parse_json, read_json
 
 
 @app.command()
@@ -71,10 +70,7 @@ def experiment(name: str = typer.Argument(..., help="canonical, scalability, seq
     overrides = {}
     if config is not None:
         if config.lstrip().startswith(("{", "[")):
-            try:
-                overrides = json.loads(config)
-            except json.JSONDecodeError as e:
-                raise TimeromeError(f"--config is not valid JSON: {e}") from None
+            overrides = parse_json(config, "--config")
         else:
             overrides = read_json(Path(config), "experiment config")
         if not isinstance(overrides, dict):

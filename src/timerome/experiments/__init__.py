@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from timerome.backbones import load_backbone
+from timerome.checks import seed as check_seed
 from timerome.errors import TimeromeError
 from timerome.experiments import (ablations, canonical, editing, npo_sweep, pareto, radar, robustness, rwku,
                                   scalability, sequential, transfer, utility, xbackbone)
@@ -93,7 +94,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                                   progress, backbone, executor, load, quick, wait)
                 for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
     cfg = experiment_config(name, overrides, quick)
-    seeds = tuple(int(s) for s in seeds)
+    seeds = tuple(check_seed(s, "seed") for s in seeds)
     if not seeds:
         raise TimeromeError("give at least one seed")
     exp = EXPERIMENTS[name]

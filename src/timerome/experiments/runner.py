@@ -37,7 +37,9 @@ import numpy as np
 from timerome.backbones import Backbone, load_backbone
 from timerome.cache import digest, write_json
 from timerome.errors import Interrupted, TimeromeError
-from timerome.evaluation import evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.checks import budget
+from timerome.checks import seed as check_seed
+from timerome.evaluation import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
 from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
 from timerome.from_scratch import reference_model
@@ -268,9 +270,27 @@ OPTION_RULES = {
 }
 
 
+def cell_forwards(cell: Cell, rows: dict, task) -> float:
+    """About how many model forwards a cell's measurement takes (the likelihoods and trajectories it
+    reads; a method's own training is bounded by its options): what the budget compares."""
+    n_rows = sum(map(len, rows.values()))
+    n_mc, steps = cell.options.get("n_mc", 16), cell.options.get("steps", 8)
+    if cell.measure == "full":
+        return n_mc * answer_count(rows) + steps * n_rows
+    if cell.measure == "reference":
+        return n_mc * answer_count({"forget": rows.get("forget", [])})
+    if cell.measure == "traj":
+        return steps * n_rows
+    if cell.measure == "sequential":
+        return (len(task.facts) / cell.options.get("every", 1) + 1) * n_mc * n_rows
+    return n_mc * n_rows
+
+
 def check_cells(cells: list[Cell], ctx: Context) -> None:
     """What would otherwise fail mid-run, checked before the first cell: the measurement, the
-    method and its options (in the cell's key), the measurement's options, the data, the reference."""
+    method and its options (in the cell's key), the measurement's options, the data, the reference,
+    the seeds, and the work all of them take together (`checks.budget`)."""
+    forwards = 0.0
     for c in cells:
         if c.measure not in MEASURES:
             raise TimeromeError(f"unknown measurement {c.measure!r}; one of {', '.join(MEASURES)}")
@@ -278,11 +298,15 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
             want, ok = OPTION_RULES.get(key, (None, None))
             if ok is not None and not ok(value):
                 raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
+        check_seed(c.seed, f"{c.row or c.method}: seed")
         c.key(ctx)  # method_config: an unknown method or option, a bad value
-        ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
+        rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
         if c.measure == "reference" and ctx.auto_reference() is None:
             raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
                                 "without the forget set)")
+        forwards += cell_forwards(c, rows, task)
+    if cells:
+        budget(f"the {len(cells)} cells to compute", forwards, "their likelihoods and trajectories")
 
 
 # ------------------------------------------------------------------------------ the runner
@@ -321,6 +345,12 @@ class Runner:
     def cached(self, cell: Cell, ctx: Context) -> dict | None:
         return self._read(self.path(cell, ctx))
 
+    def _sweep(self) -> None:
+        """Remove the temporary files a run killed mid-write left in cells/ (SIGKILL, power loss): only
+        the lock holder writes there, so none of them is another run's work in progress."""
+        for tmp in (self.out_dir / "cells").glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
     def _read(self, p: Path) -> dict | None:
         if not (self.resume and p.is_file()):
             return None
@@ -339,6 +369,7 @@ class Runner:
     def run(self, cells: list[Cell], ctx: Context, title: str = "cells") -> list[dict]:
         """Every cell's result, in order: cached ones read, the others computed (and cached)."""
         with self.lock():
+            self._sweep()
             paths = [self.path(c, ctx) for c in cells]
             results = [self._read(p) for p in paths]
             # cells with one key (the same measurement listed twice, e.g. in two groups) are computed once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from timerome.checks import INT64, big_int_path, nonfinite_path
 from timerome.errors import TimeromeError
 
 # settings that count something (>= 1); those also allowed to be null (= all of them)
@@ -17,7 +18,8 @@ ALL_IF_NULL = {"n_retain", "n_world", "n_eval_forget", "retain_authors", "splits
 
 
 def is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    """An integer a computation can hold: not a bool, |v| < 2**63."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and abs(int(v)) < INT64
 
 
 def _is_real(v) -> bool:
@@ -38,7 +40,12 @@ SPECIAL = {
 
 
 def check_settings(name: str, cfg: dict, defaults: dict) -> None:
-    """Every experiment setting has the kind of value its default has (counts >= 1), before any work."""
+    """Every experiment setting has the kind of value its default has (counts >= 1), before any work;
+    no number anywhere in them (a method's options included) is NaN, infinite or beyond 64 bits."""
+    where = nonfinite_path(cfg) or big_int_path(cfg)
+    if where:
+        raise TimeromeError(f"experiment {name!r}: setting {where} is NaN, infinite or an integer beyond 64 bits, "
+                            "which no computation can use; give a finite number")
     for key, value in cfg.items():
         default = defaults.get(key)
         if value is None and (default is None or key in ALL_IF_NULL):

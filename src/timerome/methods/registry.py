@@ -34,6 +34,8 @@ from typing import Callable
 
 import torch
 
+from timerome.checks import big_int_path, budget, nonfinite_path, shown
+from timerome.checks import seed as check_seed
 from timerome.cost import measure
 from timerome.errors import TimeromeError
 from timerome.task import ForgetTask
@@ -169,10 +171,15 @@ _COUNTS = {"steps", "batch_size", "n_states", "check_every", "check_rows", "chec
 
 def _check_option(method: str, key: str, default, value) -> None:
     def bad(want):
-        raise TimeromeError(f"method {method!r}: option {key} must be {want}, got {value!r}")
+        raise TimeromeError(f"method {method!r}: option {key} must be {want}, got {shown(value)}")
 
-    if key in _COUNTS and not (_is_a(numbers.Integral, value) and value >= 1):
-        bad("an integer >= 1")
+    where = nonfinite_path(value) or big_int_path(value)
+    if where:  # anywhere inside the option (a list of layers, a nested setting): never a usable number
+        bad(f"finite, with integers below 2**63 ({key}{where if where.startswith('[') else ''} is not)")
+    if key in _COUNTS:
+        if not (_is_a(numbers.Integral, value) and value >= 1):
+            bad("an integer >= 1")
+        budget(f"method {method!r} with {key} {value}", value, f"at least one forward per unit of {key}")
     if isinstance(default, bool) and not isinstance(value, bool):
         bad("true or false")
     if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):
@@ -191,6 +198,7 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     """Run method `name` on the backbone; the returned Edit carries its measured install cost."""
     m = get_method(name)
     cfg = method_config(name, config)
+    check_seed(seed, f"method {name!r}: seed")
     t0 = time.perf_counter()
     if m.prepare is not None:
         m.prepare(backbone, task, cfg)
