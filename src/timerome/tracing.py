@@ -44,15 +44,31 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
     return facts[:n]
 
 
+def refuse_causal(backbone) -> None:
+    """The diffusion-time trace follows a denoising trajectory, which an autoregressive model has not."""
+    if backbone.family.causal:
+        raise TimeromeError(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
+                            "is autoregressive: trace it with the positional trace (timerome trace --positional, "
+                            "timerome.positional_trace)")
+
+
 def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout):
+    refuse_causal(backbone)
     if not isinstance(steps, int) or steps < 1:
         raise TimeromeError(f"steps must be an integer >= 1, got {steps!r}")
+    if not math.isfinite(float(tau)):
+        raise TimeromeError(f"tau must be finite, got {tau!r}")
+    if readout not in READOUTS:
+        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
+    return check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
+
+
+def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size):
+    """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
     if not isinstance(n_samples, int) or n_samples < 1:
         raise TimeromeError(f"n_samples must be an integer >= 1, got {n_samples!r}")
     if sigma is not None and not (math.isfinite(float(sigma)) and float(sigma) >= 0):
         raise TimeromeError(f"sigma must be a finite number >= 0 (or None for 3 x subject-embedding std), got {sigma!r}")
-    if not math.isfinite(float(tau)):
-        raise TimeromeError(f"tau must be finite, got {tau!r}")
     if isinstance(modules, str):
         modules = (modules,)
     modules = tuple(modules)
@@ -68,8 +84,6 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
         raise TimeromeError(f"layers are repeated: {layers}")
     if not isinstance(batch_size, int) or batch_size < 2:
         raise TimeromeError(f"batch_size must be an integer >= 2 (one row is the clean run), got {batch_size!r}")
-    if readout not in READOUTS:
-        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
     if not facts:
         raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
     return modules, layers
