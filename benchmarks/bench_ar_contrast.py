@@ -96,6 +96,7 @@ def main() -> int:
     ap.add_argument("--parts", default="trace,rome,memit,memory")
     ap.add_argument("--n-samples", type=int, default=3, help="positional trace noise samples (ROME: 10)")
     ap.add_argument("--json", help="write every number to this JSON file")
+    ap.add_argument("--choices-from", help="memory without the trace part: the coordinates of an earlier run's --json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     parts = set(args.parts.split(","))
@@ -105,7 +106,7 @@ def main() -> int:
     before = greedy_ids(bb, [u.prompt for u in unrelated], [n_tokens(bb, u.object) for u in unrelated])
     out = {"model": bb.name, "n_facts_known": len(task.facts), "n_unrelated": len(unrelated)}
     print(f"{bb}: {len(task.facts)} facts answered correctly, {len(unrelated)} unrelated prompts")
-    choices = None
+    choices = json.loads(Path(args.choices_from).read_text())["trace"]["choices"] if args.choices_from else None
     if "trace" in parts:
         out["trace"], result = trace_part(bb, task, args.n_samples)
         choices = out["trace"]["choices"]

@@ -144,3 +144,41 @@ def test_the_timerome_method_places_its_memory_by_the_positional_trace(models):
         method_config("timerome", {"trace_kind": "rome"})
     with pytest.raises(TimeromeError, match="MDLM protocol"):  # the default, TIE, on an AR model
         install("timerome", bb, task, {"trace_samples": 2})
+
+
+def _ar_with_embedded_vocabulary(d):
+    """A tiny random AR Llama that reads the embedded corpus: the embedded tokenizer without its mask token."""
+    import json
+    import shutil
+
+    import transformers
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.backbones.tiny import _drop_mask_token
+
+    vocab = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128)).save_pretrained(str(d))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, d / name)
+    _drop_mask_token(d)
+    return timerome.load_backbone(d)
+
+
+def test_ablations_on_an_autoregressive_model_run_the_rows_without_tie(tmp_path):
+    import json
+
+    from timerome.experiments import run_experiment
+    from timerome.experiments.ablations import AR_ROW
+
+    bb = _ar_with_embedded_vocabulary(tmp_path / "ar")
+    assert bb.causal
+    res = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
+                         overrides=dict(n_mc=2, n_retain=4, n_world=2, config=dict(trace_facts=2, trace_samples=1)))
+    rows = json.loads((tmp_path / "abl" / "ablations.json").read_text())["summary"]
+    assert set(rows) == {"no_edit", "random layer / module", "last layer 3 resid", AR_ROW}
+    assert "ForgetTrajLP" not in rows["no_edit"]  # no denoising trajectory on an AR model
+    assert (tmp_path / "abl" / "heatmap_compare.png").stat().st_size > 1000  # the positional trace alone
+    assert "AR positional coordinate" in res["markdown"]

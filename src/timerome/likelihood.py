@@ -222,7 +222,7 @@ def _stratified_counts(k: int, b: int, La: int) -> torch.Tensor:
 
 
 def _causal(backbone) -> bool:
-    return bool(getattr(backbone.family, "causal", False))
+    return bool(getattr(backbone, "causal", False))  # duck-typed backbones without the flag are MDLMs
 
 
 def _draw(La: int, n_mc: int, batch_size: int, generator, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -213,8 +213,8 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             bar.advance()
     settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed),
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
-                    causal=backbone.family.causal,
-                    readout=("next token after the prompt" if backbone.family.causal else
+                    causal=getattr(backbone, "causal", False),
+                    readout=("next token after the prompt" if getattr(backbone, "causal", False) else
                              "first answer position of [prompt | mask * G] (one forward, answer fully masked)"),
                     measure="p(o_1) restored - p(o_1) corrupted, mean over noise samples")
     return PositionalTrace(effect, clean_p, corrupted_p, [it.fact_id for it in items], modules, layers, settings,
@@ -224,13 +224,13 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
 def _inputs(backbone, item) -> tuple[torch.Tensor, int]:
     """The ids read by one forward and the aligned position of the object's first token."""
     P = len(item.prompt_ids)
-    x = item.prompt_ids if backbone.family.causal else item.start(backbone.mask_id)
+    x = item.prompt_ids if getattr(backbone, "causal", False) else item.start(backbone.mask_id)
     return x.to(backbone.device), P
 
 
 def _object_p(backbone, ids: torch.Tensor, P: int, token: int) -> torch.Tensor:
     """p(token) at aligned position P for every row of ids [B, L] -> [B] float32."""
-    logits = backbone.next_logits(ids[:, :P]) if backbone.family.causal else backbone.logits(ids)[:, P]
+    logits = backbone.next_logits(ids[:, :P]) if getattr(backbone, "causal", False) else backbone.logits(ids)[:, P]
     return logits.float().softmax(-1)[:, token].cpu()
 
 

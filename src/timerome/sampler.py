@@ -94,7 +94,7 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
     B, P = prompt.shape
     _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking)
     check_fast_options(cache, threshold, refresh_every, remasking)
-    if getattr(backbone.family, "causal", False):
+    if getattr(backbone, "causal", False):
         return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
                               attention_mask, cache, threshold)
     kv = backbone.kv_cache() if cache is not None else None

@@ -46,7 +46,7 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
 
 def refuse_causal(backbone) -> None:
     """The diffusion-time trace follows a denoising trajectory, which an autoregressive model has not."""
-    if backbone.family.causal:
+    if getattr(backbone, "causal", False):
         raise TimeromeError(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
                             "is autoregressive: trace it with the positional trace (timerome trace --positional, "
                             "timerome.positional_trace)")

@@ -104,9 +104,20 @@ class Backbone:
                                 "a masked diffusion LM (read logits() at a masked position instead)")
         keys = self._keys(ids, attention_mask)
         kwargs = self.forward_kwargs(ids, keys)
-        if self.family.loader == "transformers" and not self.remote:
-            kwargs["logits_to_keep"] = 1
+        keep = self._keep_argument()
+        if keep:
+            kwargs[keep] = 1
         return self.model(input_ids=ids, **kwargs).logits[:, -1]
+
+    def _keep_argument(self) -> str | None:
+        """The forward's argument that limits the head to the last positions (transformers >= 4.50:
+        logits_to_keep; 4.45-4.49: num_logits_to_keep; None: the head runs everywhere)."""
+        if not hasattr(self, "_keep_arg"):
+            import inspect
+
+            params = inspect.signature(self.model.forward).parameters
+            self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
+        return self._keep_arg
 
     def _keys(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """The [B, L] real-token mask of a padded batch (None: no padding), after the shape checks."""

@@ -2,8 +2,10 @@
 
 `assets/real-facts.json` (written for this project): 34 hand-written prompts (capitals, landmarks,
 official languages, origins) with the object SmolLM2-135M-Instruct answers greedily and a
-counterfactual target of the same type, plus 19 `unrelated` prompts the model also answers correctly,
-sharing no subject with them (locality). `prose_texts` is a corpus of English prose every Python installation carries (the
+counterfactual target of the same type, plus 22 `unrelated` prompts (locality) that share no subject
+with them and that the model answers correctly with a clear margin: its top next token at least twice
+as likely as the runner-up (a prompt whose two top tokens nearly tie flips under any small change,
+an edit that changes nothing else included, so it would measure the tie, not the edit). `prose_texts` is a corpus of English prose every Python installation carries (the
 reference manual's topic texts, `pydoc_data`): the background a real model's key statistics and
 whitening are measured on where ROME uses Wikipedia, which is not available offline.
 

@@ -54,7 +54,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
                    splits=["forget", "retain", "real_authors"])
     traj_data = dict(forget=cfg["forget"], n_retain=min(20, cfg["n_retain"]), splits=["forget", "retain"])
     out = []
-    causal = ctx.backbone.family.causal
+    causal = getattr(ctx.backbone, "causal", False)
     for seed in seeds:
         for row, method, over in plan(cfg, ctx.backbone.n_layers, causal):
             if "step" not in over:  # an MC likelihood has no denoising step for a one-step edit to act at
@@ -98,7 +98,7 @@ def compare_figure(cfg, cells, ctx, out_dir) -> str:
     _, task = ctx.data(ar.data)
     conf = method_config("timerome", ar.config)
     positional = positional_forget_set(ctx.backbone, task.validation_facts, conf)
-    if ctx.backbone.family.causal:
+    if getattr(ctx.backbone, "causal", False):
         return str(plot_positional(positional, out_dir / "heatmap_compare.png"))
     tie = trace_forget_set(ctx.backbone, task.validation_facts, method_config("timerome", cfg["config"]))
     return str(plot_compare(positional, tie, out_dir / "heatmap_compare.png"))

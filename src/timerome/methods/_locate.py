@@ -307,7 +307,7 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
         raise TimeromeError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     F_, H = len(items), backbone.hidden_size
     answer_of = _targets if objective == "target" else _objects
-    if backbone.family.causal:  # nothing is masked: every state would be the same
+    if getattr(backbone, "causal", False):  # nothing is masked: every state would be the same
         n_states = 1
     rows = [f for _ in range(n_states) for f in range(F_)]
     ids, ans, att = _batch(backbone, items, rows, answer_of)
@@ -352,7 +352,7 @@ def masked_objective(backbone, ids, ans, att, generator, eps: float = 1e-3, obje
                                          negated cross-entropy is unbounded, the cap stops it
       "unlikelihood":  -log(1 - p)       the same, bounded by construction
     """
-    if backbone.family.causal:  # aligned logits at i read tokens < i: the clean row is the next-token loss
+    if getattr(backbone, "causal", False):  # aligned logits at i read tokens < i: the clean row is the next-token loss
         noisy, masked, t = ids, ans, torch.ones(len(ids), device=ids.device)
     else:
         noisy, masked, t = mask_answers(ids, ans, backbone.mask_id, generator, eps)
