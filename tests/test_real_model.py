@@ -37,17 +37,6 @@ def model_file() -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    # a 135M model, unlike the suite's tiny ones, gains from a second thread (CI has 2 cores)
-    import os
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture(scope="module")
 def smol():
     return timerome.load_backbone(model_file())
