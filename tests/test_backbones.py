@@ -424,3 +424,151 @@ def test_remote_code_runs_only_when_asked(tmp_path):
     (broken / "modeling_remote.py").write_text("raise RuntimeError('this code is broken')\n")
     with pytest.raises(TimeromeError, match="remote code failed.*this code is broken"):
         load_backbone(broken, trust_remote_code=True)
+
+
+# ------------------------------------------------------------------------------ autoregressive families
+
+AR_NAMES = ["llama", "qwen2", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def ar_backbones(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ar")
+    return {f: load_backbone(make_tiny_checkpoint(f, root / f, layers=3)) for f in AR_NAMES}
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_family_is_detected_by_its_missing_mask_token(ar_backbones, fam):
+    bb = ar_backbones[fam]
+    assert bb.family.name == fam and bb.family.causal and bb.causal
+    if fam == "llama":  # the same config as DiffuLLaMA's: the mask token decides
+        assert any("no mask token" in e for e in bb.info["evidence"])
+
+
+def test_a_llama_config_with_a_mask_token_stays_diffullama(tiny_dirs, tmp_path):
+    d = shutil.copytree(tiny_dirs["diffullama"], tmp_path / "dl")
+    bb = load_backbone(d)
+    assert bb.family.name == "diffullama" and not bb.family.causal
+    assert any("mask token is declared" in e for e in bb.info["evidence"])
+    assert load_backbone(d, family="llama").family.causal  # an explicit family wins when it fits
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_block_out_is_block_in_plus_attn_plus_mlp(ar_backbones, fam):
+    bb = ar_backbones[fam]
+    ids = _ids(bb)
+    sites = [(None, "embed")] + [(l, p) for l in range(bb.n_layers) for p in ("resid", "attn", "mlp")]
+    with torch.no_grad(), capture(bb, sites) as store:
+        bb.logits(ids)
+    for l in range(1, bb.n_layers):  # GPT-2 adds learned positions after the token embedding: from layer 1
+        recon = store[(l - 1, "resid")][0] + store[(l, "attn")][0] + store[(l, "mlp")][0]
+        torch.testing.assert_close(store[(l, "resid")][0], recon, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_logits_are_aligned_and_causal(ar_backbones, fam):
+    bb = ar_backbones[fam]
+    ids = _ids(bb)
+    with torch.no_grad():
+        out = bb.logits(ids)
+        raw = bb.model(input_ids=ids).logits
+        torch.testing.assert_close(out[:, 1:], raw[:, :-1])  # logits[:, i] predicts token i from tokens < i
+        torch.testing.assert_close(bb.next_logits(ids), raw[:, -1])
+        ids2 = ids.clone()
+        ids2[:, 5] = (ids2[:, 5] + 1 - 5) % (bb.vocab_size - 5) + 5
+        changed = bb.logits(ids2)
+        torch.testing.assert_close(changed[:, :6], out[:, :6])  # a token never reaches its own or earlier predictions
+        assert not torch.allclose(changed[:, 6], out[:, 6])
+    with pytest.raises(TimeromeError, match="autoregressive"):
+        ar_backbones and load_backbone().next_logits(ids[:, :3] % 50)
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_padding_is_invisible(ar_backbones, fam):
+    bb = ar_backbones[fam]
+    ids = _ids(bb)[:1]
+    with torch.no_grad():
+        a = bb.logits(ids)
+        right = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+        att = torch.cat([torch.ones(1, ids.shape[1]), torch.zeros(1, 4)], dim=1).bool()
+        torch.testing.assert_close(bb.logits(right, att)[:, : ids.shape[1]], a, atol=1e-5, rtol=1e-5)
+        left = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+        att = torch.cat([torch.zeros(1, 4), torch.ones(1, ids.shape[1])], dim=1).bool()
+        torch.testing.assert_close(bb.logits(left, att)[:, 5:], a[:, 1:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(bb.next_logits(left, att), bb.next_logits(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_likelihood_is_the_exact_next_token_sum(ar_backbones, fam):
+    from timerome.likelihood import exact_log_likelihood, log_likelihood, log_likelihood_batch
+
+    bb = ar_backbones[fam]
+    p, a = bb.encode("the author was born in"), bb.encode("city of books")
+    with torch.no_grad():
+        logp = bb.model(input_ids=torch.tensor([p + a])).logits[0].log_softmax(-1)
+    want = sum(float(logp[len(p) - 1 + j, t]) for j, t in enumerate(a))
+    assert log_likelihood(bb, p, a, n_mc=16) == pytest.approx(want, abs=1e-4)
+    assert log_likelihood(bb, p, a, n_mc=1) == log_likelihood(bb, p, a, n_mc=16)  # no Monte Carlo
+    assert exact_log_likelihood(bb, p, a) == pytest.approx(want, abs=1e-4)
+    batch = log_likelihood_batch(bb, [p, p[:3]], [a, a[:1]])
+    assert float(batch[0]) == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_ar_generation_is_greedy_left_to_right(ar_backbones, fam):
+    from timerome.sampler import generate
+
+    bb = ar_backbones[fam]
+    p = bb.encode("the author was born in")
+    x = generate(bb, torch.tensor([p]), steps=4, gen_length=4, block_length=4)
+    seq = list(p)
+    with torch.no_grad():
+        for _ in range(4):
+            seq.append(int(bb.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    assert x[0].tolist() == seq
+    # left-padded rows of different lengths decode as they do alone
+    q = bb.encode("what did the author write")
+    L = max(len(p), len(q))
+    ids = torch.tensor([[0] * (L - len(p)) + p, [0] * (L - len(q)) + q])
+    att = torch.tensor([[0] * (L - len(p)) + [1] * len(p), [0] * (L - len(q)) + [1] * len(q)]).bool()
+    both = generate(bb, ids, steps=4, gen_length=4, block_length=4, attention_mask=att)
+    assert both[0, L:].tolist() == seq[len(p):]
+    with pytest.raises(TimeromeError, match="autoregressive"):
+        generate(bb, torch.tensor([p]), steps=4, gen_length=4, block_length=4, cache="dual")
+
+
+@pytest.mark.parametrize("fam", AR_NAMES)
+def test_rome_and_memit_edit_an_ar_model_with_the_next_token_loss(ar_backbones, fam):
+    from timerome.data.facts import Fact
+    from timerome.methods import install
+    from timerome.methods._locate import masked_objective
+    from timerome.task import ForgetTask
+
+    bb = ar_backbones[fam]
+    # a random tiny model moves information between tokens weakly: the subject ends the prompt
+    facts = [Fact("the author", "what did write the author", "many novels", target="sea rain night")]
+    task = ForgetTask(forget_rows=[], facts=facts, retain_rows=[{"question": "what did she write ?",
+                                                                   "answer": "many novels about sea"}] * 3)
+    p, t = bb.encode(facts[0].prompt), bb.encode("sea rain night")
+
+    def target_lp():
+        with torch.no_grad():
+            logp = bb.model(input_ids=torch.tensor([p + t])).logits[0].log_softmax(-1)
+        return sum(float(logp[len(p) - 1 + j, tok]) for j, tok in enumerate(t))
+
+    # the objective is the next-token loss: no draw, the mean -log p over target tokens
+    ids, ans = torch.tensor([p + t]), torch.tensor([[False] * len(p) + [True] * len(t)])
+    with torch.no_grad():
+        loss = masked_objective(bb, ids, ans, torch.ones_like(ids).bool(), torch.Generator().manual_seed(0))
+    assert float(loss) == pytest.approx(-target_lp() / len(t), abs=1e-4)
+    before = target_lp()
+    for method in ("rome", "memit"):
+        edit = install(method, bb, task, {"steps": 20}, seed=0)
+        try:
+            # a random tiny model barely moves (tests/test_real_model.py measures real edits on a real one):
+            # ROME's target is more likely all the same; MEMIT's update runs (GPT-2: through its Conv1D)
+            assert method == "memit" or target_lp() > before + 0.01
+            assert target_lp() != before
+        finally:
+            edit.undo()
+        assert target_lp() == pytest.approx(before, abs=1e-5)  # undo restores the weights

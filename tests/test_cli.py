@@ -144,3 +144,34 @@ def test_threads_option():
         torch.set_num_threads(before)
     code, out = run("--threads", 0, "methods")
     assert code == 2 and "at least 1" in out and "Traceback" not in out
+
+
+def test_positional_trace_compare_and_edit(tmp_path):
+    out = tmp_path / "p"
+    code, text = run("trace", "--positional", "--compare", "--out", out, "--n-facts", 2, "--n-samples", 2,
+                     "--steps", 3, "--json")
+    assert code == 0, text
+    sel = json.loads(text)
+    assert sel["kind"] == "positional" and sel["edit"]["module"] == "mlp"
+    assert set(sel["mean_by_category"]["resid"]) >= {"last subject token", "last token"}
+    for name in ("heatmap.png", "heatmap_compare.png", "positional.safetensors", "trace.safetensors"):
+        assert (out / name).stat().st_size > 500, name
+    mem = tmp_path / "m.safetensors"
+    code, text = run("edit", "--trace", out / "positional.safetensors", "--module", "mlp", "--out", mem)
+    assert code == 0 and f"layer {sel['edit']['layer']} mlp" in text, text
+    code, text = run("trace", "--compare", "--out", tmp_path / "q")
+    assert code == 2 and "--positional" in text
+
+
+def test_an_autoregressive_model_on_the_command_line(tmp_path):
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint("llama", tmp_path / "ar", layers=2)
+    code, text = run("info", "-m", d, "--json")
+    assert code == 0 and json.loads(text)["causal"] is True
+    code, text = run("generate", "-m", d, "the author was born in", "--json")
+    assert code == 0 and json.loads(text)[0]["answer"], text
+    code, text = run("trace", "-m", d, "--data", "real-facts", "--out", tmp_path / "t")
+    assert code == 2 and "autoregressive" in text and "--positional" in text  # TIE refuses in one line
+    code, text = run("generate", "-m", d, "--cache", "dual", "the author")
+    assert code == 2 and "autoregressive" in text

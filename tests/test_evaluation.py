@@ -177,7 +177,7 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     abl = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
                          overrides=dict(small, traj_steps=4))
     rows = abl["summary"]
-    assert len(rows) == 7 and "ForgetTrajLP" in rows["no_edit"]
+    assert len(rows) == 8 and "ForgetTrajLP" in rows["no_edit"]  # with "AR positional"
     one_step = next(r for r in rows if r.startswith("one step"))
     assert "ForgetLP" not in rows[one_step] and "ForgetTrajLP" in rows[one_step]
 

@@ -145,10 +145,15 @@ def test_key_stats_are_cached_and_reused(bb, task, cache, monkeypatch):
     assert C.shape == (d, d) and C.dtype == torch.float64
     assert torch.allclose(C, C.T) and float(torch.linalg.eigvalsh(C).min()) > -1e-8
 
+    # several layers in one pass: the same C as the layer alone
+    both = L.key_stats_layers(bb, [1, 2], texts, cache=False)
+    torch.testing.assert_close(both[2][0], C, atol=1e-9, rtol=1e-9)
+    assert both[1][0].shape == (L.down_projection(bb, 1).linear.in_features,) * 2
+
     def fail(*_a, **_k):
         raise AssertionError("recomputed instead of read from the cache")
 
-    monkeypatch.setattr(L, "_second_moment", fail)
+    monkeypatch.setattr(L, "_second_moments", fail)
     again, path2 = L.key_stats(bb, 2, texts)
     assert path2 == path and torch.equal(again, C)
     with pytest.raises(AssertionError, match="recomputed"):  # another layer is another file

@@ -99,6 +99,10 @@ def test_radar_draws_what_was_run_and_names_what_was_not(bb, runs, npo_run):
     for axis in res["axes"].values():
         assert 0.0 <= axis["share"] <= 1.0
     abl = json.loads((runs / "ablations" / "ablations.json").read_text())["summary"]
+    from timerome.experiments.ablations import AR_ROW
+
+    assert "ForgetLP" in abl[AR_ROW]  # the memory where ROME's positional trace puts it
+    assert (runs / "ablations" / "heatmap_compare.png").stat().st_size > 1000  # positional trace beside TIE
     base = abl["no_edit"]["ForgetLP"]["mean"]
     ours = base - abl["resid, all steps, traced layer (TimeROME)"]["ForgetLP"]["mean"]
     assert res["axes"]["ablations"]["value"] == pytest.approx(ours)

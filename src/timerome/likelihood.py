@@ -1,4 +1,8 @@
-"""LLaDA's Monte-Carlo estimator of log p(answer | prompt), in nats.
+"""LLaDA's Monte-Carlo estimator of log p(answer | prompt), in nats (exact for a causal model).
+
+A causal (autoregressive) backbone is scored exactly instead: one row, nothing masked, the sum
+over answer tokens of log p(a_j | prompt, a_<j) read from the aligned logits of the clean
+[prompt | answer] (the same code path as La = 1 below: one forward, no draw).
 
 One Monte-Carlo sample ("row") masks l of the La answer tokens, a uniform random l-subset S,
 runs the model on [prompt | answer with S masked] and scores
@@ -79,7 +83,7 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, 
     _check_mc(n_mc, batch_size)
     if generator is None:
         generator = torch.Generator(device=backbone.device).manual_seed(0)
-    masks, weights = _draw(len(answer), n_mc, batch_size, generator)
+    masks, weights = _draw(len(answer), n_mc, batch_size, generator, _causal(backbone))
     rows = [(0, r) for r in range(len(weights))]
     scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), batch_size))
     return scores * weights
@@ -114,7 +118,7 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
 
     masks, weights = [], []
     for i, a in enumerate(A):
-        m, w = _draw(len(a), n_mc, batch_size, pair_generator(seed, i, device))
+        m, w = _draw(len(a), n_mc, batch_size, pair_generator(seed, i, device), _causal(backbone))
         masks.append(m)
         weights.append(w)
     # longest pairs first, so each forward pads only up to its first row's length
@@ -139,9 +143,12 @@ def default_max_tokens(device) -> int:
 
 def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
     """E_{l ~ U{1..La}} E_{|S| = l} (La / l) sum_{i in S} log p(x_i | x with S masked), by
-    enumerating all 2^La - 1 subsets (La <= MAX_EXACT): the value the MC estimator converges to."""
+    enumerating all 2^La - 1 subsets (La <= MAX_EXACT): the value the MC estimator converges to.
+    A causal model: the exact next-token log-likelihood (what `log_likelihood` returns too)."""
     prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
     _check_pair(backbone, prompt, answer)
+    if _causal(backbone):
+        return log_likelihood(backbone, prompt, answer)
     La = len(answer)
     if La > MAX_EXACT:
         raise TimeromeError(f"exact enumeration is limited to answers of {MAX_EXACT} tokens, got {La}")
@@ -215,10 +222,15 @@ def _stratified_counts(k: int, b: int, La: int) -> torch.Tensor:
     return (k - 1 + offset) % La + 1
 
 
-def _draw(La: int, n_mc: int, batch_size: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masks [R, La] (True = masked) and row weights La / n_r [R], float64; R = n_mc, or 1 if La = 1."""
-    if La == 1:
-        return torch.ones(1, 1, dtype=torch.bool), torch.ones(1, dtype=torch.float64)
+def _causal(backbone) -> bool:
+    return bool(getattr(backbone, "causal", False))  # duck-typed backbones without the flag are MDLMs
+
+
+def _draw(La: int, n_mc: int, batch_size: int, generator, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks [R, La] (True = scored, and masked unless causal) and row weights La / n_r [R], float64;
+    R = n_mc, or 1 if La = 1 or the model is causal (every answer token scored once, exactly)."""
+    if La == 1 or causal:
+        return torch.ones(1, La, dtype=torch.bool), torch.ones(1, dtype=torch.float64)
     sizes = [batch_size] * (n_mc // batch_size) + ([n_mc % batch_size] if n_mc % batch_size else [])
     dev = generator.device
     ks = torch.randint(1, La + 1, (len(sizes),), generator=generator, device=dev).cpu()
@@ -267,7 +279,8 @@ def _score_chunk(backbone, prompts, answers, masks, rows) -> torch.Tensor:
         clean[j, :lens[j]] = torch.cat([prompts[i], answers[i]])
         scored[j, P:lens[j]] = masks[i][r]
     real = torch.arange(L)[None, :] < torch.tensor(lens)[:, None]  # [R, L]
-    noisy = clean.masked_fill(scored, backbone.mask_id)
+    # a causal model reads token i's prediction from tokens 0..i-1: the clean row scores every token
+    noisy = clean if _causal(backbone) else clean.masked_fill(scored, backbone.mask_id)
 
     device = backbone.device
     am = None if all(n == L for n in lens) else real.to(device)

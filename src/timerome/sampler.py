@@ -35,6 +35,12 @@ Fast options (Fast-dLLM, Wu et al. 2025), off by default; the default path above
 Hooks see what each forward computes: an edit acts on every position when its keys/values are
 computed (at a refresh: all of them; in a partial forward: the window's), and `state.step` is set
 once per denoising step, whatever forwards the step makes.
+
+A causal (autoregressive) backbone decodes left to right instead: one forward per generated token
+over the prefix decoded so far, the next token argmax (temperature 0) or drawn from softmax(l / T)
+as above; `state.step` is the token's index. steps, block_length and remasking do not apply there
+(they are still checked); the cache, threshold and classifier-free guidance, which are diffusion
+options, are refused.
 """
 
 from __future__ import annotations
@@ -91,6 +97,10 @@ def generate(backbone, prompt_ids, *, steps: int = 128, gen_length: int = 128, b
     check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
                      temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
                      threshold=threshold, refresh_every=refresh_every)
+    if getattr(backbone, "causal", False):
+        with answer_region(backbone, P):
+            return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+                                  attention_mask, cache, threshold)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -137,6 +147,31 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
                 on_step(k, x.clone())
             k += 1
             i += 1
+
+
+def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+                   attention_mask, cache, threshold) -> torch.Tensor:
+    """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
+    if cache is not None or threshold is not None or cfg_scale > 0:
+        raise TimeromeError(f"the {backbone.family.name} model is autoregressive: it decodes one token per forward, "
+                            "left to right; cache, threshold and cfg_scale (--cache, --threshold) are diffusion "
+                            "sampling options")
+    device = backbone.device
+    B, P = prompt.shape
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.full((B, P + gen_length), backbone.mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt
+    real = _real_positions(attention_mask, B, P, gen_length, device)
+    am = None if attention_mask is None else real
+    for i in range(gen_length):
+        if state is not None:
+            state.step = i
+        logits = backbone.next_logits(x[:, :P + i], None if am is None else am[:, :P + i])  # [B, V]
+        x[:, P + i] = _sample(logits, temperature, generator)
+        if on_step is not None:
+            on_step(i, x.clone())
+    return x
 
 
 def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,

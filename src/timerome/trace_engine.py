@@ -47,7 +47,7 @@ from timerome.hooks import Hooks, TraceState
 from timerome.tie import object_logprobs, read_out, reveal, reveal_schedule
 
 
-class _Rows:
+class Rows:
     """What the hooks need about the batch in flight; set before every forward."""
 
     def __init__(self):
@@ -56,7 +56,7 @@ class _Rows:
         self.join: dict = {}                     # block b -> batch rows copied onto the batch after it
 
 
-def _hook_fns(sites, rows: _Rows) -> dict:
+def _hook_fns(sites, rows: Rows) -> dict:
     """Edits in place: the engine runs without autograd, and each output edited is the module's own
     fresh tensor, read by nothing before the edit."""
 
@@ -93,7 +93,7 @@ def _grow(output, src: torch.Tensor):
     raise _CannotJoin(type(output).__name__)
 
 
-def _joiners(blocks, rows: _Rows) -> dict:
+def joiners(blocks, rows: Rows) -> dict:
     """Raw-output hooks on every block: after block b, append copies of the batch rows rows.join[b]."""
 
     def joiner(b):
@@ -112,10 +112,10 @@ def rows_can_join(backbone) -> bool:
     a copy of row 0 joined after block 0 must give row 0's logits, and rows 0-1 their own."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, backbone.vocab_size, (2, 4), generator=g).to(backbone.device)
-    rows = _Rows()
+    rows = Rows()
     rows.join = {0: torch.tensor([0], device=backbone.device)}
     try:
-        with Hooks(backbone, edit=_joiners([backbone.module(0, "resid")], rows), raw=True):
+        with Hooks(backbone, edit=joiners([backbone.module(0, "resid")], rows), raw=True):
             got = backbone.logits(ids).float()
     except Exception:  # noqa: BLE001 - whatever the block makes of a grown batch, it is a no
         return False
@@ -183,11 +183,11 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     decided_clean = torch.zeros(F, L, device=device)
     lp_clean = torch.zeros(F, K + 1)
     lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
-    rows, state = _Rows(), TraceState()
+    rows, state = Rows(), TraceState()
     stats = dict(rows_run=0, forwards=0, block_rows=0, min_block_rows=0, min_block_tokens=0,
                  min_block_rows_by_length={str(L): 0})
     # the joins first: at a block's output rows join before the resid splice there acts on them
-    with Hooks(backbone, edit=_joiners(blocks, rows), raw=True), Hooks(backbone, edit=_hook_fns(sites, rows), state=state):
+    with Hooks(backbone, edit=joiners(blocks, rows), raw=True), Hooks(backbone, edit=_hook_fns(sites, rows), state=state):
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
                 new = torch.arange(F * N, device=device).view(F, 1, N).expand(F, C, N).reshape(-1)
@@ -305,7 +305,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
     yield order.new_tensor(chunk)
 
 
-def _layout(rows: _Rows, items, run, skip, source, x, x_clean, fact, sample, site, at, step: int, table, subject,
+def _layout(rows: Rows, items, run, skip, source, x, x_clean, fact, sample, site, at, step: int, table, subject,
             n_samples: int, n_layers: int):
     """The batch of one forward, and rows.noise / splice / join set for its hooks. Returns (ids
     [B0, L] it starts from, ids [B, L] of the final batch, fact of each final row, where

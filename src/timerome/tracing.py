@@ -44,12 +44,35 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
     return facts[:n]
 
 
+def refuse_causal(backbone) -> None:
+    """The diffusion-time trace follows a denoising trajectory, which an autoregressive model has not."""
+    if getattr(backbone, "causal", False):
+        raise TimeromeError(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
+                            "is autoregressive: trace it with the positional trace (timerome trace --positional, "
+                            "timerome.positional_trace)")
+
+
 def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
+    refuse_causal(backbone)
     integer(steps, "steps", lo=1)
-    integer(n_samples, "n_samples", lo=1)
-    number(sigma, "sigma", lo=0, none=True)
     number(tau, "tau")
     check_seed(seed, "seed")
+    if readout not in READOUTS:
+        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
+    modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
+    F, C = len(facts), len(modules) * len(layers)
+    # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
+    budget(f"tracing {F} facts over {steps} steps", F * (1 + n_samples + n_samples * C * (steps + 1) / 2) * (steps + 1),
+           f"{n_samples} noise samples x {C} sites x the steps left after each of {steps} steps")
+    memory_budget(f"tracing {F} facts over {steps} steps (TIE for every step pair)",
+                  4 * F * C * steps * (steps + 1) * 2)
+    return modules, layers
+
+
+def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size):
+    """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
+    integer(n_samples, "n_samples", lo=1)
+    number(sigma, "sigma", lo=0, none=True)
     if isinstance(modules, str):
         modules = (modules,)
     modules = tuple(modules)
@@ -64,16 +87,8 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
     if len(set(layers)) != len(layers):
         raise TimeromeError(f"layers are repeated: {layers}")
     integer(batch_size, "batch_size (one row is the clean run)", lo=2)
-    if readout not in READOUTS:
-        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
     if not facts:
         raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
-    F, C = len(facts), len(modules) * len(layers)
-    # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
-    budget(f"tracing {F} facts over {steps} steps", F * (1 + n_samples + n_samples * C * (steps + 1) / 2) * (steps + 1),
-           f"{n_samples} noise samples x {C} sites x the steps left after each of {steps} steps")
-    memory_budget(f"tracing {F} facts over {steps} steps (TIE for every step pair)",
-                  4 * F * C * steps * (steps + 1) * 2)
     return modules, layers
 
 

@@ -16,11 +16,17 @@ POINTS = HOOK_POINTS + ("embed",)
 
 
 class Backbone:
-    """A masked diffusion LM seen through its family's module-path table.
+    """A masked diffusion LM (or, for a causal family, an autoregressive LM) seen through its
+    family's module-path table.
 
-    `logits` is always aligned (logits[:, i] predicts token i) and always bidirectional; a
-    padding mask goes where the running implementation expects it (ours, a transformers class,
-    or the checkpoint's own code). `module(layer, point)` resolves a hook point to the module
+    `logits` is always aligned: logits[:, i] predicts token i. For an MDLM the forward is
+    bidirectional and position i predicts token i when it is masked; for a causal family (`causal`)
+    the forward is causal and logits[:, i] is the model's output at i - 1, its prediction of token
+    i from tokens 0..i-1 (logits[:, 0] has no predictor: a copy of the output at 0, never read), so
+    every caller reads "the prediction of token i" at i whatever the family, and a placeholder
+    (the mask id) at i is never read for it. `next_logits` gives the prediction of the token after
+    the input. A padding mask goes where the running implementation expects it (ours, a
+    transformers class, or the checkpoint's own code). `module(layer, point)` resolves a hook point to the module
     whose output it is; `points` lists the points this model has (the paper's three, "embed",
     and family extras such as LLaDA-MoE's "mlp_routed" / "mlp_shared").
     """
@@ -82,9 +88,38 @@ class Backbone:
         keys = self._keys(ids, attention_mask)
         out = self.model(input_ids=ids, **self.forward_kwargs(ids, keys)).logits
         if self.family.logit_shift:
-            # Dream/DiffuLLaMA: output j-1 predicts token j
+            # Dream/DiffuLLaMA and causal LMs: output j-1 predicts token j
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
         return out
+
+    @property
+    def causal(self) -> bool:
+        """An autoregressive model (causal attention, next-token likelihood, greedy decoding)."""
+        return self.family.causal
+
+    def next_logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, L] -> logits [B, V] of the token after the last one (a causal family only: an MDLM
+        predicts masked positions, not a next token). The vocabulary head runs on that position only
+        where the implementation allows it (transformers' `logits_to_keep`)."""
+        if not self.family.causal:
+            raise TimeromeError(f"next-token logits need an autoregressive model; the {self.family.name} family is "
+                                "a masked diffusion LM (read logits() at a masked position instead)")
+        keys = self._keys(ids, attention_mask)
+        kwargs = self.forward_kwargs(ids, keys)
+        keep = self._keep_argument()
+        if keep:
+            kwargs[keep] = 1
+        return self.model(input_ids=ids, **kwargs).logits[:, -1]
+
+    def _keep_argument(self) -> str | None:
+        """The forward's argument that limits the head to the last positions (transformers >= 4.50:
+        logits_to_keep; 4.45-4.49: num_logits_to_keep; None: the head runs everywhere)."""
+        if not hasattr(self, "_keep_arg"):
+            import inspect
+
+            params = inspect.signature(self.model.forward).parameters
+            self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
+        return self._keep_arg
 
     def _keys(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """The [B, L] real-token mask of a padded batch (None: no padding), after the shape checks."""

@@ -29,6 +29,8 @@ def _padding(bb) -> str:
         return f"{how}; probe: {problem}" if problem else how
     how = {"keys2d": "a [B,L] key mask", "bias4d": "a [B,1,L,L] boolean attention_mask",
            "additive4d": "a [B,1,L,L] additive attention_mask"}[fam.attention]
+    if fam.causal:
+        how += " (causal attention)"
     pos = "positions counted over real tokens" if fam.positions == "from_mask" else "positions 0..L-1"
     return f"{how}, {pos}"
 
@@ -39,6 +41,12 @@ def describe(bb) -> dict:
     info = bb.info
     mask = _special(bb, "mask_token_id", "mask_token_id", bb.family.mask_id)
     mask["id"] = bb.mask_id  # the one the backbone uses (loading checked it fits the vocabulary)
+    if bb.family.causal and mask["source"] == "none":
+        mask["source"] = "placeholder: an autoregressive LM has no mask token (pad / eos id)"
+        try:
+            mask["token"] = bb.tokenizer.convert_ids_to_tokens(bb.mask_id)
+        except Exception:  # noqa: BLE001 - a tokenizer without that id
+            mask["token"] = None
     return {
         "name": bb.name,
         "checkpoint": info.get("checkpoint"),
@@ -57,6 +65,7 @@ def describe(bb) -> dict:
                         "pad": _special(bb, "pad_token_id", "pad_token_id")},
         "hook_points": {p: bb.module_path(None if p == "embed" else 0, p) for p in bb.points},
         "logit_shift": bb.family.logit_shift,
+        "causal": bb.family.causal,
         "padding": _padding(bb),
         "config_keys": info.get("config_keys", {"refused": [], "unknown": [], "implemented": []}),
     }
@@ -87,6 +96,7 @@ def summary_rows(d: dict) -> list[tuple[str, str]]:
         ("layers / hidden / vocab / context", f"{d['layers']} / {d['hidden_size']} / {d['vocab_size']} / {d['context']}"),
         ("tokenizer", f"{tok.get('class')} ({tok.get('how', '')})"),
         ("mask / eos / pad", f"{one('mask')} / {one('eos')} / {one('pad')}"),
+        ("kind", "autoregressive (causal)" if d.get("causal") else "masked diffusion"),
         ("logit shift", str(d["logit_shift"])), ("padding", d["padding"]),
         ("refused config flags", "; ".join(keys["refused"]) or "none"),
         ("unknown config keys", ", ".join(keys["unknown"]) or "none"),

@@ -4,10 +4,14 @@ LLaDA-MoE releases say `model_type: "llada"` like dense LLaDA; their keys (`hidd
 `num_experts`, ...) and `architectures: ["LLaDAMoEModelLM"]` tell them apart. A family is a
 candidate when the config has all of its `keys` and none of its `without` keys, and at least one
 piece of evidence points to it (model_type, an architecture, marker keys); the candidate with the
-most evidence wins, a tie is an error.
+most evidence wins, a tie is an error. One tie is settled by the mask token: a Llama config is
+DiffuLLaMA's (an MDLM) or an autoregressive Llama's, and only an MDLM declares a mask token
+(config.json's `mask_token_id` or the tokenizer's), so `mask_declared` (asked only then) decides.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from timerome.backbones.families import FAMILIES, Family, get_family
 from timerome.errors import TimeromeError
@@ -46,8 +50,28 @@ def describe_config(config: dict) -> str:
             f"keys {', '.join(keys) or '(none of d_model / hidden_size)'}")
 
 
-def detect_family(config: dict, family: str | None = None) -> tuple[Family, list[str]]:
-    """(family, evidence) for a config.json; `family` overrides detection only when it fits."""
+def _by_mask(scored: list, mask_declared: Callable[[], bool] | None) -> list:
+    """The candidates tied at the top, settled by the mask token when they differ in kind only
+    (a diffusion family and a causal one): an MDLM declares a mask token, an AR model does not."""
+    top = [t for t in scored if t[0] == scored[0][0]]
+    kinds = {t[1].causal for t in top}
+    if len(top) < 2 or len(kinds) < 2 or mask_declared is None:
+        return scored
+    declared = bool(mask_declared())
+    keep = [t for t in top if t[1].causal != declared]
+    if len(keep) != 1:
+        return scored
+    n, fam, ev = keep[0]
+    why = "a mask token is declared: a masked diffusion LM" if declared else \
+        "no mask token declared (config.json, tokenizer): an autoregressive LM"
+    return [(n + 1, fam, ev + [why])] + [t for t in scored if t[1] is not fam]
+
+
+def detect_family(config: dict, family: str | None = None, *,
+                  mask_declared: Callable[[], bool] | None = None) -> tuple[Family, list[str]]:
+    """(family, evidence) for a config.json; `family` overrides detection only when it fits.
+    mask_declared: whether the checkpoint declares a mask token (called only to settle a tie
+    between a diffusion family and a causal one)."""
     scored = []
     for fam in FAMILIES.values():
         if not _fits(fam, config):
@@ -55,6 +79,7 @@ def detect_family(config: dict, family: str | None = None) -> tuple[Family, list
             if ev:
                 scored.append((len(ev), fam, ev))
     scored.sort(key=lambda t: -t[0])
+    scored = _by_mask(scored, mask_declared) if scored else scored
     best = scored[0] if scored else None
     if family is None:
         if best and len(scored) > 1 and scored[1][0] == best[0]:

@@ -8,6 +8,11 @@ the layer index. Paths are anchored at the root of the loaded model, so LLaDA's 
 
 Detection (`timerome.backbones.detect`) reads the signature columns: the config keys a family
 needs and must not have, and the model_type / architectures / marker keys that point to it.
+
+Two kinds of family share the table: masked diffusion LMs (bidirectional, a mask token) and, with
+`causal=True`, autoregressive LMs (causal attention, next-token likelihood, greedy left-to-right
+decoding), so that the positional trace, the locate-then-edit baselines and the edit memory run on
+both. Algorithms read the flag, never a family name.
 """
 
 from __future__ import annotations
@@ -46,9 +51,14 @@ class Family:
     hidden_keys: tuple[str, ...] = ("hidden_size", "d_model")
     context_keys: tuple[str, ...] = ("max_position_embeddings", "max_sequence_length")
     mask_id: int | None = None    # default mask token id when the config/tokenizer does not say
-    logit_shift: int = 0          # 1: output j-1 predicts token j (Dream, DiffuLLaMA)
+    logit_shift: int = 0          # 1: output j-1 predicts token j (Dream, DiffuLLaMA, every causal LM)
+    # autoregressive: causal attention (position i sees 0..i), exact next-token likelihood, greedy
+    # left-to-right decoding, no mask token (the backbone's mask id is a placeholder for positions not
+    # yet decoded, which a causal forward never reads when it predicts them)
+    causal: bool = False
     # How the built-in model takes padding:
-    #   "keys2d": our own implementations: a [B, L] key mask as attention_mask (+ position_ids)
+    #   "keys2d": our own implementations, and transformers' causal LMs: a [B, L] key mask as
+    #             attention_mask (+ position_ids); transformers adds the causal mask to it
     #   "bias4d": transformers' Llama/Qwen2 classes: a [B, 1, L, L] boolean attention_mask, which
     #             also makes them bidirectional
     #   "additive4d": the same as an additive mask in the model dtype (0 / dtype min), DiffuLLaMA's format
@@ -62,7 +72,7 @@ class Family:
     #   "none": the official code drops masks, padded batches are refused
     remote_padding: str = "none"
     loader: str = "transformers"  # "timerome": our own implementation; "transformers": a transformers class
-    hf_class: str | None = None   # the transformers class the "transformers" loader uses: "llama" | "qwen2"
+    hf_class: str | None = None   # the transformers class the "transformers" loader uses: "llama" | "qwen2" | "gpt2"
     hf_attention: str = "sdpa"    # its attention implementation: the official one (dtype parity)
     needs_remote_code: bool = False  # the official implementation is remote code
     config_spec: str = ""         # which table of timerome.backbones.flags checks the config keys
@@ -83,6 +93,9 @@ _LLADA_PATHS = dict(embed="model.transformer.wte", block="model.transformer.bloc
                     attn="model.transformer.blocks.{i}.attn_out", mlp="model.transformer.blocks.{i}.ff_out")
 _HF_PATHS = dict(embed="model.embed_tokens", block="model.layers.{i}", attn="model.layers.{i}.self_attn",
                  mlp="model.layers.{i}.mlp")
+# an autoregressive LM run by its transformers class: causal attention as the class computes it (a
+# [B, L] key mask for padding, RoPE positions counted over real tokens), aligned like Dream's logits
+_CAUSAL = dict(causal=True, logit_shift=1, attention="keys2d", positions="from_mask", loader="transformers")
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -127,6 +140,23 @@ FAMILIES: dict[str, Family] = {
             without=MOE_MARKERS + ("d_model",), **_HF_PATHS,
             logit_shift=1, attention="additive4d", loader="transformers", hf_class="llama", config_spec="llama",
             hf_attention="eager",  # inf_diffullama.py's default, with get_anneal_attn_mask's additive mask
+        ),
+        # autoregressive LMs. A Llama config is DiffuLLaMA's as well: detection tells them apart by
+        # the mask token (config.json or tokenizer): an MDLM declares one, an AR model does not
+        Family(
+            name="llama", model_types=("llama",), architectures=("LlamaForCausalLM",), keys=HF_KEYS,
+            without=MOE_MARKERS + ("d_model",), **_HF_PATHS, **_CAUSAL, hf_class="llama", config_spec="llama",
+        ),
+        Family(
+            name="qwen2", model_types=("qwen2",), architectures=("Qwen2ForCausalLM",), keys=HF_KEYS,
+            without=MOE_MARKERS + ("d_model",), **_HF_PATHS, **_CAUSAL, hf_class="qwen2", config_spec="qwen2-causal",
+        ),
+        Family(
+            name="gpt2", model_types=("gpt2",), architectures=("GPT2LMHeadModel",), keys=("n_embd", "n_layer", "n_head"),
+            embed="transformer.wte", block="transformer.h.{i}", attn="transformer.h.{i}.attn",
+            mlp="transformer.h.{i}.mlp", n_layers_keys=("n_layer",), hidden_keys=("n_embd",),
+            context_keys=("n_positions", "n_ctx"), **_CAUSAL, hf_class="gpt2", config_spec="gpt2",
+            lora_targets=r".*h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)",
         ),
     ]
 }

@@ -188,7 +188,28 @@ LLAMA = dict(  # DiffuLLaMA: transformers' own Llama is the official model
     defaults=None,
 )
 
-SPECS = {"llada": LLADA, "mmada": MMADA, "llada-moe": LLADA_MOE, "qwen2": QWEN2, "llama": LLAMA}
+QWEN2_CAUSAL = dict(  # an autoregressive Qwen2: transformers' own Qwen2 is the official model
+    implemented=QWEN2["implemented"] | {"hidden_act", "rope_scaling", "use_sliding_window", "rope_parameters",
+                                        "layer_types", "attention_bias", "head_dim"},
+    harmless=set(),
+    refused={},
+    defaults=None,
+)
+
+GPT2 = dict(  # an autoregressive GPT-2: transformers' own GPT2LMHeadModel is the official model
+    implemented={
+        "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx", "vocab_size", "activation_function",
+        "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+        "tie_word_embeddings",
+    },
+    harmless={"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
+              "summary_proj_to_labels", "summary_first_dropout", "task_specific_params", "add_cross_attention"},
+    refused={},
+    defaults=None,
+)
+
+SPECS = {"llada": LLADA, "mmada": MMADA, "llada-moe": LLADA_MOE, "qwen2": QWEN2, "llama": LLAMA,
+         "qwen2-causal": QWEN2_CAUSAL, "gpt2": GPT2}
 
 
 def _effective(spec: dict, config: dict) -> dict:

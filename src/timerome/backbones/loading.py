@@ -1,4 +1,4 @@
-"""load_backbone: a local checkpoint directory (Hugging Face layout) -> Backbone."""
+"""load_backbone: a local checkpoint directory (Hugging Face layout) or a GGUF file -> Backbone."""
 
 from __future__ import annotations
 
@@ -31,12 +31,16 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
                 "rebuild it with `timerome build-default`")
         return DEFAULT_MODEL_DIR
     p = Path(path_or_hub_id).expanduser()
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        from timerome.backbones.gguf import gguf_folder
+
+        return gguf_folder(p)
     if p.is_dir():
         if not (p / "config.json").exists():
             raise TimeromeError(f"{p} has no config.json: not a Hugging Face checkpoint directory")
         return p
     if p.exists():
-        raise TimeromeError(f"{p} is a file; pass the checkpoint directory that holds config.json")
+        raise TimeromeError(f"{p} is a file; pass the checkpoint directory that holds config.json (or a .gguf file)")
     # a Hub id: only what is already in the local cache, or a download when online
     try:
         from huggingface_hub import snapshot_download
@@ -52,10 +56,11 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
 def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None = None, *,
                   dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
                   trust_remote_code: bool = False) -> Backbone:
-    """Load a masked diffusion LM and wrap it as a Backbone.
+    """Load a masked diffusion LM (or an autoregressive LM: a causal family) and wrap it as a Backbone.
 
-    path_or_hub_id: checkpoint directory (config.json + safetensors + tokenizer); None or
-    "default" loads the embedded model. family: one of timerome.backbones.FAMILIES, else
+    path_or_hub_id: checkpoint directory (config.json + safetensors + tokenizer) or a .gguf file
+    (dequantised once, cached: `backbones.gguf`); None or "default" loads the embedded model.
+    family: one of timerome.backbones.FAMILIES, else
     detected from config.json's keys and architectures (a family that does not fit the config
     is an error). Config flags our implementation does not implement are refused, unknown keys
     warned about. Remote code runs only with trust_remote_code=True.
@@ -63,7 +68,16 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     device = _device(device)
     ckpt = resolve_checkpoint(path_or_hub_id)
     config = read_config(ckpt)
-    fam, evidence = detect_family(config, family)
+    tok_loaded = []
+
+    def tokenizer_once():
+        if not tok_loaded:
+            tok_loaded.append(load_tokenizer(ckpt, config, trust_remote_code))
+        return tok_loaded[0]
+
+    # a Llama config is DiffuLLaMA's or an AR Llama's: the mask token tells (asked only then)
+    fam, evidence = detect_family(config, family, mask_declared=lambda: config.get("mask_token_id") is not None or
+                                  getattr(tokenizer_once()[0], "mask_token_id", None) is not None)
     torch_dtype = _dtype(dtype)
     check_values(fam.config_spec, config, str(ckpt / "config.json"))
     n_params = parameter_count(fam.config_spec, config)
@@ -78,7 +92,7 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
         flags = check_config(fam.config_spec, config)
         if flags["refused"]:
             raise RefusedConfig(flags["refused"], {"family": fam.name, "evidence": evidence, "checkpoint": str(ckpt)})
-    tokenizer, tok_info = load_tokenizer(ckpt, config, trust_remote_code)
+    tokenizer, tok_info = tokenizer_once()
     # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
     mask_id = _mask_id(config, tokenizer, fam)
     if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
@@ -91,6 +105,8 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
         model = _transformers_model(ckpt, config, fam, torch_dtype)
     model.to(device)
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
+    if str(path_or_hub_id).lower().endswith(".gguf"):  # the cached folder's name carries a digest
+        name = Path(str(path_or_hub_id)).stem
     info = {"checkpoint": str(ckpt), "evidence": evidence, "tokenizer": tok_info, "config_keys": flags,
             "implementation": _implementation(model, fam, remote)}
     bb = Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
@@ -178,9 +194,22 @@ def _mask_id(config: dict, tokenizer, fam: Family) -> int:
     for candidate in (config.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None), fam.mask_id):
         if candidate is not None:
             return int(candidate)
+    if fam.causal:
+        # no mask token: a placeholder for positions not yet decoded, which a causal forward never
+        # reads when it predicts them (the pad / eos token, else 0)
+        return placeholder_id(config, tokenizer)
     raise TimeromeError(
         "this checkpoint has no mask token: neither config.json (mask_token_id), the tokenizer, "
         f"nor the {fam.name} family names one; an MDLM needs one")
+
+
+def placeholder_id(config: dict, tokenizer) -> int:
+    """A causal model's stand-in for the mask id: its pad token, else eos, else 0."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), config.get("pad_token_id"),
+                      getattr(tokenizer, "eos_token_id", None), config.get("eos_token_id")):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
 
 
 def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -235,7 +264,8 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
 
     cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                           # Dream checkpoints are Qwen2 weights under their own model_type
-                          "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[fam.hf_class]
+                          "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                          "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel)}[fam.hf_class]
     fields = {k: v for k, v in config.items()
               if k not in ("model_type", "architectures", "auto_map") and not (k == "rope_scaling" and v is None)}
     hf_config = cfg_cls(**fields)

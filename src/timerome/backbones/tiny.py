@@ -77,6 +77,9 @@ def make_tiny_checkpoint(family: str, directory: str | Path, *, layers: int = 2,
         save_model(build_model(cfg, seed=seed), d)
     elif family in ("dream", "diffullama"):
         _transformers_tiny(family, d, vocab, mask, layers, hidden, seed)
+    elif family in ("llama", "qwen2", "gpt2"):  # autoregressive: the tokenizer declares no mask token
+        _transformers_tiny(family, d, vocab, mask, layers, hidden, seed)
+        _drop_mask_token(d)
     else:
         raise TimeromeError(f"no tiny checkpoint recipe for family {family!r}")
     return d
@@ -89,8 +92,12 @@ def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=128, tie_word_embeddings=False)
-    if family == "dream":
+    if family in ("dream", "qwen2"):
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif family == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=128, tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=None))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     model.save_pretrained(str(d), safe_serialization=True)
@@ -98,3 +105,13 @@ def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
     if family == "dream":
         cfg.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=mask)
     (d / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def _drop_mask_token(d: Path) -> None:
+    """An autoregressive model's tokenizer: the same files without a mask token."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = d / name
+        if path.is_file():
+            cfg = json.loads(path.read_text())
+            cfg.pop("mask_token", None)
+            path.write_text(json.dumps(cfg, indent=2))

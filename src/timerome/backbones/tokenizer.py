@@ -64,7 +64,13 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
             # AutoTokenizer also reads config.json through a generic config class, which warns
             # about keys of the release's era (rope_scaling); none of it reaches the tokenizer
             warnings.simplefilter("ignore", FutureWarning)
-            if remote is None or trust_remote_code:
+            if remote is None and tok_cfg.get("tokenizer_class") == "PreTrainedTokenizerFast" and \
+                    (ckpt / "tokenizer.json").is_file():
+                # the release names the generic class: transformers 5's AutoTokenizer would pick the
+                # model_type's own class instead (qwen2 -> Qwen2Tokenizer) and misread a tokenizer.json
+                tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(ckpt))
+                how = "PreTrainedTokenizerFast from tokenizer.json, as the release names it"
+            elif remote is None or trust_remote_code:
                 tok = transformers.AutoTokenizer.from_pretrained(str(ckpt), trust_remote_code=trust_remote_code)
                 how = ("the release's remote code (trust_remote_code)" if remote else
                        f"AutoTokenizer for the release's {tok_cfg.get('tokenizer_class') or 'files'}")

@@ -39,7 +39,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
-         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors: edit at its best layer for --module"),
+         trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
+                                                   "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
          alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's, 4 for timerome, "
                                                           "8 for codebook, 1 for rewrite)"),
@@ -67,6 +68,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     from timerome.edit_memory import default_coordinate, sort_new_facts
     from timerome.methods import available, get_method, method_config
     from timerome.methods.timerome_edit import build_memory, select
+    from timerome.positional_trace import PositionalTrace, is_positional, select_positional
     from timerome.task import ForgetTask
     from timerome.trace_result import TraceResult
     from timerome.whitening import background_texts
@@ -101,7 +103,12 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                             "(--alpha, --lam, --layer, ...)")
     if calibration is not None and method == "timerome":
         raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
-    if trace_file is not None:
+    if trace_file is not None and is_positional(trace_file):
+        # ROME's choice for the hook point we edit: its largest mean effect at the last subject token
+        positional = PositionalTrace.load(trace_file)
+        positional.check_model(bb, trace_file)
+        layer = select_positional(positional, (module,)).layer
+    elif trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
         traced = TraceResult.load(trace_file)
         traced.check_model(bb, trace_file)

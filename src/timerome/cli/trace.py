@@ -1,4 +1,4 @@
-"""`timerome trace`: TIE heatmaps and the selected coordinate."""
+"""`timerome trace`: TIE heatmaps and the selected coordinate; `--positional`: ROME's positional trace."""
 
 from __future__ import annotations
 
@@ -23,25 +23,42 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
               steps: int = typer.Option(8, help="denoising steps K"),
-              n_samples: int = typer.Option(5, help="noise samples per fact"),
+              n_samples: Optional[int] = typer.Option(None, help="noise samples per fact (default: 5 for TIE, "
+                                                                  "ROME's 10 with --positional)"),
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
               tau: float = typer.Option(1.0, help="temporal decay of the TIE aggregation"),
               beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
               readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
+              positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
+                                              "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
+              window: int = typer.Option(10, help="--positional: attn / mlp layers restored together (ROME: 10)"),
+              compare: bool = typer.Option(False, "--compare", help="--positional on an MDLM: also trace TIE on the "
+                                           "same facts and draw heatmap_compare.png"),
               seed: int = 0, batch_size: int = 256,
               as_json: bool = typer.Option(False, "--json", help="print the selection as JSON")):
-    """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module)."""
+    """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module); with
+    --positional, ROME's positional trace and the layer ROME would edit."""
     from timerome.heatmaps import plot_heatmaps, plot_per_fact
     from timerome.selection import per_fact_best, select_coordinate
-    from timerome.tracing import trace
+    from timerome.tracing import refuse_causal, trace
 
     if n_facts < 1:
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
+    if compare and not positional:
+        raise TimeromeError("--compare draws the positional trace beside TIE: add --positional")
     output_folder(out).mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
     bb = model.load()
+    if compare:
+        refuse_causal(bb)  # before the positional trace: TIE cannot follow
+    if not positional:
+        refuse_causal(bb)
     facts = _facts(data, tofu_dir, n_facts, backbone=bb)
+    if positional:
+        return _positional(bb, facts, out, n_samples or 10, sigma, window, seed, batch_size, per_fact, compare,
+                           steps, tau, readout, as_json)
+    n_samples = 5 if n_samples is None else n_samples
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)
     result = trace(bb, facts, **kw)
@@ -74,3 +91,50 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     console.print(f"edit coordinate: layer {chosen.layer} {chosen.module}, every step ({objective} "
                   f"{chosen.score:.3f} at step {chosen.step}); `timerome edit --trace` uses it")
     console.print(f"wrote {out / 'trace.safetensors'}, {png}, {out / 'selection.json'}")
+
+
+def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_fact, compare, steps, tau, readout,
+                as_json):
+    """`timerome trace --positional`: ROME's trace, its figure, ROME's choice (the MLP at the last subject
+    token) and the residual stream's, and with --compare the TIE of the same facts beside it."""
+    from timerome.heatmaps import plot_compare, plot_positional
+    from timerome.positional_trace import CATEGORIES, positional_trace, select_positional
+    from timerome.tracing import trace
+
+    result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
+                              batch_size=batch_size)
+    path = result.save(out / "positional.safetensors")
+    png = plot_positional(result, out / "heatmap.png")
+    if per_fact:
+        for i in range(len(result.fact_ids)):
+            plot_positional(result, out / "per_fact" / f"heatmap-{i}.png", fact=i)
+    choices = {m: select_positional(result, (m,)) for m in result.modules}
+    files = dict(trace=str(path), heatmaps=str(png), selection=str(out / "selection.json"))
+    if compare:
+        tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result.settings["sigma"], tau=tau, seed=seed,
+                    readout=readout)
+        tie.save(out / "trace.safetensors")
+        files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
+        files["tie_trace"] = str(out / "trace.safetensors")
+    mean = result.mean()
+    table = {m: {c: mean[i, :, j].tolist() for j, c in enumerate(CATEGORIES)} for i, m in enumerate(result.modules)}
+    sel = dict(kind="positional", edit=choices.get("mlp", next(iter(choices.values()))).as_dict(),
+               per_module={m: c.as_dict() for m, c in choices.items()}, layers=result.layers, mean_by_category=table,
+               clean_p=result.clean_p.tolist())
+    write_json(out / "selection.json", sel)
+    if as_json:
+        print_json(dict(sel, files=files))
+        return
+    t = Table(title=f"positional trace (ROME) over {len(result.fact_ids)} facts: largest mean effect at the last "
+                    "subject token, p(o_1) restored - corrupted")
+    for c in ("module", "layer", "effect", ""):
+        t.add_column(c)
+    for m, c in choices.items():
+        t.add_row(m, str(c.layer), f"{c.effect:.3f}", "ROME edits here" if m == "mlp" else "")
+    console.print(t)
+    last = CATEGORIES.index("last token")
+    for i, m in enumerate(result.modules):
+        row = mean[i, :, last]
+        console.print(f"{m}: largest effect at the last token at layer {result.layers[int(row.nan_to_num(-1).argmax())]} "
+                      f"({float(row.nan_to_num(-1).max()):.3f})", soft_wrap=True)
+    console.print(f"wrote {', '.join(files.values())}", soft_wrap=True)

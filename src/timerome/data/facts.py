@@ -137,7 +137,7 @@ def facts_from_rows(rows: Sequence[dict], *, authors: Iterable[str] | None = Non
     not hold its subject verbatim is skipped.
     Prompt: the question. Object: the whole answer (what the model generates after the prompt,
     so tracing and editing score exactly it); object_from="object" takes row["object"], the
-    value span, where a row has one.
+    value span, where a row has one. Target: a row's own "target" text, else `target`.
     """
     if object_from not in ("answer", "object"):
         raise TimeromeError(f"object_from must be 'answer' or 'object', got {object_from!r}")
@@ -173,7 +173,8 @@ def facts_from_rows(rows: Sequence[dict], *, authors: Iterable[str] | None = Non
             skipped.append((i, f"subject not in prompt: {subject!r} does not occur in the question"))
             continue
         obj = r["object"] if object_from == "object" and isinstance(r.get("object"), str) else r["answer"]
-        facts.append(Fact(subject=subject, prompt=q, object=obj, target=target,
+        own = r.get("target") if isinstance(r.get("target"), str) and r["target"].strip() else None
+        facts.append(Fact(subject=subject, prompt=q, object=obj, target=own or target,
                           fact_id=_fact_id(r, offset + i)))
     return facts, skipped
 

@@ -1,4 +1,5 @@
-"""One way to name a QA set on the command line: 'embedded:SPLIT', 'tofu:SPLIT' or a file."""
+"""One way to name a QA set on the command line: 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' (the
+real facts of `data/real_facts.py`, with their counterfactual targets) or a file."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ from timerome.files import read_text
 
 
 def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
+    from timerome.data import real_facts
+
+    if spec == real_facts.NAME:
+        return real_facts.real_rows()[0]
     if spec.startswith("embedded:"):
         return load_split(spec.split(":", 1)[1], "embedded")
     if spec.startswith("tofu:"):
         return load_split(spec.split(":", 1)[1], tofu_dir)
     path = Path(spec)
     if not path.exists():
-        raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an existing file")
+        raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' nor an existing file")
     text = read_text(path, "rows file").strip()
     try:
         rows = json.loads(text) if text.startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]

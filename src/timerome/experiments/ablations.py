@@ -1,8 +1,18 @@
-"""ablations: resid vs attn vs mlp; all steps vs one step; traced vs random vs last-layer coordinate
-(paper Figure "radar", ablation axis).
+"""ablations: resid vs attn vs mlp; all steps vs one step; traced vs random vs last-layer coordinate;
+and "AR positional", the memory where ROME's positional trace puts it (paper Figure "radar",
+ablation axis; ablation row "AR positional").
 
 MC log-likelihoods have no denoising step, so the one-step row is measured only along the greedy
 denoising trajectory (Traj columns), where step k exists; every row has those too.
+
+"AR positional" is the same memory installed at the coordinate of the AR protocol: ROME's positional
+trace of the same validation facts (one forward, the answer fully masked on an MDLM), the MLP layer
+with the largest mean effect at the last subject token (`positional_trace.select_positional`).
+The report also draws `heatmap_compare.png`: that positional trace beside the TIE trace the
+TimeROME rows are placed by (the paper's Figure "heatmap_compare"). On an autoregressive backbone
+TIE does not exist: only the rows that need no TIE trace are run (no_edit, AR positional, random,
+last layer), on the MC likelihood only (no denoising trajectory), and the figure is the positional
+trace alone.
 """
 
 from __future__ import annotations
@@ -16,10 +26,15 @@ CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", traj_steps=8,
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
 
 
-def plan(cfg, n_layers: int) -> list[tuple[str, str, dict]]:
-    """(row, method, config overrides) of the design-space ablations."""
+AR_ROW = "AR positional (ROME's site: MLP at the last subject token)"
+AR_CONFIG = dict(trace_kind="positional", select_modules=["mlp"])
+
+
+def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]]:
+    """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
+    an autoregressive backbone)."""
     base = dict(cfg["config"])
-    return [
+    rows = [
         ("no_edit", "no_edit", {}),
         ("resid, all steps, traced layer (TimeROME)", "timerome", base),
         ("attn at the traced layer", "timerome", dict(base, module="attn")),
@@ -27,7 +42,11 @@ def plan(cfg, n_layers: int) -> list[tuple[str, str, dict]]:
         (f"one step only (k={cfg['one_step']})", "timerome", dict(base, step=cfg["one_step"])),
         ("random layer / module", "random_layer", {k: v for k, v in base.items() if not k.startswith("trace")}),
         (f"last layer {n_layers - 1} resid", "timerome", dict(base, coordinate=[n_layers - 1, "resid"])),
+        (AR_ROW, "timerome", dict(base, **AR_CONFIG)),
     ]
+    if causal:
+        rows = [r for r in rows if r[1] != "timerome" or r[2].get("coordinate") or r[2].get("trace_kind") == "positional"]
+    return rows
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
@@ -35,19 +54,51 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
                    splits=["forget", "retain", "real_authors"])
     traj_data = dict(forget=cfg["forget"], n_retain=min(20, cfg["n_retain"]), splits=["forget", "retain"])
     out = []
+    causal = getattr(ctx.backbone, "causal", False)
     for seed in seeds:
-        for row, method, over in plan(cfg, ctx.backbone.n_layers):
+        for row, method, over in plan(cfg, ctx.backbone.n_layers, causal):
             if "step" not in over:  # an MC likelihood has no denoising step for a one-step edit to act at
                 out.append(Cell("lp", method, over, seed, lp_data, dict(n_mc=cfg["n_mc"]), row=row))
-            out.append(Cell("traj", method, over, seed, traj_data, dict(steps=cfg["traj_steps"]), row=row))
+            if not causal:  # an autoregressive model has no denoising trajectory
+                out.append(Cell("traj", method, over, seed, traj_data, dict(steps=cfg["traj_steps"]), row=row))
     return out
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
-    md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)} Traj columns: log-likelihood read "
+    md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)}{positional_note(results)} Traj columns: "
+                  "log-likelihood read "
                   f"along the greedy denoising trajectory ({cfg['traj_steps']} steps max), the only place a "
                   "one-step edit exists.")
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=traced_coordinate(results)), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
+    files["heatmap_compare"] = compare_figure(cfg, cells, ctx, out_dir)
     return dict(summary=summary, markdown=md, files=files)
+
+
+def positional_note(results) -> str:
+    """Where the AR row's memory sat (the positional trace's choice), for the table's note."""
+    for r in results:
+        info = r.get("info") or {}
+        if info.get("coordinate_source") == "positional trace":
+            return (f" AR positional coordinate: layer {info['layer']} {info['point']} (mean positional effect "
+                    f"{info['positional_effect']:.3g} at the {info['category']}).")
+    return ""
+
+
+def compare_figure(cfg, cells, ctx, out_dir) -> str:
+    """heatmap_compare.png: the positional trace the AR row was placed by beside the TIE trace of the
+    TimeROME rows, on the same validation facts (both read from the method's trace cache); the
+    positional trace alone on an autoregressive backbone."""
+    from timerome.heatmaps import plot_compare, plot_positional
+    from timerome.methods import method_config
+    from timerome.methods.timerome_edit import positional_forget_set, trace_forget_set
+
+    ar = next(c for c in cells if c.row == AR_ROW)
+    _, task = ctx.data(ar.data)
+    conf = method_config("timerome", ar.config)
+    positional = positional_forget_set(ctx.backbone, task.validation_facts, conf)
+    if getattr(ctx.backbone, "causal", False):
+        return str(plot_positional(positional, out_dir / "heatmap_compare.png"))
+    tie = trace_forget_set(ctx.backbone, task.validation_facts, method_config("timerome", cfg["config"]))
+    return str(plot_compare(positional, tie, out_dir / "heatmap_compare.png"))

@@ -14,7 +14,12 @@ What changes from the autoregressive recipes (ROME / MEMIT / AlphaEdit / UnKE):
 - C = E[k k^T] is measured on the model's own corpus (embedded model: its training rows; else the
   task's background or retain rows), minus the forget rows, and cached on disk.
 
-Pieces: `down_projection` finds the edited Linear; `encode_facts` / `KeyStates` read keys and
+On a causal (autoregressive) backbone the same recipes run as the AR papers write them: v* is
+optimised against the next-token loss of the target answer given the prompt (`masked_objective`,
+nothing masked), over one state (every state would be the same), and the keys, read at subject
+tokens, do not depend on the answer (causal attention).
+
+Pieces: `down_projection` finds the edited Linear (or GPT-2's Conv1D, its weight transposed); `encode_facts` / `KeyStates` read keys and
 residuals; `key_stats` is the cached C; `optimise_deltas` fits v* - v; `rome_update` /
 `memit_update` / `alphaedit_update` / `null_projector` are the closed forms; `spread_edit` is
 MEMIT's multi-layer procedure (shared with AlphaEdit).
@@ -45,11 +50,25 @@ OBJECTIVES = ("target", "forget", "unlikelihood")
 
 @dataclass(frozen=True)
 class DownProj:
-    """The Linear whose output is block `layer`'s MLP output (its weight is [d_model, d_mlp])."""
+    """The Linear whose output is block `layer`'s MLP output (its weight is [d_model, d_mlp]; a
+    Conv1D's is stored transposed, [d_mlp, d_model], which `apply_update` knows)."""
 
     layer: int
     path: str
-    linear: nn.Linear
+    linear: nn.Module
+
+
+def _is_projection(m: nn.Module) -> bool:
+    """A Linear, or transformers' Conv1D (GPT-2: y = x W + b, W [in, out])."""
+    return isinstance(m, nn.Linear) or _is_conv1d(m)
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None
+
+
+def in_features(m: nn.Module) -> int:
+    return m.weight.shape[0] if _is_conv1d(m) else m.in_features
 
 
 def down_projection(backbone, layer: int) -> DownProj:
@@ -63,9 +82,9 @@ def down_projection(backbone, layer: int) -> DownProj:
     layer = check_layer(backbone, layer)
     path = backbone.module_path(layer, "mlp")
     mlp = backbone.module(layer, "mlp")
-    if isinstance(mlp, nn.Linear):
+    if _is_projection(mlp):
         return DownProj(layer, path, mlp)
-    cands = [(f"{path}.{n}", m) for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
+    cands = [(f"{path}.{n}", m) for n, m in mlp.named_modules() if _is_projection(m)]
     with torch.no_grad(), Hooks(backbone, [m for _, m in cands] + [mlp]) as seen:
         backbone.logits(torch.full((1, 4), backbone.mask_id, dtype=torch.long, device=backbone.device))
     out = seen[mlp][0]
@@ -195,33 +214,47 @@ def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,
               batch_size: int = 64) -> tuple[torch.Tensor, Path]:
     """C = E[k k^T] [d_mlp, d_mlp] float64 (CPU) of the down projection's input over every token
     of `texts`, and its cache file: read when it exists, else computed and written."""
-    path = stats_cache_path(backbone, layer, texts)
-    if cache and path.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(path))["C"], path
-    C = _second_moment(backbone, layer, texts, batch_size)
-    if cache:
-        save_tensors(path, {"C": C}, metadata={"n_texts": str(len(texts))})  # atomic, unique temp name
-    return C, path
+    return key_stats_layers(backbone, [layer], texts, cache=cache, batch_size=batch_size)[layer]
 
 
-def _second_moment(backbone, layer, texts, batch_size) -> torch.Tensor:
-    lin = down_projection(backbone, layer).linear
+def key_stats_layers(backbone, layers, texts: list[str], *, cache: bool = True,
+                     batch_size: int = 64) -> dict[int, tuple[torch.Tensor, Path]]:
+    """key_stats of several layers: those not cached are measured in one pass over `texts`
+    (each forward stops at the highest of them)."""
+    from safetensors.torch import load_file
+
+    out, todo = {}, []
+    for layer in dict.fromkeys(layers):
+        path = stats_cache_path(backbone, layer, texts)
+        if cache and path.is_file():
+            out[layer] = (load_file(str(path))["C"], path)
+        else:
+            todo.append(layer)
+    for layer, C in (_second_moments(backbone, todo, texts, batch_size) if todo else {}).items():
+        path = stats_cache_path(backbone, layer, texts)
+        if cache:
+            save_tensors(path, {"C": C}, metadata={"n_texts": str(len(texts))})  # atomic, unique temp name
+        out[layer] = (C, path)
+    return out
+
+
+def _second_moments(backbone, layers, texts, batch_size) -> dict[int, torch.Tensor]:
+    lins = {layer: down_projection(backbone, layer).linear for layer in layers}
     seqs = sorted((s for s in (text_ids(backbone, t) for t in texts) if s), key=len)
     if not seqs:
         raise TimeromeError("the key statistic's corpus is empty")
-    d = lin.in_features
-    S = torch.zeros(d, d, dtype=torch.float64, device=backbone.device)
+    S = {layer: torch.zeros(in_features(lin), in_features(lin), dtype=torch.float64, device=backbone.device)
+         for layer, lin in lins.items()}
     n = 0
-    with torch.no_grad(), Hooks(backbone, [lin], inputs=True) as got:
+    with torch.no_grad(), Hooks(backbone, list(lins.values()), inputs=True) as got:
         for s in range(0, len(seqs), batch_size):
             ids, real = pad_sequences(seqs[s:s + batch_size], backbone)
-            run_to(backbone, (layer, "resid"), ids, real)           # the layers above never run
-            k = got[lin].pop()[real].double()                        # [N, d]
-            S += k.T @ k
-            n += len(k)
-    return (S / n).cpu()
+            run_to(backbone, (max(lins), "resid"), ids, real)       # the layers above never run
+            for layer, lin in lins.items():
+                k = got[lin].pop()[real].double()                    # [N, d]
+                S[layer] += k.T @ k
+            n += int(real.sum())
+    return {layer: (m / n).cpu() for layer, m in S.items()}
 
 
 def block_output(backbone, layer, ids, real) -> torch.Tensor:
@@ -274,6 +307,8 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
         raise TimeromeError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     F_, H = len(items), backbone.hidden_size
     answer_of = _targets if objective == "target" else _objects
+    if getattr(backbone, "causal", False):  # nothing is masked: every state would be the same
+        n_states = 1
     rows = [f for _ in range(n_states) for f in range(F_)]
     ids, ans, att = _batch(backbone, items, rows, answer_of)
     S = max(len(slot_positions(it, positions)) for it in items) if per_position else 1
@@ -310,13 +345,17 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
 def masked_objective(backbone, ids, ans, att, generator, eps: float = 1e-3, objective: str = "target",
                      cap: float = 6.0) -> torch.Tensor:
     """The MDLM loss on partially masked answers (train.mdlm_loss's masking and 1/t weight),
-    nats per answer token, mean over the batch. Per masked answer token:
+    nats per answer token, mean over the batch; on a causal backbone the next-token loss of the
+    whole answer (nothing masked, t = 1, no draw). Per masked answer token:
       "target":        -log p            make the answer (the target text) likely
       "forget":        max(log p, -cap)  make the answer (the original) unlikely, up to cap nats:
                                          negated cross-entropy is unbounded, the cap stops it
       "unlikelihood":  -log(1 - p)       the same, bounded by construction
     """
-    noisy, masked, t = mask_answers(ids, ans, backbone.mask_id, generator, eps)
+    if getattr(backbone, "causal", False):  # aligned logits at i read tokens < i: the clean row is the next-token loss
+        noisy, masked, t = ids, ans, torch.ones(len(ids), device=ids.device)
+    else:
+        noisy, masked, t = mask_answers(ids, ans, backbone.mask_id, generator, eps)
     logits = backbone.logits(noisy, None if bool(att.all()) else att).float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)       # [B, L]
     if objective == "target":
@@ -377,7 +416,9 @@ def alphaedit_update(K: torch.Tensor, R: torch.Tensor, P: torch.Tensor, l2: floa
 
 
 @torch.no_grad()
-def apply_update(lin: nn.Linear, dW: torch.Tensor) -> None:
+def apply_update(lin: nn.Module, dW: torch.Tensor) -> None:
+    """W += dW (dW [out, in]; a Conv1D stores W transposed)."""
+    dW = dW.T if _is_conv1d(lin) else dW
     lin.weight.add_(dW.to(device=lin.weight.device, dtype=lin.weight.dtype))
 
 
@@ -398,7 +439,7 @@ def spread_edit(backbone, task, config, seed, solve, method):
     top = projs[-1].layer
     items = encode_facts(backbone, task.facts, config["target"])
     texts = spread(preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
-    stats = {p.layer: key_stats(backbone, p.layer, texts) for p in projs}
+    stats = key_stats_layers(backbone, [p.layer for p in projs], texts)
     gen = torch.Generator(device=backbone.device).manual_seed(seed)
     info = {"layers": layers, "modules": [p.path for p in projs], "n_stats_texts": len(texts),
             "stats_files": [str(stats[p.layer][1]) for p in projs], "update_norms": []}

@@ -184,6 +184,8 @@ def _check_option(method: str, key: str, default, value) -> None:
         bad("true or false")
     if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):
         bad("a number")
+    if key == "trace_kind" and value not in ("tie", "positional"):
+        bad("'tie' or 'positional'")
     if key == "layers" and value is not None and (
             not isinstance(value, (list, tuple)) or not value or not all(_is_a(numbers.Integral, v) for v in value)):
         bad("null or a non-empty list of layer indices")

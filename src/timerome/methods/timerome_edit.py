@@ -1,7 +1,9 @@
 """timerome: trace -> select -> multi-fact edit memory (paper Algorithm 1), as a registered method.
 
 Stage 1 traces the first `trace_facts` validation facts (F_v: the task's `validation` facts, by
-default its forget facts, as Algorithm 1's F_v subset of F), stage 2 picks
+default its forget facts, as Algorithm 1's F_v subset of F) with TIE, or, with
+trace_kind="positional", with ROME's positional trace (`positional_trace`: the AR protocol, the
+ablations' "AR positional" row; it runs on autoregressive backbones too, where TIE refuses), stage 2 picks
 the coordinate with the largest mean |TIE| among `select_modules` (the paper edits the residual
 stream, m* = resid, at every step, k* = -1), stage 3 builds the EditMemory on the whole forget set
 and the returned Edit installs its hook. A given `coordinate` skips stages 1-2.
@@ -46,24 +48,42 @@ DEFAULTS = dict(
     step=None,            # None = every denoising step (k* = -1); an int = that step only
     trace_facts=8, trace_steps=8, trace_samples=5, trace_modules=("resid", "attn", "mlp"),
     select_modules=("resid",), trace_seed=0,
+    trace_kind="tie",     # "tie": the diffusion-time trace; "positional": ROME's positional trace, the coordinate
+                          # of the largest mean effect at the last subject token among select_modules
 )
+TRACE_KINDS = ("tie", "positional")
 # the paper's four (alpha, q) operating points, then this toolkit's defaults
 CANONICAL = [dict(alpha=a, q=q) for a, q in ((0.25, 2), (0.5, 2), (1.0, 2), (2.0, 4))] + [{}]
 
 
 def trace_forget_set(backbone, facts, config, progress: bool = False) -> TraceResult:
     """TIE trace of the validation subset, cached on disk by its inputs."""
+    settings = dict(steps=int(config["trace_steps"]), n_samples=int(config["trace_samples"]),
+                    modules=tuple(config["trace_modules"]), seed=int(config["trace_seed"]))
+    return _cached_trace("trace", backbone, facts, config, settings, trace, TraceResult.load, progress)
+
+
+def positional_forget_set(backbone, facts, config, progress: bool = False):
+    """ROME's positional trace of the validation subset, cached on disk by its inputs."""
+    from timerome.positional_trace import PositionalTrace, positional_trace
+
+    settings = dict(n_samples=int(config["trace_samples"]), modules=tuple(config["trace_modules"]),
+                    seed=int(config["trace_seed"]))
+    return _cached_trace("positional", backbone, facts, config, settings, positional_trace, PositionalTrace.load,
+                         progress)
+
+
+def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
+    """run(backbone, the first trace_facts facts, **settings), or its cached file (named by the inputs)."""
     fv = list(facts)[: int(config["trace_facts"])]
     if not fv:
         raise TimeromeError("no forget facts to trace")
-    settings = dict(steps=int(config["trace_steps"]), n_samples=int(config["trace_samples"]),
-                    modules=tuple(config["trace_modules"]), seed=int(config["trace_seed"]))
-    key = digest(dict(kind="trace", model=backbone.fingerprint(), settings=settings,
+    key = digest(dict(kind=kind, model=backbone.fingerprint(), settings=settings,
                       facts=[(f.subject, f.prompt, f.object) for f in fv]))
     path = cache_dir() / "traces" / f"{key}.safetensors"
     if path.is_file() and path.with_suffix(".json").is_file():
-        return TraceResult.load(path)
-    result = trace(backbone, fv, progress=progress, **settings)
+        return load(path)
+    result = run(backbone, fv, progress=progress, **settings)
     result.save(path)
     return result
 
@@ -75,8 +95,20 @@ def select(result: TraceResult, modules=("resid",)):
 
 def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:
     """The coordinate where the edit acts (every step unless `step`), and what was done to find it."""
+    kind = config.get("trace_kind", "tie")
+    if kind not in TRACE_KINDS:
+        raise TimeromeError(f"trace_kind must be one of {', '.join(TRACE_KINDS)}, got {kind!r}")
     if config.get("coordinate"):
         coord, info = Coordinate.of(config["coordinate"]), {"coordinate_source": "given"}
+    elif kind == "positional":
+        from timerome.positional_trace import select_positional
+
+        t0 = time.perf_counter()
+        result = positional_forget_set(backbone, task.validation_facts, config, progress)
+        choice = select_positional(result, config.get("select_modules") or result.modules)
+        coord = choice.edit_coordinate
+        info = {"coordinate_source": "positional trace", "trace_seconds": time.perf_counter() - t0,
+                "positional_effect": choice.effect, "category": choice.category}
     else:
         t0 = time.perf_counter()
         best = select(trace_forget_set(backbone, task.validation_facts, config, progress), config.get("select_modules"))
