@@ -82,10 +82,11 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
         "command": "timerome build-default",
         "corpus_seed": CORPUS_SEED,
         "train": tcfg.__dict__,
+        "world_repeats": WORLD_REPEATS,
         "threads": THREADS,
         "torch": torch.__version__,
         "seconds": round(time.perf_counter() - t0, 1),
-        "final_loss": sum(log["loss"][-20:]) / max(1, len(log["loss"][-20:])),
+        "final_loss_last50": sum(log["loss"][-50:]) / max(1, len(log["loss"][-50:])),
         "sha256": weights_sha256(out),
     }
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
