@@ -211,7 +211,7 @@ def test_pair_logprobs_is_the_tofu_answer_logprob_when_nothing_is_cut(embedded):
     q, a = [r["question"] for r in rows], [r["answer"] for r in rows]
     res = text.pair_logprobs(embedded, q, a, n_mc=4, seed=3)
     assert res["cut"] == 0 and np.allclose(res["lp"], answer_logprobs(embedded, q, a, n_mc=4, seed=3)[0])
-    long = text.pair_logprobs(embedded, [" ".join([q[0]] * 12)], [a[0]], n_mc=4, seed=3)
+    long = text.pair_logprobs(embedded, [" ".join([q[0]] * 120)], [a[0]], n_mc=4, seed=3)
     assert long["cut"] == 1 and np.isfinite(long["lp"]).all()  # cut to the context, and counted
 
 
@@ -220,7 +220,7 @@ def test_batched_generation_and_token_scores_do_not_depend_on_the_batch(embedded
     together = text.continuations(embedded, prompts, gen_length=6, batch_size=3)
     alone = [text.continuations(embedded, [p], gen_length=6)["texts"][0] for p in prompts]
     assert together["texts"] == alone and together["gen_length"] == 6
-    assert text.continuations(embedded, prompts[:1], gen_length=500)["gen_length"] == 32  # half the context
+    assert text.continuations(embedded, prompts[:1], gen_length=500)["gen_length"] == embedded.max_length // 2
     texts = ["Isgor Quielson was born in Pellmoor .", "Where ?"]
     both, _ = membership.token_scores(embedded, texts, groups=3, seed=1)
     first, _ = membership.token_scores(embedded, texts[:1], groups=3, seed=1)

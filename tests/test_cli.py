@@ -73,7 +73,7 @@ def test_generate_passes_the_step_to_a_step_only_edit(tmp_path):
     code, out = run("edit", "--layer", 1, "--step", 6, "--alpha", 20, "--out", mem)
     assert code == 0, out
     prompt = "Where was Isgor Quielson born ?"
-    code, out = run("generate", "--edit", mem, prompt)
+    code, out = run("generate", "--edit", mem, "--steps", 8, "--gen-length", 8, "--block-length", 8, prompt)
     assert code == 0, out
     # the CLI's edited answer is the API's answer with the step state passed along
     bb = load_backbone()

@@ -26,7 +26,8 @@ def test_reduced_demo_end_to_end(tmp_path, monkeypatch):
     for name in ("heatmap.png", "heatmap-fact0.png", "pareto.png", "demo.json", "demo.md", "trace.safetensors"):
         assert (out / name).exists(), name
     s = res["summary"]
-    assert set(s) == {"no_edit", "timerome"}
+    assert set(s) == {"no_edit", "timerome", "rewrite"}
+    assert s["rewrite"]["Refusal"]["mean"] == 1.0 and s["no_edit"]["Refusal"]["mean"] == 0.0  # it says the target
     f = s["timerome"]["ForgetLP"]
     assert f["n"] == 2 and f["delta"] < -3 and "p" in f  # forgets, with a paired test on 2 seeds
     assert np.isfinite(s["timerome"]["ForgetQuality"]["mean"])

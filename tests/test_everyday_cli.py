@@ -276,30 +276,41 @@ def test_codebook_memory_through_the_cli(tmp_path):
     rows = tmp_path / "more.jsonl"  # three facts of another forget05 author
     other = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
     rows.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in other))
-    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "-o", tmp_path / "m.safetensors")
-    assert code == 2 and "pass --calibration" in out and out.count("\n") == 1, out
+    # rows of a file on the embedded model: its retain split calibrates, as for 'embedded:SPLIT' facts
+    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "-o", tmp_path / "m0.safetensors")
+    assert code == 0 and "added 3 facts: 22 facts" in out, out
     code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "--calibration",
                        "embedded:retain_perturbed", "-o", tmp_path / "m.safetensors")
     assert code == 0 and "added 3 facts: 22 facts" in out, out
     code, _, out = run("memory", "merge", cb, tmp_path / "m.safetensors", "-o", tmp_path / "x.safetensors")
     assert code == 2 and "do not merge" in out and out.count("\n") == 1, out
     code, _, out = run("edit", "--method", "rome", "-o", tmp_path / "y.safetensors")
-    assert code == 2 and "--method must be" in out, out
+    assert code == 2 and "saves the edited model as a folder" in out, out
 
 
-def test_eval_says_which_rows_it_could_not_score():
+def test_eval_says_which_rows_it_could_not_score(tmp_path):
     """Rows over the model's context are counted per split, and a vocabulary that cannot read the
-    data is named: the embedded model on real TOFU text (never silent numbers)."""
+    data is named: the embedded model on real TOFU text (never silent numbers), with three forget
+    rows made longer than its 512-token context."""
+    import shutil
+
     from conftest import TOFU_DIR
 
     if not (TOFU_DIR / "forget01.json").exists():
         pytest.fail(f"the shared TOFU copy is missing: looked in {TOFU_DIR}")
-    code, stdout, out = run("eval", "--data", TOFU_DIR, "--json", "--no-rouge", "--n-mc", "2", "--n-retain", "40",
+    data = tmp_path / "tofu"
+    shutil.copytree(TOFU_DIR, data)
+    path = data / "forget01_perturbed.json"  # JSON Lines, as the Hub has it
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows[:3]:
+        r["answer"] = " ".join([r["answer"]] * 100)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, stdout, out = run("eval", "--data", data, "--json", "--no-rouge", "--n-mc", "2", "--n-retain", "40",
                             "--splits", "forget,retain")
     assert code == 0, out
     n = json.loads(stdout)["n_items"]
-    assert "rows longer than the model's context of 64 tokens are not scored: forget" in out
-    assert f"forget {40 - n['forget']} of 40" in out and n["forget"] < 40
+    assert "rows longer than the model's context of 512 tokens are not scored: forget" in " ".join(out.split())
+    assert f"forget {len(rows) - n['forget']} of {len(rows)}" in out and n["forget"] == len(rows) - 3
     assert "unknown to the model's vocabulary" in out
 
 

@@ -3,9 +3,9 @@
 On the embedded model and corpus it
   1. traces 6 validation facts of forget01 (one author, 20 facts) and draws the TIE heatmaps,
   2. selects the coordinate (largest mean |TIE| in the residual stream),
-  3. builds the edit memory on all 20 facts and evaluates no_edit and TimeROME on forget /
-     retain / real-authors / world-facts over 3 seeds (n_mc = 8; the canonical experiment adds
-     every other method, random_layer included),
+  3. builds the edit memory on all 20 facts and evaluates no_edit, TimeROME and the rewrite memory
+     (beyond the paper: the one that says "I don't know.") on forget / retain / real-authors /
+     world-facts over 3 seeds (n_mc = 8; the canonical experiment adds every other method),
   4. sweeps alpha for the forget/retain Pareto plot,
 and prints the canonical table with bootstrap CIs and paired p-values against no_edit.
 
@@ -40,7 +40,7 @@ DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20,
 
 
 DEMO_COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
-                "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds"]
+                "ModelUtility", "ForgetROUGE", "RetainROUGE", "Refusal", "Leak", "install_seconds"]
 
 
 class Clock:
@@ -99,8 +99,9 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
             if ctx.auto_reference() is not None]
     runner.run(refs, ctx, "reference model")  # its own phase: trained once, then read from the cache
     clock.lap("reference model")
+    # the paper's method, and the rewrite memory (beyond the paper): the one that says the target
     main = [Cell("full", m, over, s, spec, dict(n_mc=cfg["n_mc"], rouge=True), row=label(m, {}))
-            for s in seeds for m, over in (("no_edit", {}), ("timerome", edit_cfg))]
+            for s in seeds for m, over in (("no_edit", {}), ("timerome", edit_cfg), ("rewrite", {}))]
     main_res = runner.run(refs + main, ctx, "edit + evaluate")
     clock.lap("edit + evaluate")
     summary = summarise(by_row(refs + main, main_res), DEMO_COLUMNS)

@@ -14,8 +14,9 @@ Columns (metrics.py has the formulas):
 Every item's Monte-Carlo draws come from (seed, item index) only, so two models evaluated with
 the same seed share their masks: differences between them are paired, not MC noise.
 
-Generation for ROUGE is length-oracle: each answer gets exactly as many mask tokens as its
-reference has tokens, one token revealed per step (our small models never learned an end token).
+Generation for ROUGE: each answer gets as many mask tokens as its reference has, plus 4 for a model
+with an end-of-text token (the embedded default ends its answers; the answer is cut there), one
+token revealed per step; a model without one gets TOFU's length oracle (no slack).
 `sampler={"cache": "dual", "threshold": 0.9}` (evaluate, score_split, generate_answers) switches
 on the sampler's fast options (sampler.py); the default is the exact reference sampler.
 """
@@ -33,8 +34,9 @@ from timerome.checks import seed as check_seed
 from timerome.cost import measure
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
-from timerome.encoding import encode_pairs
+from timerome.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.errors import TimeromeError
+from timerome.metrics.editing import GEN_SLACK, classify
 from timerome.hooks import TraceState
 from timerome.progress import progress_bar
 from timerome.sampler import generate
@@ -132,16 +134,21 @@ def score_split(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, tr
 @torch.no_grad()
 def generate_answers(backbone, questions: list[str], answers: list[str], *, seed: int = 0,
                      progress: bool = False, cache: str | None = None, threshold: float | None = None,
-                     refresh_every: int | None = None) -> list[str]:
-    """Greedy (temperature 0) answers, as many tokens as each reference answer, batched by shape.
+                     refresh_every: int | None = None, slack: int | None = None) -> list[str]:
+    """Greedy (temperature 0) answers, batched by shape, each with a budget of its reference answer's
+    length plus `slack` tokens (default: 4 for a model with an end-of-text token, which it writes when
+    its answer ends and where the answer is cut; 0 otherwise, TOFU's length oracle).
 
     One block per answer, one token per step; cache / threshold / refresh_every: the sampler's
     fast options (None: the exact reference sampler). With one block both caches hold the
     question's keys/values from the first step and recompute the answer at every step."""
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    slack = (GEN_SLACK if eos is not None else 0) if slack is None else int(slack)
     pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (p, a) in enumerate(pairs):
-        groups.setdefault((len(p), len(a)), []).append(i)
+        G = min(len(a) + slack, backbone.max_length - len(p))
+        groups.setdefault((len(p), G), []).append(i)
     out = [""] * len(pairs)
     with progress_bar("generating", total=len(groups), enabled=progress) as bar:
         for (_, G), idx in groups.items():
@@ -150,9 +157,19 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
             x = generate(backbone, prompt, steps=G, gen_length=G, block_length=G, generator=gen, cache=cache,
                          threshold=threshold, refresh_every=refresh_every)
             for b, i in enumerate(idx):
-                out[i] = backbone.decode(x[b, prompt.shape[1]:])
+                ids = x[b, prompt.shape[1]:].tolist()
+                out[i] = backbone.decode(ids[: ids.index(eos)] if eos is not None and eos in ids else ids)
             bar.advance()
     return out
+
+
+def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target: str = DEFAULT_TARGET) -> list[str]:
+    """metrics.editing.classify of each forget generation: should say `target` instead of the row's
+    object (its value where the row names one, else the whole answer); another subject is one of the
+    rows' own subjects (their `author`), when they name them."""
+    known = list(dict.fromkeys(r["author"] for rs in rows.values() for r in rs if isinstance(r.get("author"), str)))
+    return [classify(g, target=target, obj=r.get("object") or r["answer"], subject=r.get("author"),
+                     known_subjects=known or None) for r, g in zip(rows["forget"], generations)]
 
 
 def summarise(items: dict[str, dict], reference_tr=None) -> dict:
@@ -170,6 +187,9 @@ def summarise(items: dict[str, dict], reference_tr=None) -> dict:
         if "rouge" in items.get(split, {}):
             m[f"{tag}ROUGE"] = float(np.mean(items[split]["rouge"]))
     m["ModelUtility"] = model_utility(items)
+    if "outcome" in f:  # what the forget answers say (metrics/editing.py's outcomes)
+        for name in ("Refusal", "Leak", "Confabulation", "Gibberish"):
+            m[name] = float(np.mean([o == name for o in f["outcome"]])) if f["outcome"] else nan
     return m
 
 
@@ -195,11 +215,15 @@ def model_utility(items: dict[str, dict]) -> float:
 
 def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int = 0, reference_tr=None,
              edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False,
-             sampler: dict | None = None) -> dict:
+             sampler: dict | None = None, target: str = DEFAULT_TARGET) -> dict:
     """Score every split of `rows` on backbone (with `edit` active when given).
 
     sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
-    {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler.
+    {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler. target: what an
+    unlearnt forget answer should say; with rouge, each forget generation is classified as the
+    target said (Refusal), the answer given back (Leak), Gibberish, or another fact said
+    (Confabulation: naming another subject of the rows when they name their subjects),
+    metrics/editing.py's outcomes, and their rates are columns.
 
     Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
     why it is NaN}}, all JSON-able. ForgetQuality needs `reference_tr` (module docstring), else it is NaN
@@ -215,6 +239,8 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = 16, seed: int
             items[split] = score_split(backbone, rs, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio,
                                        rouge=rouge, sampler=sampler)
             bar.advance(description=f"evaluated {split}")
+    if "generations" in items.get("forget", {}):
+        items["forget"]["outcome"] = forget_outcomes(rows, items["forget"]["generations"], target)
     metrics = summarise(items, reference_tr)
     c = {"eval_seconds": cost["seconds"], "eval_peak_memory_mb": cost["peak_mb"]}
     if edit is not None:

@@ -164,7 +164,10 @@ def train_tofu_model(tofu_dir, out_dir, *, n_retain_authors: int = 2, n_world: i
     limit = cfg["max_sequence_length"]
     rows = [r for k in ("forget", "retain", "real_authors", "world_facts") for r in sub[k]]
     rows = [r for r in rows if len(tok(r["question"] + " " + r["answer"])["input_ids"]) < limit]
-    tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed})
+    # no end-of-text padding: the fixture keeps the recipe it had before the embedded default learnt to end
+    # its answers (its measured numbers in the docs are of that recipe)
+    tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
+                          "eos_pad": False})
     _train_fresh(cfg, tok, rows, tcfg, out, progress)
     load_backbone(out)  # fail here if the directory is unusable
     return out

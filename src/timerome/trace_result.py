@@ -63,7 +63,8 @@ class TraceFile:
         if not path.exists() or not meta_path.exists():
             raise TimeromeError(f"a {what} is {path} plus {meta_path.name}; one of them is missing")
         try:
-            return build(load_file(str(path)), json.loads(meta_path.read_text(encoding="utf-8")))
+            meta = read_json(meta_path, f"the {what}'s JSON")  # strict: no NaN, one clear error
+            return build(load_file(str(path)), meta)
         except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
             raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
 

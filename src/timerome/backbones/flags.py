@@ -88,7 +88,13 @@ VALUES_HF = dict(VALUES_COMMON, **{
     "max_window_layers": (_or_null(_index), "an integer >= 0 or null"),
     "sliding_window": (_or_null(_index), "an integer >= 0 or null"),
 })
-VALUES = {"llada": VALUES_LLADA, "mmada": VALUES_LLADA, "llada-moe": VALUES_HF, "qwen2": VALUES_HF, "llama": VALUES_HF}
+VALUES_GPT2 = dict({k: v for k, v in VALUES_COMMON.items() if k not in ("rms_norm_eps", "rope_theta")}, **{
+    "n_embd": COUNT, "n_layer": COUNT, "n_head": COUNT, "n_positions": COUNT,
+    "n_inner": (_or_null(_count), "an integer >= 1 or null"), "layer_norm_epsilon": POSITIVE,
+    "tie_word_embeddings": FLAG, "scale_attn_weights": FLAG,
+})
+VALUES = {"llada": VALUES_LLADA, "mmada": VALUES_LLADA, "llada-moe": VALUES_HF, "qwen2": VALUES_HF, "llama": VALUES_HF,
+          "qwen2-causal": VALUES_HF, "gpt2": VALUES_GPT2}
 
 
 class TimeromeConfigWarning(UserWarning):

@@ -86,6 +86,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
     overrides = _config(config)
     weights = get_method(method).kind == "weights"
+    if weights and out.suffix in (".safetensors", ".json"):
+        raise TimeromeError(f"{method} changes the model's weights: it saves the edited model as a folder; --out "
+                            f"{out} names a file (give a folder, e.g. --out {out.with_suffix('')})")
     output_folder(out, "--out") if weights else output_file(out)  # before minutes of work
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, target)

@@ -19,10 +19,11 @@ from timerome.metrics import forget_quality
 from timerome.stats import cell, paired_t, stars
 
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
-           "ModelUtility", "ForgetROUGE", "RetainROUGE", "install_seconds", "install_extra_mb"]
+           "ModelUtility", "ForgetROUGE", "RetainROUGE", "Refusal", "Leak", "Confabulation", "Gibberish",
+           "install_seconds", "install_extra_mb"]
 SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
          "install_extra_mb": "extra MB", "wall_seconds": "wall s", "ModelUtility": "Utility",
-         "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE"}
+         "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE", "Confabulation": "Confab"}
 COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepare_seconds", "eval_seconds",
                 "wall_seconds")
 ACCOUNTING = ("install_seconds", "wall_seconds", "install_extra_mb")  # in every table (runner.with_edit)
@@ -30,6 +31,7 @@ ACCOUNTING_NOTE = ("Cost: install s = installing the method; wall s = the whole 
                    "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU); "
                    "a row made of several cells: the largest install and memory, the summed wall time.")
 THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
+RATES = ("Refusal", "Leak", "Confabulation", "Gibberish")  # shares of the forget answers (metrics/editing.py)
 
 
 def label(method: str, overrides: dict) -> str:

@@ -129,29 +129,40 @@ def object_text(request) -> str:
     return getattr(request, "true_object", None) or request.fact.object
 
 
-def extraction_recall(answer: str, request) -> float:
-    """ROUGE-L recall of the original object (object_text) against the answer."""
-    return float(rouge_l([normalise(answer)], [normalise(object_text(request))], stat="recall")[0])
+def extraction_recall(answer: str, obj: str) -> float:
+    """ROUGE-L recall of the original object's text `obj` against the answer."""
+    return float(rouge_l([normalise(answer)], [normalise(obj)], stat="recall")[0])
+
+
+def gives_back(answer: str, obj: str) -> bool:
+    """Whether the answer gives the original object back: it says it verbatim (whole words), or the
+    ROUGE-L recall of the object against it is >= EXTRACTION_ROUGE."""
+    return contains(answer, obj) or extraction_recall(answer, obj) >= EXTRACTION_ROUGE
 
 
 def leaked(answer: str, request) -> bool:
-    """Whether the answer gives the original object back: it says it verbatim (whole words), or
-    the ROUGE-L recall of the object against it is >= EXTRACTION_ROUGE."""
-    return contains(answer, object_text(request)) or extraction_recall(answer, request) >= EXTRACTION_ROUGE
+    return gives_back(answer, object_text(request))
 
 
-def outcome(answer: str, request, known_subjects=None) -> str:
-    """One of OUTCOMES for an edited answer to a request's prompt (module docstring)."""
-    if says(answer, request.fact.target):
+def classify(answer: str, *, target: str | None, obj: str, subject: str | None = None, known_subjects=None) -> str:
+    """One of OUTCOMES for an answer that should say `target` instead of the object `obj` (module
+    docstring); `subject` is the one asked about, whom a confabulation does not name."""
+    if says(answer, target):
         return "Refusal"
-    if leaked(answer, request):
+    if gives_back(answer, obj):
         return "Leak"
     if is_gibberish(answer):
         return "Gibberish"
     if known_subjects is None:
         return "Confabulation"
-    others = [s for s in known_subjects if s != request.fact.subject]
+    others = [s for s in known_subjects if s != subject]
     return "Confabulation" if any(contains(answer, s) for s in others) else "Other"
+
+
+def outcome(answer: str, request, known_subjects=None) -> str:
+    """classify() for an edited answer to a request's prompt."""
+    return classify(answer, target=request.fact.target, obj=object_text(request), subject=request.fact.subject,
+                    known_subjects=known_subjects)
 
 
 # ------------------------------------------------------------------------------ the probes
