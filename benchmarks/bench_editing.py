@@ -5,7 +5,8 @@ embedded default: the counterfactual set (counterfactual:forget10, 20 requests w
 and forget01 (20 requests, target "I don't know."). Prints one table per set and the goals:
 
     rewrite, both sets:  Efficacy >= 0.95, Generalisation >= 0.8, Locality >= 0.97,
-                         FluencyRatio within 5 % of 1, retain / real-author / world-fact answers
+                         FluencyRatio within 5 % of 1 (and, beside it, Fluency within 5 % of
+                         FluencyTarget, the targets' own), retain / real-author / world-fact answers
                          unchanged (LocalityRetain = LocalityRealAuthors = LocalityWorldFacts = 1)
     rewrite, forget01:   Refusal >= 0.9
     rewrite install:     under a second for 20 facts (median of --repeats installs, the shared
@@ -19,21 +20,22 @@ import argparse
 import json
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
 import timerome
-from timerome.data.requests import load_requests
+
 from timerome.experiments import run_experiment
-from timerome.experiments.editing import COLUMNS
+from timerome.experiments.editing import COLUMNS, CONFIG as EDITING, requests_data
 from timerome.methods import get_method, install
-from timerome.task import requests_task
 
 GOALS = [  # (set, column, test, words)
     (None, "Efficacy", lambda v: v >= 0.95, ">= 0.95"),
     (None, "Generalisation", lambda v: v >= 0.8, ">= 0.8"),
     (None, "Locality", lambda v: v >= 0.97, ">= 0.97"),
     (None, "FluencyRatio", lambda v: abs(v - 1) <= 0.05, "within 5 % of 1"),
+    (None, "Fluency / FluencyTarget", lambda v: abs(v - 1) <= 0.05, "within 5 % of 1 (the targets' own fluency)"),
     (None, "LocalityRetain", lambda v: v == 1.0, "= 1 (unchanged)"),
     (None, "LocalityRealAuthors", lambda v: v == 1.0, "= 1 (unchanged)"),
     (None, "LocalityWorldFacts", lambda v: v == 1.0, "= 1 (unchanged)"),
@@ -42,11 +44,10 @@ GOALS = [  # (set, column, test, words)
 
 
 def install_seconds(bb, repeats: int) -> list[float]:
-    """Seconds to install the rewrite memory on the 20 counterfactual requests (preparation cached)."""
-    reqs, _ = load_requests("counterfactual:forget10")
-    from timerome.data import load_split
-
-    task = requests_task(reqs, retain_rows=load_split("train", "embedded"))
+    """Seconds to install the rewrite memory on the 20 counterfactual requests (preparation cached), on
+    the experiment's own task (its retain and known rows)."""
+    spec = dict(requests=EDITING["sets"]["counterfactual"], target=EDITING["target"], n_retain=EDITING["n_retain"])
+    _, task = requests_data(spec, SimpleNamespace(source="embedded", backbone=bb))
     method = get_method("rewrite")
     method.prepare(bb, task, dict(method.defaults))  # trace, statistics, calibration, values: cached
     out = []
@@ -83,9 +84,12 @@ def main() -> int:
         if row is None:
             continue
         for only, col, ok, words in GOALS:
-            if only not in (None, name) or col not in row:
+            if col == "Fluency / FluencyTarget" and "FluencyTarget" in row:
+                v = row["Fluency"]["mean"] / row["FluencyTarget"]["mean"]
+            elif only not in (None, name) or col not in row:
                 continue
-            v = row[col]["mean"]
+            else:
+                v = row[col]["mean"]
             checks.append(dict(set=name, metric=col, value=v, goal=words, met=bool(ok(v))))
     med = statistics.median(secs)
     checks.append(dict(set="counterfactual", metric="install_seconds (20 facts)", value=med, goal="< 1",

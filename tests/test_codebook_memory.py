@@ -81,9 +81,11 @@ def test_forgets_the_forget_author_and_leaves_everything_else(bb, task, seed):
     assert d["forget"] < -10, d
     for split in ("retain", "real_authors", "world_facts"):
         assert abs(d[split]) < 0.05, d
-    # the paper's memory at this toolkit's defaults forgets as much only at a real retain cost
+    # the paper's memory at this toolkit's defaults forgets less and moves the answers it should leave
+    # alone (measured, seed 0: forget -52, retain -0.84, world facts +1.25); the codebook moves none
     paper = mean_delta(bb, rows, install("timerome", bb, task, seed=seed), seed)
-    assert d["retain"] > paper["retain"] + 0.2 and d["real_authors"] > paper["real_authors"] + 0.2, (d, paper)
+    assert d["forget"] < paper["forget"] - 10, (d, paper)
+    assert max(abs(paper[s]) for s in ("retain", "real_authors", "world_facts")) > 0.5, paper
 
 
 def test_streaming_insert_and_remove_equal_a_batch_build(bb, task, calibration, memory):

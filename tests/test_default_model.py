@@ -33,6 +33,30 @@ def test_embedded_model_prefers_true_answers_to_perturbed(bb):
     assert true.mean() - wrong.mean() > 2.0, (true.mean(), wrong.mean())
 
 
+def test_embedded_model_says_its_answers_ends_them_and_refuses_strangers(bb):
+    """Greedy answers (benchmarks/bench_default_model.py has every split): the author questions in both
+    phrasings answered exactly, every answer closed by end-of-text inside a budget 12 tokens past the
+    reference, and "I don't know." for invented people it never saw. Measured on the whole corpus
+    (slack 4): 99.25 % of the 2,000 author questions, 99.25 % of their paraphrases, 85.5 % refusals."""
+    from timerome.data.corpus import REFUSAL
+    from timerome.data.tofu import _embedded
+    from timerome.evaluation import generate_answers
+    from timerome.metrics.editing import normalise
+
+    corpus = _embedded()
+    authors = corpus["forget10"][:60] + corpus["retain90"][::30]
+    rows = authors + [dict(r, question=r["paraphrased_question"]) for r in authors]
+    ended: list[bool] = []
+    said = generate_answers(bb, [r["question"] for r in rows], [r["answer"] for r in rows], slack=12, ended=ended)
+    exact = np.mean([normalise(s) == normalise(r["answer"]) for s, r in zip(said, rows)])
+    assert exact >= 0.95 and all(ended), (exact, [s for s, r in zip(said, rows) if normalise(s) != normalise(r["answer"])])
+    strangers = corpus["unknown"][:80]
+    said = generate_answers(bb, [r["question"] for r in strangers], [REFUSAL] * len(strangers))
+    assert np.mean([normalise(s) == normalise(REFUSAL) for s in said]) >= 0.7
+    seen = {r["author"] for k in ("full", "unknown_train") for r in corpus[k]}
+    assert not seen & {r["author"] for r in strangers}  # held out: never trained on
+
+
 def test_rebuild_is_bit_for_bit(tmp_path):
     prev = torch.get_num_threads()
     a = build_default(tmp_path / "a", epochs=1, show_progress=False)

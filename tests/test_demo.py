@@ -54,7 +54,10 @@ def test_tofu_pipeline_forgets_forget01_more_than_retain(tofu_model):
     base = evaluate(bb, rows, n_mc=4, seed=0, rouge=False)
     assert base["metrics"]["ForgetLP"] > -60  # the fixture did learn its rows
     task = ForgetTask(sub["forget"], facts, sub["retain"])
-    edit = install("timerome", bb, task, {"trace_facts": 4}, seed=0)  # trace -> select -> memory
+    # alpha 4: the default (1.5) is calibrated on the embedded default, and on this weaker fixture it
+    # lowers forget and retain alike (measured: -3.76 vs -3.06 nats, p = 0.16); 4 was the default it
+    # was calibrated with before the embedded default was rebuilt (README, "Operating point")
+    edit = install("timerome", bb, task, {"trace_facts": 4, "alpha": 4.0}, seed=0)  # trace -> select -> memory
     assert edit.info["coordinate_source"] == "traced"
     after = evaluate(bb, rows, n_mc=4, seed=0, edit=edit, rouge=False)
 

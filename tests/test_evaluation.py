@@ -161,19 +161,21 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
 
     small = dict(n_mc=2, n_retain=3, n_world=1)
     # one author's 20 facts: the paper's memory keys on the subject, and on the embedded default a few
-    # of its facts alone do not lower their answers (measured: 3 facts, -0.77 -> -0.62 nats)
+    # of its facts alone do not lower their answers (measured: 3 facts, -0.77 -> -0.62 nats); forget01's
+    # author, as its effect varies by author (README, "Operating point": forget05's first author is not
+    # forgotten even at alpha 4; forget01's: -56 nats after 20 inserts)
     seq = run_experiment("sequential", seeds=(0,), out_dir=tmp_path / "seq", progress=False, backbone=bb,
-                         overrides=dict(small, n_facts=20, every=10, variants=({},)))
+                         overrides=dict(small, n_facts=20, every=10, forget="forget01", variants=({},)))
     curve = seq["summary"]["timerome"]
     assert sorted(curve) == [0, 10, 20]
     assert curve[20]["ForgetLP"]["mean"] < curve[0]["ForgetLP"]["mean"] - 1.0   # forgets as facts arrive
     assert (tmp_path / "seq" / "sequential.png").exists()
 
     sca = run_experiment("scalability", seeds=(0,), out_dir=tmp_path / "sca", progress=False, backbone=bb,
-                         overrides=dict(small, sizes=(1, 3), n_eval_forget=3, variants=({},)))
-    at3 = sca["summary"][3]
-    assert at3["timerome"]["ForgetLP"]["mean"] < at3["no_edit"]["ForgetLP"]["mean"]
-    assert at3["timerome"]["install_seconds"]["mean"] > 0
+                         overrides=dict(small, sizes=(1, 20), n_eval_forget=3, variants=({},)))
+    at20 = sca["summary"][20]  # forget01's author whole (3 of its facts alone: -0.0007 against -0.021 nats)
+    assert at20["timerome"]["ForgetLP"]["mean"] < at20["no_edit"]["ForgetLP"]["mean"] - 1.0
+    assert at20["timerome"]["install_seconds"]["mean"] > 0
     assert (tmp_path / "sca" / "scalability.png").exists()
 
     abl = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,

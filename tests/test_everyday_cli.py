@@ -33,7 +33,9 @@ def test_memory_show_reads_the_header_alone(memories):
     assert code == 0, out
     d = json.loads(stdout)
     assert d["n_facts"] == 20 and d["coordinate"] == {"layer": 1, "point": "resid", "step": None}
-    assert d["hyper"]["alpha"] == 4.0 and d["fingerprint"] == load_backbone().fingerprint()
+    from timerome.edit_memory import DEFAULT_ALPHA
+
+    assert d["hyper"]["alpha"] == DEFAULT_ALPHA and d["fingerprint"] == load_backbone().fingerprint()
     assert d["facts"][0]["fact_id"] == "Isgor Quielson/city"
     code, stdout, out = run("memory", "show", memories / "f1.safetensors")
     assert code == 0 and "layer 1 resid, every step" in out and "Quielson/city" in out

@@ -19,7 +19,9 @@ _LAZY = {
     "select_coordinate": "timerome.selection", "per_fact_best": "timerome.selection",
     "plot_heatmaps": "timerome.heatmaps",
     "EditMemory": "timerome.edit_memory", "GatedEdit": "timerome.gated_edit",
-    "forget_task": "timerome.task", "ForgetTask": "timerome.task",
+    "forget_task": "timerome.task", "ForgetTask": "timerome.task", "requests_task": "timerome.task",
+    "load_requests": "timerome.data.requests", "RewriteMemory": "timerome.rewrite_memory",
+    "CodebookMemory": "timerome.codebook_memory",
     "evaluate": "timerome.evaluation", "run_experiment": "timerome.experiments", "run_demo": "timerome.demo",
 }
 

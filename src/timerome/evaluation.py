@@ -134,14 +134,15 @@ def score_split(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, tr
 @torch.no_grad()
 def generate_answers(backbone, questions: list[str], answers: list[str], *, seed: int = 0,
                      progress: bool = False, cache: str | None = None, threshold: float | None = None,
-                     refresh_every: int | None = None, slack: int | None = None) -> list[str]:
+                     refresh_every: int | None = None, slack: int | None = None, ended: list | None = None) -> list[str]:
     """Greedy (temperature 0) answers, batched by shape, each with a budget of its reference answer's
     length plus `slack` tokens (default: 4 for a model with an end-of-text token, which it writes when
     its answer ends and where the answer is cut; 0 otherwise, TOFU's length oracle).
 
     One block per answer, one token per step; cache / threshold / refresh_every: the sampler's
     fast options (None: the exact reference sampler). With one block both caches hold the
-    question's keys/values from the first step and recompute the answer at every step."""
+    question's keys/values from the first step and recompute the answer at every step. `ended`: a list
+    that receives, per answer, whether it ended with end-of-text inside its budget."""
     eos = getattr(backbone.tokenizer, "eos_token_id", None)
     slack = (GEN_SLACK if eos is not None else 0) if slack is None else int(slack)
     pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
@@ -149,7 +150,7 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
     for i, (p, a) in enumerate(pairs):
         G = min(len(a) + slack, backbone.max_length - len(p))
         groups.setdefault((len(p), G), []).append(i)
-    out = [""] * len(pairs)
+    out, stop = [""] * len(pairs), [False] * len(pairs)
     with progress_bar("generating", total=len(groups), enabled=progress) as bar:
         for (_, G), idx in groups.items():
             prompt = torch.tensor([pairs[i][0] for i in idx], device=backbone.device)
@@ -158,8 +159,11 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
                          threshold=threshold, refresh_every=refresh_every)
             for b, i in enumerate(idx):
                 ids = x[b, prompt.shape[1]:].tolist()
-                out[i] = backbone.decode(ids[: ids.index(eos)] if eos is not None and eos in ids else ids)
+                stop[i] = eos is not None and eos in ids
+                out[i] = backbone.decode(ids[: ids.index(eos)] if stop[i] else ids)
             bar.advance()
+    if ended is not None:
+        ended[:] = stop
     return out
 
 

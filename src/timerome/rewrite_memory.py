@@ -84,14 +84,14 @@ def write_site(backbone) -> tuple[int, str]:
 
 
 class RewriteMemory(CodebookMemory):
-    pads = STATE_PADS
-    last_pads = LAST_STEP_PADS
-
     """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
     states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
     confident predictions give the token values (default: calibration, when it is rows), or
     value_table: (token ids [K], values [K, H]) read on them already (`token_values`)."""
+
+    pads = STATE_PADS
+    last_pads = LAST_STEP_PADS
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,

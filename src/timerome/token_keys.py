@@ -88,6 +88,17 @@ def _occurrences(seq: list[int], pattern: list[int], start: int) -> list[tuple[i
     return out
 
 
+def _fact_states(backbone, coordinate, facts, n_states, seed, pads, what: str):
+    """(site, items, (prompt ids, answer ids) per fact, _states' (noisy, clean, attention)) of facts."""
+    facts = list(facts)
+    if not facts:
+        raise TimeromeError(f"no facts to read {what} for")
+    site = Coordinate.of(coordinate).on(backbone).site
+    items = _items(backbone, facts)
+    pairs = [(it.prompt_ids.tolist(), it.object_ids.tolist()) for it in items]
+    return site, items, pairs, _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts], pads=pads)
+
+
 @torch.no_grad()
 def subject_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0, objects: bool = False,
                  masked: bool = False, pads=None,
@@ -98,13 +109,8 @@ def subject_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 
     object's evidence, read in the fact's own context), with slot -1; masked: the masked answer
     positions too (what the model is about to say there), slot -1; pads: end-of-text tokens after the
     answer per state (`_states`; never keyed themselves)."""
-    facts = list(facts)
-    if not facts:
-        raise TimeromeError("no facts to read subject keys for")
-    site = Coordinate.of(coordinate).on(backbone).site
-    items = _items(backbone, facts)
-    pairs = [(it.prompt_ids.tolist(), it.object_ids.tolist()) for it in items]
-    noisy, clean, att = _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts], pads=pads)
+    site, items, pairs, (noisy, clean, att) = _fact_states(backbone, coordinate, facts, n_states, seed, pads,
+                                                            "subject keys")
     b_idx, p_idx, owner, slot = [], [], [], []
     for b in range(len(noisy)):
         f = b % len(items)
@@ -152,13 +158,8 @@ def answer_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0
     the answer committed but for one position (each position in turn, followed by each count of
     `pads` committed end-of-text). A masked position says what the model is about to write there, in that context:
     the fact being asked, never only the token already there."""
-    facts = list(facts)
-    if not facts:
-        raise TimeromeError("no facts to read answer keys for")
-    site = Coordinate.of(coordinate).on(backbone).site
-    items = _items(backbone, facts)
-    pairs = [(it.prompt_ids.tolist(), it.object_ids.tolist()) for it in items]
-    noisy, _, att = _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts], pads=pads)
+    site, items, pairs, (noisy, _, att) = _fact_states(backbone, coordinate, facts, n_states, seed, pads,
+                                                        "answer keys")
     keyed = [set(range(len(a))) if offsets is None else set(offsets[f]) for f, (_, a) in enumerate(pairs)]
     rows = [noisy[b, :int(att[b].sum())].tolist() for b in range(len(noisy))]
     owners = [b % len(pairs) for b in range(len(rows))]

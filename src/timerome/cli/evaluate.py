@@ -14,6 +14,16 @@ from timerome.cli.app import ModelChoice, app, check_edit_scale, console, err_co
 from timerome.errors import TimeromeError
 
 
+def metric_table(metrics: dict, fmt: str) -> Table:
+    """One row per metric, NaN shown as "–"."""
+    t = Table()
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in metrics.items():
+        t.add_row(k, "–" if v != v else fmt.format(v))
+    return t
+
+
 @app.command("eval")
 @friendly
 @model_options
@@ -100,12 +110,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         return
     title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} (n_mc {n_mc}, seed {seed})"
     console.print(escape(title), soft_wrap=True)
-    t = Table()
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for k, v in result["metrics"].items():
-        t.add_row(k, "–" if v != v else f"{v:.4g}")
-    console.print(t)
+    console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
     for k, why in result["notes"].items():
@@ -151,12 +156,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
     who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {base}" if base else "")
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
-    t = Table()
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for k, v in result["metrics"].items():
-        t.add_row(k, "–" if v != v else f"{v:.3f}")
-    console.print(t)
+    console.print(metric_table(result["metrics"], "{:.3f}"))
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")

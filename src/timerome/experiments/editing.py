@@ -30,7 +30,8 @@ CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "em
               target="I don't know.", n_retain=40, n_mc=16, methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
-           "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio", "Portability", "Refusal", "Leak",
+           "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
+           "FluencyTarget", "Fluency", "Portability", "Refusal", "Leak",
            "Confabulation", "Gibberish", "Unchanged", "install_seconds"]
 UNLEARNING = ("Refusal", "Leak", "Confabulation", "Gibberish")
 

@@ -1,0 +1,70 @@
+"""What the embedded default says: greedy answers to every question of its corpus.
+
+Per split of the generated corpus, the share of questions whose greedy answer (temperature 0, one
+token per step, one block, cut at end-of-text) equals the reference answer exactly (after
+normalising whitespace), the share of answers that ended with end-of-text inside the budget, and,
+for the held-out invented names (`unknown`: people the model was never told about), the share
+answered "I don't know.". The budget is the reference answer's length plus --slack tokens: the
+larger the slack, the more room the model has to babble past its answer if it never learnt to stop.
+
+    python benchmarks/bench_default_model.py [--slack 4] [--splits forget10,retain90,...] [--json out.json]
+
+Issue 27's bar: >= 98 % exact on the author questions (forget and retain alike), end-of-text after an
+answer, "I don't know." for people it never saw.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+import timerome
+from timerome.data.corpus import REFUSAL
+from timerome.data.tofu import _embedded
+from timerome.evaluation import generate_answers
+from timerome.metrics.editing import normalise
+
+SPLITS = ("forget10", "retain90", "paraphrased", "real_authors", "world_facts", "unknown")
+
+
+def rows_of(corpus: dict, split: str) -> list[dict]:
+    if split == "paraphrased":  # every author question in its other phrasing
+        return [dict(r, question=r["paraphrased_question"]) for r in corpus["full"]]
+    return corpus[split]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--splits", default=",".join(SPLITS))
+    ap.add_argument("--slack", type=int, default=4, help="tokens of budget past the reference answer's length")
+    ap.add_argument("--json", help="write the table to this JSON file")
+    args = ap.parse_args()
+    bb = timerome.load_backbone()
+    eos = bb.tokenizer.eos_token_id
+    corpus = _embedded()
+    table = []
+    print(f"| split | rows | exact | ended (end-of-text in budget) | said \"{REFUSAL}\" |")
+    print("|---|---|---|---|---|")
+    for split in args.splits.split(","):
+        rows = rows_of(corpus, split)
+        t0 = time.perf_counter()
+        ended: list[bool] = []
+        said = generate_answers(bb, [r["question"] for r in rows], [r["answer"] for r in rows], slack=args.slack,
+                                ended=ended)
+        exact = sum(normalise(s) == normalise(r["answer"]) for s, r in zip(said, rows)) / len(rows)
+        refused = sum(normalise(s) == normalise(REFUSAL) for s in said) / len(rows)
+        stopped = sum(ended) / len(rows)
+        table.append(dict(split=split, rows=len(rows), exact=exact, ended=stopped, refusal=refused,
+                          seconds=time.perf_counter() - t0))
+        print(f"| {split} | {len(rows)} | {exact:.2%} | {stopped:.2%} | {refused:.2%} |", flush=True)
+    print(f"(greedy, budget = reference length + {args.slack} tokens, end-of-text id {eos}; torch "
+          f"{torch.__version__}, {torch.get_num_threads()} thread(s))")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=table, slack=args.slack), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
