@@ -27,16 +27,15 @@ value and the worst case over the settings (highest extraction, lowest refusal a
 import argparse
 import json
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 import timerome
-from timerome.data import load_split
-from timerome.data.requests import load_requests
+from timerome.experiments.editing import requests_data
 from timerome.methods import install
-from timerome.metrics.editing import default_gen_length, edit_scores, gives_back, locality_rows, object_text
-from timerome.task import requests_task
+from timerome.metrics.editing import default_gen_length, edit_scores, gives_back, object_text
 
 METHODS = "no_edit,timerome,codebook,rewrite,rome,memit,alphaedit,ga,npo,rmu"
 
@@ -66,12 +65,9 @@ def main() -> int:
     ap.add_argument("--json", help="write every number to this JSON file")
     args = ap.parse_args()
     bb = timerome.load_backbone()
-    reqs, _ = load_requests("embedded:forget01", target="I don't know.")
-    locality = locality_rows("embedded", args.n_retain)
-    probes = {r["question"] for rows in locality.values() for r in rows}
-    spare = [r for r in load_split("retain_perturbed", "embedded") if r["question"] not in probes]
-    known = [r for r in load_split("train", "embedded") if r["question"] not in probes]
-    task = requests_task(reqs, retain_rows=spare, known_rows=known)
+    rows, task = requests_data(dict(requests="embedded:forget01", target="I don't know.", n_retain=args.n_retain),
+                               SimpleNamespace(source="embedded", backbone=bb))
+    reqs, locality = rows["requests"], rows["locality"]
     G = -(-default_gen_length(bb, reqs, locality) // 4) * 4
     grid = settings(G)
     if args.settings:

@@ -215,6 +215,14 @@ def test_pair_logprobs_is_the_tofu_answer_logprob_when_nothing_is_cut(embedded):
     assert long["cut"] == 1 and np.isfinite(long["lp"]).all()  # cut to the context, and counted
 
 
+def test_a_block_length_that_does_not_divide_the_answer_is_refused(embedded):
+    with pytest.raises(TimeromeError, match="block_length 4 does not divide the generation length 6"):
+        text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=4)
+    one = text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=6)
+    assert one["texts"] == text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6,
+                                              block_length=600)["texts"]  # longer than the answer: one block
+
+
 def test_batched_generation_and_token_scores_do_not_depend_on_the_batch(embedded):
     prompts = ["Where was Isgor Quielson born ?", "What is the favourite colour of Isgor Quielson ?", "Who ?"]
     together = text.continuations(embedded, prompts, gen_length=6, batch_size=3)

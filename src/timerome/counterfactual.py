@@ -12,6 +12,11 @@ len(target tokens) greedy tokens are the target's tokens); locality: the share o
 whose greedy answer (as many tokens as their object has) is the same token for token as the unedited
 model's. Greedy = the sampler at temperature 0: left to right on an autoregressive model; on an MDLM,
 one block of that length, one token revealed per step.
+
+Beside metrics/editing.py: there Efficacy is read on the decoded answer text (the target said at a
+word boundary, answers cut at end-of-text), which a model that ends its answers needs; here it is a
+token prefix of a fixed length, ROME's protocol for a next-token model that never stops (SmolLM2's
+completions). The two agree when the answer is exactly the target; unifying them is left open.
 """
 
 from __future__ import annotations

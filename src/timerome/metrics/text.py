@@ -83,9 +83,12 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
     (temperature, remasking, cache, threshold, refresh_every: sampler.generate's options) change
     that. Each batch draws from a generator seeded `seed`."""
     G = generation_length(backbone, gen_length)
-    block = block_length or (32 if G % 32 == 0 else G)
-    if G % block:
-        block = G
+    if block_length is None:
+        block = 32 if G % 32 == 0 else G
+    else:  # a block as long as the answer (or longer: the length was capped) is one block
+        block = min(int(block_length), G)
+        if G % block:  # never silently another schedule than the one asked for
+            raise TimeromeError(f"block_length {block_length} does not divide the generation length {G}")
     steps = G if steps is None else int(steps)
     ids, cut = [], 0
     for p in prompts:
