@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import timerome
+from timerome.encoding import DEFAULT_TARGET
 from timerome.experiments.editing import requests_data
 from timerome.methods import install
 from timerome.metrics.attacks import attack_prompts
@@ -35,7 +36,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every number to this JSON file")
     args = ap.parse_args()
     bb = timerome.load_backbone()
-    rows, task = requests_data(dict(requests="embedded:forget01", target="I don't know.", n_retain=20),
+    rows, task = requests_data(dict(requests="embedded:forget01", target=DEFAULT_TARGET, n_retain=20),
                                SimpleNamespace(source="embedded", backbone=bb))
     reqs = rows["requests"]
     attacks = {k: v for k, v in attack_prompts(reqs).items() if v}

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 import timerome
+from timerome.encoding import DEFAULT_TARGET
 from timerome.experiments.editing import requests_data
 from timerome.methods import install
 from timerome.metrics.editing import default_gen_length, edit_scores, gives_back, object_text
@@ -65,7 +66,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every number to this JSON file")
     args = ap.parse_args()
     bb = timerome.load_backbone()
-    rows, task = requests_data(dict(requests="embedded:forget01", target="I don't know.", n_retain=args.n_retain),
+    rows, task = requests_data(dict(requests="embedded:forget01", target=DEFAULT_TARGET, n_retain=args.n_retain),
                                SimpleNamespace(source="embedded", backbone=bb))
     reqs, locality = rows["requests"], rows["locality"]
     G = -(-default_gen_length(bb, reqs, locality) // 4) * 4

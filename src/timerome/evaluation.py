@@ -36,7 +36,7 @@ from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.errors import TimeromeError
-from timerome.metrics.editing import GEN_SLACK, classify
+from timerome.metrics.editing import GEN_SLACK, UNLEARNING_RATES, classify
 from timerome.hooks import TraceState
 from timerome.progress import progress_bar
 from timerome.sampler import generate
@@ -192,7 +192,7 @@ def summarise(items: dict[str, dict], reference_tr=None) -> dict:
             m[f"{tag}ROUGE"] = float(np.mean(items[split]["rouge"]))
     m["ModelUtility"] = model_utility(items)
     if "outcome" in f:  # what the forget answers say (metrics/editing.py's outcomes)
-        for name in ("Refusal", "Leak", "Confabulation", "Gibberish"):
+        for name in UNLEARNING_RATES:
             m[name] = float(np.mean([o == name for o in f["outcome"]])) if f["outcome"] else nan
     return m
 

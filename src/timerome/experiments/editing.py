@@ -23,7 +23,7 @@ from timerome.data.requests import load_requests
 from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
 from timerome.methods import available, method_config
-from timerome.metrics.editing import changed_nothing, edit_scores
+from timerome.metrics.editing import UNLEARNING_RATES, changed_nothing, edit_scores
 
 NAME = "editing"
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
@@ -31,9 +31,8 @@ CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "em
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
            "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
-           "FluencyTarget", "Fluency", "Portability", "Refusal", "Leak",
-           "Confabulation", "Gibberish", "Unchanged", "install_seconds"]
-UNLEARNING = ("Refusal", "Leak", "Confabulation", "Gibberish")
+           "FluencyTarget", "Fluency", "Portability", *UNLEARNING_RATES,
+           "Unchanged", "install_seconds"]
 
 
 @data_kind("requests")
@@ -112,7 +111,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         summary = summarise(per_seed, COLUMNS)
         summaries[name] = summary
         unlearning = cfg["sets"][name].startswith("embedded:")
-        cols = [c for c in COLUMNS if unlearning or c not in UNLEARNING]
+        cols = [c for c in COLUMNS if unlearning or c not in UNLEARNING_RATES]
         n = len(next(r for c, r in zip(cells, results) if c.group == name)["items"]["prompt"]["prompt"])
         note = (f"{n} requests from {cfg['sets'][name]}" + (f", target {cfg['target']!r}" if unlearning else
                 ", each with its own new object") + f"; greedy answers, n_mc {cfg['n_mc']}. Unchanged = 1: the "

@@ -16,11 +16,11 @@ import numpy as np
 
 from timerome.cache import write_atomic, write_json
 from timerome.metrics import forget_quality
+from timerome.metrics.editing import UNLEARNING_RATES
 from timerome.stats import cell, paired_t, stars
 
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
-           "ModelUtility", "ForgetROUGE", "RetainROUGE", "Refusal", "Leak", "Confabulation", "Gibberish",
-           "install_seconds", "install_extra_mb"]
+           "ModelUtility", "ForgetROUGE", "RetainROUGE", *UNLEARNING_RATES, "install_seconds", "install_extra_mb"]
 SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
          "install_extra_mb": "extra MB", "wall_seconds": "wall s", "ModelUtility": "Utility",
          "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE", "Confabulation": "Confab"}
@@ -31,7 +31,6 @@ ACCOUNTING_NOTE = ("Cost: install s = installing the method; wall s = the whole 
                    "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU); "
                    "a row made of several cells: the largest install and memory, the summed wall time.")
 THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
-RATES = ("Refusal", "Leak", "Confabulation", "Gibberish")  # shares of the forget answers (metrics/editing.py)
 
 
 def label(method: str, overrides: dict) -> str:

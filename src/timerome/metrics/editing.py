@@ -60,6 +60,7 @@ NGRAM_WEIGHTS = {2: 2 / 3, 3: 4 / 3}  # ROME's n-gram entropy
 KINDS = ("prompt", "paraphrase", "neighbour", "same_subject", "portability")  # + one kind per locality set
 LOCALITY_NAMES = {"retain": "Retain", "real_authors": "RealAuthors", "world_facts": "WorldFacts"}
 OUTCOMES = ("Refusal", "Leak", "Gibberish", "Confabulation", "Other")
+UNLEARNING_RATES = ("Refusal", "Leak", "Confabulation", "Gibberish")  # the outcomes tabulated beside ForgetLP
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
