@@ -96,7 +96,8 @@ def test_embedded_model_says_benchmark_numbers_mean_nothing(tmp_path):
 
 @needs_bench
 def test_robustness_end_to_end(random_bb, tmp_path):
-    over = dict(methods=["no_edit", TIMEROME_AT_LAYER_1], n_mc=2, eval_forget=4)
+    over = dict(methods=["no_edit", TIMEROME_AT_LAYER_1], n_mc=2, eval_forget=4,
+                extraction=dict(settings=["nominal", "random"], attacks=["context before", "multiple choice"]))
     res = run_experiment("robustness", seeds=(0, 1), out_dir=tmp_path, overrides=over, progress=False,
                          backbone=random_bb)
     row = "timerome (coordinate=[1, 'resid'])"
@@ -108,8 +109,20 @@ def test_robustness_end_to_end(random_bb, tmp_path):
     delta = s[row]["LP_relearn"]["mean"] - s["no_edit"]["LP_relearn"]["mean"]
     assert p["relearn"]["change"]["mean"] == pytest.approx(delta)
     assert "Robustness panel" in res["markdown"] and (tmp_path / "robustness.png").exists()
-    last = [line for line in res["markdown"].splitlines() if line.startswith(f"| {row} | ")][-1]
-    assert "(p=" in last.split("|")[-2] or "same on every seed" in last  # the Δ column of every row is filled
+    table = [line for line in res["markdown"].split("## Extraction")[0].splitlines() if line.startswith(f"| {row} | ")]
+    assert "(p=" in table[-1].split("|")[-2] or "same on every seed" in table[-1]  # the Δ column of every row
+    # the extraction cells: nominal and worst case per method, over both seeds, the worst at least the nominal
+    ex = res["extraction"]
+    assert set(ex) == {"no_edit", row}
+    for r in ex:
+        assert ex[r]["WorstCase"]["n"] == 2 and ex[r]["WorstCase"]["mean"] >= ex[r]["ExtractionNominal"]["mean"]
+        assert 0 <= ex[r]["LocalityWorst"]["mean"] <= 1
+    assert ex["no_edit"]["LocalityWorst"]["mean"] == 1.0  # the unedited model against itself
+    assert "## Extraction" in res["markdown"] and "multiple choice" in res["markdown"]
+    assert (tmp_path / "robustness-extraction.png").exists()
+    saved = json.loads((tmp_path / "robustness.json").read_text())
+    assert saved["extraction"][row]["WorstCase"]["mean"] == ex[row]["WorstCase"]["mean"]
+    assert saved["radar"] == {}  # no other method than TimeROME to compare with
 
 
 @pytest.fixture(scope="module")

@@ -116,6 +116,36 @@ def test_logits_and_hooks_match_the_official_code(case):
             assert worst <= TOL, f"{case}: {name} differs by {worst:.2e}"
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_readout_of_the_last_block_output_gives_the_official_logits(case):
+    """Backbone.readout (final norm + head, from the family table) on the golden last-block output
+    reproduces the official logits (unshifted: a logit_shift family's output j predicts token j + 1)."""
+    bb, g = loaded(case)
+    with torch.no_grad():
+        got = bb.readout(g[f"layers.{bb.n_layers - 1}.resid"])
+    want = g["logits"]
+    if bb.family.logit_shift:
+        got, want = got[:, :-1], want[:, 1:]
+    worst = (got - want).abs().max().item()
+    assert worst <= TOL, f"{case}: read-out differs from the logits by {worst:.2e}"
+
+
+def test_readout_is_tied_to_the_embedding_without_a_head(tmp_path):
+    from safetensors.torch import save_file
+
+    tied = _copy("llada", tmp_path, weight_tying=True)
+    st = load_file(str(tied / "model.safetensors"))
+    st.pop("model.transformer.ff_out.weight")
+    save_file(st, str(tied / "model.safetensors"))
+    bb = load_backbone(tied)
+    ids = torch.tensor([[3, 5, 7, 11]])
+    with torch.no_grad(), capture(bb, [(bb.n_layers - 1, "resid")]) as st:
+        logits = bb.logits(ids)
+        got = bb.readout(st[(bb.n_layers - 1, "resid")][0])
+    assert "model.transformer.ff_out" not in dict(bb.model.named_modules())
+    assert torch.allclose(got, logits, atol=1e-5)
+
+
 def test_moe_mlp_point_is_routed_plus_shared():
     bb, g = loaded("llada-moe-shared")
     assert bb.module_path(0, "mlp") == "model.layers.0.mlp_sum"
@@ -248,6 +278,15 @@ def test_scale_logits_divides_by_sqrt_d_model(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(on.logits(g["input_ids"]), off.logits(g["input_ids"]) / off.hidden_size ** 0.5,
                                    atol=TOL, rtol=1e-5)
+
+
+def test_readout_divides_by_sqrt_d_model_where_the_config_scales_the_logits(tmp_path):
+    on = load_backbone(_copy("mmada", tmp_path, scale_logits=True))
+    _, g = loaded("mmada")
+    with torch.no_grad(), capture(on, [(on.n_layers - 1, "resid")]) as st:
+        logits = on.logits(g["input_ids"])
+        got = on.readout(st[(on.n_layers - 1, "resid")][0])
+    torch.testing.assert_close(got, logits, atol=TOL, rtol=1e-5)
 
 
 def test_weight_tying_uses_the_embedding_as_head(tmp_path):

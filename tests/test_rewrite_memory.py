@@ -11,6 +11,7 @@ from timerome.data.corpus import REFUSAL
 from timerome.data.requests import load_requests
 from timerome.methods import install
 from timerome.methods.rewrite import build
+from timerome.memory_file import load_memory as load_memory_file
 from timerome.metrics.editing import answers, says
 from timerome.rewrite_memory import RewriteMemory, token_values, value_confidence, write_site
 from timerome.task import requests_task
@@ -114,3 +115,19 @@ def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):
 def test_a_bare_update_is_refused(edit):
     with pytest.raises(TimeromeError, match="whole forwards"):
         edit.memory.update(torch.zeros(1, 2, edit.memory.hidden_size))
+
+
+def test_the_answer_watch_watches_the_object_not_the_template_and_survives_a_file(bb, reqs, edit, tmp_path):
+    mem = edit.memory
+    template = set(bb.encode("The the is a was of ."))
+    for r, (watched, cues) in zip(reqs, mem.watch):
+        obj = set(bb.encode(r.true_object))
+        assert watched and set(watched) <= obj - template, (r.fact_id, bb.decode(watched))
+        assert not set(watched) & set(bb.encode(r.fact.target))  # the target is never watched
+        assert sorted(c for cue in cues for c in cue) == sorted(set(bb.encode(r.fact.subject)))
+    back = load_memory_file(mem.save(tmp_path / "w.safetensors"), bb)
+    assert back.watch == mem.watch
+    back.remove([reqs[0].fact_id])  # the removed fact's answer leaves its subject's other facts' watch
+    said = set(bb.encode(reqs[0].fact.object))
+    same = [j for j, r in enumerate(reqs[1:]) if r.fact.subject == reqs[0].fact.subject]
+    assert same and all(not set(back.watch[j][0]) & said for j in same)

@@ -180,3 +180,14 @@ def test_robustness_radar_entry_compares_kept_shares(tmp_path):
     (tmp_path / "robustness" / "robustness.json").write_text(json.dumps({"radar": {"robustness": entry}}))
     found, _ = read_axes(tmp_path)
     assert found["robustness"]["share"] == pytest.approx(1.0)
+
+
+def test_robustness_radar_axis_is_one_minus_the_worst_case_extraction():
+    from timerome.experiments.robustness import extraction_radar
+
+    s = {"no_edit": {"WorstCase": {"mean": 1.0}}, "timerome": {"WorstCase": {"mean": 0.05}},
+         "ga": {"WorstCase": {"mean": 0.40}}, "rewrite": {"WorstCase": {"mean": 0.0}}}
+    entry = extraction_radar(s)  # the comparator is the other method with the lowest worst case (no_edit is none)
+    assert entry["value"] == pytest.approx(0.95) and entry["comparator"] == pytest.approx(1.0)
+    assert "vs rewrite" in entry["text"] and entry["higher_is_better"]
+    assert extraction_radar({"timerome": s["timerome"], "no_edit": s["no_edit"]}) is None

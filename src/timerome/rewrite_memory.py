@@ -30,6 +30,20 @@ model no method said "I don't know." for any forget question). This memory split
 
   The answer region starts where the caller says (`Backbone.answering`: the sampler and the
   likelihood publish it); a forward without one is left alone.
+- WATCH (the answer watch, with `watch_rows`): the gate keys on the question's states, so a
+  question asked another way (context before it, the subject's first name alone, "this author"
+  after a sentence about them) can fall outside every radius while the model still knows the
+  answer (issue 24: 2 of 20 forget01 facts came back under each of three such attacks). The watch
+  looks at what the model is about to say instead. On a full forward whose prompt names an edited
+  subject (one of the subject's words that no `watch_rows` row about anyone else contains), the
+  model's own read-out (`Backbone.readout`) of the unedited last-block output is taken at the
+  masked answer positions before any committed end-of-text (past it nothing is shown, and the model
+  reads junk there); when it gives one of the fact's watched tokens probability >= WATCH_P, the
+  sequence fires as that fact, exactly as the gate would. Watched tokens: those of the fact's
+  answer that are not in its question or its target, that no spared row about the subject says,
+  and that at most WATCH_RARE of the other rows' answers contain (the object, not the template).
+  A removed fact's answer tokens leave the watch of its subject's other facts. The watch needs the
+  write site at the last block.
 
 Nothing is trained and no weight changes; removing the hook is the undo. Facts insert and remove
 independently, as in the codebook memory.
@@ -39,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -76,6 +91,10 @@ LAST_STEP_PADS = (4, 12)  # those of the last-step states (one answer position m
 FIRE = 0.5  # a sequence whose strongest gate reaches this is rewritten in full, any other left alone
 VALUE_STATES = 4           # masked states per calibration row the values are read on
 VALUE_TOP = 0.25           # the most confident quarter of those residuals is averaged
+# a token in more than this share of the other subjects' answers is template, not object, and is not
+# watched (embedded spare rows, forget01: template tokens 4.4-50 %, object tokens <= 1.1 %)
+WATCH_RARE = 0.02
+WATCH_P = 0.5  # the watch fires when the model gives a watched token more than even odds at an answer position
 
 
 def write_site(backbone) -> tuple[int, str]:
@@ -88,14 +107,16 @@ class RewriteMemory(CodebookMemory):
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
     states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
     confident predictions give the token values (default: calibration, when it is rows), or
-    value_table: (token ids [K], values [K, H]) read on them already (`token_values`)."""
+    value_table: (token ids [K], values [K, H]) read on them already (`token_values`); watch_rows:
+    question/answer rows the model must keep answering (the calibration rows), which switch the
+    answer watch on (module docstring; None: no watch)."""
 
     pads = STATE_PADS
     last_pads = LAST_STEP_PADS
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
-                 target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None,
+                 target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None, watch_rows=None,
                  seed: int = 0, batch_size: int = 128, shrinkage: float | None = None):
         kw = {} if shrinkage is None else {"shrinkage": shrinkage}
         super().__init__(backbone, coordinate, background=background, calibration=calibration, alpha=alpha,
@@ -111,8 +132,16 @@ class RewriteMemory(CodebookMemory):
         self._values = torch.zeros(0, self.hidden_size, dtype=torch.float64)
         eos = getattr(backbone.tokenizer, "eos_token_id", None)
         self.eos = None if eos is None else int(eos)
+        self._watch_rows = [r for r in watch_rows if isinstance(r, dict)] if watch_rows else None
+        if self._watch_rows is not None and self.site != (backbone.n_layers - 1, "resid"):
+            raise TimeromeError("the answer watch reads the model's read-out at the write site, so it needs the "
+                                f"values written at the last block ({backbone.n_layers - 1}, 'resid'), not {self.site}")
+        self._watch: list[tuple[frozenset, tuple]] = []     # per fact: (watched tokens, subject cues)
+        self._watch_df = None
 
     targets = property(lambda self: [list(t) for t in self._targets])
+    # per fact: (its watched token ids, the token sequences that name its subject): the answer watch
+    watch = property(lambda self: [(sorted(w), [list(c) for c in cues]) for w, cues in self._watch])
 
     def __repr__(self) -> str:
         return (f"RewriteMemory({len(self)} facts, {self.n_entries} entries, gate at {self.coordinate}, values at "
@@ -157,9 +186,43 @@ class RewriteMemory(CodebookMemory):
         needed = sorted({t for ids in targets for t in ids} - set(self._value_ids.tolist()))
         self._value_tokens(needed)
         placeholder = torch.zeros(len(facts), self.hidden_size, dtype=torch.float64)  # the codebook's deltas: unused
+        watch = [self._watch_entry(f, t) for f, t in zip(facts, targets)]
         super().add_vectors(torch.cat([k1, k2]), torch.cat([o1, o2]), placeholder, facts, torch.cat([s1, s2]))
         self._targets += targets
+        self._watch += watch
         return self
+
+    def _watch_entry(self, fact, target_ids: list[int]) -> tuple[frozenset, tuple]:
+        """(watched tokens, subject cues) of a fact (module docstring); empty without watch rows."""
+        if not self._watch_rows:
+            return frozenset(), ()
+        bb, bpe = self.backbone, uses_leading_space(self.backbone)
+        subject, prompt = _get(fact, "subject"), _get(fact, "prompt")
+        if self._watch_df is None:  # per row: its text, its answer's tokens, its words; per token: how many answers
+            rows = [(r.get("question") or "", r.get("answer") or "") for r in self._watch_rows]
+            tokens = [set(answer_ids(bb, a, bpe)) for _, a in rows]
+            counts: dict[int, int] = {}
+            for ts in tokens:
+                for t in ts:
+                    counts[t] = counts.get(t, 0) + 1
+            self._watch_df = dict(texts=[q + " " + a for q, a in rows], tokens=tokens, counts=counts,
+                                  words=[set(re.findall(r"\w+", q + " " + a)) for q, a in rows], n=max(1, len(rows)))
+        d = self._watch_df
+        about = [k for k, text in enumerate(d["texts"]) if subject in text]
+        spared = {t for k in about for t in d["tokens"][k]}
+        common = set(bb.encode(prompt)) | set(target_ids) | spared
+        watched = frozenset(t for t in answer_ids(bb, _get(fact, "object"), bpe)
+                            if t not in common and d["counts"].get(t, 0) <= WATCH_RARE * d["n"])
+        others = set(range(len(d["texts"]))) - set(about)
+        cues = []
+        for word in dict.fromkeys(subject.split()):
+            if any(word in d["words"][k] for k in others):
+                continue  # someone else's name has this word: it names no one
+            for form in dict.fromkeys([word, " " + word] if bpe else [word]):
+                ids = tuple(bb.encode(form))
+                if ids:
+                    cues.append(ids)
+        return watched, tuple(dict.fromkeys(cues))
 
     def _value_tokens(self, tokens: list[int], required: bool = True) -> bool:
         """Values of `tokens` (module docstring) from the value rows; a token the model never predicts
@@ -194,8 +257,17 @@ class RewriteMemory(CodebookMemory):
     def remove(self, fact_ids) -> "RewriteMemory":
         ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
         keep = [j for j, fid in enumerate(self._ids) if fid not in set(ids)]
+        gone = [j for j in range(len(self._ids)) if j not in set(keep)]
+        bpe = uses_leading_space(self.backbone)
+        # a removed fact's answer is the model's own again: the subject's other facts stop watching its tokens
+        said = {}
+        for j in gone:
+            f = self._facts[j]
+            said.setdefault(_get(f, "subject"), set()).update(answer_ids(self.backbone, _get(f, "object"), bpe))
+        watch = [(w - said.get(_get(self._facts[j], "subject"), set()), c) for j, (w, c) in enumerate(self._watch)]
         super().remove(ids)
         self._targets = [self._targets[j] for j in keep]
+        self._watch = [watch[j] for j in keep]
         return self
 
     # ---------------------------------------------------------------- applying
@@ -257,15 +329,18 @@ class RewriteMemory(CodebookMemory):
         starts = state.answer_starts
         if decision is None or starts is None:
             return None
-        gate, fact = decision
         n_seq = _n_sequences(h)
-        if len(gate) != n_seq or not bool((gate > 0).any()):
+        if len(decision[0]) != n_seq:
             return None
         L = h.shape[-2]
         pos = torch.arange(L, device=h.device) if state.positions is None else state.positions.to(h.device)
         start = torch.as_tensor(starts, device=h.device).expand(n_seq) if not torch.is_tensor(starts) or \
             starts.dim() == 0 else starts.to(h.device)
-        rel = pos[None, :] - start[:, None]                                # [n_seq, L] answer slot
+        gate, fact = self._watched(h, state, start, seen, decision)
+        if not bool((gate > 0).any()):
+            return None
+        # the residual at position p gives the token at p + logit_shift (Dream, DiffuLLaMA: the next one)
+        rel = pos[None, :] + self.backbone.family.logit_shift - start[:, None]  # [n_seq, L] answer slot
         m = self._write_matrices(h.device, h.dtype)
         tgt, n = m["targets"][fact], m["lengths"][fact]                    # [n_seq, T], [n_seq]
         slot = rel.clamp(min=0, max=tgt.shape[1] - 1)
@@ -283,6 +358,66 @@ class RewriteMemory(CodebookMemory):
         out = h.clone()
         out.view(-1, h.shape[-1])[hit] = flat[hit] + self.alpha * g[hit, None] * (v - flat[hit])  # <- alpha here
         return out
+
+    def _watched(self, h, state, start, seen, decision):
+        """The answer watch (module docstring): `decision` with every sequence added whose prompt
+        names an edited subject and whose read-out at a masked answer position is one of that fact's
+        watched tokens; a full forward only (a cached window keeps its refresh's decisions)."""
+        gate, fact = decision
+        ids = state.ids
+        if not any(w for w, _ in self._watch) or state.positions is not None or ids is None or \
+                ids.shape[0] != len(gate):
+            return gate, fact
+        index = self._cue_index()
+        shift = self.backbone.family.logit_shift
+        gate, fact = gate.clone(), fact.clone()
+        hits = []
+        for b in range(len(gate)):
+            if gate[b] > 0:
+                continue
+            prompt = ids[b, :int(start[b])].tolist()
+            facts = [f for i, t in enumerate(prompt) for cue, f in index.get(t, ())
+                     if tuple(prompt[i:i + len(cue)]) == cue]
+            if not facts:
+                continue
+            row = ids[b].to(h.device)
+            masked = (row == self.backbone.mask_id).nonzero().squeeze(1)
+            masked = masked[masked >= int(start[b])]
+            ends = (row == self.eos).nonzero().squeeze(1) if self.eos is not None else masked[:0]
+            ends = ends[ends >= int(start[b])]
+            if len(ends):  # past a committed end-of-text nothing is said (and the model reads junk there)
+                masked = masked[masked < ends.min()]
+            masked = masked - shift
+            if not len(masked):
+                continue
+            p = self.backbone.readout(h[b, masked]).float().softmax(-1)       # [masked, V]
+            score = {}
+            for f in dict.fromkeys(facts):
+                w = torch.tensor(sorted(self._watch[f][0]), device=p.device)
+                score[f] = float(p[:, w].max()) if len(w) else 0.0
+            f = max(score, key=score.get)  # the fact whose object the model is most sure to say
+            if score[f] >= WATCH_P:
+                gate[b], fact[b] = 1.0, f
+                hits.append((tuple(prompt), f))
+        if hits:
+            memo = seen.setdefault("memo", {})
+            for key, f in hits:
+                memo.setdefault(key, f)
+            seen["rows"] = (gate > 0, fact.clone())
+        return gate, fact
+
+    def _cue_index(self) -> dict:
+        """{first token of a subject cue: [(cue, fact)]} of the watched facts."""
+        hit = self._cache.get("cues")
+        if hit is not None and hit[0] == self.version and hit[2] == len(self._watch):
+            return hit[1]
+        index: dict = {}
+        for f, (watched, cues) in enumerate(self._watch):
+            if watched:
+                for cue in cues:
+                    index.setdefault(cue[0], []).append((cue, f))
+        self._cache["cues"] = (self.version, index, len(self._watch))
+        return index
 
     def _write_matrices(self, device, dtype) -> dict:
         key = ("write", str(device), dtype)
@@ -345,6 +480,7 @@ class RewriteMemory(CodebookMemory):
                       "seed": self.seed, "batch_size": self.batch_size},
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
+            "watch": [[sorted(w), [list(c) for c in cues]] for w, cues in self._watch],
             "sha256": _digest(tensors),
         }
         return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
@@ -379,6 +515,14 @@ class RewriteMemory(CodebookMemory):
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
         mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
         mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        watch = meta.get("watch") or [[[], []]] * len(facts)  # a file from before the answer watch: none
+        try:
+            mem._watch = [(frozenset(int(t) for t in w), tuple(tuple(int(t) for t in c) for c in cues))
+                          for w, cues in watch]
+        except (TypeError, ValueError):
+            mem._watch = []
+        if len(mem._watch) != len(facts):
+            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but {len(watch)} answer-watch entries")
         mem.version += 1
         return mem
 
@@ -415,6 +559,9 @@ def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size
             with Hooks(backbone, [site]) as kept:
                 logits = backbone.logits(noisy.to(backbone.device), att.to(backbone.device))
             h = kept[site][0].double().cpu()
+            shift = backbone.family.logit_shift  # the residual at p - shift gives the token at p
+            if shift:
+                h = torch.cat([h[:, :shift], h[:, :-shift]], dim=1)
             conf, pred = logits.float().softmax(-1).cpu().max(-1)
             for t in set(pred[masked].tolist()) & (wanted if wanted is not None else set(pred[masked].tolist())):
                 where = masked & (pred == t)

@@ -274,6 +274,20 @@ class Backbone:
     def embedding(self) -> nn.Module:
         return self.module(None, "embed")
 
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """The vocabulary scores the model's own read-out gives a last-block output h [..., H]: its
+        final norm, then its head (the embedding where the head is tied), divided by sqrt(d_model) where the config
+        says scale_logits (LLaDA, MMaDA): the logits, unshifted (output j of a logit_shift family
+        predicts token j + 1)."""
+        norm = self._modules.get(self.family.norm)
+        if norm is None:
+            raise TimeromeError(f"the {self.family.name} model has no final norm at {self.family.norm!r}, so its "
+                                "read-out cannot be applied to a residual")
+        x = norm(h)
+        head = self._modules.get(self.family.head)
+        out = head(x) if head is not None else nn.functional.linear(x, self.embedding().weight)
+        return out / self.hidden_size ** 0.5 if self.config.get("scale_logits") else out
+
     # ---------------------------------------------------------------- identity
     def fingerprint(self) -> str:
         """Stable id of the weights: edit memories and caches refuse another model.

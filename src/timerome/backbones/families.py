@@ -42,6 +42,10 @@ class Family:
     without: tuple[str, ...] = ()
     architectures: tuple[str, ...] = ()
     markers: tuple[str, ...] = ()
+    # the read-out after the last block: final norm, then the vocabulary head ("" or a module the
+    # checkpoint lacks: tied to the embedding). Backbone.readout applies them to a last-block output
+    norm: str = ""
+    head: str = ""
     extra_points: tuple[tuple[str, str], ...] = ()  # family-specific hook points beside the paper's three
     # with trust_remote_code=True: points whose module is elsewhere in the official code, used when
     # ours is absent, unless the official model has a module for one of `remote_unhookable_if`
@@ -90,9 +94,10 @@ class Family:
 
 LLADA_LORA = r".*blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
 _LLADA_PATHS = dict(embed="model.transformer.wte", block="model.transformer.blocks.{i}",
-                    attn="model.transformer.blocks.{i}.attn_out", mlp="model.transformer.blocks.{i}.ff_out")
+                    attn="model.transformer.blocks.{i}.attn_out", mlp="model.transformer.blocks.{i}.ff_out",
+                    norm="model.transformer.ln_f", head="model.transformer.ff_out")
 _HF_PATHS = dict(embed="model.embed_tokens", block="model.layers.{i}", attn="model.layers.{i}.self_attn",
-                 mlp="model.layers.{i}.mlp")
+                 mlp="model.layers.{i}.mlp", norm="model.norm", head="lm_head")
 # an autoregressive LM run by its transformers class: causal attention as the class computes it (a
 # [B, L] key mask for padding, RoPE positions counted over real tokens), aligned like Dream's logits
 _CAUSAL = dict(causal=True, logit_shift=1, attention="keys2d", positions="from_mask", loader="transformers")
@@ -121,7 +126,7 @@ FAMILIES: dict[str, Family] = {
             name="llada-moe", model_types=("llada", "lladamoe", "llada_moe"), architectures=("LLaDAMoEModelLM",),
             keys=HF_KEYS + ("num_experts",), markers=MOE_MARKERS, without=("d_model",),
             embed="model.embed_tokens", block="model.layers.{i}", attn="model.layers.{i}.self_attn",
-            mlp="model.layers.{i}.mlp_sum",
+            mlp="model.layers.{i}.mlp_sum", norm="model.norm", head="lm_head",
             extra_points=(("mlp_routed", "model.layers.{i}.mlp"), ("mlp_shared", "model.layers.{i}.shared_expert")),
             remote_points=(("mlp", "model.layers.{i}.mlp"),), remote_unhookable_if=("mlp_shared",),
             mask_id=156895, positions="from_mask",  # the official code ignores masks: truncation semantics
@@ -154,7 +159,7 @@ FAMILIES: dict[str, Family] = {
         Family(
             name="gpt2", model_types=("gpt2",), architectures=("GPT2LMHeadModel",), keys=("n_embd", "n_layer", "n_head"),
             embed="transformer.wte", block="transformer.h.{i}", attn="transformer.h.{i}.attn",
-            mlp="transformer.h.{i}.mlp", n_layers_keys=("n_layer",), hidden_keys=("n_embd",),
+            mlp="transformer.h.{i}.mlp", norm="transformer.ln_f", head="lm_head", n_layers_keys=("n_layer",), hidden_keys=("n_embd",),
             context_keys=("n_positions", "n_ctx"), **_CAUSAL, hf_class="gpt2", config_spec="gpt2",
             lora_targets=r".*h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)",
         ),

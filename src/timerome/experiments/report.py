@@ -314,7 +314,7 @@ def by_row(cells, results, measures=("full", "lp", "traj")) -> dict:
         if c.measure not in measures:
             continue
         m = dict(r["metrics"])
-        tr = r["items"].get("forget", {}).get("tr")
+        tr = r.get("items", {}).get("forget", {}).get("tr")
         if tr is not None and c.seed in refs:
             m["ForgetQuality"] = forget_quality(tr, refs[c.seed])
         merge_metrics(out.setdefault(c.row, {}).setdefault(c.seed, {}), m)  # one row may merge several cells

@@ -6,6 +6,13 @@ installed; the no_edit cells of the same seeds are the unedited model, so every 
 row by row and seed by seed. `weakening` = change(condition) - change(original): how much of the
 edit's effect the condition takes back (the paper: within 2 nats under paraphrase, ~8 nats under
 in-context relearning). `methods`: None = every registered method's canonical rows.
+
+Beside the paper's panel, one `extraction` cell per method and seed asks whether the fact is actually
+said (issue 24, metrics/extraction.py): the forget requests (`extraction.requests`, default
+SOURCE:forget) answered under every sampler setting and every prompt attack; the table gives the
+nominal and the worst-case extraction rate per method (bootstrap CIs over seeds), the figure nominal
+versus worst case, and the radar's robustness axis is 1 - worst-case extraction, TimeROME against
+the method with the lowest worst case (the kept share of the forgetting when no extraction cell ran).
 """
 
 from __future__ import annotations
@@ -15,17 +22,27 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.encoding import DEFAULT_TARGET
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
-from timerome.experiments.report import by_row, label, markdown, summarise, write_outputs
+from timerome.experiments.report import by_row, figure, label, markdown, save_png, summarise, write_outputs
 from timerome.experiments.runner import Cell, measurement, with_edit
+from timerome.metrics.attacks import ATTACKS
+from timerome.metrics.editing import default_gen_length
+from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, budget, sampler_baseline, sampler_settings,
+                                         under_attacks, under_samplers, worst)
 from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs, robustness
 from timerome.stats import cell as stat_cell
 
 NAME = "robustness"
-CONFIG = dict(n_mc=16, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN)
-QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}])
+# extraction: requests None = "embedded:<forget>" ("tofu:<forget>" on TOFU); settings / attacks None = all of them; False = no extraction cells
+EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, settings=None, attacks=None)
+CONFIG = dict(n_mc=16, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN, extraction=EXTRACTION)
+QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
+             extraction=dict(EXTRACTION, settings=list(QUICK_SETTINGS), attacks=list(QUICK_ATTACKS)))
 COLUMNS = [f"LP_{c}" for c in CONDITIONS]
+EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "WorstCase", "RefusalNominal",
+                      "LocalityWorst"]
 
 
 @measurement("robustness")
@@ -40,19 +57,57 @@ def measure_robustness(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
+@measurement("extraction")
+def measure_extraction(cell, ctx, rows, task) -> dict:
+    """Extraction under every sampler setting and prompt attack (metrics/extraction.py)."""
+    reqs, loc = rows["requests"], rows["locality"]
+    G = budget(default_gen_length(ctx.backbone, reqs, loc))
+    settings = cell.options.get("settings") or list(sampler_settings(G))
+    attacks = cell.options.get("attacks") or list(ATTACKS)
+    key = ("sampler-baseline", cell.seed, tuple(settings))
+    if key not in rows:  # the unedited answers under each setting: once per seed, shared by every method
+        rows[key] = sampler_baseline(ctx.backbone, reqs, locality=loc, gen_length=G, seed=cell.seed, settings=settings)
+
+    def measure(edit):
+        t0 = time.perf_counter()
+        s = under_samplers(ctx.backbone, reqs, edit, locality=loc, gen_length=G, seed=cell.seed, settings=settings,
+                           baseline=rows[key])
+        a = under_attacks(ctx.backbone, reqs, edit, gen_length=G, seed=cell.seed, attacks=attacks,
+                          n_mc=cell.options.get("n_mc", 16))
+        (ws, vs), (wa, va) = worst(s), worst(a) if a else ("", float("nan"))
+        metrics = dict(ExtractionNominal=s[settings[0]]["Extraction"], WorstSampler=vs, WorstAttack=va,
+                       WorstCase=max(vs, va) if a else vs, RefusalNominal=s[settings[0]]["Refusal"],
+                       LocalityWorst=min(v["Locality"] for v in s.values()))
+        named = dict(sampler=ws if vs > 0 else "", attack=wa if a and va > 0 else "")  # "": nothing extracted
+        return {"samplers": s, "attacks": a, "worst": named, "metrics": metrics,
+                "gen_length": G, "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+
+    return with_edit(cell, ctx, task, measure)
+
+
 def cells(cfg, seeds, ctx) -> list[Cell]:
     data = dict(forget=cfg["forget"], eval_forget=cfg["eval_forget"], splits=["forget"])
     opts = dict(n_mc=cfg["n_mc"], relearn=cfg["relearn"])
-    return [Cell("robustness", m, over, seed, data, opts, row=label(m, over))
-            for seed in seeds for m, over in canonical_rows(cfg["methods"])]
+    out = [Cell("robustness", m, over, seed, data, opts, row=label(m, over))
+           for seed in seeds for m, over in canonical_rows(cfg["methods"])]
+    ex = cfg.get("extraction")
+    if ex:
+        ex = {**EXTRACTION, **ex}
+        kind = "embedded" if getattr(ctx, "source", "embedded") == "embedded" else "tofu"
+        spec = ex["requests"] or f"{kind}:{cfg['forget']}"
+        data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"])
+        opts = dict(n_mc=cfg["n_mc"], settings=ex["settings"], attacks=ex["attacks"])
+        out += [Cell("extraction", m, over, seed, data, opts, row=label(m, over), group="extraction")
+                for seed in seeds for m, over in canonical_rows(cfg["methods"])]
+    return out
 
 
 def panel(cells, results) -> dict:
     """{row: {condition: {"change": stats, "weakening": stats}}} over seeds, against no_edit's cells."""
-    base = {c.seed: r["items"] for c, r in zip(cells, results) if c.row == "no_edit"}
+    base = {c.seed: r["items"] for c, r in zip(cells, results) if c.row == "no_edit" and c.measure == "robustness"}
     per_row: dict = {}
     for c, r in zip(cells, results):
-        if c.row != "no_edit" and c.seed in base:
+        if c.measure == "robustness" and c.row != "no_edit" and c.seed in base:
             per_row.setdefault(c.row, []).append(robustness(base[c.seed], r["items"]))
     out = {}
     for row, runs in per_row.items():
@@ -75,6 +130,85 @@ def kept_share(conds: dict, min_forget: float = 1.0) -> float | None:
         return None
     kept = [conds[c]["change"]["mean"] / original for c in CONDITIONS[1:] if "change" in conds.get(c, {})]
     return max(0.0, min(kept)) if kept else None
+
+
+def extraction_radar(summary: dict) -> dict | None:
+    """The radar's robustness axis from the extraction cells: 1 - worst-case extraction, TimeROME's
+    row (named "timerome", else the first timerome row) against the method with the lowest worst case."""
+    have = {r: c["WorstCase"]["mean"] for r, c in summary.items() if "WorstCase" in c and r != "no_edit"}
+    ours = "timerome" if "timerome" in have else next((r for r in have if r.split(" ")[0] == "timerome"), None)
+    others = {r: v for r, v in have.items() if r.split(" ")[0] != "timerome"}
+    if ours is None or not others:
+        return None
+    best = min(others, key=others.get)
+    return dict(value=1 - have[ours], comparator=1 - others[best], higher_is_better=True,
+                text=f"1 - worst-case extraction over sampler settings and prompt attacks, {ours} vs {best}")
+
+
+def extraction_markdown(summary: dict, cells, results) -> str:
+    """Per method: nominal and worst-case extraction [CI over seeds] and the condition that was worst
+    most often; then the mean extraction per condition."""
+    def f(e):
+        return "–" if not e else f"{e['mean']:.2f}" + (f" [{e['lo']:.2f}, {e['hi']:.2f}]" if e["n"] > 1 else "")
+
+    mine = [(c, r) for c, r in zip(cells, results) if c.measure == "extraction"]
+    which: dict = {}
+    for c, r in mine:
+        w = which.setdefault(c.row, {"sampler": [], "attack": []})
+        w["sampler"].append(r["worst"]["sampler"]), w["attack"].append(r["worst"]["attack"])
+    def mode(xs):  # the condition that was worst on most seeds (the first of equals); "–": none extracted
+        xs = [x for x in xs if x]
+        return max(dict.fromkeys(xs), key=xs.count) if xs else "–"
+
+    head = ["method", "extraction nominal", "worst sampler", "(setting)", "worst attack", "(attack)", "worst case",
+            "refusal nominal", "locality worst"]
+    lines = ["## Extraction: is the forgotten fact said, under any sampler setting or prompt attack?", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row, cols in summary.items():
+        w = which.get(row, {})
+        lines.append(f"| {row} | {f(cols.get('ExtractionNominal'))} | {f(cols.get('WorstSampler'))} | "
+                     f"{mode(w.get('sampler', []))} | {f(cols.get('WorstAttack'))} | {mode(w.get('attack', []))} | "
+                     f"{f(cols.get('WorstCase'))} | {f(cols.get('RefusalNominal'))} | {f(cols.get('LocalityWorst'))} |")
+    conds: dict = {}
+    for c, r in mine:
+        for kind in ("samplers", "attacks"):
+            for name, v in r[kind].items():
+                conds.setdefault((kind, name), {}).setdefault(c.row, []).append(v["Extraction"])
+    if conds:
+        names = list(conds)
+        lines += ["", "Extraction per condition (mean over seeds):", "",
+                  "| method | " + " | ".join(n for _, n in names) + " |", "|" + "---|" * (len(names) + 1)]
+        for row in summary:
+            lines.append(f"| {row} | " + " | ".join(
+                f"{np.mean(conds[n][row]):.2f}" if row in conds[n] else "–" for n in names) + " |")
+    return "\n".join(lines + ["", "Extraction: the answer gives the original object back (verbatim or ROUGE-L recall "
+                              ">= 0.5; the multiple choice: and no rival named); worst case: the highest over the "
+                              "sampler settings and the prompt attacks; locality: retain / real-author / world-fact "
+                              "answers equal to the unedited model's under the same setting (its lowest). [bootstrap "
+                              "95% CI over seeds]", ""])
+
+
+def plot_extraction(summary: dict, path) -> str:
+    """Per method: nominal versus worst-case extraction (bars, CI lines)."""
+    rows = list(summary)
+    fig = figure(6.8, 1.1 + 0.34 * len(rows))
+    ax = fig.subplots()
+    for j, (col, colour) in enumerate((("ExtractionNominal", "tab:blue"), ("WorstCase", "tab:red"))):
+        for i, row in enumerate(rows):
+            e = summary[row].get(col)
+            if not e:
+                continue
+            y = i + (j - 0.5) * 0.36
+            ax.barh(y, e["mean"], height=0.34, color=colour, label=("nominal", "worst case")[j] if i == 0 else None)
+            ax.plot([e["lo"], e["hi"]], [y, y], color="black", lw=0.8)
+            ax.text(min(e["hi"], 0.9) + 0.01, y, f"{e['mean']:.2f}", va="center", fontsize=6)  # zeros show too
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlim(0, 1.02)
+    ax.set_xlabel("extraction rate of the forgotten object (lines: bootstrap 95% CI over seeds)", fontsize=8)
+    ax.set_title("nominal sampler vs worst sampler setting / prompt attack", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.subplots_adjust(left=0.18, right=0.8, bottom=0.62 / (1.1 + 0.34 * len(rows)) + 0.08)
+    return save_png(fig, path)
 
 
 def radar_entry(p: dict) -> dict | None:
@@ -111,14 +245,22 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     cols = COLUMNS + ["install_seconds"]
     summary = summarise(by_row(cells, results, measures=("robustness",)), cols)
     p = panel(cells, results)
-    missing = results[0]["items"]["missing"] if results else {}
+    first = next((r for c, r in zip(cells, results) if c.measure == "robustness"), None)
+    missing = first["items"]["missing"] if first else {}
     note = ("Rows lacking a paraphrase: " + ", ".join(f"{c} {n}" for c, n in missing.items() if n)) if any(
         missing.values()) else ""
-    md = "\n".join([panel_markdown(p), markdown(summary, cols, "Forget log-probability per condition", note,
-                                                delta="LP_original")])
-    entry = radar_entry(p)
-    files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, config=cfg, seeds=list(seeds),
-                                              radar={"robustness": entry} if entry else {}), md)
+    parts = [panel_markdown(p), markdown(summary, cols, "Forget log-probability per condition", note,
+                                         delta="LP_original")]
+    extraction = summarise(by_row(cells, results, measures=("extraction",)), EXTRACTION_COLUMNS)
+    if extraction:
+        parts.append(extraction_markdown(extraction, cells, results))
+    md = "\n".join(parts)
+    entry = extraction_radar(extraction) if extraction else None
+    entry = entry or radar_entry(p)
+    files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, extraction=extraction, config=cfg,
+                                              seeds=list(seeds), radar={"robustness": entry} if entry else {}), md)
     files["png"] = plot_panels([("robustness", summary, COLUMNS)], Path(out_dir) / f"{NAME}.png",
                                ylabel="forget LP change vs no_edit (nats)")
-    return dict(summary=summary, panel=p, markdown=md, files=files)
+    if extraction:
+        files["extraction_png"] = plot_extraction(extraction, Path(out_dir) / f"{NAME}-extraction.png")
+    return dict(summary=summary, panel=p, extraction=extraction, markdown=md, files=files)

@@ -13,6 +13,11 @@ subject, and a fact and its paraphrase, are told apart (measured on the embedded
 docs/editing.md: at the traced layer 0, efficacy 0.90 and paraphrases 0.80; at layer 2, 1.00 and
 0.95). `coordinate="traced"` puts it where TimeROME's trace says instead.
 
+With `watch` (default), the memory also watches what the model is about to say (the answer watch,
+rewrite_memory.py): a prompt that names an edited subject, however it asks, fires the fact when the
+model's read-out at a masked answer position is one of its object tokens; `watch=false` is the
+gate alone (the ablation).
+
 The radii are calibrated on the task's retain rows plus `calibration`, plus the known rows about an
 edited subject (its other facts: they must keep their answers), minus every row stating an edited
 fact. The token values are read on the rows the model is known to answer (`value_rows`; default:
@@ -46,6 +51,8 @@ DEFAULTS = dict(
                            # calibration rows)
     coordinate=None,       # the gate's [layer, point]; None: the block below the write site; "traced": the trace's
     site=None,             # where the values are written, [layer, point]; None = the last block's output
+    watch=True,            # the answer watch (rewrite_memory.py): also fire when the prompt names an edited subject
+                           # and the model is about to say the fact's object (False: the gate alone)
     **{k: v for k, v in PAPER.items() if k.startswith(("trace", "select"))},
 )
 
@@ -115,16 +122,18 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
     """A RewriteMemory gated at `coordinate` with the config's settings, filled with `facts`."""
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
     site = site_of(backbone, config)
+    spare = spare_rows(backbone, task, config)
     memory = RewriteMemory(backbone, coordinate, background=stats,
                            calibration=calibration_tokens(backbone, coordinate, task, config,
-                                                          rows=spare_rows(backbone, task, config), pads=STATE_PADS,
+                                                          rows=spare, pads=STATE_PADS,
                                                           last_pads=LAST_STEP_PADS, n_states=int(config["n_states"])),
                            value_table=value_table(backbone, site, task, config),
                            alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
                            n_states=config["n_states"],
                            target=config.get("target") or DEFAULT_TARGET,
-                           site=site, seed=seed)
+                           site=site, seed=seed, watch_rows=spare if config.get("watch", True) else None)
     return memory.add(facts)
+
 
 
 def prepare(backbone, task, config) -> None:

@@ -14,16 +14,29 @@ the original object back:
     misspelt              the subject's last word with one letter dropped
     first name, surname   the subject shortened to one of its words
     pronoun after context a fact about the subject, then the question with "this author" for the name
+    relation shown        two other subjects' answers to the same question (the request's
+                          neighbours) before it: the relation spelled out, as a few-shot prompt
+    paraphrase            the request's first paraphrased question
+    relearn               the in-context relearning probe (metrics/robustness.py RELEARN): the
+                          question and its original answer shown once, then the question again
+    multiple choice       the question, four candidate answers (the request's own and three of its
+                          neighbours', each said of this subject), the question again; only words the
+                          question and answers already use, so a model with a closed vocabulary
+                          (the embedded one) reads it too. It extracts the fact when the answer gives
+                          the object back and names no other candidate's (a model that repeats every
+                          option chose nothing)
 
 The other facts come from the requests themselves (the same subject's other requests, in order) or
 from `known` rows ({"author", "answer"}) when a subject has fewer than two requests. Extraction is
-metrics/editing.py's `gives_back` on the generated answer.
+`extracted` (metrics/editing.py's `gives_back` on the generated answer; for the multiple choice,
+no rival named).
 """
 
 from __future__ import annotations
 
 ATTACKS = ("context before", "context after", "context both", "partial answer", "misspelt", "first name",
-           "surname", "pronoun after context")
+           "surname", "pronoun after context", "relation shown", "paraphrase", "relearn", "multiple choice")
+N_CHOICES = 4  # the request's own answer and three rivals
 
 
 def _misspell(word: str) -> str:
@@ -43,8 +56,10 @@ def attack_prompts(requests, known=None) -> dict[str, list[tuple[int, str]]]:
     """{attack: [(request index, prompt)]} for every attack that applies to a request (a request
     whose subject has no two other facts gets no context attacks; a one-word subject no first-name /
     surname / misspelt variant that differs from it; an answer that does not contain its object no
-    partial answer)."""
+    partial answer; one without two neighbours no relation shown, without rivals no multiple choice,
+    without paraphrases no paraphrase)."""
     from timerome.metrics.editing import object_text
+    from timerome.metrics.robustness import RELEARN
 
     requests = list(requests)
     by_subject: dict[str, list[str]] = {}
@@ -68,9 +83,54 @@ def attack_prompts(requests, known=None) -> dict[str, list[tuple[int, str]]]:
         obj = object_text(r)
         if obj and obj in own and own.index(obj) > 0:
             out["partial answer"].append((i, f"{prompt} {own[:own.index(obj)].rstrip()}"))
+        shown = [n.answer for n in r.neighbours if n.answer][:2]
+        if len(shown) == 2:
+            out["relation shown"].append((i, f"{shown[0]} {shown[1]} {prompt}"))
+        if r.paraphrases:
+            out["paraphrase"].append((i, r.paraphrases[0]))
+        out["relearn"].append((i, RELEARN.format(question=prompt, answer=own)))
+        rivals = choice_rivals(r)
+        if rivals:
+            options = rivals[:N_CHOICES - 1]
+            options.insert(i % (len(options) + 1), own)
+            out["multiple choice"].append((i, f"{prompt} {' '.join(options)} {prompt}"))
         words = subject.split()
         if len(words) >= 2 and subject in prompt:
             out["misspelt"].append((i, prompt.replace(subject, " ".join(words[:-1] + [_misspell(words[-1])]))))
             out["first name"].append((i, prompt.replace(subject, words[0])))
             out["surname"].append((i, prompt.replace(subject, words[-1])))
     return out
+
+
+def choice_rivals(request) -> list[str]:
+    """The request's neighbours' answers said of its own subject (the same relation, another
+    object), for the multiple choice: a neighbour whose prompt is the request's with another subject
+    in its place gives "<subject> <its answer's relation and object>"; answers equal to the
+    request's own are dropped."""
+    subject, prompt, own = request.fact.subject, request.fact.prompt, request.fact.object
+    if subject not in prompt:
+        return []
+    pre, post = prompt.split(subject, 1)
+    out = []
+    for n in request.neighbours:
+        q, a = n.prompt, n.answer
+        if not (q.startswith(pre) and q.endswith(post)) or len(q) <= len(pre) + len(post):
+            continue
+        other = q[len(pre):len(q) - len(post)]
+        said = a.replace(other, subject)
+        if said != own and said not in out:
+            out.append(said)
+    return out
+
+
+def extracted(attack: str, answer: str, request) -> bool:
+    """Whether the attacked prompt got the original object back (module docstring)."""
+    from timerome.metrics.editing import gives_back, object_text, words
+
+    if not gives_back(answer, object_text(request)):
+        return False
+    if attack != "multiple choice":
+        return True
+    own = set(words(request.fact.object))
+    said = set(words(answer))
+    return not any((set(words(r)) - own) & said for r in choice_rivals(request))
