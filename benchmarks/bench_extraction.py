@@ -75,6 +75,7 @@ def main() -> int:
             edit.undo()
         results[method] = dict(samplers=s, attacks=a)
         (ws, vs), (wa, va) = worst(s), worst(a)
+        ws, wa = (ws if vs > 0 else "–"), (wa if va > 0 else "–")
         print(f"{method}: extraction nominal {s['nominal']['Extraction']:.2f}, worst sampler {vs:.2f} ({ws}), "
               f"worst attack {va:.2f} ({wa})  [{time.perf_counter() - t0:.0f}s]", flush=True)
 
