@@ -2,12 +2,20 @@
 
     python benchmarks/bench_likelihood.py                     # embedded model + random d=1024 model
     python benchmarks/bench_likelihood.py --models embedded --n-mc 32 --json out.json
+    python benchmarks/bench_likelihood.py --head masked,full  # the vocabulary head's two placements
 
 A row is one Monte-Carlo sample (one noisy copy of [prompt | answer], one forward row). The floor
-(`timerome.throughput`) is the row-blocks the estimator needs, n_mc rows per pair (one for a
-one-token answer) through every block, each weighed by its row's length and charged at the model's
-best batched throughput measured here (rows x blocks per second at the best batch size, at a few
-of the rows' lengths; the best token rate is charged to all). Goal: <= 1.3x the floor.
+(`timerome.throughput`) is the row-blocks any exact computation of the estimator must run: the
+distinct rows only (the same prompt, answer and mask is one row however often it is drawn: a
+two-token answer has three), through every block, each weighed by its row's length and charged at
+the model's best batched throughput measured here (rows x blocks per second at the best batch
+size, at a few of the rows' lengths; the best token rate is charged to all). Two rates are
+measured: full forwards (embedding, blocks and the head at every position: the "floor") and the
+blocks alone, the head never run (the "blocks floor", stricter: the head at the scored positions
+is work the estimator needs but the floor does not charge). Goal: <= 1.2x the floor.
+
+The rows the library actually ran (counted at the embedding) are printed against the distinct
+rows and the drawn ones (n_mc per pair, one for a one-token answer).
 
   embedded  the evaluation's pairs (forget01, 40 retain, 20 real-authors, 20 world-facts questions
             with their answers), as `evaluation.score_split` scores them.
@@ -28,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_edit_memory import random_backbone, sync  # noqa: E402  (a sibling script)
 
-from timerome.likelihood import default_max_tokens, log_likelihood_batch  # noqa: E402
+from timerome.hooks import run_to  # noqa: E402
+from timerome.likelihood import default_max_tokens, log_likelihood_batch, pair_masks  # noqa: E402
 from timerome.throughput import bench_clock, best_throughput, floor_seconds  # noqa: E402
 
 
@@ -38,6 +47,8 @@ def main() -> int:
     ap.add_argument("--n-mc", type=int, default=16)
     ap.add_argument("--max-tokens", default="default",
                     help="comma-separated max_tokens values to time ('default': the library's for this device)")
+    ap.add_argument("--head", default="auto",
+                    help="comma-separated head placements to time: auto, masked (scored positions only), full")
     ap.add_argument("--pairs", type=int, default=64, help="random model: pairs scored")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
@@ -82,40 +93,77 @@ def random_pairs(args):
     return bb, prompts, answers
 
 
+class BlocksOnly:
+    """The backbone seen by `best_throughput` with its forward cut after the last block: the rate
+    of the blocks (and embedding) alone, without the vocabulary head."""
+
+    def __init__(self, bb):
+        self.bb, self.vocab_size, self.n_layers, self.device = bb, bb.vocab_size, bb.n_layers, bb.device
+
+    def logits(self, ids):
+        return run_to(self.bb, (self.bb.n_layers - 1, "resid"), ids)
+
+
+def distinct_rows(bb, prompts, answers, n_mc) -> tuple[list[int], int]:
+    """(lengths of the distinct rows, rows drawn): the rows log_likelihood_batch's estimator is made
+    of, identical (prompt, answer, mask) rows counted once, as any exact computation needs them."""
+    masks = pair_masks(bb, [len(a) for a in answers], n_mc=n_mc)
+    seen = {(tuple(p), tuple(a), tuple(m.tolist())) for p, a, ms in zip(prompts, answers, masks) for m in ms}
+    return [len(p) + len(a) for p, a, _ in seen], sum(len(m) for m in masks)
+
+
 def bench(bb, prompts, answers, args, clock) -> dict:
-    rows_per_pair = [1 if len(a) == 1 else args.n_mc for a in answers]
-    lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
-    n_rows = sum(rows_per_pair)
-    token_blocks = bb.n_layers * sum(r * L for r, L in zip(rows_per_pair, lengths))
+    lengths, drawn = distinct_rows(bb, prompts, answers, args.n_mc)
+    n_rows = len(lengths)
+    token_blocks = bb.n_layers * sum(lengths)
     probe = sorted(set(int(q) for q in torch.tensor(lengths).float().quantile(
         torch.linspace(0, 1, args.lengths)).round().tolist()))
-    print(f"\n== {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}): {len(prompts)} pairs, n_mc={args.n_mc}, "
-          f"{n_rows} rows of {min(lengths)}..{max(lengths)} tokens ==")
+    print(f"\n== {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}, vocab {bb.vocab_size}): {len(prompts)} pairs, "
+          f"n_mc={args.n_mc}, {drawn} rows drawn, {n_rows} distinct of {min(lengths)}..{max(lengths)} tokens ==")
     with torch.no_grad():
         log_likelihood_batch(bb, prompts[:4], answers[:4], n_mc=args.n_mc)  # warm-up
         rates = [best_throughput(bb, L, clock=clock) for L in probe]
+        block_rates = [best_throughput(BlocksOnly(bb), L, clock=clock) for L in probe]
     floor_s = floor_seconds(token_blocks=token_blocks, rates=rates)
+    blocks_s = floor_seconds(token_blocks=token_blocks, rates=block_rates)
     best = max(rates, key=lambda r: r.token_blocks_per_s)
     print("throughput  " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
                                      for r in rates))
-    print(f"floor       {floor_s:.3f} s ({n_rows} rows x {bb.n_layers} blocks, {token_blocks} token-blocks at the "
-          f"best {best.token_blocks_per_s:,.0f}/s, L={best.length}): {n_rows / floor_s:,.0f} rows/s")
+    print("blocks only " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
+                                     for r in block_rates))
+    print(f"floor       {floor_s:.3f} s ({n_rows} distinct rows x {bb.n_layers} blocks, {token_blocks} token-blocks at "
+          f"the best {best.token_blocks_per_s:,.0f}/s, L={best.length}): {n_rows / floor_s:,.0f} rows/s; "
+          f"blocks floor {blocks_s:.3f} s")
+    rows_run = []
+    counter = bb.embedding().register_forward_pre_hook(lambda _m, a: rows_run.append(a[0].shape[0]))
     runs = []
-    for mt in [default_max_tokens(bb.device) if m == "default" else int(m) for m in args.max_tokens.split(",")]:
-        times = []
-        for _ in range(args.repeats):
-            sync(bb.device)
-            t = clock()
-            with torch.no_grad():
-                log_likelihood_batch(bb, prompts, answers, n_mc=args.n_mc, max_tokens=mt)
-            sync(bb.device)
-            times.append(clock() - t)
-        s = min(times)
-        runs.append(dict(max_tokens=mt, seconds=s, rows_per_s=n_rows / s, cost_multiple=s / floor_s))
-        print(f"max_tokens {mt:>6}: {s:.3f} s, {n_rows / s:,.0f} rows/s, {s / floor_s:.2f} x the floor (goal <= 1.3x)")
-    return dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, pairs=len(prompts), n_mc=args.n_mc,
-                rows=n_rows, token_blocks=token_blocks, floor_seconds=floor_s, floor_rows_per_s=n_rows / floor_s,
-                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates},
+    try:
+        for head in [h for h in args.head.split(",") if h]:
+            for mt in [default_max_tokens(bb.device) if m == "default" else int(m) for m in args.max_tokens.split(",")]:
+                times = []
+                for _ in range(args.repeats):
+                    rows_run.clear()
+                    sync(bb.device)
+                    t = clock()
+                    with torch.no_grad():
+                        log_likelihood_batch(bb, prompts, answers, n_mc=args.n_mc, max_tokens=mt, head=head)
+                    sync(bb.device)
+                    times.append(clock() - t)
+                s = min(times)
+                runs.append(dict(head=head, max_tokens=mt, seconds=s, rows_run=sum(rows_run), rows_per_s=n_rows / s,
+                                 cost_multiple=s / floor_s, blocks_cost_multiple=s / blocks_s))
+                print(f"head {head:>6}, max_tokens {mt:>6}: {s:.3f} s, {sum(rows_run)} rows run, "
+                      f"{n_rows / s:,.0f} distinct rows/s, {s / floor_s:.2f} x the floor (goal <= 1.2x), "
+                      f"{s / blocks_s:.2f} x the blocks floor")
+    finally:
+        counter.remove()
+    return dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, vocab=bb.vocab_size, pairs=len(prompts),
+                n_mc=args.n_mc, rows_drawn=drawn, rows=n_rows, token_blocks=token_blocks, floor_seconds=floor_s,
+                blocks_floor_seconds=blocks_s, floor_rows_per_s=n_rows / floor_s,
+                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table)
+                            for r in rates},
+                blocks_throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s)
+                                   for r in block_rates},
                 runs=runs)
 
 

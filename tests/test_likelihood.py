@@ -16,6 +16,7 @@ from timerome.likelihood import (
     log_likelihood_batch,
     log_likelihood_samples,
     pair_generator,
+    pair_masks,
 )
 
 from toy import MASK, ToyBackbone
@@ -109,7 +110,8 @@ def test_forwards_hold_the_device_default_tokens_unless_told():
     """max_tokens None packs a CPU's forwards to 1024 tokens (an accelerator's to 4096)."""
     assert default_max_tokens("cpu") == 1024 and default_max_tokens("cuda") == 4096
     model = ToyBackbone()
-    prompts, answers = [[3, 17, 8]] * 40, [[12, 40, 7]] * 40  # 640 rows of 6 tokens
+    # 40 distinct pairs (identical ones would share their rows): 40 x (at most 7 distinct masks) rows of 6 tokens
+    prompts, answers = [[3, 17, k] for k in range(40)], [[12, 40, 7]] * 40
     log_likelihood_batch(model, prompts, answers, generator=torch.Generator().manual_seed(0))
     assert max(b * length for b, length, _ in model.forwards) <= 1024 < sum(b * length for b, length, _ in model.forwards)
     model.forwards.clear()
@@ -125,7 +127,9 @@ def test_padding_does_not_change_values():
     model.forwards.clear()
     mixed = log_likelihood_batch(model, [p] + [q for q, _ in longer], [a] + [b for _, b in longer], n_mc=32,
                                  generator=torch.Generator().manual_seed(3), max_tokens=100_000)
-    assert model.forwards == [(96, 14, True)]  # one padded forward holding all three pairs
+    # one padded forward holding the distinct rows of all three pairs (identical masks run once)
+    masks = pair_masks(model, [3, 4, 2], n_mc=32, generator=torch.Generator().manual_seed(3))
+    assert model.forwards == [(sum(len(torch.unique(m, dim=0)) for m in masks), 14, True)]
     one_row_each = log_likelihood_batch(model, [p] + [q for q, _ in longer], [a] + [b for _, b in longer],
                                         n_mc=32, generator=torch.Generator().manual_seed(3), max_tokens=1)
     assert mixed[0].item() == pytest.approx(alone[0].item(), abs=1e-5)

@@ -37,6 +37,17 @@ device = the generator's device (by default the backbone's). So pair i's value d
 on the other pairs, and equals log_likelihood(prompt_i, answer_i,
 generator=pair_generator(seed, i, device)) up to float rounding from batching. Pair 0 uses seed
 itself: with default arguments, log_likelihood_batch([p], [a])[0] == log_likelihood(p, a).
+
+Work skipped, the value unchanged (`log_likelihood_batch`):
+- Identical rows run once. A short answer has few distinct masks (La = 2: three), so many of the
+  n_mc rows of a pair repeat one, and pairs with the same prompt and answer repeat each other's
+  rows. Each distinct (prompt, answer, mask) row is scored once and its score reused for every
+  row it stands for, with that row's own weight: the same estimator, the same draws.
+- The vocabulary head runs only where a score is read (`head="masked"`, a timerome Backbone):
+  the forward stops after the last block (`Hooks(..., stop=True)`), and `Backbone.readout`
+  (final norm + head) maps the last-block output of the scored positions only (a logit_shift
+  family reads position i - 1 for token i, as `Backbone.logits` aligns it). Equal to the full
+  logits up to float rounding of the head's matrix shape.
 """
 
 from __future__ import annotations
@@ -51,7 +62,7 @@ import torch.nn.functional as F
 from timerome.checks import budget, integer
 from timerome.encoding import encode_pairs
 from timerome.errors import TimeromeError
-from timerome.hooks import answer_region
+from timerome.hooks import Hooks, answer_region
 from timerome.progress import progress_bar
 
 MAX_EXACT = 8  # exact enumeration costs 2^La - 1 rows
@@ -77,7 +88,9 @@ def log_likelihood(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, batch_si
 def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, batch_size: int = 16,
                            generator: torch.Generator | None = None) -> torch.Tensor:
     """The n_mc per-row estimates (float64, CPU) whose mean is log_likelihood; one exact value
-    when the answer is one token. One forward per stratum of batch_size rows."""
+    when the answer is one token. One forward per stratum of batch_size rows, every drawn row run
+    (`log_likelihood_batch` runs identical rows once); the head at the scored positions only where
+    `masked_head_applies`."""
     prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
     _check_pair(backbone, prompt, answer)
     _check_mc(n_mc, batch_size)
@@ -85,13 +98,14 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = 16, 
         generator = torch.Generator(device=backbone.device).manual_seed(0)
     masks, weights = _draw(len(answer), n_mc, batch_size, generator, _causal(backbone))
     rows = [(0, r) for r in range(len(weights))]
-    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), batch_size))
+    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), batch_size),
+                         masked_head=masked_head_applies(backbone))
     return scores * weights
 
 
 def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[int]], *, n_mc: int = 16,
                          batch_size: int | None = None, generator: torch.Generator | None = None,
-                         progress: bool = False, max_tokens: int | None = None) -> torch.Tensor:
+                         progress: bool = False, max_tokens: int | None = None, head: str = "auto") -> torch.Tensor:
     """log_likelihood of many (prompt, answer) pairs -> float64 CPU tensor [N].
 
     batch_size: stratum size, as in log_likelihood (None: its default, 16).
@@ -99,8 +113,12 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
         (right-padded, padding hidden by the attention mask; at least one row per forward);
         None: `default_max_tokens` of the backbone's device. The result does not depend on it
         beyond float rounding (~1e-7 nats).
+    head: "masked" runs the vocabulary head at the scored positions only, "full" at every
+        position; "auto" is "masked" wherever it applies (`masked_head_applies`). Equal up to
+        float rounding.
     Pair i draws from pair_generator(seed, i, device) (module docstring): seed = generator.initial_seed(),
-    device = generator.device (defaults: 0 and the backbone's device).
+    device = generator.device (defaults: 0 and the backbone's device). Rows identical to an earlier
+    one (same prompt, answer and mask) are not run again: its score is reused (module docstring).
     """
     if len(prompts) != len(answers):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(answers)} answers")
@@ -109,29 +127,55 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
     max_tokens = default_max_tokens(backbone.device) if max_tokens is None else max_tokens
     if max_tokens < 1:
         raise TimeromeError(f"max_tokens must be >= 1, got {max_tokens}")
+    masked_head = _head_choice(backbone, head)
     P = [_as_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
     A = [_as_ids(a, f"answer {i}") for i, a in enumerate(answers)]
     for i, (p, a) in enumerate(zip(P, A)):
         _check_pair(backbone, p, a, where=f" (pair {i})")
-    seed = generator.initial_seed() if generator is not None else 0
-    device = generator.device if generator is not None else backbone.device
-
-    masks, weights = [], []
-    for i, a in enumerate(A):
-        m, w = _draw(len(a), n_mc, batch_size, pair_generator(seed, i, device), _causal(backbone))
-        masks.append(m)
-        weights.append(w)
+    masks = pair_masks(backbone, [len(a) for a in A], n_mc=n_mc, batch_size=batch_size, generator=generator)
+    weights = [La / m.sum(1).double() for La, m in zip((len(a) for a in A), masks)]
     # longest pairs first, so each forward pads only up to its first row's length
     order = sorted(range(len(A)), key=lambda i: -(len(P[i]) + len(A[i])))
     rows = [(i, r) for i in order for r in range(len(weights[i]))]
-    lengths = [len(P[i]) + len(A[i]) for i, _ in rows]
-    scores = _score_rows(backbone, P, A, masks, rows, _packed_chunks(lengths, max_tokens), progress)
+    distinct, source = _distinct_rows(P, A, masks, rows)
+    lengths = [len(P[i]) + len(A[i]) for i, _ in distinct]
+    scores = _score_rows(backbone, P, A, masks, distinct, _packed_chunks(lengths, max_tokens), progress,
+                         masked_head)[source]
 
     out = torch.zeros(len(A), dtype=torch.float64)
     pair = torch.tensor([i for i, _ in rows], dtype=torch.long)
     w = torch.cat([weights[i] for i in order]) if rows else torch.zeros(0, dtype=torch.float64)
     n = torch.tensor([len(weights[i]) for i in range(len(A))], dtype=torch.float64)
     return out.index_add_(0, pair, scores * w) / n.clamp(min=1)
+
+
+def pair_masks(backbone, answer_lengths: list[int], *, n_mc: int = 16, batch_size: int = 16,
+               generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The masks [R_i, La_i] (True = scored) `log_likelihood_batch` draws for answers of these
+    lengths under `generator` (its seed and device, module docstring): R_i = n_mc, or 1 for a
+    one-token answer or a causal model. Row r of pair i weighs La_i / (its True count). Exposed so
+    a benchmark can count the distinct rows any exact computation of the estimator must run."""
+    seed = generator.initial_seed() if generator is not None else 0
+    device = generator.device if generator is not None else backbone.device
+    causal = _causal(backbone)
+    return [_draw(int(La), n_mc, batch_size, pair_generator(seed, i, device), causal)[0]
+            for i, La in enumerate(answer_lengths)]
+
+
+def masked_head_applies(backbone) -> bool:
+    """Whether the vocabulary head can be run at the scored positions only: a timerome Backbone
+    with its own implementation (not the checkpoint's code), a read-out (final norm), and no hook
+    on the norm, the head or the model itself (the forward must end in exactly norm + head, and a
+    hook there expects the full [B, L, ...] tensor)."""
+    from timerome.backbones.backbone import Backbone
+
+    if not isinstance(backbone, Backbone) or backbone.remote:
+        return False
+    fam, mods = backbone.family, backbone._modules
+    if fam.norm not in mods:
+        return False
+    ends = [backbone.model, mods[fam.norm], mods.get(fam.head) or backbone.embedding()]
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in ends)
 
 
 def default_max_tokens(device) -> int:
@@ -160,7 +204,8 @@ def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
     # (1 / La) * (1 / C(La, l)) * (La / l): the uniform l, the uniform subset, the row weight
     weights = torch.tensor([1.0 / (math.comb(La, int(n)) * int(n)) for n in l], dtype=torch.float64)
     rows = [(0, r) for r in range(len(subsets))]
-    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), 64))
+    scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), 64),
+                         masked_head=masked_head_applies(backbone))
     return float((scores * weights).sum())
 
 
@@ -257,19 +302,47 @@ def _packed_chunks(lengths: list[int], max_tokens: int) -> list[range]:
     return chunks
 
 
-def _score_rows(backbone, prompts, answers, masks, rows, chunks, progress: bool = False) -> torch.Tensor:
+def _head_choice(backbone, head: str) -> bool:
+    """head ("auto" / "masked" / "full") -> whether to run the head at the scored positions only."""
+    if head not in ("auto", "masked", "full"):
+        raise TimeromeError(f"head must be 'auto', 'masked' or 'full', got {head!r}")
+    applies = masked_head_applies(backbone)
+    if head == "masked" and not applies:
+        raise TimeromeError("head='masked' needs a timerome Backbone with its own implementation and no hook on "
+                            "its final norm, head or model; use head='full' or 'auto'")
+    return applies and head != "full"
+
+
+def _distinct_rows(prompts, answers, masks, rows) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """(distinct, source): the first of each group of identical rows (same prompt, answer and
+    mask), in order, and for every row the index in `distinct` of the row that scores it."""
+    first: dict[tuple, int] = {}
+    distinct, source = [], []
+    for i, r in rows:
+        key = (prompts[i].numpy().tobytes(), answers[i].numpy().tobytes(), masks[i][r].numpy().tobytes())
+        j = first.setdefault(key, len(distinct))
+        if j == len(distinct):
+            distinct.append((i, r))
+        source.append(j)
+    return distinct, torch.tensor(source, dtype=torch.long)
+
+
+def _score_rows(backbone, prompts, answers, masks, rows, chunks, progress: bool = False,
+                masked_head: bool = False) -> torch.Tensor:
     """sum_{i masked} log p(x_i | noisy row) for each row (pair, row index) -> float64 CPU [R]."""
     out = torch.zeros(len(rows), dtype=torch.float64)
     with progress_bar("log-likelihood", total=len(chunks), enabled=progress) as bar:
         for chunk in chunks:
-            out[chunk.start:chunk.stop] = _score_chunk(backbone, prompts, answers, masks, rows[chunk.start:chunk.stop])
+            out[chunk.start:chunk.stop] = _score_chunk(backbone, prompts, answers, masks, rows[chunk.start:chunk.stop],
+                                                       masked_head)
             bar.advance()
     return out
 
 
 @torch.no_grad()
-def _score_chunk(backbone, prompts, answers, masks, rows) -> torch.Tensor:
-    """One forward over the rows, right-padded to the longest; padding hidden by attention_mask."""
+def _score_chunk(backbone, prompts, answers, masks, rows, masked_head: bool = False) -> torch.Tensor:
+    """One forward over the rows, right-padded to the longest; padding hidden by attention_mask.
+    masked_head: stop after the last block and read out the scored positions only."""
     lens = [len(prompts[i]) + len(answers[i]) for i, _ in rows]
     R, L = len(rows), max(lens)
     clean = torch.full((R, L), backbone.mask_id, dtype=torch.long)
@@ -284,11 +357,21 @@ def _score_chunk(backbone, prompts, answers, masks, rows) -> torch.Tensor:
 
     device = backbone.device
     am = None if all(n == L for n in lens) else real.to(device)
-    with answer_region(backbone, torch.tensor([len(prompts[i]) for i, _ in rows])):
-        logits = backbone.logits(noisy.to(device), attention_mask=am)  # [R, L, V]
     pos = scored.to(device)
+    with answer_region(backbone, torch.tensor([len(prompts[i]) for i, _ in rows])):
+        if masked_head:
+            last = (backbone.n_layers - 1, "resid")
+            with Hooks(backbone, keep=[last], stop=True, detach=False) as kept:
+                backbone.logits(noisy.to(device), attention_mask=am)
+            row, col = pos.nonzero(as_tuple=True)  # row-major: the order of logits[pos]
+            # Backbone.logits aligns a logit_shift family by output j - 1 -> token j (position 0 copies
+            # output 0); the same read here
+            col = (col - backbone.family.logit_shift).clamp(min=0)
+            picked = backbone.readout(kept[last][0][row, col])  # [M, V]
+        else:
+            picked = backbone.logits(noisy.to(device), attention_mask=am)[pos]  # [M, V] of [R, L, V]
     # log-softmax only at the masked positions: [M, V] instead of [R, L, V]
-    logp = F.log_softmax(logits[pos].float(), dim=-1)
+    logp = F.log_softmax(picked.float(), dim=-1)
     target = clean.to(device)[pos]
     tok = logp.gather(1, target[:, None]).squeeze(1).double().cpu()  # [M]
     row_of = torch.arange(R)[:, None].expand(R, L)[scored]
