@@ -10,13 +10,22 @@ Parts (each prints a table of ratios measured in this one run):
   overhead     wall time of a full denoising generation with a |F|=400 memory installed, over the
                plain generation: a random LLaDA-structure model (d=1024, 8 layers, vocab 4096) and
                the embedded model. Goal <= 1.03.
-  streaming    inserting the 10,000th fact (block-inverse update) against a full re-solve of the
-               10,000-fact memory, synthetic keys of hidden size 1024. Goal >= 50x.
+  scale        the hook at |F| = 10,000 facts (keys and deltas: the model's own residuals), q = 0 and
+               q = 4, on each --overhead-models model: one forward with / without the hook, and the
+               hook alone; q = 4 also with every fact scored (the dense TopQ the index replaces), and
+               the candidates per token the index scores. Goal <= 1.03 per forward.
+  streaming    inserting the 10,000th fact (block update) against the BEST full re-solve of the
+               10,000-fact memory, synthetic keys of hidden size 1024: the re-solve is the smaller
+               (hidden-size, H x H) form, timed both through EditMemory and as one bare Cholesky
+               solve, and the faster of the two is the baseline. Goal >= 50x.
   selectivity  alpha sweep: Delta ForgetLP, Delta RetainLP (nats, edited - plain) and their ratio
                for each key metric on the embedded model (and a TOFU-fine-tuned model when given);
                writes a Pareto PNG.
   install      capture + solve time for |F| = 1, 10, 40, 100, 400 facts (cycling the embedded
                corpus): batching makes capture grow sub-linearly.
+  install10k   installing 10,000 synthetic facts of hidden size 1024 (paper and whitened metric):
+               seconds, the form kept, and the process's peak memory (each in a fresh process, so
+               the peak is this install's).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from timerome.capture import capture_facts
 from timerome.edit_memory import EditMemory, default_coordinate
 from timerome.whitening import residual_stats
 
-PARTS = ("overhead", "streaming", "selectivity", "install")
+PARTS = ("overhead", "scale", "streaming", "selectivity", "install", "install10k")
 
 
 def main() -> int:
@@ -52,6 +61,7 @@ def main() -> int:
                          "or wall time (auto on GPU)")
     ap.add_argument("--stream-facts", type=int, default=10_000)
     ap.add_argument("--stream-hidden", type=int, default=1024)
+    ap.add_argument("--scale-facts", type=int, default=10_000, help="scale: facts in the memory")
     ap.add_argument("--forget", type=int, default=40, help="selectivity: forget facts")
     ap.add_argument("--retain", type=int, default=80, help="selectivity: retain rows")
     ap.add_argument("--n-mc", type=int, default=8)
@@ -238,21 +248,81 @@ def _time_generations(bb, mems, prompt, G, repeats):
     return min(plain), [min(e) for e in edited]
 
 
+# ------------------------------------------------------------------------------ 1b. scale
+
+
+def bench_scale(args):
+    from timerome import edit_memory as em
+    from timerome.hooks import run_to
+
+    F = args.scale_facts
+    print(f"\n== scale: the hook with |F| = {F} facts (keys, deltas: the model's own residuals), one forward "
+          f"of a [1, 32 + {args.gen_length}] sequence ==")
+    print("(forward ratio: interleaved medians with / without the hook; hook only: 1 + the hook's own time / "
+          "one forward's, which other jobs on a shared machine disturb least; dense = every fact scored)")
+    print(f"{'model':<18}{'config':<22}{'install s':>10}{'form':>8}{'forward ratio':>15}{'hook only':>11}"
+          f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<12}")
+    for name in args.overhead_models.split(","):
+        bb = random_backbone(args.device) if name.strip() == "random" else embedded(args.device)
+        coord = default_coordinate(bb)
+        g = torch.Generator().manual_seed(0)
+        n_seq = -(-2 * F // 64)
+        ids = torch.randint(0, bb.vocab_size - 1, (n_seq, 64), generator=g)
+        stats = residual_stats(bb, coord, ids[:64].tolist(), masked_copies=1)
+        with torch.no_grad():
+            h = torch.cat([run_to(bb, coord.site, ids[i:i + 32].to(bb.device)).double().cpu()
+                           for i in range(0, n_seq, 32)]).reshape(-1, bb.hidden_size)
+        U, D = h[:F], h[F:2 * F] - h[:F]
+        prompt = torch.randint(0, bb.vocab_size - 1, (1, 32), generator=g).to(bb.device)
+        x = _full_ids(bb, prompt, args.gen_length)
+        with torch.no_grad():
+            hx = run_to(bb, coord.site, x)                # the hook's real input: this sequence's residuals
+        for label, kw in (("whitened q=0", dict(key_metric="whitened", background=stats)),
+                          ("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
+                          ("paper q=4", dict(key_metric="paper", q=4))):
+            t = CLOCK()
+            mem = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(F)])
+            install = CLOCK() - t
+            f_plain, f_edit = _time_forwards(bb, mem, x)
+            hook = _time_hook(mem, hx)
+            dense, cand = float("nan"), ""
+            if mem.q:
+                ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
+                if ix is not None:
+                    cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else "")
+                keep = em.TOPQ_INDEX_MIN_FACTS
+                em.TOPQ_INDEX_MIN_FACTS = 1 << 62         # the plan without the index: every fact scored
+                try:
+                    dense = _time_hook(mem, hx)
+                finally:
+                    em.TOPQ_INDEX_MIN_FACTS = keep
+            print(f"{bb.name:<18}{label:<22}{install:>10.3f}{mem.ridge.form:>8}{f_edit / f_plain:>15.4f}"
+                  f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<12}")
+
+
 # ------------------------------------------------------------------------------ 2. streaming
 
 
 def bench_streaming(args):
     F, H = args.stream_facts, args.stream_hidden
-    print(f"\n== streaming: insert fact #{F} vs full re-solve at |F| = {F} (synthetic keys, H = {H}) ==")
+    print(f"\n== streaming: insert fact #{F} vs the best full re-solve at |F| = {F} (synthetic keys, H = {H}) ==")
     bb = random_backbone("cpu", hidden=H, layers=1, vocab=64, context=64)
     g = torch.Generator().manual_seed(0)
     U = torch.randn(F, H, generator=g, dtype=torch.float64)
     D = torch.randn(F, H, generator=g, dtype=torch.float64)
     ids = [f"f{i}" for i in range(F)]
 
-    t = CLOCK()
-    full = EditMemory(bb, key_metric="paper", lam_absolute=args.lam).add_vectors(U, D, ids)  # the batch solve
-    solve_s = CLOCK() - t
+    solves, bare = [], []
+    for _ in range(2):
+        t = CLOCK()
+        full = EditMemory(bb, key_metric="paper", lam_absolute=args.lam).add_vectors(U, D, ids)  # the batch solve
+        solves.append(CLOCK() - t)
+        t = CLOCK()
+        W_bare = _bare_solve(U, D, args.lam)
+        bare.append(CLOCK() - t)
+    solve_s, bare_s = min(solves), min(bare)
+    best = min(solve_s, bare_s)
+    form = full.ridge.form
 
     mem = EditMemory(bb, key_metric="paper", lam_absolute=args.lam)
     mem.reserve(F)
@@ -275,10 +345,21 @@ def bench_streaming(args):
     h = torch.randn(64, H, generator=g, dtype=torch.float64)
     a, b = mem.delta(h), full.delta(h)
     err = float((a - b).norm() / b.norm())
+    err_bare = float((full.ridge.W - W_bare).norm() / W_bare.norm())
     ins, rn, rm = min(inserts), min(removes_new), min(removes_mid)
-    print(f"full re-solve {solve_s:.3f} s | insert #{F} {ins * 1e3:.1f} ms ({solve_s / ins:.0f}x faster) | "
-          f"remove the newest {rn * 1e3:.1f} ms ({solve_s / rn:.0f}x) | remove one from the middle "
-          f"{rm * 1e3:.1f} ms ({solve_s / rm:.0f}x) | streamed vs batch delta rel. err {err:.1e}")
+    print(f"re-solve: EditMemory batch add {solve_s:.3f} s ({form} form kept), bare H x H Cholesky solve "
+          f"{bare_s:.3f} s (W agrees to {err_bare:.1e}); baseline = the faster, {best:.3f} s")
+    print(f"insert #{F} {ins * 1e3:.2f} ms ({best / ins:.0f}x faster than the best re-solve) | remove the newest "
+          f"{rn * 1e3:.2f} ms ({best / rn:.0f}x) | remove one from the middle {rm * 1e3:.2f} ms ({best / rm:.0f}x) | "
+          f"streamed vs batch delta rel. err {err:.1e}")
+
+
+def _bare_solve(U, D, lam):
+    """W = (U^T U + lam I)^-1 U^T D by one Cholesky solve: the least work a re-solve of the memory's
+    [H, H] map can do with F > H facts (the push-through identity: equal to U^T (U U^T + lam I)^-1 D)."""
+    N = U.T @ U
+    N.diagonal().add_(lam)
+    return torch.cholesky_solve(U.T @ D, torch.linalg.cholesky(N))
 
 
 # ------------------------------------------------------------------------------ 3. selectivity
@@ -429,6 +510,65 @@ def _background(bb):
     from timerome.whitening import background_texts
 
     return background_texts(bb)
+
+
+# ------------------------------------------------------------------------------ 5. install at 10^4 facts
+
+
+def bench_install10k(args):
+    import multiprocessing as mp
+
+    F, H = args.stream_facts, args.stream_hidden
+    print(f"\n== install10k: {F} synthetic facts of hidden size {H} in one add_vectors (each in a fresh process) ==")
+    print("(peak: the process's resident high-water mark during the install, reset just before it through "
+          "/proc/self/clear_refs; 'adds' = that peak - the resident size before, which already holds the "
+          "keys U and deltas D)")
+    print(f"{'metric':<10}{'install s':>10}{'form':>8}{'peak RSS MB':>13}{'before MB':>11}{'install adds MB':>17}"
+          f"{'U + D MB':>10}")
+    ctx = mp.get_context("spawn")
+    for metric in ("paper", "whitened"):
+        with ctx.Pool(1) as pool:
+            r = pool.apply(_install_child, (F, H, metric, torch.get_num_threads(), args.clock))
+        note = "" if r["reset"] else "  (peak not reset: it may predate the install)"
+        print(f"{metric:<10}{r['seconds']:>10.3f}{r['form']:>8}{r['peak'] / 1024:>13.0f}{r['before'] / 1024:>11.0f}"
+              f"{(r['peak'] - r['before']) / 1024:>17.0f}{2 * F * H * 8 / 2**20:>10.0f}{note}")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _install_child(F, H, metric, threads, clock):
+    """In a fresh process: time one add_vectors of F facts; resident size (KiB) before it and its
+    high-water mark during it."""
+    from timerome.whitening import ResidualStats
+
+    torch.set_num_threads(threads)
+    timer = time.perf_counter if clock == "wall" else time.process_time
+    bb = random_backbone("cpu", hidden=H, layers=1, vocab=64, context=64)
+    g = torch.Generator().manual_seed(0)
+    U = torch.randn(F, H, generator=g, dtype=torch.float64)
+    D = torch.randn(F, H, generator=g, dtype=torch.float64)
+    ids = [f"f{i}" for i in range(F)]
+    kw = dict(key_metric=metric)
+    if metric == "whitened":
+        X = torch.randn(2 * H, H, generator=g, dtype=torch.float64)
+        cov = X.T @ X / (2 * H) + 0.1 * torch.eye(H, dtype=torch.float64)
+        kw["background"] = ResidualStats(0, "resid", torch.randn(H, generator=g, dtype=torch.float64), cov, 2 * H, 0.0)
+    mem = EditMemory(bb, (0, "resid"), **kw)
+    mem.ridge._L() if metric == "whitened" else None  # the metric's Cholesky factor: part of construction
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                               # resets VmHWM to the current resident size
+        reset = True
+    except OSError:
+        reset = False
+    before = _status_kib("VmRSS")
+    t = timer()
+    mem.add_vectors(U, D, ids)
+    seconds = timer() - t
+    return dict(seconds=seconds, form=mem.ridge.form, before=before, peak=_status_kib("VmHWM"), reset=reset)
 
 
 if __name__ == "__main__":

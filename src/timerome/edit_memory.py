@@ -6,7 +6,9 @@
     memory.remove(["fact-3"]); memory.save("forget.safetensors")
 
 The pieces, one file each: `capture.py` reads the subject keys u and target deltas d, `ridge.py`
-solves G (and interprets lambda), `topq.py` sparsifies, `whitening.py` measures the background
+solves the ridge system in the smaller of its two forms (F x F while F <= H, else H x H) and
+interprets lambda, `topq.py` sparsifies (from TOPQ_INDEX_MIN_FACTS facts on with an exact screen
+that does not score every fact), `whitening.py` measures the background
 statistics of the "whitened" key metric. This object holds them together with the coordinate and
 the hyper-parameters, and applies the update in `update` (the line with alpha).
 
@@ -36,7 +38,7 @@ from timerome.errors import TimeromeError
 from timerome.files import parse_json
 from timerome.hooks import Hooks, TraceState
 from timerome.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
-from timerome.topq import top_q_combine
+from timerome.topq import TopQIndex, top_q_combine
 from timerome.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
 
 KEY_METRICS = ("paper", "whitened")
@@ -44,6 +46,10 @@ DEFAULT_KEY_METRIC = "whitened"  # the selectivity benchmark's winner on the emb
 DEFAULT_ALPHA = 1.5  # embedded default, relative lam 8: forget01 LP -56.6 nats for -0.69 retain, 12 / 20 refusals said (README)
 FORMAT = "timerome-edit-memory/2"
 OLD_FORMATS = ("timerome-edit-memory/1",)  # lam was the absolute lambda there
+# q > 0 with at least this many facts: the hook selects with topq.TopQIndex (exact, an int8 screen) instead of
+# scoring every fact; below it the screen's fixed cost is more than the dense scores' (bench_edit_memory.py)
+TOPQ_INDEX_MIN_FACTS = 1536  # embedded model, q = 4: index 1.31 ms vs 1.53 ms at 2000 facts, 1.18 vs 1.19 at 1500
+TOPQ_INDEX_MAX_HIDDEN = 130_000  # int32 products of int8 vectors: 127^2 H < 2^31
 G_TOLERANCE = 1e-9  # ridge.solution_error a loaded memory may have (a solve and its updates give about 1e-16)
 
 
@@ -89,7 +95,7 @@ class EditMemory:
         self.ridge = RidgeMemory(self.hidden_size, lam=lam, lam_absolute=lam_absolute, key_scale=key_scale,
                                  mean=None if self.stats is None else self.stats.mean,
                                  precision=None if self.stats is None else self.stats.precision())
-        self._facts, self._ids, self._cache = [], [], {}
+        self._facts, self._ids, self._cache, self._held = [], [], {}, None
 
     # ---------------------------------------------------------------- properties
 
@@ -121,7 +127,7 @@ class EditMemory:
     def reset(self) -> "EditMemory":
         """Forget every fact (the background statistics and the key scale stay)."""
         self.ridge.reset()
-        self._facts, self._ids = [], []
+        self._facts, self._ids, self._held = [], [], None
         return self
 
     def reserve(self, n: int) -> "EditMemory":
@@ -140,7 +146,7 @@ class EditMemory:
     def add(self, facts) -> "EditMemory":
         """Capture the facts (batched) and insert them; on any error the memory is unchanged."""
         facts = fact_list(facts)
-        check_new_facts(self._facts, facts, self.target)
+        check_new_facts(self._held_conflicts(facts), facts, self.target)
         cap = capture_facts(self.backbone, facts, self.coordinate, target=self.target, batch_size=self.batch_size)
         return self.add_vectors(cap.keys, cap.deltas, facts)
 
@@ -151,18 +157,59 @@ class EditMemory:
         if not (len(U_new) == len(D_new) == len(facts)) or not facts:
             raise TimeromeError(f"need as many keys, deltas and facts, at least one "
                                 f"(got {len(U_new)}, {len(D_new)}, {len(facts)})")
-        check_new_facts(self._facts, facts, self.target)
+        check_new_facts(self._held_conflicts(facts), facts, self.target)
         if not (torch.isfinite(U_new).all() and torch.isfinite(D_new).all()):
             raise TimeromeError("keys or deltas contain NaN/inf values")
         self.ridge.insert(U_new, D_new)
         self._facts += facts
         self._ids += [fact_id(f) for f in facts]
+        self._index_facts(facts, +1)
         return self
+
+    def _held_conflicts(self, new) -> list:
+        """The held facts that `new` can collide with (the same content or the same id): all that
+        check_new_facts / sort_new_facts look at (facts of one content in memory order), found through
+        an index of the held facts kept up to date by add and remove, so an insert costs O(k), not O(F)."""
+        held = self._held_index()
+        hit = {}
+        for f in new:
+            content = fact_content(f, self.target)
+            for g in (held["content"].get(content, []) if content is not None else []) + held["id"].get(fact_id(f), []):
+                hit[id(g)] = g
+        return list(hit.values())
+
+    def _held_index(self) -> dict:
+        """{content: [facts]}, {id: [facts]} of the held facts; rebuilt when the target or the facts
+        changed behind its back."""
+        held = self._held
+        if held is None or held["target"] != self.target or held["n"] != len(self._facts):
+            held = self._held = {"target": self.target, "content": {}, "id": {}, "n": 0}
+            self._index_facts(self._facts, +1)
+        return held
+
+    def _index_facts(self, facts, sign: int) -> None:
+        held = self._held
+        if held is None:
+            return
+        for f in facts:
+            for table, key in ((held["content"], fact_content(f, held["target"])), (held["id"], fact_id(f))):
+                if sign > 0:
+                    table.setdefault(key, []).append(f)
+                else:
+                    same = table[key]
+                    del same[next(i for i, g in enumerate(same) if g is f)]
+                    if not same:
+                        del table[key]
+        held["n"] += sign * len(facts)
 
     def remove(self, fact_ids) -> "EditMemory":
         """Drop facts by id (a downdate, no re-solve); unknown ids raise and nothing is removed."""
         fact_ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
-        have = {fid: j for j, fid in enumerate(self._ids)}
+        if len(fact_ids) <= 8:  # a few: C-speed scans of the id list (the last of a repeated id, as the dict)
+            backwards = self._ids[::-1]
+            have = {fid: len(backwards) - 1 - backwards.index(fid) for fid in fact_ids if fid in backwards}
+        else:
+            have = {fid: j for j, fid in enumerate(self._ids)}
         missing = [i for i in fact_ids if i not in have]
         if missing:
             raise TimeromeError(f"no fact with id {', '.join(map(repr, missing[:5]))} in the memory")
@@ -171,11 +218,17 @@ class EditMemory:
             return self
         if len(drop) == len(self):
             return self.reset()
-        dropped = set(drop)
-        keep = [j for j in range(len(self)) if j not in dropped]
-        self.ridge.delete(torch.tensor(keep), torch.tensor(drop))
-        self._facts = [self._facts[j] for j in keep]
-        self._ids = [self._ids[j] for j in keep]
+        mask = torch.ones(len(self), dtype=torch.bool)
+        mask[drop] = False
+        self.ridge.delete(mask.nonzero().squeeze(1), torch.tensor(drop))
+        self._index_facts([self._facts[j] for j in drop], -1)
+        if len(drop) <= 8:
+            for j in reversed(drop):
+                del self._facts[j], self._ids[j]
+        else:
+            keep = mask.tolist()
+            self._facts = [f for f, k in zip(self._facts, keep) if k]
+            self._ids = [i for i, k in zip(self._ids, keep) if k]
         return self
 
     # ---------------------------------------------------------------- applying
@@ -192,19 +245,39 @@ class EditMemory:
         """Eq. multifact on a live residual h [..., H]: h + alpha * TopQ_q(D^T G U h)."""
         dt = torch.float64 if h.dtype == torch.float64 else torch.float32
         x = h.reshape(-1, self.hidden_size).to(dt)
+        if self._plan(x.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
+            W, mu = self._matrices(x.device, x.dtype, "W", "mu")
+            return torch.addmm(x, x if mu is None else x - mu, W, alpha=self.alpha).to(h.dtype).view_as(h)
         return (x + self._change(x)).to(h.dtype).view_as(h)
 
     def _change(self, x: torch.Tensor) -> torch.Tensor:
         """alpha * TopQ_q(c) D for x [N, H], c the fact coefficients (ridge.py)."""
-        A, Amu, D, W, mu = self._matrices(x.device, x.dtype)
-        if self.q == 0 and self.g_max is None and 2 * len(self) >= self.hidden_size:
+        plan = self._plan(x.device)
+        if plan == "map":
+            W, mu = self._matrices(x.device, x.dtype, "W", "mu")
             change = (x if mu is None else x - mu) @ W       # D^T G K folded into one [H, H] map
+        elif plan == "index":
+            index, T, muT, D = self._matrices(x.device, x.dtype, "index", "T", "muT", "D")
+            y = x if T is None else x @ T if muT is None else torch.addmm(muT, x, T, alpha=1, beta=-1)
+            change = index.combine(y, self.q, D)             # TopQ_q(c) D, c = y R^T (ridge.balanced)
         else:
-            c = x @ A.T if Amu is None else x @ A.T - Amu    # fact coefficients [N, F]
+            A, Amu, D = self._matrices(x.device, x.dtype, "A", "Amu", "D")
+            c = x @ A.T if Amu is None else torch.addmm(Amu, x, A.T, beta=-1)  # fact coefficients [N, F]
             if self.g_max is not None:
                 c = c.clamp(0.0, self.g_max)
             change = top_q_combine(c, self.q, D)             # TopQ_q(c) D  [N, H]
         return self.alpha * change                           # <- alpha multiplies the update here
+
+    def _plan(self, device) -> str:
+        """How the hook computes the update: "map" (q = 0, no g_max, 2F >= H: the [H, H] map W),
+        "index" (q > 0, no g_max, at least TOPQ_INDEX_MIN_FACTS facts, CPU: topq.TopQIndex, which does
+        not score every fact) or "scores" (every fact's coefficient, then TopQ / g_max)."""
+        if self.q == 0 and self.g_max is None and 2 * len(self) >= self.hidden_size:
+            return "map"
+        if (self.q and self.g_max is None and len(self) >= TOPQ_INDEX_MIN_FACTS and torch.device(device).type == "cpu"
+                and self.hidden_size <= TOPQ_INDEX_MAX_HIDDEN):
+            return "index"
+        return "scores"
 
     @contextmanager
     def applied(self, backbone, state: TraceState | None = None):
@@ -214,31 +287,48 @@ class EditMemory:
         """
         self._check_backbone(backbone)
         self._check_ready()
-        self._matrices(backbone.device, torch.float32)  # built now: nothing can fail mid-forward
+        need = {"map": ("W", "mu"), "index": ("index", "T", "muT", "D"), "scores": ("A", "Amu", "D")}
+        self._matrices(backbone.device, torch.float32, *need[self._plan(backbone.device)])  # nothing fails mid-forward
         with Hooks(backbone, edit={self.coordinate: lambda h, _st: self.update(h)}, state=state) as hooks:
             yield hooks.state
 
-    def _matrices(self, device, dtype):
-        """(A, A mu, D, W, mu) on device in dtype (the mu terms None for the paper metric); rebuilt
-        only after the memory changed."""
+    def _matrices(self, device, dtype, *names):
+        """The named tensors on device in dtype, each built on first use and kept until the memory
+        changes: W, mu, A, Amu (= A mu), D, and for topq.TopQIndex the coordinates of ridge.balanced
+        (c = ((x - mu) T) R^T): T, muT (= mu T) and index (of the rows R). mu, Amu and muT are None
+        for the paper metric, T for the paper metric in the facts form."""
+        r = self.ridge
         key = (str(device), dtype)
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == self.ridge.version:
-            return hit[1]
-        r = self.ridge
+        if hit is None or hit[0] != r.version:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] == r.version}
+            hit = self._cache[key] = (r.version, {})
+        mats = hit[1]
         centred = self.key_metric == "whitened"
-        mats = (r.A, r.A @ r.mean if centred else None, r.D, r.W, r.mean if centred else None)
-        mats = tuple(None if t is None else t.to(device=device, dtype=dtype) for t in mats)
-        self._cache = {k: v for k, v in self._cache.items() if v[0] == r.version}
-        self._cache[key] = (r.version, mats)
-        return mats
+        for name in names:
+            if name in mats:
+                continue
+            if name in ("index", "T", "muT"):
+                T, R = r.balanced()
+                mats["T"] = None if T is None else T.to(device=device, dtype=dtype)
+                mats["muT"] = (r.mean @ T).to(device=device, dtype=dtype) if centred and T is not None else None
+                mats["index"] = TopQIndex(R.to(device=device, dtype=dtype))
+                continue
+            t = {"W": lambda: r.W, "mu": lambda: r.mean if centred else None, "A": lambda: r.A, "D": lambda: r.D,
+                 "Amu": lambda: r.A @ r.mean if centred else None}[name]()
+            mats[name] = None if t is None else t.to(device=device, dtype=dtype)
+        return tuple(mats[n] for n in names)
 
     # ---------------------------------------------------------------- saving
 
     def save(self, path) -> Path:
-        """One safetensors file: U, D, G (+ mu, C) as float64 tensors; JSON metadata in its header."""
+        """One safetensors file: U, D, G (+ mu, C) as float64 tensors; JSON metadata in its header.
+
+        G (F x F) is written only for F <= H facts; a memory of more facts is solved again from U and D
+        when loaded (ridge.py: the hidden form, O(F H^2)), so no file holds an F x F matrix it does not
+        need."""
         r = self.ridge
-        tensors = {"U": r.U, "D": r.D, "G": r.G}
+        tensors = {"U": r.U, "D": r.D} | ({"G": r.G} if len(self) <= self.hidden_size else {})
         if self.stats is not None:
             tensors |= {"mu": self.stats.mean, "cov": self.stats.cov}
         tensors = {k: v.contiguous() for k, v in tensors.items()}
@@ -266,17 +356,20 @@ class EditMemory:
         check_for_model(path, meta, backbone)
         try:
             mem, facts = cls._from_meta(meta, tensors, backbone)
-            U, D, G = tensors["U"], tensors["D"], tensors["G"]
+            U, D, G = tensors["U"], tensors["D"], tensors.get("G")
         except (KeyError, TypeError, ValueError) as e:  # a header written by hand, or another version
             raise TimeromeError(f"{path} has incomplete metadata ({type(e).__name__}: {e})") from None
         H = mem.hidden_size
-        if not (U.shape == D.shape == (len(facts), H) and G.shape == (len(facts), len(facts))):
+        if G is None and len(facts) <= H:
+            raise TimeromeError(f"{path} lacks the tensor G that a memory of {len(facts)} <= {H} facts holds")
+        g_shape = None if G is None else tuple(G.shape)
+        if not (U.shape == D.shape == (len(facts), H) and g_shape in (None, (len(facts), len(facts)))):
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but tensors of shapes "
-                                f"{tuple(U.shape)}, {tuple(D.shape)}, {tuple(G.shape)}")
+                                f"{tuple(U.shape)}, {tuple(D.shape)}, {g_shape}")
         if facts and mem.key_scale is None and mem.lam_absolute is None:
             raise TimeromeError(f"{path} has incomplete metadata: {len(facts)} facts but no key_scale for its "
                                 "relative lambda")
-        error = mem.ridge.solution_error(U, G) if facts else 0.0
+        error = mem.ridge.solution_error(U, G) if facts and G is not None else 0.0
         if not error <= G_TOLERANCE:
             raise TimeromeError(f"{path} is inconsistent: its G is not the ridge inverse of its keys (relative error "
                                 f"{error:.3g}, where a saved memory's is about 1e-16): G or the keys were changed by "
@@ -449,7 +542,7 @@ def register_tensors(formats, schema: dict) -> None:
 
 
 register_tensors((FORMAT, *OLD_FORMATS), {
-    "U": (torch.float64, 2, True), "D": (torch.float64, 2, True), "G": (torch.float64, 2, True),
+    "U": (torch.float64, 2, True), "D": (torch.float64, 2, True), "G": (torch.float64, 2, False),  # G: F <= H
     "mu": (torch.float64, 1, False), "cov": (torch.float64, 2, False)})
 
 
