@@ -203,7 +203,12 @@ def test_measure_sees_each_blocks_own_memory():
     if _rss_now_mb() is None:
         assert sys.platform != "linux"  # /proc is always there on Linux
         return
+    import gc
+
     for mb in (300, 120):
+        # earlier tests' garbage collected inside the block would lower the resident set by as much as
+        # the block adds (seen in full runs: peak == before): collect it first
+        gc.collect()
         with measure() as cost:
             t = torch.ones(mb * 2**18)  # mb MiB of float32, written so the pages are resident
             time.sleep(0.05)            # the sampling thread's turn
