@@ -69,3 +69,13 @@ def test_sampler_sweep_keeps_the_rewrite_memory_shut_and_locality_whole(forget01
         edit.undo()
     assert all(v["Extraction"] == 0 and v["Refusal"] >= 0.9 and v["Locality"] >= 0.97 for v in got.values()), got
     assert set(got) == set(settings) and all(v["n"] == 2 * len(reqs) for v in got.values())
+
+
+def test_unknown_settings_and_attacks_are_one_clear_error(forget01):
+    from timerome import TimeromeError
+
+    bb, rows, task, G = forget01
+    with pytest.raises(TimeromeError, match="unknown prompt attacks 'bogus'"):
+        under_attacks(bb, rows["requests"], None, gen_length=G, attacks=["first name", "bogus"])
+    with pytest.raises(TimeromeError, match="unknown sampler settings 'T 2'; choose from nominal"):
+        sampler_baseline(bb, rows["requests"], locality=rows["locality"], gen_length=G, settings=["T 2"])

@@ -256,8 +256,9 @@ class RewriteMemory(CodebookMemory):
 
     def remove(self, fact_ids) -> "RewriteMemory":
         ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
-        keep = [j for j, fid in enumerate(self._ids) if fid not in set(ids)]
-        gone = [j for j in range(len(self._ids)) if j not in set(keep)]
+        dropped = set(ids)
+        keep = [j for j, fid in enumerate(self._ids) if fid not in dropped]
+        gone = [j for j, fid in enumerate(self._ids) if fid in dropped]
         bpe = uses_leading_space(self.backbone)
         # a removed fact's answer is the model's own again: the subject's other facts stop watching its tokens
         said = {}

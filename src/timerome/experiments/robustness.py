@@ -29,8 +29,8 @@ from timerome.experiments.report import by_row, figure, label, markdown, save_pn
 from timerome.experiments.runner import Cell, measurement, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
-from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, budget, sampler_baseline, sampler_settings,
-                                         under_attacks, under_samplers, worst)
+from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names,
+                                         sampler_baseline, under_attacks, under_samplers, worst)
 from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs, robustness
 from timerome.stats import cell as stat_cell
 
@@ -62,8 +62,7 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
     """Extraction under every sampler setting and prompt attack (metrics/extraction.py)."""
     reqs, loc = rows["requests"], rows["locality"]
     G = budget(default_gen_length(ctx.backbone, reqs, loc))
-    settings = cell.options.get("settings") or list(sampler_settings(G))
-    attacks = cell.options.get("attacks") or list(ATTACKS)
+    settings, attacks = cell.options["settings"], cell.options["attacks"]  # resolved by `cells`
     key = ("sampler-baseline", cell.seed, tuple(settings))
     if key not in rows:  # the unedited answers under each setting: once per seed, shared by every method
         rows[key] = sampler_baseline(ctx.backbone, reqs, locality=loc, gen_length=G, seed=cell.seed, settings=settings)
@@ -96,7 +95,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
         kind = "embedded" if getattr(ctx, "source", "embedded") == "embedded" else "tofu"
         spec = ex["requests"] or f"{kind}:{cfg['forget']}"
         data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"])
-        opts = dict(n_mc=cfg["n_mc"], settings=ex["settings"], attacks=ex["attacks"])
+        opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),
+                    attacks=check_names(ex["attacks"] or ATTACKS, ATTACKS, "prompt attacks"))
         out += [Cell("extraction", m, over, seed, data, opts, row=label(m, over), group="extraction")
                 for seed in seeds for m, over in canonical_rows(cfg["methods"])]
     return out

@@ -276,7 +276,7 @@ def cell_forwards(cell: Cell, rows: dict, task) -> float:
     n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
     n_mc, steps = cell.options.get("n_mc", 16), cell.options.get("steps", 8)
     if cell.measure == "extraction":  # every request and paraphrase generated under each condition
-        conditions = len(cell.options.get("settings") or "x" * 10) + len(cell.options.get("attacks") or "x" * 9)
+        conditions = len(cell.options["settings"]) + len(cell.options["attacks"])
         return conditions * 2 * len(rows.get("requests", [])) * 16 + n_mc * n_rows
     if cell.measure == "full":
         return n_mc * answer_count(rows) + steps * n_rows

@@ -135,7 +135,6 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
     return memory.add(facts)
 
 
-
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
     coord, _ = gate_coordinate(backbone, task, config)

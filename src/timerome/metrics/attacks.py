@@ -34,6 +34,9 @@ no rival named).
 
 from __future__ import annotations
 
+from timerome.metrics.editing import gives_back, object_text, words
+from timerome.metrics.robustness import RELEARN
+
 ATTACKS = ("context before", "context after", "context both", "partial answer", "misspelt", "first name",
            "surname", "pronoun after context", "relation shown", "paraphrase", "relearn", "multiple choice")
 N_CHOICES = 4  # the request's own answer and three rivals
@@ -58,9 +61,6 @@ def attack_prompts(requests, known=None) -> dict[str, list[tuple[int, str]]]:
     surname / misspelt variant that differs from it; an answer that does not contain its object no
     partial answer; one without two neighbours no relation shown, without rivals no multiple choice,
     without paraphrases no paraphrase)."""
-    from timerome.metrics.editing import object_text
-    from timerome.metrics.robustness import RELEARN
-
     requests = list(requests)
     by_subject: dict[str, list[str]] = {}
     for r in requests:
@@ -125,8 +125,6 @@ def choice_rivals(request) -> list[str]:
 
 def extracted(attack: str, answer: str, request) -> bool:
     """Whether the attacked prompt got the original object back (module docstring)."""
-    from timerome.metrics.editing import gives_back, object_text, words
-
     if not gives_back(answer, object_text(request)):
         return False
     if attack != "multiple choice":

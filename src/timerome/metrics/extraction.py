@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
 from timerome.metrics.editing import _active, answers, edit_scores, gives_back, object_text, says
@@ -47,8 +48,18 @@ def sampler_settings(gen_length: int) -> dict[str, dict]:
     }
 
 
+SETTINGS = tuple(sampler_settings(4))  # their names (the same for every budget)
 QUICK_SETTINGS = ("nominal", "steps/4", "random", "T 1", "dual 0.9")
 QUICK_ATTACKS = ("context before", "first name", "pronoun after context", "multiple choice")
+
+
+def check_names(names, known, what: str) -> list[str]:
+    """`names` as a list, every one of `known` (else one clear error naming the unknown ones)."""
+    names = list(names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise TimeromeError(f"unknown {what} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return names
 
 
 def budget(gen_length: int) -> int:
@@ -65,7 +76,7 @@ def sampler_baseline(backbone, requests, *, locality, gen_length: int, seed: int
     """The unedited answers under each setting: {setting: edit_scores(...)["baseline"]}."""
     grid = sampler_settings(gen_length)
     out = {}
-    for name in settings or grid:
+    for name in check_names(settings or grid, SETTINGS, "sampler settings"):
         opts, g = _split(grid[name], gen_length)
         out[name] = edit_scores(backbone, requests, None, locality=locality, gen_length=g, seed=seed, lp=False,
                                 sampler=opts)["baseline"]
@@ -78,7 +89,7 @@ def under_samplers(backbone, requests, edit, *, locality, gen_length: int, seed:
     questions and paraphrases (module docstring); baseline: `sampler_baseline` of the same arguments."""
     grid = sampler_settings(gen_length)
     out = {}
-    for name in settings or grid:
+    for name in check_names(settings or grid, SETTINGS, "sampler settings"):
         opts, g = _split(grid[name], gen_length)
         res = edit_scores(backbone, requests, edit, locality=locality, gen_length=g, seed=seed, lp=False,
                           sampler=opts, baseline=(baseline or {}).get(name))
@@ -97,7 +108,7 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
     attack that applies to the requests (metrics/attacks.py), greedy answers."""
     requests = list(requests)
     built = attack_prompts(requests, known=known)
-    names = [a for a in (attacks or ATTACKS) if built.get(a)]
+    names = [a for a in check_names(attacks or ATTACKS, ATTACKS, "prompt attacks") if built.get(a)]
     flat = [(a, i, p) for a in names for i, p in built[a]]
     prompts = [p for _, _, p in flat]
     with _active(edit, backbone):
@@ -120,5 +131,5 @@ def worst(per: dict[str, dict], key: str = "Extraction") -> tuple[str, float]:
     return name, float(per[name][key])
 
 
-__all__ = ["sampler_settings", "sampler_baseline", "under_samplers", "under_attacks", "worst", "budget",
+__all__ = ["sampler_settings", "check_names", "SETTINGS", "sampler_baseline", "under_samplers", "under_attacks", "worst", "budget",
            "QUICK_SETTINGS", "QUICK_ATTACKS"]
