@@ -203,16 +203,16 @@ def test_measure_sees_each_blocks_own_memory():
     if _rss_now_mb() is None:
         assert sys.platform != "linux"  # /proc is always there on Linux
         return
-    import gc
+    import mmap
 
     for mb in (300, 120):
-        # earlier tests' garbage collected inside the block would lower the resident set by as much as
-        # the block adds (seen in full runs: peak == before): collect it first
-        gc.collect()
+        # fresh anonymous pages, not the allocator's: memory freed by earlier tests and kept resident by it
+        # would be reused without raising the resident set (seen in full runs: extra 0 MB for 300 MB)
         with measure() as cost:
-            t = torch.ones(mb * 2**18)  # mb MiB of float32, written so the pages are resident
+            buf = mmap.mmap(-1, mb * 2**20)
+            torch.frombuffer(buf, dtype=torch.uint8).fill_(1)  # written, so the pages are resident
             time.sleep(0.05)            # the sampling thread's turn
-            del t                       # freed inside the block: only a sample taken meanwhile sees it
+            buf.close()                 # freed inside the block: only a sample taken meanwhile sees it
         assert mb * 0.8 < cost["extra_mb"] < mb * 1.5, (mb, cost)
     with measure() as cost:
         torch.ones(16).sum()
