@@ -36,7 +36,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_edit_memory import random_backbone, sync  # noqa: E402  (a sibling script)
 
-from timerome.hooks import run_to  # noqa: E402
 from timerome.likelihood import default_max_tokens, log_likelihood_batch, pair_masks  # noqa: E402
 from timerome.throughput import bench_clock, best_throughput, floor_seconds  # noqa: E402
 
@@ -93,17 +92,6 @@ def random_pairs(args):
     return bb, prompts, answers
 
 
-class BlocksOnly:
-    """The backbone seen by `best_throughput` with its forward cut after the last block: the rate
-    of the blocks (and embedding) alone, without the vocabulary head."""
-
-    def __init__(self, bb):
-        self.bb, self.vocab_size, self.n_layers, self.device = bb, bb.vocab_size, bb.n_layers, bb.device
-
-    def logits(self, ids):
-        return run_to(self.bb, (self.bb.n_layers - 1, "resid"), ids)
-
-
 def distinct_rows(bb, prompts, answers, n_mc) -> tuple[list[int], int]:
     """(lengths of the distinct rows, rows drawn): the rows log_likelihood_batch's estimator is made
     of, identical (prompt, answer, mask) rows counted once, as any exact computation needs them."""
@@ -123,7 +111,7 @@ def bench(bb, prompts, answers, args, clock) -> dict:
     with torch.no_grad():
         log_likelihood_batch(bb, prompts[:4], answers[:4], n_mc=args.n_mc)  # warm-up
         rates = [best_throughput(bb, L, clock=clock) for L in probe]
-        block_rates = [best_throughput(BlocksOnly(bb), L, clock=clock) for L in probe]
+        block_rates = [best_throughput(bb, L, clock=clock, blocks_only=True) for L in probe]
     floor_s = floor_seconds(token_blocks=token_blocks, rates=rates)
     blocks_s = floor_seconds(token_blocks=token_blocks, rates=block_rates)
     best = max(rates, key=lambda r: r.token_blocks_per_s)

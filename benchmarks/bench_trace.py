@@ -12,12 +12,15 @@ Prints, from one run:
 - fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
   below their layer, taking them from their corrupted row), and how many block computations it saves;
 - the fast trace's cost as a multiple of its floor (`timerome.throughput`): the row-blocks the
-  definition needs (`trace_engine` counts them as `min_block_rows`: at every step the clean row and
-  each distinct (noise sample, x_j) state through every block, each splicing row through the
-  blocks above its site only), each at the model's best batched throughput measured here (rows x
-  blocks per second at the best batch size, at the row's own length: `throughput.floor_by_length`),
-  the median of --repeats timed traces; and against the strict floor, which charges every
-  token-block the best token rate of any length (`throughput.floor_seconds`).
+  definition needs (`trace_engine` counts them as `min_block_rows`: at every step where its fact
+  still has a masked answer position, the clean row and each distinct (noise sample, x_j) state
+  through every block, each splicing row through the blocks above its layer only), each at the
+  model's best batched throughput of its blocks measured here (forwards cut after the last block,
+  rows x blocks per second at the best batch size, at the row's own length:
+  `throughput.floor_by_length`), plus the head at the positions read (`min_head_positions`, at the
+  head's best rate, `throughput.head_throughput`); the median of --repeats timed traces; and
+  against the strict floor, which charges every token-block the best token rate of any length
+  (`throughput.floor_seconds`).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
 Timer: process CPU time with one thread on CPU (steadiest on a shared machine; --clock wall for
 wall time), wall time on a GPU; the floor is measured with the same timer.
@@ -37,7 +40,7 @@ import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.encoding import encode_fact
-from timerome.throughput import bench_clock, best_throughput, floor_by_length, floor_seconds
+from timerome.throughput import bench_clock, best_throughput, floor_by_length, floor_seconds, head_throughput
 from timerome.tracing import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -94,29 +97,35 @@ def _bench(args, bb, facts) -> int:
     trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up: every shape once
     runs = [_timed_trace(args, bb, facts) for _ in range(max(1, args.repeats))]
     fast, fast_s = runs[0][0], statistics.median(t for _, t in runs)  # the floor's rates are medians too
-    rates = [best_throughput(bb, L, clock=CLOCK) for L in lengths]
-    floor_s = floor_by_length(fast.stats["min_block_rows_by_length"], rates)
-    strict_s = floor_seconds(token_blocks=fast.stats["min_block_tokens"], rates=rates)
+    st = fast.stats
+    rates = [best_throughput(bb, L, clock=CLOCK, blocks_only=True) for L in lengths]
+    head_rate = head_throughput(bb, clock=CLOCK)
+    head_s = st["min_head_positions"] / head_rate
+    floor_s = floor_by_length(st["min_block_rows_by_length"], rates) + head_s
+    strict_s = floor_seconds(token_blocks=st["min_block_tokens"], rates=rates) + head_s
     best = max(rates, key=lambda r: r.token_blocks_per_s)
     out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, facts=len(facts), steps=K, samples=N,
                fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, cost_multiple=fast_s / floor_s,
-               strict_floor_seconds=strict_s, strict_cost_multiple=fast_s / strict_s,
-               min_block_rows=fast.stats["min_block_rows"], block_rows=fast.stats["block_rows"],
-               rows_run=fast.stats["rows_run"], forwards=fast.stats["forwards"],
+               strict_floor_seconds=strict_s, strict_cost_multiple=fast_s / strict_s, head_floor_seconds=head_s,
+               min_block_rows=st["min_block_rows"], block_rows=st["block_rows"],
+               min_head_positions=st["min_head_positions"], head_positions=st["head_positions"],
+               rows_run=st["rows_run"], forwards=st["forwards"], head_positions_per_s=head_rate,
                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates})
     print(f"fast trace       {fast_s:8.2f} s  (median of {len(runs)}: {', '.join(f'{t:.2f}' for _, t in runs)}; "
-          f"{fast.stats['rows_run']} rows in {fast.stats['forwards']} batched forwards, "
-          f"{fast.stats['block_rows']} row-blocks computed)")
-    print("throughput       " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
-                                          for r in rates))
-    need = fast.stats["min_block_rows_by_length"]
-    print(f"throughput floor {floor_s:8.2f} s  ({fast.stats['min_block_rows']} row-blocks the definition needs ("
+          f"{st['rows_run']} rows in {st['forwards']} batched forwards, "
+          f"{st['block_rows']} row-blocks and {st['head_positions']} head positions computed)")
+    print("block throughput " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
+                                          for r in rates) + f"; head {head_rate:,.0f} positions/s")
+    need = st["min_block_rows_by_length"]
+    print(f"throughput floor {floor_s:8.2f} s  ({st['min_block_rows']} row-blocks the definition needs ("
           + ", ".join(f"{n} at L={length}" for length, n in sorted(need.items(), key=lambda kv: int(kv[0])))
-          + "), each at the best rate of its length)")
-    print(f"cost multiple    {fast_s / floor_s:8.2f} x the floor   (goal <= 1.5x); computed "
-          f"{fast.stats['block_rows'] / fast.stats['min_block_rows']:.2f} x the needed row-blocks")
-    print(f"strict floor     {strict_s:8.2f} s  ({fast.stats['min_block_tokens']} token-blocks, all at the best token "
-          f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}): {fast_s / strict_s:.2f} x")
+          + f"), each at the best blocks-only rate of its length, + {st['min_head_positions']} head positions "
+          f"at the head's best rate: {head_s:.2f} s)")
+    print(f"cost multiple    {fast_s / floor_s:8.2f} x the floor   (goal <= 1.2x); computed "
+          f"{st['block_rows'] / st['min_block_rows']:.2f} x the needed row-blocks, "
+          f"{st['head_positions'] / max(1, st['min_head_positions']):.2f} x the needed head positions")
+    print(f"strict floor     {strict_s:8.2f} s  ({st['min_block_tokens']} token-blocks, all at the best token "
+          f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}, + the head): {fast_s / strict_s:.2f} x")
     ok = True
     if not args.no_ablations:
         ok = _ablations(args, bb, facts, fast, fast_s, floor_s, out)
@@ -130,7 +139,12 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     """The naive loop (a subset, extrapolated) and the engine with its savings switched off."""
     K, N = args.steps, args.samples
     C = 3 * bb.n_layers
-    plain, plain_s = _timed_trace(args, bb, facts, share_rows=False, reuse_layers=False)
+    plain, plain_s = _timed_trace(args, bb, facts, share_rows=False, reuse_layers=False, pack_splices=False,
+                                  head="full")
+    unpacked, unpacked_s = _timed_trace(args, bb, facts, pack_splices=False)
+    full_head, full_head_s = _timed_trace(args, bb, facts, head="full")
+    pack_err = float((unpacked.tie_full - fast.tie_full).nan_to_num().abs().max())
+    head_err = float((full_head.tie_full - fast.tie_full).nan_to_num().abs().max())
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
@@ -167,15 +181,24 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"row: {blocks_on} of {blocks_off} row-blocks computed ({1 - blocks_on / blocks_off:.0%} fewer) "
           f"in {fast.stats['forwards']} forwards instead of {whole.stats['forwards']}; "
           f"max |TIE with - without| = {reuse_err:.1e})")
+    print(f"packed splices   {unpacked_s / fast_s:8.2f} x   (attn / mlp splices run their layer at the subject tokens "
+          f"only: {unpacked.stats['block_rows']} row-blocks without, {blocks_on} with; max |TIE with - without| = "
+          f"{pack_err:.1e})")
+    print(f"masked head      {full_head_s / fast_s:8.2f} x   (the head at the positions read only: "
+          f"{full_head.stats['head_positions']} positions with the full head, {fast.stats['head_positions']} masked; "
+          f"max |TIE with - without| = {head_err:.1e})")
+    out.update(no_packing_seconds=unpacked_s, full_head_seconds=full_head_s, max_err_no_packing=pack_err,
+               max_err_full_head=head_err)
     out.update(naive_seconds=naive_s, speedup=naive_s / fast_s, no_sharing_seconds=plain_s, no_reuse_seconds=whole_s,
                max_err_naive=err, max_err_no_sharing=plain_err, max_err_no_reuse=reuse_err)
-    ok = err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4
+    ok = err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4 and pack_err < 1e-4 and head_err < 1e-4
     print("fast == naive: " + ("yes" if ok else "NO"))
     return ok
 
 
 def _timed_trace(args, bb, facts, **switches):
-    """(trace result, wall seconds) of the fast trace with the engine's switches (share_rows, reuse_layers)."""
+    """(trace result, seconds) of the fast trace with the engine's switches (share_rows, reuse_layers,
+    pack_splices, head)."""
     _sync(bb)
     t = CLOCK()
     r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False,

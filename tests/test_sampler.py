@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from timerome.errors import TimeromeError
-from timerome.sampler import generate, transfer_schedule
+from timerome.sampler import denoise_step, generate, reveal_masked, transfer_schedule
 
 from toy import MASK
 from toy import ToyBackbone as _Toy
@@ -242,3 +242,21 @@ def test_text_prompt_on_the_embedded_model():
     text = "Where was Isgor Quielson born ?"
     kw = dict(steps=4, gen_length=8, block_length=8)
     assert torch.equal(generate(bb, text, **kw), generate(bb, bb.encode(text), **kw))
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "margin"])
+def test_reveal_from_the_masked_positions_logits_alone(remasking):
+    """`reveal_masked` (the trace engine's step: logits at the masked positions only) commits what
+    `denoise_step` commits from the full logits, with and without a threshold."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(5, 50, (4, 9), generator=g)
+    masked = torch.rand(4, 9, generator=g) < 0.6
+    masked[0] = False  # a row with nothing to reveal
+    x[masked] = 1
+    logits = torch.randn(4, 9, 50, generator=g) * 3
+    n = torch.tensor([2, 1, 0, 9])
+    for threshold in (None, 0.3):
+        want = denoise_step(x, logits, masked, n, remasking=remasking, threshold=threshold)
+        got = reveal_masked(x, logits[masked], masked, n, remasking=remasking, threshold=threshold)
+        assert torch.equal(got, want)
+    assert not torch.equal(want, x)

@@ -5,7 +5,9 @@ import torch
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.throughput import Throughput, best_throughput, floor_by_length, floor_seconds
+from timerome.encoding import encode_fact
+from timerome.throughput import Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput
+from timerome.tie import forwards_read
 from timerome.tracing import trace
 
 FACTS = [
@@ -65,8 +67,8 @@ def test_floor_by_length_charges_each_length_its_own_rate():
 
 def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):
     """min_block_rows is the same whatever the engine's switches, and no variant computes less."""
-    runs = [trace(bb, FACTS, steps=K, n_samples=N, progress=False, share_rows=s, reuse_layers=r)
-            for s in (True, False) for r in (True, False)]
+    runs = [trace(bb, FACTS, steps=K, n_samples=N, progress=False, share_rows=s, reuse_layers=r, pack_splices=p)
+            for s in (True, False) for r in (True, False) for p in (True, False)]
     need = {r.stats["min_block_rows"] for r in runs}
     assert len(need) == 1
     need = need.pop()
@@ -76,10 +78,25 @@ def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):
     literal = len(FACTS) * n * ((K + 1) * (1 + N) + C * N * sum(K - k + 1 for k in range(K)))
     assert need < literal
     # ... and above what it keeps even when every run coincides with its corrupted run: clean and
-    # corrupted rows through every block at every step, each splice through the blocks above it
-    above = sum(n - l - (m == "resid") for m in ("resid", "attn", "mlp") for l in range(n))
-    assert need >= len(FACTS) * ((K + 1) * (1 + N) * n + K * N * above)
+    # corrupted rows through every block at every step its fact still reads, each splice through
+    # the blocks above its layer (and nothing at all once every answer token is committed)
+    above = sum(n - l - 1 for m in ("resid", "attn", "mlp") for l in range(n))
+    live = [live_steps(bb, f, K) for f in FACTS]
+    assert need >= sum(s * (1 + N) * n + min(s, K) * N * above for s in live)
+    assert need < len(FACTS) * ((K + 1) * (1 + N) * n + K * N * above)  # the dead steps cost nothing
     assert runs[0].stats["min_block_tokens"] > need
     by_length = runs[0].stats["min_block_rows_by_length"]
     assert sum(by_length.values()) == need and len(by_length) == 2  # the two facts differ in length
     assert sum(int(n) * v for n, v in by_length.items()) == runs[0].stats["min_block_tokens"]
+
+
+def test_blocks_only_and_head_rates(bb):
+    """The floor's two rates: forwards cut after the last block, and the read-out alone."""
+    blocks = best_throughput(bb, 10, max_rows=8, repeats=1, blocks_only=True)
+    assert blocks.row_blocks_per_s == max(blocks.table.values()) > 0
+    assert head_throughput(bb, max_positions=64, repeats=1) > 0
+
+
+def live_steps(bb, fact, steps=4) -> int:
+    """Forwards a fact's rows need with the "decided" read-out (`tie.forwards_read`)."""
+    return forwards_read(len(encode_fact(bb, fact, 0).object_ids), steps)

@@ -14,8 +14,8 @@ from timerome.hooks import Hooks, Intervention, TraceState, capture
 from timerome.encoding import encode_fact as tokenize_fact
 from timerome.sampler import generate
 from timerome.selection import per_fact_best, select_coordinate
-from timerome.tie import aggregate, object_logprobs, run_trajectory, tie_weights
-from timerome.trace_engine import _plan, rows_can_join
+from timerome.tie import aggregate, forwards_read, object_logprobs, run_trajectory, tie_weights
+from timerome.trace_engine import _plan, rows_can_join, rows_can_pack
 from timerome.trace_result import TraceResult
 from timerome.tracing import naive_tie, trace
 
@@ -144,8 +144,10 @@ def test_fast_equals_naive(bb, traced, readout):
         torch.testing.assert_close(traced.tie[:, mi, l, k], tie[:, c], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(traced.tie_full[:, mi, l, k], full[:, c], atol=1e-5, rtol=1e-4, equal_nan=True)
     assert traced.tie.abs().max() > 0.1  # not a vacuous match
-    # not every patch run folded back into its corrupted run (that would cost exactly this many rows)
-    assert traced.stats["rows_run"] > 2 * (4 * (1 + 2 + 9 * 2) + 1 + 2)
+    # not every patch run folded back into its corrupted run (that would cost exactly this many rows:
+    # at each step a fact still reads, its clean row, 2 corrupted rows and the 9 x 2 splicing rows)
+    if readout == "decided":
+        assert traced.stats["rows_run"] > sum(live_steps(bb, f) * (1 + 2 + 9 * 2) for f in FACTS)
 
 
 def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
@@ -153,7 +155,10 @@ def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
     torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
     r = trace(bb, FACTS, share_rows=False, **FAST)  # every row runs every step
     torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
-    assert r.stats["rows_run"] == 2 * ((4 + 1) * (1 + 2) + 9 * 2 * sum(4 - k + 1 for k in range(4)))
+    # each row runs at every step its fact still reads: "born" (3 object tokens) steps 0-2, "genre" 0-1
+    assert [live_steps(bb, f) for f in FACTS] == [3, 2]
+    assert r.stats["rows_run"] == sum((1 + 2) * n + 9 * 2 * sum(j + 1 for j in range(n))
+                                      for n in (live_steps(bb, f) for f in FACTS))
 
 
 @pytest.mark.parametrize("batch_size", [256, 5])
@@ -192,7 +197,10 @@ def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition
     assert torch.equal(together.corrupted_logp, alone.corrupted_logp)
     assert torch.equal(together.clean_logp, alone.clean_logp)
     assert [f["clean_answer"] for f in together.facts] == [f["clean_answer"] for f in alone.facts]
-    assert together.stats["forwards"] == 2 * (4 + 1) < alone.stats["forwards"]
+    # one forward per step that a fact of the group still reads (the aligned read-out reads all K + 1)
+    per_group = [max(live_steps(bb, f) for f in SAME_LENGTH[:2]), max(live_steps(bb, f) for f in SAME_LENGTH[2:])]
+    assert together.stats["forwards"] == (sum(per_group) if readout == "decided" else 2 * (4 + 1))
+    assert together.stats["forwards"] < alone.stats["forwards"]
     assert together.stats["min_block_rows"] == alone.stats["min_block_rows"]
     assert together.tie.abs().max() > 0.1
     coords = [(l, k, m) for m in ("resid", "mlp") for l in (0, bb.n_layers - 1) for k in (0, 2)]
@@ -201,7 +209,7 @@ def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition
         torch.testing.assert_close(together.tie[:, together.modules.index(m), l, k], tie[:, c], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("batch_size", [2, 3, 7, 45])  # 45: two facts a group, cut in chunks
+@pytest.mark.parametrize("batch_size", [2, 3, 7, 42])  # 42: two facts a group, cut in chunks
 def test_grouped_facts_cut_into_chunks_give_the_same_tie(bb, batch_size):
     """Chunks of a grouped step each carry the clean rows of their facts and the corrupted rows their
     joining rows copy; no chunk exceeds batch_size rows."""
@@ -210,6 +218,7 @@ def test_grouped_facts_cut_into_chunks_give_the_same_tie(bb, batch_size):
     with Hooks(bb, edit={(bb.n_layers - 1, "resid"): lambda h, _state: seen.append(h.shape[0])}):
         r = trace(bb, SAME_LENGTH, batch_size=batch_size, **FAST)
     torch.testing.assert_close(r.tie_full, whole.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
+    seen = seen[-r.stats["forwards"]:]  # the trace's own forwards (the first are the engine's checks)
     assert max(seen) <= batch_size and r.stats["forwards"] > whole.stats["forwards"]
 
 
@@ -221,9 +230,9 @@ def test_layer_reuse_really_skips_the_lower_blocks(bb):
     seen = {0: [], top: []}  # rows each block's attention computes, per forward (observers: edit nothing)
     with Hooks(bb, edit={(0, "attn"): lambda h, _state: seen[0].append(h.shape[0]),
                          (top, "attn"): lambda h, _state: seen[top].append(h.shape[0])}):
-        r = trace(bb, FACTS[:1], **FAST)
+        r = trace(bb, FACTS[:1], pack_splices=False, **FAST)
     n = r.stats["forwards"]
-    assert n == 4 + 1  # one per step (the first entries are `rows_can_join`'s check)
+    assert n == live_steps(bb, FACTS[0])  # one per step read (the first entries are `rows_can_join`'s check)
     lower, upper = seen[0][-n:], seen[top][-n:]
     assert all(lo <= up for lo, up in zip(lower, upper)) and sum(lower) < sum(upper) <= r.stats["rows_run"]
 
@@ -239,6 +248,57 @@ def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
     off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
     assert r.stats == off.stats and r.stats["block_rows"] > on.stats["block_rows"]
     torch.testing.assert_close(r.tie_full, on.tie_full, atol=1e-5, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("batch_size", [256, 7])
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_packed_splices_and_the_masked_head_change_no_number(bb, batch_size, readout):
+    """attn / mlp splices that run their layer at the subject tokens only (packed rows) and the head
+    run at the positions read only give the same TIE, clean and corrupted log p, bit for bit on CPU,
+    and compute less."""
+    assert rows_can_pack(bb)
+    kw = dict(FAST, batch_size=batch_size, readout=readout)
+    on = trace(bb, SAME_LENGTH, **kw)
+    variants = [trace(bb, SAME_LENGTH, pack_splices=False, **kw), trace(bb, SAME_LENGTH, head="full", **kw),
+                trace(bb, SAME_LENGTH, head="masked", pack_splices=False, **kw)]
+    for off in variants:
+        assert torch.equal(on.tie_full.nan_to_num(), off.tie_full.nan_to_num())
+        assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
+    assert on.tie.abs().max() > 0.1
+    assert on.stats["block_rows"] < variants[0].stats["block_rows"]  # packing skipped work
+    assert on.stats["head_positions"] < variants[1].stats["head_positions"]  # so did the masked head
+    # the floor is the definition's, whatever the engine does
+    assert len({r.stats["min_block_rows"] for r in (on, *variants)}) == 1
+    assert len({r.stats["min_head_positions"] for r in (on, *variants)}) == 1
+    assert on.stats["head_positions"] >= on.stats["min_head_positions"]
+
+
+def test_rows_pack_only_where_the_rest_of_a_block_acts_on_each_position_alone(bb):
+    """A block whose MLP output depends on the position cannot compute a subject token in a packed
+    row's slot: the check says so, and the trace then splices attn / mlp in full rows."""
+    ramp = lambda h, _state: h + 0.05 * torch.arange(h.shape[1], dtype=h.dtype)[None, :, None]  # noqa: E731
+    with Hooks(bb, edit={(0, "mlp"): ramp}):
+        assert not rows_can_pack(bb)
+        r = trace(bb, FACTS[:1], **FAST)
+        off = trace(bb, FACTS[:1], pack_splices=False, **FAST)
+    assert r.stats == off.stats
+    torch.testing.assert_close(r.tie_full, off.tie_full, atol=0, rtol=0, equal_nan=True)
+
+
+def test_a_fact_whose_answer_is_committed_runs_no_more_forwards(bb):
+    """With the "decided" read-out, once every answer token of a fact is committed nothing is read:
+    its rows stop (the last scoring forward included), and the log p stays what it was."""
+    r = trace(bb, FACTS[1:], **FAST)  # "genre": 2 object tokens, all committed after step 1
+    assert r.stats["forwards"] == live_steps(bb, FACTS[1]) == 2
+    assert torch.equal(r.clean_logp[0, 2:], r.clean_logp[0, 2].expand(3))
+    assert torch.equal(r.corrupted_logp[0, :, 2:], r.corrupted_logp[0, :, 2:3].expand(-1, 3))
+    aligned = trace(bb, FACTS[1:], readout="aligned", **FAST)
+    assert aligned.stats["forwards"] == 4 + 1  # "aligned" reads every answer position at every step
+
+
+def test_head_choice_is_checked(bb):
+    with pytest.raises(TimeromeError, match="head must be"):
+        trace(bb, FACTS[:1], head="vocab", **FAST)
 
 
 def test_restoring_a_whole_layer_restores_the_clean_run(bb):
@@ -402,3 +462,8 @@ def test_embedded_layer_reuse_changes_no_tie():
     assert on.stats["block_rows"] < off.stats["block_rows"]
     assert torch.equal(zero.tie, torch.zeros_like(zero.tie))
     assert torch.equal(torch.nan_to_num(zero.tie_full), torch.zeros_like(zero.tie_full))
+
+
+def live_steps(bb, fact, steps=4) -> int:
+    """Forwards a fact's rows need with the "decided" read-out (`tie.forwards_read`)."""
+    return forwards_read(len(tokenize_fact(bb, fact, 0).object_ids), steps)

@@ -127,7 +127,7 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
     max_tokens = default_max_tokens(backbone.device) if max_tokens is None else max_tokens
     if max_tokens < 1:
         raise TimeromeError(f"max_tokens must be >= 1, got {max_tokens}")
-    masked_head = _head_choice(backbone, head)
+    masked_head = head_choice(backbone, head)
     P = [_as_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
     A = [_as_ids(a, f"answer {i}") for i, a in enumerate(answers)]
     for i, (p, a) in enumerate(zip(P, A)):
@@ -302,7 +302,7 @@ def _packed_chunks(lengths: list[int], max_tokens: int) -> list[range]:
     return chunks
 
 
-def _head_choice(backbone, head: str) -> bool:
+def head_choice(backbone, head: str) -> bool:
     """head ("auto" / "masked" / "full") -> whether to run the head at the scored positions only."""
     if head not in ("auto", "masked", "full"):
         raise TimeromeError(f"head must be 'auto', 'masked' or 'full', got {head!r}")

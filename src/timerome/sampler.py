@@ -186,15 +186,34 @@ def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_
     if temperature == 0 and remasking != "random":
         # nothing random is drawn: decide the masked positions only (a position's prediction and
         # confidence read its own logits alone, so this is the same as deciding all of them)
-        picked = logits[masked]  # [M, V]
-        x0 = x.masked_scatter(masked, _sample(picked, 0, None))
-        conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
-        conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
+        return reveal_masked(x, logits[masked], masked, n_reveal, remasking=remasking, threshold=threshold)
     else:  # the draws cover every position, as the reference's do
         x0 = _sample(logits, temperature, generator)
         conf = _confidence(logits, x0, remasking, temperature, generator)
         x0 = torch.where(masked, x0, x)
         conf = torch.where(masked, conf, -torch.inf)
+    if threshold is not None:
+        n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
+    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
+
+
+def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
+                  remasking: str = "low_confidence", threshold: float | None = None) -> torch.Tensor:
+    """`denoise_step` at temperature 0 (low-confidence or margin remasking) from the logits of the
+    masked positions alone: picked [M, V] = logits[masked] (row-major), for callers that run the
+    vocabulary head at those positions only (the trace engine). Same result as denoise_step.
+    Without a threshold, a row that reveals none or all of its masked positions needs no
+    confidence: those are computed for the other rows only."""
+    x0 = x.masked_scatter(masked, _sample(picked, 0, None))
+    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
+    n_reveal = n_reveal.to(x.device).expand(x.shape[0])
+    ranks = (n_reveal > 0) & (n_reveal < masked.sum(1)) if threshold is None else torch.ones_like(n_reveal, dtype=torch.bool)
+    if bool(ranks.all()):
+        conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
+    else:
+        some = ranks[masked.nonzero()[:, 0]]  # per masked position: does its row rank?
+        conf[masked & ranks[:, None]] = _confidence(picked[some], x0[masked][some], remasking, 0, None).to(torch.float64)
+        conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
     if threshold is not None:
         n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)

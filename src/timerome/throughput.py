@@ -6,6 +6,8 @@ device. The rate is measured, not assumed: full forwards of [b, L] random tokens
 ... (until a forward takes `max_seconds` or the rate has stopped growing for two doublings), and
 rows x blocks per second taken at the best b. A forward also runs the embedding and the head, so
 the rate charges each row-block its share of them: work done at that rate would be no faster.
+`blocks_only=True` stops each forward after the last block, for a floor that charges the head
+apart, only where a read-out needs it (`head_throughput`: read-out positions per second).
 
 Rows of different lengths: `floor_by_length` charges each length's row-blocks at the rate
 measured at that length (rows of one length batch together; an exact computation cannot pad them
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from timerome.hooks import run_to
+
 
 @dataclass
 class Throughput:
@@ -44,23 +48,30 @@ class Throughput:
 
 @torch.no_grad()
 def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds: float = 8.0, repeats: int = 3,
-                    clock=time.perf_counter, seed: int = 0) -> Throughput:
+                    clock=time.perf_counter, seed: int = 0, blocks_only: bool = False) -> Throughput:
     """Rows x blocks per second of full forwards of [b, length] at the best batch size b.
 
     Each b is timed `repeats` times after one warm-up forward (median); b doubles until max_rows,
     until one forward takes max_seconds, or until two doublings in a row did not beat the best.
     clock: the timer the work compared with it uses (process CPU time on a shared CPU machine).
+    blocks_only: forwards stop after the last block (the embedding and the blocks, no head): the
+    rate of the blocks alone, for floors that charge the head separately (`head_throughput`).
     """
     g = torch.Generator().manual_seed(seed)
+    last = (backbone.n_layers - 1, "resid")
+
+    def forward(ids):
+        return run_to(backbone, last, ids) if blocks_only else backbone.logits(ids)
+
     table, best, worse, b = {}, 0.0, 0, 1
     while b <= max_rows:
         ids = torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
-        backbone.logits(ids)  # warm-up (allocations, kernel selection)
+        forward(ids)  # warm-up (allocations, kernel selection)
         times = []
         for _ in range(repeats):
             _sync(backbone)
             t = clock()
-            backbone.logits(ids)
+            forward(ids)
             _sync(backbone)
             times.append(clock() - t)
         sec = max(statistics.median(times), 1e-9)
@@ -72,6 +83,32 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
         b *= 2
     rows = max(table, key=table.get)
     return Throughput(length=length, rows=rows, row_blocks_per_s=table[rows], table=table)
+
+
+@torch.no_grad()
+def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: float = 8.0, repeats: int = 3,
+                    clock=time.perf_counter, seed: int = 0) -> float:
+    """Positions per second of the vocabulary read-out (`Backbone.readout`: final norm and head) on
+    [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows)."""
+    g = torch.Generator().manual_seed(seed)
+    best, worse, m = 0.0, 0, 16
+    while m <= max_positions:
+        h = torch.randn(m, backbone.hidden_size, generator=g).to(device=backbone.device, dtype=backbone.dtype)
+        backbone.readout(h)  # warm-up
+        times = []
+        for _ in range(repeats):
+            _sync(backbone)
+            t = clock()
+            backbone.readout(h)
+            _sync(backbone)
+            times.append(clock() - t)
+        sec = max(statistics.median(times), 1e-9)
+        worse = 0 if m / sec > best else worse + 1
+        best = max(best, m / sec)
+        if sec > max_seconds or worse >= 2:
+            break
+        m *= 2
+    return best
 
 
 def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:

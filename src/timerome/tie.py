@@ -110,6 +110,16 @@ def reveal_schedule(n_object: int, steps: int) -> list[int]:
     return transfer_schedule(torch.tensor([n_object]), steps)[0].tolist()
 
 
+def forwards_read(n_object: int, steps: int, readout: str = "decided") -> int:
+    """How many of the K + 1 forwards of a trajectory read anything: with "decided", those whose
+    x_k still holds a masked object position (once every token is committed the log p is frozen,
+    and the final scoring forward reads nothing); with "aligned", all of them."""
+    if readout != "decided":
+        return steps + 1
+    budget = reveal_schedule(n_object, steps)
+    return sum(1 for k in range(steps + 1) if sum(budget[:k]) < n_object)
+
+
 @torch.no_grad()
 def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
                    rows: int = 1, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,10 +20,11 @@ from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import load_split
 from timerome.encoding import encode_fact
 from timerome.errors import TimeromeError
+from timerome.likelihood import head_choice
 from timerome.progress import progress_bar
 from timerome.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tie import tie as tie_of
-from timerome.trace_engine import group_facts, rows_can_join, trace_facts
+from timerome.trace_engine import group_facts, rows_can_join, rows_can_pack, trace_facts
 from timerome.trace_result import TraceResult
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
@@ -111,7 +112,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
 def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
           tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
           readout: str = "decided", progress: bool = True, share_rows: bool = True,
-          reuse_layers: bool = True) -> TraceResult:
+          reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto") -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -120,8 +121,11 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
     tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
     seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
-    depend on it beyond float rounding). share_rows / reuse_layers: the engine's two savings
-    (`timerome.trace_engine`), on by default; off only to measure what they save.
+    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices: the engine's
+    savings (`timerome.trace_engine`), on by default; off only to measure what they save.
+    head: "masked" runs the vocabulary head at the answer positions read only, "full" everywhere;
+    "auto" (default) is "masked" wherever it applies (`likelihood.masked_head_applies`). Equal up
+    to float rounding.
     """
     if backbone is None:
         backbone = load_backbone()
@@ -135,12 +139,15 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     stats = {}
     # a joining row needs its fact's clean row and its corrupted row beside it: 3 rows at least
     reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
+    pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone)
+    masked_head = head_choice(backbone, head)
     outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
         # facts of one length go through the wavefront together, as many as one batch holds
         for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
             per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
-                                         batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers)
+                                         batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
+                                         pack=pack, masked_head=masked_head)
             for i, out in zip(group, per_fact):
                 outs[i] = out
             for k, v in work.items():  # counts add up; a dict of counts adds up key by key
