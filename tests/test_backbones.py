@@ -9,7 +9,8 @@ from timerome.backbones.families import FAMILIES, get_family
 from timerome.backbones.loading import _mask_id
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.hooks import Intervention, capture, patch
-from timerome.trace_engine import rows_can_join
+from timerome.likelihood import masked_head_applies
+from timerome.trace_engine import rows_can_join, rows_can_pack
 from timerome.tracing import trace
 
 FAMILY_NAMES = ["timerome", "llada", "mmada", "llada-moe", "dream", "diffullama"]
@@ -148,13 +149,15 @@ def test_left_padding_is_invisible(backbones, fam):
 
 @pytest.mark.parametrize("fam", FAMILY_NAMES)
 def test_trace_rows_join_at_their_layer_in_every_family(backbones, fam):
-    """The trace engine appends splicing rows to the batch between blocks: every family's blocks
-    take the grown batch (`rows_can_join`) and give the TIE of the computation without joins."""
+    """The trace engine appends splicing rows to the batch between blocks, computes attn / mlp
+    splices' own layer in packed rows and runs the head at the positions read: every family's
+    blocks take the grown batch (`rows_can_join`), act on each position alone after their
+    attention (`rows_can_pack`), and give the TIE of the computation without any of it."""
     bb = backbones[fam]
-    assert rows_can_join(bb)
+    assert rows_can_join(bb) and rows_can_pack(bb) and masked_head_applies(bb)
     facts = [dict(subject="the author", prompt="where was the author born ?", object="city of books")]
     on = trace(bb, facts, steps=3, n_samples=2, progress=False)
-    off = trace(bb, facts, steps=3, n_samples=2, progress=False, reuse_layers=False)
+    off = trace(bb, facts, steps=3, n_samples=2, progress=False, reuse_layers=False, head="full")
     torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
     assert torch.equal(on.clean_logp, off.clean_logp)
     assert on.stats["block_rows"] < off.stats["block_rows"]
