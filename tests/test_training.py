@@ -144,3 +144,29 @@ def test_cli_new_model_then_train(tmp_path):
                               str(tmp_path / "t"), "--epochs", "1", "--batch-size", "10"])
     assert res.exit_code == 0 and "EOS padding on" in res.output, res.output
     assert load_backbone(tmp_path / "t").family.name == "llada"
+
+
+def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):
+    """`timerome train` pads answers with EOS by default where the checkpoint was built so (the
+    embedded default's build_info.json records it) and not for a model of its family that records
+    nothing (such as the TOFU fixture, trained without)."""
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.default_model import trained_with_eos_padding
+
+    assert trained_with_eos_padding(DEFAULT_MODEL_DIR) is True
+    assert trained_with_eos_padding(tmp_path) is None
+    (tmp_path / "build_info.json").write_text("[]")  # not a record: no answer, no crash
+    assert trained_with_eos_padding(tmp_path) is None
+    res = runner.invoke(app, ["--threads", "1", "train", "--data", "embedded:forget01", "--epochs", "1",
+                              "--out", str(tmp_path / "ft"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_pad"] is True
+    bare = tmp_path / "bare"  # the embedded default's files without its build record
+    bare.mkdir()
+    for f in DEFAULT_MODEL_DIR.iterdir():
+        if f.is_file() and f.name != "build_info.json":
+            (bare / f.name).write_bytes(f.read_bytes())
+    res = runner.invoke(app, ["--threads", "1", "train", "--model", str(bare), "--data", "embedded:forget01",
+                              "--epochs", "1", "--out", str(tmp_path / "ft2"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_pad"] is False

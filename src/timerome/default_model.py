@@ -95,3 +95,14 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
 
 def weights_sha256(directory: str | Path) -> str:
     return hashlib.sha256((Path(directory) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def trained_with_eos_padding(directory: str | Path) -> bool | None:
+    """What a checkpoint's `build_info.json` records of its training's EOS padding (`timerome
+    build-default` writes it): True / False, or None when it records nothing."""
+    info = Path(directory) / "build_info.json"
+    try:
+        value = json.loads(info.read_text()).get("train", {}).get("eos_pad")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None

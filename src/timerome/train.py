@@ -4,8 +4,9 @@ Objective (LLaDA SFT): mask each answer token with probability t ~ U(eps, 1), pr
 masked; loss = sum over masked tokens of CE / t, divided by the answer length, averaged over
 the batch. Full fine-tuning or LoRA through `peft`.
 
-EOS padding (`eos_pad`, LLaDA's SFT recipe; on for `timerome new-model` models, off by default so
-that the embedded model's recipe is unchanged): every answer in a batch ends with EOS and is
+EOS padding (`eos_pad`, LLaDA's SFT recipe; off by default in this API; `timerome train` turns it
+on for `timerome new-model` models and for the embedded default, which was built with it): every
+answer in a batch ends with EOS and is
 padded with EOS to the batch's longest sequence; the EOS tokens are answer tokens, masked and
 learnt like the others, so the model learns to end its answer and fill the rest with EOS.
 

@@ -91,8 +91,9 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
           seed: int = 0,
           eos_pad: Optional[bool] = typer.Option(
-              None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: on "
-                                                   "when the tokenizer has EOS, off for the embedded model's family)"),
+              None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
+                                                   "the checkpoint's build_info.json records, else on when the tokenizer "
+                                                   "has EOS, off for other models of the embedded model's family)"),
           checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
                                                      "(trained weights + AdamW moments: large for a full fine-tune)"),
           as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):
@@ -122,8 +123,13 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
                             "checkpoint to another folder")
     bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
-    if eos_pad is None:  # the embedded family's recipe never had EOS: its answers are cut at "."
-        eos_pad = bb.tokenizer.eos_token_id is not None and bb.family.name != "timerome"
+    if eos_pad is None:  # the checkpoint's own recipe: the embedded default records EOS padding; other
+        # models of its family (the TOFU fixture) were trained without it and cut their answers at "."
+        from timerome.default_model import trained_with_eos_padding
+
+        recorded = trained_with_eos_padding(source) if source.is_dir() else None
+        eos_pad = bb.tokenizer.eos_token_id is not None and (
+            recorded if recorded is not None else bb.family.name != "timerome")
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad)
     state = Path(out) / "train-state"
     try:
