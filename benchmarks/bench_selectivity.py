@@ -241,17 +241,23 @@ def frontier_png(per_model: dict, path: Path) -> None:
 
 
 def run_frontier(args, all_setups) -> list[dict]:
+    from timerome.errors import TimeromeError
     from timerome.progress import progress_bar
 
     rows, per_model = [], {}
     for setup in all_setups:
         configs = frontier_configs(args)
-        results = []
+        results, refused = [], []
         with progress_bar(f"frontier on {setup.name}", total=len(configs), enabled=args.progress) as bar:
             for method, cfg in configs:
-                results.append(measure(setup, args, method, cfg))
+                try:
+                    results.append(measure(setup, args, method, cfg))
+                except TimeromeError as e:  # a method this model cannot take (e.g. no refusal to write)
+                    refused.append(f"{method}{f' {cfg}' if cfg else ''}: {e}")
                 bar.advance()
         print_table(setup, results)
+        for line in refused:
+            print(f"not measured on {setup.name}: {line}")
         check_bar(setup, results)
         per_model[setup.name] = results
         rows += [{"method": r["method"], "config": dict(r["config"], model=setup.name),
