@@ -178,6 +178,30 @@ def masked_head_applies(backbone) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in ends)
 
 
+HEAD_MIN_ROWS = 8  # the masked head runs on at least this many rows: a CPU BLAS rounds a product of 1-3 rows differently
+
+
+def logits_at(backbone, ids: torch.Tensor, read: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+              masked_head: bool = True) -> torch.Tensor:
+    """The logits [M, V] of one forward of ids [B, L] at the positions `read` [B, L] (bool), row-major
+    (the order of logits[read]). masked_head (where `masked_head_applies`): the forward stops after
+    the last block and the read-out runs at those positions only, aligned as `Backbone.logits`
+    aligns a logit_shift family (output j - 1 predicts token j; position 0 reads output 0), on at
+    least HEAD_MIN_ROWS rows so that each row's logits are the full head's bit for bit; else the
+    full logits, then picked."""
+    if not masked_head:
+        return backbone.logits(ids, attention_mask=attention_mask)[read]
+    last = (backbone.n_layers - 1, "resid")
+    with Hooks(backbone, keep=[last], stop=True, detach=False) as kept:
+        backbone.logits(ids, attention_mask=attention_mask)
+    row, col = read.nonzero(as_tuple=True)
+    col = (col - backbone.family.logit_shift).clamp(min=0)
+    h = kept[last][0][row, col]
+    if h.shape[0] < HEAD_MIN_ROWS:
+        h = torch.cat([h, h.new_zeros(HEAD_MIN_ROWS - h.shape[0], h.shape[1])])
+    return backbone.readout(h)[:len(row)]
+
+
 def default_max_tokens(device) -> int:
     """Tokens per forward of `log_likelihood_batch` when not given: 1024 on a CPU, where bigger
     forwards leave the cache (embedded model: 1.06x its throughput floor at 1024 tokens, 1.25x at
@@ -359,17 +383,7 @@ def _score_chunk(backbone, prompts, answers, masks, rows, masked_head: bool = Fa
     am = None if all(n == L for n in lens) else real.to(device)
     pos = scored.to(device)
     with answer_region(backbone, torch.tensor([len(prompts[i]) for i, _ in rows])):
-        if masked_head:
-            last = (backbone.n_layers - 1, "resid")
-            with Hooks(backbone, keep=[last], stop=True, detach=False) as kept:
-                backbone.logits(noisy.to(device), attention_mask=am)
-            row, col = pos.nonzero(as_tuple=True)  # row-major: the order of logits[pos]
-            # Backbone.logits aligns a logit_shift family by output j - 1 -> token j (position 0 copies
-            # output 0); the same read here
-            col = (col - backbone.family.logit_shift).clamp(min=0)
-            picked = backbone.readout(kept[last][0][row, col])  # [M, V]
-        else:
-            picked = backbone.logits(noisy.to(device), attention_mask=am)[pos]  # [M, V] of [R, L, V]
+        picked = logits_at(backbone, noisy.to(device), pos, attention_mask=am, masked_head=masked_head)  # [M, V]
     # log-softmax only at the masked positions: [M, V] instead of [R, L, V]
     logp = F.log_softmax(picked.float(), dim=-1)
     target = clean.to(device)[pos]

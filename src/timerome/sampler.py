@@ -207,15 +207,15 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
     x0 = x.masked_scatter(masked, _sample(picked, 0, None))
     conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
     n_reveal = n_reveal.to(x.device).expand(x.shape[0])
-    ranks = (n_reveal > 0) & (n_reveal < masked.sum(1)) if threshold is None else torch.ones_like(n_reveal, dtype=torch.bool)
-    if bool(ranks.all()):
+    ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
+    if threshold is not None or bool(ranks.all()):
         conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
     else:
         some = ranks[masked.nonzero()[:, 0]]  # per masked position: does its row rank?
         conf[masked & ranks[:, None]] = _confidence(picked[some], x0[masked][some], remasking, 0, None).to(torch.float64)
         conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
     if threshold is not None:
-        n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
+        n_reveal = torch.maximum(n_reveal, (conf >= threshold).sum(1))
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 

@@ -60,27 +60,14 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
     g = torch.Generator().manual_seed(seed)
     last = (backbone.n_layers - 1, "resid")
 
+    def make(b):
+        return torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
+
     def forward(ids):
         return run_to(backbone, last, ids) if blocks_only else backbone.logits(ids)
 
-    table, best, worse, b = {}, 0.0, 0, 1
-    while b <= max_rows:
-        ids = torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
-        forward(ids)  # warm-up (allocations, kernel selection)
-        times = []
-        for _ in range(repeats):
-            _sync(backbone)
-            t = clock()
-            forward(ids)
-            _sync(backbone)
-            times.append(clock() - t)
-        sec = max(statistics.median(times), 1e-9)
-        table[b] = b * backbone.n_layers / sec
-        worse = 0 if table[b] > best else worse + 1
-        best = max(best, table[b])
-        if sec > max_seconds or worse >= 2:
-            break
-        b *= 2
+    seconds = _doubling(backbone, make, forward, 1, max_rows, max_seconds, repeats, clock)
+    table = {b: b * backbone.n_layers / sec for b, sec in seconds.items()}
     rows = max(table, key=table.get)
     return Throughput(length=length, rows=rows, row_blocks_per_s=table[rows], table=table)
 
@@ -91,24 +78,36 @@ def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: floa
     """Positions per second of the vocabulary read-out (`Backbone.readout`: final norm and head) on
     [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows)."""
     g = torch.Generator().manual_seed(seed)
-    best, worse, m = 0.0, 0, 16
-    while m <= max_positions:
-        h = torch.randn(m, backbone.hidden_size, generator=g).to(device=backbone.device, dtype=backbone.dtype)
-        backbone.readout(h)  # warm-up
+
+    def make(m):
+        return torch.randn(m, backbone.hidden_size, generator=g).to(device=backbone.device, dtype=backbone.dtype)
+
+    seconds = _doubling(backbone, make, backbone.readout, 16, max_positions, max_seconds, repeats, clock)
+    return max(m / sec for m, sec in seconds.items())
+
+
+def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, repeats: int, clock) -> dict:
+    """{size: seconds of run(make(size))} for size = first, 2 first, ... up to most: each the median of
+    `repeats` timed calls after one warm-up (allocations, kernel selection); it stops after a call
+    of more than max_seconds, or once two doublings in a row did not beat the best size / second."""
+    seconds, best, worse, n = {}, 0.0, 0, first
+    while n <= most:
+        x = make(n)
+        run(x)
         times = []
         for _ in range(repeats):
             _sync(backbone)
             t = clock()
-            backbone.readout(h)
+            run(x)
             _sync(backbone)
             times.append(clock() - t)
-        sec = max(statistics.median(times), 1e-9)
-        worse = 0 if m / sec > best else worse + 1
-        best = max(best, m / sec)
+        sec = seconds[n] = max(statistics.median(times), 1e-9)
+        worse = 0 if n / sec > best else worse + 1
+        best = max(best, n / sec)
         if sec > max_seconds or worse >= 2:
             break
-        m *= 2
-    return best
+        n *= 2
+    return seconds
 
 
 def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:

@@ -63,11 +63,10 @@ from __future__ import annotations
 import torch
 
 from timerome.hooks import Hooks, TraceState
+from timerome.likelihood import logits_at
 from timerome.sampler import reveal_masked
 from timerome.tie import REMASKING, read_out, reveal_schedule
 
-
-HEAD_MIN_ROWS = 8  # the head runs on at least this many rows, so that each row's logits are the full head's bit for bit
 
 
 class Rows:
@@ -285,7 +284,6 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     skip_of = torch.tensor([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)], device=device)
     skip_of = skip_of if reuse_layers else torch.zeros_like(skip_of)
     blocks = [backbone.module(i, "resid") for i in range(n_layers)] if reuse_layers else []  # where rows join
-    last = (n_layers - 1, "resid")
 
     x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
     fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
@@ -339,7 +337,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 masked = x_all == mask_id
                 # "decided" reads each position while it is masked only; "aligned" every answer position
                 read = masked if readout == "decided" else answer[fr]
-                picked = _head(backbone, xb, read, last, masked_head)  # [M, V]: logits at the read positions
+                picked = logits_at(backbone, xb, read, masked_head=masked_head)  # [M, V]: logits at the read positions
                 pos = torch.full(read.shape, torch.nan, device=device)
                 lg = picked.float()
                 pos[read] = lg.gather(-1, obj[fr][read][:, None]).squeeze(-1) - lg.logsumexp(-1)
@@ -369,22 +367,6 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     patched = lp[F * N:].view(K, F, C, N, K + 1)
     return [dict(clean=lp_clean[f], corrupted=lp[f * N:(f + 1) * N], patched=patched[:, f], clean_ids=x_clean[f].cpu())
             for f in range(F)], stats
-
-
-def _head(backbone, xb: torch.Tensor, read: torch.Tensor, last, masked_head: bool) -> torch.Tensor:
-    """The logits [M, V] of one forward from ids xb at the positions `read` [B, L] (of the final,
-    regrown batch), row-major: the head at those positions only (after the last block's output,
-    aligned as `Backbone.logits` aligns a logit_shift family) or the full logits, then picked."""
-    if not masked_head:
-        return backbone.logits(xb)[read]
-    with Hooks(backbone, keep=[last], stop=True, detach=False) as kept:
-        backbone.logits(xb)
-    row, col = read.nonzero(as_tuple=True)
-    col = (col - backbone.family.logit_shift).clamp(min=0)  # output j - 1 predicts token j; position 0 reads output 0
-    h = kept[last][0][row, col]
-    if h.shape[0] < HEAD_MIN_ROWS:  # a BLAS rounds a product of very few rows otherwise (measured: 1-3 rows on CPU)
-        h = torch.cat([h, h.new_zeros(HEAD_MIN_ROWS - h.shape[0], h.shape[1])])
-    return backbone.readout(h)[:len(row)]
 
 
 def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int, share: bool = True):
@@ -498,10 +480,11 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         k = torch.arange(len(r), device=device)
         slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
     rows.join, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}
+    is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
 
     def fills(l, top):  # the packed rows of layer l are rows top.. of the batch inside block l
         item, pos, prow, slot, n = slots[l]
-        mod = torch.tensor([sites[c][1] == "mlp" for c in site[run[item]].tolist()], device=device)
+        mod = is_mlp[site[run[item]]]
         clean_rows, corr_rows = clean_at[fact[run[item]]], where[source[item]]
         rows.fill[(l, "attn")] = (torch.arange(top, top + n, device=device), top + prow, slot,
                                   torch.where(mod, corr_rows, clean_rows), pos)
