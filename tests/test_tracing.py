@@ -148,6 +148,8 @@ def test_fast_equals_naive(bb, traced, readout):
     # at each step a fact still reads, its clean row, 2 corrupted rows and the 9 x 2 splicing rows)
     if readout == "decided":
         assert traced.stats["rows_run"] > sum(live_steps(bb, f) * (1 + 2 + 9 * 2) for f in FACTS)
+    else:  # "aligned" reads every answer position at every step: all K + 1 forwards run
+        assert traced.stats["rows_run"] > 2 * (4 * (1 + 2 + 9 * 2) + 1 + 2)
 
 
 def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
