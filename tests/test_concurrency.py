@@ -65,12 +65,18 @@ def slow(cell, ctx, rows, task):
     return {"metrics": {"x": float(cell.seed)}, "pid": os.getpid()}
 
 out, n = sys.argv[1], int(sys.argv[2])
+gate = sys.argv[3] if len(sys.argv) > 3 else None
 computed = []
 def executor(cells, ctx, done, progress=True, title=""):
     for i, c in enumerate(cells):
         from timerome.experiments.runner import execute
         done(i, execute(c, ctx))
         computed.append(i)
+        if gate and i == 0:  # hold the folder until the test has seen the other run told to wait
+            open(gate + ".started", "w").close()
+            t0 = time.time()
+            while not os.path.exists(gate) and time.time() - t0 < 240:
+                time.sleep(0.05)
 ctx = Context(load_backbone(), progress=False)
 cells = [Cell("slow_test_cell", seed=s, data=dict(splits=["forget"])) for s in range(n)]
 results = Runner(out, progress=False, executor=executor).run(cells, ctx)
@@ -81,10 +87,21 @@ print(json.dumps({"computed": len(computed), "results": results}))
 def test_two_processes_on_one_experiment_folder(tmp_path):
     """The second run waits for the first (told who holds the folder), then reads every cell from
     the cache: each cell is computed once, every cell file is whole, both runs agree."""
-    procs = [spawn(EXPERIMENT, tmp_path / "exp", 30)]
-    time.sleep(1.0)
+    gate = tmp_path / "gate"
+    procs = [spawn(EXPERIMENT, tmp_path / "exp", 30, gate)]
+    t0 = time.time()
+    while not Path(f"{gate}.started").exists():  # the first run holds the folder and has computed a cell
+        assert procs[0].poll() is None and time.time() - t0 < 240, "the first run never started computing"
+        time.sleep(0.05)
     procs.append(spawn(EXPERIMENT, tmp_path / "exp", 30))
+    told = []
+    for line in procs[1].stderr:  # the second run is told who holds the folder, then waits
+        told.append(line)
+        if "is in use by pid" in line:
+            break
+    gate.touch()
     outs = [finish(p) for p in procs]
+    outs[1] = (outs[1][0], "".join(told) + outs[1][1])
     runs = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert sorted(r["computed"] for r in runs) == [0, 30]
     assert runs[0]["results"] == runs[1]["results"]
