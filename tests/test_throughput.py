@@ -5,10 +5,10 @@ import torch
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.encoding import encode_fact
 from timerome.throughput import Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput
-from timerome.tie import forwards_read
 from timerome.tracing import trace
+
+from test_tracing import live_steps
 
 FACTS = [
     dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
@@ -95,8 +95,3 @@ def test_blocks_only_and_head_rates(bb):
     blocks = best_throughput(bb, 10, max_rows=8, repeats=1, blocks_only=True)
     assert blocks.row_blocks_per_s == max(blocks.table.values()) > 0
     assert head_throughput(bb, max_positions=64, repeats=1) > 0
-
-
-def live_steps(bb, fact, steps=4) -> int:
-    """Forwards a fact's rows need with the "decided" read-out (`tie.forwards_read`)."""
-    return forwards_read(len(encode_fact(bb, fact, 0).object_ids), steps)

@@ -202,13 +202,14 @@ class _ProbeFact:
 
 
 @torch.no_grad()
-def rows_can_pack(backbone) -> bool:
+def rows_can_pack(backbone, joins: bool | None = None) -> bool:
     """Whether attn / mlp splices may run their own layer at the subject tokens only (packed rows):
     the part of a block after its attention must act on each position alone, and the embedding
     must not depend on the position (no absolute position table added after the hooked embedding).
     Checked on the engine itself: a random fact traced at the first and last layers' attn and mlp,
-    packed and unpacked, must give the same log-probs."""
-    if backbone.n_layers < 1 or not rows_can_join(backbone):
+    packed and unpacked, must give the same log-probs. joins: `rows_can_join`'s answer where the
+    caller has it (packed rows join the batch)."""
+    if backbone.n_layers < 1 or not (rows_can_join(backbone) if joins is None else joins):
         return False
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)

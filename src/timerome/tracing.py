@@ -139,7 +139,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     stats = {}
     # a joining row needs its fact's clean row and its corrupted row beside it: 3 rows at least
     reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
-    pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone)
+    pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone, joins=True)
     masked_head = head_choice(backbone, head)
     outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
