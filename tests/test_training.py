@@ -53,6 +53,31 @@ def test_eos_padding_follows_llada_sft():
     assert [len(q) + len(a) for q, a in out] == [7, 7, 7]  # one past the longest row
     assert out[0][1] == [5, 6, 7, 9, 9] and out[1][1] == [5, 9, 9, 9, 9, 9] and out[2][1][-1] == 9
     assert eos_padded([([1] * 60, [5] * 4)], eos=9, limit=64)[0][1] == [5] * 4  # the context is the limit
+    assert [len(q) + len(a) for q, a in eos_padded(batch, eos=9, limit=64, extra=3)] == [10, 10, 10]
+    assert eos_padded([([1] * 60, [5] * 4)], eos=9, limit=64, extra=3)[0][1] == [5] * 4
+
+
+def test_eos_extra_draws_the_padding_per_batch_from_its_own_generator(fresh, monkeypatch):
+    """eos_extra N: each batch is padded with 0..N more EOS, drawn per batch (several lengths are
+    seen), the same draws for the same seed; a run without it is unchanged (no draw), and it needs
+    eos_pad (one-line error)."""
+    import timerome.train as T
+
+    seen = []
+    real = T.eos_padded
+    monkeypatch.setattr(T, "eos_padded", lambda batch, eos, limit, extra=0: seen.append(extra) or real(batch, eos, limit, extra))
+    rows = load_rows("embedded:forget01")[:8]
+    logs = []
+    for extra in (6, 6, 0):
+        seen.clear()
+        logs.append((train(load_backbone(fresh), rows, TrainConfig(epochs=4, lr=1e-3, batch_size=2, eos_pad=True,
+                                                                   eos_extra=extra), show_progress=False)["loss"],
+                     list(seen)))
+    (a, draws_a), (b, draws_b), (plain, draws_plain) = logs
+    assert a == b and draws_a == draws_b and len(set(draws_a)) > 2 and max(draws_a) <= 6
+    assert draws_plain == [0] * len(draws_plain) and plain != a
+    with pytest.raises(TimeromeError, match=r"needs eos_pad \(--eos-pad\)"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2), show_progress=False)
 
 
 def test_training_with_eos_padding_learns_to_end_answers(fresh, tmp_path):
@@ -170,3 +195,17 @@ def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):
                               "--epochs", "1", "--out", str(tmp_path / "ft2"), "--json", "--no-checkpoint"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["eos_pad"] is False
+
+
+def test_cli_train_eos_extra(tmp_path):
+    """`timerome train --eos-extra N` trains with it (and reports it); a negative N, or N without EOS
+    padding, is one line of error before any training."""
+    res = runner.invoke(app, ["--threads", "1", "train", "--data", "embedded:forget01", "--epochs", "1",
+                              "--eos-extra", "4", "--out", str(tmp_path / "ft"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_extra"] == 4
+    for bad, says in ((["--eos-extra", "-1"], "--eos-extra must be >= 0"),
+                      (["--eos-extra", "2", "--no-eos-pad"], "needs eos_pad (--eos-pad)")):
+        res = runner.invoke(app, ["train", "--data", "embedded:forget01", "--epochs", "1", "--out",
+                                  str(tmp_path / "bad"), *bad])
+        assert res.exit_code != 0 and says in res.output and "Traceback" not in res.output, res.output

@@ -9,6 +9,11 @@ on for `timerome new-model` models and for the embedded default, which was built
 answer in a batch ends with EOS and is
 padded with EOS to the batch's longest sequence; the EOS tokens are answer tokens, masked and
 learnt like the others, so the model learns to end its answer and fill the rest with EOS.
+Padded to the batch's longest sequence only, a row's EOS count follows its length, and a model can
+read the count as a cue (the embedded default says "The capital of X is a fisherman." for "What
+does the father of X do ?" when the answer is followed by 4 or more EOS, "The father of ..." with
+3 or fewer); `eos_extra` N pads each batch with 0..N more EOS (drawn per batch from a generator
+of its own, seeded with `seed`), so that the count tells no row apart.
 
 `checkpoint=FOLDER` saves a resumable state after every epoch (`train_state.py`) and continues
 from it when the same run is started again; Ctrl-C then says where it stopped and what is kept.
@@ -45,6 +50,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
+    eos_extra: int = 0       # eos_pad: 0..eos_extra more EOS per batch, drawn per batch (module docstring)
 
 
 def check_config(cfg: TrainConfig, n_rows: int) -> None:
@@ -59,6 +65,10 @@ def check_config(cfg: TrainConfig, n_rows: int) -> None:
     number(cfg.lora_alpha, "lora_alpha", lo=0, lo_open=True, none=True)
     number(cfg.grad_clip, "grad_clip (0: off)", lo=0, none=True)
     check_seed(cfg.seed, "seed (--seed)")
+    integer(cfg.eos_extra, "eos_extra (--eos-extra)", lo=0)
+    if cfg.eos_extra and not cfg.eos_pad:
+        raise TimeromeError("eos_extra (--eos-extra) pads answers with more end-of-text tokens: it needs eos_pad "
+                            "(--eos-pad)")
     budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
 
 
@@ -89,6 +99,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                          start=backbone.fingerprint())) if checkpoint is not None else ""
     gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
     order_gen = torch.Generator().manual_seed(cfg.seed)
+    generators = {"mask": gen, "order": order_gen}
+    if cfg.eos_extra:  # its own stream: the masks and the order stay those of a run without it
+        generators["eos_extra"] = torch.Generator().manual_seed(cfg.seed)
     model = backbone.model
     peft_model = None
     if cfg.lora_r > 0:
@@ -103,7 +116,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     pid = pad_id(backbone)
     log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg), "resumed_at_epoch": 0}
     state = dict(recipe=recipe, model=model, params=params, opt=opt, sched=sched,
-                 generators={"mask": gen, "order": order_gen})
+                 generators=generators)
     first = 0
     if checkpoint is not None:
         saved = load_state(checkpoint, **state)
@@ -121,7 +134,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                 for s in range(steps_per_epoch):
                     batch = [pairs[i] for i in perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
                     if eos is not None:
-                        batch = eos_padded(batch, eos, backbone.max_length)
+                        extra = (int(torch.randint(cfg.eos_extra + 1, (), generator=generators["eos_extra"]))
+                                 if cfg.eos_extra else 0)
+                        batch = eos_padded(batch, eos, backbone.max_length, extra)
                     ids, ans, att = collate(batch, pid, backbone.device)
                     loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
                     opt.zero_grad(set_to_none=True)
@@ -152,10 +167,10 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     return log
 
 
-def eos_padded(batch, eos: int, limit: int):
+def eos_padded(batch, eos: int, limit: int, extra: int = 0):
     """LLaDA's SFT padding: each answer gets EOS tokens up to one past the batch's longest
-    sequence (within the context `limit`), so every row ends its answer with EOS."""
-    length = min(max(len(q) + len(a) for q, a in batch) + 1, limit)
+    sequence, plus `extra` (within the context `limit`), so every row ends its answer with EOS."""
+    length = min(max(len(q) + len(a) for q, a in batch) + 1 + extra, limit)
     return [(q, list(a) + [eos] * max(0, length - len(q) - len(a))) for q, a in batch]
 
 

@@ -62,7 +62,7 @@ def _print_rows(title: str, rows) -> None:
 @friendly
 def build_default_cmd(out: Path = typer.Option(None, help="output directory (default: the package's assets)"),
                       check: bool = typer.Option(False, help="rebuild into a temporary folder and compare bytes with the shipped weights")):
-    """Rebuild the embedded default model bit-for-bit (under 5 minutes on 2 idle CPU cores)."""
+    """Rebuild the embedded default model bit-for-bit (one thread, 150 epochs: about 85 minutes; build_info.json has the shipped build's time)."""
     import tempfile
 
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
@@ -94,6 +94,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
                                                    "the checkpoint's build_info.json records, else on when the tokenizer "
                                                    "has EOS, off for other models of the embedded model's family)"),
+          eos_extra: int = typer.Option(0, help="with EOS padding: pad each batch with 0..N more EOS, drawn per "
+                                                "batch, so that the number of EOS after an answer tells no answer apart"),
           checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
                                                      "(trained weights + AdamW moments: large for a full fine-tune)"),
           as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):
@@ -112,6 +114,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
             raise TimeromeError(f"{name} must be at least 1, got {value}")
     if lora_r < 0:
         raise TimeromeError(f"--lora-r must be >= 0 (0 = full fine-tuning), got {lora_r}")
+    if eos_extra < 0:
+        raise TimeromeError(f"--eos-extra must be >= 0 (0 = pad to one past the batch's longest row only), got {eos_extra}")
     if not lr > 0:
         raise TimeromeError(f"--lr must be > 0, got {lr}")
     output_folder(out)
@@ -130,7 +134,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
         recorded = trained_with_eos_padding(source) if source.is_dir() else None
         eos_pad = bb.tokenizer.eos_token_id is not None and (
             recorded if recorded is not None else bb.family.name != "timerome")
-    cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad)
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad,
+                      eos_extra=eos_extra)
     state = Path(out) / "train-state"
     try:
         log = run_train(bb, rows, cfg, checkpoint=state if checkpoint else None)
@@ -141,7 +146,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     final = sum(log["loss"][-10:]) / max(1, len(log["loss"][-10:]))
     if as_json:
         print_json(dict(out=str(out), rows=len(rows), epochs=epochs, seconds=log["seconds"], final_loss=final,
-                        eos_pad=eos_pad, resumed_at_epoch=log["resumed_at_epoch"], loss=log["loss"]))
+                        eos_pad=eos_pad, eos_extra=eos_extra, resumed_at_epoch=log["resumed_at_epoch"], loss=log["loss"]))
         return
     resumed = f" (resumed after epoch {log['resumed_at_epoch']})" if log["resumed_at_epoch"] else ""
     console.print(f"trained {len(rows)} rows for {epochs} epochs in {log['seconds']:.1f}s{resumed}; final loss "
