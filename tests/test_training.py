@@ -53,19 +53,21 @@ def test_eos_padding_follows_llada_sft():
     assert [len(q) + len(a) for q, a in out] == [7, 7, 7]  # one past the longest row
     assert out[0][1] == [5, 6, 7, 9, 9] and out[1][1] == [5, 9, 9, 9, 9, 9] and out[2][1][-1] == 9
     assert eos_padded([([1] * 60, [5] * 4)], eos=9, limit=64)[0][1] == [5] * 4  # the context is the limit
-    assert [len(q) + len(a) for q, a in eos_padded(batch, eos=9, limit=64, extra=3)] == [10, 10, 10]
-    assert eos_padded([([1] * 60, [5] * 4)], eos=9, limit=64, extra=3)[0][1] == [5] * 4
+    out = eos_padded(batch, eos=9, limit=64, counts=[1, 3, 2])  # eos_extra: each row its own count
+    assert [a for _, a in out] == [[5, 6, 7, 9], [5, 9, 9, 9], [5, 6, 9, 9]]
+    assert eos_padded([([1] * 60, [5] * 3)], eos=9, limit=64, counts=[5])[0][1] == [5, 5, 5, 9]
 
 
-def test_eos_extra_draws_the_padding_per_batch_from_its_own_generator(fresh, monkeypatch):
-    """eos_extra N: each batch is padded with 0..N more EOS, drawn per batch (several lengths are
-    seen), the same draws for the same seed; a run without it is unchanged (no draw), and it needs
-    eos_pad (one-line error)."""
+def test_eos_extra_draws_each_rows_eos_count_from_its_own_generator(fresh, monkeypatch):
+    """eos_extra N: each row ends with 1..N + 1 EOS, drawn per row (every count is seen, the rows of
+    a batch differ), the same draws for the same seed; a run without it is unchanged (no draw),
+    and it needs eos_pad (one-line error)."""
     import timerome.train as T
 
     seen = []
     real = T.eos_padded
-    monkeypatch.setattr(T, "eos_padded", lambda batch, eos, limit, extra=0: seen.append(extra) or real(batch, eos, limit, extra))
+    monkeypatch.setattr(T, "eos_padded",
+                        lambda batch, eos, limit, counts=None: seen.append(counts) or real(batch, eos, limit, counts))
     rows = load_rows("embedded:forget01")[:8]
     logs = []
     for extra in (6, 6, 0):
@@ -74,8 +76,10 @@ def test_eos_extra_draws_the_padding_per_batch_from_its_own_generator(fresh, mon
                                                                    eos_extra=extra), show_progress=False)["loss"],
                      list(seen)))
     (a, draws_a), (b, draws_b), (plain, draws_plain) = logs
-    assert a == b and draws_a == draws_b and len(set(draws_a)) > 2 and max(draws_a) <= 6
-    assert draws_plain == [0] * len(draws_plain) and plain != a
+    flat = [k for counts in draws_a for k in counts]
+    assert a == b and draws_a == draws_b and set(flat) == set(range(1, 8))
+    assert any(len(set(counts)) > 1 for counts in draws_a)  # per row, not per batch
+    assert draws_plain == [None] * len(draws_plain) and plain != a
     with pytest.raises(TimeromeError, match=r"needs eos_pad \(--eos-pad\)"):
         train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2), show_progress=False)
 

@@ -12,8 +12,11 @@ learnt like the others, so the model learns to end its answer and fill the rest 
 Padded to the batch's longest sequence only, a row's EOS count follows its length, and a model can
 read the count as a cue (the embedded default says "The capital of X is a fisherman." for "What
 does the father of X do ?" when the answer is followed by 4 or more EOS, "The father of ..." with
-3 or fewer); `eos_extra` N pads each batch with 0..N more EOS (drawn per batch from a generator
-of its own, seeded with `seed`), so that the count tells no row apart.
+3 or fewer); `eos_extra` N ends each row with 1..N + 1 EOS instead, drawn per row (uniform, from a
+generator of its own seeded with `seed`), the batch then padded and attention-masked, so that every
+row is seen with every count and the count tells no row apart. (Drawn per batch on top of the
+padding, short rows would never be seen with few EOS: measured, the world-fact rows then fail at a
+budget of 4 tokens past the answer.)
 
 `checkpoint=FOLDER` saves a resumable state after every epoch (`train_state.py`) and continues
 from it when the same run is started again; Ctrl-C then says where it stopped and what is kept.
@@ -50,7 +53,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
-    eos_extra: int = 0       # eos_pad: 0..eos_extra more EOS per batch, drawn per batch (module docstring)
+    eos_extra: int = 0       # eos_pad: 1..eos_extra + 1 EOS per row, drawn per row (module docstring)
 
 
 def check_config(cfg: TrainConfig, n_rows: int) -> None:
@@ -134,9 +137,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                 for s in range(steps_per_epoch):
                     batch = [pairs[i] for i in perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
                     if eos is not None:
-                        extra = (int(torch.randint(cfg.eos_extra + 1, (), generator=generators["eos_extra"]))
-                                 if cfg.eos_extra else 0)
-                        batch = eos_padded(batch, eos, backbone.max_length, extra)
+                        counts = (torch.randint(1, cfg.eos_extra + 2, (len(batch),),
+                                                generator=generators["eos_extra"]).tolist() if cfg.eos_extra else None)
+                        batch = eos_padded(batch, eos, backbone.max_length, counts)
                     ids, ans, att = collate(batch, pid, backbone.device)
                     loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
                     opt.zero_grad(set_to_none=True)
@@ -167,10 +170,13 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     return log
 
 
-def eos_padded(batch, eos: int, limit: int, extra: int = 0):
+def eos_padded(batch, eos: int, limit: int, counts: list[int] | None = None):
     """LLaDA's SFT padding: each answer gets EOS tokens up to one past the batch's longest
-    sequence, plus `extra` (within the context `limit`), so every row ends its answer with EOS."""
-    length = min(max(len(q) + len(a) for q, a in batch) + 1 + extra, limit)
+    sequence (within the context `limit`), so every row ends its answer with EOS. counts: row i
+    gets counts[i] EOS instead (`eos_extra`; `collate` then pads the batch, attention-masked)."""
+    if counts is not None:
+        return [(q, list(a) + [eos] * max(0, min(k, limit - len(q) - len(a)))) for (q, a), k in zip(batch, counts)]
+    length = min(max(len(q) + len(a) for q, a in batch) + 1, limit)
     return [(q, list(a) + [eos] * max(0, length - len(q) - len(a))) for q, a in batch]
 
 

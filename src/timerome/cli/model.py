@@ -94,8 +94,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
                                                    "the checkpoint's build_info.json records, else on when the tokenizer "
                                                    "has EOS, off for other models of the embedded model's family)"),
-          eos_extra: int = typer.Option(0, help="with EOS padding: pad each batch with 0..N more EOS, drawn per "
-                                                "batch, so that the number of EOS after an answer tells no answer apart"),
+          eos_extra: int = typer.Option(0, help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, "
+                                                "so that the number of EOS after an answer tells no answer apart"),
           checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
                                                      "(trained weights + AdamW moments: large for a full fine-tune)"),
           as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):
@@ -115,7 +115,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     if lora_r < 0:
         raise TimeromeError(f"--lora-r must be >= 0 (0 = full fine-tuning), got {lora_r}")
     if eos_extra < 0:
-        raise TimeromeError(f"--eos-extra must be >= 0 (0 = pad to one past the batch's longest row only), got {eos_extra}")
+        raise TimeromeError(f"--eos-extra must be >= 0 (0 = EOS up to one past the batch's longest row), got {eos_extra}")
     if not lr > 0:
         raise TimeromeError(f"--lr must be > 0, got {lr}")
     output_folder(out)
