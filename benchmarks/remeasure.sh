@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Every command whose numbers README.md and docs/ print from the embedded default (benchmarks/REMEASURE.md,
+# group 1), each run once into OUT/<name>.log with its wall time; a command that finished (OUT/<name>.done)
+# is not run again, so the script resumes where it stopped. Run from the repository root with the
+# package installed:
+#
+#     bash benchmarks/remeasure.sh OUT            # every command, one after another
+#     bash benchmarks/remeasure.sh OUT 0 2 &      # two lanes, one per core: lane 0 of 2 ...
+#     bash benchmarks/remeasure.sh OUT 1 2 &      # ... and lane 1 of 2 (commands split by their number)
+#
+# Timing benchmarks (trace, likelihood, hook overhead, costs, executors, threads) are the first of each
+# lane, so that the other lane is still running its first command beside them at most; the pages say
+# which numbers are ratios from one run on a shared machine. `timerome build-default --check` (85
+# minutes) is not run. Commands that need a file made by another (the edit memories, the trace) make
+# it in OUT/work first.
+set -u
+OUT=${1:?usage: remeasure.sh OUT [LANE NLANES]}
+LANE=${2:-0}
+NLANES=${3:-1}
+mkdir -p "$OUT/work"
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(pwd)
+DATA=${TIMEROME_BENCH_DATA:-$ROOT/../shared/data}
+n=0
+
+run() {  # run NAME COMMAND...: in OUT/work, logged, skipped when done, in this lane only
+    local name=$1
+    shift
+    n=$((n + 1))
+    if [ $(((n - 1) % NLANES)) -ne "$LANE" ] || [ -e "$OUT/$name.done" ]; then
+        return 0
+    fi
+    echo "[$(date +%H:%M:%S)] $name: $*"
+    local t0=$SECONDS
+    (cd "$OUT/work" && "$@") > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "rc=$rc wall_s=$((SECONDS - t0)) command: $*" >> "$OUT/$name.log"
+    if [ $rc -eq 0 ]; then touch "$OUT/$name.done"; else echo "  FAILED (rc $rc): $OUT/$name.log"; fi
+}
+
+B=$ROOT/benchmarks
+# timing first
+run trace               python "$B/bench_trace.py"
+run likelihood          python "$B/bench_likelihood.py" --threads 1 --models embedded --head masked,full,masked,full --repeats 3
+run hook_overhead       python "$B/bench_edit_memory.py" --parts overhead --repeats 3 --gen-length 32 --overhead-models embedded
+run hook_scale          python "$B/bench_edit_memory.py" --parts overhead,scale --overhead-models embedded
+run install             python "$B/bench_edit_memory.py" --parts install --threads 1
+run selectivity_costs   python "$B/bench_selectivity.py" --models embedded --seeds 0 --parts costs --threads 1 --no-progress
+run executors           python "$B/bench_executors.py"
+run threads             python "$B/bench_threads.py" --n-facts 8 --repeats 1 --busy 0,1
+run fingerprint         python "$B/bench_fingerprint.py"
+# what the model says and the tables
+run default_model       python "$B/bench_default_model.py" --slack 4,24 --json default_model.json
+run demo                env TIMEROME_CACHE="$OUT/work/fresh-cache" timerome demo
+run canonical           timerome experiment canonical --fresh -o canonical
+run edit_and_generate   bash -c 'timerome trace -o trace/ && timerome edit --trace trace/trace.safetensors -o forget.safetensors \
+    && timerome edit --method rewrite -o rw.safetensors && timerome requests counterfactual:forget10 -o cf.json \
+    && timerome edit --method rewrite --requests cf.json -o rwcf.safetensors \
+    && timerome generate --edit forget.safetensors "Where was Isgor Quielson born ?" "Where was Marhar Miostine born ?" \
+    && timerome eval --edit forget.safetensors --n-mc 2 --n-retain 4 --n-world 2 --no-rouge --json \
+    && timerome eval --n-mc 2 --n-retain 4 --n-world 2 --no-rouge --json'
+run key_metric          python "$B/bench_edit_memory.py" --parts selectivity --threads 1
+run operating_point     python "$B/bench_operating_point.py" --alphas 1,1.5,2,4
+run operating_point_f05 python "$B/bench_operating_point.py" --authors forget05 --alphas 1.5,4
+run editing             python "$B/bench_editing.py" --json editing.json
+run extraction          python "$B/bench_extraction.py" --json extraction.json
+run selectivity_readme  python "$B/bench_selectivity.py" --models embedded --methods no_edit,codebook,rome,timerome,rewrite --seeds 0,1,2 --no-progress
+run frontier            python "$B/bench_selectivity.py" --threads 1 --models embedded --seeds 0,1,2 --parts frontier --json sel.json --png sel.png --no-progress
+run robustness_parts    python "$B/bench_selectivity.py" --parts robustness --models embedded --seeds 0 --threads 1 --no-progress
+run directions          python "$B/bench_selectivity.py" --parts directions --models embedded --seeds 0 --threads 1 --no-progress
+run generations         python "$B/bench_selectivity.py" --parts generations --models embedded --seeds 0 --no-progress
+run robustness_quick    timerome --threads 1 experiment robustness --quick -o robustness-quick
+run robustness_full     timerome --threads 1 experiment robustness -o robustness-full
+run positional          timerome --threads 1 trace --positional --compare -o emb/
+run ablations           timerome --threads 1 experiment ablations -o abl/
+run ablations_seeds     timerome --threads 1 experiment ablations --seeds 0,1,2 -o abl-seeds/
+run npo_sweep           timerome --threads 1 experiment npo_sweep --seeds 0,1,2 -o npo/
+run radar               timerome experiment radar -o radar/
+run transfer_quick      timerome --threads 1 experiment transfer --quick --bench-data "$DATA" --seeds 0 -o transfer-quick
+run rwku_quick          timerome --threads 1 experiment rwku --quick --bench-data "$DATA" -o rwku-quick
+run locate_sweep        timerome experiment editing --config "$B/editing_locate_sweep.json" --seeds 0 --out sweep/
+run rouge_caches        python "$B/bench_generation.py" --parts rouge
+echo "lane $LANE of $NLANES: done ($(ls "$OUT"/*.done 2>/dev/null | wc -l) commands finished in $OUT)"
