@@ -12,7 +12,8 @@
 # lane, so that the other lane is still running its first command beside them at most; the pages say
 # which numbers are ratios from one run on a shared machine. `timerome build-default --check` (85
 # minutes) is not run. Commands that need a file made by another (the edit memories, the trace) make
-# it in OUT/work first.
+# it in OUT/work first. `timerome edit` without --trace edits the model's default coordinate (layer 1
+# resid on the embedded model), with --trace the trace's best (layer 0): each command as its page gives it.
 set -u
 OUT=${1:?usage: remeasure.sh OUT [LANE NLANES]}
 LANE=${2:-0}
@@ -53,11 +54,15 @@ run fingerprint         python "$B/bench_fingerprint.py"
 run default_model       python "$B/bench_default_model.py" --slack 4,24 --json default_model.json
 run demo                env TIMEROME_CACHE="$OUT/work/fresh-cache" timerome demo
 run canonical           timerome experiment canonical --fresh -o canonical
-run edit_and_generate   bash -c 'timerome trace -o trace/ && timerome edit --trace trace/trace.safetensors -o forget.safetensors \
-    && timerome edit --method rewrite -o rw.safetensors && timerome requests counterfactual:forget10 -o cf.json \
-    && timerome edit --method rewrite --requests cf.json -o rwcf.safetensors \
-    && timerome generate --edit forget.safetensors "Where was Isgor Quielson born ?" "Where was Marhar Miostine born ?" \
-    && timerome eval --edit forget.safetensors --n-mc 2 --n-retain 4 --n-world 2 --no-rouge --json \
+run edit_and_generate   bash -c 'timerome edit -o forget.safetensors && timerome edit --method rewrite -o rw.safetensors \
+    && timerome requests counterfactual:forget10 -o cf.json && timerome edit --method rewrite --requests cf.json -o rwcf.safetensors \
+    && for m in forget rw; do timerome generate --edit $m.safetensors "Where was Isgor Quielson born ?" \
+         "Which award did Isgor Quielson win ?" "Where was Marhar Miostine born ?"; done \
+    && timerome generate --edit rwcf.safetensors "What is the latest book of Danra Mirodard ?" \
+         "Which book did Danra Mirodard publish last ?" "How many books has Danra Mirodard written ?" \
+         "What is the latest book of Torcor Barsefine ?"'
+run eval_example        bash -c 'timerome trace -o trace/ && timerome edit --trace trace/trace.safetensors -o forget-traced.safetensors \
+    && timerome eval --edit forget-traced.safetensors --n-mc 2 --n-retain 4 --n-world 2 --no-rouge --json \
     && timerome eval --n-mc 2 --n-retain 4 --n-world 2 --no-rouge --json'
 run key_metric          python "$B/bench_edit_memory.py" --parts selectivity --threads 1
 run operating_point     python "$B/bench_operating_point.py" --alphas 1,1.5,2,4
