@@ -68,7 +68,6 @@ from timerome.sampler import reveal_masked
 from timerome.tie import REMASKING, read_out, reveal_schedule
 
 
-
 class Rows:
     """What the hooks need about the batch in flight; set before every forward."""
 
