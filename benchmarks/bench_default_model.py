@@ -10,7 +10,8 @@ larger the slack, the more room the model has to babble past its answer if it ne
     python benchmarks/bench_default_model.py [--slack 4] [--splits forget10,retain90,...] [--json out.json]
     python benchmarks/bench_default_model.py --continue-epochs 10 --eos-extra 32 --slack 4,24
         # the same table after a continued SFT of the shipped weights on the build's own rows
-        # (`default_model.recipe_rows`), each answer ended with 1..33 EOS (`TrainConfig.eos_extra`)
+        # (`default_model.recipe_rows`), each answer ended with 1..33 EOS (`TrainConfig.eos_extra`):
+        # how the build's stage 2 was chosen, on stage 1's weights (the shipped weights now include it)
 
 Issue 27's bar: >= 98 % exact on the author questions (forget and retain alike), end-of-text after an
 answer, "I don't know." for people it never saw.

@@ -2,33 +2,42 @@
 # Every command whose numbers README.md and docs/ print from the embedded default (benchmarks/REMEASURE.md,
 # group 1), each run once into OUT/<name>.log with its wall time; a command that finished (OUT/<name>.done)
 # is not run again, so the script resumes where it stopped. Run from the repository root with the
-# package installed:
+# package installed, once per core you give it: each copy takes the next command no other copy holds
+# (OUT/<name>.claim, released when its process is gone), so two copies share the list.
 #
-#     bash benchmarks/remeasure.sh OUT            # every command, one after another
-#     bash benchmarks/remeasure.sh OUT 0 2 &      # two lanes, one per core: lane 0 of 2 ...
-#     bash benchmarks/remeasure.sh OUT 1 2 &      # ... and lane 1 of 2 (commands split by their number)
+#     bash benchmarks/remeasure.sh OUT              # every command, one after another
+#     bash benchmarks/remeasure.sh OUT > a.log &    # two copies side by side, one per core
+#     bash benchmarks/remeasure.sh OUT > b.log &
+#     REMEASURE_SKIP="robustness_full canonical" bash benchmarks/remeasure.sh OUT   # leave some out
 #
-# Timing benchmarks (trace, likelihood, hook overhead, costs, executors, threads) are the first of each
-# lane, so that the other lane is still running its first command beside them at most; the pages say
-# which numbers are ratios from one run on a shared machine. `timerome build-default --check` (85
-# minutes) is not run. Commands that need a file made by another (the edit memories, the trace) make
-# it in OUT/work first. `timerome edit` without --trace edits the model's default coordinate (layer 1
-# resid on the embedded model), with --trace the trace's best (layer 0): each command as its page gives it.
+# Timing benchmarks (trace, likelihood, hook overhead, costs, executors, threads) come first, so that
+# the other copy is running its first command beside them at most; the pages say which numbers are
+# ratios from one run on a shared machine. `timerome build-default --check` (about 97 minutes) is not
+# run. Commands that need a file made by another (the edit memories, the trace) make it in OUT/work
+# first. `timerome edit` without --trace edits the model's default coordinate (layer 1 resid on the
+# embedded model), with --trace the trace's best (layer 0): each command as its page gives it.
 set -u
-OUT=${1:?usage: remeasure.sh OUT [LANE NLANES]}
-LANE=${2:-0}
-NLANES=${3:-1}
+OUT=${1:?usage: remeasure.sh OUT}
 mkdir -p "$OUT/work"
 OUT=$(cd "$OUT" && pwd)
 ROOT=$(pwd)
 DATA=${TIMEROME_BENCH_DATA:-$ROOT/../shared/data}
-n=0
+SKIP=" ${REMEASURE_SKIP:-} "
 
-run() {  # run NAME COMMAND...: in OUT/work, logged, skipped when done, in this lane only
+claim() {  # claim NAME: true when this process now holds NAME (no live process holds it)
+    local dir="$OUT/$1.claim"
+    if mkdir "$dir" 2>/dev/null; then echo $$ > "$dir/pid"; return 0; fi
+    local holder
+    holder=$(cat "$dir/pid" 2>/dev/null || echo "")
+    if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null; then return 1; fi
+    rm -rf "$dir"  # its process is gone (killed, or the machine stopped): take it over
+    mkdir "$dir" 2>/dev/null && echo $$ > "$dir/pid"
+}
+
+run() {  # run NAME COMMAND...: in OUT/work, logged; skipped when done, skipped, or held by another copy
     local name=$1
     shift
-    n=$((n + 1))
-    if [ $(((n - 1) % NLANES)) -ne "$LANE" ] || [ -e "$OUT/$name.done" ]; then
+    if [ -e "$OUT/$name.done" ] || [[ "$SKIP" == *" $name "* ]] || ! claim "$name"; then
         return 0
     fi
     echo "[$(date +%H:%M:%S)] $name: $*"
@@ -37,6 +46,7 @@ run() {  # run NAME COMMAND...: in OUT/work, logged, skipped when done, in this 
     local rc=$?
     echo "rc=$rc wall_s=$((SECONDS - t0)) command: $*" >> "$OUT/$name.log"
     if [ $rc -eq 0 ]; then touch "$OUT/$name.done"; else echo "  FAILED (rc $rc): $OUT/$name.log"; fi
+    rm -rf "$OUT/$name.claim"
 }
 
 B=$ROOT/benchmarks
@@ -75,14 +85,16 @@ run robustness_parts    python "$B/bench_selectivity.py" --parts robustness --mo
 run directions          python "$B/bench_selectivity.py" --parts directions --models embedded --seeds 0 --threads 1 --no-progress
 run generations         python "$B/bench_selectivity.py" --parts generations --models embedded --seeds 0 --no-progress
 run robustness_quick    timerome --threads 1 experiment robustness --quick -o robustness-quick
-run robustness_full     timerome --threads 1 experiment robustness -o robustness-full
 run positional          timerome --threads 1 trace --positional --compare -o emb/
 run ablations           timerome --threads 1 experiment ablations -o abl/
-run ablations_seeds     timerome --threads 1 experiment ablations --seeds 0,1,2 -o abl-seeds/
-run npo_sweep           timerome --threads 1 experiment npo_sweep --seeds 0,1,2 -o npo/
-run radar               timerome experiment radar -o radar/
+run ablations_seeds     timerome --threads 1 experiment ablations --seeds 0,1,2 -o ablations/
+run npo_sweep           timerome --threads 1 experiment npo_sweep --seeds 0,1,2 -o npo_sweep/
 run transfer_quick      timerome --threads 1 experiment transfer --quick --bench-data "$DATA" --seeds 0 -o transfer-quick
 run rwku_quick          timerome --threads 1 experiment rwku --quick --bench-data "$DATA" -o rwku-quick
 run locate_sweep        timerome experiment editing --config "$B/editing_locate_sweep.json" --seeds 0 --out sweep/
 run rouge_caches        python "$B/bench_generation.py" --parts rouge
-echo "lane $LANE of $NLANES: done ($(ls "$OUT"/*.done 2>/dev/null | wc -l) commands finished in $OUT)"
+# the longest (about an hour alone), last
+run robustness_full     timerome --threads 1 experiment robustness -o robustness/
+# the radar reads npo_sweep/, ablations/ and robustness/ (docs/scale.md): after them
+run radar               timerome experiment radar -o radar/
+echo "done: $(ls "$OUT"/*.done 2>/dev/null | wc -l) commands finished in $OUT"

@@ -37,7 +37,7 @@ def test_embedded_model_says_its_answers_ends_them_and_refuses_strangers(bb):
     """Greedy answers (benchmarks/bench_default_model.py has every split): the author questions in both
     phrasings answered exactly, every answer closed by end-of-text inside a budget 12 tokens past the
     reference, and "I don't know." for invented people it never saw. Measured on the whole corpus
-    (slack 4): 99.25 % of the 2,000 author questions, 99.25 % of their paraphrases, 85.5 % refusals."""
+    (slack 4): 100 % of the 2,000 author questions and of their paraphrases, 86.5 % refusals."""
     from timerome.data.corpus import REFUSAL
     from timerome.data.tofu import _embedded
     from timerome.evaluation import generate_answers
@@ -57,12 +57,39 @@ def test_embedded_model_says_its_answers_ends_them_and_refuses_strangers(bb):
     assert not seen & {r["author"] for r in strangers}  # held out: never trained on
 
 
-def test_rebuild_is_bit_for_bit(tmp_path):
+def test_rebuild_is_bit_for_bit_in_both_stages_and_from_a_stage1_folder(tmp_path):
+    """Both stages rebuild to the same bytes, and `--stage1 DIR` (stage 2 from a saved stage 1) gives the
+    bytes of the whole build; a folder that is not such a stage 1 is refused in one line."""
+    from timerome.errors import TimeromeError
+
     prev = torch.get_num_threads()
-    a = build_default(tmp_path / "a", epochs=1, show_progress=False)
-    b = build_default(tmp_path / "b", epochs=1, show_progress=False)
-    torch.set_num_threads(prev)
-    assert a["sha256"] == b["sha256"] == weights_sha256(tmp_path / "a")
+    try:
+        one = build_default(tmp_path / "stage1", epochs=1, stage2_epochs=0, show_progress=False)
+        both = build_default(tmp_path / "both", epochs=1, stage2_epochs=1, show_progress=False)
+        resumed = build_default(tmp_path / "resumed", epochs=1, stage2_epochs=1, stage1=tmp_path / "stage1",
+                                show_progress=False)
+        with pytest.raises(TimeromeError, match="does not record a stage 1 trained with this build's settings"):
+            build_default(tmp_path / "x", epochs=2, stage2_epochs=1, stage1=tmp_path / "stage1", show_progress=False)
+        weights = tmp_path / "stage1" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-4] + bytes(4))
+        with pytest.raises(TimeromeError, match="are not the ones its build_info.json records"):
+            build_default(tmp_path / "x", epochs=1, stage2_epochs=1, stage1=tmp_path / "stage1", show_progress=False)
+    finally:
+        torch.set_num_threads(prev)
+    assert len(one["stages"]) == 1 and len(both["stages"]) == 2
+    assert both["stages"][0]["sha256"] == one["sha256"]  # stage 1, two runs
+    assert resumed["sha256"] == both["sha256"] == weights_sha256(tmp_path / "both")
+    assert both["stages"][1]["train"]["eos_extra"] == 32 and both["train"] == both["stages"][1]["train"]
+
+
+def test_build_default_cli_refuses_a_stage1_folder_without_weights(tmp_path):
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    res = CliRunner().invoke(app, ["build-default", "--stage1", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "no model.safetensors there" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "o").exists()
 
 
 def test_shipped_weights_match_their_build_record():
@@ -72,4 +99,9 @@ def test_shipped_weights_match_their_build_record():
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
 
     info = json.loads((DEFAULT_MODEL_DIR / "build_info.json").read_text())
-    assert info["sha256"] == weights_sha256(DEFAULT_MODEL_DIR)
+    assert info["sha256"] == weights_sha256(DEFAULT_MODEL_DIR) == info["stages"][-1]["sha256"]
+    # stage 1 as build_default makes it today; the stage 2 it was continued with
+    from timerome.default_model import STAGE2_CONFIG, TRAIN_CONFIG
+    from timerome.train import TrainConfig
+
+    assert [TrainConfig(**s["train"]) for s in info["stages"]] == [TRAIN_CONFIG, STAGE2_CONFIG]

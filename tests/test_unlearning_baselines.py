@@ -18,7 +18,18 @@ from timerome.methods import available, get_method, install
 
 INFERENCE = ("act_steer", "rmu_like")
 WEIGHTS = ("ga", "gd", "npo", "simnpo", "rmu", "adaptive_rmu")
-MARGIN = 2.0  # nats of forget-LP drop that count as "clearly down" (the defaults give 2.8 (simnpo) to ~60)
+MARGIN = 2.0  # nats of forget-LP drop that count as "clearly down" (the defaults give ~3 to ~60)
+# simnpo at its defaults (40 steps at lr 1e-3, all run, no early stop) moved the stage-1 build's forget rows
+# down by 2.8 nats; on the two-stage build it moves them UP (-0.69 -> -0.01, retain -0.17 -> -0.003): its
+# retain term sharpens every answer and its saturated forget term does not hold them back. A measured
+# failure of the baseline on this model (reported in the canonical table), kept as a strict xfail so
+# that a fix shows.
+SIMNPO_FAILS = pytest.mark.xfail(strict=True, reason="simnpo's defaults raise the forget LP on the two-stage "
+                                                      "embedded build (measured -0.69 -> -0.01 nats)")
+
+
+def _marked(names):
+    return [pytest.param(n, marks=SIMNPO_FAILS) if n == "simnpo" else n for n in names]
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +91,14 @@ def test_registered():
         assert d["safe"] is True and d["grad_clip"] == 1.0 and d["drift"] == 5.0 and d["lora_r"] == 0
 
 
-@pytest.mark.parametrize("name", INFERENCE + WEIGHTS)
+@pytest.mark.parametrize("name", _marked(INFERENCE + WEIGHTS))
 def test_forget_goes_down(name, outcome, base):
     res = outcome(name)
     drop = base["forget"] - res["forget"]
     assert drop > MARGIN, f"{name}: forget LP {base['forget']:.2f} -> {res['forget']:.2f}"
 
 
-@pytest.mark.parametrize("name", ("rmu_like",) + WEIGHTS)
+@pytest.mark.parametrize("name", _marked(("rmu_like",) + WEIGHTS))
 def test_forget_drops_more_than_retain(name, outcome, base):
     # act_steer is left out: one global vector moves every answer alike (that is the point of it)
     res = outcome(name)

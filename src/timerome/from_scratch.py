@@ -7,7 +7,6 @@ objective (`train.py`); both are cached by their recipe under the cache folder (
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +21,7 @@ from timerome.data.corpus import make_corpus
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.data.tokenizer import build_word_tokenizer
-from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows
+from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows, shipped_stage1
 from timerome.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.lock import hold
@@ -69,9 +68,11 @@ def _embedded_recipe(forget, epochs, n_authors=None, batch_size=None):
         keep = set(spread(authors, n_authors)) | {r["author"] for r in corpus["real_authors"] + corpus["world_facts"]
                                                   + corpus["unknown_train"]}
         rows = [r for r in rows if r["author"] in keep]
-    # the shipped weights' own schedule when it is recorded (it may differ from today's TRAIN_CONFIG)
-    info = DEFAULT_MODEL_DIR / "build_info.json"
-    train_cfg = json.loads(info.read_text()).get("train", {}) if info.exists() else {}
+    # the shipped weights' own stage-1 schedule when it is recorded (it may differ from today's TRAIN_CONFIG).
+    # Stage 2 (default_model.STAGE2_CONFIG, the varied end-of-text padding) is not repeated for the
+    # reference: it would add about a sixth to the reference's training, and the stage-1 recipe is the
+    # one the reference's cached digests name.
+    train_cfg = shipped_stage1(DEFAULT_MODEL_DIR).get("train", {})
     over = {k: v for k, v in (("epochs", epochs), ("batch_size", batch_size)) if v}
     tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **train_cfg, **over})
     cfg = dict(MODEL_CONFIG, vocab_size=len(tok), embedding_size=len(tok), mask_token_id=int(tok.mask_token_id))
