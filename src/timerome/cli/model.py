@@ -63,8 +63,9 @@ def _print_rows(title: str, rows) -> None:
 def build_default_cmd(out: Path = typer.Option(None, help="output directory (default: the package's assets)"),
                       check: bool = typer.Option(False, help="rebuild into a temporary folder and compare bytes with the shipped weights"),
                       stage1: Optional[Path] = typer.Option(
-                          None, help="start from stage 1's output (a folder whose weights have the sha256 build_info.json "
-                                     "records for stage 1) and run stage 2 only: about 12 minutes")):
+                          None, help="start from stage 1's output (a folder a build wrote, whose build_info.json records "
+                                     "stage 1 with this build's settings and its weights' sha256, e.g. the assets of "
+                                     "commit 8f534f9) and run stage 2 only: about 12 minutes")):
     """Rebuild the embedded default model bit-for-bit, in two stages on one thread: stage 1 (150 epochs,
     about 85 minutes), stage 2 (20 epochs with varied end-of-text padding, about 12 minutes).
     build_info.json has the shipped build's times."""
