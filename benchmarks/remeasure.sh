@@ -14,8 +14,9 @@
 # the other copy is running its first command beside them at most; the pages say which numbers are
 # ratios from one run on a shared machine. `timerome build-default --check` (about 97 minutes) is not
 # run. Commands that need a file made by another (the edit memories, the trace) make it in OUT/work
-# first. `timerome edit` without --trace edits the model's default coordinate (layer 1 resid on the
-# embedded model), with --trace the trace's best (layer 0): each command as its page gives it.
+# first. `timerome edit` without --trace edits the model's default coordinate, with --trace the trace's
+# best (both layer 1 resid on the two-stage embedded build; layer 1 and layer 0 on the stage-1 build):
+# each command as its page gives it.
 set -u
 OUT=${1:?usage: remeasure.sh OUT}
 mkdir -p "$OUT/work"

@@ -18,7 +18,7 @@ from timerome.methods import available, get_method, install
 
 INFERENCE = ("act_steer", "rmu_like")
 WEIGHTS = ("ga", "gd", "npo", "simnpo", "rmu", "adaptive_rmu")
-MARGIN = 2.0  # nats of forget-LP drop that count as "clearly down" (the defaults give ~3 to ~60)
+MARGIN = 2.0  # nats of forget-LP drop that count as "clearly down" (every method but simnpo clears it at its defaults)
 # simnpo at its defaults (40 steps at lr 1e-3, all run, no early stop) moved the stage-1 build's forget rows
 # down by 2.8 nats; on the two-stage build it moves them UP (-0.69 -> -0.01, retain -0.17 -> -0.003): its
 # retain term sharpens every answer and its saturated forget term does not hold them back. A measured

@@ -130,7 +130,9 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
 
 def _checked_stage1(folder: str | Path, tcfg: TrainConfig) -> dict:
     """Stage 1's record from `folder`, once its weights and settings are those this build needs."""
-    rec = shipped_stage1(folder)
+    if not (Path(folder) / "model.safetensors").is_file():
+        raise TimeromeError(f"--stage1 {folder}: no model.safetensors there")
+    rec = stage1_record(folder)
     try:
         recorded = TrainConfig(**rec["train"]).__dict__
     except (KeyError, TypeError):
@@ -151,15 +153,19 @@ def _stage_info(cfg: TrainConfig, log: dict, t0: float, sha: str | None) -> dict
             "final_loss_last50": sum(last) / max(1, len(last)), "sha256": sha}
 
 
-def shipped_stage1(directory: str | Path = DEFAULT_MODEL_DIR) -> dict:
-    """Stage 1 as a build recorded it in `build_info.json` (its train settings, time, loss, sha256):
-    `stages[0]`, or the whole record of a one-stage build; {} when there is none."""
+def build_record(directory: str | Path) -> dict:
+    """A build folder's `build_info.json` as a dict; {} when it has none or it is not a record."""
     try:
         info = json.loads((Path(directory) / "build_info.json").read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(info, dict):
-        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def stage1_record(directory: str | Path = DEFAULT_MODEL_DIR) -> dict:
+    """Stage 1 as a build recorded it in `build_info.json` (its train settings, time, loss, sha256):
+    `stages[0]`, or the whole record of a one-stage build; {} when there is none."""
+    info = build_record(directory)
     stages = info.get("stages")
     if isinstance(stages, list) and stages and isinstance(stages[0], dict):
         return dict(stages[0])
@@ -173,9 +179,6 @@ def weights_sha256(directory: str | Path) -> str:
 def trained_with_eos_padding(directory: str | Path) -> bool | None:
     """What a checkpoint's `build_info.json` records of its training's EOS padding (`timerome
     build-default` writes it): True / False, or None when it records nothing."""
-    info = Path(directory) / "build_info.json"
-    try:
-        value = json.loads(info.read_text()).get("train", {}).get("eos_pad")
-    except (OSError, ValueError, AttributeError):
-        return None
+    train = build_record(directory).get("train")
+    value = train.get("eos_pad") if isinstance(train, dict) else None
     return value if isinstance(value, bool) else None

@@ -21,7 +21,7 @@ from timerome.data.corpus import make_corpus
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.data.tokenizer import build_word_tokenizer
-from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows, shipped_stage1
+from timerome.default_model import CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows, stage1_record
 from timerome.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.lock import hold
@@ -72,7 +72,7 @@ def _embedded_recipe(forget, epochs, n_authors=None, batch_size=None):
     # Stage 2 (default_model.STAGE2_CONFIG, the varied end-of-text padding) is not repeated for the
     # reference: it would add about a sixth to the reference's training, and the stage-1 recipe is the
     # one the reference's cached digests name.
-    train_cfg = shipped_stage1(DEFAULT_MODEL_DIR).get("train", {})
+    train_cfg = stage1_record(DEFAULT_MODEL_DIR).get("train", {})
     over = {k: v for k, v in (("epochs", epochs), ("batch_size", batch_size)) if v}
     tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **train_cfg, **over})
     cfg = dict(MODEL_CONFIG, vocab_size=len(tok), embedding_size=len(tok), mask_token_id=int(tok.mask_token_id))

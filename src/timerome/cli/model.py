@@ -74,8 +74,6 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
     from timerome.default_model import build_default, weights_sha256
 
-    if stage1 is not None and not (stage1 / "model.safetensors").is_file():
-        raise TimeromeError(f"--stage1 {stage1}: no model.safetensors there")
     if check:
         with tempfile.TemporaryDirectory() as tmp:
             info = build_default(tmp, stage1=stage1)
