@@ -70,7 +70,7 @@ def _embedded_recipe(forget, epochs, n_authors=None, batch_size=None):
         rows = [r for r in rows if r["author"] in keep]
     # the shipped weights' own stage-1 schedule when it is recorded (it may differ from today's TRAIN_CONFIG).
     # Stage 2 (default_model.STAGE2_CONFIG, the varied end-of-text padding) is not repeated for the
-    # reference: it would add about a sixth to the reference's training, and the stage-1 recipe is the
+    # reference: it would add 20 epochs to the reference's 150, and the stage-1 recipe is the
     # one the reference's cached digests name.
     train_cfg = stage1_record(DEFAULT_MODEL_DIR).get("train", {})
     over = {k: v for k, v in (("epochs", epochs), ("batch_size", batch_size)) if v}
