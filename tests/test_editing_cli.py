@@ -42,7 +42,17 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
                for a, r in zip(shown, reqs)), shown
     assert all(not says(a["answer"], r.fact.target) for a, r in zip(shown, reqs))
     code, out = run("memory", "show", mem, "--json")
-    assert code == 0 and [f["target"] for f in json.loads(out)["facts"]] == [r.fact.target for r in reqs]
+    shown = json.loads(out)
+    assert code == 0 and [f["target"] for f in shown["facts"]] == [r.fact.target for r in reqs]
+    # the CLI's gate without --layer is the method's own default (the API and the experiments place it there)
+    from timerome.backbones import load_backbone
+    from timerome.methods import method_config
+    from timerome.methods.rewrite import gate_coordinate
+
+    gate = gate_coordinate(load_backbone(), None, method_config("rewrite", {}))[0]
+    assert shown["kind"] == "rewrite" and shown["coordinate"]["layer"] == gate.layer, shown["coordinate"]
+    code, out = run("memory", "show", mem)
+    assert code == 0 and "write site" in out and "per fact (4 distinct" in out and "None" not in out, out
     code, out = run("eval", "--edit", mem, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
     assert code == 0, out
     m = json.loads(out)["metrics"]

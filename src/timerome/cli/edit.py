@@ -19,6 +19,13 @@ from timerome.errors import TimeromeError
 from timerome.files import output_file, output_folder
 from timerome.methods.timerome_edit import DEFAULTS
 
+def _alphas() -> str:
+    """The memories' default alphas, read from their method settings (the help never restates a number)."""
+    from timerome.methods import method_config
+
+    return ", ".join(f"{method_config(m, {})['alpha']:g} for {m}" for m in ("timerome", "codebook", "rewrite"))
+
+
 @app.command()
 @friendly
 @model_options
@@ -37,13 +44,13 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                                             "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
                                             "file of question/answer rows (default: embedded:forget01)"),
          tofu_dir: Optional[str] = TofuOpt,
-         layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's default)"),
+         layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's "
+                                             "default; rewrite: its gate one block below the write site)"),
          module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
-         alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's, 4 for timerome, "
-                                                          "8 for codebook, 1 for rewrite)"),
+         alpha: Optional[float] = typer.Option(None, help=f"edit strength (default: the method's, {_alphas()})"),
          lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
          lam_absolute: Optional[float] = typer.Option(
              None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),
@@ -118,6 +125,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         layer = select(traced, (module,)).layer
     elif layer is not None and not 0 <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
+    if layer is None and method == "rewrite":  # the method's own default gate, as the API and the experiments place it
+        from timerome.methods import method_config
+        from timerome.methods.rewrite import gate_coordinate
+
+        layer = gate_coordinate(bb, None, method_config("rewrite", {}))[0].layer
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
     if method in ("codebook", "rewrite"):
         return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,

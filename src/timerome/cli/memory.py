@@ -29,9 +29,12 @@ def describe(path) -> dict:
 
     tensors, meta = read_memory_file(path)
     hyper = dict(meta.get("hyper") or {})
-    return dict(file=str(path), format=meta.get("format"), backbone=meta.get("backbone"),
+    from timerome.memory_file import memory_kind
+
+    return dict(file=str(path), kind=memory_kind(meta), format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
-                coordinate=meta.get("coordinate"), hyper=hyper, stats=meta.get("stats"),
+                coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
+                watch=meta.get("watch") is not None,
                 n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
                 tensors={k: list(v.shape) for k, v in tensors.items()})
 
@@ -46,21 +49,25 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     if as_json:
         print_json(d)
         return
-    from timerome.memory_file import is_codebook
-
-    c, h = d["coordinate"] or {}, d["hyper"]
-    codebook = is_codebook(d)
-    t = Table(title=f"{'codebook' if codebook else 'edit'} memory {file}", show_header=False)
+    c, h, kind = d["coordinate"] or {}, d["hyper"], d["kind"]
+    t = Table(title=f"{kind} memory {file}", show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     step = "every step" if c.get("step") is None else f"step {c.get('step')} only"
     background = f" ({d['stats']['n_tokens']} background tokens)" if d.get("stats") else ""
-    if codebook:
-        rows = (("alpha", f"{h.get('alpha')}"), ("radius", f"margin {h.get('margin')} x the distance to the nearest "
-                                                            f"calibration token, full strength within {h.get('inner')}"),
-                ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
+    radius = ("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full strength "
+                        f"within {h.get('inner')}")
+    if kind == "codebook":
+        rows = (("alpha", f"{h.get('alpha')}"), radius, ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
                 ("gate", f"subject-complete {h.get('complete')}, write {h.get('write')}, object keys "
                          f"{h.get('object_keys')}, values {h.get('values')}"))
+    elif kind == "rewrite":
+        site = d.get("site") or [None, None]
+        rows = (("write site", f"layer {site[0]} {site[1]}: answer position j takes the value of target token j, "
+                               f"alpha {h.get('alpha')}"), radius,
+                ("entries", f"{d['tensors']['keys'][0]} gate keys, {d['tensors']['values'][0]} token values"
+                            f"{background}"),
+                ("answer watch", "on" if d.get("watch") else "off"))
     else:
         lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
                else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
@@ -68,19 +75,29 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
                 ("key metric", f"{h.get('key_metric')}{background}"),
                 ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
     for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
-                 ("coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"), *rows,
-                 ("target", repr(h.get("target"))), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
+                 ("gate" if kind == "rewrite" else "coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"),
+                 *rows, ("target", _targets(d)), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
         t.add_row(k, escape(v))
     console.print(t)
     ft = Table(title="facts")
-    for col in ("fact_id", "subject", "prompt", "object"):
+    cols = ("fact_id", "subject", "prompt", "object", "target")
+    for col in cols:
         ft.add_column(col, overflow="fold")
     shown = d["facts"] if all_facts else d["facts"][:20]
     for f in shown:
-        ft.add_row(*(escape(str(f.get(k, ""))) for k in ("fact_id", "subject", "prompt", "object")))
+        ft.add_row(*(escape(str(f.get(k, h.get("target") if k == "target" else ""))) for k in cols))
     console.print(ft)
     if len(shown) < d["n_facts"]:
         console.print(f"... and {d['n_facts'] - len(shown)} more facts (--all lists them)")
+
+
+def _targets(d: dict) -> str:
+    """The memory's target: one for every fact, or how many facts carry their own (the facts table lists them)."""
+    default = d["hyper"].get("target")
+    own = {f.get("target") for f in d["facts"] if f.get("target") is not None}
+    if not own or own == {default}:
+        return repr(default)
+    return f"per fact ({len(own)} distinct; {default!r} for a fact without one)"
 
 
 @memory_app.command("add")
