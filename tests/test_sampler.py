@@ -260,3 +260,69 @@ def test_reveal_from_the_masked_positions_logits_alone(remasking):
         got = reveal_masked(x, logits[masked], masked, n, remasking=remasking, threshold=threshold)
         assert torch.equal(got, want)
     assert not torch.equal(want, x)
+
+
+def _reference_reveal(x, logits, masked, n):
+    """LLaDA's low-confidence step at temperature 0, literally: float64 softmax of every position,
+    the argmax's probability, the n[b] most confident masked positions of row b revealed."""
+    x0 = logits.argmax(-1)
+    conf = torch.softmax(logits.to(torch.float64), -1).gather(-1, x0[..., None]).squeeze(-1)
+    conf = torch.where(masked, conf, -torch.inf)
+    keep = torch.zeros_like(masked)
+    for b in range(x.shape[0]):
+        if int(n[b]):
+            keep[b, conf[b].topk(int(n[b])).indices] = True
+    return torch.where(keep & masked, x0, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_float32_screen_reveals_what_the_float64_softmax_reveals(dtype):
+    """`reveal_masked` orders a row's masked positions by a float32 sum with a proven error bound and
+    falls back to the float64 softmax where the bound cannot settle the row: the tokens revealed are
+    the reference's on random, confident (probabilities rounding to 1 in float64), tied (equal
+    logit rows) and near-tied positions; and both paths are taken."""
+    g = torch.Generator().manual_seed(5)
+    screened = fell_back = 0
+    import timerome.sampler as sm
+
+    real = sm._confidence
+    calls = []
+    sm._confidence = lambda *a: calls.append(1) or real(*a)
+    try:
+        for case in range(60):
+            B, L, V = 3, 12, 200
+            scale = (1.0, 5.0, 40.0)[case % 3]
+            logits = (torch.randn(B, L, V, generator=g) * scale).to(dtype)
+            if case % 4 == 1:  # exact ties: two positions of a row with the same logits
+                logits[:, 3] = logits[:, 5]
+            if case % 4 == 2:  # near ties: one logit moved by a float32 ulp
+                logits[:, 7] = logits[:, 2]
+                logits[:, 7, 0] = torch.nextafter(logits[:, 7, 0].float(), torch.tensor(1e9)).to(dtype)
+            masked = torch.rand(B, L, generator=g) < 0.7
+            masked[:, 2:8] = True
+            x = torch.randint(5, V, (B, L), generator=g)
+            x[masked] = 1
+            n = torch.randint(1, 5, (B,), generator=g).clamp(max=masked.sum(1) - 1)
+            calls.clear()
+            got = reveal_masked(x, logits[masked], masked, n)
+            fell_back += bool(calls)
+            screened += not calls
+            assert torch.equal(got, _reference_reveal(x, logits, masked, n)), case
+    finally:
+        sm._confidence = real
+    assert screened > 5 and fell_back > 5, (screened, fell_back)
+
+
+def test_head_read_gives_logsumexp_bit_for_bit_and_falls_back_on_infinite_logits():
+    from timerome.sampler import HeadRead
+
+    g = torch.Generator().manual_seed(0)
+    for M, V in ((600, 1170), (9, 50)):
+        lg = torch.randn(M, V, generator=g) * 7
+        assert torch.equal(HeadRead(lg).log_normaliser(), lg.logsumexp(-1))
+    x = torch.tensor([[1, 1, 1, 1]])
+    masked = x == 1
+    logits = torch.randn(1, 4, 20, generator=g)
+    logits[0, 1, 3] = torch.inf  # the reference's softmax gives NaN there: the float64 path decides, as it would
+    n = torch.tensor([2])
+    assert torch.equal(reveal_masked(x, logits[masked], masked, n), _reference_reveal(x, logits, masked, n))

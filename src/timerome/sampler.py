@@ -197,17 +197,49 @@ def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 
+class HeadRead:
+    """The passes over logits [M, V] (float32 or lower) that a read-out of log-probabilities and a
+    low-confidence reveal both make, made once: the max and argmax, and exp(l - max) in float32."""
+
+    def __init__(self, logits: torch.Tensor):
+        lg = logits.float()
+        self.logits, self.top = lg, lg.max(-1)
+        # torch.logsumexp's own steps (an infinite max shifts by 0), so log_normaliser is its value bit for bit
+        self.shift = self.top.values.masked_fill(self.top.values.abs() == torch.inf, 0.0)
+        self.exp = (lg - self.shift[:, None]).exp_()
+        self._tail_taken = False
+
+    def log_normaliser(self) -> torch.Tensor:
+        """log sum_i exp(l_i) [M]: logits.float().logsumexp(-1)."""
+        if self._tail_taken:
+            raise RuntimeError("HeadRead.log_normaliser after tail_mass: read the normaliser first")
+        return self.exp.sum(-1).log_().add_(self.shift)
+
+    def tail_mass(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """sum over the tokens other than the argmax of exp(l_i - max l), float32 sums as float64 [M'] (rows:
+        bool [M], those rows only). Consumes the exponentials (the argmax's entries are zeroed in place)."""
+        e, idx = (self.exp, self.top.indices) if rows is None else (self.exp[rows], self.top.indices[rows])
+        self._tail_taken = rows is None
+        t = e.scatter_(1, idx[:, None], 0.0).sum(1).double()
+        inf = self.shift != self.top.values  # an infinite (or NaN) max: no tail; NaN tells the caller to fall back
+        return t.masked_fill_(inf if rows is None else inf[rows], torch.nan)
+
+
 def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
-                  remasking: str = "low_confidence", threshold: float | None = None) -> torch.Tensor:
+                  remasking: str = "low_confidence", threshold: float | None = None,
+                  head: HeadRead | None = None) -> torch.Tensor:
     """`denoise_step` at temperature 0 (low-confidence or margin remasking) from the logits of the
     masked positions alone: picked [M, V] = logits[masked] (row-major), for callers that run the
     vocabulary head at those positions only (the trace engine). Same result as denoise_step.
     Without a threshold, a row that reveals none or all of its masked positions needs no
-    confidence: those are computed for the other rows only."""
-    x0 = x.masked_scatter(masked, _sample(picked, 0, None))
-    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
+    confidence: those are computed for the other rows only. head: `HeadRead(picked)` where the
+    caller has it (its read-out made those passes already; its exponentials are consumed)."""
     n_reveal = n_reveal.to(x.device).expand(x.shape[0])
     ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
+    if remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64 and bool(ranks.any()):
+        return _reveal_screened(x, picked, masked, n_reveal, ranks, head or HeadRead(picked))
+    x0 = x.masked_scatter(masked, _sample(picked, 0, None))
+    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
     if threshold is not None or bool(ranks.all()):
         conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
     else:
@@ -216,6 +248,49 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
         conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
     if threshold is not None:
         n_reveal = torch.maximum(n_reveal, (conf >= threshold).sum(1))
+    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
+
+
+# 2^-24: float32's unit roundoff, 2^-53 float64's
+U32, U64 = 2.0 ** -24, 2.0 ** -53
+
+
+def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torch.Tensor:
+    """`reveal_masked` at low-confidence remasking without a threshold, the same tokens without the
+    float64 softmax: the reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
+    sum over the other tokens of exp(l_i - max l), and only which positions of a row reach its top k
+    matters. t is computed in float32, with a proven bound: each term within (106 + V) u32 of its
+    value in relative terms (l_i - max rounded once, exp within 2 u32, for the arguments above -87.3
+    whose results are normal floats; the sum of V positive terms in any order within (V - 1) u32),
+    plus 2^-148 per term for the smaller ones (subnormal or zero); the float64 softmax holds c within
+    (1.37 V + 6) u64 of 1 / (1 + t) (its sum is at least 1).
+    Where a row's k-th and (k + 1)-th smallest t are apart by more than both errors, the float32 order
+    decides the row exactly; any other row (near ties, confidences within 1e-13 of 1 that float64
+    rounds together) takes the float64 softmax, as `_confidence` computes it."""
+    V = picked.shape[-1]
+    x0 = x.masked_scatter(masked, head.top.indices)
+    per_pos = ranks[masked.nonzero()[:, 0]]                       # masked position (row-major) -> its row ranks
+    t = head.tail_mass(None if bool(per_pos.all()) else per_pos)  # mass off the argmax
+    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
+    conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
+    rank_pos = masked & ranks[:, None]
+    conf[rank_pos] = -t
+    if not bool(torch.isfinite(t).all()):
+        exact = ranks.clone()
+    else:
+        k = torch.where(ranks, n_reveal, 1)  # rows that do not rank: any valid k, not read
+        kth = conf.topk(int(k[ranks].max()) + 1, dim=1).values     # [B, kmax + 1]: -t, largest first
+        t_in = -kth.gather(1, (k - 1)[:, None]).squeeze(1)         # the k-th smallest t: the last revealed
+        t_out = -kth.gather(1, k[:, None]).squeeze(1)              # the (k + 1)-th: the first kept masked
+        rel = (V + 110) * U32 * 1.01
+        eta = (2 * V + 120) * U64 * 1.01
+        tiny = V * 2.0 ** -148
+        lo_out = 1.0 + (t_out * (1 - rel) - tiny)
+        hi_in = (1.0 + (t_in * (1 + rel) + tiny)) * (1 + 2 * eta + 4 * U64)
+        exact = ranks & ~(lo_out > hi_in)
+    if bool(exact.any()):  # rows the float32 order cannot settle: the reference's float64 confidences
+        sel = masked & exact[:, None]
+        conf[sel] = _confidence(picked[sel[masked]], x0[sel], "low_confidence", 0, None).to(torch.float64)
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 

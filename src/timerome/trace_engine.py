@@ -64,7 +64,7 @@ import torch
 
 from timerome.hooks import Hooks, TraceState
 from timerome.likelihood import logits_at
-from timerome.sampler import reveal_masked
+from timerome.sampler import HeadRead, reveal_masked
 from timerome.tie import REMASKING, read_out, reveal_schedule
 
 
@@ -339,15 +339,17 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 read = masked if readout == "decided" else answer[fr]
                 picked = logits_at(backbone, xb, read, masked_head=masked_head)  # [M, V]: logits at the read positions
                 pos = torch.full(read.shape, torch.nan, device=device)
-                lg = picked.float()
-                pos[read] = lg.gather(-1, obj[fr][read][:, None]).squeeze(-1) - lg.logsumexp(-1)
+                head = HeadRead(picked)  # max, argmax and exp(l - max) once, for the read-out and the reveal
+                pos[read] = head.logits.gather(-1, obj[fr][read][:, None]).squeeze(-1) - head.log_normaliser()
                 if readout != "decided":
                     pos = pos.masked_fill(~answer[fr], 0.0)
                 pos_run[items] = pos[where]
                 have = clean_at >= 0
                 pos_clean[have] = pos[clean_at[have]]
                 if j < K:
-                    gen = reveal_masked(x_all, picked[masked[read]], masked, budget[fr, j], remasking=REMASKING)
+                    same = read is masked  # "decided" reads the masked positions only
+                    gen = reveal_masked(x_all, picked if same else picked[masked[read]], masked, budget[fr, j],
+                                        remasking=REMASKING, head=head if same else None)
                     gen_run[items] = gen[where]
                     gen_clean[have] = gen[clean_at[have]]
                 stats["rows_run"] += x_all.shape[0]
