@@ -255,14 +255,15 @@ def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
 @pytest.mark.parametrize("batch_size", [256, 7])
 @pytest.mark.parametrize("readout", ["decided", "aligned"])
 def test_packed_splices_and_the_masked_head_change_no_number(bb, batch_size, readout):
-    """attn / mlp splices that run their layer at the subject tokens only (packed rows) and the head
-    run at the positions read only give the same TIE, clean and corrupted log p, bit for bit on CPU,
-    and compute less."""
+    """attn / mlp splices that run their layer at the subject tokens only (packed rows), the head
+    run at the positions read only and the sampler's float32 screen give the same TIE, clean and
+    corrupted log p, bit for bit on CPU, and the first two compute less."""
     assert rows_can_pack(bb)
     kw = dict(FAST, batch_size=batch_size, readout=readout)
     on = trace(bb, SAME_LENGTH, **kw)
     variants = [trace(bb, SAME_LENGTH, pack_splices=False, **kw), trace(bb, SAME_LENGTH, head="full", **kw),
-                trace(bb, SAME_LENGTH, head="masked", pack_splices=False, **kw)]
+                trace(bb, SAME_LENGTH, head="masked", pack_splices=False, **kw),
+                trace(bb, SAME_LENGTH, screen_reveal=False, **kw)]  # the sampler's float64 softmax everywhere
     for off in variants:
         assert torch.equal(on.tie_full.nan_to_num(), off.tie_full.nan_to_num())
         assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)

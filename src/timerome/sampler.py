@@ -227,16 +227,19 @@ class HeadRead:
 
 def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
                   remasking: str = "low_confidence", threshold: float | None = None,
-                  head: HeadRead | None = None) -> torch.Tensor:
+                  head: HeadRead | None = None, screen: bool = True) -> torch.Tensor:
     """`denoise_step` at temperature 0 (low-confidence or margin remasking) from the logits of the
     masked positions alone: picked [M, V] = logits[masked] (row-major), for callers that run the
     vocabulary head at those positions only (the trace engine). Same result as denoise_step.
     Without a threshold, a row that reveals none or all of its masked positions needs no
     confidence: those are computed for the other rows only. head: `HeadRead(picked)` where the
-    caller has it (its read-out made those passes already; its exponentials are consumed)."""
+    caller has it (its read-out made those passes already; its exponentials are consumed). screen:
+    low-confidence rows ordered by `_reveal_screened` (same tokens); False: the float64 softmax of
+    every ranking row, as the reference computes it (the benchmark compares the two)."""
     n_reveal = n_reveal.to(x.device).expand(x.shape[0])
     ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
-    if remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64 and bool(ranks.any()):
+    if (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
+            and bool(ranks.any())):
         return _reveal_screened(x, picked, masked, n_reveal, ranks, head or HeadRead(picked))
     x0 = x.masked_scatter(masked, _sample(picked, 0, None))
     conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)

@@ -32,7 +32,10 @@ It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the
   reveals the same number of tokens per step), so its rows are not run again; the last scoring
   forward k' = K reads nothing at all and is skipped;
 - the vocabulary head runs at the positions read only (the masked answer positions; `masked_head`),
-  and the sampler step decides from those logits (`sampler.reveal_masked`);
+  and the sampler step decides from those logits (`sampler.reveal_masked`), sharing the read-out's
+  passes over them (`sampler.HeadRead`: max, argmax, exp(l - max)) and ordering confidences by a
+  float32 sum with a proven error bound instead of the reference's float64 softmax (same tokens;
+  the float64 softmax where the bound cannot settle a row; `screen`);
 - each fact's clean run is a row of every forward, and the splice reads the clean h from that row
   in the same forward (as ROME does). Clean activations are never kept, and, with sigma = 0, a
   patched row is bit-identical to its corrupted row (TIE exactly 0) as long as a row's arithmetic
@@ -41,8 +44,8 @@ It computes exactly the numbers of `timerome.tie.literal_tie` (tests compare the
   chunks, each holding the clean rows of its facts and the corrupted rows its joining rows copy.
 
 Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
-reuse_layers (the joins), pack and masked_head (`tracing.trace`: pack_splices, head); all on by
-default, none changes a number (bit-identical on CPU; tested).
+reuse_layers (the joins), pack, masked_head and screen (`tracing.trace`: pack_splices, head,
+screen_reveal); all on by default, none changes a number (bit-identical on CPU; tested).
 
 `stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions)
 and the least work any exact implementation must do, the unit of `benchmarks/bench_trace.py`'s
@@ -240,7 +243,7 @@ def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
 @torch.no_grad()
 def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
                 share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
-                masked_head: bool = False) -> tuple[list[dict], dict]:
+                masked_head: bool = False, screen: bool = True) -> tuple[list[dict], dict]:
     """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
 
     Rows (besides each fact's clean run, which leads every forward): the F * N corrupted rows (row f * N + s:
@@ -251,7 +254,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     (same future) or keep their state. reuse_layers: splicing rows join the batch at their layer
     (the caller checks `rows_can_join`); pack: attn / mlp splices compute their layer at the
     subject tokens only, in packed rows (the caller checks `rows_can_pack`); masked_head: the
-    vocabulary head runs at the positions read only (the caller checks `masked_head_applies`).
+    vocabulary head runs at the positions read only (the caller checks `masked_head_applies`); screen:
+    the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens).
     Every per-position array spans the L positions; the prompt holds no mask, so "masked" means
     "an answer position not yet committed".
 
@@ -349,7 +353,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 if j < K:
                     same = read is masked  # "decided" reads the masked positions only
                     gen = reveal_masked(x_all, picked if same else picked[masked[read]], masked, budget[fr, j],
-                                        remasking=REMASKING, head=head if same else None)
+                                        remasking=REMASKING, head=head if same else None, screen=screen)
                     gen_run[items] = gen[where]
                     gen_clean[have] = gen[clean_at[have]]
                 stats["rows_run"] += x_all.shape[0]

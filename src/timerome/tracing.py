@@ -112,7 +112,8 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
 def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigma: float | None = None,
           tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
           readout: str = "decided", progress: bool = True, share_rows: bool = True,
-          reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto") -> TraceResult:
+          reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto",
+          screen_reveal: bool = True) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -121,8 +122,9 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
     steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
     tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
     seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
-    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices: the engine's
-    savings (`timerome.trace_engine`), on by default; off only to measure what they save.
+    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / screen_reveal:
+    the engine's savings (`timerome.trace_engine`; screen_reveal: the sampler step's float32 screen,
+    `sampler.reveal_masked`), on by default; off only to measure what they save.
     head: "masked" runs the vocabulary head at the answer positions read only, "full" everywhere;
     "auto" (default) is "masked" wherever it applies (`likelihood.masked_head_applies`). Equal up
     to float rounding.
@@ -147,7 +149,7 @@ def trace(backbone=None, facts=None, *, steps: int = 8, n_samples: int = 5, sigm
         for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
             per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
                                          batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
-                                         pack=pack, masked_head=masked_head)
+                                         pack=pack, masked_head=masked_head, screen=screen_reveal)
             for i, out in zip(group, per_fact):
                 outs[i] = out
             for k, v in work.items():  # counts add up; a dict of counts adds up key by key
