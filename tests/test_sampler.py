@@ -326,3 +326,19 @@ def test_head_read_gives_logsumexp_bit_for_bit_and_falls_back_on_infinite_logits
     logits[0, 1, 3] = torch.inf  # the reference's softmax gives NaN there: the float64 path decides, as it would
     n = torch.tensor([2])
     assert torch.equal(reveal_masked(x, logits[masked], masked, n), _reference_reveal(x, logits, masked, n))
+
+
+def test_rows_with_different_budgets_break_ties_as_the_reference_does():
+    """A row's revealed positions do not depend on the other rows' budgets: with every confidence
+    exactly 1.0 in float64 (a 60-nat gap), torch.topk breaks the ties by k, and each row takes the
+    reference's torch.topk(conf[b], k[b]) (found by review: the first k[b] of one topk(max k) differ)."""
+    B, L, V = 2, 36, 8
+    logits = torch.zeros(B, L, V)
+    logits[:, :, 3] = 60.0
+    x = torch.full((B, L), 1)
+    masked = torch.ones(B, L, dtype=torch.bool)
+    n = torch.tensor([1, 17])
+    for screen in (True, False):
+        got = reveal_masked(x, logits[masked], masked, n, screen=screen)
+        assert torch.equal(got, _reference_reveal(x, logits, masked, n))
+        assert torch.equal(got[:1], reveal_masked(x[:1], logits[:1][masked[:1]], masked[:1], n[:1], screen=screen))

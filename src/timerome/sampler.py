@@ -219,7 +219,7 @@ class HeadRead:
         """sum over the tokens other than the argmax of exp(l_i - max l), float32 sums as float64 [M'] (rows:
         bool [M], those rows only). Consumes the exponentials (the argmax's entries are zeroed in place)."""
         e, idx = (self.exp, self.top.indices) if rows is None else (self.exp[rows], self.top.indices[rows])
-        self._tail_taken = rows is None
+        self._tail_taken |= rows is None
         t = e.scatter_(1, idx[:, None], 0.0).sum(1).double()
         inf = self.shift != self.top.values  # an infinite (or NaN) max: no tail; NaN tells the caller to fall back
         return t.masked_fill_(inf if rows is None else inf[rows], torch.nan)
@@ -240,6 +240,9 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
     ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
     if (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
             and bool(ranks.any())):
+        if head is not None and head.logits.shape != picked.shape:
+            raise ValueError(f"head was read from logits of shape {tuple(head.logits.shape)}, not these "
+                             f"{tuple(picked.shape)}")
         return _reveal_screened(x, picked, masked, n_reveal, ranks, head or HeadRead(picked))
     x0 = x.masked_scatter(masked, _sample(picked, 0, None))
     conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
@@ -260,16 +263,21 @@ U32, U64 = 2.0 ** -24, 2.0 ** -53
 
 def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torch.Tensor:
     """`reveal_masked` at low-confidence remasking without a threshold, the same tokens without the
-    float64 softmax: the reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
+    float64 softmax. The reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
     sum over the other tokens of exp(l_i - max l), and only which positions of a row reach its top k
-    matters. t is computed in float32, with a proven bound: each term within (106 + V) u32 of its
-    value in relative terms (l_i - max rounded once, exp within 2 u32, for the arguments above -87.3
-    whose results are normal floats; the sum of V positive terms in any order within (V - 1) u32),
-    plus 2^-148 per term for the smaller ones (subnormal or zero); the float64 softmax holds c within
-    (1.37 V + 6) u64 of 1 / (1 + t) (its sum is at least 1).
-    Where a row's k-th and (k + 1)-th smallest t are apart by more than both errors, the float32 order
-    decides the row exactly; any other row (near ties, confidences within 1e-13 of 1 that float64
-    rounds together) takes the float64 softmax, as `_confidence` computes it."""
+    matters. t is summed in float32 (t32), and the true t lies in
+
+        [t32 / ((1 + a)(1 + s)) - V 2^-126,  t32 / ((1 - a)(1 - s)) + V 2^-126],  a = 110 u32, s = (V - 1) u32:
+
+    each term whose value is a normal float is within a of its value (l_i - max rounded once: at most
+    87.3 u32 relative there; exp within 2 u32), a smaller one within 2^-126 (subnormal, or zero where
+    denormals are flushed), and V positive terms summed in any order within s (Jeannerod & Rump 2013,
+    no second-order term; the exact quotients are used, whose first-order forms fail above about
+    165,000 tokens). The float64 softmax holds c within (1.37 V + 6) u64 of 1 / (1 + t) (its sum is at
+    least 1; eta below allows (2 V + 120) u64). Where a row's k-th and (k + 1)-th smallest t are apart
+    by more than both errors, the float32 order decides the row exactly; any other row (near ties,
+    confidences within 1e-13 of 1 that float64 rounds together) takes the float64 softmax, as
+    `_confidence` computes it."""
     V = picked.shape[-1]
     x0 = x.masked_scatter(masked, head.top.indices)
     per_pos = ranks[masked.nonzero()[:, 0]]                       # masked position (row-major) -> its row ranks
@@ -285,11 +293,12 @@ def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torc
         kth = conf.topk(int(k[ranks].max()) + 1, dim=1).values     # [B, kmax + 1]: -t, largest first
         t_in = -kth.gather(1, (k - 1)[:, None]).squeeze(1)         # the k-th smallest t: the last revealed
         t_out = -kth.gather(1, k[:, None]).squeeze(1)              # the (k + 1)-th: the first kept masked
-        rel = (V + 110) * U32 * 1.01
+        a, s = 110 * U32, (V - 1) * U32  # per term (exp and its argument), the sum (Jeannerod & Rump 2013)
+        hi, lo = 1 / ((1 - a) * (1 - s)) * (1 + 1e-9), 1 / ((1 + a) * (1 + s)) * (1 - 1e-9)
         eta = (2 * V + 120) * U64 * 1.01
-        tiny = V * 2.0 ** -148
-        lo_out = 1.0 + (t_out * (1 - rel) - tiny)
-        hi_in = (1.0 + (t_in * (1 + rel) + tiny)) * (1 + 2 * eta + 4 * U64)
+        tiny = V * 2.0 ** -126  # the terms below float32's normal range (2^-126 each, flush-to-zero too)
+        lo_out = 1.0 + (t_out * lo - tiny)
+        hi_in = (1.0 + (t_in * hi + tiny)) * (1 + 2 * eta + 4 * U64)
         exact = ranks & ~(lo_out > hi_in)
     if bool(exact.any()):  # rows the float32 order cannot settle: the reference's float64 confidences
         sel = masked & exact[:, None]
@@ -449,11 +458,14 @@ def _confidence(logits, x0, remasking, temperature, generator) -> torch.Tensor:
 
 
 def _top_k_per_row(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Bool [B, L]: the k[b] highest confidences of each row b."""
+    """Bool [B, L]: the k[b] highest confidences of each row b, ties broken as the reference's
+    torch.topk(conf[b], k[b]) breaks them: topk's choice among equal values depends on k, so the
+    rows are taken in groups of one k (one call each), never as the first k[b] of a larger topk."""
     out = torch.zeros_like(conf, dtype=torch.bool)
-    kmax = int(k.max())
-    if kmax == 0:
-        return out
-    idx = conf.topk(kmax, dim=-1).indices  # [B, kmax]
-    keep = torch.arange(kmax, device=conf.device)[None, :] < k[:, None].to(conf.device)
-    return out.scatter_(1, idx, keep)
+    k = k.to(conf.device)
+    for kv in k.unique().tolist():
+        if kv == 0:
+            continue
+        rows = (k == kv).nonzero().squeeze(1)
+        out[rows] = out[rows].scatter_(1, conf[rows].topk(int(kv), dim=-1).indices, True)
+    return out
