@@ -241,7 +241,7 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
     if (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
             and bool(ranks.any())):
         if head is not None and head.logits.shape != picked.shape:
-            raise ValueError(f"head was read from logits of shape {tuple(head.logits.shape)}, not these "
+            raise TimeromeError(f"head was read from logits of shape {tuple(head.logits.shape)}, not these "
                              f"{tuple(picked.shape)}")
         return _reveal_screened(x, picked, masked, n_reveal, ranks, head or HeadRead(picked))
     x0 = x.masked_scatter(masked, _sample(picked, 0, None))
