@@ -13,7 +13,11 @@ Faithful to the reference (ML-GSAI/LLaDA generate.py), quirks included:
   at temperature 0 no noise is drawn (argmax of the logits);
 - `random` remasking draws its confidences (float32) after the Gumbel noise;
 - classifier-free guidance batches [cond; uncond] in one forward, uncond having every initial
-  non-mask position (the prompt) set to mask, and mixes u + (cfg + 1)(c - u) in the logits' dtype.
+  non-mask position (the prompt) set to mask, and mixes u + (cfg + 1)(c - u) in the logits' dtype;
+- the n_reveal[b] most confident positions of row b are torch.topk(conf[b], n_reveal[b])'s, ties
+  included. At temperature 0 with low-confidence remasking the float64 softmax is computed only
+  where it decides: rows are ordered by a float32 sum with a proven error bound, and a row the bound
+  cannot settle takes the float64 softmax (`_reveal_screened`; the same tokens, tested).
 
 Dream-style confidences ("maskgit_plus", "margin", "entropy") plug into the same block schedule;
 like Dream they are read from softmax(logits / T) (softmax(logits) at T = 0), in float64.
