@@ -11,6 +11,8 @@ Prints, from one run:
   --full-naive); the subset's TIE values are checked against the fast trace's;
 - fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
   below their layer, taking them from their corrupted row), and how many block computations it saves;
+  packed splices, the masked head and the sampler's float32 screen, each against the trace without
+  it (the screen in interleaved pairs), with the TIE checked equal;
 - the fast trace's cost as a multiple of its floor (`timerome.throughput`): the row-blocks the
   definition needs (`trace_engine` counts them as `min_block_rows`: at every step where its fact
   still has a masked answer position, the clean row and each distinct (noise sample, x_j) state
@@ -149,10 +151,16 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     full_head, full_head_s = _timed_trace(args, bb, facts, head="full")
     pack_err = float((unpacked.tie_full - fast.tie_full).nan_to_num().abs().max())
     head_err = float((full_head.tie_full - fast.tie_full).nan_to_num().abs().max())
-    # the screen saves a few percent: timed in interleaved pairs, so that drifts in machine speed hit both alike
-    pairs = [(_timed_trace(args, bb, facts)[1], _timed_trace(args, bb, facts, screen_reveal=False)) for _ in range(5)]
-    unscreened = pairs[0][1][0]
-    screened_s, unscreened_s = (statistics.median(t for t in col) for col in zip(*((a, b[1]) for a, b in pairs)))
+    # the screen saves a few percent: timed in interleaved pairs (which goes first alternates), so that
+    # drifts in machine speed hit both alike
+    on_times, off_times = [], []
+    for i in range(6):
+        for screen in ((True, False) if i % 2 == 0 else (False, True)):
+            result, seconds = _timed_trace(args, bb, facts, screen_reveal=screen)
+            (on_times if screen else off_times).append(seconds)
+            if not screen:
+                unscreened = result
+    screened_s, unscreened_s = statistics.median(on_times), statistics.median(off_times)
     screen_equal = torch.equal(unscreened.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
     plain_err = float((plain.tie - fast.tie).abs().max())
@@ -198,7 +206,7 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"max |TIE with - without| = {head_err:.1e})")
     print(f"float32 screen   {unscreened_s / screened_s:8.2f} x   (the sampler step orders each row's confidences by "
           f"a float32 sum with a proven error bound, the float64 softmax only where the bound cannot settle the row: "
-          f"{screened_s:.2f} s against {unscreened_s:.2f} s with the float64 softmax everywhere, medians of 5 "
+          f"{screened_s:.2f} s against {unscreened_s:.2f} s with the float64 softmax everywhere, medians of 6 "
           f"interleaved pairs; TIE identical: {'yes' if screen_equal else 'NO'})")
     out.update(no_packing_seconds=unpacked_s, full_head_seconds=full_head_s, max_err_no_packing=pack_err,
                max_err_full_head=head_err, float64_reveal_seconds=unscreened_s, screen_identical=screen_equal)
@@ -211,7 +219,7 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
 
 def _timed_trace(args, bb, facts, **switches):
     """(trace result, seconds) of the fast trace with the engine's switches (share_rows, reuse_layers,
-    pack_splices, head)."""
+    pack_splices, head, screen_reveal)."""
     _sync(bb)
     t = CLOCK()
     r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False,

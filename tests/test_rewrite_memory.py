@@ -131,3 +131,14 @@ def test_the_answer_watch_watches_the_object_not_the_template_and_survives_a_fil
     said = set(bb.encode(reqs[0].fact.object))
     same = [j for j, r in enumerate(reqs[1:]) if r.fact.subject == reqs[0].fact.subject]
     assert same and all(not set(back.watch[j][0]) & said for j in same)
+
+
+def test_memory_show_says_whether_the_answer_watch_is_on(bb, task, edit, tmp_path):
+    """`memory show` reads the watch from the file: on where a fact has watched tokens, off for a memory
+    built with watch=false (whose file still lists one empty entry per fact)."""
+    from timerome.cli.memory import describe
+
+    assert describe(edit.memory.save(tmp_path / "on.safetensors"))["watch"] is True
+    off = install("rewrite", bb, task, {"watch": False}, seed=0)
+    d = describe(off.memory.save(tmp_path / "off.safetensors"))
+    assert d["watch"] is False and d["kind"] == "rewrite" and d["n_facts"] == len(off.memory)

@@ -254,7 +254,7 @@ def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
 
 @pytest.mark.parametrize("batch_size", [256, 7])
 @pytest.mark.parametrize("readout", ["decided", "aligned"])
-def test_packed_splices_and_the_masked_head_change_no_number(bb, batch_size, readout):
+def test_packed_splices_the_masked_head_and_the_screen_change_no_number(bb, batch_size, readout):
     """attn / mlp splices that run their layer at the subject tokens only (packed rows), the head
     run at the positions read only and the sampler's float32 screen give the same TIE, clean and
     corrupted log p, bit for bit on CPU, and the first two compute less."""

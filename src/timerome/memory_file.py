@@ -35,10 +35,6 @@ def read_memory_file(path) -> tuple[dict, dict]:
     return read_file(path, formats=FORMATS)
 
 
-def is_codebook(meta: dict) -> bool:
-    return meta.get("format") == CODEBOOK_FORMAT
-
-
 def memory_kind(meta: dict) -> str:
     """'edit' (the paper's ridge memory), 'codebook' or 'rewrite', from a header."""
     return KINDS.get(meta.get("format"), "edit")

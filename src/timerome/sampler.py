@@ -216,7 +216,7 @@ class HeadRead:
     def log_normaliser(self) -> torch.Tensor:
         """log sum_i exp(l_i) [M]: logits.float().logsumexp(-1)."""
         if self._tail_taken:
-            raise RuntimeError("HeadRead.log_normaliser after tail_mass: read the normaliser first")
+            raise TimeromeError("HeadRead.log_normaliser after tail_mass: read the normaliser first")
         return self.exp.sum(-1).log_().add_(self.shift)
 
     def tail_mass(self, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,12 +19,6 @@ from timerome.errors import TimeromeError
 from timerome.files import output_file, output_folder
 from timerome.methods.timerome_edit import DEFAULTS
 
-def _alphas() -> str:
-    """The memories' default alphas, read from their method settings (the help never restates a number)."""
-    from timerome.methods import method_config
-
-    return ", ".join(f"{method_config(m, {})['alpha']:g} for {m}" for m in ("timerome", "codebook", "rewrite"))
-
 
 @app.command()
 @friendly
@@ -50,7 +44,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
-         alpha: Optional[float] = typer.Option(None, help=f"edit strength (default: the method's, {_alphas()})"),
+         alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's own; `timerome methods` "
+                                                          "lists every default)"),
          lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
          lam_absolute: Optional[float] = typer.Option(
              None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),

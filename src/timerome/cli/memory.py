@@ -34,7 +34,7 @@ def describe(path) -> dict:
     return dict(file=str(path), kind=memory_kind(meta), format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
                 coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
-                watch=meta.get("watch") is not None,
+                watch=any(entry and entry[0] for entry in meta.get("watch") or ()),  # a fact with watched tokens
                 n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
                 tensors={k: list(v.shape) for k, v in tensors.items()})
 
