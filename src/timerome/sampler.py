@@ -17,7 +17,7 @@ Faithful to the reference (ML-GSAI/LLaDA generate.py), quirks included:
 - the n_reveal[b] most confident positions of row b are torch.topk(conf[b], n_reveal[b])'s, ties
   included. At temperature 0 with low-confidence remasking the float64 softmax is computed only
   where it decides: rows are ordered by a float32 sum with a proven error bound, and a row the bound
-  cannot settle takes the float64 softmax (`_reveal_screened`; the same tokens, tested).
+  cannot settle takes the float64 softmax (`_screened_confidences`; the same tokens, tested).
 
 Dream-style confidences ("maskgit_plus", "margin", "entropy") plug into the same block schedule;
 like Dream they are read from softmax(logits / T) (softmax(logits) at T = 0), in float64.
@@ -238,24 +238,30 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
     Without a threshold, a row that reveals none or all of its masked positions needs no
     confidence: those are computed for the other rows only. head: `HeadRead(picked)` where the
     caller has it (its read-out made those passes already; its exponentials are consumed). screen:
-    low-confidence rows ordered by `_reveal_screened` (same tokens); False: the float64 softmax of
+    low-confidence rows ordered by `_screened_confidences` (same tokens); False: the float64 softmax of
     every ranking row, as the reference computes it (the benchmark compares the two)."""
     n_reveal = n_reveal.to(x.device).expand(x.shape[0])
     ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
-    if (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
-            and bool(ranks.any())):
-        if head is not None and head.logits.shape != picked.shape:
+    screened = (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
+                and bool(ranks.any()))
+    if screened:
+        if head is None:
+            head = HeadRead(picked)
+        elif head.logits.shape != picked.shape:
             raise TimeromeError(f"head was read from logits of shape {tuple(head.logits.shape)}, not these "
-                             f"{tuple(picked.shape)}")
-        return _reveal_screened(x, picked, masked, n_reveal, ranks, head or HeadRead(picked))
-    x0 = x.masked_scatter(masked, _sample(picked, 0, None))
+                                f"{tuple(picked.shape)}")
+    x0 = x.masked_scatter(masked, head.top.indices if screened else _sample(picked, 0, None))
     conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
-    if threshold is not None or bool(ranks.all()):
+    if threshold is not None or (bool(ranks.all()) and not screened):
         conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
     else:
         some = ranks[masked.nonzero()[:, 0]]  # per masked position: does its row rank?
-        conf[masked & ranks[:, None]] = _confidence(picked[some], x0[masked][some], remasking, 0, None).to(torch.float64)
         conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
+        if screened:
+            _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head)
+        else:
+            conf[masked & ranks[:, None]] = _confidence(picked[some], x0[masked][some], remasking, 0,
+                                                        None).to(torch.float64)
     if threshold is not None:
         n_reveal = torch.maximum(n_reveal, (conf >= threshold).sum(1))
     return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
@@ -265,9 +271,10 @@ def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n
 U32, U64 = 2.0 ** -24, 2.0 ** -53
 
 
-def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torch.Tensor:
-    """`reveal_masked` at low-confidence remasking without a threshold, the same tokens without the
-    float64 softmax. The reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
+def _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head: HeadRead) -> None:
+    """The ranking rows' entries of conf [B, L] for `reveal_masked` at low-confidence remasking without
+    a threshold, set in place so that each row's top k are the reference's, without the float64
+    softmax where it does not decide (some: per masked position, whether its row ranks). The reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
     sum over the other tokens of exp(l_i - max l), and only which positions of a row reach its top k
     matters. t is summed in float32 (t32), and the true t lies in
 
@@ -283,13 +290,8 @@ def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torc
     confidences within 1e-13 of 1 that float64 rounds together) takes the float64 softmax, as
     `_confidence` computes it."""
     V = picked.shape[-1]
-    x0 = x.masked_scatter(masked, head.top.indices)
-    per_pos = ranks[masked.nonzero()[:, 0]]                       # masked position (row-major) -> its row ranks
-    t = head.tail_mass(None if bool(per_pos.all()) else per_pos)  # mass off the argmax
-    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
-    conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
-    rank_pos = masked & ranks[:, None]
-    conf[rank_pos] = -t
+    t = head.tail_mass(None if bool(some.all()) else some)  # mass off the argmax
+    conf[masked & ranks[:, None]] = -t  # -t orders as c = 1 / (1 + t)
     if not bool(torch.isfinite(t).all()):
         exact = ranks.clone()
     else:
@@ -307,7 +309,6 @@ def _reveal_screened(x, picked, masked, n_reveal, ranks, head: HeadRead) -> torc
     if bool(exact.any()):  # rows the float32 order cannot settle: the reference's float64 confidences
         sel = masked & exact[:, None]
         conf[sel] = _confidence(picked[sel[masked]], x0[sel], "low_confidence", 0, None).to(torch.float64)
-    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
 
 
 # ------------------------------------------------------------------------------ input checks

@@ -25,12 +25,10 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changin
 
 def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
-    from timerome.memory_file import read_memory_file
+    from timerome.memory_file import memory_kind, read_memory_file
 
     tensors, meta = read_memory_file(path)
     hyper = dict(meta.get("hyper") or {})
-    from timerome.memory_file import memory_kind
-
     return dict(file=str(path), kind=memory_kind(meta), format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
                 coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
