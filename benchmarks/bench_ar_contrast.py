@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 import timerome
-from timerome.counterfactual import counterfactual_scores, each_edit_alone, greedy_ids, n_tokens
 from timerome.data.real_facts import real_fact_task, real_facts
+from timerome.data.task import ForgetTask
+from timerome.evaluation.counterfactual import counterfactual_scores, each_edit_alone, greedy_ids, n_tokens
 from timerome.methods import install
-from timerome.positional_trace import CATEGORIES, positional_trace, select_positional
-from timerome.task import ForgetTask
+from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
 
 
 def default_model() -> str:

@@ -26,10 +26,10 @@ import torch
 import timerome
 from timerome.data.corpus import REFUSAL, make_corpus
 from timerome.data.tofu import _embedded
-from timerome.evaluation import generate_answers
-from timerome.default_model import CORPUS_SEED, THREADS, TRAIN_CONFIG, recipe_rows
+from timerome.evaluation.evaluator import generate_answers
 from timerome.metrics.editing import normalise
-from timerome.train import TrainConfig, train
+from timerome.training.default_model import CORPUS_SEED, THREADS, TRAIN_CONFIG, recipe_rows
+from timerome.training.train import TrainConfig, train
 
 SPLITS = ("forget10", "retain90", "paraphrased", "real_authors", "world_facts", "unknown")
 

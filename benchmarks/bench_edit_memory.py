@@ -3,7 +3,7 @@
     python benchmarks/bench_edit_memory.py                         # every part
     python benchmarks/bench_edit_memory.py --parts overhead --device cuda
     python benchmarks/bench_edit_memory.py --parts selectivity --tofu-model DIR
-        (DIR from timerome.from_scratch.train_tofu_model(TOFU_DIR, DIR): the embedded architecture
+        (DIR from timerome.training.from_scratch.train_tofu_model(TOFU_DIR, DIR): the embedded architecture
         trained on TOFU forget01 + 2 retain authors, about 1.5 min)
 
 Parts (each prints a table of ratios measured in this one run):
@@ -38,9 +38,11 @@ from pathlib import Path
 
 import torch
 
-from timerome.capture import capture_facts
-from timerome.edit_memory import EditMemory, default_coordinate
-from timerome.whitening import residual_stats
+from timerome.backbones.tiny import random_backbone
+from timerome.engine.throughput import sync
+from timerome.memory.capture import capture_facts
+from timerome.memory.edit_memory import EditMemory, default_coordinate
+from timerome.memory.whitening import residual_stats
 
 PARTS = ("overhead", "scale", "streaming", "selectivity", "install", "install10k")
 
@@ -92,19 +94,6 @@ def main() -> int:
 # ------------------------------------------------------------------------------ models and facts
 
 
-def random_backbone(device, hidden=1024, layers=8, vocab=4096, context=512):
-    """A random LLaDA-structure model wrapped as a Backbone (no tokenizer: ids only)."""
-    from timerome.backbones import Backbone, get_family
-    from timerome.backbones.llada_model import build_model
-
-    cfg = dict(model_type="timerome-llada", d_model=hidden, n_layers=layers, n_heads=hidden // 64,
-               n_kv_heads=hidden // 64, mlp_hidden_size=int(hidden * 8 / 3) // 64 * 64, vocab_size=vocab,
-               embedding_size=vocab, max_sequence_length=context, rope_theta=10000.0, rms_norm_eps=1e-5,
-               mask_token_id=vocab - 1, weight_tying=False)
-    model = build_model(cfg, seed=0).to(device)
-    return Backbone(model, None, get_family("timerome"), cfg, mask_id=vocab - 1, name=f"random-d{hidden}")
-
-
 def embedded(device="cpu"):
     from timerome.backbones import load_backbone
 
@@ -122,11 +111,6 @@ def corpus_facts(n: int) -> list:
         f = base[i % len(base)]
         out.append(dataclasses.replace(f, fact_id=f"{f.fact_id}#{i // len(base)}") if i >= len(base) else f)
     return out
-
-
-def sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------------------ 1. overhead
@@ -160,7 +144,7 @@ def _overhead_setup(name, args):
         ids = torch.randint(0, bb.vocab_size - 1, (64, 64), generator=g)
         stats = residual_stats(bb, coord, ids.tolist(), masked_copies=1)
         # keys and deltas: the model's own residuals, so norms and directions are realistic
-        from timerome.hooks import run_to
+        from timerome.engine.hooks import run_to
 
         with torch.no_grad():
             h = run_to(bb, coord.site, ids[:20].to(bb.device)).double().cpu().reshape(-1, bb.hidden_size)
@@ -226,7 +210,7 @@ def _time_hook(mem, h, n=50) -> float:
 def _time_generations(bb, mems, prompt, G, repeats):
     """Fastest wall time of the plain generation and of each edited one; rounds interleaved so
     drifts in machine speed hit every configuration alike."""
-    from timerome.sampler import generate
+    from timerome.engine.sampler import generate
 
     def run(mem):
         sync(bb.device)
@@ -252,8 +236,7 @@ def _time_generations(bb, mems, prompt, G, repeats):
 
 
 def bench_scale(args):
-    from timerome import edit_memory as em
-    from timerome.hooks import run_to
+    from timerome.engine.hooks import run_to
 
     F = args.scale_facts
     print(f"\n== scale: the hook with |F| = {F} facts (keys, deltas: the model's own residuals), one forward "
@@ -290,12 +273,8 @@ def bench_scale(args):
                 ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
                 if ix is not None:
                     cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else "")
-                keep = em.TOPQ_INDEX_MIN_FACTS
-                em.TOPQ_INDEX_MIN_FACTS = 1 << 62         # the plan without the index: every fact scored
-                try:
-                    dense = _time_hook(mem, hx)
-                finally:
-                    em.TOPQ_INDEX_MIN_FACTS = keep
+                mem.index_min_facts = 1 << 62                 # the plan without the index: every fact scored
+                dense = _time_hook(mem, hx)
             print(f"{bb.name:<18}{label:<22}{install:>10.3f}{mem.ridge.form:>8}{f_edit / f_plain:>15.4f}"
                   f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<12}")
 
@@ -379,10 +358,9 @@ def bench_selectivity(args):
     curves.update(_sweep(bb, facts_from_rows(forget)[0], forget, retain, alphas, args, None, bb.name))
     if args.tofu_model:
         from timerome.backbones import load_backbone
-        from timerome.whitening import rows_to_texts
-
-        from timerome.evaluation import fits
-        from timerome.from_scratch import tofu_subset
+        from timerome.evaluation.evaluator import fits
+        from timerome.memory.whitening import rows_to_texts
+        from timerome.training.from_scratch import tofu_subset
 
         # the TOFU model (evaluation.train_tofu_model) knows only its subset's words: retain rows
         # and background come from the retain authors it was trained on
@@ -437,8 +415,8 @@ def _sweep(bb, facts, forget, retain, alphas, args, background, tag):
 def _lp(bb, rows, memory, args) -> float:
     from contextlib import nullcontext
 
-    from timerome.encoding import known_answer_ids
-    from timerome.likelihood import log_likelihood_batch
+    from timerome.engine.encoding import known_answer_ids
+    from timerome.engine.likelihood import log_likelihood_batch
 
     prompts = [bb.encode(r["question"]) for r in rows]
     answers = [known_answer_ids(bb, r["answer"], "an answer") for r in rows]
@@ -507,7 +485,7 @@ def bench_install(args):
 
 
 def _background(bb):
-    from timerome.whitening import background_texts
+    from timerome.memory.whitening import background_texts
 
     return background_texts(bb)
 
@@ -542,7 +520,7 @@ def _status_kib(field: str) -> int:
 def _install_child(F, H, metric, threads, clock):
     """In a fresh process: time one add_vectors of F facts; resident size (KiB) before it and its
     high-water mark during it."""
-    from timerome.whitening import ResidualStats
+    from timerome.memory.whitening import ResidualStats
 
     torch.set_num_threads(threads)
     timer = time.perf_counter if clock == "wall" else time.process_time

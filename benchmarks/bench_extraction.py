@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 import timerome
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.experiments.editing import requests_data
 from timerome.methods import install
 from timerome.metrics.attacks import ATTACKS

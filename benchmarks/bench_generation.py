@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_edit_memory import random_backbone, sync  # noqa: E402  (a sibling script)
-
-from timerome.sampler import generate  # noqa: E402
-from timerome.throughput import bench_clock  # noqa: E402
+from timerome.backbones.tiny import random_backbone
+from timerome.engine.sampler import generate
+from timerome.engine.throughput import bench_clock, sync
 
 PARTS = ("speed", "rouge")
 OPTIONS = ("exact", "threshold", "prefix", "dual", "prefix+threshold", "dual+threshold")
@@ -173,9 +170,9 @@ def bench_speed(args, options, clock) -> dict:
 def random_memory(bb, n_facts: int):
     """|F| = n_facts facts at the default coordinate, whitened keys; keys and deltas are the model's
     own residuals, so their norms and directions are realistic."""
-    from timerome.edit_memory import EditMemory, default_coordinate
-    from timerome.hooks import run_to
-    from timerome.whitening import residual_stats
+    from timerome.engine.hooks import run_to
+    from timerome.memory.edit_memory import EditMemory, default_coordinate
+    from timerome.memory.whitening import residual_stats
 
     coord = default_coordinate(bb)
     g = torch.Generator().manual_seed(1)
@@ -195,8 +192,8 @@ def random_memory(bb, n_facts: int):
 def bench_rouge(args, options) -> dict:
     from timerome.backbones import load_backbone
     from timerome.data.facts import facts_from_rows
-    from timerome.edit_memory import EditMemory
-    from timerome.evaluation import eval_rows, generate_answers
+    from timerome.evaluation.evaluator import eval_rows, generate_answers
+    from timerome.memory.edit_memory import EditMemory
     from timerome.metrics import rouge_l_recall
 
     bb = load_backbone(device=args.device)

@@ -5,7 +5,7 @@
     python benchmarks/bench_likelihood.py --head masked,full  # the vocabulary head's two placements
 
 A row is one Monte-Carlo sample (one noisy copy of [prompt | answer], one forward row). The floor
-(`timerome.throughput`) is the row-blocks any exact computation of the estimator must run: the
+(`timerome.engine.throughput`) is the row-blocks any exact computation of the estimator must run: the
 distinct rows only (the same prompt, answer and mask is one row however often it is drawn: a
 two-token answer has three), through every block, each weighed by its row's length and charged at
 the model's best batched throughput measured here (rows x blocks per second at the best batch
@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_edit_memory import random_backbone, sync  # noqa: E402  (a sibling script)
-
-from timerome.likelihood import default_max_tokens, log_likelihood_batch, pair_masks  # noqa: E402
-from timerome.throughput import bench_clock, best_throughput, floor_seconds  # noqa: E402
+from timerome.backbones.tiny import random_backbone
+from timerome.engine.hooks import Hooks
+from timerome.engine.likelihood import default_max_tokens, log_likelihood_batch, pair_masks
+from timerome.engine.throughput import bench_clock, best_throughput, floor_seconds, sync
 
 
 def main() -> int:
@@ -72,8 +70,8 @@ def main() -> int:
 
 def embedded_pairs(args):
     from timerome.backbones import load_backbone
-    from timerome.encoding import encode_pairs
-    from timerome.evaluation import eval_rows
+    from timerome.engine.encoding import encode_pairs
+    from timerome.evaluation.evaluator import eval_rows
 
     bb = load_backbone(device=args.device)
     rows = [r for rs in eval_rows("embedded").values() for r in rs]
@@ -122,10 +120,10 @@ def bench(bb, prompts, answers, args, clock) -> dict:
     print(f"floor       {floor_s:.3f} s ({n_rows} distinct rows x {bb.n_layers} blocks, {token_blocks} token-blocks at "
           f"the best {best.token_blocks_per_s:,.0f}/s, L={best.length}): {n_rows / floor_s:,.0f} rows/s; "
           f"blocks floor {blocks_s:.3f} s")
-    rows_run = []
-    counter = bb.embedding().register_forward_pre_hook(lambda _m, a: rows_run.append(a[0].shape[0]))
+    rows_run = []  # rows each forward embeds, counted by a hook that leaves the embedding unchanged
+    count_rows = Hooks(bb, edit={(None, "embed"): lambda h, _state: rows_run.append(h.shape[0])})
     runs = []
-    try:
+    with count_rows:
         for head in [h for h in args.head.split(",") if h]:
             for mt in [default_max_tokens(bb.device) if m == "default" else int(m) for m in args.max_tokens.split(",")]:
                 times = []
@@ -143,8 +141,6 @@ def bench(bb, prompts, answers, args, clock) -> dict:
                 print(f"head {head:>6}, max_tokens {mt:>6}: {s:.3f} s, {sum(rows_run)} rows run, "
                       f"{n_rows / s:,.0f} distinct rows/s, {s / floor_s:.2f} x the floor (goal <= 1.2x), "
                       f"{s / blocks_s:.2f} x the blocks floor")
-    finally:
-        counter.remove()
     return dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, vocab=bb.vocab_size, pairs=len(prompts),
                 n_mc=args.n_mc, rows_drawn=drawn, rows=n_rows, token_blocks=token_blocks, floor_seconds=floor_s,
                 blocks_floor_seconds=blocks_s, floor_rows_per_s=n_rows / floor_s,

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 import timerome
-from timerome.evaluation import eval_rows, forget_outcomes, generate_answers, lp_only
+from timerome.data.task import forget_task
+from timerome.evaluation.evaluator import eval_rows, forget_outcomes, generate_answers, lp_only
 from timerome.methods import install
-from timerome.task import forget_task
 
 SPLITS = ("forget", "retain", "real_authors", "world_facts")
 
@@ -73,7 +73,7 @@ def main() -> int:
 
 def per_author(args) -> int:
     from timerome.data import load_split
-    from timerome.task import ForgetTask
+    from timerome.data.task import ForgetTask
 
     bb, task = timerome.load_backbone(), forget_task("embedded", args.authors)
     retain = load_split("retain_perturbed", "embedded")[:20]

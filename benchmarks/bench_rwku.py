@@ -18,7 +18,6 @@ Parts (each prints a table measured in this one run):
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 import warnings
@@ -31,9 +30,7 @@ from timerome.data.rwku import load_rwku, passage_rows, target_folder, target_na
 from timerome.experiments import run_experiment
 from timerome.metrics.membership import token_scores
 from timerome.metrics.rwku import qa_rows
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from bench_models import trained_model  # noqa: E402 - the test suite's small-model recipe, one copy
+from timerome.training.small_model import trained_model
 
 PARTS = ("selectivity", "cost")
 

@@ -21,12 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 BURN = "import time\nend = time.time() + float(__import__('sys').argv[1])\nwhile time.time() < end:\n    pass\n"
 
 
 def one_trace(threads: str | None, n_facts: int, out: Path) -> float:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ)
     env.pop("TIMEROME_THREADS", None)
     cmd = [sys.executable, "-m", "timerome"] + (["--threads", threads] if threads else []) + [
         "trace", "-o", str(out), "--n-facts", str(n_facts)]
@@ -41,8 +40,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--busy", default="0,1", help="comma-separated numbers of busy processes beside the trace")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    from timerome.threads import default_threads, usable_cores
+    from timerome.common.threads import default_threads, usable_cores
 
     cores = usable_cores()
     settings = {"1 thread": "1", "2 threads": "2", f"{cores} (torch: one per core)": str(cores),

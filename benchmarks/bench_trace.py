@@ -13,7 +13,7 @@ Prints, from one run:
   below their layer, taking them from their corrupted row), and how many block computations it saves;
   packed splices, the masked head and the sampler's float32 screen, each against the trace without
   it (the screen in interleaved pairs), with the TIE checked equal;
-- the fast trace's cost as a multiple of its floor (`timerome.throughput`): the row-blocks the
+- the fast trace's cost as a multiple of its floor (`timerome.engine.throughput`): the row-blocks the
   definition needs (`trace_engine` counts them as `min_block_rows`: at every step where its fact
   still has a masked answer position, the clean row and each distinct (noise sample, x_j) state
   through every block, each splicing row through the blocks above its layer only), each at the
@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
-from timerome.encoding import encode_fact
-from timerome.throughput import bench_clock, best_throughput, floor_by_length, floor_seconds, head_throughput
-from timerome.tracing import naive_tie, trace
+from timerome.engine.encoding import encode_fact
+from timerome.engine.throughput import (bench_clock, best_throughput, floor_by_length, floor_seconds, head_throughput,
+                                        sync)
+from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
 
@@ -220,11 +221,11 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
 def _timed_trace(args, bb, facts, **switches):
     """(trace result, seconds) of the fast trace with the engine's switches (share_rows, reuse_layers,
     pack_splices, head, screen_reveal)."""
-    _sync(bb)
+    sync(bb.device)
     t = CLOCK()
     r = trace(bb, facts, steps=args.steps, n_samples=args.samples, batch_size=args.batch_size, progress=False,
               **switches)
-    _sync(bb)
+    sync(bb.device)
     return r, CLOCK() - t
 
 
@@ -232,7 +233,7 @@ def _model_and_facts(args, tmp: str):
     if not args.tiny and not (DEFAULT_MODEL_DIR / "config.json").exists():
         sys.exit(f"the embedded default model is absent ({DEFAULT_MODEL_DIR}); run with --tiny")
     if not args.tiny:
-        from timerome.tracing import default_facts
+        from timerome.tracing.causal_trace import default_facts
 
         return load_backbone(device=args.device), default_facts(args.facts)
     from timerome.backbones.tiny import make_tiny_checkpoint
@@ -241,10 +242,6 @@ def _model_and_facts(args, tmp: str):
     facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
     return load_backbone(d, device=args.device), facts[:args.facts]
 
-
-def _sync(bb):
-    if bb.device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

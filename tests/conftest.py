@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,7 +32,7 @@ TOFU_DIR = find_tofu()
 @pytest.fixture(scope="module")
 def task():
     """The embedded forget01 split (1 author x 20 facts) with its retain/real/world rows."""
-    from timerome.task import forget_task
+    from timerome.data.task import forget_task
 
     return forget_task("embedded", "forget01")
 
@@ -40,3 +43,25 @@ def mean_answer_lp(bb, rows, n_mc: int = 4) -> float:
 
     lp, _ = answer_logprobs(bb, [r["question"] for r in rows], [r["answer"] for r in rows], n_mc=n_mc, seed=0)
     return float(lp.mean())
+
+
+def find_fixtures() -> Path:
+    """The golden backbone fixtures: $TIMEROME_TEST_FIXTURES, the checkout's ../shared/fixtures, or /work's."""
+    here = Path(__file__).resolve().parents[2]
+    for p in (os.environ.get("TIMEROME_TEST_FIXTURES"), here / "shared" / "fixtures", "/work/shared/fixtures"):
+        if p:
+            for cand in (Path(p) / "backbones", Path(p)):
+                if (cand / "llada" / "golden.safetensors").exists():
+                    return cand
+    return here / "shared" / "fixtures" / "backbones"  # absent: the tests say where they looked
+
+
+FIXTURES = find_fixtures()
+
+
+def live_steps(bb, fact, steps=4) -> int:
+    """Forwards a fact's rows need with the "decided" read-out (`tie.forwards_read`)."""
+    from timerome.engine.encoding import encode_fact
+    from timerome.tracing.tie import forwards_read
+
+    return forwards_read(len(encode_fact(bb, fact, 0).object_ids), steps)

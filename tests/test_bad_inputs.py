@@ -46,7 +46,7 @@ def rewrite_memory(src: Path, dst: Path, *, tensors=None, header=None) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from timerome.edit_memory import _digest
+    from timerome.memory.base import _digest
 
     with safe_open(str(src), framework="pt") as f:
         meta = json.loads(f.metadata()["timerome"])
@@ -397,19 +397,19 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     import torch
 
     from timerome.backbones import load_backbone as load
-    from timerome.checks import FORWARD_LIMIT, budget, insisting
-    from timerome.edit_memory import EditMemory
+    from timerome.common.checks import FORWARD_LIMIT, budget, insisting
+    from timerome.data.task import forget_task
+    from timerome.engine.likelihood import log_likelihood_batch
+    from timerome.engine.sampler import generate
     from timerome.errors import TimeromeError
-    from timerome.evaluation import evaluate
+    from timerome.evaluation.evaluator import evaluate
     from timerome.experiments import run_experiment
-    from timerome.likelihood import log_likelihood_batch
-    from timerome.memory_file import load_memory
+    from timerome.memory.edit_memory import EditMemory
+    from timerome.memory.memory_file import load_memory
     from timerome.methods import install
-    from timerome.sampler import generate
-    from timerome.task import forget_task
-    from timerome.trace_result import TraceResult
-    from timerome.tracing import trace
-    from timerome.train import TrainConfig, train
+    from timerome.tracing.causal_trace import trace
+    from timerome.tracing.result import TraceResult
+    from timerome.training.train import TrainConfig, train
 
     bb = load()
     q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])

@@ -27,13 +27,13 @@ from rich.table import Table
 
 from timerome.backbones import load_backbone
 from timerome.experiments import resolve_source
-from timerome.experiments.report import (SHORT, THREE_DIGITS, by_row, delta_text, fmt_cell, label, markdown,
-                                         plot_pareto, reference_note, summarise, write_outputs)
+from timerome.experiments.report import (by_row, delta_text, fmt_cell, label, markdown, plot_pareto, reference_note,
+                                         summarise, write_outputs)
 from timerome.experiments.runner import Cell, Context, Runner
-from timerome.heatmaps import plot_heatmaps
 from timerome.methods import method_config
 from timerome.methods.timerome_edit import select, trace_forget_set
-
+from timerome.metrics.columns import digits, header
+from timerome.tracing.heatmaps import plot_heatmaps
 
 DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20, reference_authors=30,
             reference_batch=32, alphas=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0), seeds=(0, 1, 2))
@@ -146,10 +146,10 @@ def _print_table(summary: dict, cols) -> None:
     t = Table(title="canonical forget01 (mean ± std [95% bootstrap CI]; stars: paired t vs no_edit, † same on every seed)")
     t.add_column("method")
     for c in cols:
-        t.add_column(SHORT.get(c, c), overflow="fold")
+        t.add_column(header(c), overflow="fold")
     t.add_column("Δ ForgetLP (p)")
     for row, c in summary.items():
         d = c.get("ForgetLP", {})
         delta = delta_text(d)
-        t.add_row(row, *[fmt_cell(c.get(k), 3 if k in THREE_DIGITS else 2) for k in cols], delta)
+        t.add_row(row, *[fmt_cell(c.get(k), digits(k)) for k in cols], delta)
     Console(width=200).print(t)

@@ -12,12 +12,11 @@ out `block_type` is judged as the official default "sequential".
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Callable
 
-import math
-
-from timerome.checks import INT64, shown
+from timerome.common.checks import INT64, shown
 from timerome.errors import TimeromeError
 
 COMMON_HARMLESS = {

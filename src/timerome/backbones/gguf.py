@@ -32,7 +32,7 @@ def file_digest(path: Path) -> str:
 
 def gguf_folder(path: str | Path) -> Path:
     """The cached checkpoint folder of a GGUF file (converted on first use)."""
-    from timerome.cache import cache_dir, temp_name
+    from timerome.common.cache import cache_dir, temp_name
 
     path = Path(path).expanduser()
     if not path.is_file():

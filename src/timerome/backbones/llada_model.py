@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timerome.backbones.layers import (ACTIVATIONS, KVCache, RMSNorm, apply_rope, attend, mask_and_positions,
-                                       rope_tables)
+from timerome.backbones.layers import ACTIVATIONS, KVCache, RMSNorm, apply_rope, attend, mask_and_positions, rope_tables
 from timerome.backbones.lladamoe_model import LLaDAMoEModelLM
 from timerome.errors import TimeromeError
 
@@ -203,7 +202,7 @@ def _n_layers(c: dict) -> int:
 
 
 def save_model(model: nn.Module, directory: str | Path) -> None:
-    from timerome.cache import save_tensors
+    from timerome.common.cache import save_tensors
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,9 @@ from timerome.backbones.families import Family
 from timerome.backbones.flags import RefusedConfig, check_config, check_values, parameter_count
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
-from timerome.checks import memory_budget
+from timerome.common.checks import memory_budget
+from timerome.common.files import read_json, safetensors_error
 from timerome.errors import TimeromeError
-from timerome.files import read_json, safetensors_error
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -121,7 +121,7 @@ def verified_weights(bb: Backbone, ckpt: Path) -> str:
     modification time), the dtype and the implementation: a second load of the same files costs
     nothing. A cache that cannot be written only costs the pass next time."""
     from timerome.backbones.backbone import FINGERPRINT_VERSION, weights_digest
-    from timerome.cache import cache_dir, digest, write_json
+    from timerome.common.cache import cache_dir, digest, write_json
 
     files = sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".py"))
     stats = []
@@ -259,7 +259,6 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
 
 def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     import transformers
-
     from transformers.utils import logging as hf_logging
 
     cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

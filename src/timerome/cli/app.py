@@ -109,7 +109,7 @@ def _check_numbers(fn, values: dict) -> None:
     """Every number option of every command, before the command runs: a float must be finite (typer
     reads "nan" and "inf"), an int must fit in 64 bits (`--seed 99999999999999999999` would overflow
     every generator). The class is refused here once; each command checks its own ranges."""
-    from timerome.checks import INT64, shown
+    from timerome.common.checks import INT64, shown
 
     params = inspect.signature(fn).parameters
     for name, v in values.items():
@@ -132,8 +132,8 @@ def _options(threads: Optional[int] = typer.Option(
                                          "forwards than 1e8, or more memory than is free; also $TIMEROME_INSIST=1)")):
     import torch
 
-    from timerome.checks import set_insist
-    from timerome.threads import choose_threads
+    from timerome.common.checks import set_insist
+    from timerome.common.threads import choose_threads
 
     set_insist(insist)
     n, _ = choose_threads(threads)
@@ -249,8 +249,8 @@ def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, 
     of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every row
     it learnt, 'embedded:train'), minus every row stating an edited fact."""
     from timerome.data.rows import load_rows
+    from timerome.data.task import ForgetTask
     from timerome.methods.codebook import calibration_rows
-    from timerome.task import ForgetTask
 
     if calibration is None:
         origin = source.split(":", 1)[0] if ":" in source else None
@@ -288,7 +288,7 @@ RequestsOpt = typer.Option(None, "--requests", "-r",
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    from timerome.checks import seed
+    from timerome.common.checks import seed
 
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())
@@ -325,7 +325,7 @@ def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
     1e30: the answer would silently be empty); warn when it is over 100 times the residual it edits."""
     import torch
 
-    from timerome.hooks import run_to
+    from timerome.engine.hooks import run_to
 
     if not hasattr(memory, "update") or type(memory).__name__ == "RewriteMemory":
         return  # the rewrite memory writes bounded values (the model's own residuals), never a scaled delta

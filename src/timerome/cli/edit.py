@@ -15,8 +15,8 @@ from rich.markup import escape
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
                               model_options, print_json, spare_rows)
+from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
-from timerome.files import output_file, output_folder
 from timerome.methods.timerome_edit import DEFAULTS
 
 
@@ -66,14 +66,15 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     as the evaluated one does.
     """
     from timerome.backbones import HOOK_POINTS
-    from timerome.coordinate import Coordinate
-    from timerome.edit_memory import default_coordinate, sort_new_facts
+    from timerome.data.task import ForgetTask
+    from timerome.engine.coordinate import Coordinate
+    from timerome.memory.base import sort_new_facts
+    from timerome.memory.edit_memory import default_coordinate
+    from timerome.memory.whitening import background_texts
     from timerome.methods import available, get_method, method_config
     from timerome.methods.timerome_edit import build_memory, select
-    from timerome.positional_trace import PositionalTrace, is_positional, select_positional
-    from timerome.task import ForgetTask
-    from timerome.trace_result import TraceResult
-    from timerome.whitening import background_texts
+    from timerome.tracing.positional_trace import PositionalTrace, is_positional, select_positional
+    from timerome.tracing.result import TraceResult
 
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
@@ -151,7 +152,7 @@ def _config(text: str | None) -> dict:
     """--config: inline JSON or a JSON file, an object."""
     import json
 
-    from timerome.files import read_json
+    from timerome.common.files import read_json
 
     if text is None:
         return {}
@@ -171,10 +172,10 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
            seed):
     """`timerome edit --method codebook | rewrite`: the method's memory at the coordinate, its radii
     (and the rewrite memory's token values) measured on the calibration rows, minus the edited ones."""
+    from timerome.data.task import ForgetTask
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
     from timerome.methods.rewrite import build as build_rewrite
-    from timerome.task import ForgetTask
 
     spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
@@ -205,8 +206,8 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     """Any other registered method: installed through the registry on the facts; a memory is saved
     as a memory file, changed weights as a model folder."""
     from timerome.cli.model import save_backbone
+    from timerome.data.task import ForgetTask
     from timerome.methods import get_method, install, method_config
-    from timerome.task import ForgetTask
 
     kind = get_method(method).kind
     spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)

@@ -10,7 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options, print_json
+from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
+                              print_json)
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 
 
@@ -37,7 +39,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              n_world: int = typer.Option(20, help="real-author and world-fact rows evaluated"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
-             n_mc: int = typer.Option(16, help="Monte-Carlo masks per answer likelihood"),
+             n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
              seed: int = 0,
              rouge: bool = typer.Option(True, help="generate answers for ROUGE-L (slower)"),
              reference: Optional[str] = typer.Option(
@@ -60,12 +62,12 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                                  "the longest expected answer + 4)")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, or
     edit requests with the editing metrics (--requests)."""
-    from timerome.evaluation import evaluate, reference_truth_ratios
+    from timerome.engine.sampler import check_fast_options
+    from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.runner import Context
-    from timerome.memory_file import load_memory
+    from timerome.memory.memory_file import load_memory
     from timerome.methods import InferenceEdit
-    from timerome.sampler import check_fast_options
 
     if requests is not None:
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
@@ -121,7 +123,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
     from timerome.backbones import load_backbone
     from timerome.data.requests import load_requests
-    from timerome.memory_file import load_memory
+    from timerome.memory.memory_file import load_memory
     from timerome.metrics.editing import edit_scores
 
     if gen_length is not None and gen_length < 1:

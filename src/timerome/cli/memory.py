@@ -12,8 +12,8 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
                               model_options, print_json, spare_rows)
+from timerome.common.files import output_file
 from timerome.errors import TimeromeError
-from timerome.files import output_file
 
 memory_app = typer.Typer(no_args_is_help=True, help="Inspect and change saved edit memories.")
 app.add_typer(memory_app, name="memory")
@@ -25,7 +25,7 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changin
 
 def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
-    from timerome.memory_file import memory_kind, read_memory_file
+    from timerome.memory.memory_file import memory_kind, read_memory_file
 
     tensors, meta = read_memory_file(path)
     hyper = dict(meta.get("hyper") or {})
@@ -118,7 +118,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     measured on --calibration). A fact without a target of its own gets the memory's target. A
     fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
     a new fact whose id another fact holds is added under a new id; a note names both."""
-    from timerome.memory_file import changing, file_kind, load_memory, read_memory_file, sort_new_facts
+    from timerome.memory.base import sort_new_facts
+    from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
@@ -177,7 +178,7 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
            model: ModelChoice = None, out: Optional[Path] = OutOpt, no_wait: bool = NoWaitOpt,
            as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Remove facts from a saved memory (a downdate of G, no re-solve)."""
-    from timerome.memory_file import changing, load_memory
+    from timerome.memory.memory_file import changing, load_memory
 
     if not fact_ids and not subject:
         raise TimeromeError("name the facts to remove: fact ids (see `timerome memory show FILE`) or --subject")
@@ -209,15 +210,17 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
           as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Merge memories of the same model, coordinate, key metric and background statistics into one
     (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
-    from timerome.edit_memory import EditMemory
-    from timerome.memory_file import changing, is_codebook_file, sort_new_facts
+    from timerome.memory.base import sort_new_facts
+    from timerome.memory.edit_memory import EditMemory
+    from timerome.memory.memory_file import changing, file_kind
 
     if len(files) < 2:
         raise TimeromeError("merge needs at least two memory files")
     for f in files:
-        if is_codebook_file(f):
-            raise TimeromeError(f"{f} is a codebook memory: its entries' radii depend on the calibration corpus, so "
-                                "codebooks do not merge; `timerome memory add` the other's facts to it instead")
+        kind = file_kind(f)
+        if kind != "edit":
+            raise TimeromeError(f"{f} is a {kind} memory: its entries' radii depend on the calibration corpus, so "
+                                f"{kind} memories do not merge; `timerome memory add` the other's facts to it instead")
     dest = output_file(out)
     bb = model.load()
     with changing(dest, wait=not no_wait):  # -o may be one of the inputs: read and write it as one

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, friendly, model_options, print_json,
                               warn_unknown_words)
+from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
 
 
@@ -72,7 +73,7 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
     import tempfile
 
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
-    from timerome.default_model import build_default, weights_sha256
+    from timerome.training.default_model import build_default, weights_sha256
 
     if check:
         with tempfile.TemporaryDirectory() as tmp:
@@ -109,11 +110,11 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     is checkpointed in OUT/train-state; run the same command again after an interruption)."""
     import shutil
 
+    from timerome.common.files import output_folder
     from timerome.data.rows import load_rows
     from timerome.errors import Interrupted
-    from timerome.files import output_folder
-    from timerome.train import TrainConfig
-    from timerome.train import train as run_train
+    from timerome.training.train import TrainConfig
+    from timerome.training.train import train as run_train
 
     for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
         if value < 1:
@@ -135,7 +136,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     rows = load_rows(data, tofu_dir=tofu_dir)
     if eos_pad is None:  # the checkpoint's own recipe: the embedded default records EOS padding; other
         # models of its family (the TOFU fixture) were trained without it and cut their answers at "."
-        from timerome.default_model import trained_with_eos_padding
+        from timerome.training.default_model import trained_with_eos_padding
 
         recorded = trained_with_eos_padding(source) if source.is_dir() else None
         eos_pad = bb.tokenizer.eos_token_id is not None and (
@@ -183,7 +184,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
              gen_length: int = typer.Option(32, help="answer budget in tokens; the answer ends at the model's "
                                                       "end-of-text, which a model trained to end its answers writes"),
              block_length: int = typer.Option(32, help="semi-autoregressive block length"),
-             temperature: float = 0.0, remasking: str = "low_confidence", seed: int = 0,
+             temperature: float = SAMPLER.temperature, remasking: str = SAMPLER.remasking, seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
              as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),
              cache: Optional[str] = typer.Option(None, help="approximate KV cache: prefix or dual (default: exact)"),
@@ -192,10 +193,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
     import torch
 
-    from timerome.checks import seed as check_seed
-    from timerome.files import user_text
-    from timerome.sampler import check_generation
-    from timerome.sampler import generate as gen
+    from timerome.common.checks import seed as check_seed
+    from timerome.common.files import user_text
+    from timerome.engine.sampler import check_generation
+    from timerome.engine.sampler import generate as gen
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
     check_seed(seed, "--seed")
@@ -206,7 +207,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                          threshold=threshold, refresh_every=refresh_every)
     memory = None
     if edit is not None:
-        from timerome.memory_file import load_memory
+        from timerome.memory.memory_file import load_memory
 
         memory = load_memory(edit, bb)
         k = memory.coordinate.step

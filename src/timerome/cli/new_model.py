@@ -28,8 +28,8 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
                   as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
     """Create a fresh MDLM (LLaDA structure, random weights) and a byte-level BPE tokenizer trained on
     your texts; then `timerome train --model OUT --data ROWS --out TRAINED` teaches it your rows."""
-    from timerome.files import user_text
-    from timerome.new_model import new_model
+    from timerome.common.files import user_text
+    from timerome.training.new_model import new_model
 
     for i, t in enumerate(texts):
         user_text(t, f"text source {i + 1}")

@@ -10,10 +10,34 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options, parse_seeds,
-                              print_json, print_markdown)
+from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options, parse_seeds, print_json,
+                              print_markdown)
+from timerome.common.files import parse_json, read_json
 from timerome.errors import TimeromeError
-from timerome.files import parse_json, read_json
+
+
+def experiment_names() -> list[str]:
+    """The experiments' names in their ORDER, read from the package's files without importing them
+    (importing every experiment costs almost a second at each command's start): what the help lists.
+    `timerome.experiments.EXPERIMENTS` imports them and is what runs; a test keeps the two equal."""
+    import ast
+    from importlib.resources import files
+
+    found = []
+    for f in files("timerome.experiments").iterdir():
+        if not f.name.endswith(".py"):
+            continue
+        values, defs = {}, set()
+        for node in ast.parse(f.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                values |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.Assign):
+                defs |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.FunctionDef):
+                defs.add(node.name)
+        if "NAME" in values and {"CONFIG", "cells", "report"} <= defs:
+            found.append((values.get("ORDER", 1000), values["NAME"]))
+    return [name for _, name in sorted(found)]
 
 
 @app.command()
@@ -41,8 +65,7 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
 @app.command()
 @friendly
 @model_options
-def experiment(name: str = typer.Argument(..., help="canonical, scalability, sequential, pareto, ablations, transfer, "
-                                                   "rwku, robustness, npo_sweep, utility, xbackbone, radar or all"),
+def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()) + " or all"),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default: timerome-runs/NAME)"),
                model: ModelChoice = None,
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),

@@ -8,11 +8,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import (DataOpt, ModelChoice, TofuOpt, app, console, friendly, load_facts as _facts, model_options,
-                              print_json)
-from timerome.cache import write_json
+from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly
+from timerome.cli.app import load_facts as _facts
+from timerome.cli.app import model_options, print_json
+from timerome.common.cache import write_json
+from timerome.common.files import output_folder
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.files import output_folder
 
 
 @app.command("trace")
@@ -21,15 +23,15 @@ from timerome.files import output_folder
 def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", help="output folder"),
               model: ModelChoice = None,
               data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
-              n_facts: int = typer.Option(8, help="facts traced (the paper's validation set is 8)"),
-              steps: int = typer.Option(8, help="denoising steps K"),
+              n_facts: int = typer.Option(TRACE.n_facts, help="facts traced (the paper's validation set is 8)"),
+              steps: int = typer.Option(TRACE.steps, help="denoising steps K"),
               n_samples: Optional[int] = typer.Option(None, help="noise samples per fact (default: 5 for TIE, "
                                                                   "ROME's 10 with --positional)"),
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
               tau: float = typer.Option(1.0, help="temporal decay of the TIE aggregation"),
               beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
-              readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing)"),
+              readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing.causal_trace)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
@@ -40,9 +42,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               as_json: bool = typer.Option(False, "--json", help="print the selection as JSON")):
     """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module); with
     --positional, ROME's positional trace and the layer ROME would edit."""
-    from timerome.heatmaps import plot_heatmaps, plot_per_fact
-    from timerome.selection import per_fact_best, select_coordinate
-    from timerome.tracing import refuse_causal, trace
+    from timerome.tracing.causal_trace import refuse_causal, trace
+    from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
+    from timerome.tracing.selection import per_fact_best, select_coordinate
 
     if n_facts < 1:
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
@@ -97,9 +99,9 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
                 as_json):
     """`timerome trace --positional`: ROME's trace, its figure, ROME's choice (the MLP at the last subject
     token) and the residual stream's, and with --compare the TIE of the same facts beside it."""
-    from timerome.heatmaps import plot_compare, plot_positional
-    from timerome.positional_trace import CATEGORIES, positional_trace, select_positional
-    from timerome.tracing import trace
+    from timerome.tracing.causal_trace import trace
+    from timerome.tracing.heatmaps import plot_compare, plot_positional
+    from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=batch_size)

@@ -55,7 +55,7 @@ def prose_texts(n: int = 300, min_chars: int = 80) -> list[str]:
 def real_fact_task(n_background: int = 300):
     """The ForgetTask of the real facts: every fact (its target the counterfactual), the unrelated
     prompts as retain rows, and prose + the facts' own texts as the background corpus."""
-    from timerome.task import ForgetTask
+    from timerome.data.task import ForgetTask
 
     rows, unrelated = real_rows()
     facts, _ = real_facts()

@@ -38,14 +38,14 @@ format, or lacks a field its format needs, is an error naming the record and the
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from timerome.common.files import read_text
 from timerome.data.facts import Fact
 from timerome.errors import TimeromeError
-from timerome.files import read_text
 
 FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
 
@@ -360,7 +360,7 @@ _PARSERS = {"counterfact": _counterfact, "mquake": _mquake, "zsre": _zsre, "flat
 
 def save_requests(requests, path) -> Path:
     """Write requests as JSON in timerome's own format."""
-    from timerome.files import output_file
+    from timerome.common.files import output_file
 
     p = output_file(Path(path), "the requests file")
     p.write_text(json.dumps([r.as_record() for r in requests], indent=1) + "\n", encoding="utf-8")

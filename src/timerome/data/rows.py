@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.files import read_text
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import FULL_OFFSET, load_split
 from timerome.errors import TimeromeError
-from timerome.files import read_text
 
 
 def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:

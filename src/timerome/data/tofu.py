@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
+from timerome.common.files import read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.errors import TimeromeError
-from timerome.files import read_text
 
 BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "holdout01",
         "holdout05", "holdout10", "full", "real_authors", "world_facts"]

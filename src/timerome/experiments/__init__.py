@@ -2,7 +2,8 @@
 
     run_experiment("canonical", seeds=(0, 1, 2), out_dir="runs/canonical")
 
-Each experiment file defines CONFIG (its settings, every one overridable), `cells(cfg, seeds, ctx)`
+Each experiment is one file of this package (found by `_discover`, no list to extend) defining NAME,
+ORDER (its place in listings and in "all"), CONFIG (its settings, every one overridable), `cells(cfg, seeds, ctx)`
 (what to measure) and `report(cfg, seeds, cells, results, ctx, out_dir)` (tables and figures:
 <name>.json, <name>.md, <name>.png). `runner.Runner` computes the cells, each one cached by its
 inputs, so a rerun computes only what it has not seen.
@@ -20,24 +21,35 @@ comes from one trace (trace_seed 0), cached by its inputs and shared by every Ti
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
 from pathlib import Path
 
 from timerome.backbones import load_backbone
-from timerome.checks import seed as check_seed
+from timerome.common.checks import seed as check_seed
 from timerome.errors import TimeromeError
-from timerome.experiments import (ablations, canonical, editing, npo_sweep, pareto, radar, robustness, rwku,
-                                  scalability, sequential, transfer, utility, xbackbone)
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
 from timerome.experiments.settings import check_settings
 
-# radar last: it draws from the others' outputs
-EXPERIMENTS = {m.NAME: m for m in (canonical, editing, scalability, sequential, pareto, ablations, transfer, rwku,
-                                   robustness, npo_sweep, utility, xbackbone, radar)}
+
+
+def _discover() -> dict:
+    """Every module of this package that defines an experiment (NAME, CONFIG, cells, report), by ORDER:
+    a new experiment is one new file, found here without a list to extend."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if all(hasattr(mod, a) for a in ("NAME", "CONFIG", "cells", "report")):
+            found.append(mod)
+    return {m.NAME: m for m in sorted(found, key=lambda m: (getattr(m, "ORDER", 1000), m.NAME))}
+
+
+EXPERIMENTS = _discover()
 CONFIGS = {name: m.CONFIG for name, m in EXPERIMENTS.items()}
 QUICK = {name: getattr(m, "QUICK", {}) for name, m in EXPERIMENTS.items()}  # --quick: a laptop subset
-canonical_rows = canonical.canonical_rows
+canonical_rows = EXPERIMENTS["canonical"].canonical_rows
 
 __all__ = ["EXPERIMENTS", "CONFIGS", "QUICK", "Cell", "Context", "Runner", "execute", "resolve_data", "run_experiment",
            "canonical_rows", "resolve_source", "make_executor"]

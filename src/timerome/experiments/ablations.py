@@ -17,12 +17,14 @@ trace alone.
 
 from __future__ import annotations
 
+from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.experiments.report import (by_row, coordinate_note, markdown, plot_canonical, summarise,
                                          traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "ablations"
-CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", traj_steps=8, one_step=0, config={})
+ORDER = 60
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", traj_steps=TRACE.steps, one_step=0, config={})
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
 
 
@@ -90,9 +92,9 @@ def compare_figure(cfg, cells, ctx, out_dir) -> str:
     """heatmap_compare.png: the positional trace the AR row was placed by beside the TIE trace of the
     TimeROME rows, on the same validation facts (both read from the method's trace cache); the
     positional trace alone on an autoregressive backbone."""
-    from timerome.heatmaps import plot_compare, plot_positional
     from timerome.methods import method_config
     from timerome.methods.timerome_edit import positional_forget_set, trace_forget_set
+    from timerome.tracing.heatmaps import plot_compare, plot_positional
 
     ar = next(c for c in cells if c.row == AR_ROW)
     _, task = ctx.data(ar.data)

@@ -27,16 +27,16 @@ from timerome.data.facts import facts_from_rows
 from timerome.data.muse import load_muse
 from timerome.data.rows import spread
 from timerome.data.rwku import load_rwku, passage_rows, rwku_targets, subject_in, target_folder, target_name
+from timerome.data.task import ForgetTask
 from timerome.data.tofu import load_split
 from timerome.data.whp import load_completions, load_trivia
 from timerome.data.wmdp import MIXED, load_wmdp
-from timerome.encoding import DEFAULT_TARGET, encode_fact
+from timerome.engine.encoding import DEFAULT_TARGET, encode_fact
 from timerome.errors import TimeromeError
-from timerome.evaluation import fits
+from timerome.evaluation.evaluator import fits
 from timerome.experiments.runner import data_kind
 from timerome.metrics.rwku import qa_rows
 from timerome.metrics.wmdp import prompt as wmdp_prompt
-from timerome.task import ForgetTask
 
 
 def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dict, ForgetTask]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_data  # noqa: F401 - registers the benchmark data kinds
 from timerome.experiments.runner import measurement, with_edit
@@ -51,7 +52,7 @@ def _mia(o) -> dict:
 @measurement("muse")
 def muse(cell, ctx, rows, task) -> dict:
     bb, o, seed = ctx.backbone, cell.options, cell.seed
-    n_mc, rouge = o.get("n_mc", 16), o.get("rouge", True)
+    n_mc, rouge = o.get("n_mc", LIKELIHOOD.n_mc), o.get("rouge", True)
     reference = (o.get("privleak_reference") or {}).get(cell.data.get("corpus", "books"))
 
     def score(s):
@@ -76,7 +77,7 @@ def whp(cell, ctx, rows, task) -> dict:
     bb, o = ctx.backbone, cell.options
 
     def score(s):
-        items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", 16), seed=cell.seed)}
+        items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed)}
         if o.get("rouge", True):
             items["familiarity"] = WHP.familiarity(bb, s["completions"], seed=cell.seed,
                                                    gen_length=o.get("completion_tokens", WHP.COMPLETION_TOKENS))
@@ -91,7 +92,7 @@ def wmdp(cell, ctx, rows, task) -> dict:
 
     def score(s):
         return {"wmdp": WMDP.score(ctx.backbone, s["wmdp"], subject=None if subject == "mixed" else subject,
-                                   n_mc=cell.options.get("n_mc", 16), seed=cell.seed,
+                                   n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                                    choice_text=cell.options.get("choice_text", True))}
 
     return _run(cell, ctx, rows, task, score, WMDP.summary)
@@ -102,7 +103,7 @@ def rwku(cell, ctx, rows, task) -> dict:
     bb, o = ctx.backbone, cell.options
 
     def score(s):
-        items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", 16), seed=cell.seed, rouge=o.get("rouge", True),
+        items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, rouge=o.get("rouge", True),
                                 gen_length=o.get("answer_tokens", RWKU.ANSWER_TOKENS)) for p in RWKU.LEVELS}
         if "forget_mia" in s:
             items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]],

@@ -11,10 +11,10 @@ import warnings
 from timerome.data.benchmark import UNKNOWN_WARNING, unknown_share
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
 from timerome.data.rows import spread
+from timerome.data.task import ForgetTask
 from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
 from timerome.errors import TimeromeError
-from timerome.evaluation import fits
-from timerome.task import ForgetTask
+from timerome.evaluation.evaluator import fits
 
 
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import time
 
 from timerome.data.requests import load_requests
+from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
 from timerome.methods import available, method_config
 from timerome.metrics.editing import UNLEARNING_RATES, changed_nothing, edit_scores
 
 NAME = "editing"
+ORDER = 20
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
-              target="I don't know.", n_retain=40, n_mc=16, methods=None, gen_length=None)
+              target="I don't know.", n_retain=40, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
            "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
@@ -43,9 +45,9 @@ def requests_data(spec: dict, ctx):
     else the retain split), both minus every probe: locality is measured on rows no method saw."""
     from timerome.data import load_split
     from timerome.data.corpus import known_subjects
+    from timerome.data.task import requests_task
     from timerome.data.tofu import _embedded
     from timerome.metrics.editing import locality_rows
-    from timerome.task import requests_task
 
     reqs, notes = load_requests(spec["requests"], target=spec.get("target"))
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
@@ -62,7 +64,7 @@ def requests_data(spec: dict, ctx):
 
 @measurement("editing")
 def measure_editing(cell, ctx, rows, task) -> dict:
-    opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", 16), seed=cell.seed,
+    opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                 gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])
     key = ("baseline", cell.seed)
     if key not in rows:  # the unedited answers: once per request set and seed, shared by every method

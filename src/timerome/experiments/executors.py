@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from timerome.backbones import Backbone, load_backbone
+from timerome.common.progress import progress_bar
 from timerome.errors import TimeromeError
 from timerome.experiments.runner import Context, execute, local_executor
-from timerome.progress import progress_bar
 
 EXECUTORS = ("local", "ray")
 

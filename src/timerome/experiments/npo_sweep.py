@@ -16,13 +16,16 @@ import itertools
 
 import numpy as np
 
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, by_row, delta_text, figure, fmt_cell,
-                                         fmt_cost, label, save_png, summarise, write_outputs)
+from timerome.engine.settings import LIKELIHOOD
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, delta_text, figure, fmt_cell, fmt_cost,
+                                         label, save_png, summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
+from timerome.metrics.columns import header
 
 NAME = "npo_sweep"
-CONFIG = dict(n_mc=16, n_retain=40, n_world=20, forget="forget01", methods=("npo", "simnpo"),
+ORDER = 100
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", methods=("npo", "simnpo"),
               lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8, steps=None,
               extra=({"method": "npo", "lr": 1e-4},), unmitigated=({"method": "npo", "lr": 1e-4, "safe": False},),
               compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": {"alpha": 2.0, "q": 4}}),
@@ -106,7 +109,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     compare = [r for r in summary if kinds.get(r) == "compare"]
     strongest = min(compare, key=d_flp) if compare else None
     head = ["configuration"] + COLUMNS + ["Δ ForgetLP (p)", "Δ RetainLP", "collapsed", "early-stopped", "kept step"]
-    head += [SHORT[c] for c in ACCOUNTING]
+    head += [header(c) for c in ACCOUNTING]
     lines = [f"## Converged training-time baseline ({len(sweep)} LoRA configurations, safe protocol)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():

@@ -14,23 +14,22 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.cache import write_atomic, write_json
+from timerome.common.cache import write_atomic, write_json
+from timerome.evaluation.stats import cell, paired_t, stars
 from timerome.metrics import forget_quality
+from timerome.metrics.columns import column, digits, header, is_cost
 from timerome.metrics.editing import UNLEARNING_RATES
-from timerome.stats import cell, paired_t, stars
 
+# the compute accounting: timings and memory readings (never tested against no_edit)
+ACCOUNTING = (column("install_seconds", header="install s", cost=True),  # in every table (runner.with_edit)
+              column("wall_seconds", header="wall s", cost=True),
+              column("install_extra_mb", header="extra MB", cost=True))
+OTHER_COSTS = tuple(column(name, cost=True) for name in ("insert_seconds", "prepare_seconds", "eval_seconds"))
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
            "ModelUtility", "ForgetROUGE", "RetainROUGE", *UNLEARNING_RATES, "install_seconds", "install_extra_mb"]
-SHORT = {"ForgetLP": "ForgetLP ↓", "ForgetQuality": "KS p ↑", "install_seconds": "install s",
-         "install_extra_mb": "extra MB", "wall_seconds": "wall s", "ModelUtility": "Utility",
-         "ForgetROUGE": "fROUGE", "RetainROUGE": "rROUGE", "Confabulation": "Confab"}
-COST_COLUMNS = ("install_seconds", "install_extra_mb", "insert_seconds", "prepare_seconds", "eval_seconds",
-                "wall_seconds")
-ACCOUNTING = ("install_seconds", "wall_seconds", "install_extra_mb")  # in every table (runner.with_edit)
 ACCOUNTING_NOTE = ("Cost: install s = installing the method; wall s = the whole cell (install, evaluation, "
                    "undo); extra MB = how far installing raised peak memory (exact on CUDA, sampled on CPU); "
                    "a row made of several cells: the largest install and memory, the summed wall time.")
-THREE_DIGITS = ("ForgetQuality", "ForgetTR", "RetainTR", "ModelUtility")
 
 
 def label(method: str, overrides: dict) -> str:
@@ -74,7 +73,7 @@ def summarise(per_seed: dict[str, dict[int, dict]], columns, reference="no_edit"
             c = cell(list(vals.values()))
             entry = dict(mean=c.mean, std=c.std, lo=c.lo, hi=c.hi, n=c.n, values=vals)
             shared = sorted(s for s in vals if col in ref.get(s, {}) and np.isfinite(ref[s][col]))
-            if row != reference and len(shared) >= 2 and col not in COST_COLUMNS:
+            if row != reference and len(shared) >= 2 and not is_cost(col):
                 x, y = [vals[s] for s in shared], [ref[s][col] for s in shared]
                 t, p = paired_t(x, y)
                 # None, not NaN / inf, where no test exists: the JSON stays standard
@@ -110,9 +109,9 @@ def fmt_cost(e: dict | None) -> str:
 
 def fmt_any(column: str, e: dict | None) -> str:
     """fmt_cell for a metric (3 digits for the 0-1 ones), fmt_cost for a cost column."""
-    if column in COST_COLUMNS:
+    if is_cost(column):
         return fmt_cost(e)
-    return fmt_cell(e, 3 if column in THREE_DIGITS else 2)
+    return fmt_cell(e, digits(column))
 
 
 def unchanged_rows(cells, results) -> list[str]:
@@ -138,7 +137,7 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
     columns = list(columns) + extra
     if any(c in columns for c in ACCOUNTING):
         note = f"{note} {ACCOUNTING_NOTE}".strip()
-    head = ["method"] + [SHORT.get(c, c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
+    head = ["method"] + [header(c) for c in columns] + [f"Δ {delta} vs no_edit (p)"]
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if unchanged:
         note = f"{note} {UNCHANGED_NOTE}".strip()

@@ -22,22 +22,24 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.engine.settings import LIKELIHOOD
+from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import by_row, figure, label, markdown, save_png, summarise, write_outputs
 from timerome.experiments.runner import Cell, measurement, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
-from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names,
-                                         sampler_baseline, under_attacks, under_samplers, worst)
+from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names, sampler_baseline,
+                                         under_attacks, under_samplers, worst)
 from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs, robustness
-from timerome.stats import cell as stat_cell
 
 NAME = "robustness"
+ORDER = 90
 # extraction: requests None = "embedded:<forget>" ("tofu:<forget>" on TOFU); settings / attacks None = all of them; False = no extraction cells
 EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, settings=None, attacks=None)
-CONFIG = dict(n_mc=16, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN, extraction=EXTRACTION)
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN, extraction=EXTRACTION)
 QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
              extraction=dict(EXTRACTION, settings=list(QUICK_SETTINGS), attacks=list(QUICK_ATTACKS)))
 COLUMNS = [f"LP_{c}" for c in CONDITIONS]
@@ -49,7 +51,7 @@ EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "Worst
 def measure_robustness(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
-        items = condition_logprobs(ctx.backbone, rows["forget"], edit, n_mc=cell.options.get("n_mc", 16),
+        items = condition_logprobs(ctx.backbone, rows["forget"], edit, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc),
                                    seed=cell.seed, relearn=cell.options.get("relearn", RELEARN))
         metrics = {f"LP_{c}": float(np.mean(items[c]["lp"])) for c in CONDITIONS if items[c]["lp"]}
         return {"items": items, "metrics": metrics, "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
@@ -57,7 +59,15 @@ def measure_robustness(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("extraction")
+def _extraction_forwards(cell, rows, task) -> float:
+    """Every request and its paraphrase generated under each condition (about 16 forwards each), and the
+    likelihood of the locality rows."""
+    conditions = len(cell.options["settings"]) + len(cell.options["attacks"])
+    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
+    return conditions * 2 * len(rows.get("requests", [])) * 16 + cell.options.get("n_mc", LIKELIHOOD.n_mc) * n_rows
+
+
+@measurement("extraction", forwards=_extraction_forwards)
 def measure_extraction(cell, ctx, rows, task) -> dict:
     """Extraction under every sampler setting and prompt attack (metrics/extraction.py)."""
     reqs, loc = rows["requests"], rows["locality"]
@@ -72,7 +82,7 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
         s = under_samplers(ctx.backbone, reqs, edit, locality=loc, gen_length=G, seed=cell.seed, settings=settings,
                            baseline=rows[key])
         a = under_attacks(ctx.backbone, reqs, edit, gen_length=G, seed=cell.seed, attacks=attacks,
-                          n_mc=cell.options.get("n_mc", 16))
+                          n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc))
         (ws, vs), (wa, va) = worst(s), worst(a) if a else ("", float("nan"))
         metrics = dict(ExtractionNominal=s[settings[0]]["Extraction"], WorstSampler=vs, WorstAttack=va,
                        WorstCase=max(vs, va) if a else vs, RefusalNominal=s[settings[0]]["Refusal"],

@@ -7,12 +7,12 @@ again: its result is a JSON file in <out_dir>/cells named by the digest of every
 determines it (the model's fingerprint, the data, the method's full config, the seed, the
 measurement's options). Rerunning an experiment computes only the cells it has not seen.
 
-Measurements (`Cell.measure`), a registry: `@measurement("name")` on a function
-(cell, context, rows, task) -> result adds one (benchmark files add theirs the same way):
+Measurements (`Cell.measure`), a registry: `@measurement("name", forwards=cost)` on a function
+(cell, context, rows, task) -> result adds one, with what it costs; the experiment files add theirs
+the same way (sequential, editing, robustness, extraction, lm_eval, the benchmark files'). Here:
     full        install the method, every TOFU metric (evaluation.evaluate), undo
     lp          install, log p(answer | question) of every item only, undo
     traj        install, log p read along the greedy denoising trajectory (a one-step edit exists there)
-    sequential  insert the forget facts one at a time into a TimeROME memory, lp after each insert
     reference   forget truth ratios of the model that never saw the forget set (Forget Quality's KS test)
 An executor runs the cells that are not cached: `local_executor` (in this process, in order) by
 default; any callable (cells, context, done, progress=, title=) -> None with the same contract can
@@ -35,25 +35,43 @@ from pathlib import Path
 import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
-from timerome.cache import digest, write_json
+from timerome.common.cache import digest, write_json
+from timerome.common.checks import budget
+from timerome.common.checks import seed as check_seed
+from timerome.common.lock import LOCK_NAME, hold
+from timerome.common.progress import notify, progress_bar
+from timerome.data.task import ForgetTask
+from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import Interrupted, TimeromeError
-from timerome.checks import budget
-from timerome.checks import seed as check_seed
-from timerome.evaluation import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
+from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
 from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
-from timerome.from_scratch import reference_model
-from timerome.lock import LOCK_NAME, hold
-from timerome.methods import InferenceEdit, install, method_config
-from timerome.methods.timerome_edit import build_memory, locate, prepare
-from timerome.progress import notify, progress_bar
-from timerome.task import ForgetTask
+from timerome.methods import install, method_config
+from timerome.methods.registry import NO_EDIT
+from timerome.metrics.columns import split_columns
+from timerome.training.from_scratch import reference_model
 
 VERSION = 2  # bump when a cell's meaning changes: old cells stop matching
-MEASURES: dict = {}  # name -> (cell, context, rows, task) -> JSON-able result; `measurement` fills it
+MEASURES: dict = {}  # name -> Measurement; `measurement` fills it
 DATA_KINDS: dict = {}  # kind -> (spec, context) -> (rows, ForgetTask); `data_kind` fills it
-LP_COLUMNS = {"forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
-TRAJ_COLUMNS = {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
+LP_COLUMNS = split_columns("lp")      # {split: column}, declared with their metrics (metrics/tofu.py)
+TRAJ_COLUMNS = split_columns("traj")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A registered measurement: run(cell, context, rows, task) -> JSON-able result, and forwards(cell, rows,
+    task) -> about how many model forwards it takes (what `checks.budget` compares before any work)."""
+
+    run: object
+    forwards: object
+    uses_method: bool = True      # the cell's key holds its method's full config
+    uses_reference: bool = False  # the cell reads the reference model (Forget Quality); its key names it
+
+
+def lp_forwards(cell, rows: dict, task) -> float:
+    """The default cost: one Monte-Carlo likelihood of every row (n_mc forwards each)."""
+    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
 
 
 @dataclass(frozen=True)
@@ -61,7 +79,7 @@ class Cell:
     """One measurement. `row` and `group` only say where it goes in the tables (not in its key)."""
 
     measure: str
-    method: str = "no_edit"
+    method: str = NO_EDIT
     config: dict = field(default_factory=dict)   # the method's overrides
     seed: int = 0
     data: dict = field(default_factory=dict)     # a data spec (`resolve_data`)
@@ -70,10 +88,11 @@ class Cell:
     group: object = None
 
     def key(self, context: "Context") -> dict:
-        full = method_config(self.method, self.config) if self.measure != "reference" else {}
+        m = measurement_of(self.measure)
+        full = method_config(self.method, self.config) if m.uses_method else {}
         key = dict(measure=self.measure, method=self.method, config=full, seed=self.seed, data=self.data,
                    options=self.options, v=VERSION, **context.tag)
-        if self.measure == "reference":
+        if m.uses_reference:
             key["reference"] = context.reference_tag
         return key
 
@@ -93,6 +112,7 @@ class Context:
     progress: bool = True
     _data: dict = field(default_factory=dict)
     _reference: object = None
+    _shared: dict = field(default_factory=dict)
 
     @property
     def tag(self) -> dict:
@@ -122,6 +142,12 @@ class Context:
             else:
                 raise TimeromeError(f"unknown data kind {kind!r}; one of {', '.join(DATA_KINDS) or 'none'}")
         return self._data[key]
+
+    def shared(self, key, build):
+        """An object the cells of this run reuse, built by build() on first use (lm-eval's task index)."""
+        if key not in self._shared:
+            self._shared[key] = build()
+        return self._shared[key]
 
     def reference_backbone(self):
         if self._reference is None:
@@ -156,22 +182,28 @@ def data_kind(name: str):
     return deco
 
 
-def measurement(name: str):
-    """Register fn(cell, context, rows, task) -> result as the measurement `name`."""
+def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False):
+    """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
+    forwards(cell, rows, task) (default: n_mc forwards per row) and what its cells' keys hold."""
 
     def deco(fn):
-        MEASURES[name] = fn
+        MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference)
         return fn
 
     return deco
 
 
+def measurement_of(name: str) -> Measurement:
+    if name not in MEASURES:
+        raise TimeromeError(f"unknown measurement {name!r}; one of {', '.join(MEASURES)}")
+    return MEASURES[name]
+
+
 def execute(cell: Cell, ctx: Context) -> dict:
     """The result of one cell (JSON-able); it depends on the cell and the context's model and data only."""
-    if cell.measure not in MEASURES:
-        raise TimeromeError(f"unknown measurement {cell.measure!r}; one of {', '.join(MEASURES)}")
+    m = measurement_of(cell.measure)
     rows, task = ctx.data(cell.data)
-    return MEASURES[cell.measure](cell, ctx, rows, task)
+    return m.run(cell, ctx, rows, task)
 
 
 def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
@@ -191,10 +223,15 @@ def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
     return res
 
 
-@measurement("full")
+def _full_forwards(cell, rows, task) -> float:
+    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
+    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count(rows) + cell.options.get("steps", TRACE.steps) * n_rows
+
+
+@measurement("full", forwards=_full_forwards)
 def _full(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, lambda edit: evaluate(
-        ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit,
+        ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit,
         rouge=cell.options.get("rouge", True), progress=ctx.progress))
 
 
@@ -208,54 +245,29 @@ def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
 def _lp(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
-        return _lps(lp_only(ctx.backbone, rows, n_mc=cell.options.get("n_mc", 16), seed=cell.seed, edit=edit),
+        return _lps(lp_only(ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit),
                     LP_COLUMNS, edit, t0)
 
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("traj")
+@measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * sum(
+    len(v) for v in rows.values() if isinstance(v, (list, tuple, dict))))
 def _traj(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
-        lps = {k: trajectory_logprobs(ctx.backbone, v, steps=cell.options.get("steps", 8), edit=edit)
+        lps = {k: trajectory_logprobs(ctx.backbone, v, steps=cell.options.get("steps", TRACE.steps), edit=edit)
                for k, v in rows.items()}
         return _lps(lps, TRAJ_COLUMNS, edit, t0)
 
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("reference")
+@measurement("reference", uses_method=False, uses_reference=True,
+             forwards=lambda cell, rows, task: cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count({"forget": rows.get("forget", [])}))
 def _reference(cell, ctx, rows, task) -> dict:
-    return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=cell.options.get("n_mc", 16),
+    return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc),
                                          seed=cell.seed)}
-
-
-@measurement("sequential")
-def _sequential(cell, ctx, rows, task) -> dict:
-    """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
-    bb = ctx.backbone
-    conf = method_config("timerome", cell.config)
-    prepare(bb, task, conf)
-    coordinate, info = locate(bb, task, conf)
-    memory = build_memory(bb, task, conf, coordinate, facts=[])  # empty; lambda scaled on all the facts
-    edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb))
-    order = np.random.default_rng(cell.seed).permutation(len(task.facts)).tolist()
-    n_mc, every = cell.options.get("n_mc", 16), cell.options.get("every", 1)
-
-    def point(k, secs, use_edit):
-        lp = lp_only(bb, rows, n_mc=n_mc, seed=cell.seed, edit=edit if use_edit else None)
-        return dict(k=k, insert_seconds=secs, **{c: float(np.mean(lp[s])) for s, c in LP_COLUMNS.items() if s in lp})
-
-    curve = [point(0, 0.0, False)]
-    for k, i in enumerate(order, 1):
-        t0 = time.perf_counter()
-        memory.add([task.facts[i]])
-        memory.q = min(int(conf["q"]), len(memory))  # TopQ cannot keep more facts than stored
-        secs = time.perf_counter() - t0
-        if k % every == 0 or k == len(order):
-            curve.append(point(k, secs, True))
-    return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
 
 
 # ------------------------------------------------------------------------------ checks before any work
@@ -270,33 +282,13 @@ OPTION_RULES = {
 }
 
 
-def cell_forwards(cell: Cell, rows: dict, task) -> float:
-    """About how many model forwards a cell's measurement takes (the likelihoods and trajectories it
-    reads; a method's own training is bounded by its options): what the budget compares."""
-    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
-    n_mc, steps = cell.options.get("n_mc", 16), cell.options.get("steps", 8)
-    if cell.measure == "extraction":  # every request and paraphrase generated under each condition
-        conditions = len(cell.options["settings"]) + len(cell.options["attacks"])
-        return conditions * 2 * len(rows.get("requests", [])) * 16 + n_mc * n_rows
-    if cell.measure == "full":
-        return n_mc * answer_count(rows) + steps * n_rows
-    if cell.measure == "reference":
-        return n_mc * answer_count({"forget": rows.get("forget", [])})
-    if cell.measure == "traj":
-        return steps * n_rows
-    if cell.measure == "sequential":
-        return (len(task.facts) / cell.options.get("every", 1) + 1) * n_mc * n_rows
-    return n_mc * n_rows
-
-
 def check_cells(cells: list[Cell], ctx: Context) -> None:
     """What would otherwise fail mid-run, checked before the first cell: the measurement, the
     method and its options (in the cell's key), the measurement's options, the data, the reference,
     the seeds, and the work all of them take together (`checks.budget`)."""
     forwards = 0.0
     for c in cells:
-        if c.measure not in MEASURES:
-            raise TimeromeError(f"unknown measurement {c.measure!r}; one of {', '.join(MEASURES)}")
+        m = measurement_of(c.measure)
         for key, value in c.options.items():
             want, ok = OPTION_RULES.get(key, (None, None))
             if ok is not None and not ok(value):
@@ -304,10 +296,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
         check_seed(c.seed, f"{c.row or c.method}: seed")
         c.key(ctx)  # method_config: an unknown method or option, a bad value
         rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
-        if c.measure == "reference" and ctx.auto_reference() is None:
+        if m.uses_reference and ctx.auto_reference() is None:
             raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
                                 "without the forget set)")
-        forwards += cell_forwards(c, rows, task)
+        forwards += m.forwards(c, rows, task)
     if cells:
         budget(f"the {len(cells)} cells to compute", forwards, "their likelihoods and trajectories")
 

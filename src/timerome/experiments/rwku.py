@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from timerome.data.rwku import rwku_targets, target_name
+from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
-from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown,
-                                               plot_panels, warnings_markdown)
+from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown, plot_panels,
+                                               warnings_markdown)
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import label, markdown, write_outputs
 from timerome.experiments.runner import Cell
@@ -26,7 +27,8 @@ from timerome.experiments.transfer import bench_source
 from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
 
 NAME = "rwku"
-CONFIG = dict(n_mc=16, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
+ORDER = 80
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
               rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=0.4, mia_groups=8)
 QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
              n_passages=4)

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments.report import (ACCOUNTING_NOTE, by_row, coordinate_note, delta_text, fmt_any, label,
-                                         plot_scalability, summarise, traced_coordinate, with_accounting,
-                                         write_outputs)
+                                         plot_scalability, summarise, traced_coordinate, with_accounting, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "scalability"
-CONFIG = dict(n_mc=16, sizes=(1, 10, 40, 100, 200, 400), n_eval_forget=40, n_retain=40, n_world=20,
+ORDER = 30
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, sizes=(1, 10, 40, 100, 200, 400), n_eval_forget=40, n_retain=40, n_world=20,
               variants=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2}, {}))
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "install_seconds"]
 

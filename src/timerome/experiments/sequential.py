@@ -3,13 +3,55 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
+
+from timerome.engine.settings import LIKELIHOOD
+from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
-from timerome.experiments.runner import Cell
+from timerome.experiments.runner import LP_COLUMNS, Cell, measurement
+from timerome.methods import InferenceEdit, method_config
+from timerome.methods.timerome_edit import build_memory, locate, prepare
 
 NAME = "sequential"
-CONFIG = dict(n_mc=16, n_facts=50, forget="forget05", n_retain=20, n_world=20,
+ORDER = 40
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=20, n_world=20,
               variants=({"alpha": 1.0, "q": 2}, {"alpha": 0.5, "q": 2}, {}), every=1)
 SHOWN = (0, 1, 5, 10, 20, 30, 40, 50)
+
+
+def _forwards(cell, rows, task) -> float:
+    """One likelihood of every row before the first insert and after every `every` inserts."""
+    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
+    return (len(task.facts) / cell.options.get("every", 1) + 1) * cell.options.get("n_mc", LIKELIHOOD.n_mc) * n_rows
+
+
+@measurement("sequential", forwards=_forwards)
+def _sequential(cell, ctx, rows, task) -> dict:
+    """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
+    bb = ctx.backbone
+    conf = method_config("timerome", cell.config)
+    prepare(bb, task, conf)
+    coordinate, info = locate(bb, task, conf)
+    memory = build_memory(bb, task, conf, coordinate, facts=[])  # empty; lambda scaled on all the facts
+    edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb))
+    order = np.random.default_rng(cell.seed).permutation(len(task.facts)).tolist()
+    n_mc, every = cell.options.get("n_mc", LIKELIHOOD.n_mc), cell.options.get("every", 1)
+
+    def point(k, secs, use_edit):
+        lp = lp_only(bb, rows, n_mc=n_mc, seed=cell.seed, edit=edit if use_edit else None)
+        return dict(k=k, insert_seconds=secs, **{c: float(np.mean(lp[s])) for s, c in LP_COLUMNS.items() if s in lp})
+
+    curve = [point(0, 0.0, False)]
+    for k, i in enumerate(order, 1):
+        t0 = time.perf_counter()
+        memory.add([task.facts[i]])
+        memory.q = min(int(conf["q"]), len(memory))  # TopQ cannot keep more facts than stored
+        secs = time.perf_counter() - t0
+        if k % every == 0 or k == len(order):
+            curve.append(point(k, secs, True))
+    return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

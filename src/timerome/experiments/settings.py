@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from timerome.checks import INT64, big_int_path, nonfinite_path
+from timerome.common.checks import INT64, big_int_path, nonfinite_path
 from timerome.errors import TimeromeError
 
 # settings that count something (>= 1); those also allowed to be null (= all of them)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from timerome.data.benchmark import ENV_DIR
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
 from timerome.experiments.bench_report import (data_notes, group_summary, grouped, notes_markdown, plot_panels,
@@ -25,6 +26,7 @@ from timerome.experiments.runner import Cell
 from timerome.metrics import muse, whp, wmdp
 
 NAME = "transfer"
+ORDER = 70
 BENCHMARKS = {"muse-books": ("muse", {"corpus": "books"}), "muse-news": ("muse", {"corpus": "news"}),
               "whp": ("whp", {}), "wmdp": ("wmdp", {})}
 PAPER_ROWS = [{"method": "no_edit"}, {"method": "alphaedit"}, {"method": "simnpo"}, {"method": "adaptive_rmu"},
@@ -34,7 +36,7 @@ COLUMNS = {"muse": muse.COLUMNS, "whp": whp.COLUMNS, "wmdp": wmdp.COLUMNS}
 HEADLINE = {"muse": "VerbMemLP", "whp": "WHP_LP", "wmdp": "WMDP_Acc"}
 PLOTTED = {"muse": ["KnowMemLP", "VerbMemLP"], "whp": ["WHP_LP"], "wmdp": ["WMDP_Acc"]}
 BLOCKS = {"tofu": "TOFU-built edit (transfer)", "own": "the benchmark's own forget set"}
-CONFIG = dict(n_mc=16, forget="forget01", bench_dir=None, benchmarks=tuple(BENCHMARKS), methods=PAPER_ROWS, own=True,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", bench_dir=None, benchmarks=tuple(BENCHMARKS), methods=PAPER_ROWS, own=True,
               n_knowmem=None, n_verbmem=None, n_privleak=None, n_trivia=None, n_completions=None, n_wmdp=None,
               whp_trivia="hp_trivia_1239", whp_prompts="evaluation_prompts", wmdp_subject="bio",
               knowmem_tokens=muse.KNOWMEM_TOKENS, verbmem_tokens=muse.VERBMEM_TOKENS,

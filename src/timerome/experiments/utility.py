@@ -18,20 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.cache import digest
+from timerome.common.cache import digest
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, fmt_cell, fmt_cost, label,
-                                         merge_metrics, plot_delta_bars, summarise, write_outputs)
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, fmt_cost, label, merge_metrics,
+                                         plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
-from timerome.lm_eval_model import TimeromeLM, evaluate_tasks
+from timerome.integrations.lm_eval_model import TimeromeLM, evaluate_tasks, task_manager
+from timerome.metrics.columns import header
 
 NAME = "utility"
+ORDER = 110
 IN_ALL = False  # lm-eval and its tasks' data: run by name
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "openbookqa", "sciq",
          "lambada_openai", "truthfulqa_mc2", "mmlu", "gsm8k")
 CONFIG = dict(tasks=TASKS, method="timerome", points=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2},
                                                       {"alpha": 2.0, "q": 4}),
-              forget="forget01", n_mc=16, limit=None, num_fewshot=None, include_path=None,
+              forget="forget01", n_mc=LIKELIHOOD.n_mc, limit=None, num_fewshot=None, include_path=None,
               greedy_tasks=("lambada_openai",), generation={})
 METRICS = ("acc_norm", "acc", "exact_match", "f1", "mcc")  # a task's headline: the first of these it reports
 
@@ -90,8 +93,10 @@ def _lm_eval(cell, ctx, rows, task) -> dict:
         lm = TimeromeLM(backbone=ctx.backbone, installed=edit, n_mc=o["n_mc"], seed=cell.seed,
                         check_greedy=o["check_greedy"], **o["generation"])
         t0 = time.perf_counter()
+        include = [o["include_path"]] if o["include_path"] else []
+        manager = ctx.shared(("lm_eval task index", *include), lambda: task_manager(include))
         res = evaluate_tasks(lm, [o["task"]], num_fewshot=o["num_fewshot"], limit=o["limit"],
-                             include_path=[o["include_path"]] if o["include_path"] else None, seed=cell.seed)
+                             include_path=include or None, seed=cell.seed, manager=manager)
         entry = res["results"].get(o["task"])
         if entry is None:
             raise TimeromeError(f"lm-eval returned no results for task {o['task']}")
@@ -115,7 +120,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     noise = within_noise(summary, stderr, tasks)
     lines = [f"## Utility (lm-evaluation-harness, {len(tasks)} tasks)", "",
              "| method | " + " | ".join(f"{t} ({metric.get(t, '?')})" for t in tasks)
-             + " | mean Δ vs no_edit | tasks within noise | " + " | ".join(SHORT[c] for c in ACCOUNTING) + " |",
+             + " | mean Δ vs no_edit | tasks within noise | " + " | ".join(header(c) for c in ACCOUNTING) + " |",
              "|" + "---|" * (len(tasks) + 3 + len(ACCOUNTING))]
     for row, cols in summary.items():
         deltas = [cols[t]["mean"] - summary["no_edit"][t]["mean"] for t in tasks if t in cols and t in summary["no_edit"]]

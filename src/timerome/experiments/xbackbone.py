@@ -14,16 +14,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, SHORT, by_row, delta_text, fmt_cell, label,
+from timerome.engine.settings import LIKELIHOOD
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, delta_text, fmt_cell, label,
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
+from timerome.metrics.columns import header
 
 NAME = "xbackbone"
+ORDER = 120
 IN_ALL = False   # needs checkpoints: run by name with --models
 PER_MODEL = True
 PAPER_POINT = {"alpha": 2.0, "q": 4}  # the paper's TimeROME row, the same on every backbone
-CONFIG = dict(models=None, references=None, n_mc=16, n_retain=40, forget="forget01",
+CONFIG = dict(models=None, references=None, n_mc=LIKELIHOOD.n_mc, n_retain=40, forget="forget01",
               methods=({"method": "no_edit"}, {"method": "alphaedit"}, {"method": "adaptive_rmu"},
                        {"method": "simnpo"}, {"method": "timerome", "config": PAPER_POINT}))
 COLUMNS = ["ForgetLP", "ForgetQuality", "RetainLP"]
@@ -75,7 +78,7 @@ def report(cfg, seeds, per_model: dict, out_dir) -> dict:
                                                  for s in summary.values()) + " |")
     lines.append(f"| Δ fLP vs no_edit ({edit_row}) | " + " | ".join(
         f"{delta_text(s.get(edit_row, {}).get('ForgetLP', {}))} | " for s in summary.values()) + " |")
-    lines += ["", f"### Compute per checkpoint ({' / '.join(SHORT[c] for c in ACCOUNTING)})", "",
+    lines += ["", f"### Compute per checkpoint ({' / '.join(header(c) for c in ACCOUNTING)})", "",
               "| method | " + " | ".join(summary) + " |", "|" + "---|" * (1 + len(summary))]
     for row in rows:
         lines.append(f"| {row} | " + " | ".join(" / ".join(_mean(s.get(row, {}).get(c)) for c in ACCOUNTING)

@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from timerome.cache import cache_dir, digest, save_tensors
-from timerome.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences, text_ids,
-                               uses_leading_space)
+from timerome.common.cache import cache_dir, digest, save_tensors
 from timerome.data.rows import spread
+from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
+                                      text_ids, uses_leading_space)
+from timerome.engine.hooks import Hooks, run_to
 from timerome.errors import TimeromeError
-from timerome.hooks import Hooks, run_to
+from timerome.memory.whitening import background_texts, rows_to_texts
 from timerome.methods.registry import weight_edit
-from timerome.whitening import background_texts, rows_to_texts
 
 OBJECTIVES = ("target", "forget", "unlikelihood")
 

@@ -44,12 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from timerome.data.rows import spread
-from timerome.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
+from timerome.engine.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
+from timerome.engine.hooks import Hooks
+from timerome.engine.hooks import edit as edit_hook
 from timerome.errors import TimeromeError
-from timerome.hooks import Hooks, edit as edit_hook
 from timerome.methods.registry import weight_edit
 from timerome.metrics import answer_logprobs
-from timerome.train import TrainConfig, mdlm_loss, merge_lora, wrap_lora
+from timerome.training.train import TrainConfig, mdlm_loss, merge_lora, wrap_lora
 
 # The loop's settings, shared by every training method (each adds its own keys).
 # Sized for the embedded model: ~40 steps of batch 8 take a few seconds on one CPU core.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from timerome.encoding import DEFAULT_TARGET, encode_pairs
+from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.methods import _unlearn as U
 from timerome.methods.registry import InferenceEdit, register
 

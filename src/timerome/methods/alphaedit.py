@@ -13,7 +13,7 @@ mean squared norm of the projected keys. One batch (no earlier edits' keys in th
 
 from __future__ import annotations
 
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register
 

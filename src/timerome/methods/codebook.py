@@ -20,19 +20,20 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from timerome.cache import cached_tensors
-from timerome.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
-                                      DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
-                                      CodebookMemory)
-from timerome.coordinate import Coordinate
+from timerome.common.cache import cached_tensors
 from timerome.data.rows import load_rows
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
+from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
+                                             DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
+                                             CodebookMemory)
+from timerome.memory.token_keys import state_tokens
+from timerome.memory.whitening import rows_to_texts
 from timerome.methods.registry import InferenceEdit, register
-from timerome.methods.timerome_edit import DEFAULTS as PAPER, background_stats, locate, trace_forget_set
-from timerome.selection import per_fact_best
-from timerome.token_keys import state_tokens
-from timerome.whitening import rows_to_texts
+from timerome.methods.timerome_edit import DEFAULTS as PAPER
+from timerome.methods.timerome_edit import background_stats, locate, trace_forget_set
+from timerome.tracing.selection import per_fact_best
 
 DEFAULTS = dict(
     alpha=DEFAULT_ALPHA, margin=DEFAULT_MARGIN, inner=DEFAULT_INNER, n_states=DEFAULT_STATES,

@@ -14,7 +14,7 @@ edits and background does not drift with |F|; MEMIT's fixed 1.5e4 assumes thousa
 
 from __future__ import annotations
 
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register
 

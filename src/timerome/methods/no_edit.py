@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from timerome.methods.registry import InferenceEdit, register
+from timerome.methods.registry import NO_EDIT, InferenceEdit, register
 
 
-@register("no_edit")
+@register(NO_EDIT)
 def no_edit(backbone, task, config, seed):
     """The model as it is (reference row)."""
-    return InferenceEdit(method="no_edit", config=config)
+    return InferenceEdit(method=NO_EDIT, config=config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from timerome.backbones import HOOK_POINTS
-from timerome.coordinate import Coordinate
+from timerome.engine.coordinate import Coordinate
 from timerome.methods.registry import register
 from timerome.methods.timerome_edit import DEFAULTS, memory_edit
 

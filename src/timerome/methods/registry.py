@@ -34,11 +34,12 @@ from typing import Callable
 
 import torch
 
-from timerome.checks import big_int_path, budget, nonfinite_path, shown
-from timerome.checks import seed as check_seed
-from timerome.cost import measure
+from timerome.common.checks import big_int_path, budget, nonfinite_path
+from timerome.common.checks import seed as check_seed
+from timerome.common.checks import shown
+from timerome.common.cost import measure
+from timerome.data.task import ForgetTask
 from timerome.errors import TimeromeError
-from timerome.task import ForgetTask
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
+NO_EDIT = "no_edit"  # the unedited model's method: the reference row of every paired test
 _loaded = False
 
 

@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import torch
 
-from timerome.cache import cached_tensors
-from timerome.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
-from timerome.encoding import DEFAULT_TARGET
-from timerome.coordinate import Coordinate
+from timerome.common.cache import cached_tensors
 from timerome.data import load_split
 from timerome.data.rows import load_rows
+from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
+from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
+from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
+                                            RewriteMemory, token_values, write_site)
 from timerome.methods.codebook import calibration_rows, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
-from timerome.methods.timerome_edit import DEFAULTS as PAPER, background_stats, locate
-from timerome.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
-                                     RewriteMemory, token_values, write_site)
+from timerome.methods.timerome_edit import DEFAULTS as PAPER
+from timerome.methods.timerome_edit import background_stats, locate
 
 DEFAULTS = dict(
     alpha=DEFAULT_ALPHA, margin=DEFAULT_MARGIN, inner=DEFAULT_INNER, n_states=DEFAULT_STATES,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.data.rows import spread
-from timerome.encoding import encode_pairs
+from timerome.engine.encoding import encode_pairs
 from timerome.methods import _unlearn as U
 from timerome.methods.registry import InferenceEdit, register
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from timerome.data.rows import spread
-from timerome.encoding import DEFAULT_TARGET
+from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
 from timerome.methods.registry import register, weight_edit
 

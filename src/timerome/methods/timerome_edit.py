@@ -9,7 +9,7 @@ stream, m* = resid, at every step, k* = -1), stage 3 builds the EditMemory on th
 and the returned Edit installs its hook. A given `coordinate` skips stages 1-2.
 
 The trace and the background statistics depend only on the model, the facts and their settings,
-so `prepare` computes them once and caches them on disk by those inputs (`timerome.cache`):
+so `prepare` computes them once and caches them on disk by those inputs (`timerome.common.cache`):
 every later install on the same model and data (other alphas, seeds, experiment cells, other
 processes) reads them back. `install` never includes them in its time.
 """
@@ -20,18 +20,19 @@ import time
 
 import torch
 
-from timerome.cache import cached_tensors, cache_dir, digest
-from timerome.capture import capture_facts
-from timerome.coordinate import Coordinate
-from timerome.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
-from timerome.encoding import DEFAULT_TARGET
+from timerome.common.cache import cache_dir, cached_tensors, digest
+from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
+from timerome.memory.capture import capture_facts
+from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
+from timerome.memory.ridge import DEFAULT_LAM
+from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
 from timerome.methods.registry import InferenceEdit, register
-from timerome.ridge import DEFAULT_LAM
-from timerome.selection import select_coordinate
-from timerome.trace_result import TraceResult
-from timerome.tracing import trace
-from timerome.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
+from timerome.tracing.causal_trace import trace
+from timerome.tracing.result import TraceResult
+from timerome.tracing.selection import select_coordinate
 
 # The one table of defaults: EditMemory's, the CLI's and the experiments' are these.
 # Calibrated on the embedded model (forget01 = one author's 20 facts, all sharing one subject key):
@@ -46,7 +47,7 @@ DEFAULTS = dict(
     coordinate=None,      # [layer, point]; None = traced
     module=None,          # replace the point of the (traced) coordinate: the attn / mlp ablations
     step=None,            # None = every denoising step (k* = -1); an int = that step only
-    trace_facts=8, trace_steps=8, trace_samples=5, trace_modules=("resid", "attn", "mlp"),
+    trace_facts=TRACE.n_facts, trace_steps=TRACE.steps, trace_samples=TRACE.n_samples, trace_modules=("resid", "attn", "mlp"),
     select_modules=("resid",), trace_seed=0,
     trace_kind="tie",     # "tie": the diffusion-time trace; "positional": ROME's positional trace, the coordinate
                           # of the largest mean effect at the last subject token among select_modules
@@ -65,7 +66,7 @@ def trace_forget_set(backbone, facts, config, progress: bool = False) -> TraceRe
 
 def positional_forget_set(backbone, facts, config, progress: bool = False):
     """ROME's positional trace of the validation subset, cached on disk by its inputs."""
-    from timerome.positional_trace import PositionalTrace, positional_trace
+    from timerome.tracing.positional_trace import PositionalTrace, positional_trace
 
     settings = dict(n_samples=int(config["trace_samples"]), modules=tuple(config["trace_modules"]),
                     seed=int(config["trace_seed"]))
@@ -101,7 +102,7 @@ def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, 
     if config.get("coordinate"):
         coord, info = Coordinate.of(config["coordinate"]), {"coordinate_source": "given"}
     elif kind == "positional":
-        from timerome.positional_trace import select_positional
+        from timerome.tracing.positional_trace import select_positional
 
         t0 = time.perf_counter()
         result = positional_forget_set(backbone, task.validation_facts, config, progress)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from timerome.data.rows import spread
-from timerome.encoding import DEFAULT_TARGET, pad_sequences, text_ids
+from timerome.engine.encoding import DEFAULT_TARGET, pad_sequences, text_ids
 from timerome.methods import _locate as L
 from timerome.methods.registry import register, weight_edit
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 
 
-def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n_mc: int = 16,
+def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n_mc: int = LIKELIHOOD.n_mc,
                     seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(log p of each choice [C_i] per item, token counts [C_i] per item)."""
     if len(prompts) != len(choices):

@@ -49,8 +49,10 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from timerome.encoding import answer_ids
+from timerome.engine.encoding import answer_ids
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
+from timerome.metrics.columns import column
 from timerome.metrics.text import continuations, pair_logprobs, rouge_l
 
 EXTRACTION_ROUGE = 0.5  # ROUGE-L recall of the original object above which an answer "gives it back"
@@ -60,7 +62,11 @@ NGRAM_WEIGHTS = {2: 2 / 3, 3: 4 / 3}  # ROME's n-gram entropy
 KINDS = ("prompt", "paraphrase", "neighbour", "same_subject", "portability")  # + one kind per locality set
 LOCALITY_NAMES = {"retain": "Retain", "real_authors": "RealAuthors", "world_facts": "WorldFacts"}
 OUTCOMES = ("Refusal", "Leak", "Gibberish", "Confabulation", "Other")
-UNLEARNING_RATES = ("Refusal", "Leak", "Confabulation", "Gibberish")  # the outcomes tabulated beside ForgetLP
+# the outcomes tabulated beside ForgetLP (share of forget answers of each kind)
+UNLEARNING_RATES = (column("Refusal", about="share of forget answers that refuse"),
+                    column("Leak", about="share that still say the object"),
+                    column("Confabulation", header="Confab", about="share that say another answer"),
+                    column("Gibberish", about="share that are not text"))
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -236,7 +242,7 @@ def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, bat
 # ------------------------------------------------------------------------------ the scores
 
 
-def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int | None = None, n_mc: int = 16,
+def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int | None = None, n_mc: int = LIKELIHOOD.n_mc,
                 seed: int = 0, known_subjects=None, baseline: dict | None = None, lp: bool = True,
                 sampler: dict | None = None, progress: bool = False) -> dict:
     """The editing metrics of `edit` (a method's Edit, a memory, or None for the unedited model)

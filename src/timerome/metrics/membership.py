@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import rankdata
 
-from timerome.encoding import pad_sequences
+from timerome.common.progress import progress_bar
+from timerome.engine.encoding import pad_sequences
+from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
-from timerome.likelihood import pair_generator
-from timerome.progress import progress_bar
 
 DEFAULT_GROUPS = 8
 DEFAULT_K = 0.4  # MUSE's "Min-40%"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc, privleak
 from timerome.metrics.text import continuations, generation_length, pair_logprobs, rouge_l, truncated
 
@@ -34,7 +35,7 @@ def knowmem_prompt(question: str, icl: list[dict]) -> str:
     return "".join(SHOT.format(**shot) for shot in icl) + QUERY.format(question=question)
 
 
-def knowmem(backbone, rows: list[dict], icl: list[dict], *, gen_length: int = KNOWMEM_TOKENS, n_mc: int = 16,
+def knowmem(backbone, rows: list[dict], icl: list[dict], *, gen_length: int = KNOWMEM_TOKENS, n_mc: int = LIKELIHOOD.n_mc,
             seed: int = 0, rouge: bool = True, progress: bool = False) -> dict:
     """Per question: lp (KnowMemLP) and, with rouge, the generation and its ROUGE-L F1."""
     q, a = [r["question"] for r in rows], [r["answer"] for r in rows]
@@ -47,7 +48,7 @@ def knowmem(backbone, rows: list[dict], icl: list[dict], *, gen_length: int = KN
     return out
 
 
-def verbmem(backbone, rows: list[dict], *, gen_length: int = VERBMEM_TOKENS, n_mc: int = 16, seed: int = 0,
+def verbmem(backbone, rows: list[dict], *, gen_length: int = VERBMEM_TOKENS, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
             rouge: bool = True, progress: bool = False) -> dict:
     """Per passage: lp (VerbMemLP) and, with rouge, the continuation and its ROUGE-L F1."""
     G = generation_length(backbone, gen_length)

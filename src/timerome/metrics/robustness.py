@@ -26,6 +26,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 
@@ -55,7 +56,7 @@ def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
     return out
 
 
-def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = 16, seed: int = 0,
+def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                        relearn: str = RELEARN) -> dict:
     """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
     out = {}
@@ -79,7 +80,7 @@ def robustness(unedited: dict, edited: dict) -> dict:
     return {c: {"change": change[c], "weakening": change[c] - change["original"]} for c in CONDITIONS}
 
 
-def robustness_panel(backbone, rows: list[dict], edit, *, n_mc: int = 16, seed: int = 0,
+def robustness_panel(backbone, rows: list[dict], edit, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                      relearn: str = RELEARN) -> dict:
     """Unedited, edited and their comparison, for an inference-time edit (hooks: the model's
     weights are the unedited model outside `edit.active()`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc
 from timerome.metrics.text import continuations, pair_logprobs, rouge_l
 
@@ -50,7 +51,7 @@ def qa_rows(rows: list[dict]) -> list[dict]:
     return [{"question": probe_prompt(r), "answer": r["answer"], "subject": r.get("subject")} for r in rows]
 
 
-def probes(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0, rouge: bool = True,
+def probes(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, rouge: bool = True,
            gen_length: int = ANSWER_TOKENS, progress: bool = False) -> dict:
     """Per probe: lp of its answer and, with rouge, the greedy answer and its ROUGE-L recall."""
     prompts, answers = [probe_prompt(r) for r in rows], [r["answer"] for r in rows]

@@ -20,11 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from timerome.encoding import answer_ids, pad_id, uses_leading_space
+from timerome.common.progress import progress_bar
+from timerome.engine.encoding import answer_ids, pad_id, uses_leading_space
+from timerome.engine.likelihood import log_likelihood_batch
+from timerome.engine.sampler import generate
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
-from timerome.likelihood import log_likelihood_batch
-from timerome.progress import progress_bar
-from timerome.sampler import generate
 
 
 def fit(prompt: list[int], answer: list[int], max_length: int) -> tuple[list[int], list[int], bool]:
@@ -37,7 +38,7 @@ def fit(prompt: list[int], answer: list[int], max_length: int) -> tuple[list[int
     return prompt, answer, cut
 
 
-def pair_logprobs(backbone, prompts: list[str], answers: list[str], *, n_mc: int = 16, seed: int = 0,
+def pair_logprobs(backbone, prompts: list[str], answers: list[str], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                   max_answer: int | None = None, progress: bool = False) -> dict:
     """log p(answer | prompt) per pair in nats (likelihood.py's MC estimator, draws from `seed`),
     with the answers' token counts and how many prompts were cut to fit."""

@@ -11,6 +11,24 @@ import numpy as np
 from scipy.stats import ks_2samp
 
 from timerome.errors import TimeromeError
+from timerome.metrics.columns import column
+
+# the paper's columns (evaluation.evaluate computes them)
+FORGET_LP = column("ForgetLP", header="ForgetLP ↓", split="forget", family="lp",
+                   about="mean log p(answer | question) on the forget set, nats")
+RETAIN_LP = column("RetainLP", split="retain", family="lp", about="the same on retain rows")
+REAL_AUTH = column("RealAuth", split="real_authors", family="lp", about="the same on real authors")
+WORLD_FACT = column("WorldFact", split="world_facts", family="lp", about="the same on world facts")
+column("ForgetTR", digits=3, about="forget truth ratio (closer-to-1 aggregate)")
+column("RetainTR", digits=3, about="retain truth ratio (true-better aggregate)")
+column("ForgetQuality", header="KS p ↑", digits=3, about="KS p-value of forget truth ratios vs the reference model")
+column("ModelUtility", header="Utility", digits=3, about="harmonic mean of prob, ROUGE and TR on retain, RA, WF")
+column("ForgetROUGE", header="fROUGE", about="ROUGE-L recall of greedy answers, forget set")
+column("RetainROUGE", header="rROUGE", about="ROUGE-L recall of greedy answers, retain rows")
+# the answer log-probability read along the greedy denoising trajectory (evaluation.trajectory_logprobs)
+column("ForgetTrajLP", split="forget", family="traj", about="forget log p along the trajectory")
+column("RetainTrajLP", split="retain", family="traj", about="retain log p along the trajectory")
+column("RealAuthTrajLP", split="real_authors", family="traj", about="real-author log p along the trajectory")
 
 
 # ------------------------------------------------------------------------------ TOFU aggregates

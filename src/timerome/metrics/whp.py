@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.choice import choice_logprobs, correct
 from timerome.metrics.text import continuations
 
@@ -23,7 +24,7 @@ COLUMNS = ["WHP_LP", "WHP_Acc", "WHP_AccNorm", "WHP_Familiarity"]
 COMPLETION_TOKENS = 32
 
 
-def trivia(backbone, rows: list[dict], *, n_mc: int = 16, seed: int = 0) -> dict:
+def trivia(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0) -> dict:
     """Per question: lp of the true answer, lp of the false one, and whether the true one wins."""
     lp, ln = choice_logprobs(backbone, [r["question"] for r in rows],
                              [[r["true_answer"], r["false_answer"]] for r in rows], n_mc=n_mc, seed=seed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.choice import choice_logprobs, correct
 
 COLUMNS = ["WMDP_Acc", "WMDP_AccChoice", "WMDP_AccChoiceNorm"]
@@ -29,7 +30,7 @@ def prompt(row: dict, subject: str | None = "bio") -> str:
     return head + row["question"].strip() + options + "\nAnswer:"
 
 
-def score(backbone, rows: list[dict], *, subject: str | None = "bio", n_mc: int = 16, seed: int = 0,
+def score(backbone, rows: list[dict], *, subject: str | None = "bio", n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
           choice_text: bool = True) -> dict:
     """Per question: whether the letter (and, with choice_text, the choice's text) picks the answer."""
     prompts = [prompt(r, subject) for r in rows]

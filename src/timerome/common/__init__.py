@@ -1,0 +1,1 @@
+"""Foundations every stage uses: checked numbers and files, caches, locks, progress, threads, cost."""

@@ -1,0 +1,112 @@
+"""Files and text that users hand to timerome, and the files it hands back, each checked once.
+
+Every failure here is a TimeromeError that names the file (or the option) and says what to do:
+    read_text(path, "the rows file")      UTF-8 text; another encoding says where the bad byte is
+    read_json(path, "config")             JSON, with the line and column of a syntax error; NaN / inf refused
+    parse_json(text, "--config")          the same for JSON text given inline
+    user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
+    safetensors_error(path, e)            a truncated / foreign safetensors file, in words
+    output_file(path, "--out")            a file to write: not a directory, its folder creatable
+Nothing here writes: a check never changes a file the user gave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from timerome.errors import TimeromeError
+
+
+def read_text(path, what: str = "file") -> str:
+    """The file's text as UTF-8; a missing file, a folder or another encoding is one clear error."""
+    p = Path(path)
+    if p.is_dir():
+        raise TimeromeError(f"{what} {p} is a directory; pass a file")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise TimeromeError(f"{what} {p} does not exist") from None
+    except OSError as e:
+        raise TimeromeError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise TimeromeError(f"{what} {p} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line} "
+                            f"(byte offset {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+
+
+def read_json(path, what: str = "file", *, finite: bool = True):
+    """The JSON document in the file (read_text's checks first); `finite`: NaN and Infinity, which
+    Python's json reads although JSON has no such numbers, are refused naming where they are."""
+    return parse_json(read_text(path, what), f"{what} {path}", finite=finite)
+
+
+def parse_json(text: str, what: str, *, finite: bool = True):
+    """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`."""
+    from timerome.common.checks import nonfinite_path
+
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TimeromeError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise TimeromeError(f"{what} nests its JSON too deeply to read") from None
+    bad = nonfinite_path(doc) if finite else None
+    if bad:
+        raise TimeromeError(f"{what}: {bad} is NaN or infinite, which is not a JSON number and not a usable value; "
+                            "write a finite number")
+    return doc
+
+
+def user_text(text: str, what: str) -> str:
+    """A string from the command line: argv bytes that are not UTF-8 arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start].encode("utf-8", "surrogateescape")
+        raise TimeromeError(f"{what} is not UTF-8 text: byte 0x{bad[0]:02x} at character {e.start}; "
+                            "pass it in UTF-8") from None
+    return text
+
+
+def safetensors_error(path, error: Exception) -> TimeromeError:
+    """What a safetensors read error means for the user (a truncated download, another format)."""
+    p = Path(path)
+    size = p.stat().st_size if p.is_file() else 0
+    detail = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+    return TimeromeError(f"{p} is not a complete safetensors file ({size} bytes; {detail}): it is truncated "
+                         "or damaged; copy or download it again")
+
+
+def output_file(path, what: str = "--out") -> Path:
+    """A file timerome will write: refused up front if it is a directory or its folder cannot be made."""
+    p = Path(path)
+    if p.is_dir():
+        raise TimeromeError(f"{what} {p} is a directory; pass a file name, e.g. {p / 'forget.safetensors'}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise TimeromeError(f"{what} {p}: {folder} is a file, not a folder")
+    _writable(folder, what, p)
+    return p
+
+
+def output_folder(path, what: str = "--out") -> Path:
+    """A folder timerome will write into: refused up front if it is a file or cannot be made."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise TimeromeError(f"{what} {p} is a file; pass a folder")
+    _writable(p, what, p)
+    return p
+
+
+def _writable(folder: Path, what: str, target: Path) -> None:
+    existing = folder
+    while not existing.exists():  # the first folder that exists must let us create the rest
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise TimeromeError(f"{what} {target}: {existing} is not writable; choose another place")

@@ -1,0 +1,116 @@
+"""One progress display for the whole toolkit, on stderr (stdout stays for results and --json).
+
+    with progress_bar("training", total=400) as bar:
+        bar.advance(description="training epoch 1/10 loss 3.2")
+
+On a terminal: rich bars; a bar opened while another is showing is one more line of the same
+display (the reference model under an experiment's cells), removed when it ends. Not on a
+terminal (a log file, a background job, CI): plain lines, the first after 5 seconds and then at
+most one every $TIMEROME_PROGRESS_SECONDS (default 30; 0: every step) per bar, plus one when a bar ends
+that ran that long, so a long job is never silent and a short one adds nothing to the log.
+`enabled=False` shows nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+FIRST_LINE_SECONDS = 5.0
+# the display nested bars share while one is open in this context (thread / task)
+LIVE: ContextVar[Progress | None] = ContextVar("timerome_progress_display", default=None)
+
+
+def _interval() -> float:
+    try:
+        return max(0.0, float(os.environ.get("TIMEROME_PROGRESS_SECONDS", 30)))
+    except ValueError:
+        return 30.0
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class _Bar:
+    """A rich task (or nothing when the display is off)."""
+
+    def __init__(self, progress=None, task=None):
+        self._p, self._t = progress, task
+
+    def advance(self, n: int = 1, description: str | None = None):
+        if self._p is not None:
+            kw = {"description": description} if description else {}
+            self._p.update(self._t, advance=n, **kw)
+
+
+class _Lines(_Bar):
+    """Plain progress lines for a stream that is not a terminal."""
+
+    def __init__(self, description: str, total: int, stream):
+        super().__init__()
+        self.description, self.total, self.stream = description, total, stream
+        self.done, self.t0 = 0, time.monotonic()
+        self.last = None  # when the last line was written
+
+    def advance(self, n: int = 1, description: str | None = None):
+        self.done += n
+        self.description = description or self.description
+        now = time.monotonic()
+        every = _interval()
+        due = now - self.t0 >= min(FIRST_LINE_SECONDS, every) if self.last is None else now - self.last >= every
+        if due or (self.done >= self.total and self.last is not None):
+            self.write(now)
+
+    def write(self, now: float) -> None:
+        elapsed = now - self.t0
+        left = elapsed / self.done * (self.total - self.done) if self.done else None
+        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        eta = f", eta {_clock(left)}" if left is not None and self.done < self.total else ""
+        print(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}",
+              file=self.stream, flush=True)
+        self.last = now
+
+
+@contextmanager
+def progress_bar(description: str, total: int, enabled: bool = True):
+    if not enabled:
+        yield _Bar()
+        return
+    stream = sys.stderr
+    if not stream.isatty():
+        yield _Lines(description, total, stream)
+        return
+    live = LIVE.get()
+    if live is not None:  # nested: one more line of the open display, gone when it ends
+        task = live.add_task(description, total=total)
+        try:
+            yield _Bar(live, task)
+        finally:
+            live.remove_task(task)
+        return
+    cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*cols, console=Console(file=stream), transient=False) as p:
+        token = LIVE.set(p)
+        try:
+            yield _Bar(p, p.add_task(description, total=total))
+        finally:
+            LIVE.reset(token)
+
+
+def notify(message: str) -> None:
+    """A note for the user while work runs (a damaged cache file set aside, a lock waited for):
+    one line on stderr, above the bars when they are showing."""
+    live = LIVE.get()
+    if live is not None:
+        live.console.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        print(f"note: {message}", file=sys.stderr, flush=True)

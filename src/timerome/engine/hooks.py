@@ -1,0 +1,249 @@
+"""Hooks as context managers: keep, edit and stop in one mechanism (baukit's TraceDict, for MDLMs).
+
+Every forward hook in timerome is installed here, by `Hooks`, and removed when its `with` block
+ends (also when the body raises). A site is
+
+    (layer, point)   a backbone hook point: point in resid / attn / mlp, or (None, "embed")
+    Coordinate       the same, and with a step it fires only at that denoising step
+    nn.Module        any module (the locate-then-edit baselines read a down projection's input)
+
+    with Hooks(bb, keep=[(1, "resid")]) as tr:           # keep: one tensor per forward
+        bb.logits(ids)
+    tr[(1, "resid")][0]                                   # [B, L, H]
+
+    with Hooks(bb, edit={(1, "resid"): fn}, state=st):   # edit: h -> fn(h, state) (None: unchanged)
+        generate(bb, prompt, state=st)                    # the sampler sets st.step before each forward
+
+    with Hooks(bb, keep=[(1, "resid")], stop=True) as tr: # stop: the layers above 1 never run
+        bb.logits(ids)
+
+`TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
+denoising step (a cache refresh and the partial forward that follows are the same step), and an
+edit at a Coordinate with a step fires only when state.step equals it. `state.positions` says
+which absolute token positions the current forward holds (None: all of them, 0..L-1), and
+`state.answer_starts` where each row's answer begins when the caller published it
+(`answer_region`: the sampler and the likelihood do). A cached
+sampler's partial forward recomputes only a window (`Backbone.window_logits`, which publishes
+them as `backbone.held_positions`; every hook copies them into its state before it runs). An edit
+acts on the tokens the forward computes, so under a cache it acts on each position when that
+position's keys and values are computed; the token `positions` of `keep` and `patch` are
+absolute and are mapped through the held positions (a position the forward does not hold is
+neither kept nor patched: its cached keys/values are those of the refresh).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+from torch import nn
+
+from timerome.engine.coordinate import Coordinate
+
+HookFn = Callable[[torch.Tensor, "TraceState"], "torch.Tensor | None"]
+
+
+class TraceState:
+    """The denoising step k of the current forward (and which positions it holds)."""
+
+    def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
+        self.step = step
+        self.positions = positions
+        self.ids = None  # the token ids of the forward in flight (Hooks(..., ids=True)), [B, L held]
+        self.answer_starts = None  # where each row's answer begins (answer_region), None: unknown
+
+    def __repr__(self) -> str:
+        return f"TraceState(step={self.step})"
+
+
+class StopForward(Exception):
+    """Raised by a `stop=True` hook once every kept site has been seen; `Hooks` swallows it."""
+
+
+class Hooks(dict):
+    """Install keep / edit hooks on backbone sites for a `with` block; a dict site -> kept tensors.
+
+    keep: sites whose outputs (inputs, with inputs=True) are recorded, one entry per forward,
+        detached and cloned (detach=False keeps them in the autograd graph), sliced to the token
+        `positions` when given, moved to the CPU with to_cpu.
+    edit: {site: fn(h, state)}: h is the site's output (output[0] of a tuple); a returned tensor
+        replaces it. A Coordinate site with a step edits only at that step. With raw=True, fn gets
+        the module's whole output and its return (not None) replaces the whole output.
+    stop: after every kept site has been recorded in a forward, stop it (StopForward, swallowed
+        on leaving the block): what lies above is never computed.
+    ids: before each forward, put its token ids (the embedding's input: the held window's only in a
+        cached sampler's partial forward) in `state.ids`, for edits that read the text.
+    Edits run before keeps on the same module, so a kept output is the edited one.
+    """
+
+    def __init__(self, backbone, keep=(), *, edit: dict | None = None, inputs: bool = False, stop: bool = False,
+                 state: TraceState | None = None, positions=None, to_cpu: bool = False, detach: bool = True,
+                 raw: bool = False, ids: bool = False):
+        super().__init__({site: [] for site in keep})
+        self.backbone = backbone
+        self.edits = dict(edit or {})
+        self.state = state if state is not None else TraceState()
+        self.inputs, self.stop, self.positions = inputs, stop, positions
+        self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
+        if stop and not keep:
+            raise ValueError("stop=True needs at least one kept site")
+        self._handles = []
+        self._forwards = 0
+
+    def module(self, site) -> nn.Module:
+        if isinstance(site, nn.Module):
+            return site
+        layer, point = site.site if isinstance(site, Coordinate) else tuple(site)
+        return self.backbone.module(layer, point)
+
+    def __enter__(self):
+        try:
+            if self.ids:
+                self._handles.append(self.backbone.embedding().register_forward_pre_hook(self._ids_keeper))
+            for site, fn in self.edits.items():
+                self._handles.append(self.module(site).register_forward_hook(self._editor(site, fn)))
+            for site in list(self):
+                mod = self.module(site)
+                if self.inputs:
+                    self._handles.append(mod.register_forward_pre_hook(self._input_keeper(site)))
+                else:
+                    self._handles.append(mod.register_forward_hook(self._keeper(site)))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        return exc_type is not None and issubclass(exc_type, StopForward)
+
+    # ------------------------------------------------------------------ the hook functions
+
+    def _held(self) -> torch.Tensor | None:
+        """Absolute positions of the forward in flight (None: all), copied into the state."""
+        self.state.positions = getattr(self.backbone, "held_positions", None)
+        self.state.answer_starts = getattr(self.backbone, "answer_starts", None)
+        return self.state.positions
+
+    def _editor(self, site, fn):
+        step = site.step if isinstance(site, Coordinate) else None
+        state = self.state
+
+        def hook(_module, _inputs, output):
+            self._held()
+            if step is not None and state.step != step:
+                return None
+            if self.raw:
+                return fn(output, state)
+            h = output[0] if isinstance(output, tuple) else output
+            new = fn(h, state)
+            if new is None:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+
+        return hook
+
+    def _ids_keeper(self, _module, args):
+        self.state.ids = args[0] if args else None
+
+    def _keeper(self, site):
+        def hook(_module, _inputs, output):
+            self._record(site, output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
+    def _input_keeper(self, site):
+        def hook(_module, args):
+            self._record(site, args[0])
+
+        return hook
+
+    def _record(self, site, h: torch.Tensor):
+        held = self._held()
+        if self.positions is None:
+            v = h
+        else:
+            v = h[:, self.positions] if held is None else h[:, held_index(self.positions, held)[0]]
+        if self.detach:
+            v = v.detach().clone()
+        self[site].append(v.cpu() if self.to_cpu else v)
+        if self.stop and all(len(v) > self._forwards for v in self.values()):
+            self._forwards += 1
+            raise StopForward
+
+
+def held_index(positions, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(local, which): of the absolute token `positions` (ints, a LongTensor or a slice), which ones
+    a forward holding the absolute positions `held` [W] has (bool per position), and their indices
+    in that forward (in the order of `positions`)."""
+    if isinstance(positions, slice):
+        positions = torch.arange(int(held.max()) + 1, device=held.device)[positions]
+    pos = torch.as_tensor(positions, device=held.device).reshape(-1)
+    match = pos[:, None] == held[None, :]  # [P, W]
+    which = match.any(1)
+    return match.long().argmax(1)[which], which
+
+
+@contextmanager
+def answer_region(backbone, starts):
+    """Publish, for the forwards inside the block, where each row's answer region begins: an int
+    (every row) or a LongTensor [B]. The sampler and the likelihood do (the prompt ends there); an
+    edit that writes answers aligns on it (every hook copies it into its state as
+    `state.answer_starts`). Outside such a block it is None: nobody said where an answer starts."""
+    before = getattr(backbone, "answer_starts", None)
+    backbone.answer_starts = starts
+    try:
+        yield
+    finally:
+        backbone.answer_starts = before
+
+
+# ------------------------------------------------------------------------------ common uses
+
+
+def capture(backbone, sites, state: TraceState | None = None, positions=None, to_cpu: bool = False) -> Hooks:
+    """Keep each site's output at every forward: store[site] is a list, one tensor per forward."""
+    return Hooks(backbone, sites, state=state, positions=positions, to_cpu=to_cpu)
+
+
+def Intervention(backbone, fns: dict, state: TraceState | None = None) -> Hooks:  # noqa: N802 - reads as a class
+    """Edit hooks only: {site: fn(h, state) -> tensor | None}."""
+    return Hooks(backbone, edit=fns, state=state)
+
+
+def patch(backbone, values: dict, positions, state: TraceState | None = None, at_step: int | None = None) -> Hooks:
+    """Splice values[site] [B or 1, P, H] into the site's output at token `positions` (only at
+    denoising step `at_step` when given)."""
+
+    def splicer(site):
+        def fn(h, state):
+            out = h.clone()
+            if state.positions is None:
+                out[:, positions] = values[site].to(h.dtype)
+            else:  # a partial forward: the patched positions it holds
+                local, which = held_index(positions, state.positions)
+                out[:, local] = values[site][:, which].to(h.dtype)
+            return out
+
+        return fn
+
+    return Hooks(backbone, edit={Coordinate(*s, step=at_step) if at_step is not None else s: splicer(s)
+                                 for s in values}, state=state)
+
+
+def edit(backbone, site, fn: Callable[[torch.Tensor], torch.Tensor], state: TraceState | None = None) -> Hooks:
+    """Replace the site's output h by fn(h) at every forward (at one step for a Coordinate with a step)."""
+    return Hooks(backbone, edit={site: lambda h, _st: fn(h)}, state=state)
+
+
+def run_to(backbone, site, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+           detach: bool = True) -> torch.Tensor:
+    """The output [B, L, H] of `site` on ids [B, L], without computing the layers above it.
+    attention_mask [B, L] marks real tokens (None or all True: no padding)."""
+    am = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+    with Hooks(backbone, [site], stop=True, detach=detach) as tr:
+        backbone.logits(ids, attention_mask=am)
+    return tr[site][0]

@@ -1,0 +1,477 @@
+"""LLaDA's low-confidence remasking sampler, plus Dream-style confidence variants.
+
+x starts as [prompt | mask * gen_length]. The generated part is split into blocks filled left to
+right (semi-autoregressive); inside a block, each step runs ONE forward, predicts a token x0 for
+every position, and reveals the masked positions with the highest confidence. How many are
+revealed per step follows `transfer_schedule` (the linear noise schedule: equal shares, the
+remainder going to the earliest steps).
+
+Faithful to the reference (ML-GSAI/LLaDA generate.py), quirks included:
+- masked positions anywhere before the end of the current block compete for the step's budget,
+  mask tokens inside the prompt included;
+- temperature sampling is Gumbel-max in float64 written as exp(logits) / (-log U)^T, U ~ U[0, 1);
+  at temperature 0 no noise is drawn (argmax of the logits);
+- `random` remasking draws its confidences (float32) after the Gumbel noise;
+- classifier-free guidance batches [cond; uncond] in one forward, uncond having every initial
+  non-mask position (the prompt) set to mask, and mixes u + (cfg + 1)(c - u) in the logits' dtype;
+- the n_reveal[b] most confident positions of row b are torch.topk(conf[b], n_reveal[b])'s, ties
+  included. At temperature 0 with low-confidence remasking the float64 softmax is computed only
+  where it decides: rows are ordered by a float32 sum with a proven error bound, and a row the bound
+  cannot settle takes the float64 softmax (`_screened_confidences`; the same tokens, tested).
+
+Dream-style confidences ("maskgit_plus", "margin", "entropy") plug into the same block schedule;
+like Dream they are read from softmax(logits / T) (softmax(logits) at T = 0), in float64.
+
+Fast options (Fast-dLLM, Wu et al. 2025), off by default; the default path above is unchanged:
+- cache="prefix" | "dual": an approximate key/value cache (`Backbone.kv_cache`, timerome's own
+  LLaDA / MMaDA / LLaDA-MoE implementations). At the first step of every block a refresh forward
+  computes every position and stores each layer's keys and values; every step then recomputes
+  only a window, [block start, end of x) for "prefix", the block itself for "dual", attending
+  over the stored keys/values of the other positions (stale since the refresh). Only the block's
+  masked positions compete for the reveal (the reference also lets mask tokens inside the prompt
+  compete). refresh_every=n refreshes again every n steps inside a block; refresh_every=1
+  recomputes everything at every step and, at temperature 0, gives the reference's tokens through
+  the cached code path (the tests check it, with and without an edit installed).
+- threshold=tau: each step reveals every candidate position whose confidence is >= tau, and at
+  least the most confident one, until the block is filled (so `steps` no longer fixes the number
+  of steps: a block takes 1..block_length steps). Needs a probability-valued confidence
+  (low_confidence, maskgit_plus, margin).
+Hooks see what each forward computes: an edit acts on every position when its keys/values are
+computed (at a refresh: all of them; in a partial forward: the window's), and `state.step` is set
+once per denoising step, whatever forwards the step makes.
+
+A causal (autoregressive) backbone decodes left to right instead: one forward per generated token
+over the prefix decoded so far, the next token argmax (temperature 0) or drawn from softmax(l / T)
+as above; `state.step` is the token's index. steps, block_length and remasking do not apply there
+(they are still checked); the cache, threshold and classifier-free guidance, which are diffusion
+options, are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from timerome.common.checks import budget, integer, number
+from timerome.engine.hooks import answer_region
+from timerome.engine.settings import SAMPLER
+from timerome.errors import TimeromeError
+
+REMASKING = ("low_confidence", "random", "maskgit_plus", "margin", "entropy")
+CACHES = ("prefix", "dual")
+THRESHOLD_REMASKING = ("low_confidence", "maskgit_plus", "margin")  # confidences that are probabilities
+
+
+def transfer_schedule(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """How many tokens to reveal at each step: mask_count [B] -> [B, steps], rows sum to mask_count.
+
+    Every step gets mask_count // steps; the remainder adds one to each of the earliest steps.
+    """
+    mask_count = torch.as_tensor(mask_count, dtype=torch.long)
+    base = mask_count // steps
+    rem = mask_count % steps
+    first = torch.arange(steps, device=mask_count.device)[None, :] < rem[:, None]  # [B, steps]
+    return base[:, None] + first.long()
+
+
+@torch.no_grad()
+def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length, block_length: int = SAMPLER.block_length,
+             temperature: float = SAMPLER.temperature, cfg_scale: float = SAMPLER.cfg_scale, remasking: str = SAMPLER.remasking,
+             generator: torch.Generator | None = None, state=None,
+             on_step: Callable[[int, torch.Tensor], None] | None = None,
+             attention_mask: torch.Tensor | None = None, cache: str | None = None,
+             threshold: float | None = None, refresh_every: int | None = None) -> torch.Tensor:
+    """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
+
+    state: any object with an int `step`; set to k before the forwards of denoising step k
+        (k = 0..steps-1; with a threshold, as many steps as the blocks take).
+    on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
+    attention_mask: [B, P] or [B, P + gen_length], False at padding (e.g. left-padded prompts);
+        padded positions are never revealed and are hidden from attention.
+    generator: every random draw comes from it (default: a Generator seeded 0 on the backbone's
+        device); draws are made on the generator's device.
+    cache: None (exact, the reference), "prefix" or "dual" (module docstring); refresh_every: with
+        a cache, refresh it every n steps inside a block too (None: at block starts only).
+    threshold: reveal every candidate whose confidence is >= threshold, at least one per step.
+    """
+    device = backbone.device
+    prompt = _as_prompt(backbone, prompt_ids, device)
+    B, P = prompt.shape
+    check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
+                     temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
+                     threshold=threshold, refresh_every=refresh_every)
+    if getattr(backbone, "causal", False):
+        with answer_region(backbone, P):
+            return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+                                  attention_mask, cache, threshold)
+    kv = backbone.kv_cache() if cache is not None else None
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(0)
+    mask_id = backbone.mask_id
+
+    x = torch.full((B, P + gen_length), mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt
+    real = _real_positions(attention_mask, B, P, gen_length, device)  # [B, L] bool
+    prompt_index = x != mask_id  # frozen: what the unconditional copy masks out
+
+    n_blocks = gen_length // block_length
+    steps_per_block = steps // n_blocks
+    forward = _Forward(backbone, prompt_index, real, attention_mask, cfg_scale, kv)
+    with answer_region(backbone, P):  # the answer region of every row starts after the (left-padded) prompt
+        _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
+                 generator, state, on_step, kv, cache, threshold, refresh_every)
+    return x
+
+
+def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
+             generator, state, on_step, kv, cache, threshold, refresh_every) -> None:
+    """The block loop of `generate`, filling x in place."""
+    mask_id, L = backbone.mask_id, x.shape[1]
+    k = 0
+    for b in range(n_blocks):
+        start, end = P + b * block_length, P + (b + 1) * block_length
+        n_transfer = transfer_schedule((x[:, start:end] == mask_id).sum(1), steps_per_block)  # [B, spb]
+        # the positions each step recomputes: all of them, or the cache's window
+        lo, hi = (0, L) if kv is None else (start, L if cache == "prefix" else end)
+        i = 0
+        while (i < steps_per_block if threshold is None else
+               bool(((x[:, start:end] == mask_id) & real[:, start:end]).any())):
+            if state is not None:
+                state.step = k  # once per denoising step: a refresh and its partial forward are one step
+            if kv is not None and (i == 0 or (refresh_every is not None and i % refresh_every == 0)):
+                forward.refresh(x)
+            masked = (x[:, lo:hi] == mask_id) & real[:, lo:hi]
+            masked[:, end - lo:] = False  # later blocks wait their turn
+            logits = forward(x, lo, hi)
+            n_reveal = n_transfer[:, i] if threshold is None else torch.ones_like(n_transfer[:, 0])
+            x[:, lo:hi] = denoise_step(x[:, lo:hi], logits, masked, n_reveal, temperature=temperature,
+                                       remasking=remasking, generator=generator, threshold=threshold)
+            if on_step is not None:
+                on_step(k, x.clone())
+            k += 1
+            i += 1
+
+
+def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+                   attention_mask, cache, threshold) -> torch.Tensor:
+    """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
+    if cache is not None or threshold is not None or cfg_scale > 0:
+        raise TimeromeError(f"the {backbone.family.name} model is autoregressive: it decodes one token per forward, "
+                            "left to right; cache, threshold and cfg_scale (--cache, --threshold) are diffusion "
+                            "sampling options")
+    device = backbone.device
+    B, P = prompt.shape
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.full((B, P + gen_length), backbone.mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt
+    real = _real_positions(attention_mask, B, P, gen_length, device)
+    am = None if attention_mask is None else real
+    for i in range(gen_length):
+        if state is not None:
+            state.step = i
+        logits = backbone.next_logits(x[:, :P + i], None if am is None else am[:, :P + i])  # [B, V]
+        x[:, P + i] = _sample(logits, temperature, generator)
+        if on_step is not None:
+            on_step(i, x.clone())
+    return x
+
+
+def denoise_step(x: torch.Tensor, logits: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
+                 temperature: float = SAMPLER.temperature, remasking: str = SAMPLER.remasking,
+                 generator: torch.Generator | None = None, threshold: float | None = None) -> torch.Tensor:
+    """One reveal: x [B, L] with the n_reveal[b] most confident positions of `masked` [B, L] (bool)
+    in row b filled from logits [B, L, V]; every other position keeps its token. With a threshold,
+    row b reveals max(n_reveal[b], its masked positions whose confidence is >= threshold).
+
+    The sampler's step, public so that tracing commits tokens exactly as generation does.
+    """
+    if temperature == 0 and remasking != "random":
+        # nothing random is drawn: decide the masked positions only (a position's prediction and
+        # confidence read its own logits alone, so this is the same as deciding all of them)
+        return reveal_masked(x, logits[masked], masked, n_reveal, remasking=remasking, threshold=threshold)
+    else:  # the draws cover every position, as the reference's do
+        x0 = _sample(logits, temperature, generator)
+        conf = _confidence(logits, x0, remasking, temperature, generator)
+        x0 = torch.where(masked, x0, x)
+        conf = torch.where(masked, conf, -torch.inf)
+    if threshold is not None:
+        n_reveal = torch.maximum(n_reveal.to(conf.device), (conf >= threshold).sum(1))
+    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
+
+
+class HeadRead:
+    """The passes over logits [M, V] (float32 or lower) that a read-out of log-probabilities and a
+    low-confidence reveal both make, made once: the max and argmax, and exp(l - max) in float32."""
+
+    def __init__(self, logits: torch.Tensor):
+        lg = logits.float()
+        self.logits, self.top = lg, lg.max(-1)
+        # torch.logsumexp's own steps (an infinite max shifts by 0), so log_normaliser is its value bit for bit
+        self.shift = self.top.values.masked_fill(self.top.values.abs() == torch.inf, 0.0)
+        self.exp = (lg - self.shift[:, None]).exp_()
+        self._tail_taken = False
+
+    def log_normaliser(self) -> torch.Tensor:
+        """log sum_i exp(l_i) [M]: logits.float().logsumexp(-1)."""
+        if self._tail_taken:
+            raise TimeromeError("HeadRead.log_normaliser after tail_mass: read the normaliser first")
+        return self.exp.sum(-1).log_().add_(self.shift)
+
+    def tail_mass(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """sum over the tokens other than the argmax of exp(l_i - max l), float32 sums as float64 [M'] (rows:
+        bool [M], those rows only). Consumes the exponentials (the argmax's entries are zeroed in place)."""
+        e, idx = (self.exp, self.top.indices) if rows is None else (self.exp[rows], self.top.indices[rows])
+        self._tail_taken |= rows is None
+        t = e.scatter_(1, idx[:, None], 0.0).sum(1).double()
+        inf = self.shift != self.top.values  # an infinite (or NaN) max: no tail; NaN tells the caller to fall back
+        return t.masked_fill_(inf if rows is None else inf[rows], torch.nan)
+
+
+def reveal_masked(x: torch.Tensor, picked: torch.Tensor, masked: torch.Tensor, n_reveal: torch.Tensor, *,
+                  remasking: str = SAMPLER.remasking, threshold: float | None = None,
+                  head: HeadRead | None = None, screen: bool = True) -> torch.Tensor:
+    """`denoise_step` at temperature 0 (low-confidence or margin remasking) from the logits of the
+    masked positions alone: picked [M, V] = logits[masked] (row-major), for callers that run the
+    vocabulary head at those positions only (the trace engine). Same result as denoise_step.
+    Without a threshold, a row that reveals none or all of its masked positions needs no
+    confidence: those are computed for the other rows only. head: `HeadRead(picked)` where the
+    caller has it (its read-out made those passes already; its exponentials are consumed). screen:
+    low-confidence rows ordered by `_screened_confidences` (same tokens); False: the float64 softmax of
+    every ranking row, as the reference computes it (the benchmark compares the two)."""
+    n_reveal = n_reveal.to(x.device).expand(x.shape[0])
+    ranks = (n_reveal > 0) & (n_reveal < masked.sum(1))  # rows whose choice depends on the confidences
+    screened = (screen and remasking == "low_confidence" and threshold is None and picked.dtype != torch.float64
+                and bool(ranks.any()))
+    if screened:
+        if head is None:
+            head = HeadRead(picked)
+        elif head.logits.shape != picked.shape:
+            raise TimeromeError(f"head was read from logits of shape {tuple(head.logits.shape)}, not these "
+                                f"{tuple(picked.shape)}")
+    x0 = x.masked_scatter(masked, head.top.indices if screened else _sample(picked, 0, None))
+    conf = torch.full(x.shape, -torch.inf, dtype=torch.float64, device=x.device)
+    if threshold is not None or (bool(ranks.all()) and not screened):
+        conf[masked] = _confidence(picked, x0[masked], remasking, 0, None).to(torch.float64)
+    else:
+        some = ranks[masked.nonzero()[:, 0]]  # per masked position: does its row rank?
+        conf[masked & ~ranks[:, None]] = 0.0  # finite: a row revealing all takes every one, a row revealing none none
+        if screened:
+            _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head)
+        else:
+            conf[masked & ranks[:, None]] = _confidence(picked[some], x0[masked][some], remasking, 0,
+                                                        None).to(torch.float64)
+    if threshold is not None:
+        n_reveal = torch.maximum(n_reveal, (conf >= threshold).sum(1))
+    return torch.where(_top_k_per_row(conf, n_reveal), x0, x)
+
+
+# 2^-24: float32's unit roundoff, 2^-53 float64's
+U32, U64 = 2.0 ** -24, 2.0 ** -53
+
+
+def _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head: HeadRead) -> None:
+    """The ranking rows' entries of conf [B, L] for `reveal_masked` at low-confidence remasking without
+    a threshold, set in place so that each row's top k are the reference's, without the float64
+    softmax where it does not decide (some: per masked position, whether its row ranks). The reference's confidence of a position is c = 1 / (1 + t) in float64, t = the
+    sum over the other tokens of exp(l_i - max l), and only which positions of a row reach its top k
+    matters. t is summed in float32 (t32), and the true t lies in
+
+        [t32 / ((1 + a)(1 + s)) - V 2^-126,  t32 / ((1 - a)(1 - s)) + V 2^-126],  a = 110 u32, s = (V - 1) u32:
+
+    each term whose value is a normal float is within a of its value (l_i - max rounded once: at most
+    87.3 u32 relative there; exp within 2 u32), a smaller one within 2^-126 (subnormal, or zero where
+    denormals are flushed), and V positive terms summed in any order within s (Jeannerod & Rump 2013,
+    no second-order term; the exact quotients are used, whose first-order forms fail above about
+    165,000 tokens). The float64 softmax holds c within (1.37 V + 6) u64 of 1 / (1 + t) (its sum is at
+    least 1; eta below allows (2 V + 120) u64). Where a row's k-th and (k + 1)-th smallest t are apart
+    by more than both errors, the float32 order decides the row exactly; any other row (near ties,
+    confidences within 1e-13 of 1 that float64 rounds together) takes the float64 softmax, as
+    `_confidence` computes it."""
+    V = picked.shape[-1]
+    t = head.tail_mass(None if bool(some.all()) else some)  # mass off the argmax
+    conf[masked & ranks[:, None]] = -t  # -t orders as c = 1 / (1 + t)
+    if not bool(torch.isfinite(t).all()):
+        exact = ranks.clone()
+    else:
+        k = torch.where(ranks, n_reveal, 1)  # rows that do not rank: any valid k, not read
+        kth = conf.topk(int(k[ranks].max()) + 1, dim=1).values     # [B, kmax + 1]: -t, largest first
+        t_in = -kth.gather(1, (k - 1)[:, None]).squeeze(1)         # the k-th smallest t: the last revealed
+        t_out = -kth.gather(1, k[:, None]).squeeze(1)              # the (k + 1)-th: the first kept masked
+        a, s = 110 * U32, (V - 1) * U32  # per term (exp and its argument), the sum (Jeannerod & Rump 2013)
+        hi, lo = 1 / ((1 - a) * (1 - s)) * (1 + 1e-9), 1 / ((1 + a) * (1 + s)) * (1 - 1e-9)
+        eta = (2 * V + 120) * U64 * 1.01
+        tiny = V * 2.0 ** -126  # the terms below float32's normal range (2^-126 each, flush-to-zero too)
+        lo_out = 1.0 + (t_out * lo - tiny)
+        hi_in = (1.0 + (t_in * hi + tiny)) * (1 + 2 * eta + 4 * U64)
+        exact = ranks & ~(lo_out > hi_in)
+    if bool(exact.any()):  # rows the float32 order cannot settle: the reference's float64 confidences
+        sel = masked & exact[:, None]
+        conf[sel] = _confidence(picked[sel[masked]], x0[sel], "low_confidence", 0, None).to(torch.float64)
+
+
+# ------------------------------------------------------------------------------ input checks
+
+
+def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
+    if isinstance(prompt_ids, str):  # text: the convenience most first calls expect
+        prompt_ids = backbone.encode(prompt_ids)
+    try:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    except (TypeError, ValueError, RuntimeError):
+        raise TimeromeError("prompt_ids must be a string, a list of token ids or a LongTensor "
+                            "(rows of one length; left-pad with attention_mask)") from None
+    if prompt.dim() == 1:
+        prompt = prompt[None, :]
+    if prompt.dim() != 2:
+        raise TimeromeError(f"prompt_ids must be [batch, length] or [length], got shape {tuple(prompt.shape)}")
+    if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise TimeromeError("the prompt is empty: give at least one prompt token per row")
+    vocab = getattr(backbone, "vocab_size", None)
+    if vocab is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
+        raise TimeromeError(f"prompt token ids must lie in 0..{vocab - 1}; got {int(prompt.min())}..{int(prompt.max())}")
+    return prompt.to(device)
+
+
+def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length,
+                     block_length: int = SAMPLER.block_length, temperature: float = SAMPLER.temperature, cfg_scale: float = SAMPLER.cfg_scale,
+                     remasking: str = SAMPLER.remasking, cache=None, threshold=None, refresh_every=None) -> None:
+    """Everything `generate` checks before its first forward (the CLI calls it before any warning):
+    the options, their fit with the prompt and the model's context, and the work within the budget."""
+    _check(backbone, prompt_length, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    check_fast_options(cache, threshold, refresh_every, remasking)
+    budget(f"generating with {steps} steps for {n_prompts} prompt(s)",
+           steps * n_prompts * (2 if cfg_scale > 0 else 1), "one per step and prompt")
+
+
+def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    # each message names the Python argument and the CLI option (--gen-length ...) alike
+    for name, v in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
+        integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
+    if gen_length % block_length:
+        raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
+                            f"(--block-length) {block_length}")
+    n_blocks = gen_length // block_length
+    if steps % n_blocks:
+        raise TimeromeError(f"steps (--steps) {steps} is not divisible by the number of blocks "
+                            f"(gen_length // block_length = {gen_length} // {block_length} = {n_blocks})")
+    if P + gen_length > backbone.max_length:
+        raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
+                            f"context of {backbone.max_length} tokens")
+    if remasking not in REMASKING:
+        raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
+    number(temperature, "temperature (--temperature)", lo=0)
+    number(cfg_scale, "cfg_scale", lo=0)
+
+
+def check_fast_options(cache, threshold, refresh_every, remasking: str = SAMPLER.remasking) -> None:
+    """One clear error for a bad cache / threshold / refresh_every (what `generate` checks first)."""
+    if cache is not None and cache not in CACHES:
+        raise TimeromeError(f"unknown cache {cache!r}; choose {' or '.join(map(repr, CACHES))} (None: the exact sampler)")
+    if threshold is not None:
+        number(threshold, "threshold", lo=0, hi=1, lo_open=True)
+        if remasking not in THRESHOLD_REMASKING:
+            raise TimeromeError(f"threshold needs a probability-valued confidence ({', '.join(THRESHOLD_REMASKING)}); "
+                                f"remasking={remasking!r} is not one")
+    if refresh_every is not None:
+        if cache is None:
+            raise TimeromeError("refresh_every needs a cache (cache='prefix' or 'dual')")
+        integer(refresh_every, "refresh_every", lo=1)
+
+
+def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones(B, P + G, dtype=torch.bool, device=device)
+    am = torch.as_tensor(attention_mask).to(device=device, dtype=torch.bool)
+    if am.dim() == 1:
+        am = am[None, :]
+    if am.shape == (B, P):
+        am = torch.cat([am, am.new_ones(B, G)], dim=1)
+    if am.shape != (B, P + G):
+        raise TimeromeError(f"attention_mask must be [batch, prompt] = ({B}, {P}) or "
+                            f"[batch, prompt + gen_length] = ({B}, {P + G}), got {tuple(am.shape)}")
+    return am
+
+
+# ------------------------------------------------------------------------------ one step
+
+
+class _Forward:
+    """The step's forward: [B, hi - lo, V] logits of positions lo..hi-1, classifier-free guided when
+    cfg_scale > 0 ([cond; uncond] in one batch, the uncond rows with the prompt masked). Without a
+    cache (lo, hi) = (0, L): one full forward, as the reference; with one, `refresh` stores every
+    position's keys/values and the call computes the window only."""
+
+    def __init__(self, backbone, prompt_index, real, attention_mask, cfg_scale, kv):
+        self.backbone, self.prompt_index, self.cfg_scale, self.kv = backbone, prompt_index, cfg_scale, kv
+        am = None if attention_mask is None else real
+        self.am = am if am is None or cfg_scale <= 0 else torch.cat([am, am])
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg_scale <= 0:
+            return x
+        uncond = x.clone()
+        uncond[self.prompt_index] = self.backbone.mask_id
+        return torch.cat([x, uncond])
+
+    def refresh(self, x: torch.Tensor) -> None:
+        self.backbone.refresh(self.rows(x), self.kv, attention_mask=self.am)
+
+    def __call__(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        if self.kv is None:
+            logits = self.backbone.logits(self.rows(x), attention_mask=self.am)  # [B or 2B, L, V]
+        else:
+            logits = self.backbone.window_logits(self.rows(x), self.kv, lo, hi, attention_mask=self.am)
+        if self.cfg_scale <= 0:
+            return logits
+        cond, unc = logits.chunk(2, dim=0)
+        return unc + (self.cfg_scale + 1) * (cond - unc)
+
+
+def _rand(shape, dtype, generator, device) -> torch.Tensor:
+    """U[0, 1) drawn on the generator's device, then moved to where the logits live."""
+    return torch.rand(shape, dtype=dtype, generator=generator, device=generator.device).to(device)
+
+
+def _sample(logits, temperature, generator) -> torch.Tensor:
+    """x0 [B, L]: argmax at T = 0, else Gumbel-max in float64 as the reference writes it."""
+    if temperature == 0:
+        return logits.max(-1).indices  # argmax's first maximum, without argmax's slower CPU kernel
+    l64 = logits.to(torch.float64)
+    noise = _rand(l64.shape, torch.float64, generator, l64.device)
+    # exp(l) / (-log U)^T has the argmax of l / T + Gumbel: a draw from softmax(l / T)
+    return (l64.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+
+
+def _confidence(logits, x0, remasking, temperature, generator) -> torch.Tensor:
+    """Confidence [B, L] of each prediction; higher is revealed first."""
+    if remasking == "random":
+        return _rand(x0.shape, torch.float32, generator, x0.device)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        return p.gather(-1, x0[..., None]).squeeze(-1)
+    # Dream reads its confidences from the tempered distribution
+    l64 = logits.to(torch.float64)
+    p = F.softmax(l64 / temperature if temperature > 0 else l64, dim=-1)
+    if remasking == "maskgit_plus":
+        return p.gather(-1, x0[..., None]).squeeze(-1)
+    if remasking == "margin":
+        top2 = p.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    return torch.special.xlogy(p, p).sum(-1)  # entropy: negative entropy, 0 for a one-hot
+
+
+def _top_k_per_row(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Bool [B, L]: the k[b] highest confidences of each row b, ties broken as the reference's
+    torch.topk(conf[b], k[b]) breaks them: topk's choice among equal values depends on k, so the
+    rows are taken in groups of one k (one call each), never as the first k[b] of a larger topk."""
+    out = torch.zeros_like(conf, dtype=torch.bool)
+    k = k.to(conf.device)
+    for kv in k.unique().tolist():
+        if kv == 0:
+            continue
+        rows = (k == kv).nonzero().squeeze(1)
+        out[rows] = out[rows].scatter_(1, conf[rows].topk(int(kv), dim=-1).indices, True)
+    return out

@@ -1,0 +1,48 @@
+"""Typed settings with one default each: the sampler, the likelihood and the trace.
+
+Every signature, CLI option and experiment CONFIG that takes one of these reads its default from
+here (SAMPLER.steps, LIKELIHOOD.n_mc, TRACE.steps, ...), so a default is written once;
+tests/test_architecture.py fails on a numeric default literal of one of these names elsewhere. The
+edit's own settings (alpha, lambda, q, key metric, target) are `methods/timerome_edit.DEFAULTS`.
+
+    from timerome.engine.settings import LIKELIHOOD, SAMPLER, TRACE
+    generate(bb, prompt, steps=SAMPLER.steps)        # LLaDA's reference: 128 steps for 128 tokens
+    dataclasses.replace(SAMPLER, steps=64)           # a settings object of one's own
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Denoising generation (sampler.generate; LLaDA's generate.py defaults)."""
+
+    steps: int = 128            # denoising steps over the whole answer
+    gen_length: int = 128       # answer tokens (masks) to fill
+    block_length: int = 128     # semi-autoregressive blocks (= gen_length: one block)
+    temperature: float = 0.0    # Gumbel noise on the logits (0: greedy)
+    cfg_scale: float = 0.0      # classifier-free guidance (0: off)
+    remasking: str = "low_confidence"
+
+
+@dataclass(frozen=True)
+class LikelihoodSettings:
+    """The MDLM's Monte-Carlo answer log-likelihood (likelihood.log_likelihood_batch)."""
+
+    n_mc: int = 16              # masked copies per answer (the estimator's samples)
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """Diffusion-time causal tracing (tracing.causal_trace.trace) and the trajectories it reads."""
+
+    steps: int = 8              # denoising steps K of each traced trajectory
+    n_samples: int = 5          # noise draws per fact (the corrupted runs)
+    n_facts: int = 8            # facts traced (the paper's validation set)
+
+
+SAMPLER = SamplerSettings()
+LIKELIHOOD = LikelihoodSettings()
+TRACE = TraceSettings()

@@ -1,0 +1,145 @@
+"""The model's best batched throughput on this device: the unit of every performance floor.
+
+A floor is the least time a piece of work could take here: the row-blocks its definition needs
+(one sequence row through one transformer block), each at the best rate this model reaches on this
+device. The rate is measured, not assumed: full forwards of [b, L] random tokens for b = 1, 2, 4,
+... (until a forward takes `max_seconds` or the rate has stopped growing for two doublings), and
+rows x blocks per second taken at the best b. A forward also runs the embedding and the head, so
+the rate charges each row-block its share of them: work done at that rate would be no faster.
+`blocks_only=True` stops each forward after the last block, for a floor that charges the head
+apart, only where a read-out needs it (`head_throughput`: read-out positions per second).
+
+Rows of different lengths: `floor_by_length` charges each length's row-blocks at the rate
+measured at that length (rows of one length batch together; an exact computation cannot pad them
+to another, as padding changes the float rounding), the issue's "row-blocks at the best rows x
+blocks per second" made precise. `floor_seconds` is stricter still: a row of length L is L
+token-blocks, each charged at the best token rate (rows x blocks x L per second) over the lengths
+measured, the most favourable of them.
+
+    rates = [best_throughput(backbone, L) for L in lengths]     # Throughput(length, rows, ...)
+    floor_s = floor_by_length(result.stats["min_block_rows_by_length"], rates)
+    strict_s = floor_seconds(token_blocks=result.stats["min_block_tokens"], rates=rates)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from timerome.engine.hooks import run_to
+
+
+@dataclass
+class Throughput:
+    """The best batched forward rate at one sequence length."""
+
+    length: int
+    rows: int                     # the batch size that reached it
+    row_blocks_per_s: float       # rows x blocks per second at that batch size
+    table: dict = field(default_factory=dict)  # batch size -> rows x blocks per second
+
+    @property
+    def token_blocks_per_s(self) -> float:
+        return self.row_blocks_per_s * self.length
+
+
+@torch.no_grad()
+def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds: float = 8.0, repeats: int = 3,
+                    clock=time.perf_counter, seed: int = 0, blocks_only: bool = False) -> Throughput:
+    """Rows x blocks per second of full forwards of [b, length] at the best batch size b.
+
+    Each b is timed `repeats` times after one warm-up forward (median); b doubles until max_rows,
+    until one forward takes max_seconds, or until two doublings in a row did not beat the best.
+    clock: the timer the work compared with it uses (process CPU time on a shared CPU machine).
+    blocks_only: forwards stop after the last block (the embedding and the blocks, no head): the
+    rate of the blocks alone, for floors that charge the head separately (`head_throughput`).
+    """
+    g = torch.Generator().manual_seed(seed)
+    last = (backbone.n_layers - 1, "resid")
+
+    def make(b):
+        return torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
+
+    def forward(ids):
+        return run_to(backbone, last, ids) if blocks_only else backbone.logits(ids)
+
+    seconds = _doubling(backbone, make, forward, 1, max_rows, max_seconds, repeats, clock)
+    table = {b: b * backbone.n_layers / sec for b, sec in seconds.items()}
+    rows = max(table, key=table.get)
+    return Throughput(length=length, rows=rows, row_blocks_per_s=table[rows], table=table)
+
+
+@torch.no_grad()
+def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: float = 8.0, repeats: int = 3,
+                    clock=time.perf_counter, seed: int = 0) -> float:
+    """Positions per second of the vocabulary read-out (`Backbone.readout`: final norm and head) on
+    [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def make(m):
+        return torch.randn(m, backbone.hidden_size, generator=g).to(device=backbone.device, dtype=backbone.dtype)
+
+    seconds = _doubling(backbone, make, backbone.readout, 16, max_positions, max_seconds, repeats, clock)
+    return max(m / sec for m, sec in seconds.items())
+
+
+def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, repeats: int, clock) -> dict:
+    """{size: seconds of run(make(size))} for size = first, 2 first, ... up to most: each the median of
+    `repeats` timed calls after one warm-up (allocations, kernel selection); it stops after a call
+    of more than max_seconds, or once two doublings in a row did not beat the best size / second."""
+    seconds, best, worse, n = {}, 0.0, 0, first
+    while n <= most:
+        x = make(n)
+        run(x)
+        times = []
+        for _ in range(repeats):
+            sync(backbone.device)
+            t = clock()
+            run(x)
+            sync(backbone.device)
+            times.append(clock() - t)
+        sec = seconds[n] = max(statistics.median(times), 1e-9)
+        worse = 0 if n / sec > best else worse + 1
+        best = max(best, n / sec)
+        if sec > max_seconds or worse >= 2:
+            break
+        n *= 2
+    return seconds
+
+
+def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:
+    """The least time for `token_blocks` (row-blocks weighted by their rows' lengths), each at the
+    best token rate among `rates` (the strictest floor: a short row is charged the token rate of
+    the length that runs fastest per token)."""
+    return token_blocks / max(r.token_blocks_per_s for r in rates)
+
+
+def floor_by_length(block_rows: dict, rates: list[Throughput]) -> float:
+    """The least time for block_rows {length: row-blocks}, each row-block at the best rows x blocks
+    per second measured at its own length: rows of one length batch together, and an exact
+    computation cannot pad a row to another length (padding changes the float rounding)."""
+    by_length = {r.length: r for r in rates}
+    missing = sorted({int(n) for n in block_rows} - set(by_length))
+    if missing:
+        raise ValueError(f"no throughput measured at length(s) {missing}")
+    return sum(n / by_length[int(length)].row_blocks_per_s for length, n in block_rows.items())
+
+
+def bench_clock(choice: str = "auto", device="cpu", threads: int | None = None):
+    """(timer, label) of a benchmark: "cpu" = process CPU time with `threads` torch threads (default
+    1: idle OpenMP threads spin, and other jobs on a shared machine are not counted), "wall" = wall
+    time; "auto" = CPU time on CPU, wall time on a GPU. Sets torch's thread count when asked to or
+    when timing CPU time."""
+    cpu = choice == "cpu" or (choice == "auto" and not str(device).startswith("cuda"))
+    if threads or cpu:
+        torch.set_num_threads(threads or 1)
+    return (time.process_time, "process CPU time") if cpu else (time.perf_counter, "wall time")
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on a CPU. Timers call it around timed work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,334 @@
+"""TOFU-style evaluation of an (edited) MDLM: per-item log-likelihoods and the paper's columns.
+
+    rows = eval_rows("embedded")                     # forget / retain / real_authors / world_facts
+    ref = reference_truth_ratios(reference_model(), rows["forget"], n_mc=LIKELIHOOD.n_mc, seed=0)
+    result = evaluate(backbone, rows, n_mc=LIKELIHOOD.n_mc, seed=0, reference_tr=ref, edit=edit)
+    result["metrics"]["ForgetLP"], result["items"]["forget"]["lp"]
+
+Columns (metrics.py has the formulas):
+    ForgetLP / RetainLP / RealAuth / WorldFact   mean log p(answer | question), nats (MC, n_mc rows)
+    ForgetTR / RetainTR                          truth ratio aggregates (closer-to-1 / true-better)
+    ForgetQuality                                KS p-value vs a model never trained on the forget set
+    ForgetROUGE / RetainROUGE / ...              ROUGE-L recall of greedy generations
+    ModelUtility                                 harmonic mean of {prob, ROUGE, TR} on retain, RA, WF
+Every item's Monte-Carlo draws come from (seed, item index) only, so two models evaluated with
+the same seed share their masks: differences between them are paired, not MC noise.
+
+Generation for ROUGE: each answer gets as many mask tokens as its reference has, plus 4 for a model
+with an end-of-text token (the embedded default ends its answers; the answer is cut there), one
+token revealed per step; a model without one gets TOFU's length oracle (no slack).
+`sampler={"cache": "dual", "threshold": 0.9}` (evaluate, score_split, generate_answers) switches
+on the sampler's fast options (sampler.py); the default is the exact reference sampler.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from timerome import metrics as M
+from timerome.common.checks import budget, integer
+from timerome.common.checks import seed as check_seed
+from timerome.common.cost import measure
+from timerome.common.progress import progress_bar
+from timerome.data.rows import spread
+from timerome.data.tofu import load_split
+from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
+from timerome.engine.hooks import TraceState
+from timerome.engine.sampler import generate
+from timerome.engine.settings import LIKELIHOOD, TRACE
+from timerome.errors import TimeromeError
+from timerome.metrics.columns import split_columns
+from timerome.metrics.editing import GEN_SLACK, UNLEARNING_RATES, classify
+from timerome.tracing.tie import run_trajectory
+
+SPLIT_COLUMNS = split_columns("lp")  # {split: its log-probability column}, declared in metrics/tofu.py
+UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def eval_rows(source="embedded", forget: str = "forget01", *, n_retain: int = 40, n_world: int = 20,
+              retain_rows=None) -> dict[str, list[dict]]:
+    """Rows by split, with their paraphrased / perturbed answers.
+
+    forget: every row of `forget`_perturbed. retain / real_authors / world_facts: n_retain /
+    n_world rows spread evenly over the perturbed splits (deterministic: the same rows for every
+    method and seed). retain_rows overrides the retain pool (e.g. a TOFU subset).
+    """
+    rows = {"forget": load_split(f"{forget}_perturbed", source)}
+    pool = retain_rows if retain_rows is not None else load_split("retain_perturbed", source)
+    rows["retain"] = spread(pool, n_retain)
+    rows["real_authors"] = spread(load_split("real_authors_perturbed", source), n_world)
+    rows["world_facts"] = spread(load_split("world_facts_perturbed", source), n_world)
+    return rows
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+def _answers(row: dict) -> tuple[str, list[str]]:
+    """(correct side, perturbed answers) of the truth ratio.
+
+    TOFU: the paraphrased answer against perturbed answers written in the paraphrase's style
+    (RA / WF have no paraphrase: the answer itself). When the perturbed answers are instead the
+    *answer's own* template with another value (the embedded corpus: row["object"] swapped), the
+    paraphrase would be compared with a template the model was trained on and every truth ratio
+    would measure wording, not the fact; the answer is then the correct side, so both sides differ
+    only in the value, as TOFU intends.
+    """
+    pert = list(row.get("perturbed_answer") or [])
+    if pert and _same_template(row["answer"], row.get("object"), pert):
+        return row["answer"], pert
+    return row.get("paraphrased_answer") or row["answer"], pert
+
+
+def _same_template(answer: str, obj, perturbed: list[str]) -> bool:
+    if not obj or obj not in answer:
+        return False
+    head, _, tail = answer.partition(obj)
+    return all(p.startswith(head) and p.endswith(tail) and p != answer for p in perturbed)
+
+
+def fits(backbone, row: dict) -> bool:
+    """Whether the question with every answer variant fits the model's context."""
+    q = len(backbone.encode(row["question"]))
+    para, pert = _answers(row)
+    longest = max(len(backbone.encode(a)) for a in [row["answer"], para] + pert)
+    return q + longest + 1 <= backbone.max_length
+
+
+def score_split(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, truth_ratio: bool = True,
+                rouge: bool = True, progress: bool = False, sampler: dict | None = None) -> dict:
+    """Per-item numbers of one split: lp, len, prob (and tr, para/pert terms, rouge)."""
+    q = [r["question"] for r in rows]
+    lp, ln = M.answer_logprobs(backbone, q, [r["answer"] for r in rows], n_mc=n_mc, seed=seed)
+    out = {"lp": lp.tolist(), "len": ln.tolist(), "prob": np.exp(lp / ln).tolist()}
+    has_pert = all(_answers(r)[1] for r in rows)
+    if truth_ratio and has_pert and rows:
+        # every variant in one batch; pair indices continue after the answers' so draws stay distinct
+        para = [_answers(r)[0] for r in rows]
+        pert = [_answers(r)[1] for r in rows]
+        flat_q = q + [qi for qi, ps in zip(q, pert) for _ in ps]
+        flat_a = para + [a for ps in pert for a in ps]
+        vlp, vln = M.answer_logprobs(backbone, flat_q, flat_a, n_mc=n_mc, seed=seed + 7919)
+        n = len(rows)
+        pert_lp, pert_ln, at = [], [], n
+        for ps in pert:
+            pert_lp.append(vlp[at:at + len(ps)])
+            pert_ln.append(vln[at:at + len(ps)])
+            at += len(ps)
+        tr = M.truth_ratio(vlp[:n], vln[:n], pert_lp, pert_ln)
+        # RA / WF probability: the true answer against its perturbed ones, per-token probabilities
+        norm = M.normalised_prob(lp, ln, pert_lp, pert_ln)
+        out.update(tr=tr.tolist(), norm_prob=norm.tolist())
+    if rouge and rows:
+        preds = generate_answers(backbone, q, [r["answer"] for r in rows], seed=seed, progress=progress,
+                                 **(sampler or {}))
+        out["generations"] = preds
+        out["rouge"] = M.rouge_l_recall(preds, [r["answer"] for r in rows]).tolist()
+    return out
+
+
+@torch.no_grad()
+def generate_answers(backbone, questions: list[str], answers: list[str], *, seed: int = 0,
+                     progress: bool = False, cache: str | None = None, threshold: float | None = None,
+                     refresh_every: int | None = None, slack: int | None = None, ended: list | None = None) -> list[str]:
+    """Greedy (temperature 0) answers, batched by shape, each with a budget of its reference answer's
+    length plus `slack` tokens (default: 4 for a model with an end-of-text token, which it writes when
+    its answer ends and where the answer is cut; 0 otherwise, TOFU's length oracle).
+
+    One block per answer, one token per step; cache / threshold / refresh_every: the sampler's
+    fast options (None: the exact reference sampler). With one block both caches hold the
+    question's keys/values from the first step and recompute the answer at every step. `ended`: a list
+    that receives, per answer, whether it ended with end-of-text inside its budget."""
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    slack = (GEN_SLACK if eos is not None else 0) if slack is None else int(slack)
+    pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, a) in enumerate(pairs):
+        G = min(len(a) + slack, backbone.max_length - len(p))
+        groups.setdefault((len(p), G), []).append(i)
+    out, stop = [""] * len(pairs), [False] * len(pairs)
+    with progress_bar("generating", total=len(groups), enabled=progress) as bar:
+        for (_, G), idx in groups.items():
+            prompt = torch.tensor([pairs[i][0] for i in idx], device=backbone.device)
+            gen = torch.Generator(device=backbone.device).manual_seed(seed)
+            x = generate(backbone, prompt, steps=G, gen_length=G, block_length=G, generator=gen, cache=cache,
+                         threshold=threshold, refresh_every=refresh_every)
+            for b, i in enumerate(idx):
+                ids = x[b, prompt.shape[1]:].tolist()
+                stop[i] = eos is not None and eos in ids
+                out[i] = backbone.decode(ids[: ids.index(eos)] if stop[i] else ids)
+            bar.advance()
+    if ended is not None:
+        ended[:] = stop
+    return out
+
+
+def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target: str = DEFAULT_TARGET) -> list[str]:
+    """metrics.editing.classify of each forget generation: should say `target` instead of the row's
+    object (its value where the row names one, else the whole answer); another subject is one of the
+    rows' own subjects (their `author`), when they name them."""
+    known = list(dict.fromkeys(r["author"] for rs in rows.values() for r in rs if isinstance(r.get("author"), str)))
+    return [classify(g, target=target, obj=r.get("object") or r["answer"], subject=r.get("author"),
+                     known_subjects=known or None) for r, g in zip(rows["forget"], generations)]
+
+
+def summarise(items: dict[str, dict], reference_tr=None) -> dict:
+    """The paper's columns from per-item numbers (NaN where a split or reference is missing)."""
+    nan = float("nan")
+    m = {}
+    for split, col in SPLIT_COLUMNS.items():
+        m[col] = float(np.mean(items[split]["lp"])) if split in items else nan
+    f, r = items.get("forget", {}), items.get("retain", {})
+    m["ForgetTR"] = M.forget_truth_ratio(f["tr"]) if "tr" in f else nan
+    m["RetainTR"] = M.retain_truth_ratio(r["tr"]) if "tr" in r else nan
+    m["ForgetQuality"] = (M.forget_quality(f["tr"], reference_tr)
+                          if "tr" in f and reference_tr is not None and len(reference_tr) else nan)
+    for split, tag in (("forget", "Forget"), ("retain", "Retain"), ("real_authors", "RA"), ("world_facts", "WF")):
+        if "rouge" in items.get(split, {}):
+            m[f"{tag}ROUGE"] = float(np.mean(items[split]["rouge"]))
+    m["ModelUtility"] = model_utility(items)
+    if "outcome" in f:  # what the forget answers say (metrics/editing.py's outcomes)
+        for name in UNLEARNING_RATES:
+            m[name] = float(np.mean([o == name for o in f["outcome"]])) if f["outcome"] else nan
+    return m
+
+
+def model_utility(items: dict[str, dict]) -> float:
+    """TOFU model utility: harmonic mean of prob, ROUGE-L recall and truth ratio on retain, RA, WF.
+
+    Retain's prob is the per-token probability of the answer; RA / WF use the normalised one
+    (true against perturbed). Terms missing from `items` (ROUGE switched off) are left out.
+    """
+    vals = []
+    for split in UTILITY_SPLITS:
+        it = items.get(split)
+        if not it:
+            continue
+        prob = it["prob"] if split == "retain" or "norm_prob" not in it else it["norm_prob"]
+        vals.append(float(np.mean(prob)))
+        if "rouge" in it:
+            vals.append(float(np.mean(it["rouge"])))
+        if "tr" in it:
+            vals.append(M.retain_truth_ratio(it["tr"]))
+    return M.harmonic_mean(vals) if vals else float("nan")
+
+
+def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, reference_tr=None,
+             edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False,
+             sampler: dict | None = None, target: str = DEFAULT_TARGET) -> dict:
+    """Score every split of `rows` on backbone (with `edit` active when given).
+
+    sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
+    {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler. target: what an
+    unlearnt forget answer should say; with rouge, each forget generation is classified as the
+    target said (Refusal), the answer given back (Leak), Gibberish, or another fact said
+    (Confabulation: naming another subject of the rows when they name their subjects),
+    metrics/editing.py's outcomes, and their rates are columns.
+
+    Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
+    why it is NaN}}, all JSON-able. ForgetQuality needs `reference_tr` (module docstring), else it is NaN
+    and "notes" says so.
+    """
+    if not rows:
+        raise TimeromeError("nothing to evaluate: rows has no splits")
+    check_evaluation(rows, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio)
+    items = {}
+    ctx = edit.active() if edit is not None else nullcontext()
+    with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
+        for split, rs in rows.items():
+            items[split] = score_split(backbone, rs, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio,
+                                       rouge=rouge, sampler=sampler)
+            bar.advance(description=f"evaluated {split}")
+    if "generations" in items.get("forget", {}):
+        items["forget"]["outcome"] = forget_outcomes(rows, items["forget"]["generations"], target)
+    metrics = summarise(items, reference_tr)
+    c = {"eval_seconds": cost["seconds"], "eval_peak_memory_mb": cost["peak_mb"]}
+    if edit is not None:
+        c.update(edit.cost())
+        c.update({k: v for k, v in edit.info.items() if k.endswith("seconds")})
+    return {"items": items, "metrics": metrics, "cost": c, "notes": missing_notes(metrics, items)}
+
+
+def answer_count(rows: dict, truth_ratio: bool = True) -> int:
+    """How many answers an evaluation of `rows` scores (each n_mc times): every row's answer, and with
+    truth ratios its paraphrase and its perturbed answers."""
+    return sum(1 + (1 + len(r.get("perturbed_answer") or []) if truth_ratio else 0)
+               for rs in rows.values() for r in rs if isinstance(r, dict))
+
+
+def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: str = "evaluating") -> None:
+    """n_mc and seed checked, and the likelihood forwards of an evaluation of `rows` within the budget
+    (n_mc per answer: the answer, and with truth ratios its paraphrase and perturbed answers)."""
+    integer(n_mc, "n_mc", lo=1)
+    check_seed(seed, "seed")
+    answers = answer_count(rows, truth_ratio)
+    budget(f"{what} {sum(map(len, rows.values()))} rows with n_mc {n_mc}", n_mc * answers,
+           f"n_mc x {answers} answers")
+
+
+def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
+    """Why a column is NaN, in words (a NaN is never left unexplained)."""
+    needs = {"ForgetLP": "forget", "RetainLP": "retain", "RealAuth": "real_authors", "WorldFact": "world_facts",
+             "ForgetTR": "forget", "RetainTR": "retain"}
+    notes = {}
+    for col, value in metrics.items():
+        if value == value:  # not NaN
+            continue
+        if col == "ForgetQuality" and "tr" in items.get("forget", {}):
+            notes[col] = ("needs the forget truth ratios of a reference model never trained on the forget set: "
+                          "evaluate(..., reference_tr=reference_truth_ratios(REFERENCE, rows['forget'])) "
+                          "(CLI: --reference DIR)")
+        elif col in needs and needs[col] not in items:
+            notes[col] = f"no {needs[col]!r} split in the rows evaluated"
+        elif _nan_scores(items):
+            notes[col] = (f"the model's own scores are NaN ({_nan_scores(items)}): its weights, or the edit "
+                          "applied, make the forward NaN or infinite; check the model and the edit's strength")
+        else:
+            notes[col] = "the rows lack what it needs (perturbed answers for truth ratios, ROUGE switched off)"
+    return notes
+
+
+def _nan_scores(items: dict) -> str:
+    """Which splits hold NaN log-likelihoods ('' when none): a NaN the rows cannot explain."""
+    bad = [s for s, it in items.items() if isinstance(it, dict)
+           and any(v != v for v in np.asarray(it.get("lp", []), dtype=float).ravel())]
+    return ", ".join(f"{s} log-likelihoods" for s in bad)
+
+
+def lp_only(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, edit=None) -> dict[str, list[float]]:
+    """Just log p(answer | question) per item and split (the cheap path of the sweeps)."""
+    ctx = edit.active() if edit is not None else nullcontext()
+    with ctx:
+        return {s: M.answer_logprobs(backbone, [r["question"] for r in rs], [r["answer"] for r in rs],
+                                     n_mc=n_mc, seed=seed)[0].tolist() for s, rs in rows.items()}
+
+
+@torch.no_grad()
+def trajectory_logprobs(backbone, rows: list[dict], *, steps: int = TRACE.steps, edit=None) -> list[float]:
+    """log p(answer | question) read along the greedy denoising trajectory (tracing's "decided"
+    readout: each token scored by the forward that committed it), per row.
+
+    Unlike the MC estimator this has denoising steps, so an edit restricted to one step k* acts
+    exactly where the sampler would meet it (the all-steps vs one-step ablation).
+    """
+    pairs = encode_pairs(backbone, rows)
+    state = TraceState()
+    ctx = edit.active() if edit is not None else nullcontext()
+    out = []
+    with ctx as st:
+        st = st if isinstance(st, TraceState) else state
+        for p, a in pairs:
+            logp, _ = run_trajectory(backbone, p, a, steps=min(steps, len(a)) if steps else len(a), state=st)
+            out.append(float(logp[0, -1]))
+    return out
+
+
+def reference_truth_ratios(reference, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0) -> list[float]:
+    """Forget truth ratios of the reference model (the other sample of the KS test)."""
+    return score_split(reference, rows, n_mc=n_mc, seed=seed, rouge=False)["tr"]

@@ -1,0 +1,1 @@
+"""Other tools driving timerome: the lm-evaluation-harness model."""

@@ -1,0 +1,320 @@
+"""lm-evaluation-harness for masked diffusion LMs: the model class `timerome`, with or without an edit.
+
+    lm_eval --model timerome --model_args pretrained=DIR,edit=MEMORY.safetensors,n_mc=LIKELIHOOD.n_mc --tasks arc_easy
+    python -m timerome.integrations.lm_eval_model --model timerome --model_args ... --tasks ...   # any lm-eval 0.4
+
+lm-eval has no masked-diffusion model; LLaDA's repository registers one whose loglikelihood is the
+Monte-Carlo masked estimator and whose generate_until is the denoising sampler. This is ours:
+- loglikelihood: `likelihood.log_likelihood_batch` (MDLM ELBO, nats, n_mc masked rows) of the
+  continuation given the context, split as lm-eval's own models split it (trailing spaces of the
+  context move to the continuation; the continuation is what encoding the whole text adds after the
+  context's tokens). Each request draws its masks from a generator seeded by (seed, context,
+  continuation) only (`pair_seed`), so a request's score depends on nothing else in the run and two
+  operating points of one model see the same masks (paired). is_greedy (lambada-style accuracy):
+  the sampler fills the continuation one token per step at temperature 0 and must reproduce it
+  (`check_greedy=False` skips this and answers False, as LLaDA's default).
+- loglikelihood_rolling: lm-eval's disjoint rolling windows, each scored as above (a sum of ELBOs:
+  a lower bound on log p, like every MDLM likelihood here).
+- generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
+  answer cut at the first stop sequence (and the end-of-text token); `cache=prefix|dual`,
+  `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
+  default: the exact sampler). The is_greedy check always uses the exact sampler.
+- an edit, active during every call: `edit=FILE.safetensors` (an EditMemory, `alpha=` / `q=` may
+  override its operating point; a CodebookMemory, `alpha=` / `margin=` / `inner=`), or
+  `method=NAME` plus that method's options (installed by the
+  method registry on the forget task `forget=` of `data=`), or `installed=` an Edit object (Python).
+
+Registration: importing this module registers the class as "timerome" in lm-eval's model registry,
+and the package declares the `lm_eval.models` entry point that newer lm-eval releases discover by
+themselves. lm-eval 0.4.13 and older never read entry points: run `python -m timerome.integrations.lm_eval_model`
+(lm-eval's own command line, after this import), or pass `TimeromeLM(...)` to `lm_eval.simple_evaluate`.
+lm-eval's --batch_size is accepted and not used: rows are packed into forwards of `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from timerome.backbones import load_backbone
+from timerome.common.cache import digest
+from timerome.common.checks import integer, number
+from timerome.common.checks import seed as check_seed
+from timerome.common.progress import progress_bar
+from timerome.data.task import forget_task
+from timerome.engine.hooks import TraceState
+from timerome.engine.likelihood import log_likelihood_batch
+from timerome.engine.sampler import check_fast_options, generate
+from timerome.engine.settings import LIKELIHOOD, SAMPLER
+from timerome.errors import TimeromeError
+from timerome.memory.memory_file import load_memory
+from timerome.methods import InferenceEdit, install
+
+try:  # optional: pip install timerome[eval]
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError:
+    LM, register_model = object, None
+
+NAME = "timerome"
+INSTALL_HINT = "lm-evaluation-harness is not installed: pip install 'timerome[eval]'"
+
+
+def pair_seed(seed: int, context: str, continuation: str) -> int:
+    """The seed of one request's Monte-Carlo masks (or sampling noise): a function of its text only."""
+    return int(digest([int(seed), context, continuation], 15), 16)
+
+
+def split_request(backbone, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's own models split a request (module docstring)."""
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    ctx = backbone.encode(context) if context else []
+    whole = backbone.encode(context + continuation)
+    if whole[:len(ctx)] == ctx:
+        return ctx, whole[len(ctx):]
+    return ctx, backbone.encode(continuation)  # the tokeniser merged across the boundary: keep the context
+
+
+class TimeromeLM(LM):
+    """lm-eval's LM over a timerome Backbone, with an optional edit active (module docstring)."""
+
+    def __init__(self, pretrained=None, edit=None, method=None, *, n_mc: int = LIKELIHOOD.n_mc, mc_batch: int = 16,
+                 max_tokens: int | None = None, steps=None, gen_length=None, block_length=None,
+                 remasking: str = SAMPLER.remasking, cfg_scale: float = SAMPLER.cfg_scale, check_greedy: bool = True,
+                 cache=None, threshold=None, refresh_every=None,
+                 seed: int = 0, device=None, dtype=None, family=None, trust_remote_code: bool = False,
+                 data: str = "embedded", forget: str = "forget01", backbone=None, installed=None,
+                 batch_size=None, max_batch_size=None, **options):
+        if register_model is None:
+            raise TimeromeError(INSTALL_HINT)
+        super().__init__()
+        if sum(x is not None for x in (edit, method, installed)) > 1:
+            raise TimeromeError("give one of edit= (a memory file), method= (a registry method) or installed=")
+        if device in (None, "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
+            raise TimeromeError(f"lm-eval asks for device {device}, but CUDA is not available here: pass --device cpu")
+        self.backbone = backbone if backbone is not None else load_backbone(
+            pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
+        self._device = self.backbone.device
+        self.n_mc, self.mc_batch = integer(n_mc, "n_mc", lo=1), integer(mc_batch, "mc_batch", lo=1)
+        self.seed = check_seed(seed, "seed")
+        self.max_tokens = integer(max_tokens, "max_tokens", lo=1, none=True)  # None: the device's default
+        number(cfg_scale, "cfg_scale", lo=0)
+        cache = None if cache in (None, "", "none", "None") else cache
+        check_fast_options(cache, threshold, refresh_every, remasking)
+        if cache is not None:
+            self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
+        self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
+                        cfg_scale=float(cfg_scale), cache=cache, threshold=threshold, refresh_every=refresh_every)
+        self.check_greedy = bool(check_greedy)
+        self.edit, self.edit_info = self._edit(edit, method, installed, data, forget, options)
+
+    # ---------------------------------------------------------------- the edit
+
+    def _edit(self, path, method, installed, data, forget, options):
+        bb = self.backbone
+        if installed is not None:
+            return installed, {"edit": getattr(installed, "method", "installed")}
+        if path is not None:
+            memory = load_memory(path, bb)
+            allowed = set(memory.OVERRIDABLE)
+            unknown = sorted(set(options) - allowed)
+            if unknown:
+                raise TimeromeError(f"unknown model_args {', '.join(unknown)} (with edit= only "
+                                    f"{' and '.join(sorted(allowed))} apply to this memory)")
+            for k, v in options.items():
+                setattr(memory, k, v)
+            with memory.applied(bb):  # a bad alpha / q fails here, not in the middle of a task
+                pass
+            edit = InferenceEdit(method="memory", config=dict(options), context=lambda: memory.applied(bb),
+                                 memory=memory)
+            return edit, {"edit": str(path), "alpha": memory.alpha, "q": getattr(memory, "q", None), "facts": len(memory),
+                          "coordinate": memory.coordinate.as_dict()}
+        if method is not None:
+            task = forget_task(None if data == "tofu" else data, forget)
+            edit = install(method, bb, task, options, self.seed)
+            return edit, {"edit": method, "config": edit.config, "install_seconds": edit.install_seconds}
+        if options:
+            raise TimeromeError(f"unknown model_args {', '.join(sorted(options))}")
+        return None, {"edit": None}
+
+    def active(self):
+        """The edit's hooks for a `with` block (nothing without an edit)."""
+        return self.edit.active() if self.edit is not None else nullcontext()
+
+    def get_model_info(self) -> dict:
+        return {"timerome_model": self.backbone.name, "fingerprint": self.backbone.fingerprint(),
+                "n_mc": self.n_mc, **{f"timerome_{k}": v for k, v in self.edit_info.items()}}
+
+    # ---------------------------------------------------------------- likelihood
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        args = [tuple(r.args) for r in requests]
+        out = self._score(args, disable_tqdm)
+        for a, res in zip(args, out):
+            self.cache_hook.add_partial("loglikelihood", a, res)
+        return out
+
+    def _score(self, args, disable_tqdm=False, greedy: bool | None = None) -> list[tuple[float, bool]]:
+        greedy = self.check_greedy if greedy is None else greedy
+        done: dict = {}
+        with self.active() as st, progress_bar("lm-eval loglikelihood", len(set(args)),
+                                               enabled=not disable_tqdm) as bar:
+            state = st if isinstance(st, TraceState) else None
+            for context, continuation in args:
+                if (context, continuation) in done:
+                    continue
+                ctx, cont = split_request(self.backbone, context, continuation)
+                if cont:
+                    g = torch.Generator().manual_seed(pair_seed(self.seed, context, continuation))
+                    with torch.no_grad():
+                        lp = log_likelihood_batch(self.backbone, [ctx], [cont], n_mc=self.n_mc,
+                                                  batch_size=self.mc_batch, generator=g, max_tokens=self.max_tokens)
+                    done[(context, continuation)] = (float(lp[0]), bool(greedy and self._greedy(ctx, cont, state)))
+                else:  # nothing to score: log p = 0, and trivially greedy
+                    done[(context, continuation)] = (0.0, True)
+                bar.advance()
+        return [done[a] for a in args]
+
+    def _greedy(self, ctx: list[int], cont: list[int], state) -> bool:
+        """Whether the sampler, one token per step at temperature 0, fills in exactly `cont`."""
+        n = len(cont)
+        x = generate(self.backbone, torch.tensor([ctx or [self.backbone.mask_id]]), steps=n, gen_length=n,
+                     block_length=n, state=state)
+        return x[0, -n:].tolist() == list(cont)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        bb = self.backbone
+        tok = bb.tokenizer
+        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        out = []
+        for r in requests:
+            (text,) = r.args
+            ids = bb.encode(text)
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                ids, prefix if prefix is not None else bb.mask_id, bb.max_length, 1)]
+            if windows and prefix is None:  # no BOS / EOS: the first window conditions on nothing
+                windows[0] = ([], windows[0][1])
+            total = 0.0
+            with self.active():
+                for c, t in windows:
+                    g = torch.Generator().manual_seed(pair_seed(self.seed, json.dumps(c), json.dumps(t)))
+                    with torch.no_grad():
+                        total += float(log_likelihood_batch(bb, [c], [t], n_mc=self.n_mc, batch_size=self.mc_batch,
+                                                            generator=g, max_tokens=self.max_tokens)[0])
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+        return out
+
+    # ---------------------------------------------------------------- generation
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        with self.active() as st, progress_bar("lm-eval generate_until", len(requests),
+                                               enabled=not disable_tqdm) as bar:
+            state = st if isinstance(st, TraceState) else None
+            for r in requests:
+                context, kwargs = r.args
+                text = self._generate(context, dict(kwargs or {}), state)
+                out.append(text)
+                self.cache_hook.add_partial("generate_until", r.args, text)
+                bar.advance()
+        return out
+
+    def _generate(self, context: str, kwargs: dict, state) -> str:
+        bb = self.backbone
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        if bb.tokenizer.eos_token:
+            until.append(bb.tokenizer.eos_token)
+        length = int(self.gen["gen_length"] or kwargs.get("max_gen_toks") or 256)
+        steps, block = int(self.gen["steps"] or length), int(self.gen["block_length"] or length)
+        temperature = float(kwargs.get("temperature", SAMPLER.temperature) or 0.0) if kwargs.get("do_sample", True) else 0.0
+        room = bb.max_length - length
+        if room < 1:
+            raise TimeromeError(f"gen_length {length} leaves no room for a prompt in the model's context of "
+                                f"{bb.max_length} tokens: pass a smaller gen_length")
+        prompt = bb.encode(context)[-room:] or [bb.mask_id]  # the most recent context, as lm-eval's models keep
+        g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(kwargs, sort_keys=True,
+                                                                                                   default=str)))
+        x = generate(bb, torch.tensor([prompt]), steps=steps, gen_length=length, block_length=block,
+                     temperature=temperature, cfg_scale=self.gen["cfg_scale"], remasking=self.gen["remasking"],
+                     generator=g, state=state, cache=self.gen["cache"], threshold=self.gen["threshold"],
+                     refresh_every=self.gen["refresh_every"])
+        ids = [i for i in x[0, len(prompt):].tolist() if i != bb.mask_id]
+        text = bb.tokenizer.decode(ids, skip_special_tokens=False)
+        cut = min([text.find(s) for s in until if s and s in text], default=len(text))
+        text = text[:cut]
+        for special in getattr(bb.tokenizer, "all_special_tokens", []):
+            text = text.replace(special, "")
+        return text
+
+    # ---------------------------------------------------------------- chat templates
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.backbone.tokenizer, "name_or_path", self.backbone.name).replace("/", "__")
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        tok = self.backbone.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise TimeromeError(f"{self.backbone.name}'s tokenizer has no chat template: drop --apply_chat_template")
+        return tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def task_manager(include_path=()):
+    """lm-eval's index of its tasks (and of the folders in include_path): about 10 s to build, so a caller
+    that evaluates many times builds it once and passes it on (the utility experiment keeps one per run)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(p) for p in include_path] or None)
+
+
+def evaluate_tasks(lm: TimeromeLM, tasks, *, num_fewshot=None, limit=None, include_path=None,
+                   seed: int = 0, log_samples: bool = False, manager=None) -> dict:
+    """lm_eval.simple_evaluate on our model: the task results dict ({"results": ..., "samples": ...}).
+    manager: a `task_manager(include_path)` built before (None: built now, about 10 s)."""
+    if register_model is None:
+        raise TimeromeError(INSTALL_HINT)
+    import lm_eval
+
+    manager = manager if manager is not None else task_manager(include_path or ())
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+                                       task_manager=manager, log_samples=log_samples, random_seed=seed,
+                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                       bootstrap_iters=1000)
+    except (KeyError, ValueError) as e:  # an unknown task name, a malformed task file
+        raise TimeromeError(f"lm-eval could not run tasks {', '.join(map(str, tasks))}: "
+                            f"{str(e).strip().splitlines()[0]}") from None
+
+
+if register_model is not None and __name__ != "__main__":
+    register_model(NAME)(TimeromeLM)
+
+
+def main() -> None:
+    """lm-eval's command line with the `timerome` model registered (for lm-eval without entry points)."""
+    if register_model is None:
+        raise SystemExit(INSTALL_HINT)
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    except TimeromeError as e:  # ours: one line, exit 2, as the timerome command line does
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    from timerome.integrations.lm_eval_model import \
+        main as registered_main  # imports (and registers) under the real name
+
+    registered_main()

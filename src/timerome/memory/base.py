@@ -1,0 +1,363 @@
+"""What every edit memory shares: the file, the switch, the model it belongs to; each memory keeps only
+what differs (its keys, its gate and its alpha line: `update` / `_edits`).
+
+    the file     `save(path)`: one safetensors file, the tensors of `_tensors()` and a JSON header (format,
+                 the model's fingerprint, hidden size, coordinate, then `_header()`: hyper-parameters,
+                 facts, ..., and the tensors' checksum). `Memory.load(path, backbone, **options)`: the file
+                 read and checked (`read_file`: format, checksum, header types, the tensors its format
+                 registered), checked against the model (`check_for_model`), then `_restore`d. A memory
+                 class registers its format(s) and their tensors by being defined (`KINDS`);
+                 `memory_file.load_memory` finds the class of any saved file from its header.
+    the switch   `applied(backbone, state)`: the model and the memory checked, what the hook reads built
+                 now (`_prepare`: nothing fails mid-forward), `_edits()` installed with `Hooks` for the
+                 `with` block; leaving the block is the undo. The one way to switch an edit on.
+    the model    `_bind` sets the backbone, coordinate, hidden size and fingerprint once.
+
+The fact and file helpers every memory uses live here too: a fact's content (`fact_content`,
+`sort_new_facts`, `check_new_facts`), facts in a header, the checksum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from timerome.common.cache import save_tensors
+from timerome.common.checks import big_int_path, finite_tensor, integer, shown
+from timerome.common.files import parse_json
+from timerome.data.facts import Fact
+from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import fact_id
+from timerome.engine.hooks import Hooks, TraceState
+from timerome.errors import TimeromeError
+
+# format -> the memory class that writes it (older formats it reads too); filled as each class is defined
+KINDS: dict[str, type] = {}
+
+
+class Memory:
+    """The base of every saved edit memory (see the module docstring). A subclass sets FORMAT (and
+    OLD_FORMATS it still reads), KIND, WHAT (its name in messages), SCHEMA (its tensors: name ->
+    (dtype, dimensions, required)), LOAD_OPTIONS (what `load` passes on to `_restore`), OVERRIDABLE
+    (the settings a user may change on a loaded memory), and implements `_tensors`, `_header`,
+    `_restore`, `_check_ready` and `_edits` (with `_prepare` when its hook reads prepared matrices)."""
+
+    FORMAT = ""
+    OLD_FORMATS: tuple = ()
+    KIND = ""
+    WHAT = "edit memory"
+    SCHEMA: dict | None = None
+    LOAD_OPTIONS: tuple = ()
+    OVERRIDABLE: tuple = ("alpha",)
+    READS_IDS = False  # its hooks read the token ids of each forward (Hooks(ids=True))
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        own = cls.__dict__
+        if own.get("FORMAT"):
+            formats = (own["FORMAT"], *own.get("OLD_FORMATS", ()))
+            for fmt in formats:
+                KINDS[fmt] = cls
+            if own.get("SCHEMA") is not None:
+                register_tensors(formats, own["SCHEMA"])
+
+    @classmethod
+    def formats(cls) -> tuple:
+        return (cls.FORMAT, *cls.OLD_FORMATS)
+
+    def _bind(self, backbone, coordinate: Coordinate) -> None:
+        """The model and the place this memory belongs to, set once."""
+        self.backbone = backbone
+        self.coordinate = coordinate.on(backbone)
+        self.hidden_size = backbone.hidden_size
+        self.fingerprint = backbone.fingerprint()
+
+    # ---------------------------------------------------------------- the switch
+
+    @contextmanager
+    def applied(self, backbone, state: TraceState | None = None):
+        """Install the edit on `backbone` for the `with` block; always removed after it (the undo).
+
+        Yields the TraceState; with a coordinate's step k* pass it to `generate(..., state=state)`.
+        """
+        self._check_backbone(backbone)
+        self._check_ready()
+        self._prepare(backbone)
+        with Hooks(backbone, edit=self._edits(), state=state, ids=self.READS_IDS) as hooks:
+            yield hooks.state
+
+    def _prepare(self, backbone) -> None:
+        """Build what the hook reads on the backbone's device now, so nothing fails mid-forward."""
+
+    def _edits(self) -> dict:
+        """{site: fn(h, state)} the hooks install (h replaced by what fn returns, unchanged by None)."""
+        return {self.coordinate: lambda h, _state: self.update(h)}
+
+    def _check_backbone(self, backbone) -> None:
+        if backbone.hidden_size != self.hidden_size or backbone.fingerprint() != self.fingerprint:
+            raise TimeromeError(f"this {self.WHAT} was built for another model "
+                                f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
+
+    def _check_ready(self) -> None:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- the file
+
+    def save(self, path) -> Path:
+        """One safetensors file: `_tensors()` and a JSON header (see the module docstring)."""
+        tensors = {k: v.contiguous() for k, v in self._tensors().items()}
+        meta = {"format": self.FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
+                "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), **self._header(),
+                "sha256": _digest(tensors)}
+        return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
+
+    @classmethod
+    def load(cls, path, backbone, **options):
+        """Read a saved memory for `backbone`; another model's file or a damaged one raises. options:
+        the class's LOAD_OPTIONS (a codebook's calibration rows, ...), needed only to insert facts later."""
+        unknown = sorted(set(options) - set(cls.LOAD_OPTIONS))
+        if unknown:
+            raise TimeromeError(f"{a_of(cls.WHAT)} takes no load option {', '.join(unknown)}")
+        tensors, meta = read_file(path, formats=cls.formats(), what=cls.WHAT)
+        check_for_model(path, meta, backbone)
+        return cls._restore(path, meta, tensors, backbone, **options)
+
+    def _tensors(self) -> dict:
+        raise NotImplementedError
+
+    def _header(self) -> dict:
+        """The header's fields after the coordinate, in their order (hyper-parameters, facts, ...)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _restore(cls, path, meta: dict, tensors: dict, backbone, **options):
+        raise NotImplementedError
+
+
+def facts_to_header(facts) -> list[dict]:
+    return [_fact_to_dict(f) for f in facts]
+
+
+def _as_rows(x, what: str, H: int) -> torch.Tensor:
+    t = torch.as_tensor(x).detach().to("cpu", torch.float64)
+    if t.dim() == 1:
+        t = t[None]
+    if t.dim() != 2 or t.shape[1] != H:
+        raise TimeromeError(f"{what} must be [facts, {H}], got shape {tuple(t.shape)}")
+    return t
+
+
+def fact_content(fact, target: str):
+    """What a fact is, which decides whether a memory holds it: (subject, prompt, object, target), the
+    target being the fact's own or else the memory's `target`; None for a bare id (a vector-only
+    entry, known by its id alone). Never its id or row number: two files number their rows alike."""
+    if isinstance(fact, str):
+        return None
+    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
+    return (get("subject"), get("prompt"), get("object"), get("target") or target)
+
+
+def sort_new_facts(held, new, target: str) -> tuple[list, list[tuple[str, str]], list[tuple[str, str]], list[int]]:
+    """(facts to add, [(fact id, why it is skipped)], [(old id, new id)], their indices in `new`) for
+    adding `new` to a memory holding `held`. A fact whose content (`fact_content`: subject, question,
+    answer, target) a held fact or an earlier new one has is skipped, naming which; a new fact whose
+    id another fact has is added as ID#digest-of-its-content (a rows file without fact_id numbers its
+    rows 0, 1, ... like every other file)."""
+    have = {fact_content(f, target): (fact_id(f), True) for f in held if fact_content(f, target) is not None}
+    taken = {fact_id(f) for f in held}
+    add, skipped, renamed, kept = [], [], [], []
+    for i, f in enumerate(new):
+        key, fid = fact_content(f, target), fact_id(f)
+        if key is not None and key in have:
+            same, held_one = have[key]
+            skipped.append((fid, ("already in the memory" + ("" if same == fid else f" as fact {same!r}")
+                                  if held_one else f"repeats fact {same!r} given before it")))
+            continue
+        if fid in taken:
+            if key is None:
+                skipped.append((fid, "a fact with this id is already in the memory"))
+                continue
+            new_id = f"{fid}#{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}"
+            renamed.append((fid, new_id))
+            f = (dataclasses.replace(f, fact_id=new_id) if dataclasses.is_dataclass(f)
+                 else dict(f, fact_id=new_id) if isinstance(f, dict)
+                 else Fact(*key[:3], target=getattr(f, "target", None), fact_id=new_id))
+            fid = new_id
+        if key is not None:
+            have[key] = (fid, False)
+        taken.add(fid)
+        add.append(f)
+        kept.append(i)
+    return add, skipped, renamed, kept
+
+
+def check_new_facts(held, new, target: str) -> None:
+    """Refuse facts a memory holding `held` cannot take as they are: one whose content it already
+    holds (under any id), one repeated among `new`, one whose id another fact has (name it anew, or
+    use `sort_new_facts`, which skips and renames)."""
+    _, skipped, renamed, _ = sort_new_facts(held, new, target)
+    if skipped:
+        fid, why = skipped[0]
+        more = f" (and {len(skipped) - 1} more facts)" if len(skipped) > 1 else ""
+        raise TimeromeError(f"fact {fid!r}: {why} (same subject, question, answer and target){more}; give each "
+                            "fact once")
+    if renamed:
+        fid = renamed[0][0]
+        raise TimeromeError(f"fact id {fid!r} is taken by another fact (different subject, question, answer or "
+                            "target); give the new fact another fact_id")
+
+
+def _fact_to_dict(f) -> dict:
+    if isinstance(f, str):
+        return {"fact_id": f}
+    d = dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
+    d["fact_id"] = fact_id(f)
+    return d
+
+
+def _fact_from_dict(d: dict):
+    if set(d) == {"fact_id"}:
+        return d["fact_id"]  # a vector-only entry (added with add_vectors and an id)
+    try:
+        return Fact(**d)
+    except TypeError as e:
+        raise TimeromeError(f"a stored fact does not fit timerome.data.facts.Fact: {e}") from None
+
+
+def _digest(tensors: dict) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+# What a memory file of each format holds: tensor name -> (dtype, number of dimensions, required).
+# Each memory kind registers its own (`register_tensors`); `read_file` checks every file against it.
+TENSORS: dict[str, dict[str, tuple[torch.dtype, int, bool]]] = {}
+# a format nobody registered: what timerome writes at all (float64 values, int64 indices)
+WRITTEN_DTYPES = (torch.float64, torch.int64)
+
+
+def register_tensors(formats, schema: dict) -> None:
+    """Declare the tensors of memory files in `formats`: {name: (dtype, ndim, required)}."""
+    for fmt in (formats,) if isinstance(formats, str) else formats:
+        TENSORS[fmt] = dict(schema)
+
+
+def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict]:
+    """(tensors, metadata) of a memory file (`what`, in one of `formats`), checked before anything uses
+    it: its format and checksum; its header (a JSON object with the fields every memory has, of
+    their types, no NaN, no integer beyond 64 bits: `check_header`); its tensors (the names, dtypes
+    and dimensions its format registered, every value finite)."""
+    from safetensors import safe_open
+
+    formats = tuple(formats) if formats is not None else tuple(KINDS)
+    a_what = a_of(what)
+    p = Path(path)
+    if not p.is_file():
+        raise TimeromeError(f"{what} file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types on a damaged file
+        raise TimeromeError(f"{p} is truncated or not {a_what} file ({type(e).__name__}: "
+                            f"{str(e)[:120]})") from None
+    if "timerome" not in header:
+        raise TimeromeError(f"{p} is a safetensors file but not a timerome {what}")
+    meta = parse_json(header["timerome"], f"the header of {p}")
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the header of {p} is a JSON {_json_kind(meta)}, not the object a timerome {what} "
+                            "writes (was it edited by hand?)")
+    if meta.get("format") not in formats:
+        raise TimeromeError(f"{p} has format {shown(meta.get('format'))}; this version reads {formats[0]!r}")
+    if _digest(tensors) != meta.get("sha256"):
+        raise TimeromeError(f"{p} is corrupt: its tensors do not match the checksum written with them")
+    check_header(meta, p)
+    check_tensors(tensors, TENSORS.get(meta["format"]), p, what)
+    return tensors, meta
+
+
+def check_header(meta: dict, p) -> None:
+    """The fields every memory header has, of their types (one clear error instead of a crash later)."""
+    where = big_int_path(meta)
+    if where:
+        raise TimeromeError(f"the header of {p}: {where} is an integer beyond 64 bits")
+
+    def need(ok: bool, field: str, want: str):
+        if not ok:
+            raise TimeromeError(f"the header of {p}: {field} must be {want}, got {shown(meta.get(field))} "
+                                "(was it edited by hand?)")
+
+    for field in ("fingerprint", "sha256"):
+        need(isinstance(meta.get(field), str), field, "a string")
+    need(isinstance(meta.get("backbone", ""), str), "backbone", "a string")
+    need(isinstance(meta.get("hyper"), dict), "hyper", "an object of hyper-parameters")
+    need(meta.get("stats") is None or isinstance(meta.get("stats"), dict), "stats", "null or an object")
+    need(isinstance(meta.get("coordinate"), dict), "coordinate", "an object with layer, point and step")
+    integer(meta.get("hidden_size"), f"the header of {p}: hidden_size", lo=1)
+    Coordinate.of(meta["coordinate"])  # layer an int, a known point, a step
+    facts = meta.get("facts")
+    need(isinstance(facts, list), "facts", "a list of facts")
+    for i, d in enumerate(facts):
+        if not isinstance(d, dict) or not isinstance(d.get("fact_id"), str):
+            raise TimeromeError(f"the header of {p}: fact {i} must be an object with a string fact_id, got {shown(d)}")
+        if set(d) != {"fact_id"}:
+            bad = [k for k in ("subject", "prompt", "object") if not isinstance(d.get(k), str)]
+            if bad or not (d.get("target") is None or isinstance(d.get("target"), str)):
+                raise TimeromeError(f"the header of {p}: fact {i} ({d['fact_id']!r}) needs subject, prompt and "
+                                    f"object strings and a string or null target")
+
+
+def check_tensors(tensors: dict, schema: dict | None, p, what: str) -> None:
+    """Each tensor of the file is one its format declares, of its dtype and dimensions, and finite."""
+    for name, t in tensors.items():
+        if schema is None:
+            if t.dtype not in WRITTEN_DTYPES:
+                raise TimeromeError(f"{p}: tensor {name} is {str(t.dtype).removeprefix('torch.')}; timerome writes "
+                                    "float64 and int64 only (was the file converted?)")
+        elif name not in schema:
+            raise TimeromeError(f"{p} has a tensor {name!r} that no {what} holds (it holds "
+                                f"{', '.join(schema)}): was it edited by hand?")
+        else:
+            dtype, ndim, _ = schema[name]
+            if t.dtype != dtype or t.dim() != ndim:
+                raise TimeromeError(f"{p}: tensor {name} is {str(t.dtype).removeprefix('torch.')} with {t.dim()} "
+                                    f"dimensions; {a_of(what)} stores it as {str(dtype).removeprefix('torch.')} with "
+                                    f"{ndim} (was the file converted or edited?)")
+        finite_tensor(t, f"{p}: tensor {name}")
+    missing = [n for n, (_, _, required) in (schema or {}).items() if required and n not in tensors]
+    if missing:
+        raise TimeromeError(f"{p} lacks the tensor(s) {', '.join(missing)} that {a_of(what)} holds")
+
+
+def check_for_model(path, meta: dict, backbone) -> Coordinate:
+    """A memory file's model and coordinate against `backbone`: its fingerprint, hidden size and
+    layer (save() writes 0..n-1: -1 or n in a header is a hand edit, never "the top layer")."""
+    if meta.get("fingerprint") != backbone.fingerprint():
+        raise TimeromeError(
+            f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
+            f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}")
+    if meta["hidden_size"] != backbone.hidden_size:
+        raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
+                            f"{backbone.hidden_size}")
+    coord = Coordinate.of(meta["coordinate"])
+    if not 0 <= coord.layer < backbone.n_layers:
+        raise TimeromeError(f"{path}: the memory's layer {coord.layer} is outside 0..{backbone.n_layers - 1}, the "
+                            "layers a saved memory names (was its header edited?)")
+    return coord
+
+
+def a_of(what: str) -> str:
+    return ("an " if what[0] in "aeiou" else "a ") + what
+
+
+def _json_kind(v) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(v), "null")

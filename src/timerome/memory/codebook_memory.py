@@ -1,0 +1,468 @@
+"""A radius-gated codebook edit memory: forget the fact and only the fact (beyond the paper).
+
+    memory = CodebookMemory(backbone, (0, "resid"), background=stats, calibration=retain_rows)
+    memory.add(facts)                                        # keys, radii, deltas
+    with memory.applied(backbone) as state:
+        out = generate(backbone, prompt, ..., state=state)   # h <- h + alpha g(h) d, every step
+    memory.remove(["fact-3"]); memory.save("forget.safetensors")
+
+The paper's memory (edit_memory.py) gives every token a ridge coefficient c(h) = G K (h - mu):
+small but nonzero on every retain token, and alpha amplifies it at every denoising step. This
+memory follows GRACE's codebook instead. An entry is (key k_e, reach r_e, fact f_e); a token's
+update is nonzero only when its residual lies inside some entry's radius, margin * r_e:
+
+    x(h) = min_e |(h - k_e) L| / (margin r_e)       L L^T = C^-1, the background whitening
+    g(h) = clamp((1 - x(h)) / (1 - inner), 0, 1)    1 within inner * radius, exactly 0 beyond it
+    h   <- h + alpha g(h) d_{f(e*)}                 e* the entry that gives x(h)
+
+Keys are read per subject token over the states the sampler visits (token_keys.py), and, with
+object_keys, at every unmasked answer token of those states (the object's evidence in its own
+context). The reach of an entry is the distance from its key to the nearest calibration token
+(the retain corpus, in the same states): with margin < 1 every calibration token gets exactly
+zero update, and so does any token no nearer to a key than they are. d_z is the paper's target
+delta v_t - v_o (capture.py, "cloze") or the same averaged over partially masked states ("states").
+
+Where the update goes (write): "tokens" adds it where the gate fires (the subject's tokens,
+GRACE's way); "sequence" (the default) gives every token of a sequence that sequence's largest
+gate and its entry's delta, so the delta d, read at the object's positions, is also written
+where the object is produced (the masked answer), and only in sequences about a forget subject.
+
+The subject-complete gate (complete=True) also asks that the whole subject stand in the token's
+sequence: each entry knows which of its subject's tokens it is (its slot; object keys have none),
+and a token's g is capped by min over the subject's slots of the largest g a token of that slot
+gets in the same sequence. A name sharing one word with the forget subject then gets nothing.
+
+Entries are independent (a reach depends on its key and the calibration tokens only), so
+inserting facts appends rows and removing them drops rows: a streamed memory equals a memory
+built in one batch. alpha, margin, inner and complete act when the hook runs and may change at
+any time.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import DEFAULT_TARGET, fact_id
+from timerome.errors import TimeromeError
+from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts
+from timerome.memory.capture import capture_facts, fact_list
+from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
+from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
+
+DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
+DEFAULT_MARGIN = 0.8   # radius = 0.8 x the distance to the nearest calibration token
+DEFAULT_INNER = 0.5    # full strength within half the radius
+DEFAULT_STATES = 4     # states per fact the keys are read on (the first fully masked)
+DEFAULT_COMPLETE = True   # fire only where every token of the subject stands in the sequence
+DEFAULT_OBJECT_KEYS = True  # key the answer tokens of a fact's states as well as its subject's
+CALIBRATION_STATES = 2
+VALUES = ("cloze", "states")
+WRITES = ("tokens", "sequence")
+DEFAULT_WRITE = "sequence"  # the delta goes to every token of a sequence where the (whole) subject fires
+FORMAT = "timerome-codebook-memory/1"
+_CHUNK = 1 << 24       # [tokens, entries] distance block kept under this many elements
+MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token is dropped (it could never fire)
+
+
+class CodebookMemory(Memory):
+    FORMAT, KIND, WHAT = FORMAT, "codebook", "codebook memory"
+    SCHEMA = {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
+              "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
+              "deltas": (torch.float64, 2, True), "mu": (torch.float64, 1, True),
+              "cov": (torch.float64, 2, True)}
+    LOAD_OPTIONS = ("calibration",)
+    OVERRIDABLE = ("alpha", "margin", "inner")
+    pads = None       # end-of-text tokens after the answer in the key and calibration states (token_keys._states)
+    last_pads = None  # with these counts, the memory also calibrates on last-step states (token_keys.answer_keys)
+
+    """Radius-gated codebook memory (module docstring) at one coordinate of one backbone.
+
+    background: the whitening statistics (ResidualStats at the coordinate, or texts for
+    `whitening.background_texts`). calibration: what the radii are measured on, question/answer
+    rows or texts (the retain corpus), or their residuals [N, H] at the coordinate; a loaded memory
+    needs it only to insert more facts. values: "cloze" (the paper's d) or "states". object_keys:
+    key every unmasked answer token of a fact's states too, not only its subject's tokens (the
+    object's evidence: hardening against the answer shown in context).
+    """
+
+    def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
+                 margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
+                 complete: bool = DEFAULT_COMPLETE, values: str = "cloze", object_keys: bool = DEFAULT_OBJECT_KEYS,
+                 write: str = DEFAULT_WRITE, target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
+                 shrinkage: float = DEFAULT_SHRINKAGE):
+        if values not in VALUES:
+            raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
+        if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
+            raise TimeromeError(f"n_states must be an integer >= 1, got {n_states!r}")
+        self._bind(backbone, Coordinate.of(coordinate))
+        H = self.hidden_size
+        self.alpha, self.margin, self.inner, self.complete, self.write = alpha, margin, inner, complete, write
+        self._check_hyper()
+        if not isinstance(object_keys, bool):
+            raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
+        self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
+        self.target, self.seed, self.batch_size = target, int(seed), batch_size
+        self.stats = self._stats(background, shrinkage)
+        self._white = torch.linalg.cholesky(self.stats.precision())  # z = (h - mu) L
+        self._calib = None if calibration is None else self._calibration(calibration)
+        self._keys = torch.zeros(0, H, dtype=torch.float64)
+        self._reach = torch.zeros(0, dtype=torch.float64)
+        self._owner = torch.zeros(0, dtype=torch.long)       # entry -> fact (its index in self._ids)
+        self._slot = torch.zeros(0, dtype=torch.long)        # entry -> which subject token (-1: none)
+        self._deltas = torch.zeros(0, H, dtype=torch.float64)  # fact slot -> d
+        self._facts, self._ids, self._cache, self.version = [], [], {}, 0
+
+    facts = property(lambda self: list(self._facts))
+    fact_ids = property(lambda self: list(self._ids))
+    keys = property(lambda self: self._keys.clone())
+    reach = property(lambda self: self._reach.clone())      # distance to the nearest calibration token
+    radii = property(lambda self: self.margin * self._reach)
+    owners = property(lambda self: self._owner.clone())
+    slots = property(lambda self: self._slot.clone())
+    deltas = property(lambda self: self._deltas.clone())
+    n_entries = property(lambda self: len(self._keys))
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return (f"CodebookMemory({len(self)} facts, {self.n_entries} entries at {self.coordinate}, "
+                f"alpha={self.alpha}, margin={self.margin}, inner={self.inner}, complete={self.complete}, "
+                f"object_keys={self.object_keys}, values={self.values})")
+
+    # ---------------------------------------------------------------- building
+
+    def add(self, facts) -> "CodebookMemory":
+        """Read the facts' keys and deltas, measure each key's reach, insert; on error nothing changes."""
+        facts = fact_list(facts)
+        check_new_facts(self._facts, facts, self.target)
+        keys, owner, slots = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states,
+                                          seed=self.seed, objects=self.object_keys, batch_size=self.batch_size)
+        if self.values == "cloze":
+            deltas = capture_facts(self.backbone, facts, self.coordinate, target=self.target,
+                                   batch_size=self.batch_size).deltas
+        else:
+            deltas = state_deltas(self.backbone, self.coordinate, facts, target=self.target, seed=self.seed,
+                                  batch_size=self.batch_size)
+        return self.add_vectors(keys, owner, deltas, facts, slots)
+
+    def add_vectors(self, keys, owner, deltas, facts, slots=None) -> "CodebookMemory":
+        """Insert entries keys [E, H] owned by owner [E] (indices into `facts`), with slots [E]
+        (which subject token each is; default 0), and one delta [F, H] per fact (a Fact or an id)."""
+        facts = list(facts)
+        K, D = _as_rows(keys, "keys", self.hidden_size), _as_rows(deltas, "deltas", self.hidden_size)
+        owner = torch.as_tensor(owner, dtype=torch.long).reshape(-1)
+        slots = torch.zeros_like(owner) if slots is None else torch.as_tensor(slots, dtype=torch.long).reshape(-1)
+        if not facts or len(D) != len(facts) or len(owner) != len(K) or len(slots) != len(K):
+            raise TimeromeError(f"need one delta per fact and one owner per key, at least one fact (got {len(facts)} "
+                                f"facts, {len(D)} deltas, {len(K)} keys, {len(owner)} owners)")
+        if len(owner) and not (0 <= int(owner.min()) and int(owner.max()) < len(facts)):
+            raise TimeromeError(f"key owners must index the {len(facts)} facts given")
+        check_new_facts(self._facts, facts, self.target)
+        if not (torch.isfinite(K).all() and torch.isfinite(D).all()):
+            raise TimeromeError("keys or deltas contain NaN/inf values")
+        reach = self.reach_of(K)
+        live = reach > MIN_REACH * math.sqrt(self.hidden_size)  # a key on a calibration token could never fire
+        K, owner, slots, reach = K[live], owner[live], slots[live], reach[live]
+        missing = sorted(set(range(len(facts))) - set(owner.tolist()))
+        if missing:
+            raise TimeromeError(f"facts {', '.join(fact_id(facts[i]) for i in missing[:5])} have no usable key: no "
+                                "subject token was read, or every one equals a calibration token (does the "
+                                "calibration corpus hold the forget rows?)")
+        self._keys = torch.cat([self._keys, K])
+        self._reach = torch.cat([self._reach, reach])
+        self._owner = torch.cat([self._owner, owner + len(self._ids)])
+        self._slot = torch.cat([self._slot, slots])
+        self._deltas = torch.cat([self._deltas, D])
+        self._facts += facts
+        self._ids += [fact_id(f) for f in facts]
+        self.version += 1
+        return self
+
+    def reach_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """[E] whitened distance from each raw key [E, H] to its nearest calibration token."""
+        if self._calib is None:
+            raise TimeromeError("the radius gate needs calibration tokens to insert facts: pass calibration= "
+                                "(the retain rows or texts) to the memory, or to CodebookMemory.load")
+        z = self.whiten(_as_rows(keys, "keys", self.hidden_size))
+        calib, step = self._calib.double(), max(1, _CHUNK // max(1, len(self._calib)))  # float64: no cancellation
+        return torch.cat([nearest_distance(z[s:s + step], calib) for s in range(0, len(z), step)])
+
+    def remove(self, fact_ids) -> "CodebookMemory":
+        """Drop facts (and their entries) by id; unknown ids raise and nothing is removed."""
+        fact_ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        missing = [i for i in fact_ids if i not in self._ids]
+        if missing:
+            raise TimeromeError(f"no fact with id {', '.join(map(repr, missing[:5]))} in the memory")
+        drop = {self._ids.index(i) for i in fact_ids}
+        keep = [j for j in range(len(self._ids)) if j not in drop]
+        new_slot = torch.full((len(self._ids),), -1, dtype=torch.long)
+        new_slot[keep] = torch.arange(len(keep))
+        rows = new_slot[self._owner] >= 0
+        self._keys, self._reach, self._slot = self._keys[rows], self._reach[rows], self._slot[rows]
+        self._owner = new_slot[self._owner[rows]]
+        self._deltas = self._deltas[keep]
+        self._facts = [self._facts[j] for j in keep]
+        self._ids = [self._ids[j] for j in keep]
+        self.version += 1
+        return self
+
+    # ---------------------------------------------------------------- applying
+
+    def whiten(self, h: torch.Tensor) -> torch.Tensor:
+        """(h - mu) L for raw residuals h [..., H] (float64 math), row by row the same whatever other
+        rows h holds (`rowwise_matmul`), so a streamed memory equals one built in one batch."""
+        x = h.double() - self.stats.mean.to(h.device)
+        return rowwise_matmul(x.reshape(-1, x.shape[-1]), self._white.to(h.device)).view_as(x)
+
+    def gate(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g [N], nearest entry [N]) for residuals h [..., L, H] flattened to N tokens; g is exactly
+        0 outside every radius (the entry index is then meaningless)."""
+        self._check_ready()
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size).to(dt)
+        return self._gate(x, self._matrices(h.device, dt), _n_sequences(h))
+
+    def _gate(self, x, m: dict, n_seq: int):
+        g, e = self._token_gate(x, m)
+        return (self._complete(g, e, m, n_seq) if self.complete else g), e
+
+    def _token_gate(self, x, m: dict):
+        """(g [N], nearest entry [N]) of each token on its own: before the subject-complete cap."""
+        z = (x - m["mu"]) @ m["white"]
+        step = max(1, _CHUNK // max(1, len(m["keys"])))
+        best, entry = [], []
+        for s in range(0, len(z), step):
+            v, i = (torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1)
+            best.append(v), entry.append(i)
+        ratio, e = torch.cat(best), torch.cat(entry)
+        return ((1 - ratio) / (1 - self.inner)).clamp(0, 1), e
+
+    def _complete(self, g, e, m: dict, n_seq: int) -> torch.Tensor:
+        """g capped, per token, by how completely its subject stands in its sequence: the smallest
+        over the subject's token slots of the largest gate a token of that slot gets there. A name
+        that shares one word with the forget subject then gets no update."""
+        group, slot, n_slots = m["group"][e], m["slot"][e], m["n_slots"]
+        G, J = len(n_slots), int(n_slots.max())
+        seq = torch.arange(n_seq, device=g.device).repeat_interleave(len(g) // n_seq)
+        counted = (g > 0) & (slot >= 0)
+        flat = ((seq * G + group) * J + slot.clamp(min=0))[counted]
+        cover = g.new_zeros(n_seq * G * J).scatter_reduce(0, flat, g[counted], "amax").view(n_seq, G, J)
+        unused = torch.arange(J, device=g.device) >= n_slots[:, None]          # [G, J]
+        whole = cover.masked_fill(unused, 1.0).amin(-1)                          # [n_seq, G]
+        return torch.minimum(g, whole[seq, group])
+
+    def delta(self, h: torch.Tensor) -> torch.Tensor:
+        """The update alpha g(h) d for residuals h [..., L, H] (exactly zero outside every radius)."""
+        return self.update(h) - h
+
+    def update(self, h: torch.Tensor) -> torch.Tensor:
+        """h with alpha g d added where g > 0 (write "tokens": the tokens inside some radius;
+        "sequence": every token of a sequence where one is); every other token keeps h's own value,
+        bit for bit."""
+        self._check_ready()
+        out = self._edited(h)
+        return h.clone() if out is None else out
+
+    def _edited(self, h: torch.Tensor, positions: torch.Tensor | None = None,
+                seen: dict | None = None) -> torch.Tensor | None:
+        """The edited copy of h, or None when no token lies inside a radius (the hook then leaves h).
+
+        The gate is a function of whole sequences (the subject-complete cap, write="sequence"). A
+        forward that holds every position (positions None) leaves its per-token gates in `seen`; a
+        partial forward of a cached sampler (positions: the absolute positions it holds) takes the
+        other positions' gates from there, as the cache takes their keys and values from the last
+        refresh, so the edit of a window token is the one a full forward would have made.
+        """
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size)
+        m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
+        g, e = self._token_gate(x.to(dt), m)
+        window = None
+        if seen is not None and positions is None:
+            seen.update(g=g.view(n_seq, -1).clone(), e=e.view(n_seq, -1).clone())
+        elif seen is not None and "g" in seen and seen["g"].shape[0] == n_seq and \
+                int(positions.max()) < seen["g"].shape[1]:
+            window = positions.to(g.device)
+            G, E = seen["g"].clone(), seen["e"].clone()
+            G[:, window], E[:, window] = g.view(n_seq, -1), e.view(n_seq, -1)
+            g, e = G.reshape(-1), E.reshape(-1)
+        if self.complete:
+            g = self._complete(g, e, m, n_seq)
+        if self.write == "sequence":  # each sequence's strongest gate, at every one of its tokens
+            g, e = _spread_over_sequences(g, e, n_seq)
+        if window is not None:  # back to the tokens this forward holds
+            g, e = g.view(n_seq, -1)[:, window].reshape(-1), e.view(n_seq, -1)[:, window].reshape(-1)
+        hit = (g > 0).nonzero().squeeze(1)
+        if not len(hit):
+            return None
+        change = self.alpha * g[hit, None] * m["deltas"][m["owner"][e[hit]]]   # <- alpha multiplies the update here
+        out = h.clone()
+        out.view(-1, self.hidden_size)[hit] = (x[hit].to(dt) + change).to(h.dtype)
+        return out
+
+    def _prepare(self, backbone) -> None:
+        self._matrices(backbone.device, torch.float32)
+
+    def _edits(self) -> dict:
+        seen: dict = {}  # the last full forward's per-token gates, for the partial forwards of a cache
+        return {self.coordinate: lambda h, st: self._edited(h, st.positions, seen)}
+
+    def _groups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(group of each fact [F], token slots of each group [G]): facts about one subject form a
+        group (a fact given by id alone is its own group)."""
+        names = [getattr(f, "subject", None) or (f.get("subject") if isinstance(f, dict) else None) or fid
+                 for f, fid in zip(self._facts, self._ids)]
+        index = {n: i for i, n in enumerate(dict.fromkeys(names))}
+        group = torch.tensor([index[n] for n in names], dtype=torch.long)
+        n_slots = torch.ones(len(index), dtype=torch.long).scatter_reduce(
+            0, group[self._owner], self._slot + 1, "amax")
+        return group, n_slots
+
+    def _matrices(self, device, dtype) -> dict:
+        """What the hook uses, on device; rebuilt after any change to the entries or the margin."""
+        key = (str(device), dtype, float(self.margin))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        group, n_slots = self._groups()
+        m = {"mu": self.stats.mean, "white": self._white, "keys": self.whiten(self._keys),
+             "radius": self.margin * self._reach, "deltas": self._deltas}
+        m = {k: v.to(device=device, dtype=dtype) for k, v in m.items()}
+        m |= {"owner": self._owner, "slot": self._slot, "group": group[self._owner], "n_slots": n_slots}
+        m = {k: v.to(device) for k, v in m.items()}
+        self._cache = {k: v for k, v in self._cache.items() if v[0] == self.version}
+        self._cache[key] = (self.version, m)
+        return m
+
+    # ---------------------------------------------------------------- saving
+
+    def _tensors(self) -> dict:
+        """keys, reach, owners, slots, deltas, mu, C."""
+        return {"keys": self._keys, "reach": self._reach, "owner": self._owner, "slot": self._slot,
+                "deltas": self._deltas, "mu": self.stats.mean, "cov": self.stats.cov}
+
+    def _header(self) -> dict:
+        return {
+            "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
+                      "complete": self.complete, "write": self.write,
+                      "n_states": self.n_states, "values": self.values, "object_keys": self.object_keys,
+                      "target": self.target, "seed": self.seed,
+                      "batch_size": self.batch_size},
+            "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
+            "facts": [_fact_to_dict(f) for f in self._facts],
+        }
+
+    @classmethod
+    def _restore(cls, path, meta: dict, tensors: dict, backbone, calibration=None) -> "CodebookMemory":
+        """`calibration` is needed only to insert more facts later."""
+        try:
+            coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
+            stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
+                                  st["shrinkage"])
+            mem = cls(backbone, coord, background=stats, calibration=calibration, **hyper)
+            facts = [_fact_from_dict(d) for d in meta["facts"]]
+            keys, reach, owner, deltas = tensors["keys"], tensors["reach"], tensors["owner"], tensors["deltas"]
+            slot = tensors["slot"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise TimeromeError(f"{path} has incomplete metadata ({type(e).__name__}: {e})") from None
+        H = mem.hidden_size
+        ok = (keys.shape == (len(reach), H) and owner.shape == slot.shape == (len(reach),)
+              and deltas.shape == (len(facts), H)
+              and (not len(owner) or 0 <= int(owner.min()) <= int(owner.max()) < len(facts)))
+        if not ok:
+            raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
+                                f"{tuple(reach.shape)}, {tuple(owner.shape)}, {tuple(deltas.shape)}")
+        if len(reach) and not bool((reach > 0).all()):
+            raise TimeromeError(f"{path} is inconsistent: {int((reach <= 0).sum())} of its entries have a radius <= 0, "
+                                "which a saved codebook never holds (was it edited?)")
+        mem._keys, mem._reach, mem._owner, mem._slot, mem._deltas = keys, reach, owner.long(), slot.long(), deltas
+        mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        mem.version += 1
+        return mem
+
+    # ---------------------------------------------------------------- checks
+
+    def _stats(self, background, shrinkage) -> ResidualStats:
+        if isinstance(background, ResidualStats):
+            if (background.layer, background.point) != self.coordinate.site or len(background.mean) != self.hidden_size:
+                raise TimeromeError(f"background statistics are for layer {background.layer} {background.point}, "
+                                    f"the memory acts at layer {self.coordinate.layer} {self.coordinate.point}")
+            return background
+        texts = background_texts(self.backbone, background)
+        return residual_stats(self.backbone, self.coordinate, texts, shrinkage=shrinkage)
+
+    def _calibration(self, calibration) -> torch.Tensor:
+        """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals."""
+        if isinstance(calibration, torch.Tensor):
+            h = _as_rows(calibration, "calibration residuals", self.hidden_size)
+        else:
+            texts = list(calibration)
+            if not texts:
+                raise TimeromeError("the calibration corpus is empty: give the retain rows or texts")
+            h = state_tokens(self.backbone, self.coordinate, texts, n_states=CALIBRATION_STATES, seed=self.seed,
+                             batch_size=self.batch_size, pads=self.pads, last_steps=self.last_pads or False)
+        return self.whiten(h).float()
+
+    def _check_hyper(self):
+        if not isinstance(self.complete, bool):
+            raise TimeromeError(f"complete must be true or false, got {self.complete!r}")
+        if self.write not in WRITES:
+            raise TimeromeError(f"write must be one of {', '.join(WRITES)}, got {self.write!r}")
+        for name, v in (("alpha", self.alpha), ("margin", self.margin), ("inner", self.inner)):
+            if isinstance(v, bool) or not (isinstance(v, numbers.Real) and math.isfinite(v)):
+                raise TimeromeError(f"{name} must be a finite number, got {v!r}")
+        if self.margin <= 0:
+            raise TimeromeError(f"margin (the radius over the distance to the nearest calibration token) must be > 0, "
+                                f"got {self.margin!r}")
+        if not 0 <= self.inner < 1:
+            raise TimeromeError(f"inner (the full-strength part of the radius) must lie in [0, 1), got {self.inner!r}")
+
+    def _check_ready(self):
+        self._check_hyper()
+        if len(self) == 0:
+            raise TimeromeError("the codebook memory is empty: add facts before applying it")
+
+
+
+ROW_BLOCK = 64  # rows per matrix product in rowwise_matmul
+
+
+def rowwise_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [N, H] @ w [H, K], each row's result independent of the other rows: every product is made
+    on a zero-padded block of ROW_BLOCK rows, so BLAS always runs the same kernel with the same
+    blocking (a plain x @ w rounds a row differently depending on how many rows come with it)."""
+    out = []
+    for s in range(0, len(x), ROW_BLOCK):
+        part = x[s:s + ROW_BLOCK]
+        block = part.new_zeros(ROW_BLOCK, x.shape[1])
+        block[:len(part)] = part
+        out.append((block @ w)[:len(part)])
+    return torch.cat(out) if out else x.new_zeros(0, w.shape[1])
+
+
+def nearest_distance(z: torch.Tensor, points: torch.Tensor, candidates: int = 8) -> torch.Tensor:
+    """[N] distance from each row of z [N, H] to its nearest row of points [M, H], bit for bit the
+    same whatever rows z holds besides: a matrix-product cdist (fast, but its rounding depends on how
+    many rows it is given) proposes the nearest `candidates`, and those are measured exactly in z's
+    dtype."""
+    # float32 proposes (a float32 distance is off by ~1e-6 relative: the true nearest is among the
+    # candidates unless `candidates` points tie with it that closely), float64 decides
+    near = torch.cdist(z.float(), points.float()).topk(min(candidates, len(points)), dim=1, largest=False).indices
+    return (z[:, None, :] - points[near]).pow(2).sum(-1).sqrt().min(1).values
+
+
+def _n_sequences(h: torch.Tensor) -> int:
+    """How many sequences h [..., L, H] holds (1 for a single token [H] or a single sequence [L, H])."""
+    return max(1, h.numel() // (h.shape[-1] * h.shape[-2])) if h.dim() >= 3 else 1
+
+
+def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token of a sequence gets the sequence's largest gate and that token's entry."""
+    G, E = g.view(n_seq, -1), e.view(n_seq, -1)
+    best = G.argmax(1, keepdim=True)
+    return G.gather(1, best).expand_as(G).reshape(-1), E.gather(1, best).expand_as(E).reshape(-1)

@@ -1,0 +1,184 @@
+"""1. Diffusion-time causal tracing: the TIE heatmaps of a set of facts (paper, "Diffusion-time causal tracing").
+
+    result = trace(backbone, facts)        # TraceResult: TIE_bar per fact, module, layer, step
+    result.save("trace.safetensors")
+
+What is computed is defined in `timerome.tracing.tie` (the trajectory, Eq. tie, Eq. tie_agg); how it is
+computed fast in `timerome.tracing.wavefront`; `naive_tie` runs the definition literally (the tests and
+the benchmark compare the two). This file prepares the inputs: tokenized facts (`encode_fact`),
+the noise scale sigma and every noise draw, and checks the arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from timerome.backbones import HOOK_POINTS, load_backbone
+from timerome.common.checks import budget, integer, memory_budget, number
+from timerome.common.checks import seed as check_seed
+from timerome.common.progress import progress_bar
+from timerome.data.facts import facts_from_rows
+from timerome.data.tofu import load_split
+from timerome.engine.encoding import encode_fact
+from timerome.engine.likelihood import head_choice
+from timerome.engine.settings import TRACE
+from timerome.errors import TimeromeError
+from timerome.tracing.result import TraceResult
+from timerome.tracing.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
+from timerome.tracing.tie import tie as tie_of
+from timerome.tracing.wavefront import group_facts, rows_can_join, rows_can_pack, trace_facts
+
+VALIDATION_SIZE = 8  # the paper traces 8 validation facts
+SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
+
+
+@torch.no_grad()
+def subject_embedding_std(backbone, facts) -> float:
+    """std over all entries of the subject tokens' embedding vectors (ROME's noise scale)."""
+    ids = torch.cat([f.prompt_ids[f.subject_pos] for f in facts]).to(backbone.device)
+    e = backbone.embedding()(ids).float()  # [n_subject_tokens, H]
+    return float(e.std()) if e.numel() > 1 else 0.0
+
+
+def default_facts(n: int = VALIDATION_SIZE) -> list:
+    """The embedded model's forget split (forget01), first n facts: the validation subset."""
+    facts, _ = facts_from_rows(load_split("forget01", "embedded"))  # every embedded row has its author
+    return facts[:n]
+
+
+def refuse_causal(backbone) -> None:
+    """The diffusion-time trace follows a denoising trajectory, which an autoregressive model has not."""
+    if getattr(backbone, "causal", False):
+        raise TimeromeError(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
+                            "is autoregressive: trace it with the positional trace (timerome trace --positional, "
+                            "timerome.tracing.positional_trace)")
+
+
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
+    refuse_causal(backbone)
+    integer(steps, "steps", lo=1)
+    number(tau, "tau")
+    check_seed(seed, "seed")
+    if readout not in READOUTS:
+        raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
+    modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
+    F, C = len(facts), len(modules) * len(layers)
+    # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
+    budget(f"tracing {F} facts over {steps} steps", F * (1 + n_samples + n_samples * C * (steps + 1) / 2) * (steps + 1),
+           f"{n_samples} noise samples x {C} sites x the steps left after each of {steps} steps")
+    memory_budget(f"tracing {F} facts over {steps} steps (TIE for every step pair)",
+                  4 * F * C * steps * (steps + 1) * 2)
+    return modules, layers
+
+
+def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size):
+    """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
+    integer(n_samples, "n_samples", lo=1)
+    number(sigma, "sigma", lo=0, none=True)
+    if isinstance(modules, str):
+        modules = (modules,)
+    modules = tuple(modules)
+    bad = [m for m in modules if m not in HOOK_POINTS]
+    if bad or not modules or len(set(modules)) != len(modules):
+        raise TimeromeError(f"modules must be distinct names from {', '.join(HOOK_POINTS)}; got {list(modules)}")
+    n = backbone.n_layers
+    layers = list(range(n)) if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    if not layers or any(not isinstance(l, int) or not -n <= l < n for l in layers):
+        raise TimeromeError(f"layers must be integers in [0, {n}) (the model has {n} layers); got {layers}")
+    layers = [l % n for l in layers]
+    if len(set(layers)) != len(layers):
+        raise TimeromeError(f"layers are repeated: {layers}")
+    integer(batch_size, "batch_size (one row is the clean run)", lo=2)
+    if not facts:
+        raise TimeromeError("no facts to trace: give at least one (subject, prompt, object) fact")
+    return modules, layers
+
+
+def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
+    """Tokenized facts, sigma, its rule, and each fact's noise [N, S, H] (float32, sigma applied).
+
+    All noise comes from one CPU generator seeded with `seed`, drawn fact by fact in order, so the
+    same seed gives the same numbers on any device.
+    """
+    items = [encode_fact(backbone, f, i) for i, f in enumerate(facts)]
+    if sigma is None:
+        sig, rule = SIGMA_FACTOR * subject_embedding_std(backbone, items), "s3"
+    else:
+        sig, rule = float(sigma), "fixed"
+    g = torch.Generator().manual_seed(int(seed))
+    noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size, generator=g) for it in items]
+    return items, sig, rule, noises
+
+
+def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma: float | None = None,
+          tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
+          readout: str = "decided", progress: bool = True, share_rows: bool = True,
+          reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto",
+          screen_reveal: bool = True) -> TraceResult:
+    """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
+
+    backbone: default the embedded model (`timerome.load_backbone()`).
+    facts: Fact-like objects or dicts with subject / prompt / object (and optional fact_id);
+        default the first 8 facts of the embedded forget01 split (the validation subset).
+    steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
+    tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
+    seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
+    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / screen_reveal:
+    the engine's savings (`timerome.tracing.wavefront`; screen_reveal: the sampler step's float32 screen,
+    `sampler.reveal_masked`), on by default; off only to measure what they save.
+    head: "masked" runs the vocabulary head at the answer positions read only, "full" everywhere;
+    "auto" (default) is "masked" wherever it applies (`likelihood.masked_head_applies`). Equal up
+    to float rounding.
+    """
+    if backbone is None:
+        backbone = load_backbone()
+    facts = default_facts() if facts is None else list(facts)
+    modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
+                             seed)
+    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
+    M, Ly, K = len(modules), len(layers), steps
+    ties, clean, corrupted, infos = [], [], [], []
+    stats = {}
+    # a joining row needs its fact's clean row and its corrupted row beside it: 3 rows at least
+    reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
+    pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone, joins=True)
+    masked_head = head_choice(backbone, head)
+    outs = [None] * len(items)
+    with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
+        # facts of one length go through the wavefront together, as many as one batch holds
+        for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
+            per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
+                                         batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
+                                         pack=pack, masked_head=masked_head, screen=screen_reveal)
+            for i, out in zip(group, per_fact):
+                outs[i] = out
+            for k, v in work.items():  # counts add up; a dict of counts adds up key by key
+                if isinstance(v, dict):
+                    stats[k] = {n: stats.get(k, {}).get(n, 0) + v.get(n, 0) for n in {*stats.get(k, {}), *v}}
+                else:
+                    stats[k] = stats.get(k, 0) + v
+    for it, out in zip(items, outs):
+        tie = tie_of(out["patched"], out["corrupted"])  # [K, C, N, K+1] vs [N, K+1] -> [K, C, K+1]
+        ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
+        clean.append(out["clean"])
+        corrupted.append(out["corrupted"])
+        infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
+    tie_full = torch.stack(ties)
+    # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
+    tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
+    settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
+                    model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
+    return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
+                       [it.fact_id for it in items], modules, layers, settings, infos, stats)
+
+
+def naive_tie(backbone, facts, coords, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma: float | None = None,
+              tau: float = 1.0, seed: int = 0, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition run literally (`tie.literal_tie`) with the same inputs `trace` would draw.
+
+    coords: (layer, step, module) triples. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).
+    """
+    items, _, _, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    return literal_tie(backbone, items, noises, coords, steps=steps, tau=tau, readout=readout)

@@ -1,0 +1,164 @@
+"""TIE heatmaps as PNG: layer x denoising step, one panel per module, side by side (paper figure);
+the positional trace's as ROME draws them (token x layer, one panel per module); and the two side
+by side on the same facts (`plot_compare`, the paper's Figure "heatmap_compare").
+
+Drawn with matplotlib's Agg canvas directly (no pyplot state, works headless). The panels share
+one symmetric colour scale, because TIE is signed and the modules are compared against each other
+(attn / mlp alone are usually much weaker than resid). The outlined cell is the selected
+coordinate (`selection.select_coordinate`: the largest mean |TIE| over facts; for one fact, its
+largest |TIE|), or the `selected` candidate given: the same one the trace command prints and edits.
+The same result gives the same PNG bytes (no timestamp, no version string in the file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from timerome.errors import TimeromeError
+from timerome.tracing.selection import per_fact_best, select_coordinate
+
+TITLES = {"resid": "residual stream", "attn": "attention output", "mlp": "MLP output"}
+ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's figure colours per module
+
+
+def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
+                  dpi: int = 110, selected=None) -> Path:
+    """Write the heatmaps of the mean over facts (fact=None) or of one fact (index or id) to path;
+    `selected` (a selection.Candidate) is outlined, by default the selection's best."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if fact is None:
+        data, what = result.mean(), f"mean over {len(result.fact_ids)} facts"
+        selected = selected or select_coordinate(result).best
+    else:
+        i = result.fact_index(fact)
+        data, what = result.tie[i], f"fact {result.fact_ids[i]}"
+        selected = selected or per_fact_best(result)[i]
+    data = data.float().numpy()  # [M, Ly, K]
+    M, Ly, K = data.shape
+    vmax = float(abs(data).max()) or 1.0  # all-zero maps still get a valid scale
+    box_m, box_l = result.modules.index(selected.module), result.layers.index(selected.layer)
+    fig = Figure(figsize=(2.2 + 2.6 * M, 1.6 + 0.32 * max(Ly, 4)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, M, squeeze=False)[0]
+    for m, ax in enumerate(axes):
+        im = ax.imshow(data[m], origin="lower", aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax,
+                       interpolation="nearest")
+        ax.set_title(TITLES.get(result.modules[m], result.modules[m]), fontsize=10)
+        ax.set_xlabel("denoising step k")
+        ax.set_xticks(range(K))
+        ax.set_yticks(range(Ly), [str(l) for l in result.layers])
+        if m == 0:
+            ax.set_ylabel("layer")
+        if m == box_m:
+            ax.add_patch(Rectangle((selected.step - 0.5, box_l - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
+    fig.colorbar(im, ax=list(axes), label="TIE (nats)")
+    s = result.settings
+    fig.suptitle(title or f"diffusion-time TIE, {what}  (sigma={s.get('sigma', float('nan')):.3g}, "
+                 f"tau={s.get('tau')}, {s.get('n_samples')} noise samples)\nbox: layer {selected.layer} "
+                 f"{selected.module} step {selected.step}, {'mean ' if fact is None else ''}|TIE| "
+                 f"{selected.mean_abs_tie:.3g} nats", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
+    return path
+
+
+def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path]:
+    """One PNG per fact, named heatmap-<index>.png, in directory."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise TimeromeError(f"{d} is a file; give a directory for the per-fact heatmaps")
+    return [plot_heatmaps(result, d / f"heatmap-{i}.png", fact=i, dpi=dpi) for i in range(len(result.fact_ids))]
+
+
+def _figure(w: float, h: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path, dpi: int) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
+    return path
+
+
+def _positional_panels(fig, axes, result, fact, rows_label: bool = True) -> None:
+    """ROME's drawing: one panel per module, rows = tokens (one fact) or ROME's six categories
+    (the mean over facts), columns = layers; each panel its own scale from 0 (or its minimum)."""
+    if fact is None:
+        data, labels = result.mean().float().numpy(), list(result.CATEGORIES)  # [M, Ly, 6]
+    else:
+        i = result.fact_index(fact)
+        info = result.facts[i]
+        P = info["prompt_length"]
+        subject = set(info["subject_positions"])
+        data = result.effect[i, :, :, :P].float().numpy()
+        labels = [f"{tok!r}{'*' if t in subject else ''}" for t, tok in enumerate(info["tokens"])]
+    import numpy as np
+
+    for m, ax in enumerate(axes):
+        panel = data[m].T  # [rows, Ly]
+        lo = min(0.0, float(np.nanmin(panel))) if np.isfinite(panel).any() else 0.0
+        hi = float(np.nanmax(panel)) if np.isfinite(panel).any() else 1.0
+        im = ax.imshow(panel, aspect="auto", cmap=ROME_CMAPS.get(result.modules[m], "Greys"), vmin=lo,
+                       vmax=max(hi, lo + 1e-6), interpolation="nearest")
+        mod = result.modules[m]
+        win = "" if mod == "resid" else f", window {result.settings.get('window')}"
+        ax.set_title(f"restoring {TITLES.get(mod, mod)}{win}", fontsize=9)
+        ax.set_xlabel("layer")
+        step = max(1, len(result.layers) // 10)
+        ax.set_xticks(range(0, len(result.layers), step), [str(l) for l in result.layers[::step]])
+        ax.set_yticks(range(len(labels)), labels if (rows_label or m == 0) else [""] * len(labels), fontsize=7)
+        fig.colorbar(im, ax=ax, label="p(o) restored - corrupted", shrink=0.8)
+
+
+def plot_positional(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
+                    dpi: int = 110) -> Path:
+    """ROME's causal-trace figure of a positional trace: the mean over facts by ROME's six token
+    categories (fact=None), or one fact's tokens (subject tokens starred)."""
+    M = len(result.modules)
+    rows = 6 if fact is None else result.facts[result.fact_index(fact)]["prompt_length"]
+    fig = _figure(1.6 + 3.4 * M, 1.4 + 0.28 * max(rows, 5))
+    axes = fig.subplots(1, M, squeeze=False)[0]
+    _positional_panels(fig, axes, result, fact, rows_label=False)
+    s = result.settings
+    what = f"mean over {len(result.fact_ids)} facts" if fact is None else f"fact {result.fact_ids[result.fact_index(fact)]}"
+    fig.suptitle(title or f"positional causal trace (ROME), {what}: {s.get('model')} "
+                 f"({'autoregressive' if s.get('causal') else 'MDLM, answer fully masked'}; sigma={s.get('sigma', 0):.3g}, "
+                 f"{s.get('n_samples')} noise samples)", fontsize=9)
+    return _save(fig, path, dpi)
+
+
+def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = 110) -> Path:
+    """The paper's Figure "heatmap_compare": the positional trace (ROME's protocol, top row) beside the
+    diffusion-time TIE (bottom row) of the same facts on the same model, one panel per module."""
+    if positional.fact_ids != tie_result.fact_ids:
+        raise TimeromeError("plot_compare needs the two traces of the same facts (their fact ids differ)")
+    M = max(len(positional.modules), len(tie_result.modules))
+    fig = _figure(1.6 + 3.4 * M, 6.4)
+    top, bottom = fig.subfigures(2, 1)
+    _positional_panels(top, top.subplots(1, len(positional.modules), squeeze=False)[0], positional, None, False)
+    top.suptitle("positional trace (ROME): p(o_1) restored - corrupted, one forward", fontsize=9)
+    data = tie_result.mean().float().numpy()  # [M, Ly, K]
+    vmax = float(abs(data).max()) or 1.0
+    axes = bottom.subplots(1, len(tie_result.modules), squeeze=False)[0]
+    for m, ax in enumerate(axes):
+        im = ax.imshow(data[m], origin="lower", aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax,
+                       interpolation="nearest")
+        ax.set_title(TITLES.get(tie_result.modules[m], tie_result.modules[m]), fontsize=9)
+        ax.set_xlabel("denoising step k")
+        ax.set_yticks(range(len(tie_result.layers)), [str(l) for l in tie_result.layers])
+        if m == 0:
+            ax.set_ylabel("layer")
+    bottom.colorbar(im, ax=list(axes), label="TIE (nats)", shrink=0.8)
+    bottom.suptitle("diffusion-time TIE (this toolkit): mean over facts", fontsize=9)
+    fig.suptitle(f"{positional.settings.get('model')}: {len(positional.fact_ids)} facts", fontsize=10)
+    return _save(fig, path, dpi)

@@ -1,0 +1,195 @@
+"""TraceResult: the TIE heatmaps of a set of facts, and their file (safetensors + JSON); `TraceFile`,
+what it shares with the positional trace's result (facts by index or id, the model check, the file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from timerome.common.cache import save_tensors, write_json
+from timerome.common.checks import INT64, finite_tensor, integer, shown
+from timerome.common.files import read_json
+from timerome.errors import TimeromeError
+from timerome.tracing.tie import later_steps
+
+
+class TraceFile:
+    """Facts by index or id, the model check and the file (tensors in .safetensors, the rest in the
+    .json of the same name) of a trace result; `fact_ids` and `settings` are the subclass's fields."""
+
+    fact_ids: list[str]
+    settings: dict
+
+    def fact_index(self, fact: int | str) -> int:
+        if isinstance(fact, int) and not isinstance(fact, bool):
+            if not -len(self.fact_ids) <= fact < len(self.fact_ids):
+                raise TimeromeError(f"fact index {fact} out of range: the trace has {len(self.fact_ids)} facts")
+            return fact % len(self.fact_ids)
+        if fact not in self.fact_ids:
+            raise TimeromeError(f"no fact {fact!r} in this trace (facts: {', '.join(self.fact_ids)})")
+        return self.fact_ids.index(fact)
+
+    def check_model(self, backbone, source="this trace") -> None:
+        """Refuse a trace made on another model (its weights' fingerprint is in the settings; a
+        trace saved before fingerprints were recorded is taken as it is)."""
+        made_on = self.settings.get("fingerprint")
+        if made_on is not None and made_on != backbone.fingerprint():
+            raise TimeromeError(f"{source} was traced on another model ({self.settings.get('model')}, fingerprint "
+                                f"{made_on}); this model's fingerprint is {backbone.fingerprint()}: trace it first "
+                                "(timerome trace --model ...)")
+        outside = [l for l in getattr(self, "layers", []) if not 0 <= l < backbone.n_layers]
+        if outside:
+            raise TimeromeError(f"{source} traces layer {outside[0]}, outside this model's 0..{backbone.n_layers - 1} "
+                                "(was its JSON edited?)")
+
+    @staticmethod
+    def write(path, tensors: dict, meta: dict, kind: str | None = None) -> Path:
+        """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given)."""
+        path = _tensor_path(path)
+        save_tensors(path, tensors, metadata={"format": "pt", **({"kind": kind} if kind else {})})
+        write_json(path.with_suffix(".json"), {**({"kind": kind} if kind else {}), **meta})
+        return path
+
+    @staticmethod
+    def read(path, what: str, build):
+        """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = _tensor_path(path)
+        meta_path = path.with_suffix(".json")
+        if not path.exists() or not meta_path.exists():
+            raise TimeromeError(f"a {what} is {path} plus {meta_path.name}; one of them is missing")
+        try:
+            meta = read_json(meta_path, f"the {what}'s JSON")  # strict: no NaN, one clear error
+            return build(load_file(str(path)), meta)
+        except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+            raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+@dataclass
+class TraceResult(TraceFile):
+    """TIE heatmaps of a set of facts (nats). Modules and layers index the middle axes.
+
+    tie            [F, M, Ly, K]        TIE_bar(l, k, m) per fact (the heatmaps)
+    tie_full       [F, M, Ly, K, K + 1] TIE(l, k, m, k'); NaN where k' <= k (not defined)
+    clean_logp     [F, K + 1]           log p(o | x_k) of the clean run
+    corrupted_logp [F, N, K + 1]        the same per noise sample of the corrupted run
+    """
+
+    tie: torch.Tensor
+    tie_full: torch.Tensor
+    clean_logp: torch.Tensor
+    corrupted_logp: torch.Tensor
+    fact_ids: list[str]
+    modules: tuple[str, ...]
+    layers: list[int]
+    settings: dict
+    facts: list[dict] = field(default_factory=list)  # per fact: tokens, subject positions, clean answer
+    stats: dict = field(default_factory=dict)        # work done: rows run, batched forwards
+
+    @property
+    def steps(self) -> int:
+        return self.tie.shape[-1]
+
+    def mean(self) -> torch.Tensor:
+        """TIE_bar averaged over facts: [M, Ly, K]."""
+        return self.tie.mean(0)
+
+    def only(self, modules) -> "TraceResult":
+        """The same result restricted to `modules` (in their order in the trace)."""
+        keep = [i for i, m in enumerate(self.modules) if m in modules]
+        if not keep:
+            raise TimeromeError(f"the trace covers modules {self.modules}, none of {tuple(modules)}")
+        return TraceResult(self.tie[:, keep], self.tie_full[:, keep], self.clean_logp, self.corrupted_logp,
+                           self.fact_ids, tuple(self.modules[i] for i in keep), self.layers, self.settings,
+                           self.facts, self.stats)
+
+    # ------------------------------------------------------------------ the file
+
+    def save(self, path: str | Path) -> Path:
+        """Tensors to PATH (.safetensors), settings and facts to the same name with .json."""
+        return self.write(path, dict(tie=self.tie, tie_full=self.tie_full, clean_logp=self.clean_logp,
+                                     corrupted_logp=self.corrupted_logp),
+                          dict(fact_ids=self.fact_ids, modules=list(self.modules), layers=self.layers,
+                               settings=self.settings, facts=self.facts, stats=self.stats))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TraceResult":
+        """Read a saved trace, checked before anything selects from it: its JSON (an object with
+        fact_ids, modules, layers and settings of their types, no NaN), its tensors (float32 or
+        float64, of the shapes those name, every TIE finite)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = _tensor_path(path)
+        meta_path = path.with_suffix(".json")
+        if not path.exists() or not meta_path.exists():
+            raise TimeromeError(f"a trace result is {path} plus {meta_path.name}; one of them is missing")
+        meta = read_json(meta_path, "the trace's JSON")
+        try:
+            t = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
+        fact_ids, modules, layers, settings = _check_meta(meta, meta_path)
+        _check_tensors(t, len(fact_ids), len(modules), len(layers), settings, path)
+        return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], fact_ids, tuple(modules), layers,
+                   settings, list(meta.get("facts", [])), dict(meta.get("stats", {})))
+
+
+def _check_meta(meta, where) -> tuple[list, list, list, dict]:
+    from timerome.engine.coordinate import KNOWN_POINTS
+
+    def need(ok: bool, field: str, want: str):
+        if not ok:
+            got = meta.get(field) if isinstance(meta, dict) else meta
+            raise TimeromeError(f"{where}: {field} must be {want}, got {shown(got)} (was it edited by hand?)")
+
+    need(isinstance(meta, dict), "the document", "a JSON object")
+    ids, modules, layers, settings = (meta.get(k) for k in ("fact_ids", "modules", "layers", "settings"))
+    need(isinstance(ids, list) and bool(ids) and all(isinstance(i, str) for i in ids), "fact_ids", "a list of strings")
+    need(isinstance(modules, list) and bool(modules) and len(set(map(str, modules))) == len(modules)
+         and all(m in KNOWN_POINTS for m in modules), "modules", f"distinct hook points ({', '.join(KNOWN_POINTS)})")
+    need(isinstance(layers, list) and bool(layers) and len(set(map(str, layers))) == len(layers)
+         and all(isinstance(l, int) and not isinstance(l, bool) and 0 <= l < INT64 for l in layers),
+         "layers", "a list of distinct layer indices >= 0")
+    need(isinstance(settings, dict), "settings", "an object")
+    need(isinstance(meta.get("facts", []), list), "facts", "a list")
+    need(isinstance(meta.get("stats", {}), dict), "stats", "an object")
+    integer(settings.get("n_samples", 1), f"{where}: settings.n_samples", lo=1)
+    return list(ids), list(modules), list(layers), dict(settings)
+
+
+def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> None:
+    """The four tensors, float32 / float64, of one consistent shape, the TIE finite where it is defined."""
+    missing = [k for k in ("tie", "tie_full", "clean_logp", "corrupted_logp") if k not in t]
+    if missing:
+        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a trace result")
+    for name in ("tie", "tie_full", "clean_logp", "corrupted_logp"):
+        if t[name].dtype not in (torch.float32, torch.float64):
+            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a trace "
+                                "stores float32 (was the file converted?)")
+    tie = t["tie"]
+    K = tie.shape[-1] if tie.dim() == 4 else -1
+    N = settings.get("n_samples", t["corrupted_logp"].shape[1] if t["corrupted_logp"].dim() == 3 else -1)
+    want = dict(tie=(F, M, Ly, K), tie_full=(F, M, Ly, K, K + 1), clean_logp=(F, K + 1), corrupted_logp=(F, N, K + 1))
+    for name, shape in want.items():
+        if tuple(t[name].shape) != shape or K < 1:
+            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} "
+                                f"facts, {M} modules, {Ly} layers and {N} noise samples, so it must be {shape} (the "
+                                "two files do not belong together, or one was edited)")
+    if "steps" in settings and settings["steps"] != K:
+        raise TimeromeError(f"{where}: its settings say {settings['steps']} steps, its tensors hold {K}")
+    finite_tensor(tie, f"{where}: tensor tie")
+    finite_tensor(t["tie_full"][..., later_steps(K)], f"{where}: tensor tie_full (where k' > k)")
+    finite_tensor(t["clean_logp"], f"{where}: tensor clean_logp")
+    finite_tensor(t["corrupted_logp"], f"{where}: tensor corrupted_logp")
+
+
+def _tensor_path(path) -> Path:
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return path
+    return path.with_suffix(".safetensors") if path.suffix == ".json" else path.with_name(path.name + ".safetensors")

@@ -1,0 +1,112 @@
+"""2. Coordinate selection (paper Eq. coord): where to install the edit, read off TIE heatmaps.
+
+    (l*, k*, m*) = argmax_{(l,k,m)}  E_{z in F_v} |TIE_bar_z(l,k,m)|  -  beta E_{z' in N} |TIE_bar_z'(l,k,m)|
+
+The magnitude is used because a site that strongly *lowers* the object's log-prob is as causally
+involved as one that raises it. beta = 0 is plain max-magnitude selection (the paper's headline
+setting); beta > 0 penalises sites that also matter for neighbour facts (retain selectivity).
+Equal scores are ranked in the heatmap's order (module, layer, step), so the choice is deterministic.
+The paper then edits at k* = -1 (every step) and m* = resid: `modules=("resid",)` restricts the
+ranking to the residual stream, and a candidate's `edit_coordinate` drops its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from timerome.common.checks import finite_tensor, number
+from timerome.engine.coordinate import Coordinate
+from timerome.errors import TimeromeError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A scored (layer, step, module): `coordinate.step` is the step k whose TIE was measured."""
+
+    coordinate: Coordinate
+    score: float              # the objective (or, per fact, that fact's signed TIE_bar)
+    mean_abs_tie: float       # E_{F_v} |TIE_bar| (or |TIE_bar| of that one fact)
+    neighbour_abs_tie: float  # E_N |TIE_bar|; 0 without neighbours
+
+    layer = property(lambda self: self.coordinate.layer)
+    step = property(lambda self: self.coordinate.step)
+    module = property(lambda self: self.coordinate.point)
+
+    @property
+    def edit_coordinate(self) -> Coordinate:
+        """Where the paper edits: this layer and module at every denoising step (k* = -1)."""
+        return self.coordinate.every_step()
+
+    def as_dict(self) -> dict:
+        return dict(layer=self.layer, step=self.step, module=self.module, score=self.score,
+                    mean_abs_tie=self.mean_abs_tie, neighbour_abs_tie=self.neighbour_abs_tie)
+
+
+@dataclass(frozen=True)
+class Selection:
+    best: Candidate
+    top: list[Candidate]  # best first, at most `top` long
+
+    def __iter__(self):  # best, top = select_coordinate(...)
+        return iter((self.best, self.top))
+
+
+def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(score, mean |TIE| over facts, mean |TIE| over neighbours), each [M, Ly, K]."""
+    if not beta >= 0:
+        raise TimeromeError(f"beta must be >= 0, got {beta!r}")
+    own = result.tie.abs().mean(0)
+    other = torch.zeros_like(own)
+    if neighbours is not None:
+        _check_compatible(result, neighbours)
+        other = neighbours.tie.abs().mean(0)
+    return own - beta * other, own, other
+
+
+def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
+    """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
+    restricts the choice (the paper's m* = resid: modules=("resid",))."""
+    if not isinstance(top, int) or top < 1:
+        raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
+    number(beta, "beta (the neighbour penalty)")
+    if modules is not None:
+        result = result.only(modules)
+        neighbours = neighbours.only(modules) if neighbours is not None else None
+    score, own, other = objective(result, neighbours, beta)
+    finite_tensor(score, "the trace's TIE (what selection ranks)",  # a NaN would sort first and be chosen
+                  "a NaN would be ranked first and chosen; trace again")
+    order = torch.sort(score.flatten(), descending=True, stable=True).indices[:top]
+    ranked = [_candidate(result, i, score, own, other) for i in order.tolist()]
+    return Selection(ranked[0], ranked)
+
+
+def per_fact_best(result) -> list[Candidate]:
+    """For each fact, its argmax of |TIE_bar| (score = the signed TIE_bar there)."""
+    out = []
+    for f in range(result.tie.shape[0]):
+        tie = result.tie[f]  # [M, Ly, K]
+        i = int(torch.sort(tie.abs().flatten(), descending=True, stable=True).indices[0])
+        out.append(_candidate(result, i, tie, tie.abs(), torch.zeros_like(tie)))
+    return out
+
+
+def _candidate(result, flat: int, score, own, other) -> Candidate:
+    M, Ly, K = score.shape
+    m, rest = divmod(flat, Ly * K)
+    li, k = divmod(rest, K)
+    at = (m, li, k)
+    return Candidate(Coordinate(int(result.layers[li]), result.modules[m], k), score=float(score[at]),
+                     mean_abs_tie=float(own[at]), neighbour_abs_tie=float(other[at]))
+
+
+def _check_compatible(result, neighbours) -> None:
+    mine = (tuple(result.modules), list(result.layers), result.steps)
+    theirs = (tuple(neighbours.modules), list(neighbours.layers), neighbours.steps)
+    if mine != theirs:
+        raise TimeromeError(f"the neighbour trace covers (modules, layers, steps) = {theirs}, the trace "
+                            f"{mine}; trace both with the same modules, layers and steps")
+    fp, nfp = result.settings.get("fingerprint"), neighbours.settings.get("fingerprint")
+    if fp and nfp and fp != nfp:
+        raise TimeromeError(f"the neighbour trace was made on another model (fingerprint {nfp} != {fp})")

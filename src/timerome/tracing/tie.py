@@ -1,0 +1,199 @@
+"""The temporal indirect effect (paper Eqs. tie and tie_agg), on one denoising trajectory.
+
+The trajectory of a fact z = (subject s, prompt, object o), with G = len(object tokens):
+
+    x_0 = [prompt | mask * G]; forward k (k = 0..K-1) reads x_k and reveals tokens as the sampler
+    does (temperature 0, low-confidence remasking, one block of length G, `transfer_schedule`
+    budgets); one extra scoring forward reads the final x_K, so k' = K exists (state.step = K).
+    log p(o | x_k) = sum over the G object positions i of a log-prob of o_i from aligned logits:
+      readout="decided" (default): forward k's log_softmax(logits)[i, o_i] while i is masked in x_k;
+        once i is committed, the value from the forward that committed it, frozen from then on;
+      readout="aligned": forward k's log_softmax(logits)[i, o_i] at every position, masked or not.
+    Why "decided" is the default: an MDLM is trained on masked positions only, so its logits at
+    committed positions are untrained; with "aligned" a perfectly memorised fact's clean log p
+    falls from 0 at x_0 to tens of nats below at x_K while the clean run commits exactly o.
+
+Three runs of that trajectory: clean; corrupted (e_i + sigma * eps_i on the subject embeddings at
+every forward, eps drawn once per noise sample); patched at (l, k, m) (the corrupted run with
+h(l, k, m) at the subject positions set to the clean run's at forward k only). Then
+
+    TIE(l, k, m, k')  = log p(o | do(h = h_clean), x_k') - log p(o | x^corr_k'),   k' = k+1..K
+    TIE_bar(l, k, m)  = sum_{k' > k} w_{k,k'} TIE(l, k, m, k'),  w ∝ exp(-tau (k' - k)), sum w = 1
+
+each averaged over the noise samples. `literal_tie` runs this definition literally, one trajectory
+at a time; `timerome.tracing.wavefront` computes the same numbers fast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from timerome.engine.hooks import Hooks, TraceState, capture, patch
+from timerome.engine.sampler import denoise_step, transfer_schedule
+
+REMASKING = "low_confidence"
+READOUTS = ("decided", "aligned")
+
+
+# ------------------------------------------------------------------------------ the definition
+
+
+def tie(patched_logp: torch.Tensor, corrupted_logp: torch.Tensor) -> torch.Tensor:
+    """Eq. tie: log p(o | do(h = h_clean), x_k') - log p(o | x^corr_k'), averaged over noise samples.
+
+    patched_logp [..., N, K + 1], corrupted_logp [N, K + 1] (N noise samples) -> [..., K + 1].
+    """
+    return (patched_logp - corrupted_logp).mean(-2)
+
+
+def later_steps(steps: int) -> torch.Tensor:
+    """Bool [K, K + 1]: True where k' > k, the (k, k') pairs a TIE is defined for."""
+    return torch.arange(steps + 1)[None, :] > torch.arange(steps)[:, None]
+
+
+def tie_weights(steps: int, tau: float) -> torch.Tensor:
+    """w [K, K + 1] (float64): w[k, k'] ∝ exp(-tau (k' - k)) over k' > k, rows summing to 1; 0 elsewhere."""
+    gap = (torch.arange(steps + 1)[None, :] - torch.arange(steps)[:, None]).double()
+    # a softmax of -tau (k' - k) over the later steps: normalised, and stable for any tau
+    return torch.where(later_steps(steps), -float(tau) * gap, -torch.inf).softmax(-1)
+
+
+def aggregate(tie_full: torch.Tensor, tau: float) -> torch.Tensor:
+    """Eq. tie_agg: TIE_bar = sum_{k' > k} w_{k,k'} TIE(k'): tie_full [..., K, K + 1] -> [..., K]."""
+    K = tie_full.shape[-2]
+    vals = torch.where(later_steps(K), tie_full.double(), 0.0)  # the NaN at k' <= k meet no weight
+    return (vals * tie_weights(K, tau)).sum(-1).to(tie_full.dtype)
+
+
+# ------------------------------------------------------------------------------ one trajectory
+
+
+def object_logprobs(gen_logits: torch.Tensor, object_ids: torch.Tensor, only: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(o_i | x) per object position: gen_logits [B, G, V] (the answer region) -> [B, G] float32.
+
+    only [B, G] (bool): compute these positions alone, NaN elsewhere (readout "decided" reads the
+    masked positions only; each position's value reads its own logits alone, so it is the same).
+    """
+    obj = object_ids.to(gen_logits.device).expand(gen_logits.shape[:2])
+    if only is not None:
+        out = torch.full(gen_logits.shape[:2], torch.nan, device=gen_logits.device)
+        logits = gen_logits[only].float()  # [M, V]
+        out[only] = logits.gather(-1, obj[only][:, None]).squeeze(-1) - logits.logsumexp(-1)
+        return out
+    logits = gen_logits.float()
+    picked = logits.gather(-1, obj[..., None]).squeeze(-1)
+    return picked - logits.logsumexp(-1)
+
+
+def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, readout: str):
+    """log p(o | x_k) [B] from this forward's per-position log-probs pos [B, G].
+
+    masked [B, G]: positions still masked in x_k. decided [B, G]: each position's log-prob from
+    the forward that last saw it masked. Returns (score [B], updated decided).
+    """
+    decided = torch.where(masked, pos, decided)
+    return (pos if readout == "aligned" else decided).sum(-1), decided
+
+
+def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n, mask_id: int) -> torch.Tensor:
+    """One sampler step: x_gen [B, G] -> x_gen with n (an int, or one per row) more masks revealed.
+
+    The sampler's own `denoise_step` (temperature 0, low confidence). The answer region, or whole
+    rows: the prompt holds no mask, so no prompt position competes for the budget.
+    """
+    n_reveal = torch.as_tensor(n, dtype=torch.long, device=x_gen.device).expand(x_gen.shape[0])
+    return denoise_step(x_gen, gen_logits, x_gen == mask_id, n_reveal, remasking=REMASKING)
+
+
+def reveal_schedule(n_object: int, steps: int) -> list[int]:
+    """Tokens revealed at each of the K steps (the sampler's schedule for one block of G masks)."""
+    return transfer_schedule(torch.tensor([n_object]), steps)[0].tolist()
+
+
+def forwards_read(n_object: int, steps: int, readout: str = "decided") -> int:
+    """How many of the K + 1 forwards of a trajectory read anything: with "decided", those whose
+    x_k still holds a masked object position (once every token is committed the log p is frozen,
+    and the final scoring forward reads nothing); with "aligned", all of them."""
+    if readout != "decided":
+        return steps + 1
+    budget = reveal_schedule(n_object, steps)
+    return sum(1 for k in range(steps + 1) if sum(budget[:k]) < n_object)
+
+
+@torch.no_grad()
+def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
+                   rows: int = 1, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+    """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
+    the caller installed (sharing `state`, whose step is set before every forward).
+
+    Returns (logp [rows, K + 1], xs [K + 1, rows, P + G]): log p(o | x_k) and the input x_k of forward k.
+    """
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    obj = torch.as_tensor(object_ids, dtype=torch.long).to(backbone.device)
+    P, G = len(prompt), len(obj)
+    x = torch.full((rows, P + G), backbone.mask_id, dtype=torch.long, device=backbone.device)
+    x[:, :P] = prompt.to(backbone.device)
+    budget = reveal_schedule(G, steps)
+    decided = torch.zeros(rows, G, device=backbone.device)
+    logps, xs = [], []
+    for k in range(steps + 1):
+        if state is not None:
+            state.step = k
+        xs.append(x.clone())
+        gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
+        masked = x[:, P:] == backbone.mask_id
+        score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout)
+        logps.append(score)
+        if k < steps:
+            x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
+    return torch.stack(logps, 1).cpu(), torch.stack(xs).cpu()
+
+
+def add_at(positions: torch.Tensor, eps: torch.Tensor, backbone):
+    """Hook function adding eps [S, H] to the embeddings at token `positions` (Eq. corrupt)."""
+    eps = eps.to(device=backbone.device, dtype=backbone.dtype)
+
+    def fn(h, _state):
+        out = h.clone()
+        out[:, positions] += eps
+        return out
+
+    return fn
+
+
+# ------------------------------------------------------------------------------ the literal reference
+
+
+@torch.no_grad()
+def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = 1.0,
+              readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, run literally: one full single-row trajectory per (fact, coordinate, sample).
+
+    items: encoded facts; noises: per fact [N, S, H] (sigma applied), as `tracing.prepare` makes
+    them; coords: (layer, step, module) triples. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).
+    """
+    K = steps
+    sites = sorted({(l, m) for l, _, m in coords}, key=str)
+    full = torch.full((len(items), len(coords), K + 1), torch.nan)
+    for f, (it, noise) in enumerate(zip(items, noises)):
+        pos = it.subject_pos.to(backbone.device)
+        run = lambda st: run_trajectory(backbone, it.prompt_ids, it.object_ids, steps=K, state=st,  # noqa: E731
+                                        readout=readout)[0][0]
+        state = TraceState()
+        with capture(backbone, sites, state, positions=pos) as store:
+            run(state)
+        corrupted, patched = [], [[] for _ in coords]
+        for s in range(noise.shape[0]):
+            with Hooks(backbone, edit={(None, "embed"): add_at(pos, noise[s], backbone)}, state=state):
+                corrupted.append(run(state))
+                for c, (l, k, m) in enumerate(coords):
+                    with patch(backbone, {(l, m): store[(l, m)][k]}, pos, state=state, at_step=k):
+                        patched[c].append(run(state))
+        corr = torch.stack(corrupted)  # [N, K + 1]
+        for c, (_, k, _) in enumerate(coords):
+            full[f, c, k + 1:] = tie(torch.stack(patched[c]), corr)[k + 1:]
+    w = tie_weights(K, tau).to(full.dtype)  # [K, K + 1]
+    ties = torch.zeros(len(items), len(coords))
+    for c, (_, k, _) in enumerate(coords):
+        ties[:, c] = (full[:, c, k + 1:] * w[k, k + 1:]).sum(-1)  # Eq. tie_agg at the patched step k
+    return ties, full

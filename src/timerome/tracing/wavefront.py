@@ -1,0 +1,551 @@
+"""The fast trace engine: every run of a fact in lock-step, sharing what the definition repeats.
+
+It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests compare the two), for every
+(layer, step, module) of a fact at once. How (`benchmarks/bench_trace.py` measures it against the literal loop):
+- every run of one fact advances in lock-step ("wavefront"): at step j the batch holds the clean row,
+  the n_samples corrupted rows and every patch row started at a step k <= j, so no step is ever
+  recomputed: the patch rows of step j are copies of the corrupted rows' x_j, made just before
+  forward j, and all (site, sample) patches of a step go through one batched call;
+- facts of one length (prompt + object tokens) share that wavefront (`group_facts`, as many as
+  one batch holds): each keeps its own clean row, answer region, subject positions and reveal
+  budget, so a row's numbers are those of its fact traced alone; small models get fuller batches;
+- a row with no splice ahead is a deterministic function of (noise sample, x_j), so rows with equal
+  (sample, x_j) share one run (`_plan`); a splice that commits the same tokens as the corrupted run
+  folds back into it right after its patched forward, and costs nothing more;
+- rows join the batch at their layer (reuse_layers): a row that splices at step j at (l, m) is, below
+  its site, its corrupted row (same noise sample, same x_j), so it is not computed there: one
+  forward per step starts with the clean rows, the rows that do not splice and the corrupted rows,
+  and at the output of block b - 1 the rows that skip b blocks are appended to the batch as copies
+  of their corrupted row's hidden states (b = l + 1 for resid at layer l, whose block l is then
+  spliced; b = l for attn / mlp without packing). The blocks above see the grown batch: this needs
+  blocks whose other inputs (RoPE tables, masks) broadcast over the batch, which `rows_can_join`
+  checks once on the backbone (else every row runs every block, as with reuse_layers=False);
+- packed splices (pack): an attn / mlp splice at layer l changes block l's output at the subject
+  tokens only, and the rest of a block after its attention acts on each position alone, so its
+  block l is computed at those tokens only: the subject tokens of many such rows share "packed"
+  rows of L slots that run block l alone (their inputs gathered from the corrupted rows' block
+  l - 1 output, their attention output set to the clean run's for attn or the corrupted row's for
+  mlp, their MLP output to the clean run's for mlp), and the rows join after block l as copies of
+  their corrupted row with their subject tokens from the packed rows (`_layout`). `rows_can_pack`
+  checks on the backbone that packing changes nothing (else attn / mlp rows join below l);
+- a fact whose answer is all committed reads nothing more ("decided" read-out; every row of a fact
+  reveals the same number of tokens per step), so its rows are not run again; the last scoring
+  forward k' = K reads nothing at all and is skipped;
+- the vocabulary head runs at the positions read only (the masked answer positions; `masked_head`),
+  and the sampler step decides from those logits (`sampler.reveal_masked`), sharing the read-out's
+  passes over them (`sampler.HeadRead`: max, argmax, exp(l - max)) and ordering confidences by a
+  float32 sum with a proven error bound instead of the reference's float64 softmax (same tokens;
+  the float64 softmax where the bound cannot settle a row; `screen`);
+- each fact's clean run is a row of every forward, and the splice reads the clean h from that row
+  in the same forward (as ROME does). Clean activations are never kept, and, with sigma = 0, a
+  patched row is bit-identical to its corrupted row (TIE exactly 0) as long as a row's arithmetic
+  does not depend on the rest of its batch (true on CPU);
+- a step whose rows exceed `batch_size` (counted at the top, after every join) is cut into
+  chunks, each holding the clean rows of its facts and the corrupted rows its joining rows copy.
+
+Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
+reuse_layers (the joins), pack, masked_head and screen (`tracing.trace`: pack_splices, head,
+screen_reveal); all on by default, none changes a number (bit-identical on CPU; tested).
+
+`stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions)
+and the least work any exact implementation must do, the unit of `benchmarks/bench_trace.py`'s
+floor: `min_block_rows` (one row through one block; `min_block_tokens` weighs each by the row's
+length, `min_block_rows_by_length` splits it by row length) and `min_head_positions` (one position
+through the vocabulary head). At every step j where its fact still has a masked answer position
+("decided": a fact whose answer is all committed reads nothing more, so no forward of its rows is
+needed), the clean row and each distinct (noise sample, x_j) state through every block, and each
+row that splices at j at layer l through the blocks above l only: below l it is its corrupted row,
+and at l it differs from it at the subject tokens only (resid: by the splice itself; attn / mlp:
+the rest of block l acts on each position alone), charged nothing there; the head at each of those
+rows' masked answer positions ("aligned": every answer position). Repeated clean and corrupted
+rows of chunks, packed rows, the head's other positions and the sampler step are overhead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from timerome.engine.hooks import Hooks, TraceState
+from timerome.engine.likelihood import logits_at
+from timerome.engine.sampler import HeadRead, reveal_masked
+from timerome.tracing.tie import REMASKING, read_out, reveal_schedule
+
+
+class Rows:
+    """What the hooks need about the batch in flight; set before every forward."""
+
+    def __init__(self):
+        self.noise: torch.Tensor | None = None  # [B0, L, H] added to the embeddings (0 off the subject)
+        self.splice: dict = {}                   # site index -> (batch row, its clean row, subject position) triples
+        self.join: dict = {}                     # block b -> batch rows copied onto the batch after it
+        self.drop: dict = {}                     # block b -> rows dropped from the batch's tail after it (packed rows)
+        self.fix: dict = {}                      # block b -> (joined row, position, batch row, slot): values set in the copies
+        self.pack: dict = {}                     # block b -> (n rows, row, slot, batch row, position): packed rows appended
+        self.fill: dict = {}                     # (layer, point) or (None, "embed") -> (rows zeroed, row, slot, batch row, position)
+
+
+def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
+    """Edits in place: the engine runs without autograd, and each output edited is the module's own
+    fresh tensor, read by nothing before the edit."""
+
+    def fill(key, h):  # the packed rows' slots take values of other rows at other positions
+        got = rows.fill.get(key)
+        if got is not None:
+            zero, row, slot, src, pos = got
+            if zero is not None:
+                h[zero] = 0  # padding slots of a packed row: finite, and read by nobody
+            h[row, slot] = h[src, pos]  # the right side is a copy, read first
+
+    def add_noise(h, _state):  # h [B0, L, H]: token embeddings
+        h += rows.noise
+        fill((None, "embed"), h)
+        return h
+
+    def site_fn(key, c):
+        def fn(h, _state):  # h [B, L, H]: output of the site
+            if c is not None and c in rows.splice:
+                idx, clean, positions = rows.splice[c]
+                # the subject positions take the clean run's h of this step (its row in this forward)
+                h[idx, positions] = h[clean, positions]
+            fill(key, h)
+            return h
+
+        return fn
+
+    index = {site: c for c, site in enumerate(sites)}
+    keys = set(sites)
+    if packing:  # a packed row's attention and MLP outputs are set at every layer that packs
+        keys |= {(l, p) for l, m in sites if m != "resid" for p in ("attn", "mlp")}
+    fns = {(None, "embed"): add_noise}
+    fns.update({key: site_fn(key, index.get(key)) for key in sorted(keys, key=str)})
+    return fns
+
+
+class _CannotJoin(Exception):
+    """A block output that rows cannot be appended to (not a tensor or a plain (tensor, None...) tuple)."""
+
+
+def _regrow(h: torch.Tensor, rows: Rows, b: int) -> torch.Tensor | None:
+    """Block b's output h [B, L, H] after its joins: the packed rows of layer b dropped from the tail,
+    copies of the rows rows.join[b] appended (with rows.fix[b]'s values set at their subject
+    positions), then the packed rows of layer b + 1. None: nothing happens after block b."""
+    drop, src, pack = rows.drop.get(b, 0), rows.join.get(b), rows.pack.get(b)
+    if not drop and src is None and pack is None:
+        return None
+    parts = [h[:h.shape[0] - drop]] if drop else [h]
+    if src is not None:
+        copies = h[src]
+        fix = rows.fix.get(b)
+        if fix is not None:
+            row, pos, from_row, from_slot = fix
+            copies[row, pos] = h[from_row, from_slot]
+        parts.append(copies)
+    if pack is not None:
+        n, row, slot, from_row, from_pos = pack
+        packed = h.new_zeros(n, *h.shape[1:])
+        packed[row, slot] = h[from_row, from_pos]
+        parts.append(packed)
+    return torch.cat(parts)
+
+
+def _grow(output, rows: Rows, b: int):
+    """The block output with `_regrow` applied to its hidden states (a tensor or (tensor, None...))."""
+    if torch.is_tensor(output):
+        return _regrow(output, rows, b)
+    if type(output) is tuple and output and torch.is_tensor(output[0]) and all(t is None for t in output[1:]):
+        h = _regrow(output[0], rows, b)
+        return None if h is None else (h, *output[1:])
+    raise _CannotJoin(type(output).__name__)
+
+
+def joiners(blocks, rows: Rows) -> dict:
+    """Raw-output hooks on every block: after block b, the batch is regrown (`_regrow`): rows
+    rows.join[b] copied onto it, packed rows dropped and appended."""
+
+    def joiner(b):
+        def fn(output, _state):
+            return _grow(output, rows, b)
+
+        return fn
+
+    return {block: joiner(b) for b, block in enumerate(blocks)}
+
+
+@torch.no_grad()
+def rows_can_join(backbone) -> bool:
+    """Whether a batch regrown after a block runs correctly through the blocks above it: with
+    three rows, dropping the last after block 0 and appending copies of rows 0 and 1 must give
+    rows 0-1 their own logits and the copies those of rows 0 and 1."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, backbone.vocab_size, (3, 4), generator=g).to(backbone.device)
+    rows = Rows()
+    rows.join = {0: torch.tensor([0, 1], device=backbone.device)}
+    rows.drop = {0: 1}
+    try:
+        with Hooks(backbone, edit=joiners([backbone.module(0, "resid")], rows), raw=True):
+            got = backbone.logits(ids).float()
+    except Exception:  # noqa: BLE001 - whatever the block makes of a regrown batch, it is a no
+        return False
+    want = backbone.logits(ids[:2]).float()
+    if got.shape[0] != 4:
+        return False
+    tol = 1e-3 * float(want.abs().max()) + 1e-5
+    return bool((got[:2] - want).abs().max() <= tol and (got[2:] - want).abs().max() <= tol)
+
+
+class _ProbeFact:
+    """A synthetic fact for `rows_can_pack`: token ids only."""
+
+    def __init__(self, prompt_ids, object_ids, subject_pos):
+        self.prompt_ids, self.object_ids, self.subject_pos = prompt_ids, object_ids, subject_pos
+
+    def start(self, mask_id: int) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, torch.full_like(self.object_ids, mask_id)])
+
+
+@torch.no_grad()
+def rows_can_pack(backbone, joins: bool | None = None) -> bool:
+    """Whether attn / mlp splices may run their own layer at the subject tokens only (packed rows):
+    the part of a block after its attention must act on each position alone, and the embedding
+    must not depend on the position (no absolute position table added after the hooked embedding).
+    Checked on the engine itself: a random fact traced at the first and last layers' attn and mlp,
+    packed and unpacked, must give the same log-probs. joins: `rows_can_join`'s answer where the
+    caller has it (packed rows join the batch)."""
+    if backbone.n_layers < 1 or not (rows_can_join(backbone) if joins is None else joins):
+        return False
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)
+    ids[ids == backbone.mask_id] = (backbone.mask_id + 1) % backbone.vocab_size
+    fact = _ProbeFact(ids[:6], ids[6:], torch.tensor([1, 3]))
+    noise = torch.randn(2, 2, backbone.hidden_size, generator=g)
+    sites = [(l, m) for l in sorted({0, backbone.n_layers - 1}) for m in ("attn", "mlp")]
+    try:
+        runs = [trace_facts(backbone, [fact], [noise], sites, 2, 64, pack=p)[0][0]["patched"] for p in (False, True)]
+    except Exception:  # noqa: BLE001 - whatever the model makes of a packed row, it is a no
+        return False
+    a, b = runs  # [K, C, N, K + 1]: NaN before each patch step's own column, in both
+    if not torch.equal(a.isnan(), b.isnan()) or not bool(torch.isfinite(b.nan_to_num(0.0)).all()):
+        return False
+    tol = 1e-3 * float(a.nan_to_num(0.0).abs().max()) + 1e-4
+    return bool((a - b).nan_to_num(0.0).abs().max() <= tol)
+
+
+def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
+    """Indices of the facts traced together: facts of one length (prompt + object tokens), as many
+    as fit in one batch at n_rows rows each (the rows one fact adds at a step), one by one otherwise."""
+    per = max(1, batch_size // max(1, n_rows))
+    by_length: dict[int, list[int]] = {}
+    for i, f in enumerate(facts):
+        by_length.setdefault(len(f.prompt_ids) + len(f.object_ids), []).append(i)
+    return [idx[a:a + per] for idx in by_length.values() for a in range(0, len(idx), per)]
+
+
+@torch.no_grad()
+def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
+                share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
+                masked_head: bool = False, screen: bool = True) -> tuple[list[dict], dict]:
+    """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
+
+    Rows (besides each fact's clean run, which leads every forward): the F * N corrupted rows (row f * N + s:
+    fact f, noise sample s), then for each patch step k a block of F * C * N rows (fact f, site c,
+    sample s in that order). They are appended as the wavefront reaches step k, so a row keeps its
+    index and its log p column j is its step j. Only the rows `_plan` picks are run, and only while
+    their fact has a masked answer position (readout "decided"); the others share a run's results
+    (same future) or keep their state. reuse_layers: splicing rows join the batch at their layer
+    (the caller checks `rows_can_join`); pack: attn / mlp splices compute their layer at the
+    subject tokens only, in packed rows (the caller checks `rows_can_pack`); masked_head: the
+    vocabulary head runs at the positions read only (the caller checks `masked_head_applies`); screen:
+    the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens).
+    Every per-position array spans the L positions; the prompt holds no mask, so "masked" means
+    "an answer position not yet committed".
+
+    Returns (per fact: clean [K+1], corrupted [N, K+1], patched [K, C, N, K+1] log p and the clean
+    run's final ids; the work counts `stats` of the whole group).
+    """
+    device, mask_id, dtype = backbone.device, backbone.mask_id, backbone.dtype
+    F, K, C, N = len(facts), steps, len(sites), noises[0].shape[0]
+    n_layers = backbone.n_layers
+    x_clean = torch.stack([f.start(mask_id) for f in facts]).to(device)  # [F, L]
+    L = x_clean.shape[1]
+    answer = x_clean == mask_id                                            # [F, L] the answer positions
+    obj = torch.zeros(F, L, dtype=torch.long, device=device)              # object ids at the answer positions
+    subject = torch.zeros(F, L, dtype=torch.bool, device=device)
+    # noise by (fact, sample): index f * (N + 1) = none (the clean row), f * (N + 1) + s + 1 = sample s
+    table = torch.zeros(F, N + 1, L, backbone.hidden_size, device=device, dtype=dtype)
+    budget = torch.zeros(F, K, dtype=torch.long, device=device)           # tokens each step reveals
+    for f, (it, noise) in enumerate(zip(facts, noises)):
+        P = len(it.prompt_ids)
+        obj[f, P:] = it.object_ids.to(device)
+        subject[f, it.subject_pos.to(device)] = True
+        table[f, 1:, it.subject_pos.to(device)] = noise.to(device=device, dtype=dtype)
+        budget[f] = torch.tensor(reveal_schedule(len(it.object_ids), K), device=device)
+    table = table.view(F * (N + 1), L, -1)
+    # blocks a splice leaves to its corrupted row, in the floor: those below its layer, and its own layer
+    # (resid: spliced at its output; attn / mlp: it changes only the subject tokens there, position by position)
+    below = torch.tensor([l + 1 for l, _ in sites], device=device)
+    packed_site = torch.tensor([pack and reuse_layers and m != "resid" for _, m in sites], device=device)
+    # blocks a splicing row does not compute: a packed attn / mlp splice joins after its layer too
+    skip_of = torch.tensor([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)], device=device)
+    skip_of = skip_of if reuse_layers else torch.zeros_like(skip_of)
+    blocks = [backbone.module(i, "resid") for i in range(n_layers)] if reuse_layers else []  # where rows join
+
+    x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
+    fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
+    sample = torch.arange(N, device=device).repeat(F)             # noise sample of each row
+    site = torch.full((F * N,), -1, device=device)                # site patched by each row (-1: none)
+    at = torch.full((F * N,), -1, device=device)                  # step at which it patches (-1: never)
+    decided = torch.zeros(F * N, L, device=device)                # per-position log-prob when last masked
+    decided_clean = torch.zeros(F, L, device=device)
+    lp_clean = torch.zeros(F, K + 1)
+    lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
+    rows, state = Rows(), TraceState()
+    stats = dict(rows_run=0, forwards=0, block_rows=0, head_positions=0, min_block_rows=0, min_block_tokens=0,
+                 min_block_rows_by_length={str(L): 0}, min_head_positions=0)
+    # the joins first: at a block's output rows join before the resid splice there acts on them
+    with Hooks(backbone, edit=joiners(blocks, rows), raw=True), \
+            Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool(packed_site.any())), state=state):
+        for j in range(K + 1):
+            if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
+                new = torch.arange(F * N, device=device).view(F, 1, N).expand(F, C, N).reshape(-1)
+                x, decided = torch.cat([x, x[new]]), torch.cat([decided, decided[new]])
+                fact, sample = torch.cat([fact, fact[new]]), torch.cat([sample, sample[new]])
+                site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N).repeat(F)])
+                at = torch.cat([at, torch.full((F * C * N,), j, device=device)])
+            state.step = j
+            corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
+            run, share = _plan(x, corrupted, at, j, share_rows)
+            # a fact whose answer is all committed reads nothing more ("decided": every row of a fact
+            # reveals the same number of tokens per step, so its rows finish together)
+            live = (x_clean == mask_id).any(1) if readout == "decided" else torch.ones(F, dtype=torch.bool, device=device)
+            live_run = live[fact[run]]
+            distinct = run if share_rows else _plan(x, corrupted, at, j, True)[0]
+            distinct = distinct[live[fact[distinct]]]
+            splices = at[distinct] == j
+            need = n_layers * (int(live.sum()) + int((~splices).sum())) + int((n_layers - below[site[distinct[splices]]]).sum())
+            stats["min_block_rows"] += need
+            stats["min_block_tokens"] += need * L
+            stats["min_block_rows_by_length"][str(L)] += need
+            # the head at the positions read: every distinct live row and each live fact's clean row
+            n_read = ((x_clean == mask_id) if readout == "decided" else answer).sum(1)  # [F] (equal in a fact's rows)
+            stats["min_head_positions"] += int(n_read[live].sum() + n_read[fact[distinct]].sum())
+            skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
+            packs = (at[run] == j) & packed_site[site[run].clamp(min=0)]
+            source = corrupted[run]  # the corrupted rows are run[0..F*N-1], so also their run index
+            pos_run = torch.zeros(len(run), L, device=device)  # per-position log p(o_i | x_j)
+            pos_clean = torch.zeros(F, L, device=device)
+            gen_run, gen_clean = x[run].clone(), x_clean.clone()
+            for items in (_chunks(skip, fact[run], source, F * N, batch_size, live_run) if bool(live.any()) else ()):
+                xb, x_all, fr, where, clean_at, n_blocks = _layout(
+                    rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, j, table, subject,
+                    sites, N, n_layers, mask_id)
+                masked = x_all == mask_id
+                # "decided" reads each position while it is masked only; "aligned" every answer position
+                read = masked if readout == "decided" else answer[fr]
+                picked = logits_at(backbone, xb, read, masked_head=masked_head)  # [M, V]: logits at the read positions
+                pos = torch.full(read.shape, torch.nan, device=device)
+                head = HeadRead(picked)  # max, argmax and exp(l - max) once, for the read-out and the reveal
+                pos[read] = head.logits.gather(-1, obj[fr][read][:, None]).squeeze(-1) - head.log_normaliser()
+                if readout != "decided":
+                    pos = pos.masked_fill(~answer[fr], 0.0)
+                pos_run[items] = pos[where]
+                have = clean_at >= 0
+                pos_clean[have] = pos[clean_at[have]]
+                if j < K:
+                    same = read is masked  # "decided" reads the masked positions only
+                    gen = reveal_masked(x_all, picked if same else picked[masked[read]], masked, budget[fr, j],
+                                        remasking=REMASKING, head=head if same else None, screen=screen)
+                    gen_run[items] = gen[where]
+                    gen_clean[have] = gen[clean_at[have]]
+                stats["rows_run"] += x_all.shape[0]
+                stats["forwards"] += 1
+                stats["block_rows"] += n_blocks
+                stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
+            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}, {}
+            score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
+            lp_clean[:, j] = score.cpu()
+            score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
+            lp[:len(x), j] = score.cpu()
+            if j < K:
+                x = gen_run[share]
+                x_clean = gen_clean
+            if bar is not None:
+                bar.advance(F)
+    patched = lp[F * N:].view(K, F, C, N, K + 1)
+    return [dict(clean=lp_clean[f], corrupted=lp[f * N:(f + 1) * N], patched=patched[:, f], clean_ids=x_clean[f].cpu())
+            for f in range(F)], stats
+
+
+def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int, share: bool = True):
+    """Which rows to run at this step: (run [R] row indices, share [rows] index into run).
+
+    A row with no splice ahead is, from here on, a deterministic function of (noise sample, x)
+    (temperature 0, the same noise at every forward), so rows with equal (sample, x) have the same
+    future: one of them is run and the others take its results. Typically a splice that changes no
+    committed token folds its row back into the corrupted run right after the patched forward.
+    Rows that splice at this step are always run.
+    """
+    n = x.shape[0]
+    idx = torch.arange(n, device=x.device)
+    own = torch.where((at == step) | (not share), idx, -1)  # a splicing row is its own group
+    varies = (x != x[:1]).any(0)  # columns equal in every row (the prompt) tell no row apart
+    group = _row_groups(torch.cat([own[:, None], sample[:, None], x[:, varies]], 1))
+    first = torch.full((n,), n, device=x.device).scatter_reduce(0, group, idx, "amin")[: int(group.max()) + 1]
+    run = first.sort().values
+    share = torch.searchsorted(run, first[group])
+    return run, share
+
+
+def _row_groups(key: torch.Tensor) -> torch.Tensor:
+    """Group id [n] of each row of key [n, m]: equal rows share one (torch.unique(dim=0)'s inverse,
+    without its row-by-row comparisons): a lexicographic sort, one stable sort per column."""
+    n = key.shape[0]
+    order = torch.arange(n, device=key.device)
+    for c in reversed(range(key.shape[1])):
+        order = order[torch.sort(key[order, c], stable=True).indices]
+    ranked = key[order]
+    new = torch.ones(n, dtype=torch.long, device=key.device)
+    new[1:] = (ranked[1:] != ranked[:-1]).any(1)
+    return torch.empty_like(order).scatter_(0, order, new.cumsum(0) - 1)
+
+
+def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corrupted: int, batch_size: int,
+            live: torch.Tensor):
+    """The run rows (indices into run) of each forward of one step, those `live` [R] only: all of
+    them when they fit in batch_size with the clean rows, else chunks filled in turn, each counting
+    the clean rows of its facts and the corrupted rows its joining rows copy (joining rows ordered
+    by fact and noise sample, so a chunk's joining rows mostly copy the same few). skip, fact,
+    source (the run index of the row's corrupted row, f * N + s): per run row; run rows
+    0..n_corrupted-1 are the corrupted rows. Packed rows are not counted (a few per layer)."""
+    joins = skip > 0
+    key = source * (int(skip.max()) + 1) + skip
+    rest, joining = (~joins & live).nonzero().squeeze(1), (joins & live).nonzero().squeeze(1)
+    order = torch.cat([rest, joining[torch.sort(key[joining], stable=True).indices]])
+    if int(fact[order].unique().numel()) + len(order) <= batch_size:
+        yield order
+        return
+    chunk, cleans, present, needed = [], set(), set(), set()
+    for i, sk, f, src in zip(order.tolist(), skip[order].tolist(), fact[order].tolist(), source[order].tolist()):
+        size = len(chunk) + 1 + len(cleans | {f}) + len((needed | ({src} if sk > 0 else set()))
+                                                         - (present | ({i} if i < n_corrupted else set())))
+        if chunk and size > batch_size:
+            yield order.new_tensor(chunk)
+            chunk, cleans, present, needed = [], set(), set(), set()
+        chunk.append(i)
+        cleans.add(f)
+        if sk > 0:
+            needed.add(src)
+        elif i < n_corrupted:
+            present.add(i)
+    yield order.new_tensor(chunk)
+
+
+def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, step: int, table,
+            subject, sites, n_samples: int, n_layers: int, mask_id: int):
+    """The batch of one forward, and rows' hook settings for it. Returns (ids [B0, L] it starts
+    from, ids [B, L] of the final batch, fact of each final row, where [len(items)]: each item's row
+    in the final batch, clean_at [F]: each fact's clean row in it or -1, row-blocks it computes).
+
+    Rows from the embedding: the clean rows of the items' facts, the items that skip nothing, then
+    any corrupted row a joining item copies that is not among them (then the packed rows of layer 0).
+    After block b the batch is regrown (`_regrow`): the packed rows of layer b leave it, the items
+    that skip b + 1 blocks join as copies of their corrupted row (run row f * N + s for fact f,
+    sample s: the corrupted rows lead their groups, so they are run[0..F*N-1]), and the packed rows
+    of layer b + 1 join. A packed item (an attn / mlp splice at layer l, `packs`) joins after block
+    l with its subject positions taken from a packed row: a row of L slots holding the subject
+    tokens of several such items, which enters block l with their corrupted rows' inputs there, has
+    its attention output set to the clean run's (attn; mlp: the corrupted row's) at each slot and
+    its MLP output to the clean run's (mlp), and leaves after block l: the rest of a block acts on
+    each position alone (`rows_can_pack`), so each slot's output is the item's own.
+    """
+    device, N = x.device, n_samples
+    F, L = x_clean.shape
+    s_items = skip[items]
+    base, joining = items[s_items == 0], items[s_items > 0]
+    facts_in = fact[run[items]].unique()
+    clean_at = torch.full((F,), -1, dtype=torch.long, device=device)
+    clean_at[facts_in] = torch.arange(len(facts_in), device=device)
+    where = torch.empty(len(run), dtype=torch.long, device=device)  # run index -> batch row
+    first = len(facts_in)
+    where[base] = torch.arange(first, first + len(base), device=device)
+    n_corr = F * N
+    present = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    present[base[base < n_corr]] = True
+    needed = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    needed[source[joining]] = True  # the corrupted (run) rows the joining rows copy
+    extra = (needed & ~present).nonzero().squeeze(1)  # corrupted rows here only to be copied
+    where[extra] = torch.arange(first + len(base), first + len(base) + len(extra), device=device)
+    start = run[torch.cat([base, extra])]
+    B_real = first + len(start)
+
+    # the packed items of each layer: their (item, subject position) pairs, slot by slot
+    slots = {}
+    pk = joining[packs[joining]]
+    for l in (skip[pk] - 1).unique().tolist():
+        these = pk[skip[pk] - 1 == l]
+        r, pos = subject[fact[run[these]]].nonzero(as_tuple=True)  # each (item, subject position)
+        k = torch.arange(len(r), device=device)
+        slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
+    rows.join, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}
+    is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
+
+    def fills(l, top):  # the packed rows of layer l are rows top.. of the batch inside block l
+        item, pos, prow, slot, n = slots[l]
+        mod = is_mlp[site[run[item]]]
+        clean_rows, corr_rows = clean_at[fact[run[item]]], where[source[item]]
+        rows.fill[(l, "attn")] = (torch.arange(top, top + n, device=device), top + prow, slot,
+                                  torch.where(mod, corr_rows, clean_rows), pos)
+        if bool(mod.any()):
+            rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod])
+
+    size, n_blocks, joined = B_real, 0, []
+    if 0 in slots:
+        item, pos, prow, slot, n = slots[0]
+        rows.fill[(None, "embed")] = (None, size + prow, slot, where[source[item]], pos)
+        fills(0, size)
+        size += n
+    for b in range(n_layers):
+        n_blocks += size  # rows block b computes
+        dropped = slots[b][4] if b in slots else 0
+        these = joining[skip[joining] == b + 1]
+        if dropped:
+            rows.drop[b] = dropped
+        top = size - dropped
+        if len(these):
+            rows.join[b] = where[source[these]]
+            where[these] = torch.arange(top, top + len(these), device=device)
+            joined.append(run[these])
+            if b in slots:  # the packed items of layer b take their subject tokens from its packed rows
+                item, pos, prow, slot, n = slots[b]
+                rows.fix[b] = (_index_in(these, item), pos, size - n + prow, slot)
+            top += len(these)
+        if b + 1 in slots:
+            item, pos, prow, slot, n = slots[b + 1]
+            rows.pack[b] = (n, prow, slot, where[source[item]], pos)
+            fills(b + 1, top)
+            top += n
+        size = top
+
+    xb = torch.cat([x_clean[facts_in], x[start]])
+    noise_idx = torch.cat([facts_in * (N + 1), fact[start] * (N + 1) + sample[start] + 1])
+    if 0 in slots:  # the packed rows of layer 0: any ids (the embedding hook sets them), no noise
+        n0 = slots[0][4]
+        xb = torch.cat([xb, torch.full((n0, L), mask_id, dtype=xb.dtype, device=device)])
+        noise_idx = torch.cat([noise_idx, torch.zeros(n0, dtype=noise_idx.dtype, device=device)])
+    rows.noise = table[noise_idx]
+    x_all = torch.cat([x_clean[facts_in], x[start], *(x[r] for r in joined)])  # the tokens of every final row
+    fr = torch.cat([facts_in, fact[start], *(fact[r] for r in joined)])  # fact of each final row
+    splicing = items[(at[run[items]] == step) & ~packs[items]]
+    batch_rows, site_of = where[splicing], site[run[splicing]]
+    rows.splice = {}
+    for c in site_of.unique().tolist():
+        spliced = batch_rows[site_of == c]
+        row, positions = subject[fr[spliced]].nonzero(as_tuple=True)  # each (row, subject position)
+        idx = spliced[row]
+        rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions)
+    return xb, x_all, fr, where[items], clean_at, n_blocks
+
+
+def _index_in(these: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+    """The index in `these` (distinct) of each entry of `item` (all of which are in it)."""
+    order = these.argsort()
+    return order[torch.searchsorted(these[order], item)]

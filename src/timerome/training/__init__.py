@@ -1,0 +1,1 @@
+"""MDLM training: the embedded default model, fresh models, the Forget Quality reference."""

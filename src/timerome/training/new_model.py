@@ -1,0 +1,130 @@
+"""A fresh MDLM for your own text: LLaDA's structure at a chosen size, with a byte-level BPE tokenizer
+trained on your texts, saved in the Hugging Face layout that `timerome train` and every other
+command read.
+
+    info = new_model(["tofu:retain90", "my_rows.jsonl", "notes.txt"], "my-model", size="small")
+    # then: timerome train --model my-model --data my_rows.jsonl --out my-model-trained
+
+The weights are a seeded random initialisation (`llada_model.build_model`); the config carries the
+LLaDA release's keys (model_type "llada", LLaDAModelLM), so the official modelling code reads it
+too. The tokenizer is byte-level BPE (GPT-2's pre-tokenisation, so any text encodes: no word is
+ever unknown) with the special tokens of the embedded model's tokenizer (pad, unk, bos, eos,
+mask at ids 0-4). Same texts, size and seed: the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from timerome.backbones.flags import parameter_count
+from timerome.backbones.llada_model import build_model, save_model
+from timerome.backbones.tiny import LLADA_RELEASE_KEYS
+from timerome.common.cache import write_json
+from timerome.common.checks import integer, memory_budget
+from timerome.common.checks import seed as check_seed
+from timerome.common.files import output_folder, read_text
+from timerome.data.rows import load_rows
+from timerome.data.tokenizer import SPECIAL_ROLES, SPECIALS, save_tokenizer
+from timerome.errors import TimeromeError
+from timerome.training.default_model import corpus_texts
+
+# (d_model, n_layers, n_heads, mlp_hidden_size); "small" is the embedded model's size
+SIZES = {
+    "tiny": (64, 2, 4, 192),
+    "small": (128, 4, 4, 384),
+    "base": (256, 6, 8, 768),
+    "large": (512, 8, 8, 1536),
+}
+DEFAULT_VOCAB = 4096
+DEFAULT_CONTEXT = 256  # TOFU answers run to ~150 tokens
+
+
+def user_texts(sources, *, tofu_dir=None) -> list[str]:
+    """Every text of the sources: 'embedded:SPLIT', 'tofu:SPLIT' and JSON/JSONL rows files give
+    their questions, answers and answer variants; any other file is plain text, one text a line."""
+    texts: list[str] = []
+    for src in sources:
+        src = str(src)
+        if src.startswith(("embedded:", "tofu:")) or Path(src).suffix in (".json", ".jsonl"):
+            texts += corpus_texts({"rows": load_rows(src, tofu_dir=tofu_dir)})
+        else:
+            texts += [line.strip() for line in read_text(src, "text file").splitlines() if line.strip()]
+    if not texts:
+        raise TimeromeError("no text to train the tokenizer on: give rows files, splits or text files with text")
+    return texts
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB):
+    """A byte-level BPE tokenizer learnt on `texts` (PreTrainedTokenizerFast, specials at ids 0-4)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < len(SPECIALS) + 256:
+        raise TimeromeError(f"vocab_size must be at least {len(SPECIALS) + 256} (the specials and the 256 "
+                            f"bytes), got {vocab_size}")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, **SPECIAL_ROLES)
+
+
+def model_config(tok, size: str = "small", *, context: int = DEFAULT_CONTEXT, **override) -> dict:
+    """The LLaDA-release config of a model of `size` (SIZES) for this tokenizer; `override` sets
+    d_model, n_layers, n_heads or mlp_hidden_size directly."""
+    dims = model_dims(size, context=context, **override)
+    return dict(LLADA_RELEASE_KEYS, model_type="llada", **dims, n_kv_heads=dims["n_heads"], max_sequence_length=context,
+                rope_theta=10000.0, rms_norm_eps=1e-5, vocab_size=len(tok), embedding_size=len(tok),
+                mask_token_id=int(tok.mask_token_id), eos_token_id=int(tok.eos_token_id),
+                pad_token_id=int(tok.pad_token_id), bos_token_id=int(tok.bos_token_id))
+
+
+def model_dims(size: str = "small", *, context: int = DEFAULT_CONTEXT, **override) -> dict:
+    """d_model, n_layers, n_heads and mlp_hidden_size of `size` with `override`, checked."""
+    if size not in SIZES:
+        raise TimeromeError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    d, n_layers, n_heads, mlp = SIZES[size]
+    dims = dict(d_model=d, n_layers=n_layers, n_heads=n_heads, mlp_hidden_size=mlp)
+    for key, value in override.items():
+        if key not in dims:
+            raise TimeromeError(f"no size setting {key!r}; settings: {', '.join(dims)}")
+        if value is not None:
+            dims[key] = value
+    for key, value in dict(dims, context=context).items():
+        integer(value, key, lo=1)
+    if dims["d_model"] % dims["n_heads"] or (dims["d_model"] // dims["n_heads"]) % 2:
+        raise TimeromeError(f"d_model {dims['d_model']} must split into {dims['n_heads']} heads of an even size "
+                            "(RoPE rotates pairs)")
+    return dims
+
+
+def new_model(sources, out, *, size: str = "small", vocab_size: int = DEFAULT_VOCAB, context: int = DEFAULT_CONTEXT,
+              seed: int = 0, tofu_dir=None, **dims) -> dict:
+    """Write a fresh model + tokenizer to `out` (module docstring); returns what was built."""
+    out = output_folder(out)
+    check_seed(seed, "seed")
+    integer(vocab_size, "vocab_size", lo=1)
+    if (out / "model.safetensors").exists():
+        raise TimeromeError(f"{out} already holds a model; choose a new folder")
+    # before the tokenizer is learnt: the largest model these settings can give (vocab_size is an upper bound)
+    dims = model_dims(size, context=context, **dims)
+    n_params = parameter_count("llada", dict(dims, model_type="llada", vocab_size=vocab_size, weight_tying=False,
+                                             embedding_size=vocab_size))
+    memory_budget(f"a new model of up to {n_params:.3g} parameters", 4 * n_params)
+    texts = user_texts(sources, tofu_dir=tofu_dir)
+    tok = train_bpe_tokenizer(texts, vocab_size)
+    cfg = model_config(tok, size, context=context, **dims)
+    model = build_model(cfg, seed=seed)
+    save_tokenizer(tok, out)
+    save_model(model, out)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = dict(command="timerome new-model", sources=[str(s) for s in sources], n_texts=len(texts),
+                texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(), size=size,
+                vocab_size=len(tok), context=context, seed=seed, parameters=n_params,
+                dims={k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "mlp_hidden_size")},
+                train_hint="train it with EOS padding (timerome train does this for a model with an EOS token)")
+    write_json(out / "new_model.json", info)
+    return dict(info, out=str(out))

@@ -1,0 +1,61 @@
+"""A small MDLM whose tokenizer covers given texts: timerome's LLaDA structure on a byte-level BPE
+(3 specials) or the word-level tokenizer, random or briefly trained with the MDLM objective. The
+benchmark tests and `benchmarks/bench_rwku.py` build their models with it (so MUSE / RWKU / WHP / WMDP
+text has no unknown token); `new_model` is the user-facing recipe (the release config, 5 specials)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from timerome.backbones import load_backbone
+from timerome.backbones.llada_model import build_model, save_model
+from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
+from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.training.train import TrainConfig, train
+
+
+def bpe_tokenizer(texts, directory: Path, vocab: int = 400):
+    """Byte-level BPE trained on `texts` (every byte is in its alphabet, so any text encodes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(list(texts) + [DEFAULT_TARGET], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|eos|>",
+                                  mask_token="<|mask|>")
+    tok.save_pretrained(str(directory))
+    return tok
+
+
+def tiny_model(texts, directory: Path, *, d_model: int = 64, layers: int = 2, max_length: int = 128, seed: int = 0,
+               words: bool = False):
+    """A random timerome-llada model whose tokenizer covers `texts`: byte-level BPE trained on them,
+    or (words=True) the project's word-level tokenizer of their words (one id per word, so a
+    subject's name is one token, as in the embedded model)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    if words:
+        tok = build_word_tokenizer(list(texts) + [DEFAULT_TARGET])
+        save_tokenizer(tok, d)
+    else:
+        tok = bpe_tokenizer(texts, d)
+    cfg = dict(model_type="timerome-llada", d_model=d_model, n_layers=layers, n_heads=4, n_kv_heads=4,
+               mlp_hidden_size=2 * d_model, vocab_size=len(tok), embedding_size=len(tok),
+               max_sequence_length=max_length, rope_theta=10000.0, rms_norm_eps=1e-5,
+               mask_token_id=int(tok.mask_token_id), weight_tying=False)
+    save_model(build_model(cfg, seed=seed), d)
+    return load_backbone(d)
+
+
+def trained_model(rows, directory: Path, epochs: int = 80, seed: int = 0, layers: int = 2, max_length: int = 128,
+                  words: bool = False, extra_texts=()):
+    """tiny_model on the rows' text (and extra_texts, encodable but not trained on), trained with
+    the MDLM objective on the question/answer rows."""
+    texts = [r["question"] + " " + r["answer"] for r in rows] + list(extra_texts)
+    bb = tiny_model(texts, directory, seed=seed, layers=layers, max_length=max_length, words=words)
+    train(bb, rows, TrainConfig(epochs=epochs, lr=3e-3, batch_size=8, seed=seed), show_progress=False)
+    return bb

@@ -1,0 +1,220 @@
+"""MDLM fine-tuning on question/answer pairs (the paper's "FT'd" models).
+
+Objective (LLaDA SFT): mask each answer token with probability t ~ U(eps, 1), prompt never
+masked; loss = sum over masked tokens of CE / t, divided by the answer length, averaged over
+the batch. Full fine-tuning or LoRA through `peft`.
+
+EOS padding (`eos_pad`, LLaDA's SFT recipe; off by default in this API; `timerome train` turns it
+on for `timerome new-model` models and for the embedded default, which was built with it): every
+answer in a batch ends with EOS and is
+padded with EOS to the batch's longest sequence; the EOS tokens are answer tokens, masked and
+learnt like the others, so the model learns to end its answer and fill the rest with EOS.
+Padded to the batch's longest sequence only, a row's EOS count follows its length, and a model can
+read the count as a cue (the embedded default says "The capital of X is a fisherman." for "What
+does the father of X do ?" when the answer is followed by 4 or more EOS, "The father of ..." with
+3 or fewer); `eos_extra` N ends each row with 1..N + 1 EOS instead, drawn per row (uniform, from a
+generator of its own seeded with `seed`), the batch then padded and attention-masked, so that every
+row is seen with every count and the count tells no row apart. (Drawn per batch on top of the
+padding, short rows would never be seen with few EOS: measured, the world-fact rows then fail at a
+budget of 4 tokens past the answer.)
+
+`checkpoint=FOLDER` saves a resumable state after every epoch (`train_state.py`) and continues
+from it when the same run is started again; Ctrl-C then says where it stopped and what is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from timerome.common.cache import digest
+from timerome.common.checks import budget, integer, number
+from timerome.common.checks import seed as check_seed
+from timerome.common.progress import notify, progress_bar
+from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id
+from timerome.errors import Interrupted, TimeromeError
+from timerome.training.train_state import load_state, save_state
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    lr: float = 1e-4
+    batch_size: int = 16
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.05
+    eps: float = 1e-3
+    lora_r: int = 0          # 0: full fine-tuning; the paper's protocol is r=128
+    lora_alpha: int | None = None
+    grad_clip: float = 1.0
+    seed: int = 0
+    eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
+    eos_extra: int = 0       # eos_pad: 1..eos_extra + 1 EOS per row, drawn per row (module docstring)
+
+
+def check_config(cfg: TrainConfig, n_rows: int) -> None:
+    """Every training setting of its type and range, and the epochs within the work budget."""
+    integer(cfg.epochs, "epochs (--epochs)", lo=1)
+    number(cfg.lr, "lr (--lr)", lo=0, lo_open=True)
+    integer(cfg.batch_size, "batch_size (--batch-size)", lo=1)
+    number(cfg.weight_decay, "weight_decay", lo=0)
+    number(cfg.warmup_frac, "warmup_frac", lo=0, hi=1)
+    number(cfg.eps, "eps (the smallest masking probability)", lo=0, hi=1, lo_open=True)
+    integer(cfg.lora_r, "lora_r (--lora-r)", lo=0)
+    number(cfg.lora_alpha, "lora_alpha", lo=0, lo_open=True, none=True)
+    number(cfg.grad_clip, "grad_clip (0: off)", lo=0, none=True)
+    check_seed(cfg.seed, "seed (--seed)")
+    integer(cfg.eos_extra, "eos_extra (--eos-extra)", lo=0)
+    if cfg.eos_extra and not cfg.eos_pad:
+        raise TimeromeError("eos_extra (--eos-extra) pads answers with more end-of-text tokens: it needs eos_pad "
+                            "(--eos-pad)")
+    budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
+
+
+def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
+              per_example: bool = False):
+    """The masked-answer MDLM loss (nats per answer token, 1/t weighted)."""
+    noisy, masked, t = mask_answers(ids, answer_mask, backbone.mask_id, generator, eps)
+    logits = backbone.logits(noisy, attention_mask if not bool(attention_mask.all()) else None)
+    ce = F.cross_entropy(logits.float().transpose(1, 2), ids, reduction="none")        # [B, L]
+    per = (ce * masked / t[:, None]).sum(1) / answer_mask.sum(1).clamp(min=1)          # [B]
+    return per if per_example else per.mean()
+
+
+def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: bool = True,
+          label: str = "training", checkpoint=None, on_epoch=None) -> dict:
+    """Fine-tune backbone.model in place on rows of {"question", "answer"}; returns a log.
+
+    label: what the progress bar calls this training. checkpoint: a folder for the resumable
+    state (None: none kept). on_epoch(epoch, log): called after each finished epoch (1-based).
+    """
+    cfg = config or TrainConfig()
+    if not rows:
+        raise TimeromeError("no training rows")
+    check_config(cfg, len(rows))
+    pairs = encode_pairs(backbone, rows)
+    eos = _eos(backbone) if cfg.eos_pad else None
+    recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],
+                         start=backbone.fingerprint())) if checkpoint is not None else ""
+    gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
+    order_gen = torch.Generator().manual_seed(cfg.seed)
+    generators = {"mask": gen, "order": order_gen}
+    if cfg.eos_extra:  # its own stream: the masks and the order stay those of a run without it
+        generators["eos_extra"] = torch.Generator().manual_seed(cfg.seed)
+    model = backbone.model
+    peft_model = None
+    if cfg.lora_r > 0:
+        peft_model = wrap_lora(backbone, cfg, seed=cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, int(cfg.warmup_frac * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    pid = pad_id(backbone)
+    log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg), "resumed_at_epoch": 0}
+    state = dict(recipe=recipe, model=model, params=params, opt=opt, sched=sched,
+                 generators=generators)
+    first = 0
+    if checkpoint is not None:
+        saved = load_state(checkpoint, **state)
+        if saved is not None:
+            first, log["loss"], log["resumed_at_epoch"] = saved["epoch"], list(saved["loss"]), saved["epoch"]
+            notify(f"{label}: resuming after epoch {first} of {cfg.epochs}, from the state saved in {checkpoint}")
+    model.train()
+    t0 = time.perf_counter()
+    saved_epochs = first
+    try:
+        with progress_bar(label, total=total, enabled=show_progress) as bar:
+            bar.advance(first * steps_per_epoch)
+            for epoch in range(first, cfg.epochs):
+                perm = torch.randperm(len(pairs), generator=order_gen).tolist()
+                for s in range(steps_per_epoch):
+                    batch = [pairs[i] for i in perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                    if eos is not None:
+                        counts = (torch.randint(1, cfg.eos_extra + 2, (len(batch),),
+                                                generator=generators["eos_extra"]).tolist() if cfg.eos_extra else None)
+                        batch = eos_padded(batch, eos, backbone.max_length, counts)
+                    ids, ans, att = collate(batch, pid, backbone.device)
+                    loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.grad_clip:
+                        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                    opt.step()
+                    sched.step()
+                    log["loss"].append(loss.item())
+                    bar.advance(description=f"{label} epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
+                if checkpoint is not None:
+                    save_state(checkpoint, epoch=epoch + 1, step=(epoch + 1) * steps_per_epoch, log=log, **state)
+                    saved_epochs = epoch + 1
+                if on_epoch is not None:
+                    on_epoch(epoch + 1, log)
+    except KeyboardInterrupt:
+        if checkpoint is None or not saved_epochs:
+            raise
+        raise Interrupted(f"{label} stopped; its state after epoch {saved_epochs} of {cfg.epochs} is saved in "
+                          f"{checkpoint}") from None
+    finally:
+        model.eval()
+        if peft_model is not None:
+            merge_lora(backbone, peft_model)
+        for p in backbone.model.parameters():
+            p.requires_grad_(False)
+    log["seconds"] = time.perf_counter() - t0
+    return log
+
+
+def eos_padded(batch, eos: int, limit: int, counts: list[int] | None = None):
+    """LLaDA's SFT padding: each answer gets EOS tokens up to one past the batch's longest
+    sequence (within the context `limit`), so every row ends its answer with EOS. counts: row i
+    gets counts[i] EOS instead (`eos_extra`; `collate` then pads the batch, attention-masked)."""
+    if counts is not None:
+        return [(q, list(a) + [eos] * max(0, min(k, limit - len(q) - len(a)))) for (q, a), k in zip(batch, counts)]
+    length = min(max(len(q) + len(a) for q, a in batch) + 1, limit)
+    return [(q, list(a) + [eos] * max(0, length - len(q) - len(a))) for q, a in batch]
+
+
+def _eos(backbone) -> int:
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise TimeromeError("EOS padding needs an end-of-text token, and this tokenizer has none; train "
+                            "without eos_pad (--no-eos-pad)")
+    return int(eos)
+
+
+def wrap_lora(backbone, cfg: TrainConfig, seed: int | None = None):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise TimeromeError("LoRA training needs `peft`: pip install peft") from None
+    for p in backbone.model.parameters():
+        p.requires_grad_(False)
+    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=0.0,
+                      target_modules=backbone.family.lora_targets, bias="none")
+    if seed is None:
+        return get_peft_model(backbone.model, lcfg)
+    # peft draws the adapters' initial weights from torch's global generator: seed it for this
+    # call only, so a LoRA run (and its resumption) is reproducible and the caller's state untouched
+    with torch.random.fork_rng(devices=[backbone.device] if backbone.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return get_peft_model(backbone.model, lcfg)
+
+
+def merge_lora(backbone, peft_model) -> None:
+    """Fold the adapters into the weights and drop them, so the Backbone's module paths, hooks
+    and state-dict keys stay as they were. Layer by layer, then unload: peft's merge_and_unload
+    reads model.config as a dict, which our own models' SimpleNamespace config is not."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in backbone.model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+    base = peft_model.unload()
+    backbone.model = base.eval()
+    backbone._modules = dict(base.named_modules())

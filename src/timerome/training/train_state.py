@@ -1,0 +1,94 @@
+"""A resumable training state: what `train.train` writes after each epoch and reads to go on.
+
+    <folder>/state.safetensors   the trained parameters, the optimiser's moments, the random
+                                 generators' states (tensors; never a pickle)
+    <folder>/state.json          the epoch and step reached, the loss log, the schedule and the
+                                 optimiser's settings, and the recipe digest
+
+The recipe digest (training config, rows, starting weights) must match for a state to be read:
+a state left by another run is never continued by mistake. Both files are written atomically,
+the tensors first, so a crash mid-write leaves the previous epoch's state readable.
+Resuming reproduces the uninterrupted run exactly (same weights, bit for bit).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from timerome.common.cache import save_tensors, write_json
+from timerome.common.checks import finite_tensor
+from timerome.common.files import safetensors_error
+from timerome.errors import TimeromeError
+
+TENSORS, META = "state.safetensors", "state.json"
+
+
+def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, params, opt, sched,
+               generators: dict) -> None:
+    """Write the state reached after `epoch` epochs (`step` optimiser steps)."""
+    folder = Path(folder)
+    tensors = {f"param.{n}": p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    opt_state = opt.state_dict()
+    for i, st in opt_state["state"].items():
+        for k, v in st.items():
+            tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach()
+    for name, g in generators.items():
+        tensors[f"gen.{name}"] = g.get_state()
+    save_tensors(folder / TENSORS, tensors, metadata={"recipe": recipe})
+    write_json(folder / META, dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"],
+                                   optimizer_groups=opt_state["param_groups"], schedule=sched.state_dict(),
+                                   n_params=len(params)))
+
+
+def load_state(folder, *, recipe: str, model, params, opt, sched, generators: dict) -> dict | None:
+    """Restore a saved state into the objects (None when there is none, or it is another recipe's)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta_path, tensor_path = folder / META, folder / TENSORS
+    if not (meta_path.is_file() and tensor_path.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TimeromeError(f"the training state {meta_path} is unreadable ({e}); delete {folder} to start "
+                            "over") from None
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the training state {meta_path} is not a JSON object; delete {folder} to start over")
+    if meta.get("recipe") != recipe:
+        return None
+    try:
+        t = load_file(str(tensor_path))
+    except Exception as e:  # noqa: BLE001 - a damaged file: say which
+        raise safetensors_error(tensor_path, e) from None
+    unfit = TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
+    if t.get("gen.order") is None or meta.get("n_params") != len(params):
+        raise unfit
+    named = dict(model.named_parameters())
+    for key, value in t.items():  # every saved weight fits its parameter and is finite, before one is copied
+        if key.startswith("param."):
+            p = named.get(key[len("param."):])
+            if p is None or p.shape != value.shape or not value.is_floating_point():
+                raise unfit
+            finite_tensor(value, f"the training state {tensor_path}: {key}",
+                          f"the run it saved diverged or the file is damaged; delete {folder} to start over")
+    try:
+        with torch.no_grad():
+            for key, value in t.items():
+                if key.startswith("param."):
+                    named[key[len("param."):]].copy_(value)
+        state: dict = {}
+        for key, value in t.items():
+            if key.startswith("opt."):
+                _, i, k = key.split(".", 2)
+                state.setdefault(int(i), {})[k] = value
+        opt.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+        sched.load_state_dict(meta["schedule"])
+        for name, g in generators.items():
+            g.set_state(t[f"gen.{name}"])
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        raise unfit from None
+    return meta

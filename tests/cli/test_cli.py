@@ -1,0 +1,178 @@
+"""The command line: each command runs on the embedded model, bad input is one line and exit 2."""
+
+import json
+
+from typer.testing import CliRunner
+
+from timerome.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
+def test_info_lists_hook_points():
+    code, out = run("info")
+    assert code == 0 and "resid" in out and "blocks.0" in out
+
+
+def test_trace_edit_generate_chain(tmp_path):
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4)
+    assert code == 0, out
+    sel = json.loads((tmp_path / "t" / "selection.json").read_text())
+    assert (tmp_path / "t" / "heatmap.png").stat().st_size > 1000
+    assert sel["best"]["module"] in ("resid", "attn", "mlp") and len(sel["per_fact"]) == 2
+
+    mem = tmp_path / "forget.safetensors"
+    code, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "--out", mem)
+    assert code == 0 and mem.exists(), out
+    assert " resid " in out  # the edited hook point is resid unless --module says otherwise
+
+    code, out = run("generate", "--edit", mem, "Where was Isgor Quielson born ?")
+    assert code == 0 and "answer with edit" in out, out
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args in (("edit", "--data", "no-such-file.json"),
+                 ("trace", "--data", "embedded:forget42"),
+                 ("info", "--family", "gpt2"),
+                 ("experiment", "nonsense", "--out", tmp_path),
+                 ("demo", "--seeds", "a,b")):
+        code, out = run(*args)
+        assert code == 2 and out.startswith("error:") and "Traceback" not in out, (args, out)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a memory")
+    code, out = run("generate", "--edit", tmp_path / "bad.safetensors", "hello")
+    assert code == 2 and "error:" in out, out
+
+
+def test_edit_follows_the_trace_for_the_chosen_module(tmp_path):
+    # --trace picks the best layer among the edited hook point (resid by default), like the method
+    from timerome.methods.timerome_edit import select
+    from timerome.tracing.causal_trace import TraceResult
+
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4)
+    assert code == 0, out
+    result = TraceResult.load(tmp_path / "t" / "trace.safetensors")
+    for module in ("resid", "mlp"):
+        mem = tmp_path / f"{module}.safetensors"
+        code, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "--module", module, "--out", mem)
+        assert code == 0, out
+        assert f"layer {select(result, (module,)).layer} {module}" in out
+
+
+def test_generate_passes_the_step_to_a_step_only_edit(tmp_path):
+    import torch
+
+    from timerome import load_backbone
+    from timerome.engine.sampler import generate
+    from timerome.memory.edit_memory import EditMemory
+
+    mem = tmp_path / "k6.safetensors"
+    code, out = run("edit", "--layer", 1, "--step", 6, "--alpha", 20, "--out", mem)
+    assert code == 0, out
+    prompt = "Where was Isgor Quielson born ?"
+    code, out = run("generate", "--edit", mem, "--steps", 8, "--gen-length", 8, "--block-length", 8, prompt)
+    assert code == 0, out
+    # the CLI's edited answer is the API's answer with the step state passed along
+    bb = load_backbone()
+    memory = EditMemory.load(mem, bb)
+    ids = torch.tensor([bb.encode(prompt)])
+    kw = dict(steps=8, gen_length=8, block_length=8, generator=torch.Generator().manual_seed(0))
+    with memory.applied(bb) as state:
+        edited = bb.decode(generate(bb, ids, state=state, **kw)[0, ids.shape[1]:])
+    with torch.no_grad():
+        plain = bb.decode(generate(bb, ids, **{**kw, "generator": torch.Generator().manual_seed(0)})[0, ids.shape[1]:])
+    assert edited != plain  # an edit at step 6 alone changes the answer (without the state it never fires)
+    flat = " ".join(out.split())
+    assert edited.split()[-1] in flat and plain.split()[-1] in flat, out
+
+    # a run too short to reach the edited step is refused, not silently unedited
+    code, out = run("generate", "--edit", mem, "--steps", 4, "--gen-length", 4, "--block-length", 4, prompt)
+    assert code == 2 and "step 6" in out, out
+
+
+def test_edit_rejects_bad_coordinates_and_q(tmp_path):
+    for args in (("--layer", 99), ("--module", "ffn"), ("--q", 500)):
+        code, out = run("edit", *args, "--out", tmp_path / "m.safetensors")
+        assert code == 2 and out.startswith("error:"), (args, out)
+
+
+def test_device_and_dtype_options(tmp_path):
+    code, out = run("info", "--dtype", "bfloat16", "--device", "cpu")
+    assert code == 0, out
+    for args in (("--device", "gpu0"), ("--device", "cuda:7"), ("--dtype", "float8")):
+        code, out = run("info", *args)
+        assert code == 2 and out.startswith("error:"), (args, out)
+    code, out = run("generate", "--dtype", "bfloat16", "Where was Isgor Quielson born ?")
+    assert code == 0 and "Quielson" in out, out
+
+
+def test_edit_on_another_model_asks_for_a_background(tmp_path):
+    import shutil
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    ckpt = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "copy")  # same weights, not "the embedded model"
+    code, out = run("edit", "--model", ckpt, "--layer", 0, "--out", tmp_path / "m.safetensors")
+    assert code == 2 and "--background" in out, out
+    (tmp_path / "bg.txt").write_text("Where was Isgor Quielson born ?\nWhat does Isgor Quielson write ?\n")
+    code, out = run("edit", "--model", ckpt, "--layer", 0, "--background", tmp_path / "bg.txt",
+                    "--out", tmp_path / "m.safetensors")
+    assert code == 0 and (tmp_path / "m.safetensors").exists(), out
+
+
+def test_trace_with_a_neighbour_penalty(tmp_path):
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4,
+                    "--neighbours", "embedded:retain90", "--beta", 1.0)
+    assert code == 0, out
+    sel = json.loads((tmp_path / "t" / "selection.json").read_text())
+    assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
+    code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)
+    assert code == 2 and "--n-facts" in out, out
+
+
+def test_threads_option():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out = run("--threads", 1, "methods")
+        assert code == 0 and "timerome" in out and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    code, out = run("--threads", 0, "methods")
+    assert code == 2 and "at least 1" in out and "Traceback" not in out
+
+
+def test_positional_trace_compare_and_edit(tmp_path):
+    out = tmp_path / "p"
+    code, text = run("trace", "--positional", "--compare", "--out", out, "--n-facts", 2, "--n-samples", 2,
+                     "--steps", 3, "--json")
+    assert code == 0, text
+    sel = json.loads(text)
+    assert sel["kind"] == "positional" and sel["edit"]["module"] == "mlp"
+    assert set(sel["mean_by_category"]["resid"]) >= {"last subject token", "last token"}
+    for name in ("heatmap.png", "heatmap_compare.png", "positional.safetensors", "trace.safetensors"):
+        assert (out / name).stat().st_size > 500, name
+    mem = tmp_path / "m.safetensors"
+    code, text = run("edit", "--trace", out / "positional.safetensors", "--module", "mlp", "--out", mem)
+    assert code == 0 and f"layer {sel['edit']['layer']} mlp" in text, text
+    code, text = run("trace", "--compare", "--out", tmp_path / "q")
+    assert code == 2 and "--positional" in text
+
+
+def test_an_autoregressive_model_on_the_command_line(tmp_path):
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint("llama", tmp_path / "ar", layers=2)
+    code, text = run("info", "-m", d, "--json")
+    assert code == 0 and json.loads(text)["causal"] is True
+    code, text = run("generate", "-m", d, "the author was born in", "--json")
+    assert code == 0 and json.loads(text)[0]["answer"], text
+    code, text = run("trace", "-m", d, "--data", "real-facts", "--out", tmp_path / "t")
+    assert code == 2 and "autoregressive" in text and "--positional" in text  # TIE refuses in one line
+    code, text = run("generate", "-m", d, "--cache", "dual", "the author")
+    assert code == 2 and "autoregressive" in text

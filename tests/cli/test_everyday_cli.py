@@ -1,0 +1,355 @@
+"""Everyday commands: memory show/add/remove/merge, eval, --json everywhere, interrupted experiments,
+experiment settings checked before work, the retain authors evaluated, thread defaults."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from timerome import load_backbone
+from timerome.cli import app
+from timerome.errors import Interrupted, TimeromeError
+
+runner = CliRunner()
+
+
+def run(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    return res.exit_code, res.stdout, res.output
+
+
+@pytest.fixture(scope="module")
+def memories(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mem")
+    for name, data in (("f1", "embedded:forget01"), ("f5", "embedded:forget05")):
+        code, _, out = run("edit", "--data", data, "--out", d / f"{name}.safetensors")
+        assert code == 0, out
+    return d
+
+
+def test_memory_show_reads_the_header_alone(memories):
+    code, stdout, out = run("memory", "show", memories / "f1.safetensors", "--json")
+    assert code == 0, out
+    d = json.loads(stdout)
+    assert d["n_facts"] == 20 and d["coordinate"] == {"layer": 1, "point": "resid", "step": None}
+    from timerome.memory.edit_memory import DEFAULT_ALPHA
+
+    assert d["hyper"]["alpha"] == DEFAULT_ALPHA and d["fingerprint"] == load_backbone().fingerprint()
+    assert d["facts"][0]["fact_id"] == "Isgor Quielson/city"
+    code, stdout, out = run("memory", "show", memories / "f1.safetensors")
+    assert code == 0 and "layer 1 resid, every step" in out and "Quielson/city" in out
+
+
+def test_memory_remove_add_merge_match_the_api(memories, tmp_path):
+    from timerome.memory.edit_memory import EditMemory
+
+    bb = load_backbone()
+    f5 = memories / "f5.safetensors"
+    code, _, out = run("memory", "remove", f5, "--subject", "Isgor Quielson", "-o", tmp_path / "without.safetensors")
+    assert code == 0 and "removed 20 facts: 80 facts" in out, out
+    code, _, out = run("memory", "add", tmp_path / "without.safetensors", "--data", "embedded:forget01",
+                       "-o", tmp_path / "back.safetensors")
+    assert code == 0 and "added 20 facts: 100 facts" in out, out
+    # a downdate then an insert of the same facts gives the memory back (same lambda scale, block updates)
+    h = torch.randn(7, bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+    original, back = EditMemory.load(f5, bb), EditMemory.load(tmp_path / "back.safetensors", bb)
+    assert sorted(back.fact_ids) == sorted(original.fact_ids)
+    # (up to float32 capture rounding: the facts were captured in other batches)
+    scale = float(original.delta(h).abs().max())
+    assert torch.allclose(original.delta(h), back.delta(h), rtol=0, atol=1e-6 * scale)
+    code, _, out = run("memory", "merge", tmp_path / "without.safetensors", memories / "f1.safetensors",
+                       "-o", tmp_path / "merged.safetensors")
+    assert code == 0 and "merged 2 memories: 100 facts" in out, out
+    merged = EditMemory.load(tmp_path / "merged.safetensors", bb)
+    assert torch.allclose(merged.delta(h), back.delta(h), rtol=0, atol=1e-6 * scale)
+    before = f5.read_bytes()
+    code, _, out = run("memory", "remove", f5, "nosuchid", "-o", tmp_path / "x.safetensors")
+    assert code == 2 and f5.read_bytes() == before and not (tmp_path / "x.safetensors").exists()
+
+
+def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
+    import timerome.memory.capture
+    import timerome.tracing.causal_trace
+
+    def never(*a, **k):
+        raise AssertionError("eval must not trace or capture")
+
+    monkeypatch.setattr(timerome.memory.capture, "capture_facts", never)
+    monkeypatch.setattr(timerome.tracing.causal_trace, "trace", never)
+    args = ("--n-mc", 2, "--n-retain", 4, "--n-world", 2, "--no-rouge", "--json")
+    code, stdout, out = run("eval", *args)
+    assert code == 0, out
+    plain = json.loads(stdout)
+    code, stdout, out = run("eval", "--edit", memories / "f1.safetensors", *args)
+    assert code == 0, out
+    edited = json.loads(stdout)
+    assert edited["n_items"] == {"forget": 20, "retain": 4, "real_authors": 2, "world_facts": 2}
+    assert edited["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] - 1  # the memory forgets
+    assert edited["metrics"]["ForgetQuality"] is None and "--reference" in edited["notes"]["ForgetQuality"]
+
+
+def test_evaluate_explains_every_nan(task):
+    from timerome.evaluation.evaluator import eval_rows, evaluate
+
+    rows = {k: v[:2] for k, v in eval_rows("embedded", n_retain=2, n_world=2).items() if k != "world_facts"}
+    res = evaluate(load_backbone(), rows, n_mc=2, rouge=False)
+    nan = {k for k, v in res["metrics"].items() if v != v}
+    assert nan == set(res["notes"]) == {"WorldFact", "ForgetQuality"}
+    assert "reference_tr" in res["notes"]["ForgetQuality"]
+
+
+def test_settings_are_checked_before_any_work(monkeypatch, tmp_path):
+    import timerome.experiments.runner as R
+    from timerome.experiments import experiment_config, run_experiment
+
+    for bad in ({"n_mc": 2.5}, {"n_mc": "lots"}, {"n_retain": 0}, {"rouge": "yes"}, {"methods": "timerome"},
+                {"retain_authors": "all"}):
+        with pytest.raises(TimeromeError, match=next(iter(bad))):
+            experiment_config("canonical", bad) if "retain_authors" not in bad else run_experiment(
+                "canonical", overrides=bad, seeds=(0,), out_dir=tmp_path, progress=False)
+    assert experiment_config("scalability", {"sizes": [1, 2]})["sizes"] == [1, 2]
+    with pytest.raises(TimeromeError, match="sizes"):
+        experiment_config("scalability", {"sizes": [1, 0]})
+
+    def no_work(*a, **k):
+        raise AssertionError("a cell ran before the options were checked")
+
+    monkeypatch.setattr(R, "execute", no_work)
+    ctx = R.Context(load_backbone(), progress=False)
+    cells = [R.Cell("lp", "no_edit", {}, 0, {}, {"n_mc": 4}), R.Cell("lp", "no_edit", {}, 0, {}, {"n_mc": 2.5})]
+    with pytest.raises(TimeromeError, match="option n_mc must be an integer"):
+        R.Runner(tmp_path, progress=False).run(cells, ctx)
+    with pytest.raises(TimeromeError, match="forget42"):
+        R.Runner(tmp_path, progress=False).run([R.Cell("lp", data={"forget": "forget42"})], ctx)
+
+
+def test_retain_authors_choose_whose_rows_are_evaluated():
+    from timerome.data.tofu import load_split
+    from timerome.experiments.data import resolve_data, retain_of_authors
+
+    rows = load_split("retain_perturbed", "embedded")
+    two = retain_of_authors(rows, 2)
+    assert len({r["author"] for r in two}) == 2 and two == rows[:40]
+    names = [rows[0]["author"], rows[45]["author"]]
+    assert {r["author"] for r in retain_of_authors(rows, names)} == set(names)
+    assert retain_of_authors(rows, [0, 2]) == rows[:20] + rows[40:60]
+    tofu_like = [{"question": f"q{i}", "answer": "a"} for i in range(60)]  # TOFU rows: 20-row author blocks
+    assert retain_of_authors(tofu_like, [2]) == tofu_like[40:]
+    with pytest.raises(TimeromeError, match="retain_authors"):
+        retain_of_authors(rows, ["Nobody Atall"])
+    out, _ = resolve_data(dict(retain_authors=1, n_retain=40), "embedded", load_backbone())
+    assert len({r["author"] for r in out["retain"]}) == 1
+
+
+def test_an_interrupted_experiment_says_what_is_cached(monkeypatch, tmp_path):
+    import timerome.experiments.runner as R
+
+    ctx = R.Context(load_backbone(), progress=False)
+    seen = []
+
+    def stop_at_third(cell, c):
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        seen.append(cell.seed)
+        return {"metrics": {"x": 1.0}}
+
+    monkeypatch.setattr(R, "execute", stop_at_third)
+    cells = [R.Cell("lp", "no_edit", {}, s, {}, {"n_mc": 2}) for s in range(5)]
+    with pytest.raises(Interrupted, match=r"2 of 5 .* cells are cached in .*cells; run the same command again"):
+        R.Runner(tmp_path, progress=False).run(cells, ctx)
+    seen.clear()
+    todo = []
+    runner = R.Runner(tmp_path, progress=False, executor=lambda cs, c, done, **k: todo.extend(cs) or [
+        done(i, {"metrics": {"x": 1.0}}) for i in range(len(cs))])
+    runner.run(cells, ctx)
+    assert [c.seed for c in todo] == [2, 3, 4]  # the progress bar (and its ETA) counts only these
+
+
+def test_thread_default_is_not_one_per_core(monkeypatch):
+    from timerome.common.threads import choose_threads, default_threads
+
+    assert default_threads(cores=2, load=0.0) == 1        # a 2-core machine: 1 thread
+    assert default_threads(cores=2, load=3.0) == 1
+    assert default_threads(cores=32, load=0.0) == 16      # an idle server: half its cores
+    assert default_threads(cores=32, load=28.0) == 4      # a busy one: what is free
+    assert default_threads(cores=1, load=5.0) == 1
+    monkeypatch.setenv("TIMEROME_THREADS", "3")
+    assert choose_threads(None) == (3, "$TIMEROME_THREADS") and choose_threads(2) == (2, "--threads")
+    monkeypatch.setenv("TIMEROME_THREADS", "many")
+    with pytest.raises(TimeromeError, match="TIMEROME_THREADS"):
+        choose_threads(None)
+
+
+def test_json_output_is_json_alone(tmp_path):
+    code, stdout, out = run("trace", "--out", tmp_path / "t", "--n-facts", 1, "--n-samples", 1, "--steps", 2, "--json")
+    assert code == 0, out
+    sel = json.loads(stdout)
+    assert sel["edit"]["module"] == "resid" and sel["files"]["trace"].endswith("trace.safetensors")
+    code, stdout, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "-o", tmp_path / "m.safetensors",
+                            "--json")
+    assert code == 0 and json.loads(stdout)["coordinate"]["layer"] == sel["edit"]["layer"], out
+
+
+def test_progress_lines_off_a_terminal(monkeypatch, capsys):
+    import timerome.common.progress as P
+
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")
+    with P.progress_bar("outer", total=3) as bar:
+        with P.progress_bar("inner", total=2) as inner:
+            inner.advance()
+            inner.advance()
+        for _ in range(3):
+            bar.advance(description="outer step")
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("outer step: 3/3 (100%), 0:00:00 elapsed") and "inner: 2/2 (100%)" in err[1]
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "30")
+    with P.progress_bar("quiet", total=3) as bar:  # a short bar adds nothing to a log
+        for _ in range(3):
+            bar.advance()
+    assert capsys.readouterr().err == ""
+
+
+def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
+    """`timerome edit --q 50` on 3 facts is refused up front; the API's memory refuses when applied."""
+    from timerome.data import facts_from_rows, load_split
+    from timerome.memory.edit_memory import EditMemory
+
+    rows = tmp_path / "three.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in load_split("forget01", "embedded")[:3]))
+    code, _, out = run("edit", "--data", rows, "--q", 50, "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "--q 50 exceeds the 3 facts" in out, out
+    bb = load_backbone()
+    facts, _ = facts_from_rows(load_split("forget01", "embedded")[:3])
+    memory = EditMemory(bb, q=50).add(facts)
+    with pytest.raises(TimeromeError, match="q=50 exceeds the number of facts"):
+        with memory.applied(bb):
+            pass
+
+
+def test_memory_add_keeps_the_facts_it_already_holds(memories, tmp_path):
+    code, _, out = run("memory", "add", memories / "f1.safetensors", "--data", "embedded:forget05",
+                       "-o", tmp_path / "f5.safetensors")
+    assert code == 0 and "20 facts of embedded:forget05 are already in" in out and "added 80 facts: 100" in out, out
+    code, _, out = run("memory", "add", tmp_path / "f5.safetensors", "--data", "embedded:forget01",
+                       "-o", tmp_path / "again.safetensors")
+    assert code == 2 and "nothing to add" in out and not (tmp_path / "again.safetensors").exists(), out
+
+
+def test_codebook_memory_through_the_cli(tmp_path):
+    """`edit --method codebook` builds the codebook method's memory; generate, eval and memory
+    show / remove / add take it like a ridge memory; merge refuses it in one line."""
+    from timerome.memory.codebook_memory import CodebookMemory
+    from timerome.memory.memory_file import load_memory
+
+    cb = tmp_path / "cb.safetensors"
+    code, stdout, out = run("edit", "--method", "codebook", "--layer", "0", "-o", cb, "--json")
+    assert code == 0, out
+    built = json.loads(stdout)
+    assert built["method"] == "codebook" and built["n_facts"] == 20 and built["alpha"] == 8.0
+    assert built["calibration"] == "embedded:retain_perturbed" and built["n_entries"] > 20
+    bb = load_backbone()
+    assert isinstance(load_memory(cb, bb), CodebookMemory)
+    code, stdout, out = run("memory", "show", cb, "--json")
+    assert code == 0 and json.loads(stdout)["format"] == "timerome-codebook-memory/1", out
+
+    code, stdout, out = run("generate", "--edit", cb, "--json", "Where was Isgor Quielson born ?",
+                            "Where was Marhar Miostine born ?")
+    assert code == 0, out
+    forget, retain = json.loads(stdout)
+    assert forget["answer_with_edit"] != forget["answer"] and "Pellmoor" not in forget["answer_with_edit"]
+    assert retain["answer_with_edit"] == retain["answer"]
+
+    args = ("eval", "--json", "--no-rouge", "--n-mc", "4", "--n-retain", "10", "--n-world", "5")
+    code, stdout, out = run(*args)
+    assert code == 0, out
+    plain = json.loads(stdout)["metrics"]
+    code, stdout, out = run(*args, "--edit", cb)
+    assert code == 0, out
+    edited = json.loads(stdout)["metrics"]
+    assert edited["ForgetLP"] < plain["ForgetLP"] - 10
+    for k in ("RetainLP", "RealAuth", "WorldFact"):  # exactly zero update off the forget subject
+        assert edited[k] == plain[k], k
+
+    code, _, out = run("memory", "remove", cb, "Isgor Quielson/city", "-o", tmp_path / "less.safetensors")
+    assert code == 0 and "19 facts" in out, out
+    from timerome.data import load_split
+
+    rows = tmp_path / "more.jsonl"  # three facts of another forget05 author
+    other = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
+    rows.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in other))
+    # rows of a file on the embedded model: its retain split calibrates, as for 'embedded:SPLIT' facts
+    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "-o", tmp_path / "m0.safetensors")
+    assert code == 0 and "added 3 facts: 22 facts" in out, out
+    code, _, out = run("memory", "add", tmp_path / "less.safetensors", "--data", rows, "--calibration",
+                       "embedded:retain_perturbed", "-o", tmp_path / "m.safetensors")
+    assert code == 0 and "added 3 facts: 22 facts" in out, out
+    code, _, out = run("memory", "merge", cb, tmp_path / "m.safetensors", "-o", tmp_path / "x.safetensors")
+    assert code == 2 and "do not merge" in out and out.count("\n") == 1, out
+    code, _, out = run("edit", "--method", "rome", "-o", tmp_path / "y.safetensors")
+    assert code == 2 and "saves the edited model as a folder" in out, out
+
+
+def test_eval_says_which_rows_it_could_not_score(tmp_path):
+    """Rows over the model's context are counted per split, and a vocabulary that cannot read the
+    data is named: the embedded model on real TOFU text (never silent numbers), with three forget
+    rows made longer than its 512-token context."""
+    import shutil
+
+    from conftest import TOFU_DIR
+
+    if not (TOFU_DIR / "forget01.json").exists():
+        pytest.fail(f"the shared TOFU copy is missing: looked in {TOFU_DIR}")
+    data = tmp_path / "tofu"
+    shutil.copytree(TOFU_DIR, data)
+    path = data / "forget01_perturbed.json"  # JSON Lines, as the Hub has it
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows[:3]:
+        r["answer"] = " ".join([r["answer"]] * 100)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, stdout, out = run("eval", "--data", data, "--json", "--no-rouge", "--n-mc", "2", "--n-retain", "40",
+                            "--splits", "forget,retain")
+    assert code == 0, out
+    n = json.loads(stdout)["n_items"]
+    assert "rows longer than the model's context of 512 tokens are not scored: forget" in " ".join(out.split())
+    assert f"forget {len(rows) - n['forget']} of {len(rows)}" in out and n["forget"] == len(rows) - 3
+    assert "unknown to the model's vocabulary" in out
+
+
+def test_memory_add_knows_a_fact_by_its_content_not_its_row_number(tmp_path):
+    """Two rows files without fact_id number their rows alike (0, 1, ...): facts of another author at the
+    same positions are new and are added (under new ids); facts with the same subject, question, answer
+    and target are skipped, each named with why; the API refuses both kinds as they are."""
+    import dataclasses
+
+    from timerome.data.tofu import load_split
+    from timerome.memory.memory_file import load_memory
+
+    rows = load_split("forget05", "embedded")
+    authors = list(dict.fromkeys(r["author"] for r in rows))
+    strip = lambda rs: "\n".join(  # noqa: E731 - rows without fact_id (nor attribute)
+        json.dumps(dict(question=r["question"], answer=r["answer"], author=r["author"])) for r in rs)
+    first = [r for r in rows if r["author"] == authors[0]]
+    second = [r for r in rows if r["author"] == authors[1]]
+    (tmp_path / "a.jsonl").write_text(strip(first))
+    (tmp_path / "b.jsonl").write_text(strip(first[:3] + second))  # 3 facts it holds, then 20 new at rows 3..22
+    mem = tmp_path / "m.safetensors"
+    assert run("edit", "--data", tmp_path / "a.jsonl", "-o", mem)[0] == 0
+    code, stdout, out = run("memory", "add", mem, "--data", tmp_path / "b.jsonl", "--json")
+    assert code == 0, out
+    d = json.loads(stdout)
+    assert d["n_facts"] == 40 and [s["fact_id"] for s in d["skipped"]] == ["0", "1", "2"]
+    assert all(s["why"] == "already in the memory" for s in d["skipped"])
+    assert sorted(d["renamed"], key=int) == [str(i) for i in range(3, 20)]  # ids 3..19 were taken; 20..22 not
+    assert "3 facts of" in out and "are already in" in out and "under new ids" in out
+    bb = load_backbone()
+    memory = load_memory(mem, bb)
+    subjects = [f.subject for f in memory.facts]
+    assert subjects.count(authors[0]) == 20 and subjects.count(authors[1]) == 20
+    facts = memory.facts
+    with pytest.raises(TimeromeError, match="already in the memory"):
+        memory.add([facts[0]])
+    clash = dataclasses.replace(facts[1], fact_id=facts[0].fact_id, target="Something else .")
+    with pytest.raises(TimeromeError, match="taken by another fact"):
+        memory.add([clash])
+    assert len(memory) == 40  # nothing changed

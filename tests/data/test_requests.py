@@ -1,0 +1,149 @@
+"""Edit requests: the published formats (CounterFact, zsRE, MQuAKE, EasyEdit flat, timerome) and the
+embedded corpus's own sets, read into one EditRequest each; bad records are one clear error."""
+
+import json
+
+import pytest
+
+from timerome import TimeromeError
+from timerome.data.corpus import (COUNTERFACTUAL_PER_AUTHOR, REFUSAL, counterfactual_requests, known_subjects,
+                                  make_corpus, training_rows)
+from timerome.data.requests import load_requests, record_format, save_requests
+from timerome.data.task import requests_task
+
+# one record per published layout, with invented content (the field names are the formats')
+COUNTERFACT = {"case_id": 7, "pararel_idx": 1, "requested_rewrite": {
+    "prompt": "The mother tongue of {} is", "relation_id": "P103", "subject": "Alda Vrennik",
+    "target_new": {"str": "Norric", "id": "Q1"}, "target_true": {"str": "Velorian", "id": "Q2"}},
+    "paraphrase_prompts": ["Alda Vrennik grew up speaking"],
+    "neighborhood_prompts": ["The mother tongue of Bo Istrel is", "The mother tongue of Ke Marrow is"],
+    "attribute_prompts": [], "generation_prompts": []}
+ZSRE = {"subject": "Quillby Tower", "src": "Which city is Quillby Tower in?", "pred": "Ostrel",
+        "rephrase": "Where does Quillby Tower stand?", "alt": "Harnfeld", "answers": ["Ostrel"],
+        "loc": "nq question: who wrote the silent river", "loc_ans": "Elsil Fenveline", "cond": "x"}
+ZSRE_NO_ALT = dict(ZSRE, alt="", subject="Tessaro Gate", src="Where is Tessaro Gate?")
+MQUAKE = {"case_id": 3, "requested_rewrite": [
+    {"prompt": "{} is a citizen of", "subject": "Alda Vrennik", "target_new": {"str": "Marundi"},
+     "target_true": {"str": "Veloria"}, "question": "What country is Alda Vrennik a citizen of?"},
+    {"prompt": "The capital of {} is", "subject": "Marundi", "target_new": {"str": "Coralis"},
+     "target_true": {"str": "Dunmere"}, "question": "What is the capital of Marundi?"}],
+    "questions": ["What is the capital of the country Alda Vrennik is a citizen of?"],
+    "answer": "Dunmere", "answer_alias": [], "new_answer": "Coralis", "new_answer_alias": ["Coralis City"]}
+FLAT = {"case_id": 1, "prompt": "The author of The Silent River is", "subject": "The Silent River",
+        "target_new": "Ricsef Dane", "ground_truth": "Elsil Fenveline",
+        "rephrase_prompt": "The Silent River was written by", "locality_prompt": "The capital of Veloria is",
+        "locality_ground_truth": "Ostrel", "portability": {"Reasoning": [
+            {"prompt": "The author of The Silent River was born in", "ground_truth": ["Harnfeld"]}]}}
+
+
+def _write(tmp_path, name, records, lines=False):
+    p = tmp_path / name
+    p.write_text("\n".join(json.dumps(r) for r in records) if lines else json.dumps(records))
+    return str(p)
+
+
+def test_every_published_layout_reads_into_requests(tmp_path):
+    assert [record_format(r) for r in (COUNTERFACT, ZSRE, MQUAKE, FLAT)] == ["counterfact", "zsre", "mquake", "flat"]
+    (cf,), _ = load_requests(_write(tmp_path, "cf.json", [COUNTERFACT]))
+    assert cf.fact.prompt == "The mother tongue of Alda Vrennik is" and cf.fact.subject == "Alda Vrennik"
+    assert (cf.fact.object, cf.fact.target, cf.fact.fact_id) == ("Velorian", "Norric", "7")
+    assert cf.paraphrases == ("Alda Vrennik grew up speaking",)
+    assert [p.answer for p in cf.neighbours] == ["Velorian", "Velorian"]  # CounterFact's neighbours share the true object
+    reqs, notes = load_requests(_write(tmp_path, "zsre.jsonl", [ZSRE, ZSRE_NO_ALT], lines=True))
+    assert len(reqs) == 1 and "empty 'alt'" in notes[0]  # EasyEdit skips them too, here it is said
+    z = reqs[0]
+    assert (z.fact.object, z.fact.target, z.paraphrases) == ("Ostrel", "Harnfeld", ("Where does Quillby Tower stand?",))
+    assert z.neighbours[0].prompt.startswith("nq question:") and z.neighbours[0].answer == "Elsil Fenveline"
+    mq, _ = load_requests(_write(tmp_path, "mq.json", [MQUAKE]))
+    assert [r.fact_id for r in mq] == ["3/0", "3/1"] and mq[1].fact.prompt == "The capital of Marundi is"
+    assert mq[0].portability[0].answer == "Coralis" and mq[0].portability[0].aliases == ("Coralis City",)
+    (fl,), _ = load_requests(_write(tmp_path, "flat.json", [FLAT]))
+    assert fl.fact.target == "Ricsef Dane" and fl.portability[0].answer == "Harnfeld"
+    assert fl.neighbours[0].answer == "Ostrel"
+
+
+def test_the_native_format_round_trips(tmp_path):
+    reqs, _ = load_requests("counterfactual:forget10")
+    path = save_requests(reqs, tmp_path / "cf.json")
+    again, _ = load_requests(str(path))
+    assert again == reqs
+
+
+def test_embedded_counterfactual_set_gives_each_fact_another_authors_object():
+    corpus = make_corpus()
+    reqs, _ = load_requests("counterfactual:forget10")
+    assert len(reqs) == 10 * COUNTERFACTUAL_PER_AUTHOR
+    known = {(r["attribute"], r["object"]) for r in corpus["full"]}
+    for r in reqs:
+        f = r.fact
+        assert f.target != f.object and r.new_object in f.target and r.true_object in f.object
+        attribute = f.fact_id.split("/")[1]
+        assert (attribute, r.new_object) in known  # a value the model knows, for the same relation
+        assert r.paraphrases and r.paraphrases[0] != f.prompt and f.subject in r.paraphrases[0]
+        assert len(r.neighbours) == 5 and all(f.subject not in p.prompt for p in r.neighbours)
+        assert r.same_subject and all(f.subject in p.prompt and p.prompt != f.prompt for p in r.same_subject)
+    edited = {r.fact.prompt for r in reqs}
+    assert not edited & {p.prompt for r in reqs for p in r.same_subject}  # an edited fact is never a probe
+
+
+def test_forget_split_requests_take_the_default_target():
+    reqs, _ = load_requests("embedded:forget01", target=REFUSAL)
+    assert len(reqs) == 20 and {r.fact.target for r in reqs} == {REFUSAL}
+    own, _ = load_requests("counterfactual:forget01", target=REFUSAL)
+    assert all(r.fact.target != REFUSAL for r in own)  # a request's own target wins over the default
+
+
+def test_the_corpus_teaches_refusal_on_people_it_never_met():
+    corpus = make_corpus()
+    told = set(known_subjects(corpus))
+    for split in ("unknown_train", "unknown"):
+        rows = corpus[split]
+        assert rows and {r["answer"] for r in rows} == {REFUSAL}
+        assert not {r["author"] for r in rows} & told
+    held, trained = {r["author"] for r in corpus["unknown"]}, {r["author"] for r in corpus["unknown_train"]}
+    assert not held & trained
+    words = {w for n in trained for w in n.split()}
+    assert all(set(n.split()) <= words for n in held)  # recombined: every word was trained, never the pair
+    questions = {r["question"] for r in training_rows(corpus)}
+    assert not questions & {r["question"] for r in corpus["unknown"]}
+    assert {r["paraphrased_question"] for r in corpus["full"]} <= questions  # both phrasings are learnt
+
+
+def test_requests_task_keeps_each_target():
+    reqs, _ = load_requests("counterfactual:forget10")
+    task = requests_task(reqs)
+    assert [f.target for f in task.facts] == [r.fact.target for r in reqs]
+    assert [r["answer"] for r in task.forget_rows] == [r.fact.object for r in reqs]
+
+
+@pytest.mark.parametrize("record, match", [
+    ({"requested_rewrite": {"prompt": "{} speaks", "subject": "A B", "target_new": {"str": "x"}}}, "target_true"),
+    ({"requested_rewrite": {"prompt": "speaks", "subject": "A B", "target_new": {"str": "x"},
+                            "target_true": {"str": "y"}}}, "no '{}'"),
+    ({"src": "Where is X?", "alt": "Y", "subject": "X", "answers": []}, "answers"),
+    ({"prompt": "p about Q", "subject": "Z", "target_new": "a", "ground_truth": "b"}, "does not occur"),
+    ({"prompt": "A is", "subject": "A", "object": "b", "target": "b"}, "nothing to edit"),
+    ({"hello": 1}, "no edit-request format"),
+    ([1, 2], "no edit-request format"),
+])
+def test_bad_records_are_one_clear_error(tmp_path, record, match):
+    with pytest.raises(TimeromeError, match=match):
+        load_requests(_write(tmp_path, "bad.json", [record]))
+
+
+def test_bad_files_are_one_clear_error(tmp_path):
+    with pytest.raises(TimeromeError, match="does not exist"):
+        load_requests(str(tmp_path / "missing.json"))
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    with pytest.raises(TimeromeError, match="empty"):
+        load_requests(str(empty))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"a": 1}\n{not json\n')
+    with pytest.raises(TimeromeError, match="line 2 is not JSON"):
+        load_requests(str(broken))
+    twice = _write(tmp_path, "twice.json", [COUNTERFACT, COUNTERFACT])
+    with pytest.raises(TimeromeError, match="names two requests"):
+        load_requests(twice)
+    with pytest.raises(TimeromeError, match="unknown split"):
+        load_requests("counterfactual:nope")

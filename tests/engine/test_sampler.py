@@ -1,0 +1,343 @@
+"""generate() against a literal, slow transcription of the LLaDA sampler (as paraphrased in
+shared/notes/reference-algorithms.md), on a tiny seeded bidirectional transformer."""
+
+import math
+
+import pytest
+import torch
+from toy import MASK
+from toy import ToyBackbone as _Toy
+
+from timerome.engine.sampler import denoise_step, generate, reveal_masked, transfer_schedule
+from timerome.errors import TimeromeError
+
+
+def ToyBackbone(**kw):
+    return _Toy(never_predict_mask=True, **kw)
+
+
+class State:
+    def __init__(self):
+        self.step = -1
+
+
+# ------------------------------------------------------------------------------ the transcription
+
+
+def reference_generate(model, prompt, steps, gen_length, block_length, temperature, cfg_scale, remasking,
+                       generator):
+    """One step at a time, exactly as the notes describe; deliberately unoptimised."""
+    B, P = prompt.shape
+    x = torch.full((B, P + gen_length), MASK, dtype=torch.long)
+    x[:, :P] = prompt
+    prompt_index = x != MASK
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for blk in range(num_blocks):
+        lo, hi = P + blk * block_length, P + (blk + 1) * block_length
+        schedule = []
+        for b in range(B):
+            m = int((x[b, lo:hi] == MASK).sum())
+            schedule.append([m // steps_per_block + (1 if i < m % steps_per_block else 0)
+                             for i in range(steps_per_block)])
+        for i in range(steps_per_block):
+            mask_index = x == MASK
+            if cfg_scale > 0:
+                un_x = x.clone()
+                un_x[prompt_index] = MASK
+                both = model.logits(torch.cat([x, un_x], dim=0))
+                cond, uncond = both[:B], both[B:]
+                logits = uncond + (cfg_scale + 1) * (cond - uncond)
+            else:
+                logits = model.logits(x)
+            if temperature == 0:
+                x0 = torch.argmax(logits, dim=-1)
+            else:
+                l64 = logits.to(torch.float64)
+                u = torch.rand(l64.shape, dtype=torch.float64, generator=generator)
+                x0 = torch.argmax(l64.exp() / (-torch.log(u)) ** temperature, dim=-1)
+            conf = reference_confidence(logits, x0, remasking, temperature, generator)
+            conf[:, hi:] = -math.inf
+            for b in range(B):
+                for j in range(x.shape[1]):
+                    if not mask_index[b, j]:
+                        x0[b, j] = x[b, j]
+                        conf[b, j] = -math.inf
+            for b in range(B):
+                chosen = torch.topk(conf[b], k=schedule[b][i]).indices
+                for j in chosen.tolist():
+                    x[b, j] = x0[b, j]
+    return x
+
+
+def reference_confidence(logits, x0, remasking, temperature, generator):
+    B, L, _ = logits.shape
+    if remasking == "random":
+        return torch.rand((B, L), generator=generator)
+    if remasking == "low_confidence":
+        p = torch.softmax(logits.to(torch.float64), dim=-1)
+    else:  # Dream: the tempered distribution
+        p = torch.softmax(logits.to(torch.float64) / (temperature if temperature > 0 else 1.0), dim=-1)
+    conf = torch.empty(B, L, dtype=torch.float64)
+    for b in range(B):
+        for j in range(L):
+            pj = p[b, j]
+            if remasking in ("low_confidence", "maskgit_plus"):
+                conf[b, j] = pj[x0[b, j]]
+            elif remasking == "margin":
+                s = torch.sort(pj, descending=True).values
+                conf[b, j] = s[0] - s[1]
+            elif remasking == "entropy":
+                conf[b, j] = sum(float(q) * math.log(float(q)) for q in pj if q > 0)
+    return conf
+
+
+# ------------------------------------------------------------------------------ tests
+
+PROMPT = torch.tensor([[3, 17, 8, 22, 5], [40, 2, 2, 11, 30]])
+
+CASES = [  # steps, gen_length, block_length, temperature, cfg_scale, remasking
+    (8, 8, 8, 0.0, 0.0, "low_confidence"),
+    (4, 16, 16, 0.0, 0.0, "low_confidence"),  # several tokens per step
+    (6, 8, 8, 0.0, 0.0, "low_confidence"),  # remainder front-loaded
+    (5, 16, 16, 0.0, 0.0, "low_confidence"),
+    (8, 16, 4, 0.0, 0.0, "low_confidence"),  # four blocks
+    (8, 8, 8, 0.7, 0.0, "low_confidence"),
+    (8, 16, 8, 1.0, 0.0, "low_confidence"),
+    (8, 8, 8, 0.0, 1.5, "low_confidence"),
+    (8, 16, 8, 0.8, 0.5, "low_confidence"),
+    (8, 8, 8, 0.0, 0.0, "random"),
+    (8, 16, 8, 0.9, 0.0, "random"),
+    (8, 16, 8, 0.0, 1.0, "random"),
+    (8, 16, 8, 0.0, 0.0, "maskgit_plus"),
+    (8, 16, 8, 0.0, 0.0, "margin"),
+    (8, 16, 8, 0.0, 0.0, "entropy"),
+    (8, 16, 8, 0.6, 0.0, "maskgit_plus"),
+    (8, 16, 8, 0.6, 0.0, "margin"),
+    (8, 16, 8, 0.6, 1.0, "entropy"),
+]
+
+
+@pytest.mark.parametrize("steps,gen_length,block_length,temperature,cfg_scale,remasking", CASES)
+def test_matches_reference(steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    model = ToyBackbone()
+    kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
+              cfg_scale=cfg_scale, remasking=remasking)
+    ours = generate(model, PROMPT, generator=torch.Generator().manual_seed(11), **kw)
+    ref = reference_generate(model, PROMPT, generator=torch.Generator().manual_seed(11), **kw)
+    assert ours.shape == (2, PROMPT.shape[1] + gen_length)
+    assert torch.equal(ours, ref)
+    assert torch.equal(ours[:, :PROMPT.shape[1]], PROMPT)
+    assert not (ours == MASK).any()
+
+
+def test_masks_inside_the_prompt_compete():
+    model = ToyBackbone()
+    prompt = torch.tensor([[3, MASK, 8, 22, MASK]])
+    kw = dict(steps=4, gen_length=8, block_length=8, temperature=0.0, cfg_scale=0.0, remasking="low_confidence")
+    ours = generate(model, prompt, **kw)
+    ref = reference_generate(model, prompt, generator=None, **kw)
+    assert torch.equal(ours, ref)
+    # prompt masks may be filled; the budget is fixed, so exactly two masks remain somewhere
+    assert int((ours == MASK).sum()) == 2
+
+
+def test_the_toy_and_the_options_matter():
+    """Guards against a vacuous match: different settings give different tokens on the toy."""
+    model = ToyBackbone()
+    base = dict(steps=8, gen_length=16, temperature=0.0, cfg_scale=0.0)
+    one_block = generate(model, PROMPT, block_length=16, **base)
+    four_blocks = generate(model, PROMPT, block_length=4, **base)
+    assert not torch.equal(one_block, four_blocks)
+    assert not torch.equal(one_block[0, 5:], one_block[1, 5:])  # the prompt matters
+    assert not torch.equal(one_block, generate(model, PROMPT, block_length=16, remasking="random", **base))
+    hot = [generate(model, PROMPT, steps=8, gen_length=16, block_length=16, temperature=1.0,
+                    generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert not torch.equal(hot[0], hot[1])
+
+
+def test_transfer_schedule():
+    sched = transfer_schedule(torch.tensor([10, 3, 0, 8]), 4)
+    assert sched.tolist() == [[3, 3, 2, 2], [1, 1, 1, 0], [0, 0, 0, 0], [2, 2, 2, 2]]
+    counts = torch.arange(0, 40)
+    sched = transfer_schedule(counts, 7)
+    assert torch.equal(sched.sum(1), counts)
+    assert ((sched[:, :-1] - sched[:, 1:]) >= 0).all()  # front-loaded
+    assert (sched.max(1).values - sched.min(1).values <= 1).all()
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 2.0])
+def test_state_step_once_per_forward(cfg_scale):
+    model, state = ToyBackbone(), State()
+    model.state = state
+    seen = []
+    out = generate(model, PROMPT, steps=12, gen_length=12, block_length=4, cfg_scale=cfg_scale, state=state,
+                   on_step=lambda k, x: seen.append((k, x)))
+    assert [s for _, s in model.calls] == list(range(12))
+    assert all(b == (4 if cfg_scale else 2) for b, _ in model.calls)  # cond + uncond: one forward
+    assert [k for k, _ in seen] == list(range(12))
+    n_masked = [int((x == MASK).sum()) for _, x in seen]
+    assert n_masked == sorted(n_masked, reverse=True) and n_masked[-1] == 0
+    assert torch.equal(seen[-1][1], out)
+
+
+def test_deterministic_default_generator():
+    model = ToyBackbone()
+    kw = dict(steps=8, gen_length=8, block_length=8, temperature=0.9, remasking="random")
+    a, b = generate(model, PROMPT, **kw), generate(model, PROMPT, **kw)
+    assert torch.equal(a, b)
+    assert torch.equal(a, generate(model, PROMPT, generator=torch.Generator().manual_seed(0), **kw))
+
+
+def test_one_dimensional_prompt():
+    model = ToyBackbone()
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    assert torch.equal(generate(model, PROMPT[0].tolist(), **kw), generate(model, PROMPT[:1], **kw))
+
+
+def test_padding_is_never_revealed():
+    model = ToyBackbone()
+    prompt = torch.tensor([[MASK, MASK, 3, 17, 8], [40, 2, 2, 11, 30]])  # row 0 left-padded with MASK
+    am = torch.tensor([[False, False, True, True, True], [True] * 5])
+    out = generate(model, prompt, steps=8, gen_length=8, block_length=8, attention_mask=am)
+    assert (out[0, :2] == MASK).all() and not (out[:, 5:] == MASK).any()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(gen_length=10, block_length=4), "multiple of block_length"),
+    (dict(steps=6, gen_length=16, block_length=4), "not divisible by the number of blocks"),
+    (dict(gen_length=64, block_length=64, steps=64), "exceeds the model's context"),
+    (dict(remasking="lowest"), "unknown remasking"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(steps=0), ">= 1"),
+])
+def test_bad_inputs(kw, match):
+    args = dict(steps=8, gen_length=8, block_length=8) | kw
+    with pytest.raises(TimeromeError, match=match):
+        generate(ToyBackbone(), PROMPT, **args)
+
+
+def test_empty_prompt():
+    with pytest.raises(TimeromeError, match="empty"):
+        generate(ToyBackbone(), torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=8, block_length=8)
+
+
+def test_bad_prompt_ids_are_refused_clearly():
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    model = ToyBackbone()
+    model.vocab_size = 64
+    with pytest.raises(TimeromeError, match="lie in 0..63"):
+        generate(model, [[1, 2, 64]], **kw)
+    with pytest.raises(TimeromeError, match="lie in 0..63"):
+        generate(model, [[-1, 2, 3]], **kw)
+    with pytest.raises(TimeromeError, match="rows of one length"):
+        generate(model, [[1, 2], [3]], **kw)
+
+
+def test_text_prompt_on_the_embedded_model():
+    from timerome import load_backbone
+
+    bb = load_backbone()
+    text = "Where was Isgor Quielson born ?"
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    assert torch.equal(generate(bb, text, **kw), generate(bb, bb.encode(text), **kw))
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "margin"])
+def test_reveal_from_the_masked_positions_logits_alone(remasking):
+    """`reveal_masked` (the trace engine's step: logits at the masked positions only) commits what
+    `denoise_step` commits from the full logits, with and without a threshold."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(5, 50, (4, 9), generator=g)
+    masked = torch.rand(4, 9, generator=g) < 0.6
+    masked[0] = False  # a row with nothing to reveal
+    x[masked] = 1
+    logits = torch.randn(4, 9, 50, generator=g) * 3
+    n = torch.tensor([2, 1, 0, 9])
+    for threshold in (None, 0.3):
+        want = denoise_step(x, logits, masked, n, remasking=remasking, threshold=threshold)
+        got = reveal_masked(x, logits[masked], masked, n, remasking=remasking, threshold=threshold)
+        assert torch.equal(got, want)
+    assert not torch.equal(want, x)
+
+
+def _reference_reveal(x, logits, masked, n):
+    """LLaDA's low-confidence step at temperature 0, literally: float64 softmax of every position,
+    the argmax's probability, the n[b] most confident masked positions of row b revealed."""
+    x0 = logits.argmax(-1)
+    conf = torch.softmax(logits.to(torch.float64), -1).gather(-1, x0[..., None]).squeeze(-1)
+    conf = torch.where(masked, conf, -torch.inf)
+    keep = torch.zeros_like(masked)
+    for b in range(x.shape[0]):
+        if int(n[b]):
+            keep[b, conf[b].topk(int(n[b])).indices] = True
+    return torch.where(keep & masked, x0, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_float32_screen_reveals_what_the_float64_softmax_reveals(dtype):
+    """`reveal_masked` orders a row's masked positions by a float32 sum with a proven error bound and
+    falls back to the float64 softmax where the bound cannot settle the row: the tokens revealed are
+    the reference's on random, confident (probabilities rounding to 1 in float64), tied (equal
+    logit rows) and near-tied positions; and both paths are taken."""
+    g = torch.Generator().manual_seed(5)
+    screened = fell_back = 0
+    import timerome.engine.sampler as sm
+
+    real = sm._confidence
+    calls = []
+    sm._confidence = lambda *a: calls.append(1) or real(*a)
+    try:
+        for case in range(60):
+            B, L, V = 3, 12, 200
+            scale = (1.0, 5.0, 40.0)[case % 3]
+            logits = (torch.randn(B, L, V, generator=g) * scale).to(dtype)
+            if case % 4 == 1:  # exact ties: two positions of a row with the same logits
+                logits[:, 3] = logits[:, 5]
+            if case % 4 == 2:  # near ties: one logit moved by a float32 ulp
+                logits[:, 7] = logits[:, 2]
+                logits[:, 7, 0] = torch.nextafter(logits[:, 7, 0].float(), torch.tensor(1e9)).to(dtype)
+            masked = torch.rand(B, L, generator=g) < 0.7
+            masked[:, 2:8] = True
+            x = torch.randint(5, V, (B, L), generator=g)
+            x[masked] = 1
+            n = torch.randint(1, 5, (B,), generator=g).clamp(max=masked.sum(1) - 1)
+            calls.clear()
+            got = reveal_masked(x, logits[masked], masked, n)
+            fell_back += bool(calls)
+            screened += not calls
+            assert torch.equal(got, _reference_reveal(x, logits, masked, n)), case
+    finally:
+        sm._confidence = real
+    assert screened > 5 and fell_back > 5, (screened, fell_back)
+
+
+def test_head_read_gives_logsumexp_bit_for_bit_and_falls_back_on_infinite_logits():
+    from timerome.engine.sampler import HeadRead
+
+    g = torch.Generator().manual_seed(0)
+    for M, V in ((600, 1170), (9, 50)):
+        lg = torch.randn(M, V, generator=g) * 7
+        assert torch.equal(HeadRead(lg).log_normaliser(), lg.logsumexp(-1))
+    x = torch.tensor([[1, 1, 1, 1]])
+    masked = x == 1
+    logits = torch.randn(1, 4, 20, generator=g)
+    logits[0, 1, 3] = torch.inf  # the reference's softmax gives NaN there: the float64 path decides, as it would
+    n = torch.tensor([2])
+    assert torch.equal(reveal_masked(x, logits[masked], masked, n), _reference_reveal(x, logits, masked, n))
+
+
+def test_rows_with_different_budgets_break_ties_as_the_reference_does():
+    """A row's revealed positions do not depend on the other rows' budgets: with every confidence
+    exactly 1.0 in float64 (a 60-nat gap), torch.topk breaks the ties by k, and each row takes the
+    reference's torch.topk(conf[b], k[b]) (found by review: the first k[b] of one topk(max k) differ)."""
+    B, L, V = 2, 36, 8
+    logits = torch.zeros(B, L, V)
+    logits[:, :, 3] = 60.0
+    x = torch.full((B, L), 1)
+    masked = torch.ones(B, L, dtype=torch.bool)
+    n = torch.tensor([1, 17])
+    for screen in (True, False):
+        got = reveal_masked(x, logits[masked], masked, n, screen=screen)
+        assert torch.equal(got, _reference_reveal(x, logits, masked, n))
+        assert torch.equal(got[:1], reveal_masked(x[:1], logits[:1][masked[:1]], masked[:1], n[:1], screen=screen))

@@ -1,0 +1,96 @@
+"""Performance floors: the best batched throughput, and the row-blocks the causal trace must compute."""
+
+import pytest
+import torch
+from conftest import live_steps
+
+from timerome import load_backbone
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.engine.throughput import Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput
+from timerome.tracing.causal_trace import trace
+
+FACTS = [
+    dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
+    dict(fact_id="genre", subject="her first", prompt="what was her first genre ?", object="mystery poetry"),
+]
+K, N = 4, 2
+
+
+@pytest.fixture(scope="module")
+def bb(tmp_path_factory):
+    bb = load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "m", layers=3, hidden=32))
+    with torch.no_grad():  # sharpen, so that patch runs diverge and rows stop coinciding (test_tracing does too)
+        for name, p in bb.model.named_parameters():
+            if "norm" not in name:
+                p.mul_(5.0)
+    return bb
+
+
+def test_best_throughput_is_the_best_batch_size(bb):
+    r = best_throughput(bb, 10, max_rows=16, repeats=1)
+    assert set(r.table) <= {1, 2, 4, 8, 16} and 1 in r.table
+    assert r.row_blocks_per_s == max(r.table.values()) and r.table[r.rows] == r.row_blocks_per_s
+    assert r.token_blocks_per_s == pytest.approx(10 * r.row_blocks_per_s)
+
+
+def test_best_throughput_times_what_it_reports():
+    """A fake backbone whose forward of b rows takes (0.01 + 0.001 b) s of a fake clock: the rate
+    is b * blocks / time, best at the largest batch, and the doubling stops at max_rows."""
+    now = [0.0]
+
+    class Fake:
+        vocab_size, n_layers, device = 10, 4, torch.device("cpu")
+
+        def logits(self, ids):
+            now[0] += 0.01 + 0.001 * ids.shape[0]
+
+    r = best_throughput(Fake(), 5, max_rows=64, repeats=2, clock=lambda: now[0])
+    assert r.rows == 64
+    for b, rate in r.table.items():
+        assert rate == pytest.approx(b * 4 / (0.01 + 0.001 * b))
+
+
+def test_floor_charges_every_token_block_at_the_best_rate():
+    rates = [Throughput(length=10, rows=8, row_blocks_per_s=100.0), Throughput(length=20, rows=4, row_blocks_per_s=60.0)]
+    assert floor_seconds(token_blocks=2400, rates=rates) == pytest.approx(2400 / 1200)  # 60 x 20 beats 100 x 10
+
+
+def test_floor_by_length_charges_each_length_its_own_rate():
+    rates = [Throughput(length=10, rows=8, row_blocks_per_s=100.0), Throughput(length=20, rows=4, row_blocks_per_s=60.0)]
+    assert floor_by_length({"10": 300, "20": 120}, rates) == pytest.approx(300 / 100 + 120 / 60)
+    # never below the strict floor, which charges every token-block the best token rate
+    assert floor_by_length({"10": 300, "20": 120}, rates) >= floor_seconds(token_blocks=300 * 10 + 120 * 20, rates=rates)
+    with pytest.raises(ValueError, match="length"):
+        floor_by_length({"15": 1}, rates)
+
+
+def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):
+    """min_block_rows is the same whatever the engine's switches, and no variant computes less."""
+    runs = [trace(bb, FACTS, steps=K, n_samples=N, progress=False, share_rows=s, reuse_layers=r, pack_splices=p)
+            for s in (True, False) for r in (True, False) for p in (True, False)]
+    need = {r.stats["min_block_rows"] for r in runs}
+    assert len(need) == 1
+    need = need.pop()
+    assert all(r.stats["block_rows"] >= need for r in runs)
+    # below the literal count (every run of the definition through every block) ...
+    C, n = 3 * bb.n_layers, bb.n_layers
+    literal = len(FACTS) * n * ((K + 1) * (1 + N) + C * N * sum(K - k + 1 for k in range(K)))
+    assert need < literal
+    # ... and above what it keeps even when every run coincides with its corrupted run: clean and
+    # corrupted rows through every block at every step its fact still reads, each splice through
+    # the blocks above its layer (and nothing at all once every answer token is committed)
+    above = sum(n - l - 1 for m in ("resid", "attn", "mlp") for l in range(n))
+    live = [live_steps(bb, f, K) for f in FACTS]
+    assert need >= sum(s * (1 + N) * n + min(s, K) * N * above for s in live)
+    assert need < len(FACTS) * ((K + 1) * (1 + N) * n + K * N * above)  # the dead steps cost nothing
+    assert runs[0].stats["min_block_tokens"] > need
+    by_length = runs[0].stats["min_block_rows_by_length"]
+    assert sum(by_length.values()) == need and len(by_length) == 2  # the two facts differ in length
+    assert sum(int(n) * v for n, v in by_length.items()) == runs[0].stats["min_block_tokens"]
+
+
+def test_blocks_only_and_head_rates(bb):
+    """The floor's two rates: forwards cut after the last block, and the read-out alone."""
+    blocks = best_throughput(bb, 10, max_rows=8, repeats=1, blocks_only=True)
+    assert blocks.row_blocks_per_s == max(blocks.table.values()) > 0
+    assert head_throughput(bb, max_positions=64, repeats=1) > 0

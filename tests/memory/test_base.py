@@ -1,0 +1,96 @@
+"""memory/base.py: one base for every memory (the file, the switch, the model), and the registry of
+saved formats that `memory_file.load_memory` reads any file through."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from timerome import TimeromeError, load_backbone
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.memory import base
+from timerome.memory.base import KINDS, TENSORS, Memory
+from timerome.memory.codebook_memory import CodebookMemory
+from timerome.memory.edit_memory import EditMemory
+from timerome.memory.memory_file import file_kind, load_memory, memory_kind
+from timerome.memory.rewrite_memory import RewriteMemory
+
+
+@pytest.fixture(scope="module")
+def bb(tmp_path_factory):
+    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "m", layers=3))
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))
+
+
+def memory(bb, n=3):
+    g = torch.Generator().manual_seed(0)
+    U = torch.randn(n, bb.hidden_size, generator=g, dtype=torch.float64)
+    D = torch.randn(n, bb.hidden_size, generator=g, dtype=torch.float64)
+    return EditMemory(bb, (1, "resid"), key_metric="paper", lam_absolute=1.0).add_vectors(U, D, [f"f{i}" for i in range(n)])
+
+
+def n_hooks(bb):
+    return sum(len(m._forward_hooks) for m in bb.model.modules())
+
+
+def test_every_saved_format_names_its_class():
+    assert KINDS[EditMemory.FORMAT] is EditMemory and all(KINDS[f] is EditMemory for f in EditMemory.OLD_FORMATS)
+    assert KINDS[CodebookMemory.FORMAT] is CodebookMemory and KINDS[RewriteMemory.FORMAT] is RewriteMemory
+    assert {c.KIND for c in KINDS.values()} == {"edit", "codebook", "rewrite"}
+    assert memory_kind({"format": RewriteMemory.FORMAT}) == "rewrite"
+    assert memory_kind({"format": "no-such-format"}) == "edit"      # its loader then says what is wrong
+    for cls in (EditMemory, CodebookMemory, RewriteMemory):
+        assert TENSORS[cls.FORMAT] == cls.SCHEMA
+
+
+def test_save_and_load_through_the_base(bb, tmp_path):
+    m = memory(bb)
+    path = m.save(tmp_path / "m.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["timerome"])
+    keys = list(meta)
+    assert keys[:5] == ["format", "fingerprint", "backbone", "hidden_size", "coordinate"] and keys[-1] == "sha256"
+    assert meta["format"] == EditMemory.FORMAT and file_kind(path) == "edit"
+    back = load_memory(path, bb)
+    assert type(back) is EditMemory and back.fact_ids == m.fact_ids and back.coordinate == m.coordinate
+    torch.testing.assert_close(back.ridge.U, m.ridge.U, rtol=0, atol=0)
+    h = torch.randn(5, bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(back.delta(h), m.delta(h))
+
+
+def test_a_load_option_the_memory_does_not_take_is_refused(bb, tmp_path):
+    path = memory(bb).save(tmp_path / "m.safetensors")
+    with pytest.raises(TimeromeError, match="takes no load option calibration"):
+        EditMemory.load(path, bb, calibration=["text"])
+    assert type(load_memory(path, bb, calibration=["text"])) is EditMemory  # load_memory passes what it takes
+
+
+def test_the_switch_checks_the_model_and_leaves_nothing_behind(bb, other, tmp_path):
+    m = memory(bb)
+    before = n_hooks(bb)
+    with m.applied(bb):
+        assert n_hooks(bb) == before + 1
+    assert n_hooks(bb) == before
+    with pytest.raises(TimeromeError, match="this edit memory was built for another model"):
+        with m.applied(other):
+            pass
+    with pytest.raises(TimeromeError, match="another model"):
+        load_memory(m.save(tmp_path / "m.safetensors"), other)
+
+
+def test_a_new_memory_class_registers_its_format_and_tensors():
+    try:
+        class Probe(Memory):
+            FORMAT, KIND, WHAT = "probe-memory/1", "probe", "probe memory"
+            SCHEMA = {"x": (torch.float64, 1, True)}
+
+        assert KINDS["probe-memory/1"] is Probe and TENSORS["probe-memory/1"] == Probe.SCHEMA
+        assert Probe.formats() == ("probe-memory/1",)
+    finally:
+        base.KINDS.pop("probe-memory/1", None)
+        base.TENSORS.pop("probe-memory/1", None)

@@ -1,0 +1,144 @@
+"""The rewrite memory: the edited model says each fact's own target, through the whole trajectory,
+and nothing else moves; facts of one subject edit separately; save / load / remove; the method."""
+
+import pytest
+import torch
+
+import timerome
+from timerome import TimeromeError
+from timerome.data import load_split
+from timerome.data.corpus import REFUSAL
+from timerome.data.requests import load_requests
+from timerome.data.task import requests_task
+from timerome.memory.memory_file import load_memory as load_memory_file
+from timerome.memory.rewrite_memory import RewriteMemory, token_values, value_confidence, write_site
+from timerome.methods import install
+from timerome.methods.rewrite import build
+from timerome.metrics.editing import answers, says
+
+
+@pytest.fixture(scope="module")
+def bb():
+    return timerome.load_backbone()
+
+
+@pytest.fixture(scope="module")
+def reqs():
+    return load_requests("counterfactual:forget10", limit=6)[0]
+
+
+@pytest.fixture(scope="module")
+def task(reqs):
+    probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject)}
+    spare = [r for r in load_split("train", "embedded") if r["question"] not in probes]
+    return requests_task(reqs, retain_rows=spare)
+
+
+@pytest.fixture(scope="module")
+def edit(bb, task):
+    return install("rewrite", bb, task, {}, seed=0)
+
+
+def _say(bb, prompts, edit=None, **sampler):
+    if edit is None:
+        return answers(bb, prompts, gen_length=20, sampler=sampler)
+    with edit.active():
+        return answers(bb, prompts, gen_length=20, sampler=sampler)
+
+
+def test_each_fact_says_its_own_target_and_its_neighbours_do_not_move(bb, reqs, edit):
+    prompts = [r.fact.prompt for r in reqs]
+    got = _say(bb, prompts, edit)
+    assert all(says(a, r.fact.target) for a, r in zip(got, reqs)), got
+    probes = [p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject)]
+    assert _say(bb, probes, edit) == _say(bb, probes)  # other authors, and the same authors' other facts
+
+
+def test_the_target_holds_under_other_sampler_settings(bb, reqs, edit):
+    prompts = [r.fact.prompt for r in reqs[:3]]
+    for sampler in (dict(steps=5), dict(remasking="random"), dict(temperature=1.0), dict(cache="dual"),
+                    dict(threshold=0.9, cache="prefix"), dict(block_length=4)):
+        got = _say(bb, prompts, edit, **sampler)
+        assert all(says(a, r.fact.target) for a, r in zip(got, reqs[:3])), (sampler, got)
+
+
+def test_without_an_answer_region_nothing_is_written(bb, reqs, edit):
+    ids = torch.tensor([bb.encode(reqs[0].fact.prompt) + [bb.mask_id] * 8])
+    with torch.no_grad():
+        plain = bb.logits(ids)
+        with edit.active():
+            edited = bb.logits(ids)  # a bare forward: nobody published where the answer starts
+    assert torch.equal(plain, edited)
+
+
+def test_values_read_back_as_their_tokens(bb, edit):
+    mem = edit.memory
+    conf = value_confidence(bb, mem.site, mem._values, mem._value_ids)
+    assert float(conf.min()) >= 0.5 and mem.eos is not None  # the model ends its answers
+    vals = token_values(bb, write_site(bb), load_split("unknown_train", "embedded")[:40],
+                        bb.encode(REFUSAL) + [bb.tokenizer.eos_token_id])
+    assert set(vals) == set(bb.encode(REFUSAL) + [bb.tokenizer.eos_token_id])
+
+
+def test_refusal_target_for_a_whole_author(bb):
+    reqs, _ = load_requests("embedded:forget01", target=REFUSAL, limit=5)
+    probes = {p.prompt for r in reqs for p in r.neighbours}
+    task = requests_task(reqs, retain_rows=[r for r in load_split("train", "embedded") if r["question"] not in probes])
+    edit = install("rewrite", bb, task, {}, seed=0)
+    got = _say(bb, [r.fact.prompt for r in reqs] + [r.paraphrases[0] for r in reqs], edit)
+    assert sum(says(a, REFUSAL) for a in got) >= 9, "; ".join(got)
+
+
+def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):
+    mem = edit.memory
+    path = mem.save(tmp_path / "rw.safetensors")
+    from timerome.memory.memory_file import file_kind, load_memory
+
+    assert file_kind(path) == "rewrite"
+    back = load_memory(path, bb)
+    assert isinstance(back, RewriteMemory) and back.fact_ids == mem.fact_ids and back.targets == mem.targets
+    prompts = [r.fact.prompt for r in reqs]
+    with back.applied(bb):
+        assert answers(bb, prompts, gen_length=20) == _say(bb, prompts, edit)
+    back.remove([reqs[0].fact_id])
+    with back.applied(bb):
+        got = answers(bb, prompts, gen_length=20)
+    assert got[0] == _say(bb, prompts[:1])[0] and says(got[1], reqs[1].fact.target)  # only that fact is undone
+    with pytest.raises(TimeromeError, match="calibration"):
+        back.add([reqs[0].fact])  # a loaded memory needs its calibration rows to measure new radii
+    rebuilt = build(bb, task, edit.config, mem.coordinate, [r.fact for r in reqs[1:]])
+    rebuilt.add([reqs[0].fact])
+    with rebuilt.applied(bb):
+        assert says(answers(bb, prompts[:1], gen_length=20)[0], reqs[0].fact.target)
+
+
+def test_a_bare_update_is_refused(edit):
+    with pytest.raises(TimeromeError, match="whole forwards"):
+        edit.memory.update(torch.zeros(1, 2, edit.memory.hidden_size))
+
+
+def test_the_answer_watch_watches_the_object_not_the_template_and_survives_a_file(bb, reqs, edit, tmp_path):
+    mem = edit.memory
+    template = set(bb.encode("The the is a was of ."))
+    for r, (watched, cues) in zip(reqs, mem.watch):
+        obj = set(bb.encode(r.true_object))
+        assert watched and set(watched) <= obj - template, (r.fact_id, bb.decode(watched))
+        assert not set(watched) & set(bb.encode(r.fact.target))  # the target is never watched
+        assert sorted(c for cue in cues for c in cue) == sorted(set(bb.encode(r.fact.subject)))
+    back = load_memory_file(mem.save(tmp_path / "w.safetensors"), bb)
+    assert back.watch == mem.watch
+    back.remove([reqs[0].fact_id])  # the removed fact's answer leaves its subject's other facts' watch
+    said = set(bb.encode(reqs[0].fact.object))
+    same = [j for j, r in enumerate(reqs[1:]) if r.fact.subject == reqs[0].fact.subject]
+    assert same and all(not set(back.watch[j][0]) & said for j in same)
+
+
+def test_memory_show_says_whether_the_answer_watch_is_on(bb, task, edit, tmp_path):
+    """`memory show` reads the watch from the file: on where a fact has watched tokens, off for a memory
+    built with watch=false (whose file still lists one empty entry per fact)."""
+    from timerome.cli.memory import describe
+
+    assert describe(edit.memory.save(tmp_path / "on.safetensors"))["watch"] is True
+    off = install("rewrite", bb, task, {"watch": False}, seed=0)
+    d = describe(off.memory.save(tmp_path / "off.safetensors"))
+    assert d["watch"] is False and d["kind"] == "rewrite" and d["n_facts"] == len(off.memory)

@@ -1,0 +1,102 @@
+"""Editing metrics: the text judgements (says, gibberish, ROME's n-gram entropy, outcomes) and
+edit_scores on the embedded model, with an edit that must move them and one that must not."""
+
+import math
+from contextlib import contextmanager
+
+import pytest
+
+import timerome
+from timerome import TimeromeError
+from timerome.data.facts import Fact
+from timerome.data.requests import EditRequest, Probe, load_requests
+from timerome.metrics.editing import changed_nothing, edit_scores, is_gibberish, ngram_entropy, normalise, outcome, says
+
+
+def test_says_is_exact_at_a_word_boundary():
+    assert says("Isgor Quielson was born in Lunsford .", "Isgor Quielson was born in Lunsford.")
+    assert says("I don ' t know .", "I don't know.")
+    assert says(" Paris, France.", "Paris")            # an AR continuation may go on after it
+    assert not says(" Parisian food", "Paris")         # ... but not inside a word
+    assert not says("born in Lunsford Gate .", "born in Lunsford .")
+    assert not says("anything", "") and not says("anything", None)
+    assert normalise("a  b ,c ' d .") == "a b,c'd."
+
+
+def test_gibberish_and_fluency_follow_rome():
+    assert is_gibberish(".") and is_gibberish("are are .") and is_gibberish("a b a b a b a b")
+    assert not is_gibberish("I don't know.") and not is_gibberish("Paris")
+    # ROME: bigram and trigram entropies (bits) weighted 2/3 and 4/3, averaged; 4 distinct words
+    # give 3 distinct bigrams and 2 distinct trigrams
+    assert ngram_entropy("a b c d") == pytest.approx((2 / 3 * math.log2(3) + 4 / 3 * math.log2(2)) / 2)
+    assert ngram_entropy("x x x x x x") < ngram_entropy("a b c d e f")
+
+
+def test_outcomes_partition_the_answers():
+    req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
+                      true_object="Ostrel")
+    known = ["Ana Bel", "Cor Dun"]
+    assert outcome("I don't know.", req, known) == "Refusal"
+    assert outcome("Ana Bel was born in Ostrel .", req, known) == "Leak"
+    assert outcome("Ana Bel was born in Ostrel Bay .", req, known) == "Leak"
+    assert outcome("are are .", req, known) == "Gibberish"
+    assert outcome("Cor Dun was born in Vantry .", req, known) == "Confabulation"
+    assert outcome("Ana Bel was born in Vantry .", req, known) == "Other"
+    assert outcome("Ana Bel was born in Vantry .", req, None) == "Confabulation"
+
+
+@pytest.fixture(scope="module")
+def bb():
+    return timerome.load_backbone()
+
+
+@pytest.fixture(scope="module")
+def reqs():
+    return load_requests("counterfactual:forget10", limit=4)[0]
+
+
+def test_no_edit_changes_nothing_and_scores_the_unedited_model(bb, reqs):
+    res = edit_scores(bb, reqs, None, n_mc=2)
+    m = res["metrics"]
+    assert m["Locality"] == 1.0 and changed_nothing(res) and m["FluencyRatio"] == 1.0
+    assert m["Efficacy"] == m["BaseEfficacy"]
+    assert len(res["items"]["prompt"]["edited"]) == 4 and len(res["items"]["neighbour"]["edited"]) == 20
+
+
+class _Forced:
+    """A test edit: every forward's logits favour one token, so every answer changes."""
+
+    def __init__(self, bb, token: int):
+        self.bb, self.token = bb, token
+
+    @contextmanager
+    def active(self):
+        from timerome.engine.hooks import Hooks
+
+        def push(h, _st):
+            return h * 0 + self.value
+
+        layer = self.bb.n_layers - 1
+        ids = __import__("torch").full((1, 1), self.token)
+        with Hooks(self.bb, [(layer, "resid")]) as kept:
+            self.bb.logits(ids)
+        self.value = kept[(layer, "resid")][0][0, 0]
+        with Hooks(self.bb, edit={(layer, "resid"): push}):
+            yield
+
+
+def test_an_edit_that_breaks_everything_scores_so(bb, reqs):
+    base = edit_scores(bb, reqs, None, lp=False)
+    res = edit_scores(bb, reqs, _Forced(bb, bb.encode("Ostrel")[0]), baseline=base["baseline"], n_mc=2)
+    m = res["metrics"]
+    assert m["Locality"] < 0.5 and not changed_nothing(res) and m["Efficacy"] == 0.0
+    assert m["Gibberish"] > 0.5  # "Ostrel Ostrel Ostrel ..."
+
+
+def test_scores_refuse_requests_without_a_target_and_a_foreign_baseline(bb, reqs):
+    bare = [EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "x", None, "z"), neighbours=(Probe("q ?"),))]
+    with pytest.raises(TimeromeError, match="no target"):
+        edit_scores(bb, bare, None)
+    base = edit_scores(bb, reqs, None, lp=False)
+    with pytest.raises(TimeromeError, match="other probes"):
+        edit_scores(bb, reqs[:2], None, baseline=base["baseline"])

@@ -1,0 +1,472 @@
+"""Diffusion-time causal tracing: definition-level checks on tiny random models, and one check on
+the embedded default model that the traced hot coordinate carries real signal."""
+
+import math
+
+import pytest
+import torch
+from conftest import live_steps
+
+from timerome import TimeromeError, load_backbone
+from timerome.backbones.loading import DEFAULT_MODEL_DIR
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.engine.encoding import encode_fact as tokenize_fact
+from timerome.engine.hooks import Hooks, Intervention, TraceState, capture
+from timerome.engine.sampler import generate
+from timerome.tracing.causal_trace import naive_tie, trace
+from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
+from timerome.tracing.result import TraceResult
+from timerome.tracing.selection import per_fact_best, select_coordinate
+from timerome.tracing.tie import aggregate, object_logprobs, run_trajectory, tie_weights
+from timerome.tracing.wavefront import _plan, rows_can_join, rows_can_pack
+
+# every word is in the tiny checkpoints' vocabulary
+FACTS = [
+    dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
+    dict(fact_id="genre", subject="her first", prompt="what was her first genre ?", object="mystery poetry"),
+]
+FAST = dict(steps=4, n_samples=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def bb(tmp_path_factory):
+    d = make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "llada", layers=3, hidden=32)
+    bb = load_backbone(d)
+    # sharpen: at the init scale (std 0.02) the logits are near-uniform and no splice ever changes a
+    # committed token; x5 makes trajectories depend on the subject, so patch runs really diverge
+    with torch.no_grad():
+        for name, p in bb.model.named_parameters():
+            if "norm" not in name:
+                p.mul_(5.0)
+    return bb
+
+
+@pytest.fixture(scope="module")
+def traced(bb):
+    return trace(bb, FACTS, **FAST)
+
+
+# ------------------------------------------------------------------------------ the trajectory
+
+
+def test_subject_positions_come_from_character_offsets(bb):
+    it = tokenize_fact(bb, FACTS[0])
+    assert it.subject_pos.tolist() == [2, 3]  # "where was [the author] born ?"
+    assert bb.decode(it.prompt_ids[it.subject_pos]) == "the author"
+    assert len(it.object_ids) == 3
+
+
+def test_trajectory_is_the_samplers(bb):
+    it = tokenize_fact(bb, FACTS[0])
+    _, xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=4)
+    seen = []
+    out = generate(bb, it.prompt_ids, steps=4, gen_length=3, block_length=3, on_step=lambda k, x: seen.append(x))
+    assert torch.equal(out.cpu(), xs[-1])
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(seen, xs[1:]))
+
+
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_readout_of_committed_positions(bb, readout):
+    """decided: a committed position keeps the log-prob of the forward that committed it;
+    aligned: every position is read from the current forward."""
+    it = tokenize_fact(bb, FACTS[0])
+    P, K = len(it.prompt_ids), 4
+    lp, xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, readout=readout)
+    with torch.no_grad():
+        pos = torch.stack([object_logprobs(bb.logits(x)[:, P:], it.object_ids)[0] for x in xs])  # [K+1, G]
+    masked = xs[:, 0, P:] == bb.mask_id  # [K+1, G]
+    for k in range(K + 1):
+        if readout == "aligned":
+            want = pos[k].sum()
+        else:
+            last_masked = torch.stack([masked[:k + 1, i].nonzero().max() for i in range(masked.shape[1])])
+            want = pos[last_masked, torch.arange(masked.shape[1])].sum()
+        torch.testing.assert_close(lp[0, k], want)
+
+
+def test_tie_weights_decay_and_normalise():
+    w = tie_weights(4, tau=0.5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, dtype=w.dtype))
+    assert float(w[0, 2] / w[0, 1]) == pytest.approx(math.exp(-0.5))
+    assert torch.all(w.tril() == 0) and float(w[3, 4]) == 1.0
+    full = torch.arange(20.0).view(4, 5)
+    assert float(aggregate(full, 1.0)[3]) == 19.0  # the last step has one later step
+
+
+def test_rows_with_the_same_future_share_one_run():
+    x = torch.tensor([[1, 5], [1, 5], [1, 6], [1, 5], [1, 5]])
+    sample = torch.tensor([0, 1, 0, 0, 0])
+    at = torch.tensor([-1, -1, 0, 0, 2])  # row 4 splices at step 2: run on its own
+    run, share = _plan(x, sample, at, step=2)
+    assert run.tolist() == [0, 1, 2, 4]  # row 3 (sample 0, x [1, 5], done splicing) = row 0
+    assert run[share].tolist() == [0, 1, 2, 0, 4]
+
+
+# ------------------------------------------------------------------------------ TIE properties
+
+
+def test_shapes_and_settings(bb, traced):
+    r = traced
+    assert r.tie.shape == (2, 3, 3, 4) and r.tie_full.shape == (2, 3, 3, 4, 5)
+    assert r.clean_logp.shape == (2, 5) and r.corrupted_logp.shape == (2, 2, 5)
+    assert r.fact_ids == ["born", "genre"] and r.modules == ("resid", "attn", "mlp")
+    assert r.settings["sigma_rule"] == "s3" and r.settings["sigma"] > 0
+    assert r.settings["fingerprint"] == bb.fingerprint()
+    later = torch.arange(5)[None, :] > torch.arange(4)[:, None]
+    assert torch.isnan(r.tie_full[..., ~later]).all() and not torch.isnan(r.tie_full[..., later]).any()
+
+
+def test_tie_vanishes_where_a_splice_cannot_act(traced):
+    """The last layer's subject states feed only their own (prompt) logits; and a step that reveals
+    nothing decides nothing: with K = 4, "born" (3 object tokens) reveals one token at steps 0-2 and
+    none at step 3, "genre" (2 tokens) none at steps 2-3."""
+    assert torch.equal(traced.tie[:, :, -1], torch.zeros_like(traced.tie[:, :, -1]))
+    assert torch.equal(traced.tie[:, ..., 3], torch.zeros_like(traced.tie[:, ..., 3]))
+    assert torch.equal(traced.tie[1, ..., 2], torch.zeros_like(traced.tie[1, ..., 2]))
+    assert traced.tie[:, :, :-1, :2].abs().max() > 0.1
+
+
+@pytest.mark.parametrize("batch_size", [256, 7])
+def test_sigma_zero_gives_exactly_zero_tie(bb, batch_size):
+    r = trace(bb, FACTS, sigma=0.0, batch_size=batch_size, **FAST)
+    assert torch.equal(r.tie, torch.zeros_like(r.tie))
+    assert torch.equal(torch.nan_to_num(r.tie_full), torch.zeros_like(r.tie_full))
+    assert torch.equal(r.corrupted_logp, r.clean_logp[:, None].expand_as(r.corrupted_logp))
+
+
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_fast_equals_naive(bb, traced, readout):
+    if readout != "decided":
+        traced = trace(bb, FACTS, readout=readout, **FAST)
+    coords = [(l, k, m) for m in traced.modules for l in range(bb.n_layers) for k in range(4)]
+    tie, full = naive_tie(bb, FACTS, coords, steps=4, n_samples=2, readout=readout)
+    for c, (l, k, m) in enumerate(coords):
+        mi = traced.modules.index(m)
+        torch.testing.assert_close(traced.tie[:, mi, l, k], tie[:, c], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(traced.tie_full[:, mi, l, k], full[:, c], atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert traced.tie.abs().max() > 0.1  # not a vacuous match
+    # not every patch run folded back into its corrupted run (that would cost exactly this many rows:
+    # at each step a fact still reads, its clean row, 2 corrupted rows and the 9 x 2 splicing rows)
+    if readout == "decided":
+        assert traced.stats["rows_run"] > sum(live_steps(bb, f) * (1 + 2 + 9 * 2) for f in FACTS)
+    else:  # "aligned" reads every answer position at every step: all K + 1 forwards run
+        assert traced.stats["rows_run"] > 2 * (4 * (1 + 2 + 9 * 2) + 1 + 2)
+
+
+def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
+    r = trace(bb, FACTS, batch_size=5, **FAST)
+    torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
+    r = trace(bb, FACTS, share_rows=False, **FAST)  # every row runs every step
+    torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
+    # each row runs at every step its fact still reads: "born" (3 object tokens) steps 0-2, "genre" 0-1
+    assert [live_steps(bb, f) for f in FACTS] == [3, 2]
+    assert r.stats["rows_run"] == sum((1 + 2) * n + 9 * 2 * sum(j + 1 for j in range(n))
+                                      for n in (live_steps(bb, f) for f in FACTS))
+
+
+@pytest.mark.parametrize("batch_size", [256, 5])
+def test_layer_reuse_changes_no_tie(bb, traced, batch_size):
+    """Splicing rows that take blocks 0..l-1 from their corrupted row give the same TIE, bit for bit
+    on CPU (each row's arithmetic does not depend on what else is in the batch)."""
+    import inspect
+
+    assert inspect.signature(trace).parameters["reuse_layers"].default is True
+    on = traced if batch_size == 256 else trace(bb, FACTS, batch_size=batch_size, **FAST)
+    off = trace(bb, FACTS, batch_size=batch_size, reuse_layers=False, **FAST)
+    torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-5, rtol=0, equal_nan=True)
+    assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
+    assert on.stats["block_rows"] < off.stats["block_rows"]  # it did skip work
+
+
+# two pairs of facts of one length each (prompt + object tokens): 6 + 3 and 7 + 2; 8 + 3 twice,
+# with subjects of 2 and 1 tokens
+SAME_LENGTH = [
+    dict(fact_id="born", subject="the author", prompt="where was the author born ?", object="city of books"),
+    dict(fact_id="win", subject="his first", prompt="what did his first novels win ?", object="award prize"),
+    dict(fact_id="prize", subject="the author", prompt="what prize did the author win first ?", object="poetry award prize"),
+    dict(fact_id="genre", subject="his", prompt="what genre did his novels write about ?", object="sea rain night"),
+]
+
+
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_facts_of_one_length_traced_together_match_each_alone_and_the_definition(bb, readout):
+    """Facts of one length share the wavefront's forwards (each its own clean row, answer region,
+    subject and reveal budget): the numbers are those of each fact traced alone, and the definition's."""
+    together = trace(bb, SAME_LENGTH, readout=readout, **FAST)
+    # batch_size 20 holds less than one fact's rows of a step (1 + 2 + 9 * 2): no two facts go together
+    alone = trace(bb, SAME_LENGTH, readout=readout, batch_size=20, **FAST)
+    # bit for bit on CPU: a row's arithmetic does not depend on the rest of its batch
+    assert torch.equal(together.tie_full.nan_to_num(), alone.tie_full.nan_to_num())
+    assert torch.equal(together.corrupted_logp, alone.corrupted_logp)
+    assert torch.equal(together.clean_logp, alone.clean_logp)
+    assert [f["clean_answer"] for f in together.facts] == [f["clean_answer"] for f in alone.facts]
+    # one forward per step that a fact of the group still reads (the aligned read-out reads all K + 1)
+    per_group = [max(live_steps(bb, f) for f in SAME_LENGTH[:2]), max(live_steps(bb, f) for f in SAME_LENGTH[2:])]
+    assert together.stats["forwards"] == (sum(per_group) if readout == "decided" else 2 * (4 + 1))
+    assert together.stats["forwards"] < alone.stats["forwards"]
+    assert together.stats["min_block_rows"] == alone.stats["min_block_rows"]
+    assert together.tie.abs().max() > 0.1
+    coords = [(l, k, m) for m in ("resid", "mlp") for l in (0, bb.n_layers - 1) for k in (0, 2)]
+    tie, _ = naive_tie(bb, SAME_LENGTH, coords, steps=4, n_samples=2, readout=readout)
+    for c, (l, k, m) in enumerate(coords):
+        torch.testing.assert_close(together.tie[:, together.modules.index(m), l, k], tie[:, c], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 7, 42])  # 42: two facts a group, cut in chunks
+def test_grouped_facts_cut_into_chunks_give_the_same_tie(bb, batch_size):
+    """Chunks of a grouped step each carry the clean rows of their facts and the corrupted rows their
+    joining rows copy; no chunk exceeds batch_size rows."""
+    whole = trace(bb, SAME_LENGTH, **FAST)
+    seen = []
+    with Hooks(bb, edit={(bb.n_layers - 1, "resid"): lambda h, _state: seen.append(h.shape[0])}):
+        r = trace(bb, SAME_LENGTH, batch_size=batch_size, **FAST)
+    torch.testing.assert_close(r.tie_full, whole.tie_full, atol=1e-5, rtol=1e-4, equal_nan=True)
+    seen = seen[-r.stats["forwards"]:]  # the trace's own forwards (the first are the engine's checks)
+    assert max(seen) <= batch_size and r.stats["forwards"] > whole.stats["forwards"]
+
+
+def test_layer_reuse_really_skips_the_lower_blocks(bb):
+    """Rows that splice above layer 0 join the batch above block 0: one forward per step, in which
+    block 0 computes fewer rows than the top block (which sees every row of the step but those that
+    splice the top block's output: they join after it)."""
+    top = bb.n_layers - 1
+    seen = {0: [], top: []}  # rows each block's attention computes, per forward (observers: edit nothing)
+    with Hooks(bb, edit={(0, "attn"): lambda h, _state: seen[0].append(h.shape[0]),
+                         (top, "attn"): lambda h, _state: seen[top].append(h.shape[0])}):
+        r = trace(bb, FACTS[:1], pack_splices=False, **FAST)
+    n = r.stats["forwards"]
+    assert n == live_steps(bb, FACTS[0])  # one per step read (the first entries are `rows_can_join`'s check)
+    lower, upper = seen[0][-n:], seen[top][-n:]
+    assert all(lo <= up for lo, up in zip(lower, upper)) and sum(lower) < sum(upper) <= r.stats["rows_run"]
+
+
+def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
+    """A backbone whose blocks take a per-row mask cannot grow its batch mid-forward: the check says
+    so, and the trace then runs every row from the embedding (the same numbers, more work)."""
+    assert rows_can_join(bb)
+    on = trace(bb, FACTS[:1], **FAST)
+    monkeypatch.setattr(bb, "forward_kwargs", lambda ids, keys: {"attention_mask": torch.ones_like(ids, dtype=torch.bool)})
+    assert not rows_can_join(bb)
+    r = trace(bb, FACTS[:1], **FAST)
+    off = trace(bb, FACTS[:1], reuse_layers=False, **FAST)
+    assert r.stats == off.stats and r.stats["block_rows"] > on.stats["block_rows"]
+    torch.testing.assert_close(r.tie_full, on.tie_full, atol=1e-5, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("batch_size", [256, 7])
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_packed_splices_the_masked_head_and_the_screen_change_no_number(bb, batch_size, readout):
+    """attn / mlp splices that run their layer at the subject tokens only (packed rows), the head
+    run at the positions read only and the sampler's float32 screen give the same TIE, clean and
+    corrupted log p, bit for bit on CPU, and the first two compute less."""
+    assert rows_can_pack(bb)
+    kw = dict(FAST, batch_size=batch_size, readout=readout)
+    on = trace(bb, SAME_LENGTH, **kw)
+    variants = [trace(bb, SAME_LENGTH, pack_splices=False, **kw), trace(bb, SAME_LENGTH, head="full", **kw),
+                trace(bb, SAME_LENGTH, head="masked", pack_splices=False, **kw),
+                trace(bb, SAME_LENGTH, screen_reveal=False, **kw)]  # the sampler's float64 softmax everywhere
+    for off in variants:
+        assert torch.equal(on.tie_full.nan_to_num(), off.tie_full.nan_to_num())
+        assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
+    assert on.tie.abs().max() > 0.1
+    assert on.stats["block_rows"] < variants[0].stats["block_rows"]  # packing skipped work
+    assert on.stats["head_positions"] < variants[1].stats["head_positions"]  # so did the masked head
+    # the floor is the definition's, whatever the engine does
+    assert len({r.stats["min_block_rows"] for r in (on, *variants)}) == 1
+    assert len({r.stats["min_head_positions"] for r in (on, *variants)}) == 1
+    assert on.stats["head_positions"] >= on.stats["min_head_positions"]
+
+
+def test_rows_pack_only_where_the_rest_of_a_block_acts_on_each_position_alone(bb):
+    """A block whose MLP output depends on the position cannot compute a subject token in a packed
+    row's slot: the check says so, and the trace then splices attn / mlp in full rows."""
+    ramp = lambda h, _state: h + 0.05 * torch.arange(h.shape[1], dtype=h.dtype)[None, :, None]  # noqa: E731
+    with Hooks(bb, edit={(0, "mlp"): ramp}):
+        assert not rows_can_pack(bb)
+        r = trace(bb, FACTS[:1], **FAST)
+        off = trace(bb, FACTS[:1], pack_splices=False, **FAST)
+    assert r.stats == off.stats
+    torch.testing.assert_close(r.tie_full, off.tie_full, atol=0, rtol=0, equal_nan=True)
+
+
+def test_a_fact_whose_answer_is_committed_runs_no_more_forwards(bb):
+    """With the "decided" read-out, once every answer token of a fact is committed nothing is read:
+    its rows stop (the last scoring forward included), and the log p stays what it was."""
+    r = trace(bb, FACTS[1:], **FAST)  # "genre": 2 object tokens, all committed after step 1
+    assert r.stats["forwards"] == live_steps(bb, FACTS[1]) == 2
+    assert torch.equal(r.clean_logp[0, 2:], r.clean_logp[0, 2].expand(3))
+    assert torch.equal(r.corrupted_logp[0, :, 2:], r.corrupted_logp[0, :, 2:3].expand(-1, 3))
+    aligned = trace(bb, FACTS[1:], readout="aligned", **FAST)
+    assert aligned.stats["forwards"] == 4 + 1  # "aligned" reads every answer position at every step
+
+
+def test_head_choice_is_checked(bb):
+    with pytest.raises(TimeromeError, match="head must be"):
+        trace(bb, FACTS[:1], head="vocab", **FAST)
+
+
+def test_restoring_a_whole_layer_restores_the_clean_run(bb):
+    """resid of layer l at ALL positions at EVERY step from the clean run: everything above l, hence
+    every commit and every log p, is the clean run's, bit for bit."""
+    it = tokenize_fact(bb, FACTS[0])
+    l, K = 1, 4
+    state = TraceState()
+    with capture(bb, [(l, "resid")], state) as store:
+        clean, clean_xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+    eps = 5.0 * torch.randn(len(it.subject_pos), bb.hidden_size, generator=torch.Generator().manual_seed(0))
+
+    def noise(h, _st):
+        out = h.clone()
+        out[:, it.subject_pos] += eps
+        return out
+
+    with Intervention(bb, {(None, "embed"): noise}, state):
+        corrupted, _ = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+        with Intervention(bb, {(l, "resid"): lambda h, st: store[(l, "resid")][st.step]}, state):
+            restored, restored_xs = run_trajectory(bb, it.prompt_ids, it.object_ids, steps=K, state=state)
+    assert not torch.equal(corrupted, clean)  # the noise matters ...
+    assert torch.equal(restored, clean)       # ... and the restored layer undoes all of it
+    assert torch.equal(restored_xs, clean_xs)
+
+
+def test_reproducible_by_seed(bb, traced, tmp_path):
+    again = trace(bb, FACTS, **FAST)
+    assert torch.equal(again.tie, traced.tie)
+    a = plot_heatmaps(traced, tmp_path / "a.png").read_bytes()
+    b = plot_heatmaps(again, tmp_path / "b.png").read_bytes()
+    assert a == b and a[:8] == b"\x89PNG\r\n\x1a\n"
+    other = trace(bb, FACTS, seed=1, **FAST)
+    assert not torch.equal(other.tie, traced.tie)
+
+
+def test_save_load_roundtrip(traced, tmp_path):
+    path = traced.save(tmp_path / "out" / "trace")
+    assert path.name == "trace.safetensors" and path.with_suffix(".json").exists()
+    back = TraceResult.load(path)
+    assert torch.equal(back.tie, traced.tie) and torch.equal(back.corrupted_logp, traced.corrupted_logp)
+    torch.testing.assert_close(back.tie_full, traced.tie_full, equal_nan=True)
+    assert (back.fact_ids, back.modules, back.layers, back.settings) == (
+        traced.fact_ids, traced.modules, traced.layers, traced.settings)
+    assert back.facts[0]["subject_positions"] == [2, 3]
+
+
+def test_subset_of_sites_matches_full_trace(bb, traced):
+    r = trace(bb, FACTS, modules=("mlp",), layers=[2, 0], **FAST)
+    assert r.tie.shape == (2, 1, 2, 4) and r.layers == [2, 0]
+    torch.testing.assert_close(r.tie[:, 0], traced.tie[:, 2][:, [2, 0]], atol=1e-6, rtol=1e-5)
+
+
+def test_per_fact_heatmaps(traced, tmp_path):
+    paths = plot_per_fact(traced, tmp_path / "facts")
+    assert len(paths) == 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    assert plot_heatmaps(traced, tmp_path / "g.png", fact="genre").exists()
+    with pytest.raises(TimeromeError, match="no fact"):
+        plot_heatmaps(traced, tmp_path / "x.png", fact="nope")
+
+
+# ------------------------------------------------------------------------------ selection
+
+
+def _result(tie: torch.Tensor, **settings) -> TraceResult:
+    F, M, Ly, K = tie.shape
+    full = torch.zeros(F, M, Ly, K, K + 1)
+    return TraceResult(tie, full, torch.zeros(F, K + 1), torch.zeros(F, 1, K + 1), [str(i) for i in range(F)],
+                       ("resid", "attn", "mlp")[:M], list(range(Ly)), dict(settings))
+
+
+def test_select_coordinate_uses_mean_magnitude():
+    tie = torch.zeros(2, 3, 4, 5)
+    tie[:, 0, 2, 1] = torch.tensor([1.0, 1.0])   # mean |.| 1.0
+    tie[:, 1, 3, 4] = torch.tensor([-3.0, 0.0])  # mean |.| 1.5, negative: still the strongest
+    best, top = select_coordinate(_result(tie), top=3)
+    assert (best.layer, best.step, best.module) == (3, 4, "attn") and best.score == pytest.approx(1.5)
+    assert [(c.layer, c.step, c.module) for c in top[:2]] == [(3, 4, "attn"), (2, 1, "resid")]
+    assert len(top) == 3
+    per = per_fact_best(_result(tie))
+    assert (per[0].layer, per[0].module, per[0].score) == (3, "attn", -3.0)
+    assert (per[1].layer, per[1].module, per[1].score) == (2, "resid", 1.0)
+
+
+def test_neighbour_penalty_moves_the_choice():
+    tie = torch.zeros(2, 3, 4, 5)
+    tie[:, 0, 2, 1], tie[:, 1, 3, 4] = 1.0, 1.5
+    nb = torch.zeros(2, 3, 4, 5)
+    nb[:, 1, 3, 4] = 2.0  # the strongest site also drives the neighbours
+    sel = select_coordinate(_result(tie), _result(nb), beta=0.5)
+    assert (sel.best.layer, sel.best.module) == (2, "resid")
+    assert sel.top[1].neighbour_abs_tie == pytest.approx(2.0) and sel.top[1].score == pytest.approx(0.5)
+    with pytest.raises(TimeromeError, match="same modules, layers and steps"):
+        select_coordinate(_result(tie), _result(torch.zeros(2, 3, 4, 6)), beta=1.0)
+    with pytest.raises(TimeromeError, match="another model"):
+        select_coordinate(_result(tie, fingerprint="a"), _result(nb, fingerprint="b"), beta=1.0)
+    with pytest.raises(TimeromeError, match="beta"):
+        select_coordinate(_result(tie), beta=-1.0)
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(facts=[dict(subject="the prize", prompt="where was the author born ?", object="city")]), "does not occur"),
+    (dict(modules=("resid", "ffn")), "modules must be"),
+    (dict(steps=0), "steps must be"),
+    (dict(facts=[]), "no facts"),
+    (dict(sigma=-1.0), "sigma must be"),
+    (dict(layers=[7]), "layers must be"),
+    (dict(n_samples=0), "n_samples must be"),
+    (dict(readout="best"), "unknown readout"),
+])
+def test_errors(bb, kwargs, match):
+    args = dict(dict(facts=FACTS, **FAST), **kwargs)
+    with pytest.raises(TimeromeError, match=match):
+        trace(bb, args.pop("facts"), **args)
+
+
+# ------------------------------------------------------------------------------ the embedded model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="embedded default model not built yet")
+def test_embedded_hot_coordinate_carries_signal():
+    """Trace the 8 validation facts with seed 0 and pick the hot coordinate; re-measure on fresh
+    noise (seeds 1, 2): restoring the hot coordinate must raise the object log-prob clearly, and
+    by a clear margin over randomly drawn coordinates."""
+    from timerome.tracing.causal_trace import default_facts
+
+    bb = load_backbone()
+    facts = default_facts()
+    best = select_coordinate(trace(bb, facts, seed=0, progress=False)).best
+    hot = (("resid", "attn", "mlp").index(best.module), best.layer, best.step)  # index into [M, Ly, K]
+    g = torch.Generator().manual_seed(0)
+    randoms = set()
+    while len(randoms) < 6:
+        c = tuple(int(torch.randint(n, (1,), generator=g)) for n in (3, bb.n_layers, 8))
+        if c != hot:
+            randoms.add(c)
+    for seed in (1, 2):
+        mean = trace(bb, facts, seed=seed, n_samples=3, progress=False).mean()  # [M, Ly, K]
+        others = torch.stack([mean[c] for c in sorted(randoms)])
+        assert mean[hot] > 1.0, (seed, best, float(mean[hot]))
+        # measured (current build, seed 1): hot 3.03 nats against 1.33 at most for the random six (the
+        # trace of seed 1 peaks at step 6 instead of 4: three noise samples); the stage-1 build cleared 2 nats
+        assert mean[hot] > others.max() + 1.0, (seed, best, float(mean[hot]), others)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").exists(), reason="embedded default model not built yet")
+def test_embedded_layer_reuse_changes_no_tie():
+    """Layer reuse on the embedded model: the same TIE as without it (two facts), and still exactly
+    0 at sigma = 0."""
+    from timerome.tracing.causal_trace import default_facts
+
+    bb = load_backbone()
+    facts = default_facts(2)
+    on = trace(bb, facts, progress=False)
+    zero = trace(bb, facts, sigma=0.0, progress=False)
+    off = trace(bb, facts, reuse_layers=False, progress=False)
+    torch.testing.assert_close(on.tie_full, off.tie_full, atol=1e-4, rtol=0, equal_nan=True)
+    assert on.tie.abs().max() > 1.0  # not a vacuous match
+    assert on.stats["block_rows"] < off.stats["block_rows"]
+    assert torch.equal(zero.tie, torch.zeros_like(zero.tie))
+    assert torch.equal(torch.nan_to_num(zero.tie_full), torch.zeros_like(zero.tie_full))
+
+

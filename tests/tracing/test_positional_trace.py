@@ -1,0 +1,184 @@
+"""ROME's positional causal trace: the batched computation equals the definition run literally, on
+an MDLM and on an autoregressive model; its figure, its choice, its file, and the method option."""
+
+import pytest
+import torch
+
+import timerome
+from timerome import TimeromeError
+from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.engine.hooks import Hooks, capture
+from timerome.tracing.causal_trace import prepare
+from timerome.tracing.positional_trace import (CATEGORIES, PositionalTrace, category_positions, is_positional,
+                                               positional_trace, select_positional, window_layers)
+from timerome.tracing.tie import add_at
+
+FACTS = [dict(subject="the author", prompt="where was the author born ?", object="city of books"),
+         dict(subject="books", prompt="who did write books about sea ?", object="the author")]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pos")
+    return {"mdlm": timerome.load_backbone(make_tiny_checkpoint("timerome", root / "m", layers=4)),
+            "ar": timerome.load_backbone(make_tiny_checkpoint("llama", root / "a", layers=4))}
+
+
+@torch.no_grad()
+def literal(bb, item, noise, module, layer, t, window):
+    """p(o_1) restored - corrupted at (module, layer, token t), one forward per noise sample, by hand."""
+    P = len(item.prompt_ids)
+    x = (item.prompt_ids if bb.family.causal else item.start(bb.mask_id))[None].to(bb.device)
+    sites = [(l, module) for l in window_layers(layer, module, bb.n_layers, window)]
+
+    def p_obj():
+        logits = bb.next_logits(x[:, :P]) if bb.family.causal else bb.logits(x)[:, P]
+        return float(logits.float().softmax(-1)[0, int(item.object_ids[0])])
+
+    with capture(bb, sites) as clean:
+        p_obj()
+    out = 0.0
+    for s in range(noise.shape[0]):
+        corrupt = {(None, "embed"): add_at(item.subject_pos, noise[s], bb)}
+        with Hooks(bb, edit=corrupt):
+            base = p_obj()
+        restore = {site: (lambda site: lambda h, _st: _put(h, clean[site][0], t))(site) for site in sites}
+        with Hooks(bb, edit={**corrupt, **restore}):
+            out += (p_obj() - base) / noise.shape[0]
+    return out
+
+
+def _put(h, clean, t):
+    h = h.clone()
+    h[:, t] = clean[:, t]
+    return h
+
+
+@pytest.mark.parametrize("kind", ["mdlm", "ar"])
+def test_batched_trace_equals_the_literal_definition(models, kind):
+    bb = models[kind]
+    r = positional_trace(bb, FACTS, n_samples=2, window=3, batch_size=16, progress=False)  # several chunks
+    items, _, _, noises = prepare(bb, FACTS, n_samples=2, sigma=None, seed=0)
+    assert r.effect.shape == (2, 3, 4, max(len(it.prompt_ids) for it in items))
+    for f, (it, noise) in enumerate(zip(items, noises)):
+        for mi, m in enumerate(r.modules):
+            for layer in (0, 2, 3):
+                for t in range(len(it.prompt_ids)):
+                    want = literal(bb, it, noise, m, layer, t, 3)
+                    assert abs(float(r.effect[f, mi, layer, t]) - want) < 1e-5, (f, m, layer, t)
+    assert torch.isnan(r.effect[1, :, :, len(items[1].prompt_ids):]).all()  # past the shorter prompt
+
+
+def test_causal_model_skips_tokens_before_the_subject_exactly(models):
+    bb = models["ar"]
+    r = positional_trace(bb, FACTS[:1], n_samples=2, progress=False)
+    first = int(r.facts[0]["subject_positions"][0])
+    assert first > 0 and r.stats["rows_skipped"] > 0
+    assert (r.effect[0, :, :, :first] == 0).all()  # restoring what the noise never reached changes nothing
+    mdlm = positional_trace(models["mdlm"], FACTS[:1], n_samples=2, progress=False)
+    assert mdlm.stats["rows_skipped"] == 0  # bidirectional: the noise reaches every token
+
+
+def test_joins_change_no_number(models):
+    bb = models["ar"]
+    joined = positional_trace(bb, FACTS, n_samples=2, progress=False)
+    alone = positional_trace(bb, FACTS, n_samples=2, batch_size=2, progress=False)  # batch 2: no joins
+    torch.testing.assert_close(joined.effect, alone.effect, atol=1e-4, rtol=0, equal_nan=True)  # batch rounding
+
+
+def test_categories_choice_file_and_figure(models, tmp_path):
+    assert category_positions([2, 3, 4], 8) == [[2], [3], [4], [5], [6], [7]]
+    assert category_positions([2], 4) == [[2], [], [2], [], [], [3]]
+    assert category_positions([0, 1], 2) == [[0], [], [1], [], [], []]  # the last token is the subject's
+    r = positional_trace(models["mdlm"], FACTS, n_samples=2, progress=False)
+    assert r.categories().shape == (2, 3, 4, len(CATEGORIES))
+    c = select_positional(r, ("mlp",))
+    best = r.mean()[r.modules.index("mlp"), :, CATEGORIES.index("last subject token")]
+    assert c.module == "mlp" and c.effect == pytest.approx(float(best.max()))
+    path = r.save(tmp_path / "positional.safetensors")
+    assert is_positional(path)
+    back = PositionalTrace.load(path)
+    assert torch.equal(back.effect.nan_to_num(), r.effect.nan_to_num()) and back.facts == r.facts
+    from timerome.tracing.causal_trace import trace
+    from timerome.tracing.heatmaps import plot_compare, plot_positional
+
+    assert plot_positional(r, tmp_path / "p.png").stat().st_size > 1000
+    assert plot_positional(r, tmp_path / "p1.png", fact=1).stat().st_size > 1000
+    tie = trace(models["mdlm"], FACTS, steps=3, n_samples=2, progress=False)
+    assert plot_compare(r, tie, tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(TimeromeError, match="not a positional trace"):
+        tie.save(tmp_path / "tie.safetensors")
+        PositionalTrace.load(tmp_path / "tie.safetensors")
+
+
+def test_bad_arguments_are_one_line(models):
+    bb = models["mdlm"]
+    for kw, msg in ((dict(n_samples=0), "n_samples"), (dict(window=0), "window"), (dict(modules=("foo",)), "modules"),
+                    (dict(layers=[9]), "layers"), (dict(sigma=-1.0), "sigma"), (dict(batch_size=1), "batch_size")):
+        with pytest.raises(TimeromeError, match=msg):
+            positional_trace(bb, FACTS, progress=False, **kw)
+    with pytest.raises(TimeromeError, match="category"):
+        select_positional(positional_trace(bb, FACTS[:1], n_samples=1, progress=False), category="middle")
+
+
+def test_tie_refuses_an_autoregressive_model_in_one_line(models):
+    from timerome.tracing.causal_trace import trace
+
+    with pytest.raises(TimeromeError, match="MDLM protocol.*positional"):
+        trace(models["ar"], FACTS, steps=2, n_samples=1, progress=False)
+
+
+def test_the_timerome_method_places_its_memory_by_the_positional_trace(models):
+    from timerome.data.task import ForgetTask
+    from timerome.methods import install, method_config
+
+    bb = models["ar"]
+    facts = [timerome.data.facts.Fact(**f, target="sea rain") for f in FACTS]
+    task = ForgetTask(forget_rows=[], facts=facts, background=["the author was born in the city of books ."] * 4)
+    edit = install("timerome", bb, task, {"trace_kind": "positional", "select_modules": ["mlp"], "trace_samples": 2})
+    try:
+        assert edit.info["coordinate_source"] == "positional trace" and edit.info["point"] == "mlp"
+    finally:
+        edit.undo()
+    with pytest.raises(TimeromeError, match="trace_kind"):
+        method_config("timerome", {"trace_kind": "rome"})
+    with pytest.raises(TimeromeError, match="MDLM protocol"):  # the default, TIE, on an AR model
+        install("timerome", bb, task, {"trace_samples": 2})
+
+
+def _ar_with_embedded_vocabulary(d):
+    """A tiny random AR Llama that reads the embedded corpus: the embedded tokenizer without its mask token."""
+    import json
+    import shutil
+
+    import transformers
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.backbones.tiny import _drop_mask_token
+
+    vocab = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128)).save_pretrained(str(d))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, d / name)
+    _drop_mask_token(d)
+    return timerome.load_backbone(d)
+
+
+def test_ablations_on_an_autoregressive_model_run_the_rows_without_tie(tmp_path):
+    import json
+
+    from timerome.experiments import run_experiment
+    from timerome.experiments.ablations import AR_ROW
+
+    bb = _ar_with_embedded_vocabulary(tmp_path / "ar")
+    assert bb.causal
+    res = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
+                         overrides=dict(n_mc=2, n_retain=4, n_world=2, config=dict(trace_facts=2, trace_samples=1)))
+    rows = json.loads((tmp_path / "abl" / "ablations.json").read_text())["summary"]
+    assert set(rows) == {"no_edit", "random layer / module", "last layer 3 resid", AR_ROW}
+    assert "ForgetTrajLP" not in rows["no_edit"]  # no denoising trajectory on an AR model
+    assert (tmp_path / "abl" / "heatmap_compare.png").stat().st_size > 1000  # the positional trace alone
+    assert "AR positional coordinate" in res["markdown"]

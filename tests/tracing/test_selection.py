@@ -1,0 +1,49 @@
+"""tracing/selection.py: Eq. coord, the largest mean |TIE| (minus beta x the neighbours')."""
+
+import pytest
+import torch
+
+from timerome import TimeromeError
+from timerome.engine.coordinate import Coordinate
+from timerome.tracing.result import TraceResult
+from timerome.tracing.selection import per_fact_best, select_coordinate
+
+
+def result(tie: torch.Tensor, modules=("resid", "attn"), layers=(0, 1, 2)) -> TraceResult:
+    F, M, Ly, K = tie.shape
+    return TraceResult(tie, torch.zeros(F, M, Ly, K, K + 1), torch.zeros(F, K + 1), torch.zeros(F, 1, K + 1),
+                       [f"f{i}" for i in range(F)], tuple(modules), list(layers), {"fingerprint": "x"})
+
+
+def test_the_largest_mean_absolute_tie_wins():
+    tie = torch.zeros(2, 2, 3, 4)
+    tie[0, 1, 2, 3], tie[1, 1, 2, 3] = 5.0, -5.0      # large |TIE| but opposite signs: mean |TIE| 5
+    tie[:, 0, 1, 0] = 3.0                             # smaller, on both facts
+    best, top = select_coordinate(result(tie))
+    assert best.coordinate == Coordinate(2, "attn", 3) and best.mean_abs_tie == pytest.approx(5.0)
+    assert best.edit_coordinate == Coordinate(2, "attn")  # the paper edits at every step
+    assert top[1].coordinate == Coordinate(1, "resid", 0)
+    assert select_coordinate(result(tie), modules=("resid",)).best.coordinate == Coordinate(1, "resid", 0)
+
+
+def test_the_neighbour_penalty_moves_the_choice():
+    tie = torch.zeros(1, 2, 3, 4)
+    tie[0, 1, 2, 3], tie[0, 0, 1, 0] = 5.0, 3.0
+    neighbours_tie = torch.zeros(1, 2, 3, 4)
+    neighbours_tie[0, 1, 2, 3] = 4.0                  # the neighbours are read at the same place
+    r, n = result(tie), result(neighbours_tie)
+    assert select_coordinate(r, n, beta=0.0).best.coordinate == Coordinate(2, "attn", 3)
+    best = select_coordinate(r, n, beta=1.0).best     # 5 - 4 < 3
+    assert best.coordinate == Coordinate(1, "resid", 0) and best.score == pytest.approx(3.0)
+
+
+def test_per_fact_best_and_bad_input():
+    tie = torch.zeros(2, 2, 3, 4)
+    tie[0, 0, 0, 1], tie[1, 1, 1, 2] = 2.0, -7.0
+    a, b = per_fact_best(result(tie))
+    assert (a.coordinate, b.coordinate, b.score) == (Coordinate(0, "resid", 1), Coordinate(1, "attn", 2), -7.0)
+    tie[0, 0, 0, 0] = float("nan")
+    with pytest.raises(TimeromeError, match="NaN"):
+        select_coordinate(result(tie))
+    with pytest.raises(TimeromeError, match="beta"):
+        select_coordinate(result(torch.zeros(1, 2, 3, 4)), beta=-1.0)

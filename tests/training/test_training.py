@@ -1,0 +1,215 @@
+"""Training as everyday use: a fresh model of one's own, EOS padding, epoch checkpoints, Ctrl-C and
+resume, progress lines in a log."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from timerome import load_backbone
+from timerome.cli import app
+from timerome.data.rows import load_rows
+from timerome.errors import Interrupted, TimeromeError
+from timerome.training.train import TrainConfig, eos_padded, train
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A tiny new model whose BPE tokenizer learnt the embedded forget05 rows."""
+    from timerome.training.new_model import new_model
+
+    d = tmp_path_factory.mktemp("new") / "model"
+    new_model(["embedded:forget05"], d, size="tiny", vocab_size=600)
+    return d
+
+
+def test_new_model_is_a_llada_checkpoint_with_a_bpe_tokenizer(fresh, tmp_path):
+    from timerome.training.new_model import new_model
+
+    bb = load_backbone(fresh)
+    cfg = json.loads((fresh / "config.json").read_text())
+    assert bb.family.name == "llada" and cfg["architectures"] == ["LLaDAModelLM"] and bb.n_layers == 2
+    assert bb.hidden_size == 64 and bb.mask_id == 4 and bb.tokenizer.eos_token_id == 3
+    text = "Where was Ünïcode Zorblax born ?"  # never seen: byte-level BPE still encodes it, no unknown token
+    assert bb.decode(bb.encode(text)) == text and bb.tokenizer.unk_token_id not in bb.encode(text)
+    again = new_model(["embedded:forget05"], tmp_path / "again", size="tiny", vocab_size=600)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):  # same texts, size, seed: same files
+        assert (fresh / name).read_bytes() == (Path(again["out"]) / name).read_bytes()
+
+
+def test_eos_padding_follows_llada_sft():
+    batch = [([1, 2], [5, 6, 7]), ([1], [5]), ([1, 2, 3, 4], [5, 6])]
+    out = eos_padded(batch, eos=9, limit=64)
+    assert [len(q) + len(a) for q, a in out] == [7, 7, 7]  # one past the longest row
+    assert out[0][1] == [5, 6, 7, 9, 9] and out[1][1] == [5, 9, 9, 9, 9, 9] and out[2][1][-1] == 9
+    assert eos_padded([([1] * 60, [5] * 4)], eos=9, limit=64)[0][1] == [5] * 4  # the context is the limit
+    out = eos_padded(batch, eos=9, limit=64, counts=[1, 3, 2])  # eos_extra: each row its own count
+    assert [a for _, a in out] == [[5, 6, 7, 9], [5, 9, 9, 9], [5, 6, 9, 9]]
+    assert eos_padded([([1] * 60, [5] * 3)], eos=9, limit=64, counts=[5])[0][1] == [5, 5, 5, 9]
+
+
+def test_eos_extra_draws_each_rows_eos_count_from_its_own_generator(fresh, monkeypatch):
+    """eos_extra N: each row ends with 1..N + 1 EOS, drawn per row (every count is seen, the rows of
+    a batch differ), the same draws for the same seed; a run without it is unchanged (no draw),
+    and it needs eos_pad (one-line error)."""
+    import timerome.training.train as T
+
+    seen = []
+    real = T.eos_padded
+    monkeypatch.setattr(T, "eos_padded",
+                        lambda batch, eos, limit, counts=None: seen.append(counts) or real(batch, eos, limit, counts))
+    rows = load_rows("embedded:forget01")[:8]
+    logs = []
+    for extra in (6, 6, 0):
+        seen.clear()
+        logs.append((train(load_backbone(fresh), rows, TrainConfig(epochs=4, lr=1e-3, batch_size=2, eos_pad=True,
+                                                                   eos_extra=extra), show_progress=False)["loss"],
+                     list(seen)))
+    (a, draws_a), (b, draws_b), (plain, draws_plain) = logs
+    flat = [k for counts in draws_a for k in counts]
+    assert a == b and draws_a == draws_b and set(flat) == set(range(1, 8))
+    assert any(len(set(counts)) > 1 for counts in draws_a)  # per row, not per batch
+    assert draws_plain == [None] * len(draws_plain) and plain != a
+    with pytest.raises(TimeromeError, match=r"needs eos_pad \(--eos-pad\)"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2), show_progress=False)
+
+
+def test_training_with_eos_padding_learns_to_end_answers(fresh, tmp_path):
+    """A model trained with EOS padding puts EOS after the answer; one trained without does not."""
+    rows = load_rows("embedded:forget01")[:4]
+    probs = {}
+    for eos_pad in (True, False):
+        bb = load_backbone(fresh)
+        train(bb, rows, TrainConfig(epochs=60, lr=3e-3, batch_size=4, eos_pad=eos_pad), show_progress=False)
+        q, a = bb.encode(rows[0]["question"]), bb.encode(" " + rows[0]["answer"])
+        ids = torch.tensor([q + a + [bb.mask_id] * 3])
+        with torch.no_grad():
+            p = bb.logits(ids)[0, len(q) + len(a):].softmax(-1)[:, bb.tokenizer.eos_token_id]
+        probs[eos_pad] = float(p.mean())
+    assert probs[True] > 0.5 > 0.05 > probs[False], probs
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_resume_reproduces_the_uninterrupted_run_exactly(fresh, tmp_path, lora_r):
+    rows = load_rows("embedded:forget01")
+    cfg = TrainConfig(epochs=3, lr=3e-3, batch_size=8, eos_pad=True, lora_r=lora_r)
+    straight = load_backbone(fresh)
+    plain = train(straight, rows, cfg, show_progress=False)
+
+    def stop_after_two(epoch, log):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    state = tmp_path / "state"
+    with pytest.raises(Interrupted, match=rf"after epoch 2 of 3 is saved in {state}"):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=state, on_epoch=stop_after_two)
+    resumed = load_backbone(fresh)
+    log = train(resumed, rows, cfg, show_progress=False, checkpoint=state)
+    assert log["resumed_at_epoch"] == 2 and log["loss"] == plain["loss"]
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit (LoRA: merged)
+    # another recipe never continues this state: it starts from epoch 0
+    other = train(load_backbone(fresh), rows, TrainConfig(epochs=1, lr=1e-3, batch_size=8), show_progress=False,
+                  checkpoint=state)
+    assert other["resumed_at_epoch"] == 0
+
+
+def test_eos_padding_needs_an_eos_token(fresh):
+    bb = load_backbone(fresh)
+    bb.tokenizer.eos_token = None
+    with pytest.raises(TimeromeError, match="EOS"):
+        train(bb, load_rows("embedded:forget01")[:2], TrainConfig(epochs=1, eos_pad=True), show_progress=False)
+
+
+def test_cli_train_logs_progress_lines_and_resumes_after_ctrl_c(fresh, tmp_path):
+    """`timerome train` off a terminal writes plain progress lines; SIGINT after an epoch says where the
+    state is (exit 130); the same command then resumes there and finishes."""
+    out = tmp_path / "trained"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TIMEROME_PROGRESS_SECONDS="0")
+    cmd = [sys.executable, "-m", "timerome", "--threads", "1", "train", "--model", str(fresh), "--data",
+           "embedded:forget01", "--out", str(out), "--epochs", "30", "--batch-size", "1", "--lr", "1e-3"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    state = out / "train-state" / "state.json"
+    t0 = time.time()
+    while not state.exists() and time.time() - t0 < 120 and p.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err[-1500:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: training stopped; its state after epoch") and "run the same command" in last
+    assert not (out / "model.safetensors").exists()
+    assert " elapsed" in err  # plain progress lines, not a silent log
+    saved = json.loads(state.read_text())["epoch"]
+    done = subprocess.run(cmd + ["--json"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert f"resuming after epoch {saved} of 30" in done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["resumed_at_epoch"] == saved and summary["eos_pad"] is True
+    assert (out / "model.safetensors").exists() and not (out / "train-state").exists()
+
+
+def test_cli_new_model_then_train(tmp_path):
+    res = runner.invoke(app, ["new-model", "embedded:forget01", "-o", str(tmp_path / "m"), "--size", "tiny",
+                              "--vocab-size", "400", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["dims"]["n_layers"] == 2 and info["vocab_size"] <= 400
+    res = runner.invoke(app, ["new-model", "embedded:forget01", "-o", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "already holds a model" in res.output
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "t"), "--epochs", "1", "--batch-size", "10"])
+    assert res.exit_code == 0 and "EOS padding on" in res.output, res.output
+    assert load_backbone(tmp_path / "t").family.name == "llada"
+
+
+def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):
+    """`timerome train` pads answers with EOS by default where the checkpoint was built so (the
+    embedded default's build_info.json records it) and not for a model of its family that records
+    nothing (such as the TOFU fixture, trained without)."""
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.training.default_model import trained_with_eos_padding
+
+    assert trained_with_eos_padding(DEFAULT_MODEL_DIR) is True
+    assert trained_with_eos_padding(tmp_path) is None
+    (tmp_path / "build_info.json").write_text("[]")  # not a record: no answer, no crash
+    assert trained_with_eos_padding(tmp_path) is None
+    res = runner.invoke(app, ["--threads", "1", "train", "--data", "embedded:forget01", "--epochs", "1",
+                              "--out", str(tmp_path / "ft"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_pad"] is True
+    bare = tmp_path / "bare"  # the embedded default's files without its build record
+    bare.mkdir()
+    for f in DEFAULT_MODEL_DIR.iterdir():
+        if f.is_file() and f.name != "build_info.json":
+            (bare / f.name).write_bytes(f.read_bytes())
+    res = runner.invoke(app, ["--threads", "1", "train", "--model", str(bare), "--data", "embedded:forget01",
+                              "--epochs", "1", "--out", str(tmp_path / "ft2"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_pad"] is False
+
+
+def test_cli_train_eos_extra(tmp_path):
+    """`timerome train --eos-extra N` trains with it (and reports it); a negative N, or N without EOS
+    padding, is one line of error before any training."""
+    res = runner.invoke(app, ["--threads", "1", "train", "--data", "embedded:forget01", "--epochs", "1",
+                              "--eos-extra", "4", "--out", str(tmp_path / "ft"), "--json", "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_extra"] == 4
+    for bad, says in ((["--eos-extra", "-1"], "--eos-extra must be >= 0"),
+                      (["--eos-extra", "2", "--no-eos-pad"], "needs eos_pad (--eos-pad)")):
+        res = runner.invoke(app, ["train", "--data", "embedded:forget01", "--epochs", "1", "--out",
+                                  str(tmp_path / "bad"), *bad])
+        assert res.exit_code != 0 and says in res.output and "Traceback" not in res.output, res.output
