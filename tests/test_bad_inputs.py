@@ -285,7 +285,7 @@ def catalogue(f, tmp):
          "--insist"),
         ("config n_mc 1e18", ["experiment", "canonical", "-c", f["cfg_nmc_huge"], "-o", tmp / "e"], "--insist"),
         ("method steps 1e12", ["experiment", "canonical", "-c", '{"methods": [{"method": "ga", "config": '
-                                                                  '{"steps": 1000000000000}}]}', "-o", tmp / "e"],
+                                                                  '{"grad_steps": 1000000000000}}]}', "-o", tmp / "e"],
          "--insist"),
         ("config.json n_layers 1e9", ["info", "--model", f["layers_huge"]], "--insist"),
         # experiment configs: the numbers inside them
@@ -425,7 +425,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: log_likelihood_batch(bb, [[1, 2]], [[3]], n_mc=10**18), "insist"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, n_mc=10**18), "insist"),
         (lambda: install("timerome", bb, task, {"alpha": nan}), "alpha"),
-        (lambda: install("ga", bb, task, {"steps": 10**12}), "insist"),
+        (lambda: install("ga", bb, task, {"grad_steps": 10**12}), "insist"),
         (lambda: install("no_edit", bb, task, {}, seed=-1), "seed"),
         (lambda: run_experiment("canonical", overrides={"methods": [{"method": "timerome", "config": {"alpha": nan}}]},
                                 out_dir=tmp_path / "e", backbone=bb), "NaN"),

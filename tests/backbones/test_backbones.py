@@ -566,7 +566,7 @@ def test_rome_and_memit_edit_an_ar_model_with_the_next_token_loss(ar_backbones, 
     assert float(loss) == pytest.approx(-target_lp() / len(t), abs=1e-4)
     before = target_lp()
     for method in ("rome", "memit"):
-        edit = install(method, bb, task, {"steps": 20}, seed=0)
+        edit = install(method, bb, task, {"grad_steps": 20}, seed=0)
         try:
             # a random tiny model barely moves (tests/backbones/test_real_model.py measures real edits on a real one):
             # ROME's target is more likely all the same; MEMIT's update runs (GPT-2: through its Conv1D)

@@ -117,9 +117,9 @@ def test_rome_and_memit_counterfactual_edits_reach_romes_efficacy(smol, facts, b
     task, unrelated = facts
     edits = task.facts[:N_EDITS]
     batch = ForgetTask(task.forget_rows, edits, task.retain_rows, background=task.background)
-    s = each_edit_alone(smol, "rome", batch, {"steps": 10, "stats_samples": 100}, unrelated, before)
+    s = each_edit_alone(smol, "rome", batch, {"grad_steps": 10, "stats_samples": 100}, unrelated, before)
     assert s["n_facts"] == N_EDITS and s["efficacy"] >= 0.9 and s["locality"] >= 0.9, s
-    edit = install("memit", smol, batch, {"steps": 10, "stats_samples": 100}, seed=0)
+    edit = install("memit", smol, batch, {"grad_steps": 10, "stats_samples": 100}, seed=0)
     try:
         s = counterfactual_scores(smol, edits, unrelated, before, edit=edit)
     finally:

@@ -1,4 +1,4 @@
-"""engine/settings.py: one default per setting, read by the API and the CLI alike."""
+"""engine/settings.py: one default per setting (sampler, likelihood, trace, edit), read by the API and the CLI alike."""
 
 import dataclasses
 import inspect
@@ -37,3 +37,18 @@ def test_settings_are_frozen_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SAMPLER.steps = 3
     assert dataclasses.replace(SAMPLER, steps=64).steps == 64 and SAMPLER.steps == 128
+
+
+def test_the_edit_defaults_are_the_paper_memorys_and_the_methods():
+    from timerome.cli.evaluate import eval_cmd
+    from timerome.engine.settings import EDIT
+    from timerome.memory.edit_memory import EditMemory
+    from timerome.methods import method_config
+
+    sig = inspect.signature(EditMemory.__init__).parameters
+    assert (sig["alpha"].default, sig["lam"].default, sig["q"].default, sig["key_metric"].default,
+            sig["target"].default) == (EDIT.alpha, EDIT.lam, EDIT.q, EDIT.key_metric, EDIT.target)
+    cfg = method_config("timerome")
+    assert (cfg["alpha"], cfg["lam"], cfg["q"], cfg["key_metric"], cfg["target"]) == \
+        (EDIT.alpha, EDIT.lam, EDIT.q, EDIT.key_metric, EDIT.target)
+    assert default(eval_cmd, "target").default == EDIT.target

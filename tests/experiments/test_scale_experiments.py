@@ -60,7 +60,7 @@ def test_every_table_carries_the_compute_accounting(bb, tmp_path):
 @pytest.fixture(scope="module")
 def npo_run(bb, runs):
     over = dict(TOY, methods=("npo", "simnpo"), lr=(3e-5,), beta=(0.1,), retain_w=(1.0,), steps=3, extra=(),
-                unmitigated=({"method": "npo", "lr": 3e-2, "safe": False, "steps": 6},),
+                unmitigated=({"method": "npo", "lr": 3e-2, "safe": False, "grad_steps": 6},),
                 compare=({"method": "timerome", "config": {}},))
     return run_experiment("npo_sweep", seeds=(0, 1), out_dir=runs / "npo_sweep", overrides=over, progress=False,
                           backbone=bb)
@@ -116,7 +116,7 @@ def test_xbackbone_runs_on_every_family_checkpoint(tmp_path):
     models = [str(FIXTURES / f / "checkpoint") for f in FAMILIES]
     if not all((FIXTURES / f / "checkpoint" / "config.json").exists() for f in FAMILIES):
         pytest.fail(f"backbone fixtures missing: looked in {FIXTURES}")
-    methods = ({"method": "no_edit"}, {"method": "simnpo", "config": {"steps": 2}},
+    methods = ({"method": "no_edit"}, {"method": "simnpo", "config": {"grad_steps": 2}},
                {"method": "timerome", "config": {"alpha": 2.0, "q": 4}})
     refs = [models[1]] + [None] * 4  # llada measured against another model (meaningless, but the KS path runs)
     res = run_experiment("xbackbone", seeds=(0, 1), out_dir=tmp_path, progress=False,

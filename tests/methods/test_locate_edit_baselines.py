@@ -187,8 +187,8 @@ def test_memit_update_is_the_least_squares_solution():
     d, H, F = 10, 4, 3
     C, K = _spd(d, g), torch.randn(F, d, generator=g, dtype=torch.float64)
     R = torch.randn(F, H, generator=g, dtype=torch.float64)
-    dW = L.memit_update(K, R, C, lam=2.0)
-    # normal equations of |dW K^T - R^T|^2 + lam tr(dW C dW^T)
+    dW = L.memit_update(K, R, C, weight=2.0)
+    # normal equations of |dW K^T - R^T|^2 + w tr(dW C dW^T), w = 2
     assert torch.allclose(dW @ (2.0 * C + K.T @ K), R.T @ K)
 
 
@@ -215,7 +215,7 @@ def test_null_projector_relative_threshold_and_alphaedit_span():
 
 
 @pytest.mark.parametrize("method, over", [
-    ("rome", {"steps": 0}), ("memit", {"layers": []}), ("memit", {"layers": [0, "x"]}), ("ga", {"batch_size": 0}),
+    ("rome", {"grad_steps": 0}), ("memit", {"layers": []}), ("memit", {"layers": [0, "x"]}), ("ga", {"batch_size": 0}),
     ("ga", {"lr": "fast"}), ("ga", {"safe": "yes"}), ("timerome", {"trace_facts": 0}), ("npo", {"steps": 2.5}),
 ])
 def test_bad_options_are_refused_by_name(method, over):

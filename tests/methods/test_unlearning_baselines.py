@@ -139,7 +139,7 @@ def test_inference_restores_when_the_body_raises(bb, task, rows, base):
 
 def test_safe_protocol_prevents_the_collapse(bb, task, rows, base):
     # a learning rate at which plain GA destroys the model within a few dozen steps
-    hot = {"lr": 3e-3, "steps": 30}
+    hot = {"lr": 3e-3, "grad_steps": 30}
     unsafe = install("ga", bb, task, dict(hot, safe=False), seed=0)
     collapsed = mean_answer_lp(bb, rows["retain"])
     unsafe.undo()
@@ -165,10 +165,10 @@ def test_seeded(bb, task, rows):
         edit.undo()
         return out
 
-    short = {"steps": 3}
+    short = {"grad_steps": 3}
     assert torch.equal(run("ga", 0, short), run("ga", 0, short))
     assert not torch.equal(run("ga", 0, short), run("ga", 1, short))
-    lora = {"steps": 3, "lora_r": 4, "lr": 1e-2, "safe": False}   # peft's adapter init is seeded too
+    lora = {"grad_steps": 3, "lora_r": 4, "lr": 1e-2, "safe": False}   # peft's adapter init is seeded too
     assert torch.equal(run("ga", 0, lora), run("ga", 0, lora))
     assert torch.equal(run("rmu_like", 0), run("rmu_like", 0))
     assert not torch.equal(run("rmu_like", 0), run("rmu_like", 1))   # another random direction
@@ -177,7 +177,7 @@ def test_seeded(bb, task, rows):
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_npo_reference_is_the_model_before_training(bb, task, rows, base, lora_r):
     # at step 1 the model equals its reference and both are scored on the same masks
-    edit = install("npo", bb, task, {"steps": 1, "lora_r": lora_r}, seed=0)
+    edit = install("npo", bb, task, {"grad_steps": 1, "lora_r": lora_r}, seed=0)
     edit.undo()
     assert edit.info["last_log_ratio"] == 0.0
     assert torch.equal(_probe(bb, rows), base["logits"])
@@ -185,7 +185,7 @@ def test_npo_reference_is_the_model_before_training(bb, task, rows, base, lora_r
 
 def test_lora_training_merges_and_undoes(bb, task, rows, base):
     before = dict(bb.model.named_parameters())
-    edit = install("rmu", bb, task, {"steps": 5, "lora_r": 4, "lr": 1e-2, "safe": False}, seed=0)
+    edit = install("rmu", bb, task, {"grad_steps": 5, "lora_r": 4, "lr": 1e-2, "safe": False}, seed=0)
     after = dict(bb.model.named_parameters())
     assert set(after) == set(before)                        # adapters merged away, paths unchanged
     # only the MLPs of the updated layers moved
@@ -199,7 +199,7 @@ def test_lora_training_merges_and_undoes(bb, task, rows, base):
 def test_adaptive_coefficient_follows_the_activation_scale(bb, task):
     cs = []
     for scale in (2.0, 5.0):
-        edit = install("adaptive_rmu", bb, task, {"steps": 1, "scale": scale, "safe": False}, seed=0)
+        edit = install("adaptive_rmu", bb, task, {"grad_steps": 1, "scale": scale, "safe": False}, seed=0)
         edit.undo()
         cs.append(edit.info["last_c"])
     assert cs[1] / cs[0] == pytest.approx(2.5, rel=1e-6)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
                               print_json)
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 
 
@@ -55,7 +55,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                "fluency, portability, refusal / leak / confabulation / gibberish): a "
                                                "CounterFact / zsRE / MQuAKE / EasyEdit / timerome file, or "
                                                "'counterfactual:SPLIT' / 'embedded:SPLIT'"),
-             target: str = typer.Option("I don't know.", help="with --requests: the target of requests that name none"),
+             target: str = typer.Option(EDIT.target, help="with --requests: the target of requests that name none"),
              base: Optional[str] = typer.Option(None, help="with --requests: the unedited model the answers are "
                                                            "compared with (default: the model without --edit)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 
-DEFAULT_TARGET = "I don't know."  # what an edited model should say instead (the paper's t)
+DEFAULT_TARGET = EDIT.target  # what an edited model should say instead (the paper's t)
 
 
 # ------------------------------------------------------------------------------ answers

@@ -1,9 +1,10 @@
-"""Typed settings with one default each: the sampler, the likelihood and the trace.
+"""Typed settings with one default each: the sampler, the likelihood, the trace and the edit.
 
 Every signature, CLI option and experiment CONFIG that takes one of these reads its default from
-here (SAMPLER.steps, LIKELIHOOD.n_mc, TRACE.steps, ...), so a default is written once;
-tests/test_architecture.py fails on a numeric default literal of one of these names elsewhere. The
-edit's own settings (alpha, lambda, q, key metric, target) are `methods/timerome_edit.DEFAULTS`.
+here (SAMPLER.steps, LIKELIHOOD.n_mc, TRACE.steps, EDIT.alpha, ...), so a default is written once;
+tests/test_architecture.py fails on a default literal of one of these names elsewhere. The `timerome`
+method's DEFAULTS (methods/timerome_edit.py) and EditMemory's signature read EDIT; the codebook and
+rewrite memories have their own alpha (codebook_memory.DEFAULT_ALPHA, rewrite_memory.DEFAULT_ALPHA).
 
     from timerome.engine.settings import LIKELIHOOD, SAMPLER, TRACE
     generate(bb, prompt, steps=SAMPLER.steps)        # LLaDA's reference: 128 steps for 128 tokens
@@ -43,6 +44,19 @@ class TraceSettings:
     n_facts: int = 8            # facts traced (the paper's validation set)
 
 
+@dataclass(frozen=True)
+class EditSettings:
+    """The paper's edit memory (memory/edit_memory.EditMemory, the `timerome` method), as this toolkit
+    runs it by default (README, "Operating point"; the paper's grid is the method's CANONICAL rows)."""
+
+    alpha: float = 1.5          # strength: embedded default, relative lam 8: forget01 LP -56.6 nats for -0.69 retain
+    lam: float = 8.0            # relative ridge lambda: 8 x the mean squared key norm (memory/ridge.py)
+    q: int = 0                  # TopQ: 0 = dense (every fact)
+    key_metric: str = "whitened"  # the selectivity benchmark's winner on the embedded model
+    target: str = "I don't know."  # what an edited model should say instead (the paper's t)
+
+
 SAMPLER = SamplerSettings()
 LIKELIHOOD = LikelihoodSettings()
 TRACE = TraceSettings()
+EDIT = EditSettings()

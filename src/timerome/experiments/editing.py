@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from timerome.data.requests import load_requests
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
 from timerome.methods import available, method_config
@@ -29,7 +29,7 @@ from timerome.metrics.editing import UNLEARNING_RATES, changed_nothing, edit_sco
 NAME = "editing"
 ORDER = 20
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
-              target="I don't know.", n_retain=40, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
+              target=EDIT.target, n_retain=40, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
            "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",

@@ -26,7 +26,7 @@ from timerome.metrics.columns import header
 NAME = "npo_sweep"
 ORDER = 100
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", methods=("npo", "simnpo"),
-              lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8, steps=None,
+              lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8, grad_steps=None,
               extra=({"method": "npo", "lr": 1e-4},), unmitigated=({"method": "npo", "lr": 1e-4, "safe": False},),
               compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": {"alpha": 2.0, "q": 4}}),
               collapse=5.0)
@@ -35,7 +35,7 @@ COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 
 def configurations(cfg) -> list[tuple[str, dict]]:
     """(method, overrides) of the sweep: the grid, then `extra`; all LoRA, all safe."""
-    base = {"lora_r": int(cfg["lora_r"]), "safe": True} | ({"steps": int(cfg["steps"])} if cfg["steps"] else {})
+    base = {"lora_r": int(cfg["lora_r"]), "safe": True} | ({"grad_steps": int(cfg["grad_steps"])} if cfg["grad_steps"] else {})
     grid = [(m, dict(base, lr=lr, beta=beta, retain_w=w))
             for m, lr, beta, w in itertools.product(cfg["methods"], cfg["lr"], cfg["beta"], cfg["retain_w"])]
     extra = [(e["method"], dict(base, **{k: v for k, v in e.items() if k != "method"})) for e in cfg["extra"]]
@@ -58,7 +58,7 @@ def plan(cfg) -> list[tuple[str, str, dict, str]]:
 
 def _name(method: str, over: dict) -> str:
     """A row's label: what varies (the LoRA rank, the protocol and the step count are in the note)."""
-    return label(method, {k: v for k, v in over.items() if k not in ("lora_r", "safe", "steps")})
+    return label(method, {k: v for k, v in over.items() if k not in ("lora_r", "safe", "grad_steps")})
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

@@ -25,6 +25,7 @@ import torch
 from timerome.common.checks import integer, number, shown
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id
+from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content
 from timerome.memory.capture import capture_facts, fact_list
@@ -33,8 +34,8 @@ from timerome.memory.topq import TopQIndex, top_q_combine
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
 
 KEY_METRICS = ("paper", "whitened")
-DEFAULT_KEY_METRIC = "whitened"  # the selectivity benchmark's winner on the embedded model
-DEFAULT_ALPHA = 1.5  # embedded default, relative lam 8: forget01 LP -56.6 nats for -0.69 retain, 12 / 20 refusals said (README)
+DEFAULT_KEY_METRIC = EDIT.key_metric
+DEFAULT_ALPHA = EDIT.alpha  # the paper's memory (engine/settings.py: EditSettings)
 FORMAT = "timerome-edit-memory/2"
 OLD_FORMATS = ("timerome-edit-memory/1",)  # lam was the absolute lambda there
 # q > 0 with at least this many facts: the hook selects with topq.TopQIndex (exact, an int8 screen) instead of
@@ -72,7 +73,7 @@ class EditMemory(Memory):
     OVERRIDABLE = ("alpha", "q")
 
     def __init__(self, backbone, coordinate=None, *, alpha: float = DEFAULT_ALPHA, lam: float = DEFAULT_LAM,
-                 lam_absolute: float | None = None, key_scale: float | None = None, q: int = 0,
+                 lam_absolute: float | None = None, key_scale: float | None = None, q: int = EDIT.q,
                  key_metric: str = DEFAULT_KEY_METRIC, g_max: float | None = None, step: int | None = None,
                  background=None, target: str = DEFAULT_TARGET, batch_size: int = 32,
                  shrinkage: float = DEFAULT_SHRINKAGE):

@@ -53,9 +53,10 @@ import numbers
 import torch
 
 from timerome.common.checks import number
+from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 
-DEFAULT_LAM = 8.0  # relative: lambda = 8 x the mean squared key norm (README, "Operating point")
+DEFAULT_LAM = EDIT.lam  # relative: lambda = 8 x the mean squared key norm (README, "Operating point")
 FACTS, HIDDEN = "facts", "hidden"
 
 

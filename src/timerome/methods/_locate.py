@@ -378,10 +378,11 @@ def rome_update(C_inv: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.
     return torch.outer(r, u) / (k @ u)
 
 
-def memit_update(K: torch.Tensor, R: torch.Tensor, C: torch.Tensor, lam: float) -> torch.Tensor:
-    """MEMIT's batch least squares: dW = R K^T (lam C + K K^T)^-1, i.e. the dW minimising
-    |dW K - R|^2 + lam E|dW k|^2 over background keys k. K [F, d] (rows), R [F, H] -> [H, d]."""
-    A = lam * C + K.T @ K                                                  # [d, d]
+def memit_update(K: torch.Tensor, R: torch.Tensor, C: torch.Tensor, weight: float) -> torch.Tensor:
+    """MEMIT's batch least squares: dW = R K^T (w C + K K^T)^-1, i.e. the dW minimising
+    |dW K - R|^2 + w E|dW k|^2 over background keys k (w = `weight`, MEMIT's mom2 weight). K [F, d]
+    (rows), R [F, H] -> [H, d]."""
+    A = weight * C + K.T @ K                                                  # [d, d]
     return torch.linalg.solve(A, K.T @ R).T                                # A sym: (R K^T A^-1)^T = A^-1 K R
 
 
@@ -446,7 +447,7 @@ def spread_edit(backbone, task, config, seed, solve, method):
     with weight_edit(backbone, method) as edit:
         delta, info["delta"] = optimise_deltas(
             backbone, items, (top, "mlp"), positions=config["positions"], objective=config["objective"],
-            steps=config["steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
+            steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
             weight_decay=config["weight_decay"], generator=gen)
         states = KeyStates(backbone, items, n_states=config["key_states"], generator=gen,
                            positions=config["positions"])

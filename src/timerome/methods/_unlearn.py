@@ -55,7 +55,7 @@ from timerome.training.train import TrainConfig, mdlm_loss, merge_lora, wrap_lor
 # The loop's settings, shared by every training method (each adds its own keys).
 # Sized for the embedded model: ~40 steps of batch 8 take a few seconds on one CPU core.
 TRAIN_DEFAULTS = dict(
-    steps=40, lr=1e-3, batch_size=8, eps=1e-3, weight_decay=0.0, grad_clip=1.0,
+    grad_steps=40, lr=1e-3, batch_size=8, eps=1e-3, weight_decay=0.0, grad_clip=1.0,
     lora_r=0, lora_alpha=None,          # lora_r > 0: LoRA adapters via peft instead of full fine-tuning
     safe=True,                          # the paper's protocol: retain-NLL anchor + early stop on drift
     anchor=1.0,                         # weight of the retain-NLL anchor (safe only)
@@ -258,7 +258,7 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
     good = _copy(params) if base is not None else None   # the last weights within the drift limit
     info.update(retain_lp_before=base, kept_step=0 if base is not None else None, loss=[])
     bb.model.train()
-    for step in range(1, int(cfg["steps"]) + 1):
+    for step in range(1, int(cfg["grad_steps"]) + 1):
         fb = _batch(run, forget, order)
         rb = _batch(run, retain, order) if use_retain else None
         loss, parts = objective(run, fb, rb)
@@ -274,7 +274,7 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
         info["steps_run"] = step
         info["loss"].append(round(float(loss.detach()), 4))
         info.update({f"last_{k}": v for k, v in parts.items()})
-        if base is None or (step % int(cfg["check_every"]) and step != int(cfg["steps"])):
+        if base is None or (step % int(cfg["check_every"]) and step != int(cfg["grad_steps"])):
             continue
         lp = retain_lp(bb, check, cfg["check_mc"])
         info["retain_lp_last_check"] = lp
@@ -347,8 +347,8 @@ def ascent(run, forget, retain):
 RMU_DEFAULTS = dict(
     layer=None,        # the steered layer's block output; None: round(0.25 * n_layers) (WMDP: 7 of 32)
     update_layers=3,   # train the MLPs of layers layer-2 .. layer, as WMDP's RMU does
-    alpha=10.0,        # weight of the retain-activation term (set on the embedded model: 1 lets
-                       # retain LP drift past the safe limit within 20 steps at lr 1e-2)
+    retain_act_w=10.0,  # weight of the retain-activation term (set on the embedded model: 1 lets
+                        # retain LP drift past the safe limit within 20 steps at lr 1e-2)
 )
 
 
@@ -364,7 +364,7 @@ def rmu_unlearn(backbone, task, config, seed, method: str, coefficient):
     first = max(0, layer - int(config["update_layers"]) + 1)
     prefixes = tuple(backbone.module_path(j, "mlp") + "." for j in range(first, layer + 1))
     u = random_unit(backbone.hidden_size, seed, backbone.device)                       # [H]
-    alpha = float(config["alpha"])
+    retain_act_w = float(config["retain_act_w"])
 
     def objective(run, forget, retain):
         noisy_f = run.noisy(forget)
@@ -381,7 +381,7 @@ def rmu_unlearn(backbone, task, config, seed, method: str, coefficient):
         retain_term = activation_mse(h_r, h_old, retain[2])
         parts = {"forget_mse": float(forget_term.detach()), "retain_mse": float(retain_term.detach()),
                  "c": run.state["c"]}
-        return forget_term + alpha * retain_term, parts
+        return forget_term + retain_act_w * retain_term, parts
 
     objective.needs_retain = True
 

@@ -22,7 +22,7 @@ DEFAULTS = dict(
     target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
     positions="subject",
-    steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,
+    grad_steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,
     key_states=4,
     rel_threshold=1e-2,    # null space: eigenvalues < rel_threshold * max eigenvalue of C
     null_energy=None,      # or: the smallest directions holding at most this fraction of energy

@@ -5,10 +5,10 @@
      once; z_i = h_i + delta_i is the residual the last layer should produce;
   2. for each layer l of the band, bottom up: keys K [F, d] at l, residual still missing at the
      top R = (z - h_now) / (layers left), and
-         W_l += R^T K (lam C_l + K^T K)^-1,   C_l = E[k k^T] over the model's own corpus,
+         W_l += R^T K (w C_l + K^T K)^-1,   C_l = E[k k^T] over the model's own corpus,
      the least-squares update that keeps background keys' outputs (MEMIT's mom2 term).
 Keys and the top residual are re-read after every layer's update, as MEMIT does.
-Deviation: lam is per edited fact (the background term is lam |F| C), so the balance between
+Deviation: w (`mom2_weight`) is per edited fact (the background term is w |F| C), so the balance between
 edits and background does not drift with |F|; MEMIT's fixed 1.5e4 assumes thousands of edits.
 """
 
@@ -23,9 +23,9 @@ DEFAULTS = dict(
     target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
     positions="subject",
-    steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,
+    grad_steps=30, lr=1.0, n_states=2, clamp=10.0, weight_decay=0.0,
     key_states=4,
-    lam=10.0,              # MEMIT's mom2_update_weight, per edited fact (see memit())
+    mom2_weight=10.0,      # MEMIT's mom2_update_weight, per edited fact (see memit())
     stats_texts=None, stats_samples=2000,
 )
 
@@ -36,8 +36,8 @@ def memit(backbone, task, config, seed):
     n = len(task.facts)
 
     def solve(K, R, C, _layer):
-        # lam * n: the background term weighs like lam "facts" per background token average,
+        # w * n: the background term weighs like w "facts" per background token average,
         # so the balance does not depend on how many facts are edited at once
-        return L.memit_update(K, R, C, config["lam"] * n)
+        return L.memit_update(K, R, C, config["mom2_weight"] * n)
 
     return L.spread_edit(backbone, task, config, seed, solve, "memit")

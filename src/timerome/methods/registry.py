@@ -152,11 +152,22 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+# options renamed so that each word means one thing: `steps` denoising steps, `alpha` an edit's strength,
+# `lam` the ridge memory's lambda (old name -> (new name, why)); an old name gets its new one in the error
+RENAMED = {"steps": ("grad_steps", "gradient steps; `steps` means denoising steps"),
+           "alpha": ("retain_act_w", "the retain-activation weight; `alpha` means an edit's strength"),
+           "lam": ("mom2_weight", "MEMIT's background weight; `lam` means the ridge memory's lambda")}
+
+
 def method_config(name: str, overrides: dict | None = None) -> dict:
     """The method's defaults updated with overrides; unknown keys are refused (typos)."""
     m = get_method(name)
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(m.defaults))
+    for key in unknown:
+        new, why = RENAMED.get(key, (None, ""))
+        if new in m.defaults:
+            raise TimeromeError(f"method {name!r}: option {key!r} is called {new!r} now ({why})")
     if unknown:
         raise TimeromeError(f"method {name!r} has no option {', '.join(unknown)}; "
                             f"its options are {', '.join(sorted(m.defaults)) or 'none'}")
@@ -167,7 +178,7 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
 
 
 # options that count something: a 0 would fail deep inside a method with a bare IndexError
-_COUNTS = {"steps", "batch_size", "n_states", "check_every", "check_rows", "check_mc", "trace_facts",
+_COUNTS = {"grad_steps", "batch_size", "n_states", "check_every", "check_rows", "check_mc", "trace_facts",
            "trace_steps", "trace_samples"}
 
 

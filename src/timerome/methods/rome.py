@@ -24,7 +24,7 @@ DEFAULTS = dict(
     target=DEFAULT_TARGET,
     objective="target",    # "target": make the target likely; "forget" / "unlikelihood": the answer unlikely
     positions="subject",   # "subject": every subject token, "last": the last one (AR ROME)
-    steps=30, lr=1.0, n_states=4, clamp=4.0, weight_decay=0.0,
+    grad_steps=30, lr=1.0, n_states=4, clamp=4.0, weight_decay=0.0,
     key_states=4,          # cloze states the key is averaged over (the first fully masked)
     stats_texts=None,      # None: the task's background / the embedded training rows; or a file
     stats_samples=2000,    # texts used for C (spread evenly)
@@ -49,7 +49,7 @@ def rome(backbone, task, config, seed):
         for i, item in enumerate(items):
             delta, d = L.optimise_deltas(
                 backbone, [item], (proj.layer, "mlp"), positions=config["positions"], objective=config["objective"],
-                steps=config["steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
+                steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
                 weight_decay=config["weight_decay"], generator=gen, norms=norms[i:i + 1])
             states = L.KeyStates(backbone, [item], n_states=config["key_states"], generator=gen,
                                  positions=config["positions"])

@@ -23,7 +23,7 @@ import torch
 from timerome.common.cache import cache_dir, cached_tensors, digest
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
-from timerome.engine.settings import TRACE
+from timerome.engine.settings import EDIT, TRACE
 from timerome.errors import TimeromeError
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
@@ -41,7 +41,7 @@ from timerome.tracing.selection import select_coordinate
 # paper's grid stays in CANONICAL for comparison. The update acts at every step and compounds, so
 # the effect of alpha is steep (README, "Operating point").
 DEFAULTS = dict(
-    alpha=DEFAULT_ALPHA, q=0, lam=DEFAULT_LAM,
+    alpha=DEFAULT_ALPHA, q=EDIT.q, lam=DEFAULT_LAM,
     lam_absolute=None,    # the paper's absolute lambda instead of lam (ridge.py)
     key_metric=DEFAULT_KEY_METRIC, g_max=None, target=DEFAULT_TARGET,
     coordinate=None,      # [layer, point]; None = traced

@@ -30,7 +30,7 @@ DEFAULTS = dict(
     layer=None,            # None: round(0.2 * n_layers), as rome (UnKE: layer 7 of 32)
     target=DEFAULT_TARGET,
     objective="target",    # or "forget" / "unlikelihood" (_locate.masked_objective)
-    steps=30, lr=1.0, n_states=2, clamp=1.0, weight_decay=0.0,  # clamp: x |h| at each position
+    grad_steps=30, lr=1.0, n_states=2, clamp=1.0, weight_decay=0.0,  # clamp: x |h| at each position
     key_states=4,          # cloze states the block is fitted on
     fit_steps=80,
     fit_lr=0.02,           # Adam step, in units of each parameter tensor's RMS
@@ -51,7 +51,7 @@ def unke(backbone, task, config, seed):
     with weight_edit(backbone, "unke") as edit:
         delta, dinfo = L.optimise_deltas(
             backbone, items, (layer, "resid"), positions="prompt", per_position=True,
-            objective=config["objective"], steps=config["steps"], lr=config["lr"], n_states=config["n_states"],
+            objective=config["objective"], steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"],
             clamp=config["clamp"], weight_decay=config["weight_decay"], generator=gen)
         states = L.KeyStates(backbone, items, n_states=config["key_states"], generator=gen, positions="prompt")
         fit = _fit_block(backbone, layer, states, delta, texts, config)
