@@ -25,9 +25,10 @@ from types import SimpleNamespace
 import torch
 
 import timerome
-
 from timerome.experiments import run_experiment
-from timerome.experiments.editing import COLUMNS, CONFIG as EDITING, requests_data
+from timerome.experiments.editing import COLUMNS
+from timerome.experiments.editing import CONFIG as EDITING
+from timerome.experiments.editing import requests_data
 from timerome.methods import get_method, install
 
 GOALS = [  # (set, column, test, words)

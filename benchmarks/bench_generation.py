@@ -38,7 +38,7 @@ import torch
 
 from timerome.backbones.tiny import random_backbone
 from timerome.engine.sampler import generate
-from timerome.engine.throughput import bench_clock, sync
+from timerome.engine.throughput import sync, timing_clock
 
 PARTS = ("speed", "rouge")
 OPTIONS = ("exact", "threshold", "prefix", "dual", "prefix+threshold", "dual+threshold")
@@ -76,7 +76,7 @@ def main() -> int:
     bad = (set(parts) - set(PARTS)) | {o for o in options + rouge_options if not _valid(o)}
     if bad:
         ap.error(f"unknown parts/options {sorted(bad)}")
-    clock, label = bench_clock(args.clock, args.device, args.threads)
+    clock, label = timing_clock(args.clock, args.device, args.threads)
     out = dict(clock=label, threads=torch.get_num_threads(), device=str(args.device), torch=torch.__version__)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {out['clock']}")
     if "speed" in parts:

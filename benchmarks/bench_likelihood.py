@@ -35,7 +35,7 @@ import torch
 from timerome.backbones.tiny import random_backbone
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import default_max_tokens, log_likelihood_batch, pair_masks
-from timerome.engine.throughput import bench_clock, best_throughput, floor_seconds, sync
+from timerome.engine.throughput import best_throughput, floor_seconds, sync, timing_clock
 
 
 def main() -> int:
@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    clock, label = bench_clock(args.clock, args.device, args.threads)
+    clock, label = timing_clock(args.clock, args.device, args.threads)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {label}")
     out = {}
     for name in [m for m in args.models.split(",") if m]:

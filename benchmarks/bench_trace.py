@@ -42,8 +42,8 @@ import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.engine.encoding import encode_fact
-from timerome.engine.throughput import (bench_clock, best_throughput, floor_by_length, floor_seconds, head_throughput,
-                                        sync)
+from timerome.engine.throughput import (best_throughput, floor_by_length, floor_seconds, head_throughput, sync,
+                                        timing_clock)
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = ap.parse_args()
     global CLOCK
-    CLOCK, _ = bench_clock(args.clock, args.device, args.threads)
+    CLOCK, _ = timing_clock(args.clock, args.device, args.threads)
 
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         bb, facts = _model_and_facts(args, tmp)

@@ -39,3 +39,14 @@ def test_bad_background_is_one_clear_error(bb):
         residual_stats(bb, (1, "resid"), ["", ""])
     with pytest.raises(TimeromeError, match="shrinkage"):
         residual_stats(bb, (1, "resid"), TEXTS, shrinkage=1.5)
+
+
+def test_a_memory_takes_statistics_of_its_own_site_only(bb):
+    from timerome.memory.whitening import stats_at
+
+    s = residual_stats(bb, (1, "resid"), TEXTS)
+    assert stats_at(bb, (1, "resid"), s) is s                      # given: used as they are
+    with pytest.raises(TimeromeError, match="layer 1 resid, the memory acts at layer 2 resid"):
+        stats_at(bb, (2, "resid"), s)
+    again = stats_at(bb, (1, "resid"), TEXTS)                      # texts: measured
+    torch.testing.assert_close(again.cov, s.cov, rtol=0, atol=0)

@@ -20,3 +20,22 @@ def test_the_splits_have_one_column_each_and_one_table_of_them():
     assert SPLIT_COLUMNS == LP_COLUMNS == split_columns("lp") == {
         "forget": "ForgetLP", "retain": "RetainLP", "real_authors": "RealAuth", "world_facts": "WorldFact"}
     assert TRAJ_COLUMNS == {"forget": "ForgetTrajLP", "retain": "RetainTrajLP", "real_authors": "RealAuthTrajLP"}
+
+
+def test_the_evaluation_reports_every_registered_column_with_a_computation():
+    from timerome.evaluation.evaluator import summarise
+    from timerome.metrics.columns import column
+
+    items = {"forget": {"lp": [-1.0, -3.0], "tr": [0.5, 2.0], "rouge": [1.0, 0.0], "outcome": ["Refusal", "Leak"]},
+             "retain": {"lp": [-0.5], "prob": [0.8], "tr": [0.25]}}
+    m = summarise(items)
+    assert list(m)[:7] == ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality"]
+    assert m["ForgetLP"] == -2.0 and m["RetainLP"] == -0.5 and m["RetainTR"] == 0.75 and m["ForgetROUGE"] == 0.5
+    assert m["Refusal"] == m["Leak"] == 0.5 and m["Gibberish"] == 0.0
+    assert "RetainROUGE" not in m                       # no generations for retain: the column does not apply
+    assert m["RealAuth"] != m["RealAuth"]               # NaN: no real-author rows
+    try:                                                # a new metric is one entry in its own file
+        column("ProbeColumn", compute=lambda items, ref: float(len(items["forget"]["lp"])))
+        assert summarise(items)["ProbeColumn"] == 2.0 and header("ProbeColumn") == "ProbeColumn"
+    finally:
+        COLUMNS.pop("ProbeColumn", None)

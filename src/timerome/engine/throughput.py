@@ -128,7 +128,7 @@ def floor_by_length(block_rows: dict, rates: list[Throughput]) -> float:
     return sum(n / by_length[int(length)].row_blocks_per_s for length, n in block_rows.items())
 
 
-def bench_clock(choice: str = "auto", device="cpu", threads: int | None = None):
+def timing_clock(choice: str = "auto", device="cpu", threads: int | None = None):
     """(timer, label) of a benchmark: "cpu" = process CPU time with `threads` torch threads (default
     1: idle OpenMP threads spin, and other jobs on a shared machine are not counted), "wall" = wall
     time; "auto" = CPU time on CPU, wall time on a GPU. Sets torch's thread count when asked to or

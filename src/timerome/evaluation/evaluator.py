@@ -40,12 +40,11 @@ from timerome.engine.hooks import TraceState
 from timerome.engine.sampler import generate
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import TimeromeError
-from timerome.metrics.columns import split_columns
-from timerome.metrics.editing import GEN_SLACK, UNLEARNING_RATES, classify
+from timerome.metrics.columns import computed, split_columns
+from timerome.metrics.editing import GEN_SLACK, classify
 from timerome.tracing.tie import run_trajectory
 
 SPLIT_COLUMNS = split_columns("lp")  # {split: its log-probability column}, declared in metrics/tofu.py
-UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 
 
 # ------------------------------------------------------------------------------ data
@@ -179,44 +178,10 @@ def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target:
 
 
 def summarise(items: dict[str, dict], reference_tr=None) -> dict:
-    """The paper's columns from per-item numbers (NaN where a split or reference is missing)."""
-    nan = float("nan")
-    m = {}
-    for split, col in SPLIT_COLUMNS.items():
-        m[col] = float(np.mean(items[split]["lp"])) if split in items else nan
-    f, r = items.get("forget", {}), items.get("retain", {})
-    m["ForgetTR"] = M.forget_truth_ratio(f["tr"]) if "tr" in f else nan
-    m["RetainTR"] = M.retain_truth_ratio(r["tr"]) if "tr" in r else nan
-    m["ForgetQuality"] = (M.forget_quality(f["tr"], reference_tr)
-                          if "tr" in f and reference_tr is not None and len(reference_tr) else nan)
-    for split, tag in (("forget", "Forget"), ("retain", "Retain"), ("real_authors", "RA"), ("world_facts", "WF")):
-        if "rouge" in items.get(split, {}):
-            m[f"{tag}ROUGE"] = float(np.mean(items[split]["rouge"]))
-    m["ModelUtility"] = model_utility(items)
-    if "outcome" in f:  # what the forget answers say (metrics/editing.py's outcomes)
-        for name in UNLEARNING_RATES:
-            m[name] = float(np.mean([o == name for o in f["outcome"]])) if f["outcome"] else nan
-    return m
-
-
-def model_utility(items: dict[str, dict]) -> float:
-    """TOFU model utility: harmonic mean of prob, ROUGE-L recall and truth ratio on retain, RA, WF.
-
-    Retain's prob is the per-token probability of the answer; RA / WF use the normalised one
-    (true against perturbed). Terms missing from `items` (ROUGE switched off) are left out.
-    """
-    vals = []
-    for split in UTILITY_SPLITS:
-        it = items.get(split)
-        if not it:
-            continue
-        prob = it["prob"] if split == "retain" or "norm_prob" not in it else it["norm_prob"]
-        vals.append(float(np.mean(prob)))
-        if "rouge" in it:
-            vals.append(float(np.mean(it["rouge"])))
-        if "tr" in it:
-            vals.append(M.retain_truth_ratio(it["tr"]))
-    return M.harmonic_mean(vals) if vals else float("nan")
+    """The paper's columns from per-item numbers (NaN where a split or reference is missing): every
+    registered column with a computation (metrics/columns.py; TOFU's in metrics/tofu.py, the unlearning
+    rates in metrics/editing.py), in declaration order."""
+    return computed(items, reference_tr)
 
 
 def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, reference_tr=None,

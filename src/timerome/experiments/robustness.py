@@ -28,7 +28,7 @@ from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import by_row, figure, label, markdown, save_png, summarise, write_outputs
-from timerome.experiments.runner import Cell, measurement, with_edit
+from timerome.experiments.runner import Cell, measurement, row_count, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
 from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names, sampler_baseline,
@@ -39,7 +39,8 @@ NAME = "robustness"
 ORDER = 90
 # extraction: requests None = "embedded:<forget>" ("tofu:<forget>" on TOFU); settings / attacks None = all of them; False = no extraction cells
 EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, settings=None, attacks=None)
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN, extraction=EXTRACTION)
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN,
+              extraction=EXTRACTION)
 QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
              extraction=dict(EXTRACTION, settings=list(QUICK_SETTINGS), attacks=list(QUICK_ATTACKS)))
 COLUMNS = [f"LP_{c}" for c in CONDITIONS]
@@ -63,8 +64,8 @@ def _extraction_forwards(cell, rows, task) -> float:
     """Every request and its paraphrase generated under each condition (about 16 forwards each), and the
     likelihood of the locality rows."""
     conditions = len(cell.options["settings"]) + len(cell.options["attacks"])
-    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
-    return conditions * 2 * len(rows.get("requests", [])) * 16 + cell.options.get("n_mc", LIKELIHOOD.n_mc) * n_rows
+    generated = conditions * 2 * len(rows.get("requests", [])) * 16
+    return generated + cell.options.get("n_mc", LIKELIHOOD.n_mc) * row_count(rows)
 
 
 @measurement("extraction", forwards=_extraction_forwards)

@@ -69,9 +69,14 @@ class Measurement:
     uses_reference: bool = False  # the cell reads the reference model (Forget Quality); its key names it
 
 
+def row_count(rows: dict) -> int:
+    """How many rows a cell's data holds over its splits (what its measurement's cost scales with)."""
+    return sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
+
+
 def lp_forwards(cell, rows: dict, task) -> float:
     """The default cost: one Monte-Carlo likelihood of every row (n_mc forwards each)."""
-    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
+    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * row_count(rows)
 
 
 @dataclass(frozen=True)
@@ -224,8 +229,9 @@ def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
 
 
 def _full_forwards(cell, rows, task) -> float:
-    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
-    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count(rows) + cell.options.get("steps", TRACE.steps) * n_rows
+    """Every answer's likelihood, and a trajectory of every row for the generation metrics."""
+    return (cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count(rows)
+            + cell.options.get("steps", TRACE.steps) * row_count(rows))
 
 
 @measurement("full", forwards=_full_forwards)
@@ -245,14 +251,13 @@ def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
 def _lp(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
-        return _lps(lp_only(ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit),
-                    LP_COLUMNS, edit, t0)
+        lps = lp_only(ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit)
+        return _lps(lps, LP_COLUMNS, edit, t0)
 
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * sum(
-    len(v) for v in rows.values() if isinstance(v, (list, tuple, dict))))
+@measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * row_count(rows))
 def _traj(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -263,11 +268,14 @@ def _traj(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("reference", uses_method=False, uses_reference=True,
-             forwards=lambda cell, rows, task: cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count({"forget": rows.get("forget", [])}))
+def _reference_forwards(cell, rows, task) -> float:
+    return cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count({"forget": rows.get("forget", [])})
+
+
+@measurement("reference", uses_method=False, uses_reference=True, forwards=_reference_forwards)
 def _reference(cell, ctx, rows, task) -> dict:
-    return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc),
-                                         seed=cell.seed)}
+    n_mc = cell.options.get("n_mc", LIKELIHOOD.n_mc)
+    return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=cell.seed)}
 
 
 # ------------------------------------------------------------------------------ checks before any work

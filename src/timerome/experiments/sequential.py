@@ -10,7 +10,7 @@ import numpy as np
 from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
-from timerome.experiments.runner import LP_COLUMNS, Cell, measurement
+from timerome.experiments.runner import LP_COLUMNS, Cell, measurement, row_count
 from timerome.methods import InferenceEdit, method_config
 from timerome.methods.timerome_edit import build_memory, locate, prepare
 
@@ -23,8 +23,8 @@ SHOWN = (0, 1, 5, 10, 20, 30, 40, 50)
 
 def _forwards(cell, rows, task) -> float:
     """One likelihood of every row before the first insert and after every `every` inserts."""
-    n_rows = sum(len(v) for v in rows.values() if isinstance(v, (list, tuple, dict)))
-    return (len(task.facts) / cell.options.get("every", 1) + 1) * cell.options.get("n_mc", LIKELIHOOD.n_mc) * n_rows
+    n_mc, every = cell.options.get("n_mc", LIKELIHOOD.n_mc), cell.options.get("every", 1)
+    return (len(task.facts) / every + 1) * n_mc * row_count(rows)
 
 
 @measurement("sequential", forwards=_forwards)

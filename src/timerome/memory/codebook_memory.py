@@ -51,7 +51,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts
 from timerome.memory.capture import capture_facts, fact_list
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
-from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
+from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
 DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
 DEFAULT_MARGIN = 0.8   # radius = 0.8 x the distance to the nearest calibration token
@@ -106,7 +106,7 @@ class CodebookMemory(Memory):
             raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
         self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
         self.target, self.seed, self.batch_size = target, int(seed), batch_size
-        self.stats = self._stats(background, shrinkage)
+        self.stats = stats_at(backbone, self.coordinate, background, shrinkage=shrinkage)
         self._white = torch.linalg.cholesky(self.stats.precision())  # z = (h - mu) L
         self._calib = None if calibration is None else self._calibration(calibration)
         self._keys = torch.zeros(0, H, dtype=torch.float64)
@@ -386,15 +386,6 @@ class CodebookMemory(Memory):
         return mem
 
     # ---------------------------------------------------------------- checks
-
-    def _stats(self, background, shrinkage) -> ResidualStats:
-        if isinstance(background, ResidualStats):
-            if (background.layer, background.point) != self.coordinate.site or len(background.mean) != self.hidden_size:
-                raise TimeromeError(f"background statistics are for layer {background.layer} {background.point}, "
-                                    f"the memory acts at layer {self.coordinate.layer} {self.coordinate.point}")
-            return background
-        texts = background_texts(self.backbone, background)
-        return residual_stats(self.backbone, self.coordinate, texts, shrinkage=shrinkage)
 
     def _calibration(self, calibration) -> torch.Tensor:
         """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals."""

@@ -31,7 +31,7 @@ from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dic
 from timerome.memory.capture import capture_facts, fact_list
 from timerome.memory.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
 from timerome.memory.topq import TopQIndex, top_q_combine
-from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats
+from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
 KEY_METRICS = ("paper", "whitened")
 DEFAULT_KEY_METRIC = EDIT.key_metric
@@ -87,7 +87,8 @@ class EditMemory(Memory):
         self.target, self.batch_size = target, batch_size
         self._check_hyper()
         self.key_metric = key_metric
-        self.stats = self._stats(backbone, background, batch_size, shrinkage) if key_metric == "whitened" else None
+        self.stats = (stats_at(backbone, self.coordinate, background, shrinkage=shrinkage, batch_size=batch_size)
+                      if key_metric == "whitened" else None)
         self.ridge = RidgeMemory(self.hidden_size, lam=lam, lam_absolute=lam_absolute, key_scale=key_scale,
                                  mean=None if self.stats is None else self.stats.mean,
                                  precision=None if self.stats is None else self.stats.precision())
@@ -373,17 +374,6 @@ class EditMemory(Memory):
         return mem, [_fact_from_dict(d) for d in meta["facts"]]
 
     # ---------------------------------------------------------------- checks
-
-    def _stats(self, backbone, background, batch_size, shrinkage) -> ResidualStats:
-        if isinstance(background, ResidualStats):
-            if (background.layer, background.point) != self.coordinate.site:
-                raise TimeromeError(f"background statistics are for layer {background.layer} {background.point}, "
-                                    f"the memory acts at layer {self.coordinate.layer} {self.coordinate.point}")
-            if background.mean.shape != (self.hidden_size,):
-                raise TimeromeError("background statistics have the wrong hidden size")
-            return background
-        texts = background_texts(backbone, background)
-        return residual_stats(backbone, self.coordinate, texts, batch_size=batch_size, shrinkage=shrinkage)
 
     def _check_hyper(self):
         number(self.alpha, "alpha")

@@ -83,6 +83,23 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
     return ResidualStats(layer % backbone.n_layers, point, mean, cov, acc.n, float(shrinkage))
 
 
+def stats_at(backbone, coordinate, background=None, *, shrinkage: float = DEFAULT_SHRINKAGE,
+             batch_size: int = 32) -> ResidualStats:
+    """The background statistics a memory at `coordinate` whitens with: `background` itself when it is
+    ResidualStats (checked: its site and hidden size), else measured on its texts (`background_texts`)."""
+    coord = Coordinate.of(coordinate)
+    if isinstance(background, ResidualStats):
+        if (background.layer, background.point) != coord.site:
+            raise TimeromeError(f"background statistics are for layer {background.layer} {background.point}, "
+                                f"the memory acts at layer {coord.layer} {coord.point}")
+        if background.mean.shape != (backbone.hidden_size,):
+            raise TimeromeError(f"background statistics have hidden size {len(background.mean)}, the model "
+                                f"{backbone.hidden_size}")
+        return background
+    texts = background_texts(backbone, background)
+    return residual_stats(backbone, coord, texts, batch_size=batch_size, shrinkage=shrinkage)
+
+
 # ------------------------------------------------------------------------------ background texts
 
 

@@ -63,10 +63,23 @@ KINDS = ("prompt", "paraphrase", "neighbour", "same_subject", "portability")  # 
 LOCALITY_NAMES = {"retain": "Retain", "real_authors": "RealAuthors", "world_facts": "WorldFacts"}
 OUTCOMES = ("Refusal", "Leak", "Gibberish", "Confabulation", "Other")
 # the outcomes tabulated beside ForgetLP (share of forget answers of each kind)
-UNLEARNING_RATES = (column("Refusal", about="share of forget answers that refuse"),
-                    column("Leak", about="share that still say the object"),
-                    column("Confabulation", header="Confab", about="share that say another answer"),
-                    column("Gibberish", about="share that are not text"))
+
+
+def _rate(outcome: str):
+    """The share of forget answers classified `outcome` (absent when the answers were not generated)."""
+    def compute(items, ref):
+        f = items.get("forget", {})
+        if "outcome" not in f:
+            return None
+        return float(np.mean([o == outcome for o in f["outcome"]])) if f["outcome"] else float("nan")
+    return compute
+
+
+UNLEARNING_RATES = (column("Refusal", compute=_rate("Refusal"), about="share of forget answers that refuse"),
+                    column("Leak", compute=_rate("Leak"), about="share that still say the object"),
+                    column("Confabulation", header="Confab", compute=_rate("Confabulation"),
+                           about="share that say another answer"),
+                    column("Gibberish", compute=_rate("Gibberish"), about="share that are not text"))
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 

@@ -13,24 +13,6 @@ from scipy.stats import ks_2samp
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
 
-# the paper's columns (evaluation.evaluate computes them)
-FORGET_LP = column("ForgetLP", header="ForgetLP ↓", split="forget", family="lp",
-                   about="mean log p(answer | question) on the forget set, nats")
-RETAIN_LP = column("RetainLP", split="retain", family="lp", about="the same on retain rows")
-REAL_AUTH = column("RealAuth", split="real_authors", family="lp", about="the same on real authors")
-WORLD_FACT = column("WorldFact", split="world_facts", family="lp", about="the same on world facts")
-column("ForgetTR", digits=3, about="forget truth ratio (closer-to-1 aggregate)")
-column("RetainTR", digits=3, about="retain truth ratio (true-better aggregate)")
-column("ForgetQuality", header="KS p ↑", digits=3, about="KS p-value of forget truth ratios vs the reference model")
-column("ModelUtility", header="Utility", digits=3, about="harmonic mean of prob, ROUGE and TR on retain, RA, WF")
-column("ForgetROUGE", header="fROUGE", about="ROUGE-L recall of greedy answers, forget set")
-column("RetainROUGE", header="rROUGE", about="ROUGE-L recall of greedy answers, retain rows")
-# the answer log-probability read along the greedy denoising trajectory (evaluation.trajectory_logprobs)
-column("ForgetTrajLP", split="forget", family="traj", about="forget log p along the trajectory")
-column("RetainTrajLP", split="retain", family="traj", about="retain log p along the trajectory")
-column("RealAuthTrajLP", split="real_authors", family="traj", about="real-author log p along the trajectory")
-
-
 # ------------------------------------------------------------------------------ TOFU aggregates
 
 
@@ -91,3 +73,71 @@ def harmonic_mean(values) -> float:
     if np.any(v <= 0):
         return 0.0
     return float(v.size / np.sum(1.0 / v))
+
+
+# ------------------------------------------------------------------------------ the paper's columns
+
+UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
+NAN = float("nan")
+
+
+def model_utility(items: dict[str, dict]) -> float:
+    """TOFU model utility: harmonic mean of prob, ROUGE-L recall and truth ratio on retain, RA, WF.
+
+    Retain's prob is the per-token probability of the answer; RA / WF use the normalised one
+    (true against perturbed). Terms missing from `items` (ROUGE switched off) are left out.
+    """
+    vals = []
+    for split in UTILITY_SPLITS:
+        it = items.get(split)
+        if not it:
+            continue
+        prob = it["prob"] if split == "retain" or "norm_prob" not in it else it["norm_prob"]
+        vals.append(float(np.mean(prob)))
+        if "rouge" in it:
+            vals.append(float(np.mean(it["rouge"])))
+        if "tr" in it:
+            vals.append(retain_truth_ratio(it["tr"]))
+    return harmonic_mean(vals) if vals else NAN
+
+
+def _mean_lp(split: str):
+    return lambda items, ref: float(np.mean(items[split]["lp"])) if split in items else NAN
+
+
+def _mean_rouge(split: str):  # absent (not NaN) when generation was switched off
+    return lambda items, ref: float(np.mean(items[split]["rouge"])) if "rouge" in items.get(split, {}) else None
+
+
+def _tr(split: str, aggregate):
+    return lambda items, ref: aggregate(items[split]["tr"]) if "tr" in items.get(split, {}) else NAN
+
+
+def _forget_quality(items, ref) -> float:
+    f = items.get("forget", {})
+    return forget_quality(f["tr"], ref) if "tr" in f and ref is not None and len(ref) else NAN
+
+
+# declared in the order evaluation.evaluate reports them
+FORGET_LP = column("ForgetLP", header="ForgetLP ↓", split="forget", family="lp", compute=_mean_lp("forget"),
+                   about="mean log p(answer | question) on the forget set, nats")
+RETAIN_LP = column("RetainLP", split="retain", family="lp", compute=_mean_lp("retain"), about="the same on retain rows")
+REAL_AUTH = column("RealAuth", split="real_authors", family="lp", compute=_mean_lp("real_authors"),
+                   about="the same on real authors")
+WORLD_FACT = column("WorldFact", split="world_facts", family="lp", compute=_mean_lp("world_facts"),
+                    about="the same on world facts")
+column("ForgetTR", digits=3, compute=_tr("forget", forget_truth_ratio), about="forget truth ratio (closer-to-1 aggregate)")
+column("RetainTR", digits=3, compute=_tr("retain", retain_truth_ratio), about="retain truth ratio (true-better aggregate)")
+column("ForgetQuality", header="KS p ↑", digits=3, compute=_forget_quality,
+       about="KS p-value of forget truth ratios vs the reference model")
+column("ForgetROUGE", header="fROUGE", compute=_mean_rouge("forget"), about="ROUGE-L recall of greedy answers, forget set")
+column("RetainROUGE", header="rROUGE", compute=_mean_rouge("retain"), about="ROUGE-L recall of greedy answers, retain rows")
+column("RAROUGE", compute=_mean_rouge("real_authors"), about="ROUGE-L recall of greedy answers, real authors")
+column("WFROUGE", compute=_mean_rouge("world_facts"), about="ROUGE-L recall of greedy answers, world facts")
+column("ModelUtility", header="Utility", digits=3, compute=lambda items, ref: model_utility(items),
+       about="harmonic mean of prob, ROUGE and TR on retain, RA, WF")
+# the answer log-probability read along the greedy denoising trajectory (evaluation.trajectory_logprobs; the
+# `traj` measurement computes them)
+column("ForgetTrajLP", split="forget", family="traj", about="forget log p along the trajectory")
+column("RetainTrajLP", split="retain", family="traj", about="retain log p along the trajectory")
+column("RealAuthTrajLP", split="real_authors", family="traj", about="real-author log p along the trajectory")
