@@ -470,3 +470,24 @@ def test_a_version_1_memory_file_still_loads(bb, stats, tmp_path):
     assert old.lam_absolute == pytest.approx(m.lam_value) and old.lam_value == pytest.approx(m.lam_value)
     h = torch.randn(3, bb.hidden_size, dtype=torch.float64)
     torch.testing.assert_close(old.delta(h), m.delta(h), atol=1e-9, rtol=1e-8)
+
+
+def test_build_is_capture_scale_and_solve_and_an_empty_build_streams_to_the_same_memory(bb, stats):
+    from timerome.memory.capture import capture_facts
+
+    facts = facts3()
+    built = EditMemory.build(bb, SITE, facts, key_metric="paper", target=TARGET)
+    cap = capture_facts(bb, facts, SITE, target=TARGET)
+    by_hand = EditMemory(bb, SITE, key_metric="paper", target=TARGET).scale_to(cap.keys)
+    by_hand.add_vectors(cap.keys, cap.deltas, facts)
+    assert built.fact_ids == ["a", "b", "c"] and built.key_scale == by_hand.key_scale
+    torch.testing.assert_close(built.ridge.G, by_hand.ridge.G, rtol=0, atol=0)
+    # empty, scaled on the facts a stream will bring: inserting them one by one gives the full memory
+    stream = EditMemory.build(bb, SITE, [], scale_facts=facts, key_metric="whitened", background=stats, target=TARGET)
+    assert len(stream) == 0 and stream.key_scale is not None
+    for f in facts:
+        stream.add([f])
+    full = EditMemory.build(bb, SITE, facts, key_metric="whitened", background=stats, target=TARGET)
+    assert stream.key_scale == full.key_scale
+    h = torch.randn(4, bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(stream.delta(h), full.delta(h), atol=1e-9, rtol=1e-7)

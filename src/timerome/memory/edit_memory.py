@@ -140,6 +140,22 @@ class EditMemory(Memory):
         self.ridge.key_scale = self.ridge.scale_of(_as_rows(keys, "keys", self.hidden_size))
         return self
 
+    @classmethod
+    def build(cls, backbone, coordinate, facts, *, scale_facts=None, **settings) -> "EditMemory":
+        """The one place a filled memory is made: the keys u and deltas d of `facts` captured in one
+        batched pass, the relative lambda's scale fixed on those keys (on `scale_facts`' when `facts` is
+        empty: an empty memory whose streaming inserts solve the same ridge problem as the full one),
+        then G solved. `settings`: the constructor's (alpha, lam, q, key_metric, background, target, ...).
+        The `timerome` method, `timerome edit` and the sequential experiment build theirs here."""
+        memory = cls(backbone, coordinate, **settings)
+        facts = list(facts)
+        cap = capture_facts(backbone, facts or fact_list(scale_facts), memory.coordinate, target=memory.target,
+                            batch_size=memory.batch_size)
+        memory.scale_to(cap.keys)
+        if facts:
+            memory.add_vectors(cap.keys, cap.deltas, facts)
+        return memory
+
     def add(self, facts) -> "EditMemory":
         """Capture the facts (batched) and insert them; on any error the memory is unchanged."""
         facts = fact_list(facts)

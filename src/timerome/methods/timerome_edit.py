@@ -25,7 +25,6 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import EDIT, TRACE
 from timerome.errors import TimeromeError
-from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
 from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
@@ -147,18 +146,12 @@ def background_stats(backbone, coordinate, task, config):
 def build_memory(backbone, task, config, coordinate, facts=None) -> EditMemory:
     """An EditMemory at `coordinate` with the config's hyper-parameters, filled with `facts`
     (default: every forget fact; [] for an empty memory whose relative lambda is scaled on the
-    task's facts all the same, so streaming inserts solve the same ridge problem)."""
-    stats = background_stats(backbone, coordinate, task, config)
-    target = config.get("target") or DEFAULT_TARGET
-    facts = task.facts if facts is None else list(facts)
-    cap = capture_facts(backbone, facts or task.facts, coordinate, target=target)
-    memory = EditMemory(backbone, coordinate, alpha=float(config["alpha"]), lam=float(config["lam"]),
-                        lam_absolute=config.get("lam_absolute"), q=int(config["q"]),
-                        key_metric=config["key_metric"], g_max=config.get("g_max"), background=stats, target=target)
-    memory.scale_to(cap.keys)
-    if facts:
-        memory.add_vectors(cap.keys, cap.deltas, facts)
-    return memory
+    task's facts all the same, so streaming inserts solve the same ridge problem): `EditMemory.build`."""
+    return EditMemory.build(
+        backbone, coordinate, task.facts if facts is None else facts, scale_facts=task.facts,
+        background=background_stats(backbone, coordinate, task, config), target=config.get("target") or DEFAULT_TARGET,
+        alpha=float(config["alpha"]), lam=float(config["lam"]), lam_absolute=config.get("lam_absolute"),
+        q=int(config["q"]), key_metric=config["key_metric"], g_max=config.get("g_max"))
 
 
 def memory_edit(backbone, task, config, coordinate, method="timerome", info=None) -> InferenceEdit:
