@@ -7,24 +7,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from timerome import TimeromeError, load_backbone
-from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome import TimeromeError
 from timerome.memory import base
 from timerome.memory.base import KINDS, TENSORS, Memory
 from timerome.memory.codebook_memory import CodebookMemory
 from timerome.memory.edit_memory import EditMemory
 from timerome.memory.memory_file import file_kind, load_memory, memory_kind
 from timerome.memory.rewrite_memory import RewriteMemory
-
-
-@pytest.fixture(scope="module")
-def bb(tmp_path_factory):
-    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "m", layers=3))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory):
-    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))
 
 
 def memory(bb, n=3):
@@ -70,17 +59,17 @@ def test_a_load_option_the_memory_does_not_take_is_refused(bb, tmp_path):
     assert type(load_memory(path, bb, calibration=["text"])) is EditMemory  # load_memory passes what it takes
 
 
-def test_the_switch_checks_the_model_and_leaves_nothing_behind(bb, other, tmp_path):
+def test_the_switch_checks_the_model_and_leaves_nothing_behind(bb, other_bb, tmp_path):
     m = memory(bb)
     before = n_hooks(bb)
     with m.applied(bb):
         assert n_hooks(bb) == before + 1
     assert n_hooks(bb) == before
     with pytest.raises(TimeromeError, match="this edit memory was built for another model"):
-        with m.applied(other):
+        with m.applied(other_bb):
             pass
     with pytest.raises(TimeromeError, match="another model"):
-        load_memory(m.save(tmp_path / "m.safetensors"), other)
+        load_memory(m.save(tmp_path / "m.safetensors"), other_bb)
 
 
 def test_a_new_memory_class_registers_its_format_and_tensors():

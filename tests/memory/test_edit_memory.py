@@ -7,7 +7,6 @@ import torch
 
 from timerome import TimeromeError, load_backbone
 from timerome.backbones.loading import DEFAULT_MODEL_DIR
-from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.data.facts import Fact
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_id
@@ -28,16 +27,6 @@ def facts3():
     return [Fact("the author", "where was the author born ?", "city of books", fact_id="a"),
             Fact("her", "what did her first novel win ?", "award", fact_id="b"),
             Fact("his", "what genre did his novels have ?", "mystery poetry", fact_id="c")]
-
-
-@pytest.fixture(scope="module")
-def bb(tmp_path_factory):
-    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "m", layers=3))
-
-
-@pytest.fixture(scope="module")
-def other_bb(tmp_path_factory):
-    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))
 
 
 @pytest.fixture(scope="module")
