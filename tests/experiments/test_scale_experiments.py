@@ -59,7 +59,7 @@ def test_every_table_carries_the_compute_accounting(bb, tmp_path):
 
 @pytest.fixture(scope="module")
 def npo_run(bb, runs):
-    over = dict(TOY, methods=("npo", "simnpo"), lr=(3e-5,), beta=(0.1,), retain_w=(1.0,), steps=3, extra=(),
+    over = dict(TOY, methods=("npo", "simnpo"), lr=(3e-5,), beta=(0.1,), retain_w=(1.0,), grad_steps=3, extra=(),
                 unmitigated=({"method": "npo", "lr": 3e-2, "safe": False, "grad_steps": 6},),
                 compare=({"method": "timerome", "config": {}},))
     return run_experiment("npo_sweep", seeds=(0, 1), out_dir=runs / "npo_sweep", overrides=over, progress=False,
@@ -125,7 +125,7 @@ def test_xbackbone_runs_on_every_family_checkpoint(tmp_path):
     assert cols == [f"{f}/checkpoint" for f in FAMILIES]
     assert [m["family"] for m in res["models"].values()] == list(FAMILIES)
     for col, s in res["summary"].items():
-        assert set(s) == {"no_edit", "simnpo (steps=2)", "timerome (alpha=2, q=4)"}
+        assert set(s) == {"no_edit", "simnpo (grad_steps=2)", "timerome (alpha=2, q=4)"}
         for row in s.values():
             assert np.isfinite(row["ForgetLP"]["mean"]) and row["ForgetLP"]["n"] == 2
         assert ("ForgetQuality" in s["no_edit"]) == (col == "llada/checkpoint")
