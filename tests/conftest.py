@@ -65,3 +65,21 @@ def live_steps(bb, fact, steps=4) -> int:
     from timerome.tracing.tie import forwards_read
 
     return forwards_read(len(encode_fact(bb, fact, 0).object_ids), steps)
+
+
+@pytest.fixture(scope="module")
+def tiny_bb(tmp_path_factory):
+    """A tiny random 3-layer checkpoint of timerome's LLaDA structure (the memory tests' model)."""
+    from timerome import load_backbone
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny") / "m", layers=3))
+
+
+@pytest.fixture(scope="module")
+def tiny_other_bb(tmp_path_factory):
+    """Another one (seed 1): what a memory built on tiny_bb must refuse."""
+    from timerome import load_backbone
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))

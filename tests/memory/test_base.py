@@ -37,39 +37,39 @@ def test_every_saved_format_names_its_class():
         assert TENSORS[cls.FORMAT] == cls.SCHEMA
 
 
-def test_save_and_load_through_the_base(bb, tmp_path):
-    m = memory(bb)
+def test_save_and_load_through_the_base(tiny_bb, tmp_path):
+    m = memory(tiny_bb)
     path = m.save(tmp_path / "m.safetensors")
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["timerome"])
     keys = list(meta)
     assert keys[:5] == ["format", "fingerprint", "backbone", "hidden_size", "coordinate"] and keys[-1] == "sha256"
     assert meta["format"] == EditMemory.FORMAT and file_kind(path) == "edit"
-    back = load_memory(path, bb)
+    back = load_memory(path, tiny_bb)
     assert type(back) is EditMemory and back.fact_ids == m.fact_ids and back.coordinate == m.coordinate
     torch.testing.assert_close(back.ridge.U, m.ridge.U, rtol=0, atol=0)
-    h = torch.randn(5, bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    h = torch.randn(5, tiny_bb.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(back.delta(h), m.delta(h))
 
 
-def test_a_load_option_the_memory_does_not_take_is_refused(bb, tmp_path):
-    path = memory(bb).save(tmp_path / "m.safetensors")
+def test_a_load_option_the_memory_does_not_take_is_refused(tiny_bb, tmp_path):
+    path = memory(tiny_bb).save(tmp_path / "m.safetensors")
     with pytest.raises(TimeromeError, match="takes no load option calibration"):
-        EditMemory.load(path, bb, calibration=["text"])
-    assert type(load_memory(path, bb, calibration=["text"])) is EditMemory  # load_memory passes what it takes
+        EditMemory.load(path, tiny_bb, calibration=["text"])
+    assert type(load_memory(path, tiny_bb, calibration=["text"])) is EditMemory  # load_memory passes what it takes
 
 
-def test_the_switch_checks_the_model_and_leaves_nothing_behind(bb, other_bb, tmp_path):
-    m = memory(bb)
-    before = n_hooks(bb)
-    with m.applied(bb):
-        assert n_hooks(bb) == before + 1
-    assert n_hooks(bb) == before
+def test_the_switch_checks_the_model_and_leaves_nothing_behind(tiny_bb, tiny_other_bb, tmp_path):
+    m = memory(tiny_bb)
+    before = n_hooks(tiny_bb)
+    with m.applied(tiny_bb):
+        assert n_hooks(tiny_bb) == before + 1
+    assert n_hooks(tiny_bb) == before
     with pytest.raises(TimeromeError, match="this edit memory was built for another model"):
-        with m.applied(other_bb):
+        with m.applied(tiny_other_bb):
             pass
     with pytest.raises(TimeromeError, match="another model"):
-        load_memory(m.save(tmp_path / "m.safetensors"), other_bb)
+        load_memory(m.save(tmp_path / "m.safetensors"), tiny_other_bb)
 
 
 def test_a_new_memory_class_registers_its_format_and_tensors():

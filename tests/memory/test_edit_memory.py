@@ -23,6 +23,16 @@ BACKGROUND = ["the author was born in city of books", "what did her first novel 
               "where is the author of poetry born ?", "did she write her first book about the sea ?"]
 
 
+@pytest.fixture(scope="module")
+def bb(tiny_bb):
+    return tiny_bb
+
+
+@pytest.fixture(scope="module")
+def other_bb(tiny_other_bb):
+    return tiny_other_bb
+
+
 def facts3():
     return [Fact("the author", "where was the author born ?", "city of books", fact_id="a"),
             Fact("her", "what did her first novel win ?", "award", fact_id="b"),
