@@ -358,3 +358,7 @@ def test_the_tests_mirror_the_packages():
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert folders - {"benchmarks"} <= packages, f"test folders with no package: {sorted(folders - packages)}"
     assert set(CONCEPT_PACKAGES) <= folders
+    # the tests import their shared helpers as `conftest` (pythonpath = tests): a conftest.py in a folder
+    # would be imported under that same name and hide the root one from the folders collected after it
+    nested = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("conftest.py") if p.parent != ROOT / "tests"]
+    assert not nested, f"put fixtures in tests/conftest.py, not {nested}"
