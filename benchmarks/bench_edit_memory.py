@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import random_backbone
-from timerome.engine.throughput import sync
+from timerome.common.cost import sync
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats

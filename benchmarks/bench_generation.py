@@ -37,8 +37,9 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import random_backbone
+from timerome.common.cost import sync
 from timerome.engine.sampler import generate
-from timerome.engine.throughput import sync, timing_clock
+from timerome.engine.throughput import timing_clock
 
 PARTS = ("speed", "rouge")
 OPTIONS = ("exact", "threshold", "prefix", "dual", "prefix+threshold", "dual+threshold")

@@ -33,9 +33,10 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import random_backbone
+from timerome.common.cost import sync
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import default_max_tokens, log_likelihood_batch, pair_masks
-from timerome.engine.throughput import best_throughput, floor_seconds, sync, timing_clock
+from timerome.engine.throughput import best_throughput, floor_seconds, timing_clock
 
 
 def main() -> int:

@@ -41,9 +41,9 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
+from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
-from timerome.engine.throughput import (best_throughput, floor_by_length, floor_seconds, head_throughput, sync,
-                                        timing_clock)
+from timerome.engine.throughput import best_throughput, floor_by_length, floor_seconds, head_throughput, timing_clock
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter

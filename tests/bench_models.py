@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from timerome.training.small_model import bpe_tokenizer, tiny_model, trained_model  # noqa: F401 (the tests' names)
-
 
 def find_bench() -> Path:
     """The shared benchmark data: $TIMEROME_TEST_BENCH, the checkout's ../shared/data, or /work's."""

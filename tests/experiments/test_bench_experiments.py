@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from bench_models import BENCH, needs_bench, tiny_model, trained_model
+from bench_models import BENCH, needs_bench
 
 from timerome.data.muse import load_muse
 from timerome.data.rwku import load_rwku, passage_rows
@@ -15,6 +15,7 @@ from timerome.data.whp import load_trivia
 from timerome.data.wmdp import load_wmdp
 from timerome.experiments import QUICK, experiment_config, run_experiment
 from timerome.metrics.rwku import qa_rows
+from timerome.training.small_model import tiny_model, trained_model
 
 TIMEROME_AT_LAYER_1 = {"method": "timerome", "config": {"coordinate": [1, "resid"]}}
 

@@ -53,6 +53,12 @@ class _RssWatch:
         return max(self.peak, rss_now_mb() or 0.0)
 
 
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on a CPU. Timers call it around timed work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @contextmanager
 def measure(backbone=None):
     """Wall seconds and peak memory of the block, into the yielded dict {seconds, peak_mb, extra_mb}.
@@ -66,7 +72,7 @@ def measure(backbone=None):
     out = {"seconds": 0.0, "peak_mb": 0.0, "extra_mb": 0.0}
     watch = None
     if cuda:
-        torch.cuda.synchronize(backbone.device)
+        sync(backbone.device)
         torch.cuda.reset_peak_memory_stats(backbone.device)
         before = torch.cuda.memory_allocated(backbone.device) / 2**20
     elif (before := rss_now_mb()) is not None:
@@ -78,7 +84,7 @@ def measure(backbone=None):
         yield out
     finally:
         if cuda:
-            torch.cuda.synchronize(backbone.device)
+            sync(backbone.device)
             peak = torch.cuda.max_memory_allocated(backbone.device) / 2**20
         elif watch is not None:
             peak = watch.stop()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from timerome.common.cost import sync
 from timerome.engine.hooks import run_to
 
 
@@ -137,9 +138,3 @@ def timing_clock(choice: str = "auto", device="cpu", threads: int | None = None)
     if threads or cpu:
         torch.set_num_threads(threads or 1)
     return (time.process_time, "process CPU time") if cpu else (time.perf_counter, "wall time")
-
-
-def sync(device) -> None:
-    """Wait for the device's queued work (CUDA); nothing on a CPU. Timers call it around timed work."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)

@@ -69,16 +69,6 @@ MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token i
 
 
 class CodebookMemory(Memory):
-    FORMAT, KIND, WHAT = FORMAT, "codebook", "codebook memory"
-    SCHEMA = {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
-              "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
-              "deltas": (torch.float64, 2, True), "mu": (torch.float64, 1, True),
-              "cov": (torch.float64, 2, True)}
-    LOAD_OPTIONS = ("calibration",)
-    OVERRIDABLE = ("alpha", "margin", "inner")
-    pads = None       # end-of-text tokens after the answer in the key and calibration states (token_keys._states)
-    last_pads = None  # with these counts, the memory also calibrates on last-step states (token_keys.answer_keys)
-
     """Radius-gated codebook memory (module docstring) at one coordinate of one backbone.
 
     background: the whitening statistics (ResidualStats at the coordinate, or texts for
@@ -88,6 +78,16 @@ class CodebookMemory(Memory):
     key every unmasked answer token of a fact's states too, not only its subject's tokens (the
     object's evidence: hardening against the answer shown in context).
     """
+
+    FORMAT, KIND, WHAT = FORMAT, "codebook", "codebook memory"
+    SCHEMA = {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
+              "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
+              "deltas": (torch.float64, 2, True), "mu": (torch.float64, 1, True),
+              "cov": (torch.float64, 2, True)}
+    LOAD_OPTIONS = ("calibration",)
+    OVERRIDABLE = ("alpha", "margin", "inner")
+    pads = None       # end-of-text tokens after the answer in the key and calibration states (token_keys._states)
+    last_pads = None  # with these counts, the memory also calibrates on last-step states (token_keys.answer_keys)
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,

@@ -55,21 +55,23 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
     return texts
 
 
-def train_bpe_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB):
-    """A byte-level BPE tokenizer learnt on `texts` (PreTrainedTokenizerFast, specials at ids 0-4)."""
+def train_bpe_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB, *, specials=SPECIALS, roles=SPECIAL_ROLES):
+    """A byte-level BPE tokenizer learnt on `texts` (PreTrainedTokenizerFast, `specials` first, at ids
+    0, 1, ...; `roles` names them: pad_token=..., eos_token=...). Every byte is in its alphabet, so any
+    text encodes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if vocab_size < len(SPECIALS) + 256:
-        raise TimeromeError(f"vocab_size must be at least {len(SPECIALS) + 256} (the specials and the 256 "
+    if vocab_size < len(specials) + 256:
+        raise TimeromeError(f"vocab_size must be at least {len(specials) + 256} (the specials and the 256 "
                             f"bytes), got {vocab_size}")
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, **SPECIAL_ROLES)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, **roles)
 
 
 def model_config(tok, size: str = "small", *, context: int = DEFAULT_CONTEXT, **override) -> dict:

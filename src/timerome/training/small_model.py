@@ -11,22 +11,17 @@ from timerome.backbones import load_backbone
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.training.new_model import train_bpe_tokenizer
 from timerome.training.train import TrainConfig, train
+
+SPECIALS = ("<|pad|>", "<|eos|>", "<|mask|>")
 
 
 def bpe_tokenizer(texts, directory: Path, vocab: int = 400):
-    """Byte-level BPE trained on `texts` (every byte is in its alphabet, so any text encodes)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|pad|>", "<|eos|>", "<|mask|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tk.train_from_iterator(list(texts) + [DEFAULT_TARGET], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|eos|>",
-                                  mask_token="<|mask|>")
+    """`new_model.train_bpe_tokenizer` on `texts` (and the refusal target) with three specials, saved in
+    `directory`."""
+    tok = train_bpe_tokenizer(list(texts) + [DEFAULT_TARGET], vocab, specials=SPECIALS,
+                              roles=dict(pad_token=SPECIALS[0], eos_token=SPECIALS[1], mask_token=SPECIALS[2]))
     tok.save_pretrained(str(directory))
     return tok
 
