@@ -20,9 +20,14 @@ Prints, from one run:
   model's best batched throughput of its blocks measured here (forwards cut after the last block,
   rows x blocks per second at the best batch size, at the row's own length:
   `throughput.floor_by_length`), plus the head at the positions read (`min_head_positions`, at the
-  head's best rate, `throughput.head_throughput`); the median of 2 x --repeats timed traces, half before and half after the rates are measured; and
+  head's best rate, `throughput.head_throughput`); in 2 x --repeats rounds, each a timed trace and
+  then the best batch sizes timed again (`throughput.retimed`), the multiple being the median of the
+  rounds' ratios (the machine's speed drifts by 10-20 % within a run; a ratio of two times taken
+  seconds apart does not); and
   against the strict floor, which charges every token-block the best token rate of any length
-  (`throughput.floor_seconds`).
+  (`throughput.floor_seconds`); and where the multiple comes from: the row-blocks computed at the best
+  rates, at the rates of the batch sizes they ran (`throughput.seconds_at_batches`), the head's floor, and
+  the rest (the time outside the blocks beyond the head's floor).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
 Timer: process CPU time with one thread on CPU (steadiest on a shared machine; --clock wall for
 wall time), wall time on a GPU; the floor is measured with the same timer.
@@ -43,7 +48,8 @@ import torch
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
-from timerome.engine.throughput import best_throughput, floor_by_length, floor_seconds, head_throughput, timing_clock
+from timerome.engine.throughput import (Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput, retimed,
+                                        seconds_at_batches, timing_clock)
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -97,27 +103,35 @@ def _bench(args, bb, facts) -> int:
     items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
     lengths = sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})
 
-    trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False)  # warm-up: every shape once
-    # timed runs before and after the floor's measurement, so that a drift in machine speed during the
-    # benchmark hits the trace and its floor alike (the median of all; the floor's rates are medians too)
-    runs = [_timed_trace(args, bb, facts) for _ in range(max(1, args.repeats))]
+    st = trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False).stats  # warm-up
+    # the floor's best batch size at each length (and the rate tables), then rounds of a timed trace
+    # followed by those sizes timed again: each round's trace is divided by the floor of the same
+    # moment, so that a drift in the machine's speed hits both alike (the medians of the rounds)
     rates = [best_throughput(bb, L, clock=CLOCK, blocks_only=True) for L in lengths]
     head_rate = head_throughput(bb, clock=CLOCK)
-    runs += [_timed_trace(args, bb, facts) for _ in range(max(1, args.repeats))]
-    fast, fast_s = runs[0][0], statistics.median(t for _, t in runs)
-    st = fast.stats
     head_s = st["min_head_positions"] / head_rate
-    floor_s = floor_by_length(st["min_block_rows_by_length"], rates) + head_s
-    strict_s = floor_seconds(token_blocks=st["min_block_tokens"], rates=rates) + head_s
+    runs, floors, stricts, retimes = [], [], [], []
+    for _ in range(2 * max(1, args.repeats)):
+        runs.append(_timed_trace(args, bb, facts))
+        now = [retimed(bb, r, clock=CLOCK, blocks_only=True) for r in rates]
+        retimes.append(now)
+        floors.append(floor_by_length(st["min_block_rows_by_length"], now) + head_s)
+        stricts.append(floor_seconds(token_blocks=st["min_block_tokens"], rates=now) + head_s)
+    fast, fast_s = runs[0][0], statistics.median(t for _, t in runs)
+    floor_s, strict_s = statistics.median(floors), statistics.median(stricts)
+    ratios = [t / f for (_, t), f in zip(runs, floors)]
+    multiple = statistics.median(ratios)
+    strict_multiple = statistics.median(t / f for (_, t), f in zip(runs, stricts))
     best = max(rates, key=lambda r: r.token_blocks_per_s)
     out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, facts=len(facts), steps=K, samples=N,
-               fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, cost_multiple=fast_s / floor_s,
-               strict_floor_seconds=strict_s, strict_cost_multiple=fast_s / strict_s, head_floor_seconds=head_s,
+               fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, floor_runs=floors,
+               cost_multiple=multiple, cost_multiples=ratios,
+               strict_floor_seconds=strict_s, strict_cost_multiple=strict_multiple, head_floor_seconds=head_s,
                min_block_rows=st["min_block_rows"], block_rows=st["block_rows"],
                min_head_positions=st["min_head_positions"], head_positions=st["head_positions"],
                rows_run=st["rows_run"], forwards=st["forwards"], head_positions_per_s=head_rate,
                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates})
-    print(f"fast trace       {fast_s:8.2f} s  (median of {len(runs)}, half before and half after the floor's rates: "
+    print(f"fast trace       {fast_s:8.2f} s  (median of {len(runs)} rounds: "
           f"{', '.join(f'{t:.2f}' for _, t in runs)}; "
           f"{st['rows_run']} rows in {st['forwards']} batched forwards, "
           f"{st['block_rows']} row-blocks and {st['head_positions']} head positions computed)")
@@ -126,13 +140,35 @@ def _bench(args, bb, facts) -> int:
     need = st["min_block_rows_by_length"]
     print(f"throughput floor {floor_s:8.2f} s  ({st['min_block_rows']} row-blocks the definition needs ("
           + ", ".join(f"{n} at L={length}" for length, n in sorted(need.items(), key=lambda kv: int(kv[0])))
-          + f"), each at the best blocks-only rate of its length, + {st['min_head_positions']} head positions "
-          f"at the head's best rate: {head_s:.2f} s)")
-    print(f"cost multiple    {fast_s / floor_s:8.2f} x the floor   (goal <= 1.2x); computed "
+          + f"), each at the best blocks-only rate of its length, timed again after each round's trace, + "
+          f"{st['min_head_positions']} head positions at the head's best rate: {head_s:.2f} s; median of "
+          f"{', '.join(f'{f:.2f}' for f in floors)})")
+    print(f"cost multiple    {multiple:8.2f} x the floor   (goal <= 1.2x; median of the rounds' "
+          f"{', '.join(f'{r:.2f}' for r in ratios)}); computed "
           f"{st['block_rows'] / st['min_block_rows']:.2f} x the needed row-blocks, "
           f"{st['head_positions'] / max(1, st['min_head_positions']):.2f} x the needed head positions")
     print(f"strict floor     {strict_s:8.2f} s  ({st['min_block_tokens']} token-blocks, all at the best token "
-          f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}, + the head): {fast_s / strict_s:.2f} x")
+          f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}, + the head): {strict_multiple:.2f} x")
+    # where the multiple comes from: rows computed beyond the needed ones, batch sizes other than the
+    # best, and the time outside the blocks beyond the head's floor
+    computed = {}
+    for key, calls in st["block_batches"].items():
+        length, rows = key.split("x")
+        computed[length] = computed.get(length, 0) + calls * int(rows)
+    # the rate tables at the rounds' speed: each length's table scaled by its best size's median retimed rate
+    level = [statistics.median(now[i].row_blocks_per_s for now in retimes) / r.row_blocks_per_s for i, r in enumerate(rates)]
+    scaled = [Throughput(r.length, r.rows, r.row_blocks_per_s * x, {b: v * x for b, v in r.table.items()})
+              for r, x in zip(rates, level)]
+    best_s = floor_by_length(computed, scaled)
+    batches_s = seconds_at_batches(st["block_batches"], scaled)
+    rest_s = fast_s - batches_s - head_s
+    print(f"where it goes    the computed row-blocks at the best rates {best_s:.2f} s "
+          f"({st['block_rows'] / st['min_block_rows']:.2f} x the needed); at the rates of the batch sizes they ran "
+          f"{batches_s:.2f} s (read off the tables, scaled to the rounds' speed; beyond the largest size measured, its rate); "
+          f"the head at its floor {head_s:.2f} s; the rest {rest_s:.2f} s ({rest_s / floor_s:.2f} x the floor: "
+          f"the head's log-normaliser, the sampler step, the engine's bookkeeping, each forward's own fixed costs)")
+    out.update(computed_at_best_seconds=best_s, computed_at_batch_rates_seconds=batches_s, rest_seconds=rest_s,
+               block_batches=st["block_batches"])
     ok = True
     if not args.no_ablations:
         ok = _ablations(args, bb, facts, fast, fast_s, floor_s, out)

@@ -321,22 +321,37 @@ def test_an_experiment_killed_or_interrupted_resumes_to_the_same_table(tmp_path,
         p, t0 = start(out), time.monotonic()
         while len(cells(out)) < n and p.poll() is None and time.monotonic() - t0 < 240:
             time.sleep(0.02)
-        assert p.poll() is None, "the run ended before it could be stopped: " + p.stderr.read()[-500:]
-        p.send_signal(sig)
+        if p.poll() is None:
+            p.send_signal(sig)
         _, err = p.communicate(timeout=120)
         return p.returncode, err
+
+    def interrupted_twice(stopped):
+        """(cells after the SIGKILL, cells after the SIGINT), or None where a run ended before its
+        signal reached it (exit 0: a machine that stalls this process for a second or two lets the
+        tiny run finish first)."""
+        code, err = stop_after(stopped, 1, signal.SIGKILL)
+        if code == 0:
+            return None
+        assert code == -signal.SIGKILL, err[-1500:]
+        first = cells(stopped)
+        code, err = stop_after(stopped, len(first) + 1, signal.SIGINT)
+        if code == 0:
+            return None
+        lines = [line for line in err.splitlines() if line.startswith("interrupted")]
+        assert code == 130 and len(lines) == 1 and "run the same command again" in lines[0], err[-1500:]
+        return first, cells(stopped)
 
     full = tmp_path / "full"
     res = CliRunner().invoke(app, [*args, str(full)])  # the uninterrupted run, in this process
     assert res.exit_code == 0, res.output
-    stopped = tmp_path / "stopped"
-    code, _ = stop_after(stopped, 1, signal.SIGKILL)
-    assert code == -signal.SIGKILL
-    first = cells(stopped)
-    code, err = stop_after(stopped, len(first) + 1, signal.SIGINT)
-    lines = [line for line in err.splitlines() if line.startswith("interrupted")]
-    assert code == 130 and len(lines) == 1 and "run the same command again" in lines[0], err[-1500:]
-    second = cells(stopped)
+    for attempt in range(3):
+        stopped = tmp_path / f"stopped{attempt}"
+        got = interrupted_twice(stopped)
+        if got is not None:
+            break
+    assert got is not None, "three runs in a row ended before their signal: SIGKILL / SIGINT never stopped one"
+    first, second = got
     assert len(second) > len(first) and all(second[k] == t for k, t in first.items())  # went on, recomputed none
     finish(start(stopped))
     final = cells(stopped)

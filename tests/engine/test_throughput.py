@@ -6,7 +6,8 @@ from conftest import live_steps
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.engine.throughput import Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput
+from timerome.engine.throughput import (Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput,
+                                        retimed, seconds_at_batches)
 from timerome.tracing.causal_trace import trace
 
 FACTS = [
@@ -35,7 +36,8 @@ def test_best_throughput_is_the_best_batch_size(bb):
 
 def test_best_throughput_times_what_it_reports():
     """A fake backbone whose forward of b rows takes (0.01 + 0.001 b) s of a fake clock: the rate
-    is b * blocks / time, best at the largest batch, and the doubling stops at max_rows."""
+    is b * blocks / time, best at the largest batch, and the doubling stops at max_rows; `retimed`
+    times the best batch size again."""
     now = [0.0]
 
     class Fake:
@@ -48,6 +50,11 @@ def test_best_throughput_times_what_it_reports():
     assert r.rows == 64
     for b, rate in r.table.items():
         assert rate == pytest.approx(b * 4 / (0.01 + 0.001 * b))
+    # timed again at its batch size on a machine now twice as slow: half the rate, the same table
+    Fake.logits = lambda self, ids: now.__setitem__(0, now[0] + 2 * (0.01 + 0.001 * ids.shape[0]))
+    again = retimed(Fake(), r, repeats=3, clock=lambda: now[0])
+    assert (again.length, again.rows, again.table) == (5, 64, r.table)
+    assert again.row_blocks_per_s == pytest.approx(r.row_blocks_per_s / 2)
 
 
 def test_floor_charges_every_token_block_at_the_best_rate():
@@ -62,6 +69,33 @@ def test_floor_by_length_charges_each_length_its_own_rate():
     assert floor_by_length({"10": 300, "20": 120}, rates) >= floor_seconds(token_blocks=300 * 10 + 120 * 20, rates=rates)
     with pytest.raises(ValueError, match="length"):
         floor_by_length({"15": 1}, rates)
+
+
+def test_rates_at_other_batch_sizes_come_off_the_measured_table():
+    r = Throughput(length=10, rows=8, row_blocks_per_s=100.0, table={1: 20.0, 2: 40.0, 4: 80.0, 8: 100.0, 16: 60.0})
+    assert r.rate_at(4) == 80.0 and r.rate_at(1) == 20.0
+    assert r.rate_at(12) == pytest.approx(100.0 + (60.0 - 100.0) * 0.5849625, rel=1e-6)  # log2 12 = 3.585
+    assert r.rate_at(100) == 60.0  # beyond the sizes measured: the largest one's rate
+    rates = [r, Throughput(length=20, rows=2, row_blocks_per_s=50.0, table={1: 30.0, 2: 50.0})]
+    # 3 calls of 8 rows and 1 of 16 at length 10, 2 calls of 2 rows at length 20
+    assert seconds_at_batches({"10x8": 3, "10x16": 1, "20x2": 2}, rates) == pytest.approx(24 / 100 + 16 / 60 + 4 / 50)
+    # never below the floor of the same row-blocks at the best rates
+    assert seconds_at_batches({"10x8": 3, "10x16": 1, "20x2": 2}, rates) >= floor_by_length({"10": 40, "20": 4}, rates)
+    with pytest.raises(ValueError, match="length"):
+        seconds_at_batches({"15x2": 1}, rates)
+
+
+def test_block_batches_count_every_block_call(bb):
+    """stats["block_batches"] adds up to the row-blocks computed, at the facts' own lengths, and a
+    smaller batch_size runs smaller batches."""
+    for batch_size in (256, 7):
+        st = trace(bb, FACTS, steps=K, n_samples=N, progress=False, batch_size=batch_size).stats
+        calls = {tuple(int(v) for v in key.split("x")): n for key, n in st["block_batches"].items()}
+        assert sum(rows * n for (_, rows), n in calls.items()) == st["block_rows"]
+        assert {length for length, _ in calls} == {int(L) for L in st["min_block_rows_by_length"]}
+        assert sum(calls.values()) == st["forwards"] * bb.n_layers
+        if batch_size == 7:
+            assert max(rows for _, rows in calls) <= 7 + 2  # at most batch_size rows, + a few packed rows
 
 
 def test_trace_floor_is_a_property_of_the_definition_not_of_the_engine(bb):

@@ -23,6 +23,7 @@ measured, the most favourable of them.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,20 @@ class Throughput:
     def token_blocks_per_s(self) -> float:
         return self.row_blocks_per_s * self.length
 
+    def rate_at(self, rows: int) -> float:
+        """Rows x blocks per second at batch size `rows`, read off the measured table: linear in
+        log2(rows) between the sizes measured, the nearest measured size's rate beyond them (an
+        estimate: the table holds powers of two only)."""
+        sizes = sorted(self.table)
+        if not sizes:
+            return self.row_blocks_per_s
+        if rows <= sizes[0] or rows >= sizes[-1]:
+            return self.table[sizes[0] if rows <= sizes[0] else sizes[-1]]
+        hi = next(b for b in sizes if b >= rows)
+        lo = sizes[sizes.index(hi) - 1]
+        w = (math.log2(rows) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return self.table[lo] * (1 - w) + self.table[hi] * w
+
 
 @torch.no_grad()
 def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds: float = 8.0, repeats: int = 3,
@@ -59,18 +74,41 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
     rate of the blocks alone, for floors that charge the head separately (`head_throughput`).
     """
     g = torch.Generator().manual_seed(seed)
-    last = (backbone.n_layers - 1, "resid")
 
     def make(b):
         return torch.randint(0, backbone.vocab_size, (b, length), generator=g).to(backbone.device)
 
-    def forward(ids):
-        return run_to(backbone, last, ids) if blocks_only else backbone.logits(ids)
-
-    seconds = _doubling(backbone, make, forward, 1, max_rows, max_seconds, repeats, clock)
+    seconds = _doubling(backbone, make, _forward(backbone, blocks_only), 1, max_rows, max_seconds, repeats, clock)
     table = {b: b * backbone.n_layers / sec for b, sec in seconds.items()}
     rows = max(table, key=table.get)
     return Throughput(length=length, rows=rows, row_blocks_per_s=table[rows], table=table)
+
+
+@torch.no_grad()
+def retimed(backbone, rate: Throughput, *, repeats: int = 5, clock=time.perf_counter, seed: int = 0,
+            blocks_only: bool = False) -> Throughput:
+    """`rate` with its batch size timed again now (median of `repeats` forwards after a warm-up):
+    a benchmark that times its work and the floor's rate side by side, round after round, divides
+    each by the other measured at the same moment, so that a drift in the machine's speed hits both."""
+    ids = torch.randint(0, backbone.vocab_size, (rate.rows, rate.length),
+                        generator=torch.Generator().manual_seed(seed)).to(backbone.device)
+    forward = _forward(backbone, blocks_only)
+    forward(ids)
+    times = []
+    for _ in range(repeats):
+        sync(backbone.device)
+        t = clock()
+        forward(ids)
+        sync(backbone.device)
+        times.append(clock() - t)
+    now = rate.rows * backbone.n_layers / max(statistics.median(times), 1e-9)
+    return Throughput(length=rate.length, rows=rate.rows, row_blocks_per_s=now, table=rate.table)
+
+
+def _forward(backbone, blocks_only: bool):
+    """A forward of ids: the whole model, or (blocks_only) cut after the last block."""
+    last = (backbone.n_layers - 1, "resid")
+    return (lambda ids: run_to(backbone, last, ids)) if blocks_only else backbone.logits
 
 
 @torch.no_grad()
@@ -127,6 +165,20 @@ def floor_by_length(block_rows: dict, rates: list[Throughput]) -> float:
     if missing:
         raise ValueError(f"no throughput measured at length(s) {missing}")
     return sum(n / by_length[int(length)].row_blocks_per_s for length, n in block_rows.items())
+
+
+def seconds_at_batches(block_batches: dict, rates: list[Throughput]) -> float:
+    """The time block calls {"LxB": calls} (rows of length L, B rows per call: a trace's
+    stats["block_batches"]) take at the rates measured for their own batch sizes (`rate_at`): where
+    the work runs at batch sizes other than the best, what that costs against `floor_by_length`."""
+    by_length = {r.length: r for r in rates}
+    total = 0.0
+    for key, calls in block_batches.items():
+        length, rows = (int(v) for v in key.split("x"))
+        if length not in by_length:
+            raise ValueError(f"no throughput measured at length {length}")
+        total += calls * rows / by_length[length].rate_at(rows)
+    return total
 
 
 def timing_clock(choice: str = "auto", device="cpu", threads: int | None = None):

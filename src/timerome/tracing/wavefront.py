@@ -47,7 +47,8 @@ Switches exist for the benchmark and the tests to compare against: share_rows (`
 reuse_layers (the joins), pack, masked_head and screen (`tracing.trace`: pack_splices, head,
 screen_reveal); all on by default, none changes a number (bit-identical on CPU; tested).
 
-`stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions)
+`stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions;
+block_batches: how many block calls ran how many rows, keyed "LxB" for rows of length L in a batch of B)
 and the least work any exact implementation must do, the unit of `benchmarks/bench_trace.py`'s
 floor: `min_block_rows` (one row through one block; `min_block_tokens` weighs each by the row's
 length, `min_block_rows_by_length` splits it by row length) and `min_head_positions` (one position
@@ -299,8 +300,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     lp_clean = torch.zeros(F, K + 1)
     lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
     rows, state = Rows(), TraceState()
-    stats = dict(rows_run=0, forwards=0, block_rows=0, head_positions=0, min_block_rows=0, min_block_tokens=0,
-                 min_block_rows_by_length={str(L): 0}, min_head_positions=0)
+    stats = dict(rows_run=0, forwards=0, block_rows=0, block_batches={}, head_positions=0, min_block_rows=0,
+                 min_block_tokens=0, min_block_rows_by_length={str(L): 0}, min_head_positions=0)
     # the joins first: at a block's output rows join before the resid splice there acts on them
     with Hooks(backbone, edit=joiners(blocks, rows), raw=True), \
             Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool(packed_site.any())), state=state):
@@ -335,7 +336,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             pos_clean = torch.zeros(F, L, device=device)
             gen_run, gen_clean = x[run].clone(), x_clean.clone()
             for items in (_chunks(skip, fact[run], source, F * N, batch_size, live_run) if bool(live.any()) else ()):
-                xb, x_all, fr, where, clean_at, n_blocks = _layout(
+                xb, x_all, fr, where, clean_at, sizes = _layout(
                     rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, j, table, subject,
                     sites, N, n_layers, mask_id)
                 masked = x_all == mask_id
@@ -358,7 +359,10 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                     gen_clean[have] = gen[clean_at[have]]
                 stats["rows_run"] += x_all.shape[0]
                 stats["forwards"] += 1
-                stats["block_rows"] += n_blocks
+                stats["block_rows"] += sum(sizes)
+                for size in sizes:  # the batch of each block call, for benchmarks that rate it
+                    key = f"{L}x{size}"
+                    stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
             rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}, {}
             score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
@@ -443,7 +447,7 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
             subject, sites, n_samples: int, n_layers: int, mask_id: int):
     """The batch of one forward, and rows' hook settings for it. Returns (ids [B0, L] it starts
     from, ids [B, L] of the final batch, fact of each final row, where [len(items)]: each item's row
-    in the final batch, clean_at [F]: each fact's clean row in it or -1, row-blocks it computes).
+    in the final batch, clean_at [F]: each fact's clean row in it or -1, the rows each block computes).
 
     Rows from the embedding: the clean rows of the items' facts, the items that skip nothing, then
     any corrupted row a joining item copies that is not among them (then the packed rows of layer 0).
@@ -497,14 +501,14 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         if bool(mod.any()):
             rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod])
 
-    size, n_blocks, joined = B_real, 0, []
+    size, sizes, joined = B_real, [], []
     if 0 in slots:
         item, pos, prow, slot, n = slots[0]
         rows.fill[(None, "embed")] = (None, size + prow, slot, where[source[item]], pos)
         fills(0, size)
         size += n
     for b in range(n_layers):
-        n_blocks += size  # rows block b computes
+        sizes.append(size)  # rows block b computes
         dropped = slots[b][4] if b in slots else 0
         these = joining[skip[joining] == b + 1]
         if dropped:
@@ -542,7 +546,7 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         row, positions = subject[fr[spliced]].nonzero(as_tuple=True)  # each (row, subject position)
         idx = spliced[row]
         rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions)
-    return xb, x_all, fr, where[items], clean_at, n_blocks
+    return xb, x_all, fr, where[items], clean_at, sizes
 
 
 def _index_in(these: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
