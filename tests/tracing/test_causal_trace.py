@@ -253,6 +253,28 @@ def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
     torch.testing.assert_close(r.tie_full, on.tie_full, atol=1e-5, rtol=0, equal_nan=True)
 
 
+def test_the_engine_checks_are_asked_once_per_forward_state(bb, monkeypatch):
+    """rows_can_join / rows_can_pack run their probe forwards once while what a forward runs stays
+    the same, and again when a hook is added or a backbone method patched (each such state once)."""
+    import timerome.tracing.wavefront as wavefront
+
+    calls = []
+    for name in ("_rows_can_join", "_rows_can_pack"):
+        real = getattr(wavefront, name)
+        monkeypatch.setattr(wavefront, name, lambda b, real=real, name=name: calls.append(name) or real(b))
+    bb.engine_checks.clear()
+    assert rows_can_join(bb) and rows_can_pack(bb) and rows_can_join(bb) and rows_can_pack(bb)
+    assert calls == ["_rows_can_join", "_rows_can_pack"]
+    trace(bb, FACTS[:1], **FAST)
+    assert len(calls) == 2  # the trace asked too: answered from the memo
+    with Hooks(bb, edit={(0, "mlp"): lambda h, _state: None}):  # a hook in the forward: asked again
+        assert rows_can_join(bb) and rows_can_join(bb)
+    assert calls.count("_rows_can_join") == 2
+    assert rows_can_join(bb) and calls.count("_rows_can_join") == 2  # the hook gone: the first answer
+    monkeypatch.setattr(bb, "forward_kwargs", lambda ids, keys: {"attention_mask": torch.ones_like(ids, dtype=torch.bool)})
+    assert not rows_can_join(bb) and calls.count("_rows_can_join") == 3
+
+
 @pytest.mark.parametrize("batch_size", [256, 7])
 @pytest.mark.parametrize("readout", ["decided", "aligned"])
 def test_packed_splices_the_masked_head_and_the_screen_change_no_number(bb, batch_size, readout):

@@ -172,11 +172,48 @@ def joiners(blocks, rows: Rows) -> dict:
     return {block: joiner(b) for b, block in enumerate(blocks)}
 
 
-@torch.no_grad()
+def checked(backbone, name: str, check) -> bool:
+    """check()'s answer, kept on the backbone (`engine_checks`) while what a forward runs is unchanged.
+
+    The engine's checks ask how the model computes (whether its blocks take a regrown batch, act
+    on each position alone after attention), not what its weights hold; what can change the
+    answer is what runs in a forward: the hooks on its modules (and torch's global ones), methods
+    set on the backbone object itself, its device and dtype. Those make the key, so a hook added
+    or removed, or a patched method, asks again. The last 8 answers are kept."""
+    memo = getattr(backbone, "engine_checks", None)
+    if memo is None:  # not a timerome Backbone: ask every time
+        return check()
+    key = (name, _forward_state(backbone))
+    if key not in memo:
+        memo[key] = check()
+        while len(memo) > 8:
+            memo.pop(next(iter(memo)))
+    return memo[key]
+
+
+def _forward_state(backbone) -> tuple:
+    """What a forward of the backbone runs besides its parameters' values (`checked`'s key)."""
+    from torch.nn.modules import module as torch_module
+
+    hooks = tuple((id(m), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
+                  for m in backbone.model.modules() if m._forward_hooks or m._forward_pre_hooks)
+    own = tuple((k, id(v)) for k, v in vars(backbone).items()
+                if callable(v) and not isinstance(v, (torch.nn.Module, torch.Tensor)))
+    p = next(backbone.model.parameters(), None)
+    where = None if p is None else (str(p.device), p.dtype)
+    return (hooks, own, where, tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
+
+
 def rows_can_join(backbone) -> bool:
     """Whether a batch regrown after a block runs correctly through the blocks above it: with
     three rows, dropping the last after block 0 and appending copies of rows 0 and 1 must give
-    rows 0-1 their own logits and the copies those of rows 0 and 1."""
+    rows 0-1 their own logits and the copies those of rows 0 and 1 (asked once per forward state,
+    `checked`)."""
+    return checked(backbone, "rows_can_join", lambda: _rows_can_join(backbone))
+
+
+@torch.no_grad()
+def _rows_can_join(backbone) -> bool:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, backbone.vocab_size, (3, 4), generator=g).to(backbone.device)
     rows = Rows()
@@ -204,16 +241,20 @@ class _ProbeFact:
         return torch.cat([self.prompt_ids, torch.full_like(self.object_ids, mask_id)])
 
 
-@torch.no_grad()
 def rows_can_pack(backbone, joins: bool | None = None) -> bool:
     """Whether attn / mlp splices may run their own layer at the subject tokens only (packed rows):
     the part of a block after its attention must act on each position alone, and the embedding
     must not depend on the position (no absolute position table added after the hooked embedding).
     Checked on the engine itself: a random fact traced at the first and last layers' attn and mlp,
-    packed and unpacked, must give the same log-probs. joins: `rows_can_join`'s answer where the
-    caller has it (packed rows join the batch)."""
+    packed and unpacked, must give the same log-probs (asked once per forward state, `checked`).
+    joins: `rows_can_join`'s answer where the caller has it (packed rows join the batch)."""
     if backbone.n_layers < 1 or not (rows_can_join(backbone) if joins is None else joins):
         return False
+    return checked(backbone, "rows_can_pack", lambda: _rows_can_pack(backbone))
+
+
+@torch.no_grad()
+def _rows_can_pack(backbone) -> bool:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)
     ids[ids == backbone.mask_id] = (backbone.mask_id + 1) % backbone.vocab_size
