@@ -179,6 +179,7 @@ def frozen_copy(backbone):
     for p in ref.model.parameters():
         p.requires_grad_(False)
     ref._modules = dict(ref.model.named_modules())  # hook points resolve to the copy's modules
+    ref.engine_checks = {}  # its own memo of the engine's checks (wavefront.checked), not the original's dict
     return ref
 
 
