@@ -87,21 +87,12 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
 @torch.no_grad()
 def retimed(backbone, rate: Throughput, *, repeats: int = 5, clock=time.perf_counter, seed: int = 0,
             blocks_only: bool = False) -> Throughput:
-    """`rate` with its batch size timed again now (median of `repeats` forwards after a warm-up):
+    """`rate` with its batch size timed again now (the median of `repeats` forwards after a warm-up):
     a benchmark that times its work and the floor's rate side by side, round after round, divides
     each by the other measured at the same moment, so that a drift in the machine's speed hits both."""
     ids = torch.randint(0, backbone.vocab_size, (rate.rows, rate.length),
                         generator=torch.Generator().manual_seed(seed)).to(backbone.device)
-    forward = _forward(backbone, blocks_only)
-    forward(ids)
-    times = []
-    for _ in range(repeats):
-        sync(backbone.device)
-        t = clock()
-        forward(ids)
-        sync(backbone.device)
-        times.append(clock() - t)
-    now = rate.rows * backbone.n_layers / max(statistics.median(times), 1e-9)
+    now = rate.rows * backbone.n_layers / _median_seconds(backbone, _forward(backbone, blocks_only), ids, repeats, clock)
     return Throughput(length=rate.length, rows=rate.rows, row_blocks_per_s=now, table=rate.table)
 
 
@@ -131,22 +122,26 @@ def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, re
     of more than max_seconds, or once two doublings in a row did not beat the best size / second."""
     seconds, best, worse, n = {}, 0.0, 0, first
     while n <= most:
-        x = make(n)
-        run(x)
-        times = []
-        for _ in range(repeats):
-            sync(backbone.device)
-            t = clock()
-            run(x)
-            sync(backbone.device)
-            times.append(clock() - t)
-        sec = seconds[n] = max(statistics.median(times), 1e-9)
+        sec = seconds[n] = _median_seconds(backbone, run, make(n), repeats, clock)
         worse = 0 if n / sec > best else worse + 1
         best = max(best, n / sec)
         if sec > max_seconds or worse >= 2:
             break
         n *= 2
     return seconds
+
+
+def _median_seconds(backbone, run, x, repeats: int, clock) -> float:
+    """The median time of `repeats` calls run(x) after one warm-up call (allocations, kernel selection)."""
+    run(x)
+    times = []
+    for _ in range(repeats):
+        sync(backbone.device)
+        t = clock()
+        run(x)
+        sync(backbone.device)
+        times.append(clock() - t)
+    return max(statistics.median(times), 1e-9)
 
 
 def floor_seconds(*, token_blocks: float, rates: list[Throughput]) -> float:
