@@ -48,8 +48,8 @@ import torch
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
-from timerome.engine.throughput import (Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput, retimed,
-                                        seconds_at_batches, timing_clock)
+from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
+                                        head_throughput, retimed, seconds_at_batches, timing_clock)
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -152,9 +152,8 @@ def _bench(args, bb, facts) -> int:
     # where the multiple comes from: rows computed beyond the needed ones, batch sizes other than the
     # best, and the time outside the blocks beyond the head's floor
     computed = {}
-    for key, calls in st["block_batches"].items():
-        length, rows = key.split("x")
-        computed[length] = computed.get(length, 0) + calls * int(rows)
+    for length, rows, calls in block_calls(st["block_batches"]):
+        computed[length] = computed.get(length, 0) + calls * rows
     # the rate tables at the rounds' speed: each length's table scaled by its best size's median retimed rate
     level = [statistics.median(now[i].row_blocks_per_s for now in retimes) / r.row_blocks_per_s for i, r in enumerate(rates)]
     scaled = [Throughput(r.length, r.rows, r.row_blocks_per_s * x, {b: v * x for b, v in r.table.items()})

@@ -6,8 +6,8 @@ from conftest import live_steps
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.engine.throughput import (Throughput, best_throughput, floor_by_length, floor_seconds, head_throughput,
-                                        retimed, seconds_at_batches)
+from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
+                                        head_throughput, retimed, seconds_at_batches)
 from timerome.tracing.causal_trace import trace
 
 FACTS = [
@@ -90,7 +90,8 @@ def test_block_batches_count_every_block_call(bb):
     smaller batch_size runs smaller batches."""
     for batch_size in (256, 7):
         st = trace(bb, FACTS, steps=K, n_samples=N, progress=False, batch_size=batch_size).stats
-        calls = {tuple(int(v) for v in key.split("x")): n for key, n in st["block_batches"].items()}
+        calls = {(length, rows): n for length, rows, n in block_calls(st["block_batches"])}
+        assert len(calls) == len(st["block_batches"])
         assert sum(rows * n for (_, rows), n in calls.items()) == st["block_rows"]
         assert {length for length, _ in calls} == {int(L) for L in st["min_block_rows_by_length"]}
         assert sum(calls.values()) == st["forwards"] * bb.n_layers

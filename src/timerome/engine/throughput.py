@@ -162,14 +162,18 @@ def floor_by_length(block_rows: dict, rates: list[Throughput]) -> float:
     return sum(n / by_length[int(length)].row_blocks_per_s for length, n in block_rows.items())
 
 
+def block_calls(block_batches: dict) -> list[tuple[int, int, int]]:
+    """(length L, rows B, calls) of each entry of a trace's stats["block_batches"] {"LxB": calls}."""
+    return [(*(int(v) for v in key.split("x")), calls) for key, calls in block_batches.items()]
+
+
 def seconds_at_batches(block_batches: dict, rates: list[Throughput]) -> float:
     """The time block calls {"LxB": calls} (rows of length L, B rows per call: a trace's
     stats["block_batches"]) take at the rates measured for their own batch sizes (`rate_at`): where
     the work runs at batch sizes other than the best, what that costs against `floor_by_length`."""
     by_length = {r.length: r for r in rates}
     total = 0.0
-    for key, calls in block_batches.items():
-        length, rows = (int(v) for v in key.split("x"))
+    for length, rows, calls in block_calls(block_batches):
         if length not in by_length:
             raise ValueError(f"no throughput measured at length {length}")
         total += calls * rows / by_length[length].rate_at(rows)

@@ -65,6 +65,7 @@ rows of chunks, packed rows, the head's other positions and the sampler step are
 from __future__ import annotations
 
 import torch
+from torch.nn.modules import module as torch_module
 
 from timerome.engine.hooks import Hooks, TraceState
 from timerome.engine.likelihood import logits_at
@@ -193,8 +194,6 @@ def checked(backbone, name: str, check) -> bool:
 
 def _forward_state(backbone) -> tuple:
     """What a forward of the backbone runs besides its parameters' values (`checked`'s key)."""
-    from torch.nn.modules import module as torch_module
-
     hooks = tuple((id(m), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
                   for m in backbone.model.modules() if m._forward_hooks or m._forward_pre_hooks)
     own = tuple((k, id(v)) for k, v in vars(backbone).items()
