@@ -12,7 +12,11 @@ Prints, from one run:
 - fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
   below their layer, taking them from their corrupted row), and how many block computations it saves;
   packed splices, the masked head and the sampler's float32 screen, each against the trace without
-  it (the screen in interleaved pairs), with the TIE checked equal;
+  it (the screen and the row tiles in interleaved pairs), with the TIE checked equal; the blocks
+  run in tiles of the device's tokens per forward (`hooks.row_tiles`) against whole batches; and
+  the read-out's argmax
+  (`sampler.row_max` against torch's max(-1), on the trace's logits shape and on a 126,464-token
+  vocabulary, same indices checked);
 - the fast trace's cost as a multiple of its floor (`timerome.engine.throughput`): the row-blocks the
   definition needs (`trace_engine` counts them as `min_block_rows`: at every step where its fact
   still has a masked answer position, the clean row and each distinct (noise sample, x_j) state
@@ -20,7 +24,9 @@ Prints, from one run:
   model's best batched throughput of its blocks measured here (forwards cut after the last block,
   rows x blocks per second at the best batch size, at the row's own length:
   `throughput.floor_by_length`), plus the head at the positions read (`min_head_positions`, at the
-  head's best rate, `throughput.head_throughput`); in 2 x --repeats rounds, each a timed trace and
+  best rate of the read-out of log-probabilities: final norm, head and log-normaliser, which reading
+  log p(o) at a position must compute however it is done, `throughput.head_throughput(log_normaliser=True)`;
+  the multiple against a floor charging the logits alone is printed beside it); in 2 x --repeats rounds, each a timed trace and
   then the best batch sizes timed again (`throughput.retimed`), the multiple being the median of the
   rounds' ratios (the machine's speed drifts by 10-20 % within a run; a ratio of two times taken
   seconds apart does not); and
@@ -48,6 +54,8 @@ import torch
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
 from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
+from timerome.engine.likelihood import default_max_tokens
+from timerome.engine.sampler import row_max
 from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
                                         head_throughput, retimed, seconds_at_batches, timing_clock)
 from timerome.tracing.causal_trace import naive_tie, trace
@@ -108,8 +116,12 @@ def _bench(args, bb, facts) -> int:
     # followed by those sizes timed again: each round's trace is divided by the floor of the same
     # moment, so that a drift in the machine's speed hits both alike (the medians of the rounds)
     rates = [best_throughput(bb, L, clock=CLOCK, blocks_only=True) for L in lengths]
-    head_rate = head_throughput(bb, clock=CLOCK)
+    # the head's floor: the read-out of log-probabilities (final norm, head, log-normaliser), which
+    # reading log p(o) at a position needs however it is computed; the logits alone, the older floor, beside it
+    head_rate = head_throughput(bb, clock=CLOCK, log_normaliser=True)
+    logits_rate = head_throughput(bb, clock=CLOCK)
     head_s = st["min_head_positions"] / head_rate
+    logits_s = st["min_head_positions"] / logits_rate
     runs, floors, stricts, retimes = [], [], [], []
     for _ in range(2 * max(1, args.repeats)):
         runs.append(_timed_trace(args, bb, facts))
@@ -122,31 +134,36 @@ def _bench(args, bb, facts) -> int:
     ratios = [t / f for (_, t), f in zip(runs, floors)]
     multiple = statistics.median(ratios)
     strict_multiple = statistics.median(t / f for (_, t), f in zip(runs, stricts))
+    logits_multiple = statistics.median(t / (f - head_s + logits_s) for (_, t), f in zip(runs, floors))
     best = max(rates, key=lambda r: r.token_blocks_per_s)
     out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, facts=len(facts), steps=K, samples=N,
                fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, floor_runs=floors,
                cost_multiple=multiple, cost_multiples=ratios,
                strict_floor_seconds=strict_s, strict_cost_multiple=strict_multiple, head_floor_seconds=head_s,
+               head_logits_only_seconds=logits_s, cost_multiple_logits_only_head=logits_multiple,
                min_block_rows=st["min_block_rows"], block_rows=st["block_rows"],
                min_head_positions=st["min_head_positions"], head_positions=st["head_positions"],
                rows_run=st["rows_run"], forwards=st["forwards"], head_positions_per_s=head_rate,
+               head_logits_positions_per_s=logits_rate,
                throughput={r.length: dict(rows=r.rows, row_blocks_per_s=r.row_blocks_per_s, by_rows=r.table) for r in rates})
     print(f"fast trace       {fast_s:8.2f} s  (median of {len(runs)} rounds: "
           f"{', '.join(f'{t:.2f}' for _, t in runs)}; "
           f"{st['rows_run']} rows in {st['forwards']} batched forwards, "
           f"{st['block_rows']} row-blocks and {st['head_positions']} head positions computed)")
     print("block throughput " + "; ".join(f"L={r.length}: {r.row_blocks_per_s:,.0f} row-blocks/s at {r.rows} rows"
-                                          for r in rates) + f"; head {head_rate:,.0f} positions/s")
+                                          for r in rates) + f"; head {head_rate:,.0f} positions/s with the log-normaliser, "
+          f"{logits_rate:,.0f} logits alone")
     need = st["min_block_rows_by_length"]
     print(f"throughput floor {floor_s:8.2f} s  ({st['min_block_rows']} row-blocks the definition needs ("
           + ", ".join(f"{n} at L={length}" for length, n in sorted(need.items(), key=lambda kv: int(kv[0])))
           + f"), each at the best blocks-only rate of its length, timed again after each round's trace, + "
-          f"{st['min_head_positions']} head positions at the head's best rate: {head_s:.2f} s; median of "
+          f"{st['min_head_positions']} head positions at the best rate of the head and its log-normaliser: {head_s:.2f} s; median of "
           f"{', '.join(f'{f:.2f}' for f in floors)})")
     print(f"cost multiple    {multiple:8.2f} x the floor   (goal <= 1.2x; median of the rounds' "
           f"{', '.join(f'{r:.2f}' for r in ratios)}); computed "
           f"{st['block_rows'] / st['min_block_rows']:.2f} x the needed row-blocks, "
-          f"{st['head_positions'] / max(1, st['min_head_positions']):.2f} x the needed head positions")
+          f"{st['head_positions'] / max(1, st['min_head_positions']):.2f} x the needed head positions; "
+          f"{logits_multiple:.2f} x a floor charging the head's logits only ({logits_s:.2f} s), not their log-normaliser")
     print(f"strict floor     {strict_s:8.2f} s  ({st['min_block_tokens']} token-blocks, all at the best token "
           f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}, + the head): {strict_multiple:.2f} x")
     # where the multiple comes from: rows computed beyond the needed ones, batch sizes other than the
@@ -165,7 +182,7 @@ def _bench(args, bb, facts) -> int:
           f"({st['block_rows'] / st['min_block_rows']:.2f} x the needed); at the rates of the batch sizes they ran "
           f"{batches_s:.2f} s (read off the tables, scaled to the rounds' speed; beyond the largest size measured, its rate); "
           f"the head at its floor {head_s:.2f} s; the rest {rest_s:.2f} s ({rest_s / floor_s:.2f} x the floor: "
-          f"the head's log-normaliser, the sampler step, the engine's bookkeeping, each forward's own fixed costs)")
+          f"the head's argmax, the sampler step, the engine's bookkeeping, each forward's own fixed costs)")
     out.update(computed_at_best_seconds=best_s, computed_at_batch_rates_seconds=batches_s, rest_seconds=rest_s,
                block_batches=st["block_batches"])
     ok = True
@@ -198,6 +215,17 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
                 unscreened = result
     screened_s, unscreened_s = statistics.median(on_times), statistics.median(off_times)
     screen_equal = torch.equal(unscreened.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
+    # blocks run in tiles of at most 1024 tokens (the CPU default) against whole batches, also in
+    # interleaved pairs
+    tiled_times, whole_times = [], []
+    for i in range(6):
+        for tokens in ((None, 0) if i % 2 == 0 else (0, None)):
+            result, seconds = _timed_trace(args, bb, facts, block_tokens=tokens)
+            (tiled_times if tokens is None else whole_times).append(seconds)
+            if tokens == 0:
+                untiled = result
+    tiled_s, untiled_s = statistics.median(tiled_times), statistics.median(whole_times)
+    tiles_equal = torch.equal(untiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
@@ -244,11 +272,36 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"a float32 sum with a proven error bound, the float64 softmax only where the bound cannot settle the row: "
           f"{screened_s:.2f} s against {unscreened_s:.2f} s with the float64 softmax everywhere, medians of 6 "
           f"interleaved pairs; TIE identical: {'yes' if screen_equal else 'NO'})")
+    print(f"row tiles        {untiled_s / tiled_s:8.2f} x   (each block runs on tiles of at most "
+          f"{default_max_tokens(bb.device)} tokens where a forward holds more, `hooks.row_tiles`: {tiled_s:.2f} s "
+          f"against {untiled_s:.2f} s with whole batches, medians of 6 interleaved pairs; "
+          f"{sum(fast.stats['block_batches'].values())} block calls tiled, {sum(untiled.stats['block_batches'].values())} "
+          f"whole; TIE identical: {'yes' if tiles_equal else 'NO'})")
+    out.update(untiled_seconds=untiled_s, tiled_seconds=tiled_s, tiles_identical=tiles_equal)
+    # the read-out's argmax: row_max against torch's max(-1) on the trace's logits shape and on
+    # LLaDA-8B's vocabulary (interleaved medians; the same values and indices, checked)
+    argmax = {}
+    for M, V in ((600, bb.vocab_size), (16, 126464)):
+        lg = torch.randn(M, V, generator=torch.Generator().manual_seed(V))
+        same = torch.equal(lg.max(-1).indices, row_max(lg).indices)
+        t_max, t_row = [], []
+        for _ in range(30):
+            for fn, acc in ((lambda: lg.max(-1), t_max), (lambda: row_max(lg), t_row)):
+                t = CLOCK()
+                fn()
+                acc.append(CLOCK() - t)
+        argmax[f"{M}x{V}"] = dict(max_ms=statistics.median(t_max) * 1e3, row_max_ms=statistics.median(t_row) * 1e3,
+                                  same=same)
+    print("row max          " + "; ".join(f"[{k}] {v['max_ms']:.3f} ms with max(-1), {v['row_max_ms']:.3f} ms with "
+                                          f"sampler.row_max ({v['max_ms'] / v['row_max_ms']:.1f}x, same: "
+                                          f"{'yes' if v['same'] else 'NO'})" for k, v in argmax.items()))
+    out.update(row_max=argmax)
     out.update(no_packing_seconds=unpacked_s, full_head_seconds=full_head_s, max_err_no_packing=pack_err,
                max_err_full_head=head_err, float64_reveal_seconds=unscreened_s, screen_identical=screen_equal)
     out.update(naive_seconds=naive_s, speedup=naive_s / fast_s, no_sharing_seconds=plain_s, no_reuse_seconds=whole_s,
                max_err_naive=err, max_err_no_sharing=plain_err, max_err_no_reuse=reuse_err)
-    ok = err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4 and pack_err < 1e-4 and head_err < 1e-4 and screen_equal
+    ok = (err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4 and pack_err < 1e-4 and head_err < 1e-4 and screen_equal
+          and tiles_equal and all(v["same"] for v in argmax.values()))
     print("fast == naive: " + ("yes" if ok else "NO"))
     return ok
 

@@ -5,7 +5,7 @@ import torch
 
 from timerome import load_backbone
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.hooks import Hooks, TraceState, run_to
+from timerome.engine.hooks import Hooks, TraceState, row_tiles, run_to, tile_sizes
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +66,36 @@ def test_stop_runs_no_layer_above_the_kept_site(bb, ids):
     with torch.no_grad(), Hooks(bb, keep=[(3, "resid")]) as above, Hooks(bb, keep=[(0, "resid")], stop=True) as tr:
         bb.logits(ids)
     assert len(tr[(0, "resid")]) == 1 and above[(3, "resid")] == []
+
+
+def test_tile_sizes_are_few_near_equal_and_cover_the_batch():
+    for batch in range(0, 60):
+        for rows in (1, 2, 5, 7, 16, 64):
+            sizes = tile_sizes(batch, rows)
+            assert sum(sizes) == batch and max(sizes) <= rows
+            assert len(sizes) == max(1, -(-batch // rows)) and max(sizes) - min(sizes) <= 1
+            assert sizes == sorted(sizes, reverse=True)
+
+
+def test_row_tiles_runs_a_block_in_pieces_and_gives_the_whole_batch_back(bb):
+    """Inside row_tiles a block runs tile by tile: the hooks inside it see each tile (state.rows),
+    its own hooks the whole batch once, the numbers are the untiled ones, and the block's forward is
+    its own again after the `with`, also when the body raises."""
+    ids = torch.randint(5, bb.vocab_size, (7, 6), generator=torch.Generator().manual_seed(0))
+    blocks = [bb.module(i, "resid") for i in range(bb.n_layers)]
+    state, inner, outer = TraceState(), [], []
+    with torch.no_grad():
+        plain = bb.logits(ids)
+        with Hooks(bb, edit={(1, "mlp"): lambda h, st: inner.append((h.shape[0], st.rows))}, state=state), \
+                Hooks(bb, edit={(1, "resid"): lambda h, st: outer.append((h.shape[0], st.rows))}, state=state), \
+                row_tiles(blocks, 3, state):
+            tiled = bb.logits(ids)
+            small = bb.logits(ids[:3])  # a batch that fits one tile runs whole
+        assert torch.equal(tiled, plain) and torch.equal(small, plain[:3])
+        assert inner == [(3, (0, 3)), (2, (3, 5)), (2, (5, 7)), (3, None)]
+        assert outer == [(7, None), (3, None)] and state.rows is None
+        assert all("forward" not in b.__dict__ for b in blocks)
+        with pytest.raises(RuntimeError, match="boom"):
+            with row_tiles(blocks, 2, state):
+                raise RuntimeError("boom")
+        assert all("forward" not in b.__dict__ for b in blocks) and torch.equal(bb.logits(ids), plain)

@@ -8,7 +8,7 @@ import torch
 from toy import MASK
 from toy import ToyBackbone as _Toy
 
-from timerome.engine.sampler import denoise_step, generate, reveal_masked, transfer_schedule
+from timerome.engine.sampler import denoise_step, generate, reveal_masked, row_max, transfer_schedule
 from timerome.errors import TimeromeError
 
 
@@ -341,3 +341,23 @@ def test_rows_with_different_budgets_break_ties_as_the_reference_does():
         got = reveal_masked(x, logits[masked], masked, n, screen=screen)
         assert torch.equal(got, _reference_reveal(x, logits, masked, n))
         assert torch.equal(got[:1], reveal_masked(x[:1], logits[:1][masked[:1]], masked[:1], n[:1], screen=screen))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("V", [7, 255, 256, 300, 383, 1170, 5000])
+def test_row_max_is_max_bit_for_bit(V, dtype):
+    """row_max gives torch's max(-1), values and first indices, on ties, infinities, NaN rows,
+    vocabularies not a multiple of its block, batched and non-contiguous inputs."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(2, 23, V, generator=g).to(dtype)
+    x[0, 1] = (x[0, 1] * 2).round()              # many ties
+    x[0, 2] = -torch.inf                           # all -inf: index 0
+    x[0, 3, V // 2] = torch.inf
+    x[0, 4, -1] = 1e4                              # the maximum in the last, partial block
+    x[0, 5, V // 3:] = x[0, 5].max()               # a tie from a block boundary onwards
+    x[0, 6, V // 4] = float("nan")                 # a NaN row: what max gives
+    x[1, :, :] = (x[1] * 3).round()                # ties in every row
+    for t in (x, x.transpose(0, 1), x[:, :, :].flip(-1)):
+        want, got = t.max(-1), row_max(t)
+        assert torch.equal(got.indices, want.indices)
+        assert torch.equal(got.values.nan_to_num(7.0), want.values.nan_to_num(7.0))

@@ -55,6 +55,27 @@ def test_best_throughput_times_what_it_reports():
     again = retimed(Fake(), r, repeats=3, clock=lambda: now[0])
     assert (again.length, again.rows, again.table) == (5, 64, r.table)
     assert again.row_blocks_per_s == pytest.approx(r.row_blocks_per_s / 2)
+    # a machine on which 64 rows now leave the cache (3x the time): the next best size of the table wins
+    Fake.logits = lambda self, ids: now.__setitem__(0, now[0] + (3 if ids.shape[0] == 64 else 1) * (0.01 + 0.001 * ids.shape[0]))
+    moved = retimed(Fake(), r, repeats=1, clock=lambda: now[0])
+    assert moved.rows == 32 and moved.row_blocks_per_s == pytest.approx(32 * 4 / (0.01 + 0.032))
+    assert retimed(Fake(), r, repeats=1, clock=lambda: now[0], candidates=1).rows == 64  # the search's best alone
+
+
+def test_the_doubling_goes_on_past_a_rate_within_noise_of_the_best():
+    """Two doublings in a row no better than the best stop the search only when they fall below 0.9 x
+    the best: a plateau within the noise (here 97 % of the best) is searched past."""
+    now = [0.0]
+    per_row = {1: 1.0, 2: 0.5, 4: 0.25, 8: 0.26, 16: 0.26, 32: 0.2, 64: 0.5, 128: 0.5, 256: 0.1}
+
+    class Fake:
+        vocab_size, n_layers, device = 10, 1, torch.device("cpu")
+
+        def logits(self, ids):
+            now[0] += per_row[ids.shape[0]] * ids.shape[0]
+
+    r = best_throughput(Fake(), 5, max_rows=256, repeats=1, clock=lambda: now[0], max_seconds=1e9)
+    assert r.rows == 32 and set(r.table) == {1, 2, 4, 8, 16, 32, 64, 128}  # stopped after 64, 128 fell to 0.4x
 
 
 def test_floor_charges_every_token_block_at_the_best_rate():
@@ -129,3 +150,21 @@ def test_blocks_only_and_head_rates(bb):
     blocks = best_throughput(bb, 10, max_rows=8, repeats=1, blocks_only=True)
     assert blocks.row_blocks_per_s == max(blocks.table.values()) > 0
     assert head_throughput(bb, max_positions=64, repeats=1) > 0
+
+
+def test_head_rate_with_its_log_normaliser_times_the_logsumexp(bb, monkeypatch):
+    """log_normaliser=True times the read-out followed by a float32 logsumexp over the vocabulary
+    (what reading a log-probability must compute): each timed call reads the logits' normaliser."""
+    seen = []
+    real = torch.Tensor.logsumexp
+
+    def spy(self, *a, **k):
+        seen.append((tuple(self.shape), self.dtype))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "logsumexp", spy)
+    assert head_throughput(bb, max_positions=32, repeats=1) > 0
+    assert not seen  # the logits alone
+    assert head_throughput(bb, max_positions=32, repeats=1, log_normaliser=True) > 0
+    assert {s for s, _ in seen} == {(16, bb.vocab_size), (32, bb.vocab_size)}
+    assert {d for _, d in seen} == {torch.float32}

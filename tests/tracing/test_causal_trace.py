@@ -18,7 +18,7 @@ from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
 from timerome.tracing.result import TraceResult
 from timerome.tracing.selection import per_fact_best, select_coordinate
 from timerome.tracing.tie import aggregate, object_logprobs, run_trajectory, tie_weights
-from timerome.tracing.wavefront import _plan, rows_can_join, rows_can_pack
+from timerome.tracing.wavefront import _plan, rows_can_join, rows_can_pack, rows_can_tile
 
 # every word is in the tiny checkpoints' vocabulary
 FACTS = [
@@ -311,6 +311,38 @@ def test_rows_pack_only_where_the_rest_of_a_block_acts_on_each_position_alone(bb
     torch.testing.assert_close(r.tie_full, off.tie_full, atol=0, rtol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_blocks_run_in_tiles_change_no_number(bb, pack):
+    """A forward's blocks run on tiles of at most block_tokens tokens (the packed rows' and the
+    splices' sources kept across tiles): TIE, clean and corrupted log p are the whole batches', bit
+    for bit on CPU, with the same rows computed; every block call holds at most a tile."""
+    assert rows_can_tile(bb)
+    kw = dict(FAST, pack_splices=pack)
+    whole = trace(bb, SAME_LENGTH, block_tokens=0, **kw)
+    L = len(tokenize_fact(bb, SAME_LENGTH[0]).prompt_ids) + len(tokenize_fact(bb, SAME_LENGTH[0]).object_ids)
+    for tokens in (1, 3 * L, 10 * L):
+        r = trace(bb, SAME_LENGTH, block_tokens=tokens, **kw)
+        assert torch.equal(r.tie_full.nan_to_num(), whole.tie_full.nan_to_num())
+        assert torch.equal(r.clean_logp, whole.clean_logp) and torch.equal(r.corrupted_logp, whole.corrupted_logp)
+        assert r.stats["block_rows"] == whole.stats["block_rows"] and r.stats["forwards"] == whole.stats["forwards"]
+        calls = [(n, b) for key, b in r.stats["block_batches"].items() for n in [int(key.split("x")[1])]]
+        assert max(n for n, _ in calls) <= max(1, tokens // L)
+        assert sum(n * b for n, b in calls) == r.stats["block_rows"]
+    assert max(int(k.split("x")[1]) for k in whole.stats["block_batches"]) > 10
+    assert whole.tie.abs().max() > 0.1
+
+
+def test_blocks_tile_only_where_rows_keep_their_numbers(bb, monkeypatch):
+    """A backbone whose blocks take a per-row mask cannot run a tile of the batch: the check says
+    so, and the trace runs whole batches (the same numbers)."""
+    monkeypatch.setattr(bb, "forward_kwargs", lambda ids, keys: {"attention_mask": torch.ones_like(ids, dtype=torch.bool)})
+    assert not rows_can_tile(bb)
+    r = trace(bb, FACTS[:1], block_tokens=1, **FAST)
+    whole = trace(bb, FACTS[:1], block_tokens=0, **FAST)
+    assert r.stats == whole.stats and max(int(k.split("x")[1]) for k in r.stats["block_batches"]) > 1
+    assert torch.equal(r.tie_full.nan_to_num(), whole.tie_full.nan_to_num())
+
+
 def test_a_fact_whose_answer_is_committed_runs_no_more_forwards(bb):
     """With the "decided" read-out, once every answer token of a fact is committed nothing is read:
     its rows stop (the last scoring forward included), and the log p stays what it was."""
@@ -437,6 +469,8 @@ def test_neighbour_penalty_moves_the_choice():
     (dict(layers=[7]), "layers must be"),
     (dict(n_samples=0), "n_samples must be"),
     (dict(readout="best"), "unknown readout"),
+    (dict(block_tokens=-1), "block_tokens"),
+    (dict(block_tokens=2.5), "block_tokens"),
 ])
 def test_errors(bb, kwargs, match):
     args = dict(dict(facts=FACTS, **FAST), **kwargs)

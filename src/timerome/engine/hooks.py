@@ -17,6 +17,9 @@ ends (also when the body raises). A site is
     with Hooks(bb, keep=[(1, "resid")], stop=True) as tr: # stop: the layers above 1 never run
         bb.logits(ids)
 
+    with row_tiles(blocks, 64, st):                       # each block runs on tiles of <= 64 rows;
+        bb.logits(ids)                                    # hooks inside a block see st.rows = (start, stop)
+
 `TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
 denoising step (a cache refresh and the partial forward that follows are the same step), and an
 edit at a Coordinate with a step fires only when state.step equals it. `state.positions` says
@@ -50,6 +53,7 @@ class TraceState:
     def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
         self.step = step
         self.positions = positions
+        self.rows = None  # (start, stop): the batch rows a call inside a `row_tiles` module holds, None: all
         self.ids = None  # the token ids of the forward in flight (Hooks(..., ids=True)), [B, L held]
         self.answer_starts = None  # where each row's answer begins (answer_region), None: unknown
 
@@ -237,6 +241,65 @@ def patch(backbone, values: dict, positions, state: TraceState | None = None, at
 def edit(backbone, site, fn: Callable[[torch.Tensor], torch.Tensor], state: TraceState | None = None) -> Hooks:
     """Replace the site's output h by fn(h) at every forward (at one step for a Coordinate with a step)."""
     return Hooks(backbone, edit={site: lambda h, _st: fn(h)}, state=state)
+
+
+@contextmanager
+def row_tiles(modules, rows: int, state: TraceState):
+    """Inside the block, each module's forward runs on tiles of at most `rows` consecutive rows of
+    its first input (the hidden states [B, L, H]), as near equal as they can be, and returns their
+    outputs concatenated (a tensor, or a (tensor, None, ...) tuple): a batch too large for the CPU's
+    cache computed in pieces that fit. The module's own hooks see the whole batch once; the hooks of
+    the modules inside it see one tile at a time, with `state.rows` = (start, stop) of the tile's
+    rows in the batch (None whenever a call holds the whole batch). The module's other inputs must
+    broadcast over the batch (they are passed whole to every tile); the numbers are the untiled
+    ones where a row's arithmetic does not depend on the rest of its batch (the trace engine checks
+    it on the backbone: `wavefront.rows_can_tile`)."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    saved = []
+
+    def tiled(run):
+        def forward(*args, **kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            sizes = tile_sizes(x.shape[0], rows)
+            if len(sizes) == 1:
+                return run(*args, **kwargs)
+            outs, a = [], 0
+            try:
+                for size in sizes:
+                    state.rows = (a, a + size)
+                    part = x[a:a + size]
+                    outs.append(run(part, *args[1:], **kwargs) if args else run(**{**kwargs, "hidden_states": part}))
+                    a += size
+            finally:
+                state.rows = None
+            if all(torch.is_tensor(o) for o in outs):
+                return torch.cat(outs)
+            if all(type(o) is tuple and o and torch.is_tensor(o[0]) and all(t is None for t in o[1:]) for o in outs):
+                return (torch.cat([o[0] for o in outs]), *outs[0][1:])
+            raise TypeError(f"row_tiles: a module output of type {type(outs[0]).__name__} cannot be concatenated")
+
+        return forward
+
+    try:
+        for m in modules:
+            saved.append((m, m.__dict__.get("forward")))
+            m.forward = tiled(m.forward)
+        yield
+    finally:
+        for m, before in reversed(saved):
+            if before is None:
+                del m.forward
+            else:
+                m.forward = before
+        state.rows = None
+
+
+def tile_sizes(batch: int, rows: int) -> list[int]:
+    """The tiles `row_tiles` cuts a batch of `batch` rows into: as few as hold at most `rows` rows
+    each, of near equal sizes (the larger first), so that no tile holds only a few rows."""
+    n = max(1, -(-batch // rows))
+    return [batch // n + (i < batch % n) for i in range(n)]
 
 
 def run_to(backbone, site, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,

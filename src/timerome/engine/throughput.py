@@ -3,7 +3,7 @@
 A floor is the least time a piece of work could take here: the row-blocks its definition needs
 (one sequence row through one transformer block), each at the best rate this model reaches on this
 device. The rate is measured, not assumed: full forwards of [b, L] random tokens for b = 1, 2, 4,
-... (until a forward takes `max_seconds` or the rate has stopped growing for two doublings), and
+... (until a forward takes `max_seconds` or the rate has fallen below 0.9 x the best for two doublings), and
 rows x blocks per second taken at the best b. A forward also runs the embedding and the head, so
 the rate charges each row-block its share of them: work done at that rate would be no faster.
 `blocks_only=True` stops each forward after the last block, for a floor that charges the head
@@ -68,7 +68,7 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
     """Rows x blocks per second of full forwards of [b, length] at the best batch size b.
 
     Each b is timed `repeats` times after one warm-up forward (median); b doubles until max_rows,
-    until one forward takes max_seconds, or until two doublings in a row did not beat the best.
+    until one forward takes max_seconds, or until two doublings in a row fell below 0.9 x the best.
     clock: the timer the work compared with it uses (process CPU time on a shared CPU machine).
     blocks_only: forwards stop after the last block (the embedding and the blocks, no head): the
     rate of the blocks alone, for floors that charge the head separately (`head_throughput`).
@@ -86,14 +86,22 @@ def best_throughput(backbone, length: int, *, max_rows: int = 1024, max_seconds:
 
 @torch.no_grad()
 def retimed(backbone, rate: Throughput, *, repeats: int = 5, clock=time.perf_counter, seed: int = 0,
-            blocks_only: bool = False) -> Throughput:
-    """`rate` with its batch size timed again now (the median of `repeats` forwards after a warm-up):
-    a benchmark that times its work and the floor's rate side by side, round after round, divides
-    each by the other measured at the same moment, so that a drift in the machine's speed hits both."""
-    ids = torch.randint(0, backbone.vocab_size, (rate.rows, rate.length),
-                        generator=torch.Generator().manual_seed(seed)).to(backbone.device)
-    now = rate.rows * backbone.n_layers / _median_seconds(backbone, _forward(backbone, blocks_only), ids, repeats, clock)
-    return Throughput(length=rate.length, rows=rate.rows, row_blocks_per_s=now, table=rate.table)
+            blocks_only: bool = False, candidates: int = 3) -> Throughput:
+    """`rate`'s best batch sizes timed again now (the `candidates` best of its table, each the median
+    of `repeats` forwards after a warm-up), the best of them kept: a benchmark that times its work
+    and the floor's rate side by side, round after round, divides each by the other measured at the
+    same moment, so that a drift in the machine's speed hits both; and a size the search ranked
+    below the best by the noise of a moment is given its chance again (a floor must not rest on a
+    rate the machine beats)."""
+    sizes = sorted(rate.table, key=rate.table.get, reverse=True)[:max(1, candidates)] if rate.table else [rate.rows]
+    g = torch.Generator().manual_seed(seed)
+    best_rows, best = rate.rows, 0.0
+    for rows in sizes:
+        ids = torch.randint(0, backbone.vocab_size, (rows, rate.length), generator=g).to(backbone.device)
+        now = rows * backbone.n_layers / _median_seconds(backbone, _forward(backbone, blocks_only), ids, repeats, clock)
+        if now > best:
+            best_rows, best = rows, now
+    return Throughput(length=rate.length, rows=best_rows, row_blocks_per_s=best, table=rate.table)
 
 
 def _forward(backbone, blocks_only: bool):
@@ -104,26 +112,34 @@ def _forward(backbone, blocks_only: bool):
 
 @torch.no_grad()
 def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: float = 8.0, repeats: int = 3,
-                    clock=time.perf_counter, seed: int = 0) -> float:
+                    clock=time.perf_counter, seed: int = 0, log_normaliser: bool = False) -> float:
     """Positions per second of the vocabulary read-out (`Backbone.readout`: final norm and head) on
-    [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows)."""
+    [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows).
+    log_normaliser: the read-out of log-probabilities, the logits and their log-normaliser
+    (`logsumexp` over the vocabulary, in float32): what reading log p(token) at a position must
+    compute however it is done, since every logit moves the normaliser."""
     g = torch.Generator().manual_seed(seed)
 
     def make(m):
         return torch.randn(m, backbone.hidden_size, generator=g).to(device=backbone.device, dtype=backbone.dtype)
 
-    seconds = _doubling(backbone, make, backbone.readout, 16, max_positions, max_seconds, repeats, clock)
+    def log_probs(h):
+        return backbone.readout(h).float().logsumexp(-1)
+
+    run = log_probs if log_normaliser else backbone.readout
+    seconds = _doubling(backbone, make, run, 16, max_positions, max_seconds, repeats, clock)
     return max(m / sec for m, sec in seconds.items())
 
 
 def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, repeats: int, clock) -> dict:
     """{size: seconds of run(make(size))} for size = first, 2 first, ... up to most: each the median of
     `repeats` timed calls after one warm-up (allocations, kernel selection); it stops after a call
-    of more than max_seconds, or once two doublings in a row did not beat the best size / second."""
+    of more than max_seconds, or once two doublings in a row fell below 0.9 x the best size / second
+    (a doubling within 10 % of the best may be the noise of a moment, not the rate falling)."""
     seconds, best, worse, n = {}, 0.0, 0, first
     while n <= most:
         sec = seconds[n] = _median_seconds(backbone, run, make(n), repeats, clock)
-        worse = 0 if n / sec > best else worse + 1
+        worse = 0 if n / sec >= 0.9 * best else worse + 1
         best = max(best, n / sec)
         if sec > max_seconds or worse >= 2:
             break

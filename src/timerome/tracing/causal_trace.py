@@ -20,13 +20,13 @@ from timerome.common.progress import progress_bar
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import encode_fact
-from timerome.engine.likelihood import head_choice
+from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.result import TraceResult
 from timerome.tracing.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tracing.tie import tie as tie_of
-from timerome.tracing.wavefront import group_facts, rows_can_join, rows_can_pack, trace_facts
+from timerome.tracing.wavefront import group_facts, rows_can_join, rows_can_pack, rows_can_tile, trace_facts
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
 SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
@@ -114,7 +114,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
           tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
           readout: str = "decided", progress: bool = True, share_rows: bool = True,
           reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto",
-          screen_reveal: bool = True) -> TraceResult:
+          screen_reveal: bool = True, block_tokens: int | None = None) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -129,12 +129,18 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     head: "masked" runs the vocabulary head at the answer positions read only, "full" everywhere;
     "auto" (default) is "masked" wherever it applies (`likelihood.masked_head_applies`). Equal up
     to float rounding.
+    block_tokens: a forward's blocks run on tiles of at most this many tokens where its batch holds
+    more (a batch that leaves the CPU's cache computed in pieces that fit: `hooks.row_tiles`),
+    wherever the backbone gives each row the same numbers tiled (`wavefront.rows_can_tile`);
+    None (default): the likelihood's tokens per forward on the device (`likelihood.default_max_tokens`:
+    1024 on a CPU, 4096 on an accelerator); 0: whole batches. The numbers do not change.
     """
     if backbone is None:
         backbone = load_backbone()
     facts = default_facts() if facts is None else list(facts)
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
                              seed)
+    integer(block_tokens, "block_tokens (0: whole batches)", lo=0, none=True)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
@@ -144,13 +150,16 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
     pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone, joins=True)
     masked_head = head_choice(backbone, head)
+    tokens = default_max_tokens(backbone.device) if block_tokens is None else int(block_tokens)
+    tokens = tokens if tokens > 0 and rows_can_tile(backbone) else None
     outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
         # facts of one length go through the wavefront together, as many as one batch holds
         for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
             per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
                                          batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
-                                         pack=pack, masked_head=masked_head, screen=screen_reveal)
+                                         pack=pack, masked_head=masked_head, screen=screen_reveal,
+                                         block_tokens=tokens)
             for i, out in zip(group, per_fact):
                 outs[i] = out
             for k, v in work.items():  # counts add up; a dict of counts adds up key by key

@@ -41,14 +41,21 @@ It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests com
   patched row is bit-identical to its corrupted row (TIE exactly 0) as long as a row's arithmetic
   does not depend on the rest of its batch (true on CPU);
 - a step whose rows exceed `batch_size` (counted at the top, after every join) is cut into
-  chunks, each holding the clean rows of its facts and the corrupted rows its joining rows copy.
+  chunks, each holding the clean rows of its facts and the corrupted rows its joining rows copy;
+- a forward whose batch holds more than `block_tokens` tokens runs each block in tiles of rows
+  (`hooks.row_tiles`; on a CPU a batch past ~1024 tokens leaves the cache and runs 10-20 % slower
+  per row): the joins and resid splices act on a block's whole output as before, and the copies
+  inside a block (attn / mlp splices, the packed rows' fills), whose sources (clean and corrupted
+  rows) lead the batch, keep the sources' values from the tiles before (`_copy`). `rows_can_tile`
+  checks on the backbone that a tile's rows get the whole batch's numbers to the bit.
 
 Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
-reuse_layers (the joins), pack, masked_head and screen (`tracing.trace`: pack_splices, head,
-screen_reveal); all on by default, none changes a number (bit-identical on CPU; tested).
+reuse_layers (the joins), pack, masked_head, screen and block_tokens (`tracing.trace`: pack_splices,
+head, screen_reveal, block_tokens=0); all on by default, none changes a number (bit-identical on
+CPU; tested).
 
 `stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions;
-block_batches: how many block calls ran how many rows, keyed "LxB" for rows of length L in a batch of B)
+block_batches: how many block calls (tiles) ran how many rows, keyed "LxB" for rows of length L in a batch of B)
 and the least work any exact implementation must do, the unit of `benchmarks/bench_trace.py`'s
 floor: `min_block_rows` (one row through one block; `min_block_tokens` weighs each by the row's
 length, `min_block_rows_by_length` splits it by row length) and `min_head_positions` (one position
@@ -64,10 +71,12 @@ rows of chunks, packed rows, the head's other positions and the sampler step are
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch.nn.modules import module as torch_module
 
-from timerome.engine.hooks import Hooks, TraceState
+from timerome.engine.hooks import Hooks, TraceState, row_tiles, tile_sizes
 from timerome.engine.likelihood import logits_at
 from timerome.engine.sampler import HeadRead, reveal_masked
 from timerome.tracing.tie import REMASKING, read_out, reveal_schedule
@@ -83,33 +92,39 @@ class Rows:
         self.drop: dict = {}                     # block b -> rows dropped from the batch's tail after it (packed rows)
         self.fix: dict = {}                      # block b -> (joined row, position, batch row, slot): values set in the copies
         self.pack: dict = {}                     # block b -> (n rows, row, slot, batch row, position): packed rows appended
-        self.fill: dict = {}                     # (layer, point) or (None, "embed") -> (rows zeroed, row, slot, batch row, position)
+        self.fill: dict = {}                     # (layer, point) or (None, "embed") -> (rows zeroed, row, slot, batch row, position,
+                                                 #   sources' end, first row written: `_copy`'s bounds)
+        self.stash: dict = {}                    # values read from one tile of a block for rows of a later tile (`_copy`)
 
 
 def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
     """Edits in place: the engine runs without autograd, and each output edited is the module's own
     fresh tensor, read by nothing before the edit."""
 
-    def fill(key, h):  # the packed rows' slots take values of other rows at other positions
+    def fill(key, h, state):  # the packed rows' slots take values of other rows at other positions
         got = rows.fill.get(key)
         if got is not None:
-            zero, row, slot, src, pos = got
-            if zero is not None:
-                h[zero] = 0  # padding slots of a packed row: finite, and read by nobody
-            h[row, slot] = h[src, pos]  # the right side is a copy, read first
+            zero, row, slot, src, pos, src_end, first = got
+            if zero is not None:  # padding slots of a packed row: finite, and read by nobody
+                if state.rows is None:
+                    h[zero] = 0
+                elif state.rows[1] > first:
+                    a, b = state.rows
+                    h[zero[(zero >= a) & (zero < b)] - a] = 0
+            _copy(rows, ("fill", key), h, state, row, slot, src, pos, src_end, first)
 
-    def add_noise(h, _state):  # h [B0, L, H]: token embeddings
+    def add_noise(h, state):  # h [B0, L, H]: token embeddings
         h += rows.noise
-        fill((None, "embed"), h)
+        fill((None, "embed"), h, state)
         return h
 
     def site_fn(key, c):
-        def fn(h, _state):  # h [B, L, H]: output of the site
+        def fn(h, state):  # h [B, L, H]: output of the site (or a tile of its rows, state.rows)
             if c is not None and c in rows.splice:
-                idx, clean, positions = rows.splice[c]
+                idx, clean, positions, src_end, first = rows.splice[c]
                 # the subject positions take the clean run's h of this step (its row in this forward)
-                h[idx, positions] = h[clean, positions]
-            fill(key, h)
+                _copy(rows, ("splice", c), h, state, idx, positions, clean, positions, src_end, first)
+            fill(key, h, state)
             return h
 
         return fn
@@ -121,6 +136,30 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
     fns = {(None, "embed"): add_noise}
     fns.update({key: site_fn(key, index.get(key)) for key in sorted(keys, key=str)})
     return fns
+
+
+def _copy(rows: Rows, key, h, state, dst, dst_pos, src, src_pos, src_end: int, first: int) -> None:
+    """h[dst, dst_pos] = h[src, src_pos], the right side read first, on the rows h holds: the whole
+    batch, or one tile of a block run in tiles (`hooks.row_tiles`: state.rows = (start, stop)), the
+    sources' values kept (rows.stash) from the tiles before for rows of the tiles after. The
+    sources (clean and corrupted rows) lead the batch, rows < src_end; the rows written are rows >=
+    first: a tile outside both does nothing."""
+    if state.rows is None:
+        h[dst, dst_pos] = h[src, src_pos]
+        return
+    a, b = state.rows
+    if a == 0:  # the first tile of this call of the block
+        rows.stash[key] = (h.new_empty(len(src), h.shape[-1]), torch.zeros(len(src), dtype=torch.bool, device=h.device))
+    vals, have = rows.stash[key]
+    if a < src_end:
+        s = (src >= a) & (src < b)
+        vals[s] = h[src[s] - a, src_pos[s]]
+        have |= s
+    if b > first:
+        d = (dst >= a) & (dst < b)
+        if not bool(have[d].all()):  # the layout puts every source before the rows it is copied to
+            raise RuntimeError("trace engine: a row copied from a row of a later tile")
+        h[dst[d] - a, dst_pos[d]] = vals[d]
 
 
 class _CannotJoin(Exception):
@@ -230,6 +269,26 @@ def _rows_can_join(backbone) -> bool:
     return bool((got[:2] - want).abs().max() <= tol and (got[2:] - want).abs().max() <= tol)
 
 
+def rows_can_tile(backbone) -> bool:
+    """Whether blocks run on tiles of rows (`hooks.row_tiles`) give every row the numbers the whole
+    batch gives it, to the bit: six rows of eight tokens through the model in tiles of three rows
+    and whole (asked once per forward state, `checked`)."""
+    return checked(backbone, "rows_can_tile", lambda: _rows_can_tile(backbone))
+
+
+@torch.no_grad()
+def _rows_can_tile(backbone) -> bool:
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, backbone.vocab_size, (6, 8), generator=g).to(backbone.device)
+    want = backbone.logits(ids)
+    try:
+        with row_tiles([backbone.module(i, "resid") for i in range(backbone.n_layers)], 3, TraceState()):
+            got = backbone.logits(ids)
+    except Exception:  # noqa: BLE001 - whatever the block makes of a tile of its batch, it is a no
+        return False
+    return got.shape == want.shape and bool(torch.equal(got, want))
+
+
 class _ProbeFact:
     """A synthetic fact for `rows_can_pack`: token ids only."""
 
@@ -284,7 +343,8 @@ def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
 @torch.no_grad()
 def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
                 share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
-                masked_head: bool = False, screen: bool = True) -> tuple[list[dict], dict]:
+                masked_head: bool = False, screen: bool = True,
+                block_tokens: int | None = None) -> tuple[list[dict], dict]:
     """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
 
     Rows (besides each fact's clean run, which leads every forward): the F * N corrupted rows (row f * N + s:
@@ -296,7 +356,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     (the caller checks `rows_can_join`); pack: attn / mlp splices compute their layer at the
     subject tokens only, in packed rows (the caller checks `rows_can_pack`); masked_head: the
     vocabulary head runs at the positions read only (the caller checks `masked_head_applies`); screen:
-    the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens).
+    the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens);
+    block_tokens: each block runs on tiles of at most that many tokens (`hooks.row_tiles`; the caller
+    checks `rows_can_tile`), None: whole batches.
     Every per-position array spans the L positions; the prompt holds no mask, so "masked" means
     "an answer position not yet committed".
 
@@ -328,7 +390,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     # blocks a splicing row does not compute: a packed attn / mlp splice joins after its layer too
     skip_of = torch.tensor([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)], device=device)
     skip_of = skip_of if reuse_layers else torch.zeros_like(skip_of)
-    blocks = [backbone.module(i, "resid") for i in range(n_layers)] if reuse_layers else []  # where rows join
+    is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
+    blocks = [backbone.module(i, "resid") for i in range(n_layers)]
+    tile = None if block_tokens is None else max(1, block_tokens // L)  # rows per tile of a block
 
     x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
     fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
@@ -343,8 +407,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     stats = dict(rows_run=0, forwards=0, block_rows=0, block_batches={}, head_positions=0, min_block_rows=0,
                  min_block_tokens=0, min_block_rows_by_length={str(L): 0}, min_head_positions=0)
     # the joins first: at a block's output rows join before the resid splice there acts on them
-    with Hooks(backbone, edit=joiners(blocks, rows), raw=True), \
-            Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool(packed_site.any())), state=state):
+    with Hooks(backbone, edit=joiners(blocks if reuse_layers else [], rows), raw=True), \
+            Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool(packed_site.any())), state=state), \
+            (row_tiles(blocks, tile, state) if tile is not None else nullcontext()):
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
                 new = torch.arange(F * N, device=device).view(F, 1, N).expand(F, C, N).reshape(-1)
@@ -353,11 +418,17 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N).repeat(F)])
                 at = torch.cat([at, torch.full((F * C * N,), j, device=device)])
             state.step = j
-            corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
-            run, share = _plan(x, corrupted, at, j, share_rows)
             # a fact whose answer is all committed reads nothing more ("decided": every row of a fact
             # reveals the same number of tokens per step, so its rows finish together)
             live = (x_clean == mask_id).any(1) if readout == "decided" else torch.ones(F, dtype=torch.bool, device=device)
+            if not bool(live.any()):  # nothing is read and nothing moves (the final step, always): every row keeps
+                lp_clean[:, j] = decided_clean.sum(-1).cpu()  # the log-probs it decided (`read_out` with no mask)
+                lp[:len(x), j] = decided.sum(-1).cpu()
+                if bar is not None:
+                    bar.advance(F)
+                continue
+            corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
+            run, share = _plan(x, corrupted, at, j, share_rows)
             live_run = live[fact[run]]
             distinct = run if share_rows else _plan(x, corrupted, at, j, True)[0]
             distinct = distinct[live[fact[distinct]]]
@@ -375,10 +446,10 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             pos_run = torch.zeros(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.zeros(F, L, device=device)
             gen_run, gen_clean = x[run].clone(), x_clean.clone()
-            for items in (_chunks(skip, fact[run], source, F * N, batch_size, live_run) if bool(live.any()) else ()):
+            for items in _chunks(skip, fact[run], source, F * N, batch_size, live_run):
                 xb, x_all, fr, where, clean_at, sizes = _layout(
                     rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, j, table, subject,
-                    sites, N, n_layers, mask_id)
+                    is_mlp, N, n_layers, mask_id)
                 masked = x_all == mask_id
                 # "decided" reads each position while it is masked only; "aligned" every answer position
                 read = masked if readout == "decided" else answer[fr]
@@ -400,11 +471,12 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 stats["rows_run"] += x_all.shape[0]
                 stats["forwards"] += 1
                 stats["block_rows"] += sum(sizes)
-                for size in sizes:  # the batch of each block call, for benchmarks that rate it
-                    key = f"{L}x{size}"
-                    stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
+                for size in sizes:  # the batch of each block call (each tile), for benchmarks that rate it
+                    for part in ([size] if tile is None else tile_sizes(size, tile)):
+                        key = f"{L}x{part}"
+                        stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
-            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}, {}
+            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill, rows.stash = {}, {}, {}, {}, {}, {}, {}
             score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
             lp_clean[:, j] = score.cpu()
             score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
@@ -484,7 +556,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
 
 
 def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, step: int, table,
-            subject, sites, n_samples: int, n_layers: int, mask_id: int):
+            subject, is_mlp, n_samples: int, n_layers: int, mask_id: int):
     """The batch of one forward, and rows' hook settings for it. Returns (ids [B0, L] it starts
     from, ids [B, L] of the final batch, fact of each final row, where [len(items)]: each item's row
     in the final batch, clean_at [F]: each fact's clean row in it or -1, the rows each block computes).
@@ -530,21 +602,21 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         k = torch.arange(len(r), device=device)
         slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
     rows.join, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}
-    is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
 
     def fills(l, top):  # the packed rows of layer l are rows top.. of the batch inside block l
         item, pos, prow, slot, n = slots[l]
         mod = is_mlp[site[run[item]]]
         clean_rows, corr_rows = clean_at[fact[run[item]]], where[source[item]]
+        # the sources, clean and corrupted rows, are rows from the embedding (< B_real); the rows written, top..
         rows.fill[(l, "attn")] = (torch.arange(top, top + n, device=device), top + prow, slot,
-                                  torch.where(mod, corr_rows, clean_rows), pos)
+                                  torch.where(mod, corr_rows, clean_rows), pos, B_real, top)
         if bool(mod.any()):
-            rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod])
+            rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod], B_real, top)
 
     size, sizes, joined = B_real, [], []
     if 0 in slots:
         item, pos, prow, slot, n = slots[0]
-        rows.fill[(None, "embed")] = (None, size + prow, slot, where[source[item]], pos)
+        rows.fill[(None, "embed")] = (None, size + prow, slot, where[source[item]], pos, B_real, size)
         fills(0, size)
         size += n
     for b in range(n_layers):
@@ -585,7 +657,7 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         spliced = batch_rows[site_of == c]
         row, positions = subject[fr[spliced]].nonzero(as_tuple=True)  # each (row, subject position)
         idx = spliced[row]
-        rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions)
+        rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions, first, first)  # the clean rows lead the batch
     return xb, x_all, fr, where[items], clean_at, sizes
 
 
