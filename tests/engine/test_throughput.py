@@ -76,6 +76,12 @@ def test_the_doubling_goes_on_past_a_rate_within_noise_of_the_best():
 
     r = best_throughput(Fake(), 5, max_rows=256, repeats=1, clock=lambda: now[0], max_seconds=1e9)
     assert r.rows == 32 and set(r.table) == {1, 2, 4, 8, 16, 32, 64, 128}  # stopped after 64, 128 fell to 0.4x
+    # a size whose first (warm-up) forward takes more than max_seconds ends the search untimed again
+    calls = []
+    Fake.logits = lambda self, ids: calls.append(ids.shape[0]) or now.__setitem__(0, now[0] + per_row[ids.shape[0]] * ids.shape[0])
+    r = best_throughput(Fake(), 5, max_rows=256, repeats=3, clock=lambda: now[0], max_seconds=20)
+    assert calls.count(64) == 1 and 128 not in calls and r.table[64] == pytest.approx(64 / 32)
+    assert calls.count(32) == 4  # a warm-up and 3 timed forwards
 
 
 def test_floor_charges_every_token_block_at_the_best_rate():

@@ -138,7 +138,7 @@ def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, re
     (a doubling within 10 % of the best may be the noise of a moment, not the rate falling)."""
     seconds, best, worse, n = {}, 0.0, 0, first
     while n <= most:
-        sec = seconds[n] = _median_seconds(backbone, run, make(n), repeats, clock)
+        sec = seconds[n] = _median_seconds(backbone, run, make(n), repeats, clock, limit=max_seconds)
         worse = 0 if n / sec >= 0.9 * best else worse + 1
         best = max(best, n / sec)
         if sec > max_seconds or worse >= 2:
@@ -147,9 +147,16 @@ def _doubling(backbone, make, run, first: int, most: int, max_seconds: float, re
     return seconds
 
 
-def _median_seconds(backbone, run, x, repeats: int, clock) -> float:
-    """The median time of `repeats` calls run(x) after one warm-up call (allocations, kernel selection)."""
+def _median_seconds(backbone, run, x, repeats: int, clock, limit: float | None = None) -> float:
+    """The median time of `repeats` calls run(x) after one warm-up call (allocations, kernel selection);
+    a warm-up longer than `limit` seconds is the answer itself (a size too slow to matter is not timed again)."""
+    sync(backbone.device)
+    t = clock()
     run(x)
+    sync(backbone.device)
+    first = clock() - t
+    if limit is not None and first > limit:
+        return first
     times = []
     for _ in range(repeats):
         sync(backbone.device)
