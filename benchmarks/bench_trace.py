@@ -171,7 +171,9 @@ def _bench(args, bb, facts) -> int:
     computed = {}
     for length, rows, calls in block_calls(st["block_batches"]):
         computed[length] = computed.get(length, 0) + calls * rows
-    # the rate tables at the rounds' speed: each length's table scaled by its best size's median retimed rate
+    # the rate tables at the rounds' speed: each length's table scaled by the median of the rounds' retimed best
+    # rates over the search's best (retimed keeps the best of 3 sizes: a scale at most slightly high, which
+    # makes "the rest" at most slightly larger)
     level = [statistics.median(now[i].row_blocks_per_s for now in retimes) / r.row_blocks_per_s for i, r in enumerate(rates)]
     scaled = [Throughput(r.length, r.rows, r.row_blocks_per_s * x, {b: v * x for b, v in r.table.items()})
               for r, x in zip(rates, level)]
@@ -217,15 +219,18 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     screen_equal = torch.equal(unscreened.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
     # blocks run in tiles of at most 1024 tokens (the CPU default) against whole batches, also in
     # interleaved pairs
-    tiled_times, whole_times = [], []
+    tiled_times, whole_times, on = [], [], default_max_tokens(bb.device)  # (the default on a CPU)
     for i in range(6):
-        for tokens in ((None, 0) if i % 2 == 0 else (0, None)):
+        for tokens in ((on, 0) if i % 2 == 0 else (0, on)):
             result, seconds = _timed_trace(args, bb, facts, block_tokens=tokens)
-            (tiled_times if tokens is None else whole_times).append(seconds)
-            if tokens == 0:
+            (tiled_times if tokens else whole_times).append(seconds)
+            if tokens:
+                tiled = result
+            else:
                 untiled = result
     tiled_s, untiled_s = statistics.median(tiled_times), statistics.median(whole_times)
-    tiles_equal = torch.equal(untiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
+    tiles_equal = (torch.equal(untiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
+                   and torch.equal(tiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num()))
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
@@ -273,9 +278,9 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"{screened_s:.2f} s against {unscreened_s:.2f} s with the float64 softmax everywhere, medians of 6 "
           f"interleaved pairs; TIE identical: {'yes' if screen_equal else 'NO'})")
     print(f"row tiles        {untiled_s / tiled_s:8.2f} x   (each block runs on tiles of at most "
-          f"{default_max_tokens(bb.device)} tokens where a forward holds more, `hooks.row_tiles`: {tiled_s:.2f} s "
+          f"{on} tokens where a forward holds more, `hooks.row_tiles`, the default on a CPU: {tiled_s:.2f} s "
           f"against {untiled_s:.2f} s with whole batches, medians of 6 interleaved pairs; "
-          f"{sum(fast.stats['block_batches'].values())} block calls tiled, {sum(untiled.stats['block_batches'].values())} "
+          f"{sum(tiled.stats['block_batches'].values())} block calls tiled, {sum(untiled.stats['block_batches'].values())} "
           f"whole; TIE identical: {'yes' if tiles_equal else 'NO'})")
     out.update(untiled_seconds=untiled_s, tiled_seconds=tiled_s, tiles_identical=tiles_equal)
     # the read-out's argmax: row_max against torch's max(-1) on the trace's logits shape and on

@@ -355,9 +355,14 @@ def test_row_max_is_max_bit_for_bit(V, dtype):
     x[0, 3, V // 2] = torch.inf
     x[0, 4, -1] = 1e4                              # the maximum in the last, partial block
     x[0, 5, V // 3:] = x[0, 5].max()               # a tie from a block boundary onwards
-    x[0, 6, V // 4] = float("nan")                 # a NaN row: what max gives
+    x[0, 6] = 0.0
+    x[0, 6, :V // 2] = -0.0                        # signed zeros: the first maximum's own sign (-0.0)
     x[1, :, :] = (x[1] * 3).round()                # ties in every row
     for t in (x, x.transpose(0, 1), x[:, :, :].flip(-1)):
         want, got = t.max(-1), row_max(t)
         assert torch.equal(got.indices, want.indices)
-        assert torch.equal(got.values.nan_to_num(7.0), want.values.nan_to_num(7.0))
+        assert torch.equal(got.values, want.values) and torch.equal(got.values.signbit(), want.values.signbit())
+    y = x.clone()
+    y[0, 7, V // 4] = float("nan")                 # a row holding a NaN: what max gives
+    want, got = y.max(-1), row_max(y)
+    assert torch.equal(got.indices, want.indices) and bool(got.values[0, 7].isnan())

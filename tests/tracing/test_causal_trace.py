@@ -332,6 +332,19 @@ def test_blocks_run_in_tiles_change_no_number(bb, pack):
     assert whole.tie.abs().max() > 0.1
 
 
+def test_blocks_tile_by_default_at_the_devices_tokens_per_forward(bb, monkeypatch):
+    """block_tokens=None takes the likelihood's tokens per forward on a CPU (here made small)."""
+    import timerome.tracing.causal_trace as ct
+
+    L = len(tokenize_fact(bb, FACTS[0]).prompt_ids) + len(tokenize_fact(bb, FACTS[0]).object_ids)
+    monkeypatch.setattr(ct, "default_max_tokens", lambda device: 2 * L)
+    r = trace(bb, FACTS[:1], **FAST)
+    assert max(int(k.split("x")[1]) for k in r.stats["block_batches"]) == 2
+    whole = trace(bb, FACTS[:1], block_tokens=0, **FAST)
+    assert max(int(k.split("x")[1]) for k in whole.stats["block_batches"]) > 2
+    assert torch.equal(r.tie_full.nan_to_num(), whole.tie_full.nan_to_num())
+
+
 def test_blocks_tile_only_where_rows_keep_their_numbers(bb, monkeypatch):
     """A backbone whose blocks take a per-row mask cannot run a tile of the batch: the check says
     so, and the trace runs whole batches (the same numbers)."""

@@ -453,10 +453,12 @@ def row_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # that block's window (the last one ends at V: the entries it shares with the block before
     # it are below the maximum, since that block does not hold it)
     start = (first * s).clamp(max=V - s)
-    window = lg.unfold(1, s, 1)[torch.arange(len(lg), device=lg.device), start]  # [M, s]: each row's window
+    rows = torch.arange(len(lg), device=lg.device)
+    window = lg.unfold(1, s, 1)[rows, start]                          # [M, s]: each row's window
     idx = start + window.argmax(-1)
     shape = logits.shape[:-1]
-    return torch.return_types.max((top.view(shape), idx.view(shape)))
+    # the value at that index, as max gives it (amax may return -0.0 where the first maximum is +0.0)
+    return torch.return_types.max((lg[rows, idx].view(shape), idx.view(shape)))
 
 
 def _rand(shape, dtype, generator, device) -> torch.Tensor:

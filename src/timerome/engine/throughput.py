@@ -117,7 +117,8 @@ def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: floa
     [m, H] hidden states at the best m (m doubling from 16, as `best_throughput` doubles rows).
     log_normaliser: the read-out of log-probabilities, the logits and their log-normaliser
     (`logsumexp` over the vocabulary, in float32): what reading log p(token) at a position must
-    compute however it is done, since every logit moves the normaliser."""
+    compute however it is done, since every logit moves the normaliser. m stops at max_positions,
+    and at the m whose float32 logits reach 2 GiB."""
     g = torch.Generator().manual_seed(seed)
 
     def make(m):
@@ -127,7 +128,9 @@ def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: floa
         return backbone.readout(h).float().logsumexp(-1)
 
     run = log_probs if log_normaliser else backbone.readout
-    seconds = _doubling(backbone, make, run, 16, max_positions, max_seconds, repeats, clock)
+    # no more positions than keep the float32 logits under 2 GiB (a 126k-token vocabulary: 4,096)
+    most = max(16, min(max_positions, (1 << 31) // (4 * max(1, backbone.vocab_size))))
+    seconds = _doubling(backbone, make, run, 16, most, max_seconds, repeats, clock)
     return max(m / sec for m, sec in seconds.items())
 
 

@@ -132,8 +132,9 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     block_tokens: a forward's blocks run on tiles of at most this many tokens where its batch holds
     more (a batch that leaves the CPU's cache computed in pieces that fit: `hooks.row_tiles`),
     wherever the backbone gives each row the same numbers tiled (`wavefront.rows_can_tile`);
-    None (default): the likelihood's tokens per forward on the device (`likelihood.default_max_tokens`:
-    1024 on a CPU, 4096 on an accelerator); 0: whole batches. The numbers do not change.
+    None (default): on a CPU the likelihood's tokens per forward there (1024,
+    `likelihood.default_max_tokens`), elsewhere whole batches (tiles were measured on a CPU only);
+    0: whole batches. The numbers do not change.
     """
     if backbone is None:
         backbone = load_backbone()
@@ -150,7 +151,8 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
     pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone, joins=True)
     masked_head = head_choice(backbone, head)
-    tokens = default_max_tokens(backbone.device) if block_tokens is None else int(block_tokens)
+    cpu = torch.device(backbone.device).type == "cpu"
+    tokens = (default_max_tokens(backbone.device) if cpu else 0) if block_tokens is None else int(block_tokens)
     tokens = tokens if tokens > 0 and rows_can_tile(backbone) else None
     outs = [None] * len(items)
     with progress_bar("causal trace", total=len(items) * (K + 1), enabled=progress) as bar:
