@@ -206,29 +206,13 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     full_head, full_head_s = _timed_trace(args, bb, facts, head="full")
     pack_err = float((unpacked.tie_full - fast.tie_full).nan_to_num().abs().max())
     head_err = float((full_head.tie_full - fast.tie_full).nan_to_num().abs().max())
-    # the screen saves a few percent: timed in interleaved pairs (which goes first alternates), so that
-    # drifts in machine speed hit both alike
-    on_times, off_times = [], []
-    for i in range(6):
-        for screen in ((True, False) if i % 2 == 0 else (False, True)):
-            result, seconds = _timed_trace(args, bb, facts, screen_reveal=screen)
-            (on_times if screen else off_times).append(seconds)
-            if not screen:
-                unscreened = result
-    screened_s, unscreened_s = statistics.median(on_times), statistics.median(off_times)
+    # the screen saves a few percent, the row tiles a few or none: each timed in interleaved pairs
+    (_, screened_s), (unscreened, unscreened_s) = _interleaved(args, bb, facts, dict(screen_reveal=True),
+                                                                dict(screen_reveal=False))
     screen_equal = torch.equal(unscreened.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
-    # blocks run in tiles of at most 1024 tokens (the CPU default) against whole batches, also in
-    # interleaved pairs
-    tiled_times, whole_times, on = [], [], default_max_tokens(bb.device)  # (the default on a CPU)
-    for i in range(6):
-        for tokens in ((on, 0) if i % 2 == 0 else (0, on)):
-            result, seconds = _timed_trace(args, bb, facts, block_tokens=tokens)
-            (tiled_times if tokens else whole_times).append(seconds)
-            if tokens:
-                tiled = result
-            else:
-                untiled = result
-    tiled_s, untiled_s = statistics.median(tiled_times), statistics.median(whole_times)
+    on = default_max_tokens(bb.device)  # blocks in tiles of at most 1024 tokens (the default on a CPU)
+    (tiled, tiled_s), (untiled, untiled_s) = _interleaved(args, bb, facts, dict(block_tokens=on),
+                                                          dict(block_tokens=0))
     tiles_equal = (torch.equal(untiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
                    and torch.equal(tiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num()))
     whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
@@ -309,6 +293,18 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           and tiles_equal and all(v["same"] for v in argmax.values()))
     print("fast == naive: " + ("yes" if ok else "NO"))
     return ok
+
+
+def _interleaved(args, bb, facts, on: dict, off: dict, pairs: int = 6):
+    """The fast trace with the switches `on` and with `off`, timed in `pairs` interleaved pairs (which
+    goes first alternates, so that drifts in the machine's speed hit both alike): ((result, median
+    seconds) with `on`, the same with `off`)."""
+    times, results = ([], []), [None, None]
+    for i in range(pairs):
+        for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+            results[k], seconds = _timed_trace(args, bb, facts, **(on, off)[k])
+            times[k].append(seconds)
+    return (results[0], statistics.median(times[0])), (results[1], statistics.median(times[1]))
 
 
 def _timed_trace(args, bb, facts, **switches):

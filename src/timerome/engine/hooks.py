@@ -273,11 +273,10 @@ def row_tiles(modules, rows: int, state: TraceState):
                     a += size
             finally:
                 state.rows = None
-            if all(torch.is_tensor(o) for o in outs):
-                return torch.cat(outs)
-            if all(type(o) is tuple and o and torch.is_tensor(o[0]) and all(t is None for t in o[1:]) for o in outs):
-                return (torch.cat([o[0] for o in outs]), *outs[0][1:])
-            raise TypeError(f"row_tiles: a module output of type {type(outs[0]).__name__} cannot be concatenated")
+            parts = [hidden_states(o) for o in outs]
+            if any(h is None for h in parts) or len({type(o) for o in outs}) > 1:
+                raise TypeError(f"row_tiles: a module output of type {type(outs[0]).__name__} cannot be concatenated")
+            return with_hidden_states(outs[0], torch.cat(parts))
 
         return forward
 
@@ -293,6 +292,21 @@ def row_tiles(modules, rows: int, state: TraceState):
             else:
                 m.forward = before
         state.rows = None
+
+
+def hidden_states(output) -> torch.Tensor | None:
+    """The hidden states of a module output that holds nothing else (a tensor, or a (tensor, None,
+    ...) tuple, as a block returns them): what rows can be cut from or added to; None otherwise."""
+    if torch.is_tensor(output):
+        return output
+    if type(output) is tuple and output and torch.is_tensor(output[0]) and all(t is None for t in output[1:]):
+        return output[0]
+    return None
+
+
+def with_hidden_states(output, h: torch.Tensor):
+    """`output` (as `hidden_states` takes it) with its hidden states replaced by h."""
+    return h if torch.is_tensor(output) else (h, *output[1:])
 
 
 def tile_sizes(batch: int, rows: int) -> list[int]:

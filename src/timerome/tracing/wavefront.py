@@ -76,7 +76,7 @@ from contextlib import nullcontext
 import torch
 from torch.nn.modules import module as torch_module
 
-from timerome.engine.hooks import Hooks, TraceState, row_tiles, tile_sizes
+from timerome.engine.hooks import Hooks, TraceState, hidden_states, row_tiles, tile_sizes, with_hidden_states
 from timerome.engine.likelihood import logits_at
 from timerome.engine.sampler import HeadRead, reveal_masked
 from timerome.tracing.tie import REMASKING, read_out, reveal_schedule
@@ -190,13 +190,13 @@ def _regrow(h: torch.Tensor, rows: Rows, b: int) -> torch.Tensor | None:
 
 
 def _grow(output, rows: Rows, b: int):
-    """The block output with `_regrow` applied to its hidden states (a tensor or (tensor, None...))."""
-    if torch.is_tensor(output):
-        return _regrow(output, rows, b)
-    if type(output) is tuple and output and torch.is_tensor(output[0]) and all(t is None for t in output[1:]):
-        h = _regrow(output[0], rows, b)
-        return None if h is None else (h, *output[1:])
-    raise _CannotJoin(type(output).__name__)
+    """The block output with `_regrow` applied to its hidden states (`hooks.hidden_states`: a tensor
+    or (tensor, None...))."""
+    h = hidden_states(output)
+    if h is None:
+        raise _CannotJoin(type(output).__name__)
+    h = _regrow(h, rows, b)
+    return None if h is None else with_hidden_states(output, h)
 
 
 def joiners(blocks, rows: Rows) -> dict:
