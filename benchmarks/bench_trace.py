@@ -210,6 +210,9 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     (_, screened_s), (unscreened, unscreened_s) = _interleaved(args, bb, facts, dict(screen_reveal=True),
                                                                 dict(screen_reveal=False))
     screen_equal = torch.equal(unscreened.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
+    (_, assembled_s), (unassembled, unassembled_s) = _interleaved(args, bb, facts, dict(assemble_mlp=True),
+                                                                  dict(assemble_mlp=False))
+    assemble_equal = torch.equal(unassembled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
     on = default_max_tokens(bb.device)  # blocks in tiles of at most 1024 tokens (the default on a CPU)
     (tiled, tiled_s), (untiled, untiled_s) = _interleaved(args, bb, facts, dict(block_tokens=on),
                                                           dict(block_tokens=0))
@@ -254,6 +257,10 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     print(f"packed splices   {unpacked_s / fast_s:8.2f} x   (attn / mlp splices run their layer at the subject tokens "
           f"only: {unpacked.stats['block_rows']} row-blocks without, {blocks_on} with; max |TIE with - without| = "
           f"{pack_err:.1e})")
+    print(f"assembled mlp    {unassembled_s / assembled_s:8.2f} x   (mlp splices above layer 0 summed from the "
+          f"block's own outputs, no packed row: {unassembled.stats['block_rows']} row-blocks without, {blocks_on} "
+          f"with; {assembled_s:.2f} s against {unassembled_s:.2f} s, medians of 6 interleaved pairs; TIE identical: "
+          f"{'yes' if assemble_equal else 'NO'})")
     print(f"masked head      {full_head_s / fast_s:8.2f} x   (the head at the positions read only: "
           f"{full_head.stats['head_positions']} positions with the full head, {fast.stats['head_positions']} masked; "
           f"max |TIE with - without| = {head_err:.1e})")
@@ -266,7 +273,9 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"against {untiled_s:.2f} s with whole batches, medians of 6 interleaved pairs; "
           f"{sum(tiled.stats['block_batches'].values())} block calls tiled, {sum(untiled.stats['block_batches'].values())} "
           f"whole; TIE identical: {'yes' if tiles_equal else 'NO'})")
-    out.update(untiled_seconds=untiled_s, tiled_seconds=tiled_s, tiles_identical=tiles_equal)
+    out.update(untiled_seconds=untiled_s, tiled_seconds=tiled_s, tiles_identical=tiles_equal,
+               unassembled_seconds=unassembled_s, assembled_seconds=assembled_s, assemble_identical=assemble_equal,
+               unassembled_block_rows=unassembled.stats["block_rows"])
     # the read-out's argmax: row_max against torch's max(-1) on the trace's logits shape and on
     # LLaDA-8B's vocabulary (interleaved medians; the same values and indices, checked)
     argmax = {}
@@ -290,7 +299,7 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     out.update(naive_seconds=naive_s, speedup=naive_s / fast_s, no_sharing_seconds=plain_s, no_reuse_seconds=whole_s,
                max_err_naive=err, max_err_no_sharing=plain_err, max_err_no_reuse=reuse_err)
     ok = (err < 1e-4 and plain_err < 1e-4 and reuse_err < 1e-4 and pack_err < 1e-4 and head_err < 1e-4 and screen_equal
-          and tiles_equal and all(v["same"] for v in argmax.values()))
+          and tiles_equal and assemble_equal and all(v["same"] for v in argmax.values()))
     print("fast == naive: " + ("yes" if ok else "NO"))
     return ok
 

@@ -11,7 +11,7 @@ from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.engine.hooks import Intervention, capture, patch
 from timerome.engine.likelihood import masked_head_applies
 from timerome.tracing.causal_trace import trace
-from timerome.tracing.wavefront import rows_can_join, rows_can_pack
+from timerome.tracing.wavefront import rows_can_assemble, rows_can_join, rows_can_pack
 
 FAMILY_NAMES = ["timerome", "llada", "mmada", "llada-moe", "dream", "diffullama"]
 
@@ -152,9 +152,10 @@ def test_trace_rows_join_at_their_layer_in_every_family(backbones, fam):
     """The trace engine appends splicing rows to the batch between blocks, computes attn / mlp
     splices' own layer in packed rows and runs the head at the positions read: every family's
     blocks take the grown batch (`rows_can_join`), act on each position alone after their
-    attention (`rows_can_pack`), and give the TIE of the computation without any of it."""
+    attention (`rows_can_pack`), sum (input + attention) + MLP in that order (`rows_can_assemble`),
+    and give the TIE of the computation without any of it."""
     bb = backbones[fam]
-    assert rows_can_join(bb) and rows_can_pack(bb) and masked_head_applies(bb)
+    assert rows_can_join(bb) and rows_can_pack(bb) and rows_can_assemble(bb) and masked_head_applies(bb)
     facts = [dict(subject="the author", prompt="where was the author born ?", object="city of books")]
     on = trace(bb, facts, steps=3, n_samples=2, progress=False)
     off = trace(bb, facts, steps=3, n_samples=2, progress=False, reuse_layers=False, head="full")

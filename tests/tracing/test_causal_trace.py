@@ -18,7 +18,7 @@ from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
 from timerome.tracing.result import TraceResult
 from timerome.tracing.selection import per_fact_best, select_coordinate
 from timerome.tracing.tie import aggregate, object_logprobs, run_trajectory, tie_weights
-from timerome.tracing.wavefront import _plan, rows_can_join, rows_can_pack, rows_can_tile
+from timerome.tracing.wavefront import _plan, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile
 
 # every word is in the tiny checkpoints' vocabulary
 FACTS = [
@@ -281,18 +281,20 @@ def test_packed_splices_the_masked_head_and_the_screen_change_no_number(bb, batc
     """attn / mlp splices that run their layer at the subject tokens only (packed rows), the head
     run at the positions read only and the sampler's float32 screen give the same TIE, clean and
     corrupted log p, bit for bit on CPU, and the first two compute less."""
-    assert rows_can_pack(bb)
+    assert rows_can_pack(bb) and rows_can_assemble(bb)
     kw = dict(FAST, batch_size=batch_size, readout=readout)
     on = trace(bb, SAME_LENGTH, **kw)
     variants = [trace(bb, SAME_LENGTH, pack_splices=False, **kw), trace(bb, SAME_LENGTH, head="full", **kw),
                 trace(bb, SAME_LENGTH, head="masked", pack_splices=False, **kw),
-                trace(bb, SAME_LENGTH, screen_reveal=False, **kw)]  # the sampler's float64 softmax everywhere
+                trace(bb, SAME_LENGTH, screen_reveal=False, **kw),  # the sampler's float64 softmax everywhere
+                trace(bb, SAME_LENGTH, assemble_mlp=False, **kw)]   # every mlp splice in packed rows
     for off in variants:
         assert torch.equal(on.tie_full.nan_to_num(), off.tie_full.nan_to_num())
         assert torch.equal(on.clean_logp, off.clean_logp) and torch.equal(on.corrupted_logp, off.corrupted_logp)
     assert on.tie.abs().max() > 0.1
     assert on.stats["block_rows"] < variants[0].stats["block_rows"]  # packing skipped work
     assert on.stats["head_positions"] < variants[1].stats["head_positions"]  # so did the masked head
+    assert on.stats["block_rows"] < variants[4].stats["block_rows"] < variants[0].stats["block_rows"]  # and assembling
     # the floor is the definition's, whatever the engine does
     assert len({r.stats["min_block_rows"] for r in (on, *variants)}) == 1
     assert len({r.stats["min_head_positions"] for r in (on, *variants)}) == 1
@@ -309,6 +311,28 @@ def test_rows_pack_only_where_the_rest_of_a_block_acts_on_each_position_alone(bb
         off = trace(bb, FACTS[:1], pack_splices=False, **FAST)
     assert r.stats == off.stats
     torch.testing.assert_close(r.tie_full, off.tie_full, atol=0, rtol=0, equal_nan=True)
+
+
+def test_mlp_splices_assemble_only_where_a_block_sums_input_attention_and_mlp(bb, monkeypatch):
+    """An mlp splice above layer 0 takes its subject tokens from (input + attention output) + MLP
+    output only where the block computes exactly that: a block that adds anything more makes the
+    check say no, and the trace then packs every mlp splice (the same numbers as assemble_mlp=False)."""
+    assert rows_can_assemble(bb)
+    block = bb.module(1, "resid")
+    real = block.forward
+
+    def leaky(x, *args, **kwargs):  # the block's output plus a sliver of its input: not the sum of its parts
+        out, cache = real(x, *args, **kwargs)
+        return out + 1e-3 * x, cache
+
+    monkeypatch.setattr(block, "forward", leaky)
+    bb.engine_checks.clear()  # a patched submodule method is not part of the checks' key
+    assert rows_can_pack(bb) and not rows_can_assemble(bb)
+    r = trace(bb, SAME_LENGTH[:1], **FAST)
+    off = trace(bb, SAME_LENGTH[:1], assemble_mlp=False, **FAST)
+    assert r.stats == off.stats
+    assert torch.equal(r.tie_full.nan_to_num(), off.tie_full.nan_to_num())
+    bb.engine_checks.clear()
 
 
 @pytest.mark.parametrize("pack", [True, False])

@@ -26,7 +26,8 @@ from timerome.errors import TimeromeError
 from timerome.tracing.result import TraceResult
 from timerome.tracing.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tracing.tie import tie as tie_of
-from timerome.tracing.wavefront import group_facts, rows_can_join, rows_can_pack, rows_can_tile, trace_facts
+from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile,
+                                       trace_facts)
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
 SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
@@ -113,7 +114,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
 def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma: float | None = None,
           tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
           readout: str = "decided", progress: bool = True, share_rows: bool = True,
-          reuse_layers: bool = True, pack_splices: bool = True, head: str = "auto",
+          reuse_layers: bool = True, pack_splices: bool = True, assemble_mlp: bool = True, head: str = "auto",
           screen_reveal: bool = True, block_tokens: int | None = None) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
@@ -123,9 +124,10 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
     tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
     seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
-    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / screen_reveal:
-    the engine's savings (`timerome.tracing.wavefront`; screen_reveal: the sampler step's float32 screen,
-    `sampler.reveal_masked`), on by default; off only to measure what they save.
+    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
+    screen_reveal: the engine's savings (`timerome.tracing.wavefront`; assemble_mlp: mlp splices above
+    layer 0 summed from the block's own outputs, no packed row; screen_reveal: the sampler step's
+    float32 screen, `sampler.reveal_masked`), on by default; off only to measure what they save.
     head: "masked" runs the vocabulary head at the answer positions read only, "full" everywhere;
     "auto" (default) is "masked" wherever it applies (`likelihood.masked_head_applies`). Equal up
     to float rounding.
@@ -150,6 +152,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     # a joining row needs its fact's clean row and its corrupted row beside it: 3 rows at least
     reuse_layers = reuse_layers and batch_size >= 3 and rows_can_join(backbone)
     pack = reuse_layers and pack_splices and any(m != "resid" for _, m in sites) and rows_can_pack(backbone, joins=True)
+    assemble = pack and assemble_mlp and any(m == "mlp" and l > 0 for l, m in sites) and rows_can_assemble(backbone, True)
     masked_head = head_choice(backbone, head)
     cpu = torch.device(backbone.device).type == "cpu"
     tokens = (default_max_tokens(backbone.device) if cpu else 0) if block_tokens is None else int(block_tokens)
@@ -160,7 +163,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
         for group in group_facts(items, 1 + n_samples + len(sites) * n_samples, batch_size):
             per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
                                          batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
-                                         pack=pack, masked_head=masked_head, screen=screen_reveal,
+                                         pack=pack, assemble=assemble, masked_head=masked_head, screen=screen_reveal,
                                          block_tokens=tokens)
             for i, out in zip(group, per_fact):
                 outs[i] = out

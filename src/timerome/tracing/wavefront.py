@@ -28,6 +28,12 @@ It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests com
   mlp, their MLP output to the clean run's for mlp), and the rows join after block l as copies of
   their corrupted row with their subject tokens from the packed rows (`_layout`). `rows_can_pack`
   checks on the backbone that packing changes nothing (else attn / mlp rows join below l);
+- assembled mlp splices (assemble): an mlp splice at layer l > 0 needs no packed row either, since
+  its subject tokens' block-l output is the block's own sum of three values the batch computes
+  anyway: (the corrupted row's input to block l + its attention output) + the clean run's MLP
+  output. They are read at the output of block l - 1 and at block l's attn / mlp hooks, and summed
+  in that order when the row joins after block l; `rows_can_assemble` checks on the backbone that
+  this is bit for bit the packed rows' result (else mlp splices are packed);
 - a fact whose answer is all committed reads nothing more ("decided" read-out; every row of a fact
   reveals the same number of tokens per step), so its rows are not run again; the last scoring
   forward k' = K reads nothing at all and is skipped;
@@ -50,9 +56,9 @@ It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests com
   checks on the backbone that a tile's rows get the whole batch's numbers to the bit.
 
 Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
-reuse_layers (the joins), pack, masked_head, screen and block_tokens (`tracing.trace`: pack_splices,
-head, screen_reveal, block_tokens=0); all on by default, none changes a number (bit-identical on
-CPU; tested).
+reuse_layers (the joins), pack, assemble, masked_head, screen and block_tokens (`tracing.trace`:
+pack_splices, assemble_mlp, head, screen_reveal, block_tokens=0); all on by default, none changes a
+number (bit-identical on CPU; tested).
 
 `stats` counts the work done (rows_run: rows reaching the head, forwards, block_rows, head_positions;
 block_batches: how many block calls (tiles) ran how many rows, keyed "LxB" for rows of length L in a batch of B)
@@ -71,6 +77,7 @@ rows of chunks, packed rows, the head's other positions and the sampler step are
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from contextlib import nullcontext
 
 import torch
@@ -92,9 +99,10 @@ class Rows:
         self.drop: dict = {}                     # block b -> rows dropped from the batch's tail after it (packed rows)
         self.fix: dict = {}                      # block b -> (joined row, position, batch row, slot): values set in the copies
         self.pack: dict = {}                     # block b -> (n rows, row, slot, batch row, position): packed rows appended
-        self.fill: dict = {}                     # (layer, point) or (None, "embed") -> (rows zeroed, row, slot, batch row, position,
+        self.fill: dict = {}                     # (layer, point) or (None, "embed") -> ((first, end) rows zeroed, row, slot, batch row, position,
                                                  #   sources' end, first row written: `_copy`'s bounds)
-        self.stash: dict = {}                    # values read from one tile of a block for rows of a later tile (`_copy`)
+        self.mix: dict = {}                      # block b -> (joined row, position, corrupted row, clean row): assembled mlp splices
+        self.stash: dict = {}                    # values read from one tile of a block for rows of a later tile (`_read`)
 
 
 def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
@@ -105,12 +113,13 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
         got = rows.fill.get(key)
         if got is not None:
             zero, row, slot, src, pos, src_end, first = got
-            if zero is not None:  # padding slots of a packed row: finite, and read by nobody
-                if state.rows is None:
-                    h[zero] = 0
-                elif state.rows[1] > first:
+            if zero is not None:  # padding slots of a packed row (rows zero[0] .. zero[1] - 1): finite, read by nobody
+                lo, hi = zero
+                if state.rows is not None:
                     a, b = state.rows
-                    h[zero[(zero >= a) & (zero < b)] - a] = 0
+                    lo, hi = max(lo, a) - a, min(hi, b) - a
+                if hi > lo:
+                    h[lo:hi] = 0
             _copy(rows, ("fill", key), h, state, row, slot, src, pos, src_end, first)
 
     def add_noise(h, state):  # h [B0, L, H]: token embeddings
@@ -119,7 +128,13 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
         return h
 
     def site_fn(key, c):
+        layer, point = key
+
         def fn(h, state):  # h [B, L, H]: output of the site (or a tile of its rows, state.rows)
+            mix = rows.mix.get(layer) if point in ("attn", "mlp") else None
+            if mix is not None:  # assembled mlp splices: the corrupted rows' attention output, the clean rows' MLP output
+                _, pos, corr, clean = mix
+                _read(rows, ("mix", key), h, state, corr if point == "attn" else clean, pos)
             if c is not None and c in rows.splice:
                 idx, clean, positions, src_end, first = rows.splice[c]
                 # the subject positions take the clean run's h of this step (its row in this forward)
@@ -138,28 +153,67 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
     return fns
 
 
+def _read(rows: Rows, key, h, state, src, src_pos) -> None:
+    """rows.stash[key] = (h[src, src_pos], have) on the rows h holds: the whole batch (have None), or
+    one tile of a block run in tiles (`hooks.row_tiles`: state.rows = (start, stop)), each tile
+    reading the sources it holds (have: which are read so far). Where the first tile holds every
+    source (the usual case: the sources, clean and corrupted rows, lead the batch), they are all
+    read there at once (have None)."""
+    if state.rows is None:
+        rows.stash[key] = (h[src, src_pos], None)
+        return
+    a, b = state.rows
+    if a == 0:  # the first tile of this call of the block
+        if not len(src) or int(src.max()) < b:
+            rows.stash[key] = (h[src, src_pos], None)
+            return
+        rows.stash[key] = (h.new_empty(len(src), h.shape[-1]), torch.zeros(len(src), dtype=torch.bool, device=h.device))
+    vals, have = rows.stash[key]
+    if have is not None:
+        s = (src >= a) & (src < b)
+        vals[s] = h[src[s] - a, src_pos[s]]
+        have |= s
+
+
+def _read_all(rows: Rows, key) -> torch.Tensor:
+    """The values `_read` kept under key, every one of them read."""
+    vals, have = rows.stash[key]
+    if have is not None and not bool(have.all()):  # the layout puts every source before the rows it is copied to
+        raise RuntimeError("trace engine: a row copied from a row of a later tile")
+    return vals
+
+
 def _copy(rows: Rows, key, h, state, dst, dst_pos, src, src_pos, src_end: int, first: int) -> None:
     """h[dst, dst_pos] = h[src, src_pos], the right side read first, on the rows h holds: the whole
     batch, or one tile of a block run in tiles (`hooks.row_tiles`: state.rows = (start, stop)), the
-    sources' values kept (rows.stash) from the tiles before for rows of the tiles after. The
-    sources (clean and corrupted rows) lead the batch, rows < src_end; the rows written are rows >=
-    first: a tile outside both does nothing."""
+    sources' values kept (`_read`) from the tiles before for rows of the tiles after. The sources
+    (clean and corrupted rows) lead the batch, rows < src_end; the rows written are rows >= first:
+    a tile outside both does nothing. Where dst ascends (packed rows' slots), each tile finds its
+    rows by bisection instead of a mask."""
     if state.rows is None:
         h[dst, dst_pos] = h[src, src_pos]
         return
     a, b = state.rows
-    if a == 0:  # the first tile of this call of the block
-        rows.stash[key] = (h.new_empty(len(src), h.shape[-1]), torch.zeros(len(src), dtype=torch.bool, device=h.device))
+    if a == 0:
+        order = dst.tolist()
+        rows.stash[("order", key)] = order if all(u <= v for u, v in zip(order, order[1:])) else None
+    if a == 0 or a < src_end:
+        _read(rows, key, h, state, src, src_pos)
+    if b <= first:
+        return
     vals, have = rows.stash[key]
-    if a < src_end:
-        s = (src >= a) & (src < b)
-        vals[s] = h[src[s] - a, src_pos[s]]
-        have |= s
-    if b > first:
-        d = (dst >= a) & (dst < b)
-        if not bool(have[d].all()):  # the layout puts every source before the rows it is copied to
-            raise RuntimeError("trace engine: a row copied from a row of a later tile")
-        h[dst[d] - a, dst_pos[d]] = vals[d]
+    order = rows.stash[("order", key)]
+    if order is not None:
+        i, j = bisect_left(order, a), bisect_left(order, b)
+        if j > i:
+            if have is not None and not bool(have[i:j].all()):
+                raise RuntimeError("trace engine: a row copied from a row of a later tile")
+            h[dst[i:j] - a, dst_pos[i:j]] = vals[i:j]
+        return
+    d = (dst >= a) & (dst < b)
+    if have is not None and not bool(have[d].all()):
+        raise RuntimeError("trace engine: a row copied from a row of a later tile")
+    h[dst[d] - a, dst_pos[d]] = vals[d]
 
 
 class _CannotJoin(Exception):
@@ -169,24 +223,36 @@ class _CannotJoin(Exception):
 def _regrow(h: torch.Tensor, rows: Rows, b: int) -> torch.Tensor | None:
     """Block b's output h [B, L, H] after its joins: the packed rows of layer b dropped from the tail,
     copies of the rows rows.join[b] appended (with rows.fix[b]'s values set at their subject
-    positions), then the packed rows of layer b + 1. None: nothing happens after block b."""
+    positions, and rows.mix[b]'s assembled), then the packed rows of layer b + 1. None: nothing
+    happens after block b. Where block b + 1 assembles mlp splices, their corrupted rows' inputs
+    to it are read here."""
     drop, src, pack = rows.drop.get(b, 0), rows.join.get(b), rows.pack.get(b)
-    if not drop and src is None and pack is None:
-        return None
-    parts = [h[:h.shape[0] - drop]] if drop else [h]
-    if src is not None:
-        copies = h[src]
-        fix = rows.fix.get(b)
-        if fix is not None:
-            row, pos, from_row, from_slot = fix
-            copies[row, pos] = h[from_row, from_slot]
-        parts.append(copies)
-    if pack is not None:
-        n, row, slot, from_row, from_pos = pack
-        packed = h.new_zeros(n, *h.shape[1:])
-        packed[row, slot] = h[from_row, from_pos]
-        parts.append(packed)
-    return torch.cat(parts)
+    out = None
+    if drop or src is not None or pack is not None:
+        parts = [h[:h.shape[0] - drop]] if drop else [h]
+        if src is not None:
+            copies = h[src]
+            fix = rows.fix.get(b)
+            if fix is not None:
+                row, pos, from_row, from_slot = fix
+                copies[row, pos] = h[from_row, from_slot]
+            mix = rows.mix.get(b)
+            if mix is not None:  # the block's own sums: (input + attention output) + MLP output
+                row, pos, _, _ = mix
+                mid = rows.stash.pop(("mix-in", b)) + _read_all(rows, ("mix", (b, "attn")))
+                copies[row, pos] = mid + _read_all(rows, ("mix", (b, "mlp")))
+            parts.append(copies)
+        if pack is not None:
+            n, row, slot, from_row, from_pos = pack
+            packed = h.new_zeros(n, *h.shape[1:])
+            packed[row, slot] = h[from_row, from_pos]
+            parts.append(packed)
+        out = torch.cat(parts)
+    ahead = rows.mix.get(b + 1)
+    if ahead is not None:
+        _, pos, corr, _ = ahead
+        rows.stash[("mix-in", b + 1)] = (h if out is None else out)[corr, pos]
+    return out
 
 
 def _grow(output, rows: Rows, b: int):
@@ -330,6 +396,35 @@ def _rows_can_pack(backbone) -> bool:
     return bool((a - b).nan_to_num(0.0).abs().max() <= tol)
 
 
+def rows_can_assemble(backbone, packs: bool | None = None) -> bool:
+    """Whether an mlp splice above layer 0 may take its subject tokens from the block's own sums, with
+    no packed row: a block must compute its output as (its input + its attention output) + its MLP
+    output, in that order, with nothing between it and the next block. Checked on the engine itself:
+    a random fact traced at mlp sites above layer 0, assembled and packed, must give the same
+    log-probs bit for bit (asked once per forward state, `checked`). packs: `rows_can_pack`'s answer
+    where the caller has it."""
+    if backbone.n_layers < 2 or not (rows_can_pack(backbone) if packs is None else packs):
+        return False
+    return checked(backbone, "rows_can_assemble", lambda: _rows_can_assemble(backbone))
+
+
+@torch.no_grad()
+def _rows_can_assemble(backbone) -> bool:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)
+    ids[ids == backbone.mask_id] = (backbone.mask_id + 1) % backbone.vocab_size
+    fact = _ProbeFact(ids[:6], ids[6:], torch.tensor([1, 3]))
+    noise = torch.randn(2, 2, backbone.hidden_size, generator=g)
+    sites = [(l, m) for l in sorted({1, backbone.n_layers - 1}) for m in ("attn", "mlp")]
+    try:
+        runs = [trace_facts(backbone, [fact], [noise], sites, 2, 64, pack=True, assemble=a)[0][0]
+                for a in (False, True)]
+    except Exception:  # noqa: BLE001 - whatever the model makes of it, it is a no
+        return False
+    a, b = runs
+    return all(torch.equal(a[k].nan_to_num(7.0), b[k].nan_to_num(7.0)) for k in ("clean", "corrupted", "patched"))
+
+
 def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
     """Indices of the facts traced together: facts of one length (prompt + object tokens), as many
     as fit in one batch at n_rows rows each (the rows one fact adds at a step), one by one otherwise."""
@@ -343,7 +438,7 @@ def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
 @torch.no_grad()
 def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
                 share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
-                masked_head: bool = False, screen: bool = True,
+                assemble: bool = False, masked_head: bool = False, screen: bool = True,
                 block_tokens: int | None = None) -> tuple[list[dict], dict]:
     """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
 
@@ -354,7 +449,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     their fact has a masked answer position (readout "decided"); the others share a run's results
     (same future) or keep their state. reuse_layers: splicing rows join the batch at their layer
     (the caller checks `rows_can_join`); pack: attn / mlp splices compute their layer at the
-    subject tokens only, in packed rows (the caller checks `rows_can_pack`); masked_head: the
+    subject tokens only, in packed rows (the caller checks `rows_can_pack`); assemble: mlp splices
+    above layer 0 take their subject tokens from the block's own sums instead of packed rows (the
+    caller checks `rows_can_assemble`); masked_head: the
     vocabulary head runs at the positions read only (the caller checks `masked_head_applies`); screen:
     the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens);
     block_tokens: each block runs on tiles of at most that many tokens (`hooks.row_tiles`; the caller
@@ -391,6 +488,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     skip_of = torch.tensor([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)], device=device)
     skip_of = skip_of if reuse_layers else torch.zeros_like(skip_of)
     is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
+    # packed mlp splices above layer 0 assembled from the block's own sums instead (`_layout`)
+    assembled_site = packed_site & is_mlp & torch.tensor([l > 0 for l, _ in sites], device=device) & assemble
+    packed_site = packed_site & ~assembled_site
     blocks = [backbone.module(i, "resid") for i in range(n_layers)]
     tile = None if block_tokens is None else max(1, block_tokens // L)  # rows per tile of a block
 
@@ -408,7 +508,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                  min_block_tokens=0, min_block_rows_by_length={str(L): 0}, min_head_positions=0)
     # the joins first: at a block's output rows join before the resid splice there acts on them
     with Hooks(backbone, edit=joiners(blocks if reuse_layers else [], rows), raw=True), \
-            Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool(packed_site.any())), state=state), \
+            Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool((packed_site | assembled_site).any())),
+                  state=state), \
             (row_tiles(blocks, tile, state) if tile is not None else nullcontext()):
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
@@ -442,14 +543,15 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             stats["min_head_positions"] += int(n_read[live].sum() + n_read[fact[distinct]].sum())
             skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
             packs = (at[run] == j) & packed_site[site[run].clamp(min=0)]
+            mixes = (at[run] == j) & assembled_site[site[run].clamp(min=0)]
             source = corrupted[run]  # the corrupted rows are run[0..F*N-1], so also their run index
             pos_run = torch.zeros(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.zeros(F, L, device=device)
             gen_run, gen_clean = x[run].clone(), x_clean.clone()
             for items in _chunks(skip, fact[run], source, F * N, batch_size, live_run):
                 xb, x_all, fr, where, clean_at, sizes = _layout(
-                    rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, j, table, subject,
-                    is_mlp, N, n_layers, mask_id)
+                    rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, j, table,
+                    subject, is_mlp, N, n_layers, mask_id)
                 masked = x_all == mask_id
                 # "decided" reads each position while it is masked only; "aligned" every answer position
                 read = masked if readout == "decided" else answer[fr]
@@ -476,7 +578,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                         key = f"{L}x{part}"
                         stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
-            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill, rows.stash = {}, {}, {}, {}, {}, {}, {}
+            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill, rows.mix, rows.stash = {}, {}, {}, {}, {}, {}, {}, {}
             score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
             lp_clean[:, j] = score.cpu()
             score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
@@ -555,7 +657,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
     yield order.new_tensor(chunk)
 
 
-def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sample, site, at, step: int, table,
+def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, step: int, table,
             subject, is_mlp, n_samples: int, n_layers: int, mask_id: int):
     """The batch of one forward, and rows' hook settings for it. Returns (ids [B0, L] it starts
     from, ids [B, L] of the final batch, fact of each final row, where [len(items)]: each item's row
@@ -571,7 +673,11 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
     tokens of several such items, which enters block l with their corrupted rows' inputs there, has
     its attention output set to the clean run's (attn; mlp: the corrupted row's) at each slot and
     its MLP output to the clean run's (mlp), and leaves after block l: the rest of a block acts on
-    each position alone (`rows_can_pack`), so each slot's output is the item's own.
+    each position alone (`rows_can_pack`), so each slot's output is the item's own. An assembled
+    item (an mlp splice at layer l > 0, `mixes`) has no packed row: its slot's output would be its
+    corrupted row's input to block l plus that row's attention output, plus the clean run's MLP
+    output, so those three are read (`_regrow` after block l - 1, the attn / mlp hooks of block l)
+    and summed in the block's own order when the item joins after block l (`rows_can_assemble`).
     """
     device, N = x.device, n_samples
     F, L = x_clean.shape
@@ -601,14 +707,14 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
         r, pos = subject[fact[run[these]]].nonzero(as_tuple=True)  # each (item, subject position)
         k = torch.arange(len(r), device=device)
         slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
-    rows.join, rows.drop, rows.fix, rows.pack, rows.fill = {}, {}, {}, {}, {}
+    rows.join, rows.drop, rows.fix, rows.pack, rows.fill, rows.mix = {}, {}, {}, {}, {}, {}
 
     def fills(l, top):  # the packed rows of layer l are rows top.. of the batch inside block l
         item, pos, prow, slot, n = slots[l]
         mod = is_mlp[site[run[item]]]
         clean_rows, corr_rows = clean_at[fact[run[item]]], where[source[item]]
         # the sources, clean and corrupted rows, are rows from the embedding (< B_real); the rows written, top..
-        rows.fill[(l, "attn")] = (torch.arange(top, top + n, device=device), top + prow, slot,
+        rows.fill[(l, "attn")] = ((top, top + n), top + prow, slot,
                                   torch.where(mod, corr_rows, clean_rows), pos, B_real, top)
         if bool(mod.any()):
             rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod], B_real, top)
@@ -633,6 +739,11 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
             if b in slots:  # the packed items of layer b take their subject tokens from its packed rows
                 item, pos, prow, slot, n = slots[b]
                 rows.fix[b] = (_index_in(these, item), pos, size - n + prow, slot)
+            mixed = these[mixes[these]]
+            if len(mixed):  # the assembled items of layer b: each (item, subject position)
+                r, pos = subject[fact[run[mixed]]].nonzero(as_tuple=True)
+                item = mixed[r]
+                rows.mix[b] = (_index_in(these, item), pos, where[source[item]], clean_at[fact[run[item]]])
             top += len(these)
         if b + 1 in slots:
             item, pos, prow, slot, n = slots[b + 1]
@@ -650,7 +761,7 @@ def _layout(rows: Rows, items, run, skip, packs, source, x, x_clean, fact, sampl
     rows.noise = table[noise_idx]
     x_all = torch.cat([x_clean[facts_in], x[start], *(x[r] for r in joined)])  # the tokens of every final row
     fr = torch.cat([facts_in, fact[start], *(fact[r] for r in joined)])  # fact of each final row
-    splicing = items[(at[run[items]] == step) & ~packs[items]]
+    splicing = items[(at[run[items]] == step) & ~packs[items] & ~mixes[items]]
     batch_rows, site_of = where[splicing], site[run[splicing]]
     rows.splice = {}
     for c in site_of.unique().tolist():
