@@ -377,14 +377,20 @@ def rows_can_pack(backbone, joins: bool | None = None) -> bool:
     return checked(backbone, "rows_can_pack", lambda: _rows_can_pack(backbone))
 
 
-@torch.no_grad()
-def _rows_can_pack(backbone) -> bool:
-    g = torch.Generator().manual_seed(1)
+def _probe(backbone, seed: int, lowest: int):
+    """The engine checks' probe: a random fact (6 prompt and 3 answer ids, subject at 1 and 3), 2
+    noise samples, and attn / mlp sites at layer `lowest` and the top layer."""
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)
     ids[ids == backbone.mask_id] = (backbone.mask_id + 1) % backbone.vocab_size
     fact = _ProbeFact(ids[:6], ids[6:], torch.tensor([1, 3]))
     noise = torch.randn(2, 2, backbone.hidden_size, generator=g)
-    sites = [(l, m) for l in sorted({0, backbone.n_layers - 1}) for m in ("attn", "mlp")]
+    return fact, noise, [(l, m) for l in sorted({lowest, backbone.n_layers - 1}) for m in ("attn", "mlp")]
+
+
+@torch.no_grad()
+def _rows_can_pack(backbone) -> bool:
+    fact, noise, sites = _probe(backbone, 1, 0)
     try:
         runs = [trace_facts(backbone, [fact], [noise], sites, 2, 64, pack=p)[0][0]["patched"] for p in (False, True)]
     except Exception:  # noqa: BLE001 - whatever the model makes of a packed row, it is a no
@@ -410,12 +416,7 @@ def rows_can_assemble(backbone, packs: bool | None = None) -> bool:
 
 @torch.no_grad()
 def _rows_can_assemble(backbone) -> bool:
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, backbone.vocab_size, (9,), generator=g)
-    ids[ids == backbone.mask_id] = (backbone.mask_id + 1) % backbone.vocab_size
-    fact = _ProbeFact(ids[:6], ids[6:], torch.tensor([1, 3]))
-    noise = torch.randn(2, 2, backbone.hidden_size, generator=g)
-    sites = [(l, m) for l in sorted({1, backbone.n_layers - 1}) for m in ("attn", "mlp")]
+    fact, noise, sites = _probe(backbone, 3, 1)
     try:
         runs = [trace_facts(backbone, [fact], [noise], sites, 2, 64, pack=True, assemble=a)[0][0]
                 for a in (False, True)]
