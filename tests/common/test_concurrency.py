@@ -52,6 +52,41 @@ def test_two_writers_on_one_cache_file_never_collide(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.json", "entry.safetensors"]  # no temporary left
 
 
+REWRITER = """
+import sys, time
+import torch
+from timerome.common.cache import save_tensors
+path, seconds = sys.argv[1], float(sys.argv[2])
+t0, i = time.time(), 0
+while time.time() - t0 < seconds:  # versions of different sizes, each renamed into place
+    n = 20 + i % 7
+    save_tensors(path, {"U": torch.full((n, 128), float(i), dtype=torch.float64)}, metadata={"i": str(i), "n": str(n)})
+    i += 1
+print(i)
+"""
+
+
+def test_a_file_replaced_while_it_is_read_reads_as_one_version(tmp_path):
+    """`read_tensors` (memories, caches, traces, training states) while another process renames new
+    versions of the file into place in a loop: every read is one version, its tensors those its header
+    names. safetensors' own reader maps the file again by name for the tensors, so a version renamed in
+    between gave the old header over the new bytes (about 6 % of reads, or an error)."""
+    from timerome.common.cache import read_tensors, save_tensors
+
+    import torch
+
+    path = tmp_path / "m.safetensors"
+    save_tensors(path, {"U": torch.zeros(20, 128, dtype=torch.float64)}, metadata={"i": "0", "n": "20"})
+    writer = spawn(REWRITER, path, 3.0)
+    reads, versions = 0, set()
+    while writer.poll() is None:
+        tensors, meta = read_tensors(path)
+        u = tensors["U"]
+        assert u.shape == (int(meta["n"]), 128) and bool((u == float(meta["i"])).all()), meta
+        reads, versions = reads + 1, versions | {meta["i"]}
+    assert finish(writer)[0].strip() and reads > 20 and len(versions) > 5, (reads, len(versions))
+
+
 EXPERIMENT = """
 import json, os, sys, time
 import torch

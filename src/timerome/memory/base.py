@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import save_tensors
+from timerome.common.cache import read_tensors, save_tensors
 from timerome.common.checks import big_int_path, finite_tensor, integer, shown
 from timerome.common.files import parse_json
 from timerome.data.facts import Fact
@@ -256,17 +256,13 @@ def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict
     it: its format and checksum; its header (a JSON object with the fields every memory has, of
     their types, no NaN, no integer beyond 64 bits: `check_header`); its tensors (the names, dtypes
     and dimensions its format registered, every value finite)."""
-    from safetensors import safe_open
-
     formats = tuple(formats) if formats is not None else tuple(KINDS)
     a_what = a_of(what)
     p = Path(path)
     if not p.is_file():
         raise TimeromeError(f"{what} file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
     try:
-        with safe_open(str(p), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors, header = read_tensors(p)  # in one piece: a concurrent `memory add` renames its file into place
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on a damaged file
         raise TimeromeError(f"{p} is truncated or not {a_what} file ({type(e).__name__}: "
                             f"{str(e)[:120]})") from None

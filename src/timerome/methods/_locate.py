@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from timerome.common.cache import cache_dir, digest, save_tensors
+from timerome.common.cache import cache_dir, digest, read_tensors, save_tensors
 from timerome.data.rows import spread
 from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
                                       text_ids, uses_leading_space)
@@ -221,13 +221,11 @@ def key_stats_layers(backbone, layers, texts: list[str], *, cache: bool = True,
                      batch_size: int = 64) -> dict[int, tuple[torch.Tensor, Path]]:
     """key_stats of several layers: those not cached are measured in one pass over `texts`
     (each forward stops at the highest of them)."""
-    from safetensors.torch import load_file
-
     out, todo = {}, []
     for layer in dict.fromkeys(layers):
         path = stats_cache_path(backbone, layer, texts)
         if cache and path.is_file():
-            out[layer] = (load_file(str(path))["C"], path)
+            out[layer] = (read_tensors(path)[0]["C"], path)
         else:
             todo.append(layer)
     for layer, C in (_second_moments(backbone, todo, texts, batch_size) if todo else {}).items():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import save_tensors, write_json
+from timerome.common.cache import read_tensors, save_tensors, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, shown
 from timerome.common.files import read_json
 from timerome.errors import TimeromeError
@@ -56,7 +56,6 @@ class TraceFile:
     def read(path, what: str, build):
         """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         path = _tensor_path(path)
         meta_path = path.with_suffix(".json")
@@ -64,7 +63,7 @@ class TraceFile:
             raise TimeromeError(f"a {what} is {path} plus {meta_path.name}; one of them is missing")
         try:
             meta = read_json(meta_path, f"the {what}'s JSON")  # strict: no NaN, one clear error
-            return build(load_file(str(path)), meta)
+            return build(read_tensors(path)[0], meta)
         except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
             raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
 
@@ -122,7 +121,6 @@ class TraceResult(TraceFile):
         fact_ids, modules, layers and settings of their types, no NaN), its tensors (float32 or
         float64, of the shapes those name, every TIE finite)."""
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         path = _tensor_path(path)
         meta_path = path.with_suffix(".json")
@@ -130,7 +128,7 @@ class TraceResult(TraceFile):
             raise TimeromeError(f"a trace result is {path} plus {meta_path.name}; one of them is missing")
         meta = read_json(meta_path, "the trace's JSON")
         try:
-            t = load_file(str(path))
+            t = read_tensors(path)[0]
         except (SafetensorError, OSError, ValueError) as e:
             raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
         fact_ids, modules, layers, settings = _check_meta(meta, meta_path)

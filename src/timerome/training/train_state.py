@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import save_tensors, write_json
+from timerome.common.cache import read_tensors, save_tensors, write_json
 from timerome.common.checks import finite_tensor
 from timerome.common.files import safetensors_error
 from timerome.errors import TimeromeError
@@ -45,8 +45,6 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
 
 def load_state(folder, *, recipe: str, model, params, opt, sched, generators: dict) -> dict | None:
     """Restore a saved state into the objects (None when there is none, or it is another recipe's)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     meta_path, tensor_path = folder / META, folder / TENSORS
     if not (meta_path.is_file() and tensor_path.is_file()):
@@ -61,7 +59,7 @@ def load_state(folder, *, recipe: str, model, params, opt, sched, generators: di
     if meta.get("recipe") != recipe:
         return None
     try:
-        t = load_file(str(tensor_path))
+        t = read_tensors(tensor_path)[0]
     except Exception as e:  # noqa: BLE001 - a damaged file: say which
         raise safetensors_error(tensor_path, e) from None
     unfit = TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
