@@ -11,7 +11,9 @@ Changing a saved memory is a read, a change and an atomic write; `changing(path)
 one at a time per file across processes (`lock.hold` on a hidden `.NAME.lock` beside it, removed
 when done), so two
 `timerome memory add` on one file never lose each other's facts: the second waits for the first
-(or, with wait=False, is refused naming it) and then reads what the first wrote.
+(or, with wait=False, is refused naming it) and then reads what the first wrote. Every read takes
+the file in one piece (`cache.read_tensors`), so a read outside the lock, while the other renames
+its new version into place, sees one version or the other, whole.
 """
 
 from __future__ import annotations
