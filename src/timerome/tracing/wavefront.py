@@ -283,9 +283,10 @@ def checked(backbone, name: str, check) -> bool:
 
     The engine's checks ask how the model computes (whether its blocks take a regrown batch, act
     on each position alone after attention), not what its weights hold; what can change the
-    answer is what runs in a forward: the hooks on its modules (and torch's global ones), methods
-    set on the backbone object itself, its device and dtype. Those make the key, so a hook added
-    or removed, or a patched method, asks again. The last 8 answers are kept."""
+    answer is what runs in a forward: which modules it has, the hooks on them (and torch's global
+    ones), a forward set on one of them, methods set on the backbone object itself, its device and
+    dtype. Those make the key, so a hook added or removed, a module replaced or a patched method
+    asks again. The last 8 answers are kept."""
     memo = getattr(backbone, "engine_checks", None)
     if memo is None:  # not a timerome Backbone: ask every time
         return check()
@@ -299,13 +300,16 @@ def checked(backbone, name: str, check) -> bool:
 
 def _forward_state(backbone) -> tuple:
     """What a forward of the backbone runs besides its parameters' values (`checked`'s key)."""
+    mods = list(backbone.model.modules())
     hooks = tuple((id(m), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
-                  for m in backbone.model.modules() if m._forward_hooks or m._forward_pre_hooks)
+                  for m in mods if m._forward_hooks or m._forward_pre_hooks)
+    patched = tuple((id(m), id(m.__dict__["forward"])) for m in mods if "forward" in m.__dict__)
     own = tuple((k, id(v)) for k, v in vars(backbone).items()
                 if callable(v) and not isinstance(v, (torch.nn.Module, torch.Tensor)))
     p = next(backbone.model.parameters(), None)
     where = None if p is None else (str(p.device), p.dtype)
-    return (hooks, own, where, tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
+    return (tuple(map(id, mods)), hooks, patched, own, where, tuple(torch_module._global_forward_hooks),
+            tuple(torch_module._global_forward_pre_hooks))
 
 
 def rows_can_join(backbone) -> bool:
