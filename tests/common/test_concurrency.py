@@ -70,7 +70,7 @@ def test_a_file_replaced_while_it_is_read_reads_as_one_version(tmp_path):
     """`read_tensors` (memories, caches, traces, training states) while another process renames new
     versions of the file into place in a loop: every read is one version, its tensors those its header
     names. safetensors' own reader maps the file again by name for the tensors, so a version renamed in
-    between gave the old header over the new bytes (about 6 % of reads, or an error)."""
+    between gave the old header over the new bytes (2-6 % of reads in two runs, or an error)."""
     from timerome.common.cache import read_tensors, save_tensors
 
     import torch
