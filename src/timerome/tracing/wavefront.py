@@ -104,6 +104,10 @@ class Rows:
         self.mix: dict = {}                      # block b -> (joined row, position, corrupted row, clean row): assembled mlp splices
         self.stash: dict = {}                    # values read from one tile of a block for rows of a later tile (`_read`)
 
+    def reset(self) -> None:
+        """Forget the last forward's settings (`_layout` sets the next one's)."""
+        self.join, self.splice, self.drop, self.fix, self.pack, self.fill, self.mix, self.stash = ({} for _ in range(8))
+
 
 def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
     """Edits in place: the engine runs without autograd, and each output edited is the module's own
@@ -175,12 +179,12 @@ def _read(rows: Rows, key, h, state, src, src_pos) -> None:
         have |= s
 
 
-def _read_all(rows: Rows, key) -> torch.Tensor:
-    """The values `_read` kept under key, every one of them read."""
+def _read_all(rows: Rows, key, sel=slice(None)) -> torch.Tensor:
+    """The values `_read` kept under key (those `sel` picks: a slice or a mask), every one of them read."""
     vals, have = rows.stash[key]
-    if have is not None and not bool(have.all()):  # the layout puts every source before the rows it is copied to
+    if have is not None and not bool(have[sel].all()):  # the layout puts every source before the rows it is copied to
         raise RuntimeError("trace engine: a row copied from a row of a later tile")
-    return vals
+    return vals[sel]
 
 
 def _copy(rows: Rows, key, h, state, dst, dst_pos, src, src_pos, src_end: int, first: int) -> None:
@@ -201,19 +205,15 @@ def _copy(rows: Rows, key, h, state, dst, dst_pos, src, src_pos, src_end: int, f
         _read(rows, key, h, state, src, src_pos)
     if b <= first:
         return
-    vals, have = rows.stash[key]
     order = rows.stash[("order", key)]
     if order is not None:
         i, j = bisect_left(order, a), bisect_left(order, b)
-        if j > i:
-            if have is not None and not bool(have[i:j].all()):
-                raise RuntimeError("trace engine: a row copied from a row of a later tile")
-            h[dst[i:j] - a, dst_pos[i:j]] = vals[i:j]
-        return
-    d = (dst >= a) & (dst < b)
-    if have is not None and not bool(have[d].all()):
-        raise RuntimeError("trace engine: a row copied from a row of a later tile")
-    h[dst[d] - a, dst_pos[d]] = vals[d]
+        if j == i:
+            return
+        sel = slice(i, j)
+    else:
+        sel = (dst >= a) & (dst < b)
+    h[dst[sel] - a, dst_pos[sel]] = _read_all(rows, key, sel)
 
 
 class _CannotJoin(Exception):
@@ -583,7 +583,6 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                         key = f"{L}x{part}"
                         stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
-            rows.join, rows.splice, rows.drop, rows.fix, rows.pack, rows.fill, rows.mix, rows.stash = {}, {}, {}, {}, {}, {}, {}, {}
             score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
             lp_clean[:, j] = score.cpu()
             score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
@@ -712,7 +711,7 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
         r, pos = subject[fact[run[these]]].nonzero(as_tuple=True)  # each (item, subject position)
         k = torch.arange(len(r), device=device)
         slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
-    rows.join, rows.drop, rows.fix, rows.pack, rows.fill, rows.mix = {}, {}, {}, {}, {}, {}
+    rows.reset()
 
     def fills(l, top):  # the packed rows of layer l are rows top.. of the batch inside block l
         item, pos, prow, slot, n = slots[l]
