@@ -316,9 +316,18 @@ def test_head_read_gives_logsumexp_bit_for_bit_and_falls_back_on_infinite_logits
     from timerome.engine.sampler import HeadRead
 
     g = torch.Generator().manual_seed(0)
-    for M, V in ((600, 1170), (9, 50)):
+    buffer = None
+    for M, V in ((600, 1170), (9, 50), (700, 1170)):
         lg = torch.randn(M, V, generator=g) * 7
         assert torch.equal(HeadRead(lg).log_normaliser(), lg.logsumexp(-1))
+        # a kept buffer (grown where it is short) gives the same passes
+        grown = HeadRead.buffer_for(lg, buffer)
+        assert grown.numel() >= lg.numel() and (buffer is None or (grown is buffer) == (buffer.numel() >= lg.numel()))
+        buffer = grown
+        kept, fresh = HeadRead(lg, buffer), HeadRead(lg)
+        assert torch.equal(kept.exp, fresh.exp) and kept.exp.data_ptr() == buffer.data_ptr()
+        assert torch.equal(kept.log_normaliser(), lg.logsumexp(-1))
+        assert torch.equal(kept.tail_mass(), fresh.tail_mass())
     x = torch.tensor([[1, 1, 1, 1]])
     masked = x == 1
     logits = torch.randn(1, 4, 20, generator=g)

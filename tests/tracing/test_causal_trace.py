@@ -3,6 +3,7 @@ the embedded default model that the traced hot coordinate carries real signal.""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import live_steps
@@ -94,12 +95,32 @@ def test_tie_weights_decay_and_normalise():
 
 
 def test_rows_with_the_same_future_share_one_run():
-    x = torch.tensor([[1, 5], [1, 5], [1, 6], [1, 5], [1, 5]])
-    sample = torch.tensor([0, 1, 0, 0, 0])
-    at = torch.tensor([-1, -1, 0, 0, 2])  # row 4 splices at step 2: run on its own
+    x = np.array([[1, 5], [1, 5], [1, 6], [1, 5], [1, 5]])
+    sample = np.array([0, 1, 0, 0, 0])
+    at = np.array([-1, -1, 0, 0, 2])  # row 4 splices at step 2: run on its own
     run, share = _plan(x, sample, at, step=2)
     assert run.tolist() == [0, 1, 2, 4]  # row 3 (sample 0, x [1, 5], done splicing) = row 0
     assert run[share].tolist() == [0, 1, 2, 0, 4]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_runs_the_first_row_of_each_future(seed):
+    """Against a dictionary of (sample, x) keys: each group runs its first row, every row shares its group's."""
+    g = torch.Generator().manual_seed(seed)
+    n, L = 60, 7
+    x = torch.randint(0, 3, (n, L), generator=g).numpy()
+    x[:, :2] = 9  # a prompt every row holds
+    sample = torch.randint(0, 2, (n,), generator=g).numpy()
+    at = torch.randint(-1, 3, (n,), generator=g).numpy()
+    for share_rows in (True, False):
+        run, share = _plan(x, sample, at, step=1, share=share_rows)
+        first = {}
+        for i in range(n):
+            key = (i,) if (at[i] == 1 or not share_rows) else (int(sample[i]), *x[i].tolist())
+            first.setdefault(key, i)
+        want = [first[(i,) if (at[i] == 1 or not share_rows) else (int(sample[i]), *x[i].tolist())] for i in range(n)]
+        assert run.tolist() == sorted(set(want))
+        assert run[share].tolist() == want
 
 
 # ------------------------------------------------------------------------------ TIE properties

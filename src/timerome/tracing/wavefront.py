@@ -55,6 +55,10 @@ It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests com
   rows) lead the batch, keep the sources' values from the tiles before (`_copy`). `rows_can_tile`
   checks on the backbone that a tile's rows get the whole batch's numbers to the bit.
 
+The rows' bookkeeping (which rows run, which join where, the packed slots) is done on small integer
+arrays in numpy, where an operation costs about a microsecond against several for a torch call;
+the index tensors a forward needs are made from them once per forward (`_layout`).
+
 Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
 reuse_layers (the joins), pack, assemble, masked_head, screen and block_tokens (`tracing.trace`:
 pack_splices, assemble_mlp, head, screen_reveal, block_tokens=0); all on by default, none changes a
@@ -80,6 +84,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 from torch.nn.modules import module as torch_module
 
@@ -487,28 +492,36 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     table = table.view(F * (N + 1), L, -1)
     # blocks a splice leaves to its corrupted row, in the floor: those below its layer, and its own layer
     # (resid: spliced at its output; attn / mlp: it changes only the subject tokens there, position by position)
-    below = torch.tensor([l + 1 for l, _ in sites], device=device)
-    packed_site = torch.tensor([pack and reuse_layers and m != "resid" for _, m in sites], device=device)
+    # the rows' bookkeeping (which rows run, join, pack, splice) is on small integer arrays, in numpy,
+    # where each operation costs about a microsecond against a torch call's several; the index
+    # tensors the forward needs are made from them (`_layout`)
+    subject_np = subject.cpu().numpy()
+    below = np.array([l + 1 for l, _ in sites])
+    packed_site = np.array([pack and reuse_layers and m != "resid" for _, m in sites])
     # blocks a splicing row does not compute: a packed attn / mlp splice joins after its layer too
-    skip_of = torch.tensor([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)], device=device)
-    skip_of = skip_of if reuse_layers else torch.zeros_like(skip_of)
-    is_mlp = torch.tensor([m == "mlp" for _, m in sites], device=device)  # per site index
+    skip_of = np.array([l + (m == "resid" or bool(p)) for (l, m), p in zip(sites, packed_site)])
+    skip_of = skip_of if reuse_layers else np.zeros_like(skip_of)
+    is_mlp = np.array([m == "mlp" for _, m in sites])  # per site index
     # packed mlp splices above layer 0 assembled from the block's own sums instead (`_layout`)
-    assembled_site = packed_site & is_mlp & torch.tensor([l > 0 for l, _ in sites], device=device) & assemble
+    assembled_site = packed_site & is_mlp & np.array([l > 0 for l, _ in sites]) & assemble
     packed_site = packed_site & ~assembled_site
     blocks = [backbone.module(i, "resid") for i in range(n_layers)]
     tile = None if block_tokens is None else max(1, block_tokens // L)  # rows per tile of a block
 
-    x = x_clean.repeat_interleave(N, 0)                           # [rows, L]; rows grow with the wavefront
-    fact = torch.arange(F, device=device).repeat_interleave(N)    # fact of each row
-    sample = torch.arange(N, device=device).repeat(F)             # noise sample of each row
-    site = torch.full((F * N,), -1, device=device)                # site patched by each row (-1: none)
-    at = torch.full((F * N,), -1, device=device)                  # step at which it patches (-1: never)
-    decided = torch.zeros(F * N, L, device=device)                # per-position log-prob when last masked
+    x = x_clean.repeat_interleave(N, 0)               # [rows, L]; rows grow with the wavefront
+    fact = np.repeat(np.arange(F), N)                 # fact of each row
+    sample = np.tile(np.arange(N), F)                 # noise sample of each row
+    site = np.full(F * N, -1)                         # site patched by each row (-1: none)
+    at = np.full(F * N, -1)                           # step at which it patches (-1: never)
+    decided = torch.zeros(F * N, L, device=device)    # per-position log-prob when last masked
     decided_clean = torch.zeros(F, L, device=device)
     lp_clean = torch.zeros(F, K + 1)
     lp = torch.full((F * N + K * F * C * N, K + 1), torch.nan)
     rows, state = Rows(), TraceState()
+    exp_buffer = None  # `HeadRead`'s, kept across forwards
+    # the patch rows each step adds (fact f, site c, sample s in that order): copies of corrupted row f * N + s
+    new = np.repeat(np.arange(F * N).reshape(F, 1, N), C, axis=1).reshape(-1)
+    new_t, new_site = _tensor(new, x.device), np.tile(np.repeat(np.arange(C), N), F)
     stats = dict(rows_run=0, forwards=0, block_rows=0, block_batches={}, head_positions=0, min_block_rows=0,
                  min_block_tokens=0, min_block_rows_by_length={str(L): 0}, min_head_positions=0)
     # the joins first: at a block's output rows join before the resid splice there acts on them
@@ -518,25 +531,26 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             (row_tiles(blocks, tile, state) if tile is not None else nullcontext()):
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
-                new = torch.arange(F * N, device=device).view(F, 1, N).expand(F, C, N).reshape(-1)
-                x, decided = torch.cat([x, x[new]]), torch.cat([decided, decided[new]])
-                fact, sample = torch.cat([fact, fact[new]]), torch.cat([sample, sample[new]])
-                site = torch.cat([site, torch.arange(C, device=device).repeat_interleave(N).repeat(F)])
-                at = torch.cat([at, torch.full((F * C * N,), j, device=device)])
+                x, decided = torch.cat([x, x[new_t]]), torch.cat([decided, decided[new_t]])
+                fact, sample = np.concatenate([fact, fact[new]]), np.concatenate([sample, sample[new]])
+                site = np.concatenate([site, new_site])
+                at = np.concatenate([at, np.full(F * C * N, j)])
             state.step = j
             # a fact whose answer is all committed reads nothing more ("decided": every row of a fact
             # reveals the same number of tokens per step, so its rows finish together)
-            live = (x_clean == mask_id).any(1) if readout == "decided" else torch.ones(F, dtype=torch.bool, device=device)
-            if not bool(live.any()):  # nothing is read and nothing moves (the final step, always): every row keeps
+            masked_clean = x_clean == mask_id
+            live = masked_clean.any(1).cpu().numpy() if readout == "decided" else np.ones(F, dtype=bool)
+            if not live.any():  # nothing is read and nothing moves (the final step, always): every row keeps
                 lp_clean[:, j] = decided_clean.sum(-1).cpu()  # the log-probs it decided (`read_out` with no mask)
                 lp[:len(x), j] = decided.sum(-1).cpu()
                 if bar is not None:
                     bar.advance(F)
                 continue
             corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
-            run, share = _plan(x, corrupted, at, j, share_rows)
+            x_np = x.cpu().numpy()
+            run, share = _plan(x_np, corrupted, at, j, share_rows)
             live_run = live[fact[run]]
-            distinct = run if share_rows else _plan(x, corrupted, at, j, True)[0]
+            distinct = run if share_rows else _plan(x_np, corrupted, at, j, True)[0]
             distinct = distinct[live[fact[distinct]]]
             splices = at[distinct] == j
             need = n_layers * (int(live.sum()) + int((~splices).sum())) + int((n_layers - below[site[distinct[splices]]]).sum())
@@ -544,36 +558,39 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             stats["min_block_tokens"] += need * L
             stats["min_block_rows_by_length"][str(L)] += need
             # the head at the positions read: every distinct live row and each live fact's clean row
-            n_read = ((x_clean == mask_id) if readout == "decided" else answer).sum(1)  # [F] (equal in a fact's rows)
+            n_read = (masked_clean if readout == "decided" else answer).sum(1).cpu().numpy()  # [F] (equal in a fact's rows)
             stats["min_head_positions"] += int(n_read[live].sum() + n_read[fact[distinct]].sum())
-            skip = torch.where(at[run] == j, skip_of[site[run].clamp(min=0)], 0)  # 0: from the embedding
-            packs = (at[run] == j) & packed_site[site[run].clamp(min=0)]
-            mixes = (at[run] == j) & assembled_site[site[run].clamp(min=0)]
+            now, run_site = at[run] == j, np.maximum(site[run], 0)
+            skip = np.where(now, skip_of[run_site], 0)  # 0: from the embedding
+            packs = now & packed_site[run_site]
+            mixes = now & assembled_site[run_site]
             source = corrupted[run]  # the corrupted rows are run[0..F*N-1], so also their run index
             pos_run = torch.zeros(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.zeros(F, L, device=device)
-            gen_run, gen_clean = x[run].clone(), x_clean.clone()
+            gen_run, gen_clean = x[_tensor(run, device)], x_clean.clone()
             for items in _chunks(skip, fact[run], source, F * N, batch_size, live_run):
                 xb, x_all, fr, where, clean_at, sizes = _layout(
                     rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, j, table,
-                    subject, is_mlp, N, n_layers, mask_id)
+                    subject_np, is_mlp, N, n_layers, mask_id)
                 masked = x_all == mask_id
                 # "decided" reads each position while it is masked only; "aligned" every answer position
                 read = masked if readout == "decided" else answer[fr]
                 picked = logits_at(backbone, xb, read, masked_head=masked_head)  # [M, V]: logits at the read positions
                 pos = torch.full(read.shape, torch.nan, device=device)
-                head = HeadRead(picked)  # max, argmax and exp(l - max) once, for the read-out and the reveal
+                exp_buffer = HeadRead.buffer_for(picked, exp_buffer)
+                head = HeadRead(picked, exp_buffer)  # max, argmax and exp(l - max) once, for the read-out and the reveal
                 pos[read] = head.logits.gather(-1, obj[fr][read][:, None]).squeeze(-1) - head.log_normaliser()
                 if readout != "decided":
                     pos = pos.masked_fill(~answer[fr], 0.0)
-                pos_run[items] = pos[where]
+                items_t = _tensor(items, device)
+                pos_run[items_t] = pos[where]
                 have = clean_at >= 0
                 pos_clean[have] = pos[clean_at[have]]
                 if j < K:
                     same = read is masked  # "decided" reads the masked positions only
                     gen = reveal_masked(x_all, picked if same else picked[masked[read]], masked, budget[fr, j],
                                         remasking=REMASKING, head=head if same else None, screen=screen)
-                    gen_run[items] = gen[where]
+                    gen_run[items_t] = gen[where]
                     gen_clean[have] = gen[clean_at[have]]
                 stats["rows_run"] += x_all.shape[0]
                 stats["forwards"] += 1
@@ -583,12 +600,13 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                         key = f"{L}x{part}"
                         stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
-            score, decided_clean = read_out(pos_clean, x_clean == mask_id, decided_clean, readout)
+            score, decided_clean = read_out(pos_clean, masked_clean, decided_clean, readout)
             lp_clean[:, j] = score.cpu()
-            score, decided = read_out(pos_run[share], x == mask_id, decided, readout)
+            share_t = _tensor(share, device)
+            score, decided = read_out(pos_run[share_t], x == mask_id, decided, readout)
             lp[:len(x), j] = score.cpu()
             if j < K:
-                x = gen_run[share]
+                x = gen_run[share_t]
                 x_clean = gen_clean
             if bar is not None:
                 bar.advance(F)
@@ -597,41 +615,41 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             for f in range(F)], stats
 
 
-def _plan(x: torch.Tensor, sample: torch.Tensor, at: torch.Tensor, step: int, share: bool = True):
+def _plan(x: np.ndarray, sample: np.ndarray, at: np.ndarray, step: int, share: bool = True):
     """Which rows to run at this step: (run [R] row indices, share [rows] index into run).
 
     A row with no splice ahead is, from here on, a deterministic function of (noise sample, x)
     (temperature 0, the same noise at every forward), so rows with equal (sample, x) have the same
     future: one of them is run and the others take its results. Typically a splice that changes no
     committed token folds its row back into the corrupted run right after the patched forward.
-    Rows that splice at this step are always run.
+    Rows that splice at this step are always run. Arrays in numpy (`trace_facts`' bookkeeping).
     """
     n = x.shape[0]
-    idx = torch.arange(n, device=x.device)
-    own = torch.where((at == step) | (not share), idx, -1)  # a splicing row is its own group
+    idx = np.arange(n)
+    own = np.where((at == step) | (not share), idx, -1)  # a splicing row is its own group
     varies = (x != x[:1]).any(0)  # columns equal in every row (the prompt) tell no row apart
-    group = _row_groups(torch.cat([own[:, None], sample[:, None], x[:, varies]], 1))
-    first = torch.full((n,), n, device=x.device).scatter_reduce(0, group, idx, "amin")[: int(group.max()) + 1]
-    run = first.sort().values
-    share = torch.searchsorted(run, first[group])
+    group, first = _row_groups(np.concatenate([own[:, None], sample[:, None], x[:, varies]], 1))
+    run = np.sort(first)
+    share = np.searchsorted(run, first[group])
     return run, share
 
 
-def _row_groups(key: torch.Tensor) -> torch.Tensor:
-    """Group id [n] of each row of key [n, m]: equal rows share one (torch.unique(dim=0)'s inverse,
-    without its row-by-row comparisons): a lexicographic sort, one stable sort per column."""
+def _row_groups(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group id [n] of each row of key [n, m], equal rows sharing one; the first row [G] of each
+    group): a stable lexicographic sort of the rows, so a group's rows are adjacent and its first
+    row leads them."""
     n = key.shape[0]
-    order = torch.arange(n, device=key.device)
-    for c in reversed(range(key.shape[1])):
-        order = order[torch.sort(key[order, c], stable=True).indices]
+    order = np.lexsort(key.T[::-1])  # stable; column 0 first
     ranked = key[order]
-    new = torch.ones(n, dtype=torch.long, device=key.device)
+    new = np.ones(n, dtype=bool)
     new[1:] = (ranked[1:] != ranked[:-1]).any(1)
-    return torch.empty_like(order).scatter_(0, order, new.cumsum(0) - 1)
+    group = np.empty(n, dtype=np.int64)
+    group[order] = np.cumsum(new) - 1
+    return group, order[new]
 
 
-def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corrupted: int, batch_size: int,
-            live: torch.Tensor):
+def _chunks(skip: np.ndarray, fact: np.ndarray, source: np.ndarray, n_corrupted: int, batch_size: int,
+            live: np.ndarray):
     """The run rows (indices into run) of each forward of one step, those `live` [R] only: all of
     them when they fit in batch_size with the clean rows, else chunks filled in turn, each counting
     the clean rows of its facts and the corrupted rows its joining rows copy (joining rows ordered
@@ -640,9 +658,9 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
     0..n_corrupted-1 are the corrupted rows. Packed rows are not counted (a few per layer)."""
     joins = skip > 0
     key = source * (int(skip.max()) + 1) + skip
-    rest, joining = (~joins & live).nonzero().squeeze(1), (joins & live).nonzero().squeeze(1)
-    order = torch.cat([rest, joining[torch.sort(key[joining], stable=True).indices]])
-    if int(fact[order].unique().numel()) + len(order) <= batch_size:
+    rest, joining = np.flatnonzero(~joins & live), np.flatnonzero(joins & live)
+    order = np.concatenate([rest, joining[np.argsort(key[joining], kind="stable")]])
+    if len(np.unique(fact[order])) + len(order) <= batch_size:
         yield order
         return
     chunk, cleans, present, needed = [], set(), set(), set()
@@ -650,7 +668,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
         size = len(chunk) + 1 + len(cleans | {f}) + len((needed | ({src} if sk > 0 else set()))
                                                          - (present | ({i} if i < n_corrupted else set())))
         if chunk and size > batch_size:
-            yield order.new_tensor(chunk)
+            yield np.array(chunk, dtype=np.int64)
             chunk, cleans, present, needed = [], set(), set(), set()
         chunk.append(i)
         cleans.add(f)
@@ -658,7 +676,7 @@ def _chunks(skip: torch.Tensor, fact: torch.Tensor, source: torch.Tensor, n_corr
             needed.add(src)
         elif i < n_corrupted:
             present.add(i)
-    yield order.new_tensor(chunk)
+    yield np.array(chunk, dtype=np.int64)
 
 
 def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, step: int, table,
@@ -666,6 +684,9 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
     """The batch of one forward, and rows' hook settings for it. Returns (ids [B0, L] it starts
     from, ids [B, L] of the final batch, fact of each final row, where [len(items)]: each item's row
     in the final batch, clean_at [F]: each fact's clean row in it or -1, the rows each block computes).
+    The bookkeeping arguments (items, run, skip, packs, mixes, source, fact, sample, site, at,
+    subject, is_mlp) are numpy arrays; x, x_clean and table, and everything returned or set in rows
+    but sizes, are tensors on the forward's device.
 
     Rows from the embedding: the clean rows of the items' facts, the items that skip nothing, then
     any corrupted row a joining item copies that is not among them (then the packed rows of layer 0).
@@ -685,31 +706,36 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
     """
     device, N = x.device, n_samples
     F, L = x_clean.shape
+
+    def t(a):  # an index array made a tensor of the forward's device
+        return _tensor(a, device)
+
     s_items = skip[items]
     base, joining = items[s_items == 0], items[s_items > 0]
-    facts_in = fact[run[items]].unique()
-    clean_at = torch.full((F,), -1, dtype=torch.long, device=device)
-    clean_at[facts_in] = torch.arange(len(facts_in), device=device)
-    where = torch.empty(len(run), dtype=torch.long, device=device)  # run index -> batch row
+    facts_in = np.unique(fact[run[items]])
+    clean_at = np.full(F, -1)
+    clean_at[facts_in] = np.arange(len(facts_in))
+    where = np.empty(len(run), dtype=np.int64)  # run index -> batch row
     first = len(facts_in)
-    where[base] = torch.arange(first, first + len(base), device=device)
+    where[base] = np.arange(first, first + len(base))
     n_corr = F * N
-    present = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    present = np.zeros(n_corr, dtype=bool)
     present[base[base < n_corr]] = True
-    needed = torch.zeros(n_corr, dtype=torch.bool, device=device)
+    needed = np.zeros(n_corr, dtype=bool)
     needed[source[joining]] = True  # the corrupted (run) rows the joining rows copy
-    extra = (needed & ~present).nonzero().squeeze(1)  # corrupted rows here only to be copied
-    where[extra] = torch.arange(first + len(base), first + len(base) + len(extra), device=device)
-    start = run[torch.cat([base, extra])]
+    extra = np.flatnonzero(needed & ~present)  # corrupted rows here only to be copied
+    where[extra] = np.arange(first + len(base), first + len(base) + len(extra))
+    start = run[np.concatenate([base, extra])]
     B_real = first + len(start)
 
     # the packed items of each layer: their (item, subject position) pairs, slot by slot
     slots = {}
     pk = joining[packs[joining]]
-    for l in (skip[pk] - 1).unique().tolist():
-        these = pk[skip[pk] - 1 == l]
-        r, pos = subject[fact[run[these]]].nonzero(as_tuple=True)  # each (item, subject position)
-        k = torch.arange(len(r), device=device)
+    pk_layer = skip[pk] - 1
+    for l in np.unique(pk_layer).tolist():
+        these = pk[pk_layer == l]
+        r, pos = np.nonzero(subject[fact[run[these]]])  # each (item, subject position)
+        k = np.arange(len(r))
         slots[l] = (these[r], pos, k // L, k % L, -(-len(r) // L))  # item, position, packed row, slot, rows
     rows.reset()
 
@@ -718,15 +744,15 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
         mod = is_mlp[site[run[item]]]
         clean_rows, corr_rows = clean_at[fact[run[item]]], where[source[item]]
         # the sources, clean and corrupted rows, are rows from the embedding (< B_real); the rows written, top..
-        rows.fill[(l, "attn")] = ((top, top + n), top + prow, slot,
-                                  torch.where(mod, corr_rows, clean_rows), pos, B_real, top)
-        if bool(mod.any()):
-            rows.fill[(l, "mlp")] = (None, top + prow[mod], slot[mod], clean_rows[mod], pos[mod], B_real, top)
+        rows.fill[(l, "attn")] = ((top, top + n), t(top + prow), t(slot),
+                                  t(np.where(mod, corr_rows, clean_rows)), t(pos), B_real, top)
+        if mod.any():
+            rows.fill[(l, "mlp")] = (None, t(top + prow[mod]), t(slot[mod]), t(clean_rows[mod]), t(pos[mod]), B_real, top)
 
     size, sizes, joined = B_real, [], []
     if 0 in slots:
         item, pos, prow, slot, n = slots[0]
-        rows.fill[(None, "embed")] = (None, size + prow, slot, where[source[item]], pos, B_real, size)
+        rows.fill[(None, "embed")] = (None, t(size + prow), t(slot), t(where[source[item]]), t(pos), B_real, size)
         fills(0, size)
         size += n
     for b in range(n_layers):
@@ -737,46 +763,56 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
             rows.drop[b] = dropped
         top = size - dropped
         if len(these):
-            rows.join[b] = where[source[these]]
-            where[these] = torch.arange(top, top + len(these), device=device)
+            rows.join[b] = t(where[source[these]])
+            where[these] = np.arange(top, top + len(these))
             joined.append(run[these])
             if b in slots:  # the packed items of layer b take their subject tokens from its packed rows
                 item, pos, prow, slot, n = slots[b]
-                rows.fix[b] = (_index_in(these, item), pos, size - n + prow, slot)
+                rows.fix[b] = (t(_index_in(these, item)), t(pos), t(size - n + prow), t(slot))
             mixed = these[mixes[these]]
             if len(mixed):  # the assembled items of layer b: each (item, subject position)
-                r, pos = subject[fact[run[mixed]]].nonzero(as_tuple=True)
+                r, pos = np.nonzero(subject[fact[run[mixed]]])
                 item = mixed[r]
-                rows.mix[b] = (_index_in(these, item), pos, where[source[item]], clean_at[fact[run[item]]])
+                rows.mix[b] = (t(_index_in(these, item)), t(pos), t(where[source[item]]), t(clean_at[fact[run[item]]]))
             top += len(these)
         if b + 1 in slots:
             item, pos, prow, slot, n = slots[b + 1]
-            rows.pack[b] = (n, prow, slot, where[source[item]], pos)
+            rows.pack[b] = (n, t(prow), t(slot), t(where[source[item]]), t(pos))
             fills(b + 1, top)
             top += n
         size = top
 
-    xb = torch.cat([x_clean[facts_in], x[start]])
-    noise_idx = torch.cat([facts_in * (N + 1), fact[start] * (N + 1) + sample[start] + 1])
+    facts_t = t(facts_in)
+    xb = torch.cat([x_clean[facts_t], x[t(start)]])
+    noise_idx = np.concatenate([facts_in * (N + 1), fact[start] * (N + 1) + sample[start] + 1])
     if 0 in slots:  # the packed rows of layer 0: any ids (the embedding hook sets them), no noise
         n0 = slots[0][4]
         xb = torch.cat([xb, torch.full((n0, L), mask_id, dtype=xb.dtype, device=device)])
-        noise_idx = torch.cat([noise_idx, torch.zeros(n0, dtype=noise_idx.dtype, device=device)])
-    rows.noise = table[noise_idx]
-    x_all = torch.cat([x_clean[facts_in], x[start], *(x[r] for r in joined)])  # the tokens of every final row
-    fr = torch.cat([facts_in, fact[start], *(fact[r] for r in joined)])  # fact of each final row
+        noise_idx = np.concatenate([noise_idx, np.zeros(n0, dtype=noise_idx.dtype)])
+    rows.noise = table[t(noise_idx)]
+    final = np.concatenate([start, *joined])  # the x row of each final row after the clean rows
+    x_all = torch.cat([x_clean[facts_t], x[t(final)]])  # the tokens of every final row
+    fr = np.concatenate([facts_in, fact[final]])  # fact of each final row
     splicing = items[(at[run[items]] == step) & ~packs[items] & ~mixes[items]]
     batch_rows, site_of = where[splicing], site[run[splicing]]
     rows.splice = {}
-    for c in site_of.unique().tolist():
+    for c in np.unique(site_of).tolist():
         spliced = batch_rows[site_of == c]
-        row, positions = subject[fr[spliced]].nonzero(as_tuple=True)  # each (row, subject position)
+        row, positions = np.nonzero(subject[fr[spliced]])  # each (row, subject position)
         idx = spliced[row]
-        rows.splice[int(c)] = (idx, clean_at[fr[idx]], positions, first, first)  # the clean rows lead the batch
-    return xb, x_all, fr, where[items], clean_at, sizes
+        rows.splice[int(c)] = (t(idx), t(clean_at[fr[idx]]), t(positions), first, first)  # the clean rows lead the batch
+    return xb, x_all, t(fr), t(where[items]), t(clean_at), sizes
 
 
-def _index_in(these: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+def _tensor(a: np.ndarray, device) -> torch.Tensor:
+    """A bookkeeping array as a tensor on the forward's device (int64 / bool)."""
+    if a.dtype.kind in "iu":  # numpy's default integer is 32-bit on some platforms
+        a = a.astype(np.int64, copy=False)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if torch.device(device).type == "cpu" else t.to(device)
+
+
+def _index_in(these: np.ndarray, item: np.ndarray) -> np.ndarray:
     """The index in `these` (distinct) of each entry of `item` (all of which are in it)."""
     order = these.argsort()
-    return order[torch.searchsorted(these[order], item)]
+    return order[np.searchsorted(these[order], item)]
