@@ -567,7 +567,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             source = corrupted[run]  # the corrupted rows are run[0..F*N-1], so also their run index
             pos_run = torch.zeros(len(run), L, device=device)  # per-position log p(o_i | x_j)
             pos_clean = torch.zeros(F, L, device=device)
-            gen_run, gen_clean = x[_tensor(run, device)], x_clean.clone()
+            gen_run, gen_clean = x[_tensor(run, x.device)], x_clean.clone()
             for items in _chunks(skip, fact[run], source, F * N, batch_size, live_run):
                 xb, x_all, fr, where, clean_at, sizes = _layout(
                     rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, j, table,
@@ -582,7 +582,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 pos[read] = head.logits.gather(-1, obj[fr][read][:, None]).squeeze(-1) - head.log_normaliser()
                 if readout != "decided":
                     pos = pos.masked_fill(~answer[fr], 0.0)
-                items_t = _tensor(items, device)
+                items_t = _tensor(items, x.device)
                 pos_run[items_t] = pos[where]
                 have = clean_at >= 0
                 pos_clean[have] = pos[clean_at[have]]
@@ -602,7 +602,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
             score, decided_clean = read_out(pos_clean, masked_clean, decided_clean, readout)
             lp_clean[:, j] = score.cpu()
-            share_t = _tensor(share, device)
+            share_t = _tensor(share, x.device)
             score, decided = read_out(pos_run[share_t], x == mask_id, decided, readout)
             lp[:len(x), j] = score.cpu()
             if j < K:
@@ -804,12 +804,11 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
     return xb, x_all, t(fr), t(where[items]), t(clean_at), sizes
 
 
-def _tensor(a: np.ndarray, device) -> torch.Tensor:
-    """A bookkeeping array as a tensor on the forward's device (int64 / bool)."""
-    if a.dtype.kind in "iu":  # numpy's default integer is 32-bit on some platforms
-        a = a.astype(np.int64, copy=False)
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t if torch.device(device).type == "cpu" else t.to(device)
+def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A bookkeeping array as a tensor on the forward's device (sharing its memory on a CPU; integer
+    arrays keep numpy's integer type, which torch indexes with)."""
+    t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def _index_in(these: np.ndarray, item: np.ndarray) -> np.ndarray:
