@@ -76,7 +76,7 @@ def main() -> int:
             t0 = time.perf_counter()
             bb = load_backbone(path)
             first = time.perf_counter() - t0
-            alone = timed(lambda: weights_digest(bb.model, bb.config), args.repeats)
+            alone = timed(lambda m=bb.model, c=bb.config: weights_digest(m, c), args.repeats)
             cached = timed(lambda: load_backbone(path), args.repeats)
             print(f"{name:10} {size / 2**20:8.1f}MB {first:11.3f}s {alone:10.3f}s {cached:12.3f}s "
                   f"{alone / first:11.2f} {cached / first:13.2f}")
