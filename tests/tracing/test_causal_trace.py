@@ -107,8 +107,8 @@ def test_rows_with_the_same_future_share_one_run():
 def test_plan_runs_the_first_row_of_each_future(seed):
     """Against a dictionary of (sample, x) keys: each group runs its first row, every row shares its group's."""
     g = torch.Generator().manual_seed(seed)
-    n, L = 60, 7
-    x = torch.randint(0, 3, (n, L), generator=g).numpy()
+    n, L = 60, 5
+    x = torch.randint(0, 2, (n, L), generator=g).numpy()
     x[:, :2] = 9  # a prompt every row holds
     sample = torch.randint(0, 2, (n,), generator=g).numpy()
     at = torch.randint(-1, 3, (n,), generator=g).numpy()
@@ -121,6 +121,7 @@ def test_plan_runs_the_first_row_of_each_future(seed):
         want = [first[(i,) if (at[i] == 1 or not share_rows) else (int(sample[i]), *x[i].tolist())] for i in range(n)]
         assert run.tolist() == sorted(set(want))
         assert run[share].tolist() == want
+        assert (len(run) < n) == share_rows  # 16 (sample, x) keys for 60 rows: sharing happens
 
 
 # ------------------------------------------------------------------------------ TIE properties
