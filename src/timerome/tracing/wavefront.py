@@ -490,12 +490,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
         table[f, 1:, it.subject_pos.to(device)] = noise.to(device=device, dtype=dtype)
         budget[f] = torch.tensor(reveal_schedule(len(it.object_ids), K), device=device)
     table = table.view(F * (N + 1), L, -1)
+    subject_np = subject.cpu().numpy()  # the rows' bookkeeping is in numpy (module docstring)
     # blocks a splice leaves to its corrupted row, in the floor: those below its layer, and its own layer
     # (resid: spliced at its output; attn / mlp: it changes only the subject tokens there, position by position)
-    # the rows' bookkeeping (which rows run, join, pack, splice) is on small integer arrays, in numpy,
-    # where each operation costs about a microsecond against a torch call's several; the index
-    # tensors the forward needs are made from them (`_layout`)
-    subject_np = subject.cpu().numpy()
     below = np.array([l + 1 for l, _ in sites])
     packed_site = np.array([pack and reuse_layers and m != "resid" for _, m in sites])
     # blocks a splicing row does not compute: a packed attn / mlp splice joins after its layer too
