@@ -42,6 +42,7 @@ from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
+from timerome.memory.topq import TOKEN_CHUNK
 from timerome.memory.whitening import residual_stats
 
 PARTS = ("overhead", "scale", "streaming", "selectivity", "install", "install10k")
@@ -243,11 +244,11 @@ def bench_scale(args):
           f"of a [1, 32 + {args.gen_length}] sequence ==")
     print("(forward ratio: interleaved medians with / without the hook; hook only: 1 + the hook's own time / "
           "one forward's, which other jobs on a shared machine disturb least; dense = every fact scored; "
-          "cand/token: facts the index scores per token; near/token: facts whose |coefficient| is at least half "
+          "cand/token: the screen's candidates per token (k/n union: chunks of tokens scored by the union of their candidates); near/token: facts whose |coefficient| is at least half "
           "the token's q-th largest, median over tokens: an exact top-q must tell each of them from the q kept, "
           "so an index that passes over groups of facts unscored needs bounds tighter than that margin)")
     print(f"{'model':<18}{'config':<22}{'install s':>10}{'form':>8}{'forward ratio':>15}{'hook only':>11}"
-          f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<14}{'near/token':>10}")
+          f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<20}{'near/token':>10}")
     for name in args.overhead_models.split(","):
         bb = random_backbone(args.device) if name.strip() == "random" else embedded(args.device)
         coord = default_coordinate(bb)
@@ -275,7 +276,9 @@ def bench_scale(args):
             if mem.q:
                 ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
                 if ix is not None:
-                    cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else "")
+                    chunks = -(-hx.shape[1] // TOKEN_CHUNK)
+                    cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else
+                                                                     f" ({ix.union_chunks}/{chunks} union)")
                 mem.index_min_facts = 1 << 62                 # the plan without the index: every fact scored
                 dense = _time_hook(mem, hx)
                 A, Amu = mem._matrices(torch.device("cpu"), torch.float64, "A", "Amu")
@@ -284,7 +287,7 @@ def bench_scale(args):
                 lam = c.topk(mem.q, dim=1).values[:, -1:]
                 near = f"{float((c >= lam / 2).sum(1).double().median()):.0f}"
             print(f"{bb.name:<18}{label:<22}{install:>10.3f}{mem.ridge.form:>8}{f_edit / f_plain:>15.4f}"
-                  f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<14}{near:>10}")
+                  f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<20}{near:>10}")
 
 
 # ------------------------------------------------------------------------------ 2. streaming

@@ -38,13 +38,15 @@ def same_selection(idx, c, q):
     return torch.equal(got[~zero], want[~zero])
 
 
+@pytest.mark.parametrize("scoring", ["auto", "pairs", "union"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("kind", ["gauss", "norms", "lowrank", "outliers", "clusters"])
-def test_index_gives_the_exact_topq(kind, dtype):
+def test_index_gives_the_exact_topq(kind, dtype, scoring):
     F, H = 1000, 24                                              # 1000 = 31 blocks of 32 and a partial one
     A, x, D = data(kind, F, H, dtype)
     c = x @ A.T
     ix = TopQIndex(A)
+    ix.scoring = scoring                                         # the candidates scored pair by pair / by chunk
     for q in (1, 4, 7):
         idx, vals = ix.select(x, q)
         assert same_selection(idx, c, q), (kind, q)
@@ -65,6 +67,25 @@ def test_screen_scores_few_facts():
     ix.combine(x, q, D)
     assert not ix.dense
     assert q * len(x) <= ix.candidates <= 40 * len(x), ix.candidates / len(x)
+
+
+def test_chunks_of_alike_tokens_score_their_union():
+    """A chunk of near-identical tokens (as a sequence's masked positions are) shares its candidates:
+    it is scored as one product over their union, a chunk of unrelated tokens pair by pair; exact."""
+    F, H, q = 4000, 256, 4
+    g = gen(6)
+    A = torch.randn(F, H, generator=g)
+    x = torch.randn(80, H, generator=g)                          # chunks: 32 unrelated, 32 alike, 16 alike
+    x[32:] = x[32] + 0.02 * torch.randn(48, H, generator=g)
+    ix = TopQIndex(A)
+    idx, vals = ix.select(x, q)
+    assert ix.union_chunks == 2 and not ix.dense
+    c = x @ A.T
+    assert same_selection(idx, c, q)
+    torch.testing.assert_close(vals, c.gather(1, idx), rtol=1e-5, atol=1e-5)
+    pairs = TopQIndex(A)
+    pairs.scoring = "pairs"
+    assert torch.equal(pairs.select(x, q)[0].sort(1).values, idx.sort(1).values)
 
 
 def test_near_ties_fall_back_to_dense_scores_and_stay_exact():
