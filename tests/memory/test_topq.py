@@ -45,8 +45,7 @@ def test_index_gives_the_exact_topq(kind, dtype, scoring):
     F, H = 1000, 24                                              # 1000 = 31 blocks of 32 and a partial one
     A, x, D = data(kind, F, H, dtype)
     c = x @ A.T
-    ix = TopQIndex(A)
-    ix.scoring = scoring                                         # the candidates scored pair by pair / by chunk
+    ix = TopQIndex(A, scoring=scoring)                           # the candidates scored pair by pair / by chunk
     for q in (1, 4, 7):
         idx, vals = ix.select(x, q)
         assert same_selection(idx, c, q), (kind, q)
@@ -83,9 +82,10 @@ def test_chunks_of_alike_tokens_score_their_union():
     c = x @ A.T
     assert same_selection(idx, c, q)
     torch.testing.assert_close(vals, c.gather(1, idx), rtol=1e-5, atol=1e-5)
-    pairs = TopQIndex(A)
-    pairs.scoring = "pairs"
+    pairs = TopQIndex(A, scoring="pairs")
     assert torch.equal(pairs.select(x, q)[0].sort(1).values, idx.sort(1).values)
+    with pytest.raises(ValueError, match="scoring must be"):
+        TopQIndex(A, scoring="chunks")
 
 
 def test_near_ties_fall_back_to_dense_scores_and_stay_exact():

@@ -18,7 +18,7 @@ from itertools import accumulate
 import torch
 
 INT8_MAX = 127
-# scoring the screen's candidates (`TopQIndex.select`), costs per multiply-add against the dense product's
+# scoring the screen's candidates (`TopQIndex._score`), costs per multiply-add against the dense product's
 # (measured on a 2-core AVX-512 CPU, one thread, H = 128 / 1024 / 4096):
 TOKEN_CHUNK = 32      # tokens whose candidates are scored together
 PAIR_COST = 24        # a (token, fact) pair's gathered score: 20-33x
@@ -92,7 +92,12 @@ class TopQIndex:
     _int_mm is wrong: torch 2.x gets H = 1 wrong).
     """
 
-    def __init__(self, A: torch.Tensor, block: int = 32):
+    def __init__(self, A: torch.Tensor, block: int = 32, scoring: str = "auto"):
+        """scoring: "auto" (each chunk of tokens as costs less, and dense where the candidates cost
+        more than scoring every fact), or "pairs" / "union" (every chunk so, never dense: for tests
+        and benchmarks)."""
+        if scoring not in ("auto", "pairs", "union"):
+            raise ValueError(f"scoring must be 'auto', 'pairs' or 'union', got {scoring!r}")
         F, H = A.shape
         self.A, self.block, self.dense = A, int(block), False
         B = self.block
@@ -112,7 +117,7 @@ class TopQIndex:
         self.eps = (H + 8) * torch.finfo(A.dtype).eps
         self.candidates = 0  # candidates scored by the last call (for benchmarks)
         self.union_chunks = 0  # chunks of tokens the last call scored by their union of candidates
-        self.scoring = "auto"  # "pairs" / "union": every chunk scored so, and never dense (tests, benchmarks)
+        self.scoring = scoring
         self._S = None
         self.int8 = _int_mm_exact(self.Qt)
 
