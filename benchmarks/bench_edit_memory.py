@@ -12,8 +12,9 @@ Parts (each prints a table of ratios measured in this one run):
                the embedded model. Goal <= 1.03.
   scale        the hook at |F| = 10,000 facts (keys and deltas: the model's own residuals), q = 0 and
                q = 4, on each --overhead-models model: one forward with / without the hook, and the
-               hook alone; q = 4 also with every fact scored (the dense TopQ the index replaces), and
-               the candidates per token the index scores. Goal <= 1.03 per forward.
+               hook alone; q = 4 also with every fact scored (the dense TopQ the index replaces), the
+               candidates per token the index scores, and how many chunks of tokens it scored as one
+               product over their candidates' union. Goal <= 1.03 per forward.
   streaming    inserting the 10,000th fact (block update) against the BEST full re-solve of the
                10,000-fact memory, synthetic keys of hidden size 1024: the re-solve is the smaller
                (hidden-size, H x H) form, timed both through EditMemory and as one bare Cholesky
