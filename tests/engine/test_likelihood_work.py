@@ -179,3 +179,17 @@ def test_head_argument_is_checked():
     with pytest.raises(TimeromeError, match="head='masked' needs"):
         log_likelihood_batch(model, [[1]], [[2]], head="masked")
     assert log_likelihood_batch(model, [[1]], [[2, 3]], head="full").shape == (1,)
+
+
+def test_default_draws_are_on_the_cpu_whatever_the_backbones_device():
+    """A seed draws the same masks for a backbone on a GPU as on the CPU (the default generators are
+    CPU ones; a GPU generator draws other numbers from the same seed, and on this CPU-only build
+    asking for one raises): the estimates agree up to float rounding across devices."""
+    cpu, gpu = ToyBackbone(), ToyBackbone()
+    gpu.device = torch.device("cuda")  # never run here: only the draws are asked for
+    lengths = [len(a) for a in ANSWERS]
+    want = pair_masks(cpu, lengths, n_mc=16)
+    got = pair_masks(gpu, lengths, n_mc=16)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert all(torch.equal(g, w) for g, w in zip(pair_masks(cpu, lengths, n_mc=16, generator=torch.Generator()
+                                                            .manual_seed(0)), want))

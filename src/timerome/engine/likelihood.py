@@ -33,10 +33,15 @@ Random draws of one (prompt, answer) pair, in this order, from one generator g:
 `log_likelihood` draws from the caller's generator. `log_likelihood_batch` gives pair i its own
 generator, `pair_generator(seed, i, device)`, seeded from (seed, i) with
 seed = generator.initial_seed() (0 by default; the generator's current state is not used) and
-device = the generator's device (by default the backbone's). So pair i's value does not depend
+device = the generator's device (by default the CPU). So pair i's value does not depend
 on the other pairs, and equals log_likelihood(prompt_i, answer_i,
 generator=pair_generator(seed, i, device)) up to float rounding from batching. Pair 0 uses seed
 itself: with default arguments, log_likelihood_batch([p], [a])[0] == log_likelihood(p, a).
+The default draws are on the CPU whatever the backbone's device, so a seed gives the same masks,
+hence the same estimate up to float rounding, on a CPU and on a GPU (a GPU's generator draws
+other numbers from the same seed: the 20 embedded forget rows at n_mc = 16 differed by up to 6.2
+nats, `benchmarks/device_check.py`); the masks are a few bytes per row, and drawing them on the
+CPU also spares a GPU two synchronisations per pair. A caller's CUDA generator is still honoured.
 
 Work skipped, the value unchanged (`log_likelihood_batch`):
 - Identical rows run once. A short answer has few distinct masks (La = 2: three), so many of the
@@ -96,7 +101,7 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKE
     _check_pair(backbone, prompt, answer)
     _check_mc(n_mc, batch_size)
     if generator is None:
-        generator = torch.Generator(device=backbone.device).manual_seed(0)
+        generator = torch.Generator().manual_seed(0)  # on the CPU on any device (module docstring)
     masks, weights = _draw(len(answer), n_mc, batch_size, generator, _causal(backbone))
     rows = [(0, r) for r in range(len(weights))]
     scores = _score_rows(backbone, [prompt], [answer], [masks], rows, _fixed_chunks(len(rows), batch_size),
@@ -118,7 +123,7 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
         position; "auto" is "masked" wherever it applies (`masked_head_applies`). Equal up to
         float rounding.
     Pair i draws from pair_generator(seed, i, device) (module docstring): seed = generator.initial_seed(),
-    device = generator.device (defaults: 0 and the backbone's device). Rows identical to an earlier
+    device = generator.device (defaults: 0 and the CPU, whatever the backbone's device). Rows identical to an earlier
     one (same prompt, answer and mask) are not run again: its score is reused (module docstring).
     """
     if len(prompts) != len(answers):
@@ -157,7 +162,7 @@ def pair_masks(backbone, answer_lengths: list[int], *, n_mc: int = LIKELIHOOD.n_
     one-token answer or a causal model. Row r of pair i weighs La_i / (its True count). Exposed so
     a benchmark can count the distinct rows any exact computation of the estimator must run."""
     seed = generator.initial_seed() if generator is not None else 0
-    device = generator.device if generator is not None else backbone.device
+    device = generator.device if generator is not None else "cpu"
     causal = _causal(backbone)
     return [_draw(int(La), n_mc, batch_size, pair_generator(seed, i, device), causal)[0]
             for i, La in enumerate(answer_lengths)]
