@@ -346,11 +346,15 @@ def head_choice(backbone, head: str) -> bool:
 def _distinct_rows(prompts, answers, masks, rows) -> tuple[list[tuple[int, int]], torch.Tensor]:
     """(distinct, source): the first of each group of identical rows (same prompt, answer and
     mask), in order, and for every row the index in `distinct` of the row that scores it."""
+    text: dict[int, tuple[bytes, bytes]] = {}   # pair -> its prompt and answer as bytes (made once per pair)
+    bits: dict[int, np.ndarray] = {}
     first: dict[tuple, int] = {}
     distinct, source = [], []
     for i, r in rows:
-        key = (prompts[i].numpy().tobytes(), answers[i].numpy().tobytes(), masks[i][r].numpy().tobytes())
-        j = first.setdefault(key, len(distinct))
+        if i not in text:
+            text[i] = (prompts[i].numpy().tobytes(), answers[i].numpy().tobytes())
+            bits[i] = masks[i].numpy()
+        j = first.setdefault((*text[i], bits[i][r].tobytes()), len(distinct))
         if j == len(distinct):
             distinct.append((i, r))
         source.append(j)
@@ -361,26 +365,31 @@ def _score_rows(backbone, prompts, answers, masks, rows, chunks, progress: bool 
                 masked_head: bool = False) -> torch.Tensor:
     """sum_{i masked} log p(x_i | noisy row) for each row (pair, row index) -> float64 CPU [R]."""
     out = torch.zeros(len(rows), dtype=torch.float64)
+    # each pair's clean tokens and masks as numpy arrays, made once: the rows are laid out from them
+    pairs = {i for i, _ in rows}
+    tokens = {i: np.concatenate([prompts[i].numpy(), answers[i].numpy()]) for i in pairs}
+    bits = {i: masks[i].numpy() for i in pairs}
     with progress_bar("log-likelihood", total=len(chunks), enabled=progress) as bar:
         for chunk in chunks:
-            out[chunk.start:chunk.stop] = _score_chunk(backbone, prompts, answers, masks, rows[chunk.start:chunk.stop],
+            out[chunk.start:chunk.stop] = _score_chunk(backbone, prompts, tokens, bits, rows[chunk.start:chunk.stop],
                                                        masked_head)
             bar.advance()
     return out
 
 
 @torch.no_grad()
-def _score_chunk(backbone, prompts, answers, masks, rows, masked_head: bool = False) -> torch.Tensor:
+def _score_chunk(backbone, prompts, tokens, bits, rows, masked_head: bool = False) -> torch.Tensor:
     """One forward over the rows, right-padded to the longest; padding hidden by attention_mask.
-    masked_head: stop after the last block and read out the scored positions only."""
-    lens = [len(prompts[i]) + len(answers[i]) for i, _ in rows]
+    tokens[i]: pair i's prompt + answer, bits[i]: its masks [R_i, La_i] (numpy). masked_head: stop
+    after the last block and read out the scored positions only."""
+    lens = [len(tokens[i]) for i, _ in rows]
     R, L = len(rows), max(lens)
-    clean = torch.full((R, L), backbone.mask_id, dtype=torch.long)
-    scored = torch.zeros(R, L, dtype=torch.bool)
+    clean_np = np.full((R, L), backbone.mask_id, dtype=np.int64)
+    scored_np = np.zeros((R, L), dtype=bool)
     for j, (i, r) in enumerate(rows):
-        P = len(prompts[i])
-        clean[j, :lens[j]] = torch.cat([prompts[i], answers[i]])
-        scored[j, P:lens[j]] = masks[i][r]
+        clean_np[j, :lens[j]] = tokens[i]
+        scored_np[j, len(prompts[i]):lens[j]] = bits[i][r]
+    clean, scored = torch.from_numpy(clean_np), torch.from_numpy(scored_np)
     real = torch.arange(L)[None, :] < torch.tensor(lens)[:, None]  # [R, L]
     # a causal model reads token i's prediction from tokens 0..i-1: the clean row scores every token
     noisy = clean if _causal(backbone) else clean.masked_fill(scored, backbone.mask_id)
