@@ -378,6 +378,33 @@ def test_blocks_run_in_tiles_change_no_number(bb, pack):
     assert whole.tie.abs().max() > 0.1
 
 
+@pytest.mark.parametrize("batch_size, block_tokens", [(256, 0), (7, 0), (256, 30)])
+def test_index_arrays_sent_in_one_staged_copy_change_no_number(bb, monkeypatch, batch_size, block_tokens):
+    """Off the CPU a forward's index arrays travel in one int64 copy (`wavefront._Staging`); the same
+    path forced here on the CPU gives the TIE, clean and corrupted log p bit for bit, with packed and
+    assembled splices, chunks and tiles, and stages exactly the arrays the direct path makes."""
+    from timerome.tracing import wavefront
+
+    kw = dict(FAST, batch_size=batch_size, block_tokens=block_tokens)
+    direct = trace(bb, SAME_LENGTH, **kw)
+    staged = []
+
+    class Deferred(wavefront._Staging):
+        def __init__(self, device, defer=None):
+            super().__init__(device, defer=True)
+            staged.append(self)
+
+    monkeypatch.setattr(wavefront, "_Staging", Deferred)
+    r = trace(bb, SAME_LENGTH, **kw)
+    assert torch.equal(r.tie_full.nan_to_num(), direct.tie_full.nan_to_num()) and direct.tie.abs().max() > 0.1
+    assert torch.equal(r.clean_logp, direct.clean_logp) and torch.equal(r.corrupted_logp, direct.corrupted_logp)
+    assert r.stats == direct.stats
+    assert len(staged) == r.stats["forwards"] and all(s.sent is not None for s in staged)
+    assert all(t.dtype == torch.int64 for s in staged for t in s.sent)
+    with pytest.raises(TypeError, match="integers"):
+        Deferred(torch.device("cpu"))(np.zeros(3, dtype=bool))
+
+
 def test_blocks_tile_by_default_at_the_devices_tokens_per_forward(bb, monkeypatch):
     """block_tokens=None takes the likelihood's tokens per forward on a CPU (here made small)."""
     import timerome.tracing.causal_trace as ct

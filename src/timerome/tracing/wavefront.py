@@ -57,7 +57,11 @@ It computes exactly the numbers of `timerome.tracing.tie.literal_tie` (tests com
 
 The rows' bookkeeping (which rows run, which join where, the packed slots) is done on small integer
 arrays in numpy, where an operation costs about a microsecond against several for a torch call;
-the index tensors a forward needs are made from them once per forward (`_layout`).
+the index tensors a forward needs are made from them once per forward (`_layout`). Off the CPU they
+travel to the device in one copy per forward through a pinned buffer, which does not wait for the
+device (`_Staging`): a copy from pageable memory first waits for every kernel queued before it,
+and a forward needs dozens of index tensors (on an H100 the embedded model's trace made 3,769 such
+copies, about 120 per forward, each a synchronisation).
 
 Switches exist for the benchmark and the tests to compare against: share_rows (`_plan`),
 reuse_layers (the joins), pack, assemble, masked_head, screen and block_tokens (`tracing.trace`:
@@ -566,7 +570,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             pos_clean = torch.zeros(F, L, device=device)
             gen_run, gen_clean = x[_tensor(run, x.device)], x_clean.clone()
             for items in _chunks(skip, fact[run], source, F * N, batch_size, live_run):
-                xb, x_all, fr, where, clean_at, sizes = _layout(
+                xb, x_all, fr, where, clean_at, items_t, sizes = _layout(
                     rows, items, run, skip, packs, mixes, source, x, x_clean, fact, sample, site, at, j, table,
                     subject_np, is_mlp, N, n_layers, mask_id)
                 masked = x_all == mask_id
@@ -579,7 +583,6 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 pos[read] = head.logits.gather(-1, obj[fr][read][:, None]).squeeze(-1) - head.log_normaliser()
                 if readout != "decided":
                     pos = pos.masked_fill(~answer[fr], 0.0)
-                items_t = _tensor(items, x.device)
                 pos_run[items_t] = pos[where]
                 have = clean_at >= 0
                 pos_clean[have] = pos[clean_at[have]]
@@ -703,9 +706,7 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
     """
     device, N = x.device, n_samples
     F, L = x_clean.shape
-
-    def t(a):  # an index array made a tensor of the forward's device
-        return _tensor(a, device)
+    t = _Staging(device)  # t(a): the index array a as a tensor of the forward's device (on the CPU at once)
 
     s_items = skip[items]
     base, joining = items[s_items == 0], items[s_items > 0]
@@ -779,16 +780,10 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
             top += n
         size = top
 
-    facts_t = t(facts_in)
-    xb = torch.cat([x_clean[facts_t], x[t(start)]])
     noise_idx = np.concatenate([facts_in * (N + 1), fact[start] * (N + 1) + sample[start] + 1])
-    if 0 in slots:  # the packed rows of layer 0: any ids (the embedding hook sets them), no noise
-        n0 = slots[0][4]
-        xb = torch.cat([xb, torch.full((n0, L), mask_id, dtype=xb.dtype, device=device)])
-        noise_idx = np.concatenate([noise_idx, np.zeros(n0, dtype=noise_idx.dtype)])
-    rows.noise = table[t(noise_idx)]
+    n0 = slots[0][4] if 0 in slots else 0  # the packed rows of layer 0: any ids (the embedding hook sets them), no noise
+    noise_idx = np.concatenate([noise_idx, np.zeros(n0, dtype=noise_idx.dtype)])
     final = np.concatenate([start, *joined])  # the x row of each final row after the clean rows
-    x_all = torch.cat([x_clean[facts_t], x[t(final)]])  # the tokens of every final row
     fr = np.concatenate([facts_in, fact[final]])  # fact of each final row
     splicing = items[(at[run[items]] == step) & ~packs[items] & ~mixes[items]]
     batch_rows, site_of = where[splicing], site[run[splicing]]
@@ -798,7 +793,72 @@ def _layout(rows: Rows, items, run, skip, packs, mixes, source, x, x_clean, fact
         row, positions = np.nonzero(subject[fr[spliced]])  # each (row, subject position)
         idx = spliced[row]
         rows.splice[int(c)] = (t(idx), t(clean_at[fr[idx]]), t(positions), first, first)  # the clean rows lead the batch
-    return xb, x_all, t(fr), t(where[items]), t(clean_at), sizes
+    out = t.send((t(facts_in), t(start), t(noise_idx), t(final), t(fr), t(where[items]), t(clean_at), t(items)))
+    for name in ("fill", "join", "fix", "mix", "pack", "splice"):
+        setattr(rows, name, t.send(getattr(rows, name)))
+    facts_t, start_t, noise_t, final_t, fr_t, where_t, clean_at_t, items_t = out
+    xb = torch.cat([x_clean[facts_t], x[start_t]])
+    if n0:
+        xb = torch.cat([xb, torch.full((n0, L), mask_id, dtype=xb.dtype, device=device)])
+    rows.noise = table[noise_t]
+    x_all = torch.cat([x_clean[facts_t], x[final_t]])  # the tokens of every final row
+    return xb, x_all, fr_t, where_t, clean_at_t, items_t, sizes
+
+
+class _Slot:
+    """An index array's place in a `_Staging` batch, until it is sent."""
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+
+class _Staging:
+    """Index arrays for one forward's device. On a CPU, calling it gives the array's own tensor at
+    once (`_tensor`). Elsewhere it gives a `_Slot`, and `send(obj)` returns obj (a tensor, slot,
+    tuple, list or dict of them, other values kept) with every slot replaced by its tensor: the
+    first `send` copies all the arrays staged so far to the device at once, as int64, through one
+    pinned buffer and without waiting for the device (torch's pinned-memory allocator keeps the
+    buffer until the copy is done); a copy from pageable memory would wait for every kernel queued
+    before it. defer=True stages on a CPU too (the tests compare the two ways)."""
+
+    def __init__(self, device: torch.device, defer: bool | None = None):
+        self.device = device
+        self.defer = device.type != "cpu" if defer is None else defer
+        self.arrays: list[np.ndarray] = []
+        self.sent: list[torch.Tensor] | None = None
+
+    def __call__(self, a: np.ndarray):
+        if not self.defer:
+            return _tensor(a, self.device)
+        if a.dtype.kind not in "iu":  # a bool array would index as a mask, and int64 as positions
+            raise TypeError(f"trace engine: staged index arrays are integers, got {a.dtype}")
+        if self.sent is not None:
+            raise RuntimeError("trace engine: an index array staged after the batch was sent")
+        self.arrays.append(a)
+        return _Slot(len(self.arrays) - 1)
+
+    def send(self, obj):
+        if not self.defer:
+            return obj
+        if self.sent is None:
+            sizes = [len(a) for a in self.arrays]
+            pinned = self.device.type == "cuda"
+            buf = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pinned)
+            if sizes:
+                np.concatenate(self.arrays, out=buf.numpy())
+            dev = buf.to(self.device, non_blocking=pinned)
+            self.sent = list(torch.split(dev, sizes))
+        return self._put(obj)
+
+    def _put(self, obj):
+        if isinstance(obj, _Slot):
+            return self.sent[obj.k]
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(self._put(o) for o in obj)
+        if isinstance(obj, dict):
+            return {k: self._put(v) for k, v in obj.items()}
+        return obj
 
 
 def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
