@@ -401,8 +401,9 @@ def test_index_arrays_sent_in_one_staged_copy_change_no_number(bb, monkeypatch, 
     assert r.stats == direct.stats
     assert len(staged) == r.stats["forwards"] and all(s.sent is not None for s in staged)
     assert all(t.dtype == torch.int64 for s in staged for t in s.sent)
-    with pytest.raises(TypeError, match="integers"):
-        Deferred(torch.device("cpu"))(np.zeros(3, dtype=bool))
+    for bad in (np.zeros(3, dtype=bool), np.zeros((2, 3), dtype=np.int64)):
+        with pytest.raises(TypeError, match="flat integers"):
+            Deferred(torch.device("cpu"))(bad)
 
 
 def test_blocks_tile_by_default_at_the_devices_tokens_per_forward(bb, monkeypatch):

@@ -831,8 +831,8 @@ class _Staging:
     def __call__(self, a: np.ndarray):
         if not self.defer:
             return _tensor(a, self.device)
-        if a.dtype.kind not in "iu":  # a bool array would index as a mask, and int64 as positions
-            raise TypeError(f"trace engine: staged index arrays are integers, got {a.dtype}")
+        if a.dtype.kind not in "iu" or a.ndim != 1:  # a bool array would index as a mask, and int64 as positions
+            raise TypeError(f"trace engine: staged index arrays are flat integers, got {a.dtype} of shape {a.shape}")
         if self.sent is not None:
             raise RuntimeError("trace engine: an index array staged after the batch was sent")
         self.arrays.append(a)
