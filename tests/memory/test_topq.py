@@ -84,6 +84,9 @@ def test_chunks_of_alike_tokens_score_their_union():
     torch.testing.assert_close(vals, c.gather(1, idx), rtol=1e-5, atol=1e-5)
     pairs = TopQIndex(A, scoring="pairs")
     assert torch.equal(pairs.select(x, q)[0].sort(1).values, idx.sort(1).values)
+    ix.dense = True                                              # a later call that scores every fact says so
+    assert torch.equal(ix.select(x, q)[0].sort(1).values, idx.sort(1).values)
+    assert ix.candidates == len(x) * F and ix.union_chunks == 0
     with pytest.raises(ValueError, match="scoring must be"):
         TopQIndex(A, scoring="chunks")
 

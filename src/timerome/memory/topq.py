@@ -115,7 +115,7 @@ class TopQIndex:
         self.fact = torch.cat([order, order.new_full((pad,), -1)])              # slot -> fact (-1: pad)
         # the scores' own rounding: a dot product of H terms in A's dtype, and a few more operations
         self.eps = (H + 8) * torch.finfo(A.dtype).eps
-        self.candidates = 0  # candidates scored by the last call (for benchmarks)
+        self.candidates = 0  # (token, fact) pairs scored by the last call, every fact where it went dense (for benchmarks)
         self.union_chunks = 0  # chunks of tokens the last call scored by their union of candidates
         self.scoring = scoring
         self._S = None
@@ -190,9 +190,10 @@ class TopQIndex:
             by_union = [self.scoring == "union" or u < c for u, c in zip(union_cost, cost)]
             cost = [u if b else c for u, c, b in zip(union_cost, cost, by_union)]
         if self.scoring == "auto":
-            if sum(cost) > 0.6 * N * F * H:  # with the screen's own cost, the index no longer pays:
-                self.dense = True             # later calls go dense
-            if sum(cost) > N * F * H:        # scoring the candidates would cost more than starting over
+            total = sum(cost)
+            if total > 0.6 * N * F * H:  # with the screen's own cost, the index no longer pays:
+                self.dense = True         # later calls go dense
+            if total > N * F * H:        # scoring the candidates would cost more than starting over
                 return self._dense(x, q)
         self.union_chunks = sum(by_union)
         if not self.union_chunks:
@@ -221,6 +222,7 @@ class TopQIndex:
         return combine_selected(idx, vals, D)
 
     def _dense(self, x, q):
+        self.candidates, self.union_chunks = len(x) * len(self.A), 0  # every fact scored, no chunk by its union
         c = x @ self.A.T
         idx = c.abs().topk(q, dim=1).indices
         return idx, c.gather(1, idx)
