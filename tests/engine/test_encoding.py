@@ -56,3 +56,17 @@ def test_masking_touches_answers_only_and_is_seeded():
     assert masked[0, 3:5].all() and t[0] == 1.0            # fully_masked rows: t = 1
     again = mask_answers(ids, ans, 99, torch.Generator().manual_seed(3), fully_masked=1)
     assert torch.equal(again[0], noisy)                    # the same seed, the same masks
+
+
+def test_mask_answers_draws_on_the_generators_device():
+    """A CPU generator gives the same masks for ids on another device (here "meta", which holds no
+    numbers: the draws happen on the CPU and only the masks move), so a seed means the same masks
+    on a GPU as on the CPU."""
+    ids, ans, _ = collate([([1, 2, 3], [4, 5]), ([6], [7, 8, 9, 10])], pad=0, device="cpu")
+    noisy, masked, t = mask_answers(ids.to("meta"), ans.to("meta"), 99, torch.Generator().manual_seed(3))
+    assert noisy.device.type == masked.device.type == t.device.type == "meta"
+    g = torch.Generator().manual_seed(3)
+    mask_answers(ids.to("meta"), ans.to("meta"), 99, g)
+    cpu = torch.Generator().manual_seed(3)
+    mask_answers(ids, ans, 99, cpu)
+    assert torch.equal(g.get_state(), cpu.get_state())  # the same draws were taken from the generator

@@ -205,11 +205,14 @@ def mask_answers(ids: torch.Tensor, answer_mask: torch.Tensor, mask_id: int, gen
     """The MDLM noising of answers: t ~ U(eps, 1) per row [B], each answer token masked w.p. t.
 
     fully_masked: the first rows get t = 1 (every answer token masked: the start of generation).
-    Draws, in order: t [B], then U [B, L], from `generator`. Returns (noisy ids, masked [B, L], t).
+    Draws, in order: t [B], then U [B, L], from `generator`, on the generator's device (then moved to
+    ids' device: a CPU generator gives the same masks whatever device the ids are on). Returns
+    (noisy ids, masked [B, L], t).
     """
     B, L = ids.shape
-    t = eps + (1 - eps) * torch.rand(B, generator=generator, device=ids.device)
+    t = (eps + (1 - eps) * torch.rand(B, generator=generator, device=generator.device)).to(ids.device)
     if fully_masked:
         t[:fully_masked] = 1.0
-    masked = (torch.rand(B, L, generator=generator, device=ids.device) < t[:, None]) & answer_mask
+    u = torch.rand(B, L, generator=generator, device=generator.device).to(ids.device)
+    masked = (u < t[:, None]) & answer_mask
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, t

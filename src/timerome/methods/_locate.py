@@ -439,7 +439,7 @@ def spread_edit(backbone, task, config, seed, solve, method):
     items = encode_facts(backbone, task.facts, config["target"])
     texts = spread(preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
     stats = key_stats_layers(backbone, [p.layer for p in projs], texts)
-    gen = torch.Generator(device=backbone.device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
     info = {"layers": layers, "modules": [p.path for p in projs], "n_stats_texts": len(texts),
             "stats_files": [str(stats[p.layer][1]) for p in projs], "update_norms": []}
     with weight_edit(backbone, method) as edit:

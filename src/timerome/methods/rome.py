@@ -41,7 +41,7 @@ def rome(backbone, task, config, seed):
     texts = spread(L.preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
     C, path = L.key_stats(backbone, proj.layer, texts)
     C_inv = torch.linalg.inv(C + config["ridge"] * C.diagonal().mean() * torch.eye(len(C), dtype=C.dtype))
-    gen = torch.Generator(device=backbone.device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
     info = {"layer": proj.layer, "module": proj.path, "stats_file": str(path), "n_stats_texts": len(texts),
             "loss_first": [], "loss_last": [], "delta_norm": []}
     norms = L.site_norms(backbone, items, (proj.layer, "mlp"), config["positions"])  # unedited model's scale

@@ -46,7 +46,7 @@ def unke(backbone, task, config, seed):
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
              else L.check_layer(backbone, config["layer"]))
     items = L.encode_facts(backbone, task.facts, config["target"])
-    gen = torch.Generator(device=backbone.device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
     texts = spread(L.preserved_texts(backbone, task, config["stats_texts"]), config["preserve_texts"])
     with weight_edit(backbone, "unke") as edit:
         delta, dinfo = L.optimise_deltas(
