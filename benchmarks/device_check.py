@@ -12,8 +12,9 @@ same seeded CPU generators, and prints the largest difference or whether the out
              official code's own bf16-vs-fp32 difference on a CPU (x BF16_DEVICE_FACTOR off the CPU)
   embedded   the embedded default model: logits; greedy generation (plain, dual cache + parallel
              reveal); the MC log-likelihood of the forget rows; the causal trace (TIE, the selected
-             coordinate); the edit memory (q = 0 and q = 4) and the answers generated under it; the
-             rewrite memory's editing metrics (Efficacy, ...)
+             coordinate); the edit memory (q = 0 and q = 4) and the answers generated under it; ROME's
+             weight change on 4 facts and the answers under it; the rewrite memory's editing metrics
+             (Efficacy, ...)
 
 Equal answers are the check that matters to a user: a GPU's float32 differs from the CPU's in the
 last bits, and a greedy sampler turns a difference only where two tokens are within it.
@@ -165,6 +166,25 @@ def check_embedded(device: str, tol: float) -> None:
         changed = sum(x != y for x, y in zip(a_cpu, a_plain))
         row("embedded", f"edit memory q={q}: answers equal", f"{sum(x == y for x, y in zip(a_cpu, a_dev))}/8",
             a_cpu == a_dev, f"{changed}/8 answers changed by the edit")
+
+    # a locate-then-edit method (its masks on a CPU generator): the weight change and the answers under it
+    task4 = timerome.forget_task("embedded", "forget01")
+    task4.facts, task4.forget_rows = task4.facts[:4], task4.forget_rows[:4]
+    deltas, said = {}, {}
+    for name, bb in (("cpu", cpu), (device, dev)):
+        before = {n: p.detach().cpu().clone() for n, p in bb.model.named_parameters()}
+        edit = install("rome", bb, task4, seed=0)
+        deltas[name] = {n: p.detach().cpu() - before[n] for n, p in bb.model.named_parameters()
+                        if not torch.equal(p.detach().cpu(), before[n])}
+        said[name] = answers(bb)
+        edit.undo()
+    same_w = sorted(deltas["cpu"]) == sorted(deltas[device])
+    size = max(d.abs().max().item() for d in deltas["cpu"].values())
+    diff = max((deltas["cpu"][n] - deltas[device][n]).abs().max().item() for n in deltas["cpu"]) if same_w else float("inf")
+    row("embedded", "ROME (4 facts): weight change vs the CPU's", diff, diff <= 1e-3 * size,
+        f"largest change {size:.2e}; {', '.join(sorted(deltas['cpu']))}")
+    row("embedded", "ROME: answers equal", f"{sum(x == y for x, y in zip(said['cpu'], said[device]))}/8",
+        said["cpu"] == said[device])
 
     reqs, _ = load_requests("counterfactual:forget10")
     rtask = timerome.requests_task(reqs, retain_rows=load_split("retain_perturbed", "embedded"))
