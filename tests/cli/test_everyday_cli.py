@@ -210,6 +210,35 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_progress_line_and_its_newline_are_one_write(monkeypatch):
+    """A Ctrl-C between a line's text and its newline (print writes them apart) left the interruption
+    message on the end of a progress line: each line, and each note, is one write ending the line."""
+    import timerome.common.progress as P
+
+    class Stream:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, s):
+            self.writes.append(s)
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+    stream = Stream()
+    monkeypatch.setattr(P.sys, "stderr", stream)
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")
+    with P.progress_bar("work", total=2) as bar:
+        bar.advance()
+        bar.advance()
+    P.notify("a cache file set aside")
+    assert len(stream.writes) == 3 and all(w.endswith("\n") and w.count("\n") == 1 for w in stream.writes)
+    assert stream.writes[-1] == "note: a cache file set aside\n"
+
+
 def test_api_and_cli_refuse_a_q_over_the_facts(tmp_path):
     """`timerome edit --q 50` on 3 facts is refused up front; the API's memory refuses when applied."""
     from timerome.data import facts_from_rows, load_split

@@ -74,9 +74,16 @@ class _Lines(_Bar):
         left = elapsed / self.done * (self.total - self.done) if self.done else None
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         eta = f", eta {_clock(left)}" if left is not None and self.done < self.total else ""
-        print(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}",
-              file=self.stream, flush=True)
+        line(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}", self.stream)
         self.last = now
+
+
+def line(text: str, stream=None) -> None:
+    """text and its newline in one write (print writes them apart: a Ctrl-C between the two left the
+    interruption message on the end of a progress line)."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(text + "\n")
+    stream.flush()
 
 
 @contextmanager
@@ -113,4 +120,4 @@ def notify(message: str) -> None:
     if live is not None:
         live.console.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
     else:
-        print(f"note: {message}", file=sys.stderr, flush=True)
+        line(f"note: {message}")
