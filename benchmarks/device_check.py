@@ -24,6 +24,7 @@ Exit status 1 when a row fails. --json writes every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -117,7 +118,7 @@ def check_embedded(device: str, tol: float) -> None:
 
     cpu, dev = timerome.load_backbone(), timerome.load_backbone(device=device)
     task = timerome.forget_task("embedded", "forget01")
-    prompts = [bb_q for bb_q in (cpu.encode(r["question"]) for r in task.forget_rows[:8])]
+    prompts = [cpu.encode(r["question"]) for r in task.forget_rows[:8]]
 
     with torch.no_grad():
         d = (cpu.logits(torch.tensor([prompts[0]])) - dev.logits(torch.tensor([prompts[0]], device=device)).cpu())
@@ -168,8 +169,7 @@ def check_embedded(device: str, tol: float) -> None:
             a_cpu == a_dev, f"{changed}/8 answers changed by the edit")
 
     # a locate-then-edit method (its masks on a CPU generator): the weight change and the answers under it
-    task4 = timerome.forget_task("embedded", "forget01")
-    task4.facts, task4.forget_rows = task4.facts[:4], task4.forget_rows[:4]
+    task4 = dataclasses.replace(task, facts=task.facts[:4], forget_rows=task.forget_rows[:4])
     deltas, said = {}, {}
     for name, bb in (("cpu", cpu), (device, dev)):
         before = {n: p.detach().cpu().clone() for n, p in bb.model.named_parameters()}

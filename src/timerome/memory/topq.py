@@ -26,12 +26,18 @@ UNION_COST = 1.6      # the product of a chunk's tokens and all their candidate 
 CHUNK_COST = 1 << 20  # ... plus about 30 us per chunk, in multiply-adds at the dense product's rate
 
 
+def largest(c: torch.Tensor, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx [N, q], vals [N, q]): each row's q entries of largest |c|, and their values."""
+    idx = c.abs().topk(q, dim=1).indices
+    return idx, c.gather(1, idx)
+
+
 def top_q(c: torch.Tensor, q: int) -> torch.Tensor:
     """c [N, F] with all but each row's q largest-|c| entries set to 0 (q = 0: c unchanged)."""
     if q == 0:
         return c
-    idx = c.abs().topk(q, dim=1).indices
-    return torch.zeros_like(c).scatter_(1, idx, c.gather(1, idx))
+    idx, vals = largest(c, q)
+    return torch.zeros_like(c).scatter_(1, idx, vals)
 
 
 def top_q_combine(c: torch.Tensor, q: int, D: torch.Tensor) -> torch.Tensor:
@@ -41,8 +47,7 @@ def top_q_combine(c: torch.Tensor, q: int, D: torch.Tensor) -> torch.Tensor:
     """
     if q == 0:
         return c @ D
-    idx = c.abs().topk(q, dim=1).indices                       # [N, q]
-    return combine_selected(idx, c.gather(1, idx), D)
+    return combine_selected(*largest(c, q), D)
 
 
 def combine_selected(idx: torch.Tensor, vals: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
@@ -205,8 +210,8 @@ class TopQIndex:
             if by_union[k]:
                 facts = keys[end[k] - size[k]:end[k]] % F
                 c = x[k * T:(k + 1) * T] @ self.A.index_select(0, facts).T             # [tokens, facts]
-                top = c.abs().topk(q, dim=1).indices
-                idx[k * T:(k + 1) * T], vals[k * T:(k + 1) * T] = facts[top], c.gather(1, top)
+                top, vals[k * T:(k + 1) * T] = largest(c, q)
+                idx[k * T:(k + 1) * T] = facts[top]
         if self.union_chunks < nch:                                              # the chunks scored pair by pair
             one_by_one = torch.tensor(by_union).logical_not_().repeat_interleave(torch.tensor(tokens))  # [N]
             keep = one_by_one.index_select(0, tok)
@@ -223,9 +228,7 @@ class TopQIndex:
 
     def _dense(self, x, q):
         self.candidates, self.union_chunks = len(x) * len(self.A), 0  # every fact scored, no chunk by its union
-        c = x @ self.A.T
-        idx = c.abs().topk(q, dim=1).indices
-        return idx, c.gather(1, idx)
+        return largest(x @ self.A.T, q)
 
 
 def _int_mm_exact(Qt: torch.Tensor) -> bool:
