@@ -43,7 +43,6 @@ from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
-from timerome.memory.topq import TOKEN_CHUNK
 from timerome.memory.whitening import residual_stats
 
 PARTS = ("overhead", "scale", "streaming", "selectivity", "install", "install10k")
@@ -277,9 +276,8 @@ def bench_scale(args):
             if mem.q:
                 ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
                 if ix is not None:
-                    chunks = -(-hx.shape[1] // TOKEN_CHUNK)
                     cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else
-                                                                     f" ({ix.union_chunks}/{chunks} union)")
+                                                                     f" ({ix.union_chunks}/{ix.chunks} union)")
                 mem.index_min_facts = 1 << 62                 # the plan without the index: every fact scored
                 dense = _time_hook(mem, hx)
                 A, Amu = mem._matrices(torch.device("cpu"), torch.float64, "A", "Amu")

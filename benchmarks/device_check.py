@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,17 +33,9 @@ from pathlib import Path
 import torch
 
 import timerome
+from timerome.backbones import golden
 from timerome.common.cost import sync
 
-FIXTURE_CASES = {  # case -> (folder, checkpoint, golden file)
-    "llada": ("llada", "checkpoint", "golden"), "mmada": ("mmada", "checkpoint", "golden"),
-    "llada-moe": ("llada-moe", "checkpoint", "golden"),
-    "llada-moe-shared": ("llada-moe", "checkpoint-shared", "golden-shared"),
-    "dream": ("dream", "checkpoint", "golden"), "diffullama": ("diffullama", "checkpoint", "golden"),
-}
-# the official code's own max |bf16 - fp32| logits on the golden input (tests/backbones/test_conformance_backbones.py)
-OFFICIAL_BF16_VS_FP32 = {"llada": 0.051, "mmada": 0.049, "llada-moe": 0.027, "llada-moe-shared": 0.28,
-                         "dream": 0.037, "diffullama": 0.060}
 # off the CPU the bound is this multiple of the official CPU figure: no official GPU figure is on record, and a
 # GPU's bf16 products round in other orders (H100, torch 2.11: llada 0.056 and dream 0.041, 1.10x and 1.11x the CPU's)
 BF16_DEVICE_FACTOR = 1.5
@@ -58,26 +49,19 @@ def row(part: str, name: str, value, ok: bool, note: str = "") -> None:
     print(f"{'ok  ' if ok else 'FAIL'} {part:9s} {name:44s} {shown:>12s}  {note}", flush=True)
 
 
-def fixtures_dir() -> Path | None:
-    here = Path(__file__).resolve().parents[2]
-    for p in (os.environ.get("TIMEROME_TEST_FIXTURES"), here / "shared" / "fixtures", "/work/shared/fixtures"):
-        if p and (Path(p) / "backbones").is_dir():
-            return Path(p) / "backbones"
-    return None
-
-
 def check_fixtures(device: str, tol: float) -> None:
     from safetensors.torch import load_file
 
     from timerome.engine.hooks import capture
 
-    root = fixtures_dir()
+    root = golden.find_root(Path(__file__).resolve().parents[1])
     if root is None:
         row("fixtures", "golden fixtures found", "absent", False, "set $TIMEROME_TEST_FIXTURES")
         return
-    for case, (folder, ckpt, golden) in FIXTURE_CASES.items():
-        g = load_file(str(root / folder / f"{golden}.safetensors"))
-        bb = timerome.load_backbone(root / folder / ckpt, device=device)
+    for case in golden.CASES:
+        ckpt, path = golden.paths(root, case)
+        g = load_file(str(path))
+        bb = timerome.load_backbone(ckpt, device=device)
         layers = sorted({int(k.split(".")[1]) for k in g if k.startswith("layers.")})
         points = sorted({k.split(".")[2] for k in g if k.startswith("layers.")})
         sites = [(None, "embed")] + [(layer, p) for layer in layers for p in points]
@@ -92,12 +76,12 @@ def check_fixtures(device: str, tol: float) -> None:
                 name = pre + ("embed" if layer is None else f"layers.{layer}.{p}")
                 worst = max(worst, (st[(layer, p)][0].cpu() - g[name])[keep].abs().max().item())
         row("fixtures", f"{case}: logits + {len(sites)} sites vs official", worst, worst <= tol)
-        bb16 = timerome.load_backbone(root / folder / ckpt, device=device, dtype="bfloat16")
+        bb16 = timerome.load_backbone(ckpt, device=device, dtype="bfloat16")
         with torch.no_grad():
             d16 = (bb16.logits(g["input_ids"].to(device)).float().cpu() - g["logits"]).abs().max().item()
-        bound = OFFICIAL_BF16_VS_FP32[case] * (1.0 if device == "cpu" else BF16_DEVICE_FACTOR)
+        bound = golden.OFFICIAL_BF16_VS_FP32[case] * (1.0 if device == "cpu" else BF16_DEVICE_FACTOR)
         row("fixtures", f"{case}: bf16 logits vs official fp32", d16, d16 <= bound,
-            f"the official code's bf16 differs by {OFFICIAL_BF16_VS_FP32[case]} on a CPU; bound {bound:.3f}")
+            f"the official code's bf16 differs by {golden.OFFICIAL_BF16_VS_FP32[case]} on a CPU; bound {bound:.3f}")
         del bb, bb16
 
 

@@ -16,9 +16,6 @@ def _one_thread():
 
 def find_tofu():
     """The shared TOFU copy: $TIMEROME_TEST_TOFU, the checkout's ../shared/data/tofu, or /work's."""
-    import os
-    from pathlib import Path
-
     here = Path(__file__).resolve().parents[2]
     for p in (os.environ.get("TIMEROME_TEST_TOFU"), here / "shared" / "data" / "tofu", "/work/shared/data/tofu"):
         if p and (Path(p) / "forget01.json").exists():
@@ -46,14 +43,12 @@ def mean_answer_lp(bb, rows, n_mc: int = 4) -> float:
 
 
 def find_fixtures() -> Path:
-    """The golden backbone fixtures: $TIMEROME_TEST_FIXTURES, the checkout's ../shared/fixtures, or /work's."""
-    here = Path(__file__).resolve().parents[2]
-    for p in (os.environ.get("TIMEROME_TEST_FIXTURES"), here / "shared" / "fixtures", "/work/shared/fixtures"):
-        if p:
-            for cand in (Path(p) / "backbones", Path(p)):
-                if (cand / "llada" / "golden.safetensors").exists():
-                    return cand
-    return here / "shared" / "fixtures" / "backbones"  # absent: the tests say where they looked
+    """The golden backbone fixtures (`timerome.backbones.golden.search_roots`: $TIMEROME_TEST_FIXTURES, the
+    checkout's ../shared/fixtures, or /work's); where absent, the checkout's path, and the tests say where they looked."""
+    from timerome.backbones import golden
+
+    checkout = Path(__file__).resolve().parents[1]
+    return golden.find_root(checkout) or checkout.parent / "shared" / "fixtures" / "backbones"
 
 
 FIXTURES = find_fixtures()

@@ -18,38 +18,19 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from timerome import TimeromeError, load_backbone
+from timerome.backbones import golden
 from timerome.backbones.flags import RefusedConfig, TimeromeConfigWarning
 from timerome.engine.hooks import capture, edit
 
 TOL = 1e-5
 
 
-
-# case -> (folder, checkpoint, golden file, family)
-CASES = {
-    "llada": ("llada", "checkpoint", "golden", "llada"),
-    "mmada": ("mmada", "checkpoint", "golden", "mmada"),
-    "llada-moe": ("llada-moe", "checkpoint", "golden", "llada-moe"),
-    "llada-moe-shared": ("llada-moe", "checkpoint-shared", "golden-shared", "llada-moe"),
-    "dream": ("dream", "checkpoint", "golden", "dream"),
-    "diffullama": ("diffullama", "checkpoint", "golden", "diffullama"),
-}
-
-# max |bf16 - fp32| of the official code's logits on the unpadded golden input (CPU, torch 2.13,
-# official files at the commits the fixture READMEs name; measured by running them outside this
-# repository, rounded up). The fixture READMEs do not state it yet.
-OFFICIAL_BF16_VS_FP32 = {"llada": 0.051, "mmada": 0.049, "llada-moe": 0.027, "llada-moe-shared": 0.28,
-                         "dream": 0.037, "diffullama": 0.060}
-
-
 def paths(case: str) -> tuple[Path, Path]:
-    folder, ckpt, golden, _ = CASES[case]
-    g = FIXTURES / folder / f"{golden}.safetensors"
+    ckpt, g = golden.paths(FIXTURES, case)
     if not g.exists():
-        pytest.fail(f"golden fixture {g} not found: looked in $TIMEROME_TEST_FIXTURES, "
-                    f"{Path(__file__).resolve().parents[3] / 'shared' / 'fixtures' / 'backbones'} and "
-                    "/work/shared/fixtures/backbones (CI keeps ../shared beside the clone)")
-    return FIXTURES / folder / ckpt, g
+        looked = ", ".join(str(r) for r in golden.search_roots(Path(__file__).resolve().parents[2]))
+        pytest.fail(f"golden fixture {g} not found: looked in {looked} (CI keeps ../shared beside the clone)")
+    return ckpt, g
 
 
 _LOADED = {}
@@ -81,10 +62,10 @@ _DROP = object()
 # ------------------------------------------------------------------------------ golden conformance
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(golden.CASES))
 def test_logits_and_hooks_match_the_official_code(case):
     bb, g = loaded(case)
-    assert bb.family.name == CASES[case][3] and not bb.remote
+    assert bb.family.name == golden.CASES[case].family and not bb.remote
     layers = sorted({int(k.split(".")[1]) for k in g if k.startswith("layers.")})
     assert layers == list(range(bb.n_layers))
     points = sorted({k.split(".")[2] for k in g if k.startswith("layers.")})
@@ -104,7 +85,7 @@ def test_logits_and_hooks_match_the_official_code(case):
             assert worst <= TOL, f"{case}: {name} differs by {worst:.2e}"
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(golden.CASES))
 def test_readout_of_the_last_block_output_gives_the_official_logits(case):
     """Backbone.readout (final norm + head, from the family table) on the golden last-block output
     reproduces the official logits (unshifted: a logit_shift family's output j predicts token j + 1)."""
@@ -147,20 +128,20 @@ def test_moe_mlp_point_is_routed_plus_shared():
     assert "mlp_shared" not in release.points  # the release has no shared expert
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(golden.CASES))
 def test_bf16_stays_within_the_official_bf16_rounding(case):
     bb32, g = loaded(case)
     bb16, _ = loaded(case, "bfloat16")
     assert bb16.dtype == torch.bfloat16
     with torch.no_grad():
         diff = (bb16.logits(g["input_ids"]).float() - bb32.logits(g["input_ids"])).abs().max().item()
-    assert diff <= OFFICIAL_BF16_VS_FP32[case], (case, diff)
+    assert diff <= golden.OFFICIAL_BF16_VS_FP32[case], (case, diff)
 
 
 # ------------------------------------------------------------------------------ detection
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(golden.CASES))
 def test_detected_from_keys_and_architectures(case):
     bb, _ = loaded(case)
     arch = json.loads((paths(case)[0] / "config.json").read_text())["architectures"]
@@ -187,7 +168,7 @@ def test_a_wrong_family_is_a_clear_error():
 # ------------------------------------------------------------------------------ tokenizers
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "llada-moe-shared"])
+@pytest.mark.parametrize("case", [c for c in golden.CASES if c != "llada-moe-shared"])
 def test_tokenizer_loads_without_remote_code_with_the_release_special_tokens(case):
     bb, g = loaded(case)
     tok = bb.tokenizer
@@ -244,7 +225,7 @@ def test_unknown_keys_are_listed_in_one_warning(tmp_path):
     assert bb.info["config_keys"]["unknown"] == ["frobnicate", "zorb_factor"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", TimeromeConfigWarning)
-        for case in CASES:  # the releases' own keys are all known
+        for case in golden.CASES:  # the releases' own keys are all known
             load_backbone(paths(case)[0])
 
 
@@ -305,14 +286,14 @@ def _info(*args):
     return res.exit_code, res.output
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(golden.CASES))
 def test_info_describes_each_release(case):
     ckpt, g = paths(case)
     code, out = _info("-m", ckpt, "--json")
     assert code == 0, out
     d = json.loads(out)
     bb, _ = loaded(case)
-    assert d["family"] == CASES[case][3] and d["evidence"] and d["dtype"] == "float32"
+    assert d["family"] == golden.CASES[case].family and d["evidence"] and d["dtype"] == "float32"
     assert d["special_ids"]["mask"]["id"] == bb.mask_id
     assert {"eos", "pad"} <= set(d["special_ids"]) and d["tokenizer"]["class"]
     assert set(d["hook_points"]) == set(bb.points) and d["config_keys"]["refused"] == []

@@ -78,7 +78,7 @@ def test_chunks_of_alike_tokens_score_their_union():
     x[32:] = x[32] + 0.02 * torch.randn(48, H, generator=g)
     ix = TopQIndex(A)
     idx, vals = ix.select(x, q)
-    assert ix.union_chunks == 2 and not ix.dense
+    assert ix.union_chunks == 2 and ix.chunks == 3 and not ix.dense
     c = x @ A.T
     assert same_selection(idx, c, q)
     torch.testing.assert_close(vals, c.gather(1, idx), rtol=1e-5, atol=1e-5)
@@ -86,7 +86,7 @@ def test_chunks_of_alike_tokens_score_their_union():
     assert torch.equal(pairs.select(x, q)[0].sort(1).values, idx.sort(1).values)
     ix.dense = True                                              # a later call that scores every fact says so
     assert torch.equal(ix.select(x, q)[0].sort(1).values, idx.sort(1).values)
-    assert ix.candidates == len(x) * F and ix.union_chunks == 0
+    assert ix.candidates == len(x) * F and ix.union_chunks == 0 and ix.chunks == 0
     with pytest.raises(ValueError, match="scoring must be"):
         TopQIndex(A, scoring="chunks")
 

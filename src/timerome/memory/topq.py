@@ -122,6 +122,7 @@ class TopQIndex:
         self.eps = (H + 8) * torch.finfo(A.dtype).eps
         self.candidates = 0  # (token, fact) pairs scored by the last call, every fact where it went dense (for benchmarks)
         self.union_chunks = 0  # chunks of tokens the last call scored by their union of candidates
+        self.chunks = 0  # chunks of TOKEN_CHUNK tokens the last call cut its tokens into (0: it scored every fact)
         self.scoring = scoring
         self._S = None
         self.int8 = _int_mm_exact(self.Qt)
@@ -180,6 +181,7 @@ class TopQIndex:
         few numbers each, in Python (a torch call costs more than its work here)."""
         (N, H), F = x.shape, len(self.A)
         T, nch = TOKEN_CHUNK, -(-N // TOKEN_CHUNK)
+        self.chunks = nch
         per_token = (count if N == nch * T else torch.cat([count, count.new_zeros(nch * T - N)])).view(nch, T)
         pairs, widest = per_token.sum(1).tolist(), per_token.amax(1).tolist()
         tokens = [T] * (nch - 1) + [N - T * (nch - 1)]
@@ -227,7 +229,7 @@ class TopQIndex:
         return combine_selected(idx, vals, D)
 
     def _dense(self, x, q):
-        self.candidates, self.union_chunks = len(x) * len(self.A), 0  # every fact scored, no chunk by its union
+        self.candidates, self.union_chunks, self.chunks = len(x) * len(self.A), 0, 0  # every fact scored, no chunks
         return largest(x @ self.A.T, q)
 
 
