@@ -196,13 +196,18 @@ def _time_forwards(bb, mem, x, rounds=12, per_round=4) -> tuple[float, float]:
 
 def _time_hook(mem, h, n=50) -> float:
     """Median time of the hook's work (h + update) on h [B, L, H]."""
+    return _time_call(lambda: mem.update(h), n, h.device)
+
+
+def _time_call(fn, n=50, device="cpu") -> float:
+    """Median time of fn() over n calls after 3 untimed ones."""
     times = []
     with torch.no_grad():
         for i in range(n + 3):
-            sync(h.device)
+            sync(device)
             t = CLOCK()
-            mem.update(h)
-            sync(h.device)
+            fn()
+            sync(device)
             if i >= 3:
                 times.append(CLOCK() - t)
     return statistics.median(times)
@@ -246,9 +251,11 @@ def bench_scale(args):
           "one forward's, which other jobs on a shared machine disturb least; dense = every fact scored; "
           "cand/token: the screen's candidates per token (k/n union: chunks of tokens scored by the union of their candidates); near/token: facts whose |coefficient| is at least half "
           "the token's q-th largest, median over tokens: an exact top-q must tell each of them from the q kept, "
-          "so an index that passes over groups of facts unscored needs bounds tighter than that margin)")
+          "so an index that passes over groups of facts unscored needs bounds tighter than that margin; "
+          "int8 product: 1 + the time of the index's int8 [tokens, H] x [H, facts] product alone / one forward's, "
+          "a part of every call of the index, against the goal's 1.03)")
     print(f"{'model':<18}{'config':<22}{'install s':>10}{'form':>8}{'forward ratio':>15}{'hook only':>11}"
-          f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<20}{'near/token':>10}")
+          f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<20}{'near/token':>10}{'int8 product':>14}")
     for name in args.overhead_models.split(","):
         bb = random_backbone(args.device) if name.strip() == "random" else embedded(args.device)
         coord = default_coordinate(bb)
@@ -272,12 +279,14 @@ def bench_scale(args):
             install = CLOCK() - t
             f_plain, f_edit = _time_forwards(bb, mem, x)
             hook = _time_hook(mem, hx)
-            dense, cand, near = float("nan"), "", ""
+            dense, cand, near, product = float("nan"), "", "", ""
             if mem.q:
                 ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
                 if ix is not None:
                     cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else
                                                                      f" ({ix.union_chunks}/{ix.chunks} union)")
+                    X = torch.randint(-127, 128, (hx.shape[1], bb.hidden_size), generator=g, dtype=torch.int8)
+                    product = f"{1 + _time_call(lambda: ix._products(X)) / f_plain:.4f}"
                 mem.index_min_facts = 1 << 62                 # the plan without the index: every fact scored
                 dense = _time_hook(mem, hx)
                 A, Amu = mem._matrices(torch.device("cpu"), torch.float64, "A", "Amu")
@@ -286,7 +295,7 @@ def bench_scale(args):
                 lam = c.topk(mem.q, dim=1).values[:, -1:]
                 near = f"{float((c >= lam / 2).sum(1).double().median()):.0f}"
             print(f"{bb.name:<18}{label:<22}{install:>10.3f}{mem.ridge.form:>8}{f_edit / f_plain:>15.4f}"
-                  f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<20}{near:>10}")
+                  f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<20}{near:>10}{product:>14}")
 
 
 # ------------------------------------------------------------------------------ 2. streaming
