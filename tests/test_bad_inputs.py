@@ -322,6 +322,21 @@ def catalogue(f, tmp):
         ("trace tensor int64", ["edit", "--trace", f["tr_int"], "-o", out], "int64"),
         ("trace JSON a list", ["edit", "--trace", f["tr_list"], "-o", out], "JSON object"),
         ("trace layer out of range", ["edit", "--trace", f["tr_layer"], "-o", out], "layer 99"),
+        # round 3 (stop 44): options the command would not read, and repeats, refused instead of ignored
+        ("--layer beside --trace", ["edit", "--trace", f["trace_other"], "--layer", "1", "-o", out], "--trace"),
+        ("--q for the codebook", ["edit", "--method", "codebook", "--q", "5", "-o", out], "--q"),
+        ("--lam for rome", ["edit", "--method", "rome", "--lam", "3", "-o", tmp / "rome"], "--lam"),
+        ("--layer for rome", ["edit", "--method", "rome", "--layer", "1", "-o", tmp / "rome"], "--layer"),
+        ("--lam with --lam-absolute", ["edit", "--lam", "3", "--lam-absolute", "1", "-o", out], "--lam-absolute"),
+        ("eval --forget with --requests", ["eval", "--requests", "embedded:forget01", "--forget", "forget05"],
+         "--forget"),
+        ("eval --gen-length without --requests", ["eval", "--gen-length", "8"], "--gen-length"),
+        ("eval --splits empty", ["eval", "--splits", ""], "--splits"),
+        ("a seed twice", ["experiment", "canonical", "--seeds", "0,0", "-o", tmp / "e"], "repeats 0"),
+        ("--methods empty", ["experiment", "canonical", "--methods", "", "-o", tmp / "e"], "--methods"),
+        ("experiment -o a file", ["experiment", "canonical", "-o", f["cfg_array"]], "is a file"),
+        ("rewrite to a target the vocabulary lacks", ["edit", "--method", "rewrite", "--target", "Zorblax", "-o", out],
+         "Zorblax"),
     ]
 
 
@@ -443,6 +458,19 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: load_memory(files["cb_layer"], bb), "layer -1"),
         (lambda: TraceResult.load(files["tr_nan"]), "non-finite"),
         (lambda: TraceResult.load(files["tr_shape"]), "shape"),
+        # round 3 (stop 44): wrong types where the API used to raise Python's own errors
+        (lambda: EditMemory(bb).add("Isgor Quielson"), "list of facts"),
+        (lambda: EditMemory(bb).add([{"subject": "x"}]), "prompt, object"),
+        (lambda: EditMemory(bb).add([1, 2]), "fact 0"),
+        (lambda: trace(bb, "embedded:forget01"), "list of facts"),
+        (lambda: EditMemory.build(bb, None, task.facts[:1], alpah=2), "alpah"),
+        (lambda: load_memory(files["mem"], None), "needs the model"),
+        (lambda: log_likelihood_batch(bb, ["Where"], ["Isgor"]), "token ids"),
+        (lambda: bb.encode(None), "string"),
+        (lambda: bb.decode([-1]), "-1"),
+        (lambda: bb.decode([10**6]), "1000000"),
+        (lambda: EditMemory(bb).add(task.facts[:1]).save(tmp_path), "is a directory"),
+        (lambda: run_experiment("canonical", seeds=(0, 0), out_dir=tmp_path / "e", backbone=bb), "repeats 0"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

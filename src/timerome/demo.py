@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from timerome.backbones import load_backbone
+from timerome.common.checks import seeds as check_seeds
 from timerome.experiments import resolve_source
 from timerome.experiments.report import (by_row, delta_text, fmt_cell, label, markdown, plot_pareto, reference_note,
                                          summarise, write_outputs)
@@ -75,7 +76,7 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     if quick:
         cfg.update(n_mc=4, n_retain=8, n_world=4, trace_facts=2, alphas=(6.0,), seeds=(0, 1),
                    reference_epochs=2, reference_authors=4)
-    seeds = tuple(seeds or cfg["seeds"])
+    seeds = check_seeds(cfg["seeds"] if seeds is None else seeds)
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     ref_opts = dict(epochs=cfg["reference_epochs"], n_authors=cfg["reference_authors"],
                     batch_size=cfg["reference_batch"])

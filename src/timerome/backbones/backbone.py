@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 
 import torch
 from torch import nn
@@ -72,11 +73,18 @@ class Backbone:
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TimeromeError(f"encode takes a string, got {type(text).__name__}")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids) -> str:
         if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
+            ids = ids.reshape(-1).tolist() if ids.dim() <= 1 or ids.shape[0] == 1 else ids.tolist()
+        ids = [ids] if isinstance(ids, numbers.Integral) else list(ids)
+        bad = [i for i in ids if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= i < self.vocab_size]
+        if bad:
+            raise TimeromeError(f"decode takes token ids in 0..{self.vocab_size - 1}, got {bad[0]!r}"
+                                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
         return self.tokenizer.decode([i for i in ids if i != self.mask_id], skip_special_tokens=True)
 
     # ---------------------------------------------------------------- forward

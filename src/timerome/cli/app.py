@@ -284,19 +284,17 @@ def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str
 RequestsOpt = typer.Option(None, "--requests", "-r",
                            help="edit requests: a CounterFact / zsRE / MQuAKE / EasyEdit / timerome JSON or JSONL "
                                 "file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' (each request may carry its "
-                                "own target; --target fills the others)")
+                                "own target; the others take --target with `edit`, the memory's own target with `memory add`)")
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    from timerome.common.checks import seed
+    from timerome.common.checks import seeds
 
     try:
-        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+        values = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise TimeromeError(f"--seeds takes comma-separated integers, got {text[:80]!r}") from None
-    if not seeds:
-        raise TimeromeError("give at least one seed")
-    return tuple(seed(s, "a seed of --seeds") for s in seeds)
+    return seeds(values, "--seeds")
 
 
 def unknown_words(bb, text: str) -> list[str]:

@@ -40,17 +40,18 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's "
                                              "default; rewrite: its gate one block below the write site)"),
-         module: str = typer.Option("resid", help="hook point: resid (the paper's m*), attn or mlp"),
+         module: Optional[str] = typer.Option(None, help="hook point: resid (the paper's m*, the default), attn or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
          alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's own; `timerome methods` "
                                                           "lists every default)"),
-         lam: float = typer.Option(DEFAULTS["lam"], help="ridge lambda, relative to the mean squared key norm"),
+         lam: Optional[float] = typer.Option(None, help=f"ridge lambda, relative to the mean squared key norm "
+                                                        f"(default {DEFAULTS['lam']:g})"),
          lam_absolute: Optional[float] = typer.Option(
              None, "--lam-absolute", help="the absolute ridge lambda instead of --lam (the paper's convention)"),
-         q: int = typer.Option(DEFAULTS["q"], help="top-q sparsity over facts (0: dense)"),
-         key_metric: str = typer.Option(DEFAULTS["key_metric"], help="'whitened' (default) or 'paper'"),
+         q: Optional[int] = typer.Option(None, help=f"top-q sparsity over facts (0: dense; default {DEFAULTS['q']})"),
+         key_metric: Optional[str] = typer.Option(None, help="'whitened' (default) or 'paper'"),
          target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead (for facts "
                                                              "without a target of their own)"),
          background: Optional[str] = typer.Option(
@@ -81,6 +82,15 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
     if method not in available():
         raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
+    _check_options(method, {"--lam": lam, "--lam-absolute": lam_absolute, "--q": q, "--key-metric": key_metric,
+                            "--layer": layer, "--module": module, "--trace": trace_file, "--step": step})
+    if lam is not None and lam_absolute is not None:
+        raise TimeromeError("give the ridge lambda once: --lam (relative to the keys' scale) or --lam-absolute")
+    if trace_file is not None and layer is not None:
+        raise TimeromeError("--layer and --trace both choose the layer: give one (--trace edits at the trace's best "
+                            "layer for --module)")
+    module = module or "resid"
+    lam, q, key_metric = (DEFAULTS[k] if v is None else v for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     if module not in HOOK_POINTS:
@@ -122,7 +132,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     elif layer is not None and not 0 <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
     if layer is None and method == "rewrite":  # the method's own default gate, as the API and the experiments place it
-        from timerome.methods import method_config
         from timerome.methods.rewrite import gate_coordinate
 
         layer = gate_coordinate(bb, None, method_config("rewrite", {}))[0].layer
@@ -146,6 +155,23 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
+
+
+# the options each kind of method reads; any other given is refused, not ignored
+RIDGE_ONLY = ("--lam", "--lam-absolute", "--q", "--key-metric")
+COORDINATE = ("--layer", "--module", "--trace", "--step")
+
+
+def _check_options(method: str, given: dict) -> None:
+    """Refuse the options `method` does not read (the ridge memory's lambda, q and key metric for every
+    other method; the coordinate for the methods that choose their own), naming them."""
+    unused = () if method == "timerome" else RIDGE_ONLY if method in ("codebook", "rewrite") else RIDGE_ONLY + COORDINATE
+    bad = [k for k in unused if given.get(k) is not None]
+    if not bad:
+        return
+    takes = (f"--alpha, --layer, --module, --trace{', --step' if method == 'codebook' else ''}"
+             if method in ("codebook", "rewrite") else "its settings through --config (`timerome methods` lists them)")
+    raise TimeromeError(f"--method {method} does not read {', '.join(bad)}; it takes {takes}")
 
 
 def _config(text: str | None) -> dict:

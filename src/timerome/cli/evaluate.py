@@ -31,12 +31,13 @@ def metric_table(metrics: dict, fmt: str) -> Table:
 @model_options
 def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file, applied while evaluating"),
              model: ModelChoice = None,
-             data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR) or a TOFU directory"),
-             forget: str = typer.Option("forget01", help="the forget split"),
+             data: Optional[str] = typer.Option(None, help="'embedded' (the default), 'tofu' ($TIMEROME_TOFU_DIR) or a "
+                                                          "TOFU directory"),
+             forget: Optional[str] = typer.Option(None, help="the forget split (default forget01)"),
              n_retain: int = typer.Option(40, help="retain rows evaluated (spread over the chosen authors)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
-             n_world: int = typer.Option(20, help="real-author and world-fact rows evaluated"),
+             n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated (default 20)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
              n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
@@ -55,7 +56,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                "fluency, portability, refusal / leak / confabulation / gibberish): a "
                                                "CounterFact / zsRE / MQuAKE / EasyEdit / timerome file, or "
                                                "'counterfactual:SPLIT' / 'embedded:SPLIT'"),
-             target: str = typer.Option(EDIT.target, help="with --requests: the target of requests that name none"),
+             target: Optional[str] = typer.Option(None, help=f"with --requests: the target of requests that name none "
+                                                             f"(default {EDIT.target!r})"),
              base: Optional[str] = typer.Option(None, help="with --requests: the unedited model the answers are "
                                                            "compared with (default: the model without --edit)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
@@ -69,12 +71,23 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.memory.memory_file import load_memory
     from timerome.methods import InferenceEdit
 
+    # each mode's own options; one given to the other mode is refused, not ignored
+    with_requests = {"--target": target, "--base": base, "--gen-length": gen_length}
+    without = {"--data": data, "--forget": forget, "--retain-authors": retain_authors, "--n-world": n_world,
+               "--splits": splits, "--reference": reference, "--cache": cache, "--threshold": threshold,
+               "--refresh-every": refresh_every, "--no-rouge": None if rouge else True}
+    wrong = [k for k, v in (without if requests is not None else with_requests).items() if v is not None]
+    if wrong:
+        raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only "
+                            f"{'without' if requests is not None else 'with'} --requests")
     if requests is not None:
-        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
+        return _edit_eval(model, edit, requests, EDIT.target if target is None else target, base, gen_length,
+                          n_retain, n_mc, seed, as_json)
+    data, forget, n_world = data or "embedded", forget or "forget01", 20 if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
-    if splits:
+    if splits is not None:
         spec["splits"] = [s.strip() for s in splits.split(",") if s.strip()]
     for name, value in (("--n-mc", n_mc), ("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 1:

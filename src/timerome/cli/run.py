@@ -51,9 +51,12 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
          quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
          as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (the rest goes to stderr)")):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
+    from timerome.common.files import output_folder
     from timerome.demo import run_demo
 
     seed_list = parse_seeds(seeds)
+    if out is not None:
+        output_folder(out, "--out")  # a file in the way, refused before minutes of work
     # with --json the demo's own report goes to stderr: stdout holds the JSON alone
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         result = run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick,
@@ -88,8 +91,11 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
                                                                      "(default: wait for it)"),
                as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
+    from timerome.common.files import output_folder
     from timerome.experiments import EXPERIMENTS, QUICK, experiment_config, make_executor, run_experiment
 
+    if out is not None:
+        output_folder(out, "--out")  # a file in the way, refused before minutes of work
     overrides = {}
     if config is not None:
         if config.lstrip().startswith(("{", "[")):
@@ -98,10 +104,13 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
             overrides = read_json(Path(config), "experiment config")
         if not isinstance(overrides, dict):
             raise TimeromeError(f"config {config} must hold a JSON object of settings")
-    if methods:
-        overrides["methods"] = [m.strip() for m in methods.split(",") if m.strip()]
-    if models:
-        overrides["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    for flag, text, key in (("--methods", methods, "methods"), ("--models", models, "models")):
+        if text is None:
+            continue
+        names = [m.strip() for m in text.split(",") if m.strip()]
+        if not names:
+            raise TimeromeError(f"{flag} is empty: give comma-separated names, or leave it out for the experiment's own")
+        overrides[key] = names
     if bench_data is not None:
         if not bench_data.is_dir():
             raise TimeromeError(f"--bench-data {bench_data} is not a folder")

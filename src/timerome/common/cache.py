@@ -47,9 +47,9 @@ def temp_name(path: Path) -> Path:
 def write_atomic(path, data: str | bytes) -> Path:
     """Write `data` to `path` all at once (a temporary file renamed into place)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         tmp.replace(path)
     except OSError as e:
@@ -60,12 +60,22 @@ def write_atomic(path, data: str | bytes) -> Path:
 
 
 def _unwritten(path: Path, e: OSError):
-    """A write that failed (a full disk, a quota, a vanished folder), in words: what is and is not there."""
+    """A write that failed (a full disk, a quota, a vanished folder, a directory in the way, no
+    permission), in words: what is and is not there, and what to do about it."""
+    import errno
+
     from timerome.errors import TimeromeError
 
+    if e.errno == errno.EISDIR or path.is_dir():
+        return TimeromeError(f"could not write {path}: it is a directory; give a file name (e.g. {path / 'out'})")
     kept = "left as it was" if path.exists() else "not created"
+    advice = {errno.ENOSPC: "free some space (or choose another place)", errno.EDQUOT: "free some space (or choose "
+              "another place)", errno.ENOENT: f"the folder {path.parent} could not be made or is gone; choose another "
+              "place", errno.EACCES: "there is no permission to write there; choose another place",
+              errno.EPERM: "there is no permission to write there; choose another place",
+              errno.EROFS: "that file system is read-only; choose another place"}.get(e.errno, "choose another place")
     return TimeromeError(f"could not write {path}: {e.strerror or e}; {path.name} is {kept} and nothing half-written "
-                         "is left; free some space (or choose another place) and run the command again")
+                         f"is left; {advice} and run the command again")
 
 
 def write_json(path, obj) -> Path:
@@ -84,9 +94,9 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         os.chmod(tmp, _file_mode())  # safetensors creates 0600; a saved file is as readable as any other
         tmp.replace(path)

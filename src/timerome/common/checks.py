@@ -69,6 +69,18 @@ def seed(value, what: str = "seed") -> int:
     return integer(value, what, lo=0, hi=INT64 - 1)
 
 
+def seeds(values, what: str = "seeds") -> tuple[int, ...]:
+    """A list of seeds, each a `seed`, at least one and none twice (a run counted twice would weigh
+    twice in a mean and a paired test)."""
+    out = tuple(seed(v, f"a seed of {what}") for v in values)
+    if not out:
+        raise TimeromeError(f"give at least one seed ({what})")
+    twice = sorted({s for s in out if out.count(s) > 1})
+    if twice:
+        raise TimeromeError(f"{what} repeats {', '.join(map(str, twice))}: each seed is one run, give it once")
+    return out
+
+
 def _inside(v, lo, hi, lo_open, hi_open) -> bool:
     if lo is not None and (v <= lo if lo_open else v < lo):
         return False

@@ -91,6 +91,20 @@ class EncodedFact:
                     subject_positions=self.subject_pos.tolist())
 
 
+def fact_list(facts, what: str = "facts") -> list:
+    """facts as a list, checked: an iterable (not a string or a single dict) of at least one Fact-like
+    object or dict, each with subject, prompt and object strings (`fact_fields`)."""
+    if facts is None or isinstance(facts, (str, bytes, dict)) or not hasattr(facts, "__iter__"):
+        raise TimeromeError(f"{what} must be a list of facts (Fact objects or dicts with subject, prompt and "
+                            f"object), got {'None' if facts is None else 'a ' + type(facts).__name__}")
+    facts = list(facts)
+    if not facts:
+        raise TimeromeError(f"the {what} list is empty: give at least one fact")
+    for i, f in enumerate(facts):
+        fact_fields(f, i)
+    return facts
+
+
 def fact_fields(fact, index: int = 0) -> tuple[str, str, str, str, str | None]:
     """(fact_id, subject, prompt, object, target) of a Fact-like object or a dict."""
     get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))

@@ -261,7 +261,12 @@ def answer_logprobs(backbone, questions: list[str], answers: list[str], *, n_mc:
 
 
 def _as_ids(ids, what: str) -> torch.Tensor:
-    t = torch.as_tensor(ids, dtype=torch.long).cpu()
+    if isinstance(ids, (str, bytes)):
+        raise TimeromeError(f"the {what} must be token ids (backbone.encode(text) gives them), got the text {ids!r:.60}")
+    try:
+        t = torch.as_tensor(ids, dtype=torch.long).cpu()
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise TimeromeError(f"the {what} must be a list of integer token ids, got {type(ids).__name__}") from None
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 1:

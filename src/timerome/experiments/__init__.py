@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from timerome.backbones import load_backbone
-from timerome.common.checks import seed as check_seed
+from timerome.common.checks import seeds as check_seeds
 from timerome.errors import TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
@@ -106,9 +106,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                                   progress, backbone, executor, load, quick, wait)
                 for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
     cfg = experiment_config(name, overrides, quick)
-    seeds = tuple(check_seed(s, "seed") for s in seeds)
-    if not seeds:
-        raise TimeromeError("give at least one seed")
+    seeds = check_seeds(seeds)
     exp = EXPERIMENTS[name]
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)

@@ -337,6 +337,9 @@ def check_tensors(tensors: dict, schema: dict | None, p, what: str) -> None:
 def check_for_model(path, meta: dict, backbone) -> Coordinate:
     """A memory file's model and coordinate against `backbone`: its fingerprint, hidden size and
     layer (save() writes 0..n-1: -1 or n in a header is a hand edit, never "the top layer")."""
+    if not callable(getattr(backbone, "fingerprint", None)):
+        raise TimeromeError(f"reading {path} needs the model it was built for (a Backbone: timerome.load_backbone()), "
+                            f"got {'None' if backbone is None else 'a ' + type(backbone).__name__}")
     if meta.get("fingerprint") != backbone.fingerprint():
         raise TimeromeError(
             f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "

@@ -17,7 +17,7 @@ import torch
 
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import DEFAULT_TARGET, encode_fact, pad_sequences, uses_leading_space
+from timerome.engine.encoding import DEFAULT_TARGET, encode_fact, fact_list, pad_sequences, uses_leading_space
 from timerome.engine.hooks import run_to
 from timerome.errors import TimeromeError
 
@@ -33,13 +33,6 @@ class Captured:
     @property
     def deltas(self) -> torch.Tensor:  # d = v_t - v_o  [F, H]
         return self.v_target - self.v_orig
-
-
-def fact_list(facts) -> list:
-    facts = list(facts) if facts is not None else []
-    if not facts:
-        raise TimeromeError("the fact list is empty: give at least one fact")
-    return facts
 
 
 def capture_facts(backbone, facts, coordinate, *, target: str | None = DEFAULT_TARGET,

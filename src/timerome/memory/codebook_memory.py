@@ -46,10 +46,10 @@ import numbers
 import torch
 
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import DEFAULT_TARGET, fact_id
+from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.errors import TimeromeError
 from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts
-from timerome.memory.capture import capture_facts, fact_list
+from timerome.memory.capture import capture_facts
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 

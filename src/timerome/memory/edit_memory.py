@@ -20,15 +20,17 @@ problem, the paper's with mu = 0, C = I.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from timerome.common.checks import integer, number, shown
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import DEFAULT_TARGET, fact_id
+from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content
-from timerome.memory.capture import capture_facts, fact_list
+from timerome.memory.capture import capture_facts
 from timerome.memory.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
 from timerome.memory.topq import TopQIndex, top_q_combine
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
@@ -147,6 +149,11 @@ class EditMemory(Memory):
         empty: an empty memory whose streaming inserts solve the same ridge problem as the full one),
         then G solved. `settings`: the constructor's (alpha, lam, q, key_metric, background, target, ...).
         The `timerome` method, `timerome edit` and the sequential experiment build theirs here."""
+        known = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "backbone", "coordinate"})
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise TimeromeError(f"{cls.__name__}.build takes no setting {', '.join(unknown)}; its settings: "
+                                f"{', '.join(known)}")
         memory = cls(backbone, coordinate, **settings)
         facts = list(facts)
         cap = capture_facts(backbone, facts or fact_list(scale_facts), memory.coordinate, target=memory.target,

@@ -59,13 +59,12 @@ import torch
 
 from timerome.data.facts import Fact
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, mask_answers, pad_id,
-                                      uses_leading_space)
+from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
+                                      mask_answers, pad_id, uses_leading_space)
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
-from timerome.memory.capture import fact_list
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory, _n_sequences
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
@@ -90,6 +89,19 @@ WATCH_P = 0.5  # the watch fires when the model gives a watched token more than 
 def write_site(backbone) -> tuple[int, str]:
     """Where the values are written by default: the last block's output."""
     return (backbone.n_layers - 1, "resid")
+
+
+def target_ids(backbone, facts, target: str) -> list[list[int]]:
+    """Each fact's target answer ids (its own target, else `target`), refusing an empty target or one
+    with words the vocabulary cannot encode: checked before any slow work (`methods.rewrite.build`)."""
+    bpe = uses_leading_space(backbone)
+    out = []
+    for f in fact_list(facts):
+        text = _get(f, "target") or target
+        if not text or not str(text).strip():
+            raise TimeromeError(f"fact {fact_id(f)} has no target: give it one or the memory's target=")
+        out.append(known_answer_ids(backbone, str(text), f"the target of fact {fact_id(f)}", bpe))
+    return out
 
 
 class RewriteMemory(CodebookMemory):
@@ -153,17 +165,7 @@ class RewriteMemory(CodebookMemory):
         facts = fact_list(facts)
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
-        targets = []
-        for i, f in enumerate(facts):
-            text = _get(f, "target") or self.target
-            if not text or not str(text).strip():
-                raise TimeromeError(f"fact {fact_id(f)} has no target: give it one or the memory's target=")
-            ids = answer_ids(self.backbone, text, bpe)
-            unk = getattr(self.backbone.tokenizer, "unk_token_id", None)
-            if not ids or (unk is not None and unk in ids):
-                raise TimeromeError(f"the target of fact {fact_id(f)} ({text!r}) has words the model's vocabulary "
-                                    "cannot encode")
-            targets.append(ids)
+        targets = target_ids(self.backbone, facts, self.target)
         as_target = [_with_object(f, _get(f, "target") or self.target) for f in facts]
         # only the answer offsets where the target differs from the original answer are keyed: a
         # position that says the same either way (a shared template) tells no fact from another

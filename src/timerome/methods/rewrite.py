@@ -37,7 +37,7 @@ from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
-                                            RewriteMemory, token_values, write_site)
+                                            RewriteMemory, target_ids, token_values, write_site)
 from timerome.methods.codebook import calibration_rows, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
@@ -121,6 +121,7 @@ def site_of(backbone, config) -> tuple[int, str]:
 
 def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMemory:
     """A RewriteMemory gated at `coordinate` with the config's settings, filled with `facts`."""
+    target_ids(backbone, facts, config.get("target") or DEFAULT_TARGET)  # a target it cannot say, refused before the calibration
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
     site = site_of(backbone, config)
     spare = spare_rows(backbone, task, config)

@@ -19,7 +19,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import load_split
-from timerome.engine.encoding import encode_fact
+from timerome.engine.encoding import encode_fact, fact_list
 from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -140,7 +140,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     """
     if backbone is None:
         backbone = load_backbone()
-    facts = default_facts() if facts is None else list(facts)
+    facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
                              seed)
     integer(block_tokens, "block_tokens (0: whole batches)", lo=0, none=True)

@@ -39,6 +39,7 @@ import torch
 from timerome.backbones import HOOK_POINTS
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
+from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.errors import TimeromeError
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
@@ -192,7 +193,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
 
     if backbone is None:
         backbone = load_backbone()
-    facts = default_facts() if facts is None else list(facts)
+    facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
     T = max(len(it.prompt_ids) for it in items)
