@@ -337,6 +337,10 @@ def catalogue(f, tmp):
         ("experiment -o a file", ["experiment", "canonical", "-o", f["cfg_array"]], "is a file"),
         ("rewrite to a target the vocabulary lacks", ["edit", "--method", "rewrite", "--target", "Zorblax", "-o", out],
          "Zorblax"),
+        ("--config and an option set alpha", ["edit", "--method", "codebook", "-c", '{"alpha": 2}', "--alpha", "3",
+                                              "-o", out], "alpha"),
+        ("--beta without --neighbours", ["trace", "--beta", "1", "-o", tmp / "t"], "--neighbours"),
+        ("--window without --positional", ["trace", "--window", "3", "-o", tmp / "t"], "--positional"),
     ]
 
 
@@ -471,6 +475,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: bb.decode([10**6]), "1000000"),
         (lambda: EditMemory(bb).add(task.facts[:1]).save(tmp_path), "is a directory"),
         (lambda: run_experiment("canonical", seeds=(0, 0), out_dir=tmp_path / "e", backbone=bb), "repeats 0"),
+        (lambda: EditMemory(bb).scale_to(torch.full((2, bb.hidden_size), nan)), "non-finite"),
+        (lambda: EditMemory(bb, key_metric="paper").scale_to(torch.zeros(2, bb.hidden_size)), "zero norm"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

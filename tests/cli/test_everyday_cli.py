@@ -272,10 +272,11 @@ def test_codebook_memory_through_the_cli(tmp_path):
     from timerome.memory.memory_file import load_memory
 
     cb = tmp_path / "cb.safetensors"
-    code, stdout, out = run("edit", "--method", "codebook", "--layer", "0", "-o", cb, "--json")
+    code, stdout, out = run("edit", "--method", "codebook", "--layer", "0", "-o", cb, "--json", "-c", '{"margin": 0.7}')
     assert code == 0, out
     built = json.loads(stdout)
     assert built["method"] == "codebook" and built["n_facts"] == 20 and built["alpha"] == 8.0
+    assert built["margin"] == 0.7  # --config reaches the settings no option sets
     assert built["calibration"] == "embedded:retain_perturbed" and built["n_entries"] > 20
     bb = load_backbone()
     assert isinstance(load_memory(cb, bb), CodebookMemory)

@@ -114,9 +114,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
-    if overrides:
-        raise TimeromeError(f"--config is for the other methods; {method} takes its settings as options "
-                            "(--alpha, --lam, --layer, ...)")
+    if overrides and method == "timerome":
+        raise TimeromeError("--config is for the other methods; timerome takes its settings as options (--alpha, "
+                            "--lam, --lam-absolute, --q, --key-metric, --layer, --module, --step, --trace)")
     if calibration is not None and method == "timerome":
         raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
     if trace_file is not None and is_positional(trace_file):
@@ -138,7 +138,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
     if method in ("codebook", "rewrite"):
         return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,
-                      as_json, model, seed)
+                      as_json, model, seed, overrides)
     if q > len(facts):
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {source}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
@@ -195,9 +195,10 @@ def _config(text: str | None) -> dict:
 
 
 def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target, as_json, model,
-           seed):
+           seed, overrides):
     """`timerome edit --method codebook | rewrite`: the method's memory at the coordinate, its radii
-    (and the rewrite memory's token values) measured on the calibration rows, minus the edited ones."""
+    (and the rewrite memory's token values) measured on the calibration rows, minus the edited ones.
+    overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
     from timerome.data.task import ForgetTask
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
@@ -211,7 +212,10 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
         raise TimeromeError("--step applies to the ridge and codebook memories; the rewrite memory acts at every step")
     if alpha is not None:
         over["alpha"] = alpha
-    config = method_config(method, over)
+    both = sorted(set(overrides) & (set(over) | {"calibration"}))
+    if both:
+        raise TimeromeError(f"--config sets {', '.join(both)}, which the options set too: give each once (as an option)")
+    config = method_config(method, {**overrides, **over})
     forget = [dict(question=f.prompt, answer=f.object) for f in facts]
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     build = build_codebook if method == "codebook" else build_rewrite

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, friendly, model_options, print_json,
-                              warn_unknown_words)
+from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
+                              print_json, warn_unknown_words)
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
 
@@ -205,6 +205,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         check_generation(bb, len(bb.encode(p)), steps=steps, gen_length=gen_length, block_length=block_length,
                          temperature=temperature, remasking=remasking, cache=None if cache in (None, "none") else cache,
                          threshold=threshold, refresh_every=refresh_every)
+    if steps > gen_length and threshold is None:
+        err_console.print(f"[yellow]note:[/] --steps {steps} is more than --gen-length {gen_length}: each token takes "
+                          f"one step, so the steps beyond {gen_length} reveal nothing (the same answer, "
+                          f"{steps / gen_length:.3g}x the forwards)", soft_wrap=True)
     memory = None
     if edit is not None:
         from timerome.memory.memory_file import load_memory

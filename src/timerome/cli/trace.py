@@ -35,7 +35,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
-              window: int = typer.Option(10, help="--positional: attn / mlp layers restored together (ROME: 10)"),
+              window: Optional[int] = typer.Option(None, help="--positional: attn / mlp layers restored together "
+                                                               "(default ROME's 10)"),
               compare: bool = typer.Option(False, "--compare", help="--positional on an MDLM: also trace TIE on the "
                                            "same facts and draw heatmap_compare.png"),
               seed: int = 0, batch_size: int = 256,
@@ -50,6 +51,11 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
     if compare and not positional:
         raise TimeromeError("--compare draws the positional trace beside TIE: add --positional")
+    if window is not None and not positional:
+        raise TimeromeError("--window is the positional trace's: add --positional")
+    if beta and not neighbours:
+        raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
+    window = 10 if window is None else window
     output_folder(out).mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
     bb = model.load()
     if compare:

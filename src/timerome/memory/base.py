@@ -149,6 +149,8 @@ def _as_rows(x, what: str, H: int) -> torch.Tensor:
         t = t[None]
     if t.dim() != 2 or t.shape[1] != H:
         raise TimeromeError(f"{what} must be [facts, {H}], got shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise TimeromeError(f"{what} hold non-finite values (NaN or infinity)")
     return t
 
 

@@ -139,7 +139,11 @@ class EditMemory(Memory):
         e.g. every fact a stream will bring, so that each insert solves the same ridge problem."""
         if len(self):
             raise TimeromeError("the key scale is fixed once facts are in the memory")
-        self.ridge.key_scale = self.ridge.scale_of(_as_rows(keys, "keys", self.hidden_size))
+        scale = self.ridge.scale_of(_as_rows(keys, "keys", self.hidden_size))
+        if not scale > 0:
+            raise TimeromeError("the keys have zero norm in the key metric: the relative lambda scales with them "
+                                "(give keys of some size, or lam_absolute=)")
+        self.ridge.key_scale = scale
         return self
 
     @classmethod
