@@ -75,7 +75,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     from timerome.methods import available, get_method, method_config
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.tracing.positional_trace import PositionalTrace, is_positional, select_positional
-    from timerome.tracing.result import TraceResult
+    from timerome.tracing.result import TraceResult, trace_path
 
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
@@ -119,6 +119,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                             "--lam, --lam-absolute, --q, --key-metric, --layer, --module, --step, --trace)")
     if calibration is not None and method == "timerome":
         raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
+    if trace_file is not None:
+        trace_file = trace_path(trace_file)  # a folder `timerome trace` wrote: the trace in it
     if trace_file is not None and is_positional(trace_file):
         # ROME's choice for the hook point we edit: its largest mean effect at the last subject token
         positional = PositionalTrace.load(trace_file)

@@ -123,8 +123,11 @@ def read_tensors(path) -> tuple[dict, dict]:
 
     data = Path(path).read_bytes()
     n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not data:
+        raise ValueError("not a safetensors file: the file is empty")
     if not 0 <= n <= len(data) - 8:
-        raise ValueError(f"not a safetensors file: a header of {n} bytes in a file of {len(data)}")
+        raise ValueError(f"not a safetensors file: {len(data)} bytes, too short for the header they announce"
+                         if n >= 0 else f"not a safetensors file: {len(data)} bytes, shorter than a header")
     header = json.loads(data[8:8 + n])
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     return load(data), dict(meta or {})

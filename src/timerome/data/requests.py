@@ -209,7 +209,8 @@ def parse_record(rec, index: int, where: str = "the requests") -> tuple[list[Edi
     fmt = record_format(rec)
     name = f"{where} record {index}"
     if fmt is None:
-        keys = ", ".join(sorted(rec)[:8]) if isinstance(rec, dict) else type(rec).__name__
+        keys = (", ".join(sorted(map(str, rec))[:8]) or "none (an empty object)") if isinstance(rec, dict) else \
+            f"none (a {type(rec).__name__}, not an object)"
         raise TimeromeError(f"{name} is in no edit-request format timerome reads ({', '.join(FORMATS)}); its "
                             f"fields: {keys}")
     return _PARSERS[fmt](rec, index, name)

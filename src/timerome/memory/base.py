@@ -275,7 +275,8 @@ def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict
         raise TimeromeError(f"the header of {p} is a JSON {_json_kind(meta)}, not the object a timerome {what} "
                             "writes (was it edited by hand?)")
     if meta.get("format") not in formats:
-        raise TimeromeError(f"{p} has format {shown(meta.get('format'))}; this version reads {formats[0]!r}")
+        has = "no format field" if meta.get("format") is None else f"format {shown(meta.get('format'))}"
+        raise TimeromeError(f"{p} has {has}; this version reads {formats[0]!r}")
     if _digest(tensors) != meta.get("sha256"):
         raise TimeromeError(f"{p} is corrupt: its tensors do not match the checksum written with them")
     check_header(meta, p)

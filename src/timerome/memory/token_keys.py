@@ -25,6 +25,7 @@ import hashlib
 
 import torch
 
+from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, encode_fact, fact_id, mask_answers, pad_id,
                                       pad_sequences, uses_leading_space)
@@ -71,10 +72,14 @@ def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float 
     return x.to(dev), clean.to(dev), att.to(dev)
 
 
-def _residuals(backbone, site, ids, att, batch_size: int):
-    """The site's output [B, L, H] (float32) in batches; the layers above never run."""
-    out = [run_to(backbone, site, ids[s:s + batch_size], att[s:s + batch_size]).float()
-           for s in range(0, len(ids), batch_size)]
+def _residuals(backbone, site, ids, att, batch_size: int, progress: str | None = None):
+    """The site's output [B, L, H] (float32) in batches; the layers above never run. progress: a bar's
+    label (common.progress: on stderr, and only for work that lasts), None: no bar."""
+    out = []
+    with progress_bar(progress or "", total=len(ids), enabled=progress is not None) as bar:
+        for s in range(0, len(ids), batch_size):
+            out.append(run_to(backbone, site, ids[s:s + batch_size], att[s:s + batch_size]).float())
+            bar.advance(len(out[-1]))
     return torch.cat(out)
 
 
@@ -182,14 +187,14 @@ def answer_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0
 
 @torch.no_grad()
 def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 0, batch_size: int = 32,
-                 max_tokens: int | None = None, pads=None, last_steps=False) -> torch.Tensor:
+                 max_tokens: int | None = None, pads=None, last_steps=False, progress: str | None = None) -> torch.Tensor:
     """Residuals [N, H] float32 (CPU) of every real token of `n_states` states of each text.
 
     texts: strings (every token maskable) or question/answer rows (the answer is masked, as the
     likelihood and the sampler do). max_tokens keeps an evenly spaced subset (None: all). pads:
     end-of-text tokens appended to the answers per state (`_states`). last_steps: also the masked
     position of every last-step state of each row (`answer_keys`' second kind of state), with these
-    end-of-text counts (True: `pads`).
+    end-of-text counts (True: `pads`). progress: a progress bar's label (None: none).
     """
     site = Coordinate.of(coordinate).on(backbone).site
     pairs, bpe = [], uses_leading_space(backbone)
@@ -204,14 +209,16 @@ def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 
     if not pairs:
         raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")
     noisy, _, att = _states(backbone, pairs, n_states, seed, pads=pads)
-    h = _residuals(backbone, site, noisy, att, batch_size)[att].cpu()
+    h = _residuals(backbone, site, noisy, att, batch_size, progress)[att].cpu()
     if last_steps:
         steps = _last_steps(backbone, [(q, a) for q, a in pairs if a], pads if last_steps is True else last_steps)
-        for s in range(0, len(steps), 4096):
-            part = steps[s:s + 4096]
-            ids, real = pad_sequences([row for row, _, _ in part], backbone)
-            hs = _residuals(backbone, site, ids, real, batch_size)
-            h = torch.cat([h, hs[torch.arange(len(part)), torch.tensor([p for _, p, _ in part])].cpu()])
+        with progress_bar(f"{progress} (last steps)", total=len(steps), enabled=progress is not None) as bar:
+            for s in range(0, len(steps), 4096):
+                part = steps[s:s + 4096]
+                ids, real = pad_sequences([row for row, _, _ in part], backbone)
+                hs = _residuals(backbone, site, ids, real, batch_size)
+                h = torch.cat([h, hs[torch.arange(len(part)), torch.tensor([p for _, p, _ in part])].cpu()])
+                bar.advance(len(part))
     if max_tokens is not None and len(h) > max_tokens:
         h = h[torch.linspace(0, len(h) - 1, max_tokens).round().long()]
     if not torch.isfinite(h).all():

@@ -82,7 +82,7 @@ def calibration_tokens(backbone, coordinate, task, config, rows=None, pads=None,
 
     def make():
         return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
-                                  last_steps=last_pads or False)}
+                                  last_steps=last_pads or False, progress="calibration residuals")}
 
     key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
                n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))

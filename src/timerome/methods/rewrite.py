@@ -94,7 +94,7 @@ def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tenso
     seed = int(config.get("trace_seed", 0))
 
     def make():
-        values = token_values(backbone, site, rows, seed=seed)
+        values = token_values(backbone, site, rows, seed=seed, progress="token values")
         ids = sorted(values)
         return {"ids": torch.tensor(ids, dtype=torch.long), "values": torch.stack([values[t] for t in ids])}
 

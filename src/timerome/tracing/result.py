@@ -57,10 +57,10 @@ class TraceFile:
         """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
 
-        path = _tensor_path(path)
+        path = trace_path(path)
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():
-            raise TimeromeError(f"a {what} is {path} plus {meta_path.name}; one of them is missing")
+            raise _missing(path, meta_path, what)
         try:
             meta = read_json(meta_path, f"the {what}'s JSON")  # strict: no NaN, one clear error
             return build(read_tensors(path)[0], meta)
@@ -122,10 +122,10 @@ class TraceResult(TraceFile):
         float64, of the shapes those name, every TIE finite)."""
         from safetensors import SafetensorError
 
-        path = _tensor_path(path)
+        path = trace_path(path)
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():
-            raise TimeromeError(f"a trace result is {path} plus {meta_path.name}; one of them is missing")
+            raise _missing(path, meta_path, "trace result")
         meta = read_json(meta_path, "the trace's JSON")
         try:
             t = read_tensors(path)[0]
@@ -184,6 +184,31 @@ def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> N
     finite_tensor(t["tie_full"][..., later_steps(K)], f"{where}: tensor tie_full (where k' > k)")
     finite_tensor(t["clean_logp"], f"{where}: tensor clean_logp")
     finite_tensor(t["corrupted_logp"], f"{where}: tensor corrupted_logp")
+
+
+TRACE_FILES = ("trace.safetensors", "positional.safetensors")  # what `timerome trace` writes in its folder
+
+
+def trace_path(path) -> Path:
+    """A saved trace's .safetensors path: the path (with .safetensors for a bare name or its .json),
+    or, for a folder `timerome trace` wrote, the one trace file in it."""
+    p = Path(path)
+    if p.is_dir():
+        found = [p / n for n in TRACE_FILES if (p / n).exists()]
+        if not found:
+            raise TimeromeError(f"{p} is a folder with no trace in it (`timerome trace` writes {' or '.join(TRACE_FILES)})")
+        if len(found) > 1:
+            raise TimeromeError(f"{p} holds {' and '.join(f.name for f in found)}: give the one to use")
+        return found[0]
+    return _tensor_path(p)
+
+
+def _missing(path: Path, meta_path: Path, what: str) -> TimeromeError:
+    """The error for a trace whose tensors or JSON is not there."""
+    if not path.exists():
+        return TimeromeError(f"no {what} at {path}: the file does not exist")
+    return TimeromeError(f"{path} has no {meta_path.name} beside it: a {what} is the pair of files `timerome trace` "
+                         "writes")
 
 
 def _tensor_path(path) -> Path:
