@@ -56,8 +56,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                "fluency, portability, refusal / leak / confabulation / gibberish): a "
                                                "CounterFact / zsRE / MQuAKE / EasyEdit / timerome file, or "
                                                "'counterfactual:SPLIT' / 'embedded:SPLIT'"),
-             target: Optional[str] = typer.Option(None, help=f"with --requests: the target of requests that name none "
-                                                             f"(default {EDIT.target!r})"),
+             target: str = typer.Option(EDIT.target, help="with --requests: the target of requests that name none"),
              base: Optional[str] = typer.Option(None, help="with --requests: the unedited model the answers are "
                                                            "compared with (default: the model without --edit)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
@@ -72,7 +71,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.methods import InferenceEdit
 
     # each mode's own options; one given to the other mode is refused, not ignored
-    with_requests = {"--target": target, "--base": base, "--gen-length": gen_length}
+    with_requests = {"--target": None if target == EDIT.target else target, "--base": base, "--gen-length": gen_length}
     without = {"--data": data, "--forget": forget, "--retain-authors": retain_authors, "--n-world": n_world,
                "--splits": splits, "--reference": reference, "--cache": cache, "--threshold": threshold,
                "--refresh-every": refresh_every, "--no-rouge": None if rouge else True}
@@ -81,8 +80,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only "
                             f"{'without' if requests is not None else 'with'} --requests")
     if requests is not None:
-        return _edit_eval(model, edit, requests, EDIT.target if target is None else target, base, gen_length,
-                          n_retain, n_mc, seed, as_json)
+        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
     data, forget, n_world = data or "embedded", forget or "forget01", 20 if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:

@@ -99,7 +99,7 @@ def fact_list(facts, what: str = "facts") -> list:
                             f"object), got {'None' if facts is None else 'a ' + type(facts).__name__}")
     facts = list(facts)
     if not facts:
-        raise TimeromeError(f"the {what} list is empty: give at least one fact")
+        raise TimeromeError(f"no facts: the {what} list is empty; give at least one fact")
     for i, f in enumerate(facts):
         fact_fields(f, i)
     return facts
