@@ -37,7 +37,7 @@ def test_trace_edit_generate_chain(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args in (("edit", "--data", "no-such-file.json"),
-                 ("trace", "--data", "embedded:forget42"),
+                 ("trace", "--data", "embedded:forget42", "--out", tmp_path / "t"),
                  ("info", "--family", "gpt2"),
                  ("experiment", "nonsense", "--out", tmp_path),
                  ("demo", "--seeds", "a,b")):
