@@ -341,6 +341,8 @@ def catalogue(f, tmp):
                                               "-o", out], "alpha"),
         ("--beta without --neighbours", ["trace", "--beta", "1", "-o", tmp / "t"], "--neighbours"),
         ("--window without --positional", ["trace", "--window", "3", "-o", tmp / "t"], "--positional"),
+        ("an empty --module", ["edit", "--module", "", "-o", out], "--module"),
+        ("an empty --forget", ["eval", "--forget", "", "--no-rouge"], "split"),
     ]
 
 

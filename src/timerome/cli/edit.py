@@ -40,7 +40,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's "
                                              "default; rewrite: its gate one block below the write site)"),
-         module: Optional[str] = typer.Option(None, help="hook point: resid (the paper's m*, the default), attn or mlp"),
+         module: Optional[str] = typer.Option(None, help="hook point: resid (the paper's m*, the default), attn "
+                                                          "or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
@@ -89,8 +90,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if trace_file is not None and layer is not None:
         raise TimeromeError("--layer and --trace both choose the layer: give one (--trace edits at the trace's best "
                             "layer for --module)")
-    module = module or "resid"
-    lam, q, key_metric = (DEFAULTS[k] if v is None else v for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
+    module = "resid" if module is None else module
+    lam, q, key_metric = (DEFAULTS[k] if v is None else v
+                          for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     if module not in HOOK_POINTS:
@@ -167,12 +169,13 @@ COORDINATE = ("--layer", "--module", "--trace", "--step")
 def _check_options(method: str, given: dict) -> None:
     """Refuse the options `method` does not read (the ridge memory's lambda, q and key metric for every
     other method; the coordinate for the methods that choose their own), naming them."""
-    unused = () if method == "timerome" else RIDGE_ONLY if method in ("codebook", "rewrite") else RIDGE_ONLY + COORDINATE
+    gated = method in ("codebook", "rewrite")
+    unused = () if method == "timerome" else RIDGE_ONLY if gated else RIDGE_ONLY + COORDINATE
     bad = [k for k in unused if given.get(k) is not None]
     if not bad:
         return
     takes = (f"--alpha, --layer, --module, --trace{', --step' if method == 'codebook' else ''}"
-             if method in ("codebook", "rewrite") else "its settings through --config (`timerome methods` lists them)")
+             if gated else "its settings through --config (`timerome methods` lists them)")
     raise TimeromeError(f"--method {method} does not read {', '.join(bad)}; it takes {takes}")
 
 
@@ -216,7 +219,8 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
         over["alpha"] = alpha
     both = sorted(set(overrides) & (set(over) | {"calibration"}))
     if both:
-        raise TimeromeError(f"--config sets {', '.join(both)}, which the options set too: give each once (as an option)")
+        raise TimeromeError(f"--config sets {', '.join(both)}, which the options set too: give each once "
+                            "(as an option)")
     config = method_config(method, {**overrides, **over})
     forget = [dict(question=f.prompt, answer=f.object) for f in facts]
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)

@@ -81,7 +81,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                             f"{'without' if requests is not None else 'with'} --requests")
     if requests is not None:
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
-    data, forget, n_world = data or "embedded", forget or "forget01", 20 if n_world is None else n_world
+    data = "embedded" if data is None else data
+    forget = "forget01" if forget is None else forget
+    n_world = 20 if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors

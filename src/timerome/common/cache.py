@@ -69,11 +69,12 @@ def _unwritten(path: Path, e: OSError):
     if e.errno == errno.EISDIR or path.is_dir():
         return TimeromeError(f"could not write {path}: it is a directory; give a file name (e.g. {path / 'out'})")
     kept = "left as it was" if path.exists() else "not created"
-    advice = {errno.ENOSPC: "free some space (or choose another place)", errno.EDQUOT: "free some space (or choose "
-              "another place)", errno.ENOENT: f"the folder {path.parent} could not be made or is gone; choose another "
-              "place", errno.EACCES: "there is no permission to write there; choose another place",
-              errno.EPERM: "there is no permission to write there; choose another place",
-              errno.EROFS: "that file system is read-only; choose another place"}.get(e.errno, "choose another place")
+    advice = next((text for codes, text in (
+        ((errno.ENOSPC, errno.EDQUOT), "free some space (or choose another place)"),
+        ((errno.ENOENT,), f"the folder {path.parent} could not be made or is gone; choose another place"),
+        ((errno.EACCES, errno.EPERM), "there is no permission to write there; choose another place"),
+        ((errno.EROFS,), "that file system is read-only; choose another place")) if e.errno in codes),
+        "choose another place")
     return TimeromeError(f"could not write {path}: {e.strerror or e}; {path.name} is {kept} and nothing half-written "
                          f"is left; {advice} and run the command again")
 

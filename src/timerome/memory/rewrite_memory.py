@@ -544,8 +544,22 @@ def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size
     found: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     with progress_bar(progress or "", total=len(pairs), enabled=progress is not None) as bar:
         for s in range(0, len(pairs), batch_size):
-            _token_values_of(backbone, site, pairs[s:s + batch_size], s, seed, wanted, found)
-            bar.advance(len(pairs[s:s + batch_size]))
+            chunk = pairs[s:s + batch_size]
+            ids, ans, att = collate(chunk, pad_id(backbone), "cpu")
+            for k in range(VALUE_STATES):
+                noisy, masked, _ = mask_answers(ids, ans, backbone.mask_id, pair_generator(seed, s * VALUE_STATES + k),
+                                                fully_masked=len(chunk) if k == 0 else 0)
+                with Hooks(backbone, [site]) as kept:
+                    logits = backbone.logits(noisy.to(backbone.device), att.to(backbone.device))
+                h = kept[site][0].double().cpu()
+                shift = backbone.family.logit_shift  # the residual at p - shift gives the token at p
+                if shift:
+                    h = torch.cat([h[:, :shift], h[:, :-shift]], dim=1)
+                conf, pred = logits.float().softmax(-1).cpu().max(-1)
+                for t in set(pred[masked].tolist()) & (wanted if wanted is not None else set(pred[masked].tolist())):
+                    where = masked & (pred == t)
+                    found.setdefault(t, []).append((conf[where], h[where]))
+            bar.advance(len(chunk))
     out = {}
     for t, parts in found.items():
         conf = torch.cat([c for c, _ in parts])
@@ -553,25 +567,6 @@ def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size
         n = max(1, math.ceil(top * len(conf)))
         out[t] = h[conf.topk(n).indices].mean(0)
     return out
-
-
-def _token_values_of(backbone, site, chunk, s: int, seed: int, wanted, found: dict) -> None:
-    """`token_values` on one chunk of pairs (the s-th on): each predicted token's (confidence, residual)
-    parts appended to found."""
-    ids, ans, att = collate(chunk, pad_id(backbone), "cpu")
-    for k in range(VALUE_STATES):
-        noisy, masked, _ = mask_answers(ids, ans, backbone.mask_id, pair_generator(seed, s * VALUE_STATES + k),
-                                        fully_masked=len(chunk) if k == 0 else 0)
-        with Hooks(backbone, [site]) as kept:
-            logits = backbone.logits(noisy.to(backbone.device), att.to(backbone.device))
-        h = kept[site][0].double().cpu()
-        shift = backbone.family.logit_shift  # the residual at p - shift gives the token at p
-        if shift:
-            h = torch.cat([h[:, :shift], h[:, :-shift]], dim=1)
-        conf, pred = logits.float().softmax(-1).cpu().max(-1)
-        for t in set(pred[masked].tolist()) & (wanted if wanted is not None else set(pred[masked].tolist())):
-            where = masked & (pred == t)
-            found.setdefault(t, []).append((conf[where], h[where]))
 
 
 @torch.no_grad()
