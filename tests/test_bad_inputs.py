@@ -132,6 +132,7 @@ def files(tmp_path_factory):
     f["alpha_huge"] = rewrite_header(mem, d / "alpha.safetensors", hyper__alpha=1e30)
     f["layer_neg"] = rewrite_header(mem, d / "layer.safetensors", coordinate__layer=-1)
     f["no_hyper"] = rewrite_header(mem, d / "nohyper.safetensors", hyper={})
+    f["mem_step"] = rewrite_header(mem, d / "step.safetensors", coordinate__step=3)
     # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
     res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
     assert res.exit_code == 0, res.output
@@ -280,6 +281,8 @@ def catalogue(f, tmp):
         ("generate --steps 1e9", ["generate", "--steps", "1000000000", "Where was Isgor Quielson born ?"], "--insist"),
         ("trace --steps 1e9", ["trace", "--steps", "1000000000", "-o", tmp / "t"], "--insist"),
         ("eval --n-mc 1e18", ["eval", "--n-mc", "1" + "0" * 18, "--no-rouge"], "--insist"),
+        ("eval of an edit of one denoising step (the likelihoods would read the model unedited)",
+         ["eval", "--edit", f["mem_step"], "--no-rouge"], "denoising step 3"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
         ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
          "--insist"),
@@ -479,6 +482,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: run_experiment("canonical", seeds=(0, 0), out_dir=tmp_path / "e", backbone=bb), "repeats 0"),
         (lambda: EditMemory(bb).scale_to(torch.full((2, bb.hidden_size), nan)), "non-finite"),
         (lambda: EditMemory(bb, key_metric="paper").scale_to(torch.zeros(2, bb.hidden_size)), "zero norm"),
+        # stop 45: an edit of one denoising step under the likelihoods, which have no steps
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, edit=load_memory(files["mem_step"], bb)), "step 3"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

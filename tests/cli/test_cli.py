@@ -85,13 +85,36 @@ def test_generate_passes_the_step_to_a_step_only_edit(tmp_path):
         edited = bb.decode(generate(bb, ids, state=state, **kw)[0, ids.shape[1]:])
     with torch.no_grad():
         plain = bb.decode(generate(bb, ids, **{**kw, "generator": torch.Generator().manual_seed(0)})[0, ids.shape[1]:])
-    assert edited != plain  # an edit at step 6 alone changes the answer (without the state it never fires)
+    assert edited != plain  # an edit at step 6 alone changes the answer
+    with memory.applied(bb):  # no state handed to generate: the sampler publishes its step to the hooks all the same
+        unhanded = bb.decode(generate(bb, ids, **{**kw, "generator": torch.Generator().manual_seed(0)})[0, ids.shape[1]:])
+    assert unhanded == edited
     flat = " ".join(out.split())
     assert edited.split()[-1] in flat and plain.split()[-1] in flat, out
 
     # a run too short to reach the edited step is refused, not silently unedited
     code, out = run("generate", "--edit", mem, "--steps", 4, "--gen-length", 4, "--block-length", 4, prompt)
     assert code == 2 and "step 6" in out, out
+
+
+def test_a_one_step_edit_is_scored_by_its_answers_not_by_likelihoods(tmp_path):
+    """eval --requests of an edit of one step: Efficacy from its generations; the likelihood columns,
+    which it never meets, absent with a note (never the unedited model's numbers under its name)."""
+    mem = tmp_path / "k2.safetensors"
+    code, out = run("edit", "--layer", 1, "--step", 2, "--out", mem)
+    assert code == 0, out
+    code, out = run("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 2, "--json")
+    assert code == 0, out
+    got = json.loads(out[out.index("{"):])
+    assert "Efficacy" in got["metrics"] and "EfficacyLP" not in got["metrics"]
+    assert any(n.startswith("EfficacyLP: not computed") and "step 2" in n for n in got["notes"]), got["notes"]
+
+
+def test_edit_warns_of_a_lambda_that_swamps_the_keys(tmp_path):
+    code, out = run("edit", "--lam", "1e6", "--out", tmp_path / "m.safetensors")
+    assert code == 0 and "warning" in out and "1/1e+06" in " ".join(out.split()), out
+    code, out = run("edit", "--out", tmp_path / "m.safetensors")
+    assert code == 0 and "warning" not in out, out
 
 
 def test_edit_rejects_bad_coordinates_and_q(tmp_path):

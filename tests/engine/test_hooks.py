@@ -5,7 +5,9 @@ import torch
 
 from timerome import load_backbone
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.hooks import Hooks, TraceState, row_tiles, run_to, tile_sizes
+from timerome.engine.hooks import Hooks, OutsideTrajectory, TraceState, row_tiles, run_to, tile_sizes
+from timerome.engine.likelihood import log_likelihood
+from timerome.engine.sampler import generate
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,31 @@ def test_a_coordinate_with_a_step_edits_only_at_that_step(bb, ids):
             state.step = k
             bb.logits(ids)
     assert seen == [2]
+
+
+def test_the_sampler_publishes_its_step_to_hooks_it_was_not_handed(bb, ids):
+    """An edit installed on its own (no state handed to generate, as the evaluation's generations do)
+    meets its step: the step-2 edit runs once, at step 2; after the generation no step is left
+    behind, and a forward of no step (a likelihood's) under it is refused, not left unedited."""
+    seen, plain_seen = [], []
+
+    def fn(h, st):
+        seen.append(st.step)
+        return -5 * h
+
+    with torch.no_grad():
+        plain = generate(bb, ids, steps=4, gen_length=4, block_length=4)
+        with Hooks(bb, edit={Coordinate(1, "resid", step=2): fn}):
+            edited = generate(bb, ids, steps=4, gen_length=4, block_length=4)
+            with pytest.raises(OutsideTrajectory, match="step 2 only"):
+                log_likelihood(bb, ids[0].tolist(), ids[0, :2].tolist(), n_mc=2)
+        # a state handed to generate is set at each step and given back as it was
+        state = TraceState()
+        with Hooks(bb, edit={Coordinate(1, "resid", step=0): lambda h, st: plain_seen.append(st.step)}, state=state):
+            generate(bb, ids, steps=4, gen_length=4, block_length=4, state=state)
+    assert seen == [2] and plain_seen == [0]
+    assert not torch.equal(plain, edited)  # the one edited step changed what was revealed
+    assert bb.denoising_step is None and state.step is None
 
 
 def test_stop_runs_no_layer_above_the_kept_site(bb, ids):

@@ -44,7 +44,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                                                           "or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
-         step: Optional[int] = typer.Option(None, help="edit only at this denoising step (default: every step)"),
+         step: Optional[int] = typer.Option(None, help="edit only at this denoising step, counted from 0 (default, "
+                                                       "or -1: every step, the paper's k* = -1); such an edit acts "
+                                                       "in generations, never in a likelihood"),
          alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's own; `timerome methods` "
                                                           "lists every default)"),
          lam: Optional[float] = typer.Option(None, help=f"ridge lambda, relative to the mean squared key norm "
@@ -150,6 +152,12 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                                             key_metric=key_metric, target=target, step=step))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
+    ratio = memory.lam_value / memory.ridge.scale_of(memory.ridge.U)
+    if ratio > 1000:  # a fact's own coefficient is about 1 / (1 + ratio): the ridge term swamps the keys
+        err_console.print(f"[yellow]warning:[/] lambda {memory.lam_value:.3g} is {ratio:.3g} times the keys' mean "
+                          f"squared norm: each fact keeps about 1/{1 + ratio:.3g} of its update (1/"
+                          f"{1 + DEFAULTS['lam']:g} at the default --lam {DEFAULTS['lam']:g}, which is relative to "
+                          "that norm), so the memory changes (almost) nothing", soft_wrap=True)
     memory.save(out)
     if as_json:
         print_json(dict(file=str(out), n_facts=len(memory), coordinate=memory.coordinate.as_dict(),

@@ -104,6 +104,12 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     memory_edit = None
     if edit is not None:
         memory = load_memory(edit, bb)
+        if memory.coordinate.step is not None:
+            raise TimeromeError(f"{edit} edits only at denoising step {memory.coordinate.step}, and these metrics "
+                                "read likelihoods (one forward per Monte-Carlo mask, no denoising steps), which it "
+                                "never meets: compare its answers (timerome generate --edit, or eval --requests), "
+                                "read it along the trajectory (the ablations' Traj columns), or build it for every "
+                                "step (edit without --step)")
         check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
     ref_tr = None
@@ -159,7 +165,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=base,
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
-                   metrics=result["metrics"], notes=notes,
+                   metrics=result["metrics"], notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()],
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
                                                     result["items"]["prompt"]["prompt"],
@@ -172,6 +178,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
+    for k, why in result["notes"].items():
+        err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")

@@ -22,7 +22,11 @@ ends (also when the body raises). A site is
 
 `TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
 denoising step (a cache refresh and the partial forward that follows are the same step), and an
-edit at a Coordinate with a step fires only when state.step equals it. `state.positions` says
+edit at a Coordinate with a step fires only when state.step equals it. The sampler publishes the
+step on the backbone too (`denoising_steps`), and every hook copies it into its state, so an edit
+installed without handing its state to `generate` meets its step all the same. Outside a
+trajectory the step is None: a forward of no denoising step (a likelihood's, one per Monte-Carlo
+mask) under an edit of one step is refused (`OutsideTrajectory`), never silently left unedited. `state.positions` says
 which absolute token positions the current forward holds (None: all of them, 0..L-1), and
 `state.answer_starts` where each row's answer begins when the caller published it
 (`answer_region`: the sampler and the likelihood do). A cached
@@ -36,21 +40,22 @@ neither kept nor patched: its cached keys/values are those of the refresh).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 import torch
 from torch import nn
 
 from timerome.engine.coordinate import Coordinate
+from timerome.errors import TimeromeError
 
 HookFn = Callable[[torch.Tensor, "TraceState"], "torch.Tensor | None"]
 
 
 class TraceState:
-    """The denoising step k of the current forward (and which positions it holds)."""
+    """The denoising step k of the current forward (None: outside any trajectory), and which positions it holds."""
 
-    def __init__(self, step: int = 0, positions: torch.Tensor | None = None):
+    def __init__(self, step: int | None = None, positions: torch.Tensor | None = None):
         self.step = step
         self.positions = positions
         self.rows = None  # (start, stop): the batch rows a call inside a `row_tiles` module holds, None: all
@@ -59,6 +64,39 @@ class TraceState:
 
     def __repr__(self) -> str:
         return f"TraceState(step={self.step})"
+
+
+class OutsideTrajectory(TimeromeError):
+    """An edit of one denoising step met a forward of none (module docstring)."""
+
+    def __init__(self, site, step: int):
+        super().__init__(f"an edit at {site} acts at denoising step {step} only, and a forward that belongs to no "
+                         "denoising step ran under it (a likelihood's: one forward per Monte-Carlo mask, no steps): "
+                         "read a one-step edit in generations or along the denoising trajectory "
+                         "(evaluation.trajectory_logprobs, the ablations' Traj columns), or build it for every step")
+
+
+def edit_active(edit, backbone):
+    """The context that installs `edit` on `backbone` for a `with` block: a method's Edit (its
+    `active()`), a memory (its `applied(backbone)`), or None (nothing). Inside, a memory's yields its
+    TraceState."""
+    if edit is None:
+        return nullcontext()
+    if hasattr(edit, "active"):
+        return edit.active()
+    if hasattr(edit, "applied"):
+        return edit.applied(backbone)
+    raise TimeromeError(f"an edit must have active() (a method's Edit) or applied(backbone) (a memory), "
+                        f"got {type(edit).__name__}")
+
+
+def one_step(edit) -> int | None:
+    """The one denoising step an edit acts at: a memory's, or that of a method's Edit built on memories
+    (None: every step, no edit, or one that changed weights)."""
+    memories = getattr(edit, "memory", edit)
+    steps = {getattr(getattr(m, "coordinate", None), "step", None)
+             for m in (memories if isinstance(memories, (list, tuple)) else [memories])} - {None}
+    return min(steps) if steps else None
 
 
 class StopForward(Exception):
@@ -88,6 +126,7 @@ class Hooks(dict):
         self.backbone = backbone
         self.edits = dict(edit or {})
         self.state = state if state is not None else TraceState()
+        self._published = None  # the step the sampler last published into the state (_held)
         self.inputs, self.stop, self.positions = inputs, stop, positions
         self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
@@ -130,6 +169,15 @@ class Hooks(dict):
         """Absolute positions of the forward in flight (None: all), copied into the state."""
         self.state.positions = getattr(self.backbone, "held_positions", None)
         self.state.answer_starts = getattr(self.backbone, "answer_starts", None)
+        # the sampler's step; once its trajectory is over, the step it left is taken back (a tracer that
+        # drives the state itself publishes none, and its steps are left alone)
+        k = getattr(self.backbone, "denoising_step", None)
+        if k is not None:
+            self.state.step = self._published = k
+        elif self._published is not None:
+            if self.state.step == self._published:
+                self.state.step = None
+            self._published = None
         return self.state.positions
 
     def _editor(self, site, fn):
@@ -139,6 +187,8 @@ class Hooks(dict):
         def hook(_module, _inputs, output):
             self._held()
             if step is not None and state.step != step:
+                if state.step is None:
+                    raise OutsideTrajectory(site, step)
                 return None
             if self.raw:
                 return fn(output, state)
@@ -203,6 +253,27 @@ def answer_region(backbone, starts):
         yield
     finally:
         backbone.answer_starts = before
+
+
+@contextmanager
+def denoising_steps(backbone, state=None):
+    """A denoising trajectory on `backbone`: yields at(k), which marks the forwards that follow as
+    step k's, for every hook on the backbone (`backbone.denoising_step`, which each hook copies into
+    its state) and for `state` when given. On leaving, both are as they were: a forward outside any
+    trajectory has step None."""
+    before, state_before = getattr(backbone, "denoising_step", None), getattr(state, "step", None)
+
+    def at(k: int) -> None:
+        backbone.denoising_step = k
+        if state is not None:
+            state.step = k
+
+    try:
+        yield at
+    finally:
+        backbone.denoising_step = before
+        if state is not None:
+            state.step = state_before
 
 
 # ------------------------------------------------------------------------------ common uses

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.common.checks import budget, integer, number
-from timerome.engine.hooks import answer_region
+from timerome.engine.hooks import answer_region, denoising_steps
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
 
@@ -86,7 +86,8 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
 
     state: any object with an int `step`; set to k before the forwards of denoising step k
-        (k = 0..steps-1; with a threshold, as many steps as the blocks take).
+        (k = 0..steps-1; with a threshold, as many steps as the blocks take), and back to what it
+        was on return. Every hook on the backbone sees the step without it (`hooks.denoising_steps`).
     on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
     attention_mask: [B, P] or [B, P + gen_length], False at padding (e.g. left-padded prompts);
         padded positions are never revealed and are hidden from attention.
@@ -103,8 +104,8 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
                      temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
                      threshold=threshold, refresh_every=refresh_every)
     if getattr(backbone, "causal", False):
-        with answer_region(backbone, P):
-            return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+        with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
+            return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
                                   attention_mask, cache, threshold)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
@@ -119,15 +120,16 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     n_blocks = gen_length // block_length
     steps_per_block = steps // n_blocks
     forward = _Forward(backbone, prompt_index, real, attention_mask, cfg_scale, kv)
-    with answer_region(backbone, P):  # the answer region of every row starts after the (left-padded) prompt
+    # the answer region of every row starts after the (left-padded) prompt; each forward's step is published
+    with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
         _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
-                 generator, state, on_step, kv, cache, threshold, refresh_every)
+                 generator, at_step, on_step, kv, cache, threshold, refresh_every)
     return x
 
 
 def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
-             generator, state, on_step, kv, cache, threshold, refresh_every) -> None:
-    """The block loop of `generate`, filling x in place."""
+             generator, at_step, on_step, kv, cache, threshold, refresh_every) -> None:
+    """The block loop of `generate`, filling x in place (at_step(k): the forwards that follow are step k's)."""
     mask_id, L = backbone.mask_id, x.shape[1]
     k = 0
     for b in range(n_blocks):
@@ -138,8 +140,7 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
         i = 0
         while (i < steps_per_block if threshold is None else
                bool(((x[:, start:end] == mask_id) & real[:, start:end]).any())):
-            if state is not None:
-                state.step = k  # once per denoising step: a refresh and its partial forward are one step
+            at_step(k)  # once per denoising step: a refresh and its partial forward are one step
             if kv is not None and (i == 0 or (refresh_every is not None and i % refresh_every == 0)):
                 forward.refresh(x)
             masked = (x[:, lo:hi] == mask_id) & real[:, lo:hi]
@@ -154,7 +155,7 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
             i += 1
 
 
-def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, state, on_step,
+def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
                    attention_mask, cache, threshold) -> torch.Tensor:
     """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
     if cache is not None or threshold is not None or cfg_scale > 0:
@@ -170,8 +171,7 @@ def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generat
     real = _real_positions(attention_mask, B, P, gen_length, device)
     am = None if attention_mask is None else real
     for i in range(gen_length):
-        if state is not None:
-            state.step = i
+        at_step(i)
         logits = backbone.next_logits(x[:, :P + i], None if am is None else am[:, :P + i])  # [B, V]
         x[:, P + i] = _sample(logits, temperature, generator)
         if on_step is not None:

@@ -21,11 +21,11 @@ completions). The two agree when the answer is exactly the target; unifying them
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 
 import torch
 
 from timerome.engine.encoding import answer_ids
+from timerome.engine.hooks import edit_active
 from timerome.engine.sampler import generate
 
 
@@ -62,7 +62,7 @@ def counterfactual_scores(backbone, facts, unrelated, before: list[list[int]], *
     greedy answers without the edit), with `edit` active (anything with `active()`; a weight edit is
     already in the weights). Returns the two shares and the per-fact outcomes."""
     targets = [answer_ids(backbone, f.target) for f in facts]
-    ctx = edit.active() if edit is not None else nullcontext()
+    ctx = edit_active(edit, backbone)
     with ctx:
         got = greedy_ids(backbone, [f.prompt for f in facts], [len(t) for t in targets])
         after = greedy_ids(backbone, [u.prompt for u in unrelated], [len(b) for b in before])

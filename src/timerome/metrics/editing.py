@@ -45,11 +45,11 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from contextlib import nullcontext
 
 import numpy as np
 
 from timerome.engine.encoding import answer_ids
+from timerome.engine.hooks import edit_active, one_step
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -228,17 +228,6 @@ def default_gen_length(backbone, requests, locality=None) -> int:
     return max(MIN_GEN_LENGTH, longest + GEN_SLACK)
 
 
-def _active(edit, backbone):
-    if edit is None:
-        return nullcontext()
-    if hasattr(edit, "active"):
-        return edit.active()
-    if hasattr(edit, "applied"):
-        return edit.applied(backbone)
-    raise TimeromeError(f"an edit must have active() (a method's Edit) or applied(backbone) (a memory), "
-                        f"got {type(edit).__name__}")
-
-
 def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
             progress: bool = False, sampler: dict | None = None) -> list[str]:
     """Answers to prompts (metrics.text.continuations, cut at end-of-text): greedy, one token per
@@ -259,7 +248,8 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
                 seed: int = 0, known_subjects=None, baseline: dict | None = None, lp: bool = True,
                 sampler: dict | None = None, progress: bool = False) -> dict:
     """The editing metrics of `edit` (a method's Edit, a memory, or None for the unedited model)
-    on `requests`: {"metrics", "items", "gen_length", "baseline"} (module docstring).
+    on `requests`: {"metrics", "items", "gen_length", "notes", "baseline"} (module docstring; notes:
+    {column: why it is absent}, e.g. the likelihood columns of an edit of one denoising step).
 
     locality: {name: question/answer rows} whose answers must not change, e.g. {"retain": ...,
     "real_authors": ..., "world_facts": ...} (LOCALITY_NAMES names their columns). baseline: the
@@ -289,7 +279,14 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
         plain = baseline["answers"]
     else:
         plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
-    with _active(edit, backbone):
+    notes = {}
+    step = one_step(edit)
+    if lp and step is not None:  # the likelihood has no denoising steps: the edit would never act there
+        lp = False
+        notes.update(dict.fromkeys(("EfficacyLP", "GeneralisationLP"), (
+            f"not computed: the edit acts at denoising step {step} only, and the likelihood (one forward per "
+            "Monte-Carlo mask) has no steps; Efficacy and Generalisation read its generations")))
+    with edit_active(edit, backbone):
         edited = computed if edit is None and computed is not None else \
             answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
         lps = _likelihoods(backbone, requests, sets, n_mc, seed) if lp else None
@@ -302,8 +299,9 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
     if lps is not None:
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
-    return {"metrics": metrics, "items": items, "gen_length": G,
+    return {"metrics": metrics, "items": items, "gen_length": G, "notes": notes,
             "baseline": {"key": key, "answers": plain}}
+
 
 
 def _likelihoods(backbone, requests, sets, n_mc, seed) -> dict:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.hooks import edit_active
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
-from timerome.metrics.editing import _active, answers, edit_scores, gives_back, object_text, says
+from timerome.metrics.editing import answers, edit_scores, gives_back, object_text, says
 
 
 def sampler_settings(gen_length: int) -> dict[str, dict]:
@@ -111,7 +112,7 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
     names = [a for a in check_names(attacks or ATTACKS, ATTACKS, "prompt attacks") if built.get(a)]
     flat = [(a, i, p) for a in names for i, p in built[a]]
     prompts = [p for _, _, p in flat]
-    with _active(edit, backbone):
+    with edit_active(edit, backbone):
         said = answers(backbone, prompts, gen_length=gen_length, seed=seed)
         lp = pair_logprobs(backbone, prompts, [requests[i].fact.object for _, i, _ in flat], n_mc=n_mc,
                            seed=seed)["lp"] if n_mc and prompts else None

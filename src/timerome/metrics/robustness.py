@@ -22,10 +22,10 @@ Monte-Carlo masks from the same seed, so two models measured with one seed are p
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 
 import numpy as np
 
+from timerome.engine.hooks import edit_active
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
@@ -60,7 +60,7 @@ def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIK
                        relearn: str = RELEARN) -> dict:
     """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
     out = {}
-    with (edit.active() if edit is not None else nullcontext()):
+    with edit_active(edit, backbone):
         for c, p in probes(rows, relearn).items():
             lp = pair_logprobs(backbone, p["prompts"], p["answers"], n_mc=n_mc, seed=seed)["lp"] if p["index"] else []
             out[c] = {"index": p["index"], "lp": [float(x) for x in lp]}
