@@ -133,6 +133,9 @@ def files(tmp_path_factory):
     f["layer_neg"] = rewrite_header(mem, d / "layer.safetensors", coordinate__layer=-1)
     f["no_hyper"] = rewrite_header(mem, d / "nohyper.safetensors", hyper={})
     f["mem_step"] = rewrite_header(mem, d / "step.safetensors", coordinate__step=3)
+    born = dict(subject="Isgor Quielson", prompt="Where was Isgor Quielson born ?", object="Pellmoor")
+    f["req_two_targets"] = d / "two_targets.json"
+    f["req_two_targets"].write_text(json.dumps([dict(born, target="I don't know."), dict(born, target="Nowhere.")]))
     # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
     res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
     assert res.exit_code == 0, res.output
@@ -283,6 +286,7 @@ def catalogue(f, tmp):
         ("eval --n-mc 1e18", ["eval", "--n-mc", "1" + "0" * 18, "--no-rouge"], "--insist"),
         ("eval of an edit of one denoising step (the likelihoods would read the model unedited)",
          ["eval", "--edit", f["mem_step"], "--no-rouge"], "denoising step 3"),
+        ("one question given two targets", ["requests", f["req_two_targets"]], "one question say one thing"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
         ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
          "--insist"),
@@ -418,6 +422,8 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch):
 
 def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     """What the command line refuses, the Python API refuses too (one TimeromeError each, before any work)."""
+    from dataclasses import replace
+
     import torch
 
     from timerome.backbones import load_backbone as load
@@ -484,6 +490,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: EditMemory(bb, key_metric="paper").scale_to(torch.zeros(2, bb.hidden_size)), "zero norm"),
         # stop 45: an edit of one denoising step under the likelihoods, which have no steps
         (lambda: evaluate(bb, {"forget": task.forget_rows}, edit=load_memory(files["mem_step"], bb)), "step 3"),
+        (lambda: EditMemory(bb).add([replace(task.facts[0], target="I don't know."),
+                                     replace(task.facts[0], target="Nowhere.", fact_id="x")]), "one thing"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

@@ -118,9 +118,11 @@ def test_edit_warns_of_a_lambda_that_swamps_the_keys(tmp_path):
 
 
 def test_edit_rejects_bad_coordinates_and_q(tmp_path):
-    for args in (("--layer", 99), ("--module", "ffn"), ("--q", 500)):
+    for args in (("--layer", 99), ("--layer", -5), ("--module", "ffn"), ("--q", 500)):
         code, out = run("edit", *args, "--out", tmp_path / "m.safetensors")
         assert code == 2 and out.startswith("error:"), (args, out)
+    code, out = run("edit", "--layer", -1, "--out", tmp_path / "m.safetensors")  # counted from the top, as the API
+    assert code == 0 and "at layer 3 resid" in out, out
 
 
 def test_device_and_dtype_options(tmp_path):

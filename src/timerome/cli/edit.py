@@ -38,8 +38,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                                             "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
                                             "file of question/answer rows (default: embedded:forget01)"),
          tofu_dir: Optional[str] = TofuOpt,
-         layer: Optional[int] = typer.Option(None, help="coordinate layer (default: --trace's best, else the model's "
-                                             "default; rewrite: its gate one block below the write site)"),
+         layer: Optional[int] = typer.Option(None, help="coordinate layer, 0-based, negative from the top (-1: the "
+                                                        "last) (default: --trace's best, else the model's default; "
+                                                        "rewrite: its gate one block below the write site)"),
          module: Optional[str] = typer.Option(None, help="hook point: resid (the paper's m*, the default), attn "
                                                           "or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
@@ -135,8 +136,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         traced = TraceResult.load(trace_file)
         traced.check_model(bb, trace_file)
         layer = select(traced, (module,)).layer
-    elif layer is not None and not 0 <= layer < bb.n_layers:
-        raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1}, got {layer}")
+    elif layer is not None and not -bb.n_layers <= layer < bb.n_layers:
+        raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1} (or -{bb.n_layers}..-1, counted from the "
+                            f"top, as the API reads it), got {layer}")
+    elif layer is not None:
+        layer %= bb.n_layers  # -1: the last layer, as Coordinate.on reads it
     if layer is None and method == "rewrite":  # the method's own default gate, as the API and the experiments place it
         from timerome.methods.rewrite import gate_coordinate
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from timerome.common.files import read_text
-from timerome.data.facts import Fact
+from timerome.data.facts import Fact, target_conflict
 from timerome.errors import TimeromeError
 
 FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
@@ -123,7 +123,11 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise TimeromeError(f"{where}: fact id {dup!r} names two requests; every request needs its own id")
-    return [r.with_target(target) for r in requests], _grouped(notes)
+    requests = [r.with_target(target) for r in requests]
+    conflict = target_conflict([r.fact for r in requests])
+    if conflict:
+        raise TimeromeError(f"{where}: {conflict}")
+    return requests, _grouped(notes)
 
 
 def _grouped(notes: list[str]) -> list[str]:

@@ -30,7 +30,7 @@ import torch
 from timerome.common.cache import read_tensors, save_tensors
 from timerome.common.checks import big_int_path, finite_tensor, integer, shown
 from timerome.common.files import parse_json
-from timerome.data.facts import Fact
+from timerome.data.facts import Fact, target_conflict
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_id
 from timerome.engine.hooks import Hooks, TraceState
@@ -169,7 +169,11 @@ def sort_new_facts(held, new, target: str) -> tuple[list, list[tuple[str, str]],
     adding `new` to a memory holding `held`. A fact whose content (`fact_content`: subject, question,
     answer, target) a held fact or an earlier new one has is skipped, naming which; a new fact whose
     id another fact has is added as ID#digest-of-its-content (a rows file without fact_id numbers its
-    rows 0, 1, ... like every other file)."""
+    rows 0, 1, ... like every other file). Two facts that ask one question with different targets
+    are refused (`target_conflict`): either choice would be a guess."""
+    conflict = target_conflict(new, target, held)
+    if conflict:
+        raise TimeromeError(conflict)
     have = {fact_content(f, target): (fact_id(f), True) for f in held if fact_content(f, target) is not None}
     taken = {fact_id(f) for f in held}
     add, skipped, renamed, kept = [], [], [], []
