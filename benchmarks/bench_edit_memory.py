@@ -15,6 +15,9 @@ Parts (each prints a table of ratios measured in this one run):
                hook alone; q = 4 also with every fact scored (the dense TopQ the index replaces), the
                candidates per token the index scores, and how many chunks of tokens it scored as one
                product over their candidates' union. Goal <= 1.03 per forward.
+  scale8b      the q = 4 hook at |F| = 10,000 against a forward of LLaDA-8B's shapes (H 4096, 32 blocks, vocabulary
+               126,464), composed from one random block's and the head's measured times (the 8B weights do not
+               fit a 24 GB machine); keys: the block's own residuals. Goal <= 1.03 per forward.
   streaming    inserting the 10,000th fact (block update) against the BEST full re-solve of the
                10,000-fact memory, synthetic keys of hidden size 1024: the re-solve is the smaller
                (hidden-size, H x H) form, timed both through EditMemory and as one bare Cholesky
@@ -45,7 +48,7 @@ from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
 
-PARTS = ("overhead", "scale", "streaming", "selectivity", "install", "install10k")
+PARTS = ("overhead", "scale", "scale8b", "streaming", "selectivity", "install", "install10k")
 
 
 def main() -> int:
@@ -296,6 +299,70 @@ def bench_scale(args):
                 near = f"{float((c >= lam / 2).sum(1).double().median()):.0f}"
             print(f"{bb.name:<18}{label:<22}{install:>10.3f}{mem.ridge.form:>8}{f_edit / f_plain:>15.4f}"
                   f"{1 + hook / f_plain:>11.4f}{hook * 1e3:>9.3f}{dense * 1e3:>15.3f}  {cand:<20}{near:>10}{product:>14}")
+
+
+# ------------------------------------------------------------------------------ 1c. scale on LLaDA-8B's shapes
+
+# LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_layers, vocab_size (n_heads = d_model / 128)
+LLADA_8B = dict(hidden=4096, mlp=12288, layers=32, vocab=126464)
+
+
+def bench_scale8b(args):
+    """The q = 4 hook at |F| = --scale-facts facts against a forward of LLaDA-8B's shapes. Its weights
+    (8B in float32: 32 GB) do not fit this machine, so one random block of its shapes, its embedding
+    and its head are built, and a forward is composed from their times: 31 x (embedding + block)
+    + (embedding + block + norm + head), i.e. 32 blocks, 31 embedding look-ups too many (each a copy
+    of [tokens, 4096] floats, under 0.1 % of a block: the forward is that much too long). Keys: the
+    block's own residuals at its output on random tokens (the hook site of a one-block model);
+    deltas: Gaussian (the hook's work does not depend on their values)."""
+    from timerome.engine.hooks import run_to
+
+    F, G = args.scale_facts, args.gen_length
+    spec = LLADA_8B
+    print(f"\n== scale8b: the hook with |F| = {F} facts on LLaDA-8B's shapes (H {spec['hidden']}, MLP {spec['mlp']}, "
+          f"{spec['layers']} blocks, vocabulary {spec['vocab']:,}), one forward of a [1, 32 + {G}] sequence ==")
+    print("(forward: composed from one block's and the head's times, the bench's docstring; hook: the hook's own "
+          "time on the block's residuals of that sequence; ratio: 1 + hook / forward; dense: every fact scored)")
+    t = CLOCK()
+    bb = random_backbone(args.device, hidden=spec["hidden"], layers=1, vocab=spec["vocab"], context=32 + G,
+                         mlp=spec["mlp"])
+    coord = default_coordinate(bb)
+    g = torch.Generator().manual_seed(0)
+    rows = -(-F // 64)
+    ids = torch.randint(0, bb.vocab_size - 1, (rows, 64), generator=g)
+    with torch.no_grad():
+        U = torch.cat([run_to(bb, coord.site, ids[i:i + 8].to(bb.device)).double().cpu()
+                       for i in range(0, rows, 8)]).reshape(-1, bb.hidden_size)[:F]
+    D = torch.randn(F, bb.hidden_size, generator=g, dtype=torch.float64) * U.norm(dim=1, keepdim=True).mean() / 10
+    stats = residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
+    prompt = torch.randint(0, bb.vocab_size - 1, (1, 32), generator=g).to(bb.device)
+    x = _full_ids(bb, prompt, G)
+    print(f"model built, keys read: {CLOCK() - t:.1f} s")
+    embed_block = _time_call(lambda: run_to(bb, coord.site, x), 3, bb.device)
+    whole = _time_call(lambda: bb.logits(x), 3, bb.device)
+    forward = (spec["layers"] - 1) * embed_block + whole
+    with torch.no_grad():
+        hx = run_to(bb, coord.site, x)
+    print(f"one block (+ embedding) {embed_block:.3f} s, block + head {whole:.3f} s: a forward of "
+          f"{spec['layers']} blocks {forward:.2f} s")
+    print(f"{'config':<16}{'install s':>10}{'form':>8}{'hook ms':>10}{'ratio':>9}{'dense ms':>10}{'dense ratio':>12}"
+          f"  cand/token")
+    for label, kw in (("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
+                      ("paper q=4", dict(key_metric="paper", q=4))):
+        t = CLOCK()
+        mem = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(F)])
+        install = CLOCK() - t
+        hook = _time_hook(mem, hx, 10)
+        cand = ""
+        if mem._plan(bb.device) == "index":
+            ix = mem._matrices(bb.device, torch.float32, "index")[0]
+            cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else "")
+        mem.index_min_facts = 1 << 62  # every fact scored
+        dense = _time_hook(mem, hx, 10)
+        print(f"{label:<16}{install:>10.2f}{mem.ridge.form:>8}{hook * 1e3:>10.1f}{1 + hook / forward:>9.4f}"
+              f"{dense * 1e3:>10.1f}{1 + dense / forward:>12.4f}  {cand}")
+    print(f"(the goal: <= 1.03 per forward; the scoring's share F / (12 H L) = {F / (12 * spec['hidden'] * spec['layers']):.4f} "
+          "of the blocks' multiply-adds)")
 
 
 # ------------------------------------------------------------------------------ 2. streaming

@@ -287,6 +287,8 @@ def catalogue(f, tmp):
         ("eval of an edit of one denoising step (the likelihoods would read the model unedited)",
          ["eval", "--edit", f["mem_step"], "--no-rouge"], "denoising step 3"),
         ("one question given two targets", ["requests", f["req_two_targets"]], "one question say one thing"),
+        ("edit --seed -1 (went through; every --seed is checked as one)", ["edit", "--seed", "-1", "-o", out],
+         "--seed must be"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
         ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
          "--insist"),

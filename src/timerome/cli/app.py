@@ -108,18 +108,23 @@ def friendly(fn):
 def _check_numbers(fn, values: dict) -> None:
     """Every number option of every command, before the command runs: a float must be finite (typer
     reads "nan" and "inf"), an int must fit in 64 bits (`--seed 99999999999999999999` would overflow
-    every generator). The class is refused here once; each command checks its own ranges."""
+    every generator), and a --seed must be one (checks.seed: the same range for every command, and
+    named as the option; `edit --seed -1` went through). The class is refused here once; each command
+    checks its own ranges."""
     from timerome.common.checks import INT64, shown
+    from timerome.common.checks import seed as check_seed
 
     params = inspect.signature(fn).parameters
     for name, v in values.items():
         bad_float = isinstance(v, float) and not math.isfinite(v)
         bad_int = isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT64
+        decls = getattr(params[name].default, "param_decls", None) if name in params else None
+        flag = next((d for d in decls or () if d.startswith("--")), "--" + name.replace("_", "-"))
         if bad_float or bad_int:
-            decls = getattr(params[name].default, "param_decls", None) if name in params else None
-            flag = next((d for d in decls or () if d.startswith("--")), "--" + name.replace("_", "-"))
             want = "a finite number" if bad_float else "an integer below 2**63"
             raise TimeromeError(f"{flag} must be {want}, got {shown(v)}")
+        if name == "seed" and v is not None:
+            check_seed(v, flag)
 
 
 @app.callback()

@@ -193,13 +193,11 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     """Answer prompts with the denoising sampler (optionally with an edit memory side by side)."""
     import torch
 
-    from timerome.common.checks import seed as check_seed
     from timerome.common.files import user_text
     from timerome.engine.sampler import check_generation
     from timerome.engine.sampler import generate as gen
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
-    check_seed(seed, "--seed")
     bb = model.load()
     for p in prompt:  # every option against every prompt, before any work or warning
         check_generation(bb, len(bb.encode(p)), steps=steps, gen_length=gen_length, block_length=block_length,

@@ -81,8 +81,8 @@ def retain_of_authors(rows: list[dict], authors) -> list[dict]:
     names = list(groups)
     if isinstance(authors, int) and not isinstance(authors, bool):
         if not 1 <= authors <= len(names):
-            raise TimeromeError(f"retain_authors {authors}: give 1..{len(names)} (the retain split has {len(names)} "
-                                "authors)")
+            raise TimeromeError(f"retain_authors (--retain-authors) {authors}: give 1..{len(names)} (the retain split "
+                                f"has {len(names)} authors)")
         chosen = names[:authors]
     elif isinstance(authors, (list, tuple)) and authors:
         chosen = []

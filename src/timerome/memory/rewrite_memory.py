@@ -176,10 +176,11 @@ class RewriteMemory(CodebookMemory):
         differ_t = [[j for j in range(len(t)) if j >= len(o) or o[j] != t[j]] or list(range(len(t)))
                     for o, t in zip(originals, targets)]
         k1, o1 = answer_keys(self.backbone, self.coordinate, facts, n_states=self.n_states, seed=self.seed,
-                             pads=self.pads, offsets=differ, last_pads=LAST_STEP_PADS, batch_size=self.batch_size)
+                             pads=self.pads, offsets=differ, last_pads=LAST_STEP_PADS, batch_size=self.batch_size,
+                             progress="answer keys (original answers)")
         k2, o2 = answer_keys(self.backbone, self.coordinate, as_target, n_states=self.n_states, seed=self.seed + 1,
                              pads=self.pads, offsets=differ_t, last_pads=LAST_STEP_PADS,
-                             batch_size=self.batch_size)
+                             batch_size=self.batch_size, progress="answer keys (target answers)")
         s1, s2 = torch.full_like(o1, -1), torch.full_like(o2, -1)  # no subject slots: no subject-complete cap
         have = set(self._value_ids.tolist())
         if self.eos is not None and self.eos not in have and not self._value_tokens([self.eos], required=False):
@@ -234,7 +235,7 @@ class RewriteMemory(CodebookMemory):
             values = self._table
         elif self._value_rows:
             values = token_values(self.backbone, self.site, self._value_rows, tokens, seed=self.seed,
-                                  batch_size=self.batch_size)
+                                  batch_size=self.batch_size, progress="token values")
         else:
             raise TimeromeError("the rewrite memory reads its token values on rows the model answers: pass "
                                 "value_rows= (or calibration= as question/answer rows or texts) or value_table=")

@@ -154,7 +154,7 @@ def _last_steps(backbone, pairs, pads):
 
 @torch.no_grad()
 def answer_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0, pads=None, offsets=None,
-                last_pads=None, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                last_pads=None, batch_size: int = 32, progress: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Residuals at the masked answer positions of the states the sampler visits, for each fact's
     answer (its `object`): keys [E, H] float64 (CPU) and owner [E] (the fact's index).
 
@@ -162,7 +162,7 @@ def answer_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0
     start of generation; pads: end-of-text after the answer), and the last step of any reveal order,
     the answer committed but for one position (each position in turn, followed by each count of
     `pads` committed end-of-text). A masked position says what the model is about to write there, in that context:
-    the fact being asked, never only the token already there."""
+    the fact being asked, never only the token already there. progress: a progress bar's label (None: none)."""
     site, items, pairs, (noisy, _, att) = _fact_states(backbone, coordinate, facts, n_states, seed, pads,
                                                         "answer keys")
     keyed = [set(range(len(a))) if offsets is None else set(offsets[f]) for f, (_, a) in enumerate(pairs)]
@@ -174,7 +174,7 @@ def answer_keys(backbone, coordinate, facts, *, n_states: int = 4, seed: int = 0
         if spot - len(pairs[f][0]) in keyed[f]:
             rows.append(row), spots.append([spot]), owners.append(f)
     ids, real = pad_sequences(rows, backbone)
-    h = _residuals(backbone, site, ids, real, batch_size)
+    h = _residuals(backbone, site, ids, real, batch_size, progress)
     b_idx = [b for b, ps in enumerate(spots) for _ in ps]
     p_idx = [p for ps in spots for p in ps]
     owner = [owners[b] for b, ps in enumerate(spots) for _ in ps]
