@@ -303,8 +303,8 @@ def bench_scale(args):
 
 # ------------------------------------------------------------------------------ 1c. scale on LLaDA-8B's shapes
 
-# LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_layers, vocab_size (n_heads = d_model / 128)
-LLADA_8B = dict(hidden=4096, mlp=12288, layers=32, vocab=126464)
+# LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_heads, n_layers, vocab_size
+LLADA_8B = dict(hidden=4096, mlp=12288, heads=32, layers=32, vocab=126464)
 
 
 def bench_scale8b(args):
@@ -324,8 +324,8 @@ def bench_scale8b(args):
     print("(forward: composed from one block's and the head's times, the bench's docstring; hook: the hook's own "
           "time on the block's residuals of that sequence; ratio: 1 + hook / forward; dense: every fact scored)")
     t = CLOCK()
-    bb = random_backbone(args.device, hidden=spec["hidden"], layers=1, vocab=spec["vocab"], context=32 + G,
-                         mlp=spec["mlp"])
+    bb = random_backbone(args.device, hidden=spec["hidden"], layers=1, vocab=spec["vocab"], context=max(64, 32 + G),
+                         mlp=spec["mlp"], heads=spec["heads"])
     coord = default_coordinate(bb)
     g = torch.Generator().manual_seed(0)
     rows = -(-F // 64)

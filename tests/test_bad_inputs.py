@@ -287,6 +287,8 @@ def catalogue(f, tmp):
         ("eval of an edit of one denoising step (the likelihoods would read the model unedited)",
          ["eval", "--edit", f["mem_step"], "--no-rouge"], "denoising step 3"),
         ("one question given two targets", ["requests", f["req_two_targets"]], "one question say one thing"),
+        ("eval --requests of an edit at step 3 with answers of 2 steps (it would never act)",
+         ["eval", "--requests", "embedded:forget01", "--edit", f["mem_step"], "--gen-length", "2"], "never acts"),
         ("edit --seed -1 (went through; every --seed is checked as one)", ["edit", "--seed", "-1", "-o", out],
          "--seed must be"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
@@ -494,6 +496,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: evaluate(bb, {"forget": task.forget_rows}, edit=load_memory(files["mem_step"], bb)), "step 3"),
         (lambda: EditMemory(bb).add([replace(task.facts[0], target="I don't know."),
                                      replace(task.facts[0], target="Nowhere.", fact_id="x")]), "one thing"),
+        (lambda: EditMemory(bb).add([replace(task.facts[0], target="I don't know.")]).add(
+            [replace(task.facts[0], target="Nowhere.", fact_id="x")]), "remove that fact first"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

@@ -101,12 +101,13 @@ def test_a_one_step_edit_is_scored_by_its_answers_not_by_likelihoods(tmp_path):
     """eval --requests of an edit of one step: Efficacy from its generations; the likelihood columns,
     which it never meets, absent with a note (never the unedited model's numbers under its name)."""
     mem = tmp_path / "k2.safetensors"
-    code, out = run("edit", "--layer", 1, "--step", 2, "--out", mem)
+    code, out = run("edit", "--layer", 1, "--step", 2, "--alpha", 20, "--out", mem)
     assert code == 0, out
     code, out = run("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 2, "--json")
     assert code == 0, out
     got = json.loads(out[out.index("{"):])
     assert "Efficacy" in got["metrics"] and "EfficacyLP" not in got["metrics"]
+    assert any(a["answer_with_edit"] != a["answer"] for a in got["answers"])  # the one edited step acted
     assert any(n.startswith("EfficacyLP: not computed") and "step 2" in n for n in got["notes"]), got["notes"]
 
 

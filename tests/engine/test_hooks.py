@@ -86,7 +86,29 @@ def test_the_sampler_publishes_its_step_to_hooks_it_was_not_handed(bb, ids):
             generate(bb, ids, steps=4, gen_length=4, block_length=4, state=state)
     assert seen == [2] and plain_seen == [0]
     assert not torch.equal(plain, edited)  # the one edited step changed what was revealed
-    assert bb.denoising_step is None and state.step is None
+    assert state.step is None and bb.open_hooks == []
+
+
+def test_every_trajectory_sets_the_step_of_open_hooks_and_gives_it_back(bb, ids):
+    """The sampler, tie.run_trajectory (with a state of its own) and the trace engine all reach an
+    edit they were not handed the state of; after a trajectory a tracer's own step on the same state
+    stands (the step the sampler left is given back at its end, not guessed later)."""
+    from timerome.tracing.causal_trace import default_facts, trace
+    from timerome.tracing.tie import run_trajectory
+
+    seen, driven = [], TraceState()
+    with torch.no_grad():
+        with Hooks(bb, edit={Coordinate(1, "resid", step=1): lambda h, st: seen.append(st.step)}):
+            generate(bb, ids, steps=2, gen_length=2, block_length=2)
+            run_trajectory(bb, ids[0], ids[0, :2], steps=2, state=TraceState())
+            n = len(seen)
+            trace(bb, default_facts(1), steps=2, n_samples=1, progress=False)
+        assert seen[:n] == [1, 1] and len(seen) > n and set(seen) == {1}
+        with Hooks(bb, edit={Coordinate(1, "resid", step=0): lambda h, st: seen.append("tracer")}, state=driven):
+            generate(bb, ids, steps=1, gen_length=1, block_length=1)
+            driven.step = 0  # a tracer drives the same state after the generation
+            bb.logits(ids)
+    assert seen[-2:] == ["tracer", "tracer"] and driven.step == 0
 
 
 def test_stop_runs_no_layer_above_the_kept_site(bb, ids):

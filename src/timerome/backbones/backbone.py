@@ -58,7 +58,7 @@ class Backbone:
         self._fingerprint: tuple | None = None  # (weights state, fingerprint) once computed
         self.held_positions: torch.Tensor | None = None  # absolute positions of a partial forward in flight
         self.answer_starts: torch.Tensor | int | None = None  # where each row's answer begins (hooks.answer_region)
-        self.denoising_step: int | None = None  # the sampler's step of the forwards in flight (hooks.denoising_steps)
+        self.open_hooks: list = []  # the hooks.Hooks blocks open on it (a trajectory sets their step)
         self.engine_checks: dict = {}  # answers of the trace engine's checks of this model (tracing.wavefront.checked)
         if remote:
             self._padding_problem = self._probe_remote_padding()

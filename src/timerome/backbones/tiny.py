@@ -118,16 +118,17 @@ def _drop_mask_token(d: Path) -> None:
 
 
 def random_backbone(device="cpu", hidden: int = 1024, layers: int = 8, vocab: int = 4096, context: int = 512,
-                    mlp: int | None = None):
+                    mlp: int | None = None, heads: int | None = None):
     """A random LLaDA-structure model (weights from seed 0) wrapped as a Backbone, ids only (no tokenizer):
     what the speed benchmarks time at sizes no shipped model has. mlp: the MLP's hidden size (default
-    8/3 of `hidden`, rounded down to 64)."""
+    8/3 of `hidden`, rounded down to 64); heads: attention heads (default hidden / 64)."""
     from timerome.backbones.backbone import Backbone
     from timerome.backbones.families import get_family
 
-    cfg = dict(model_type="timerome-llada", d_model=hidden, n_layers=layers, n_heads=hidden // 64,
-               n_kv_heads=hidden // 64, mlp_hidden_size=mlp or int(hidden * 8 / 3) // 64 * 64, vocab_size=vocab,
-               embedding_size=vocab, max_sequence_length=context, rope_theta=10000.0, rms_norm_eps=1e-5,
+    heads = heads or hidden // 64
+    cfg = dict(model_type="timerome-llada", d_model=hidden, n_layers=layers, n_heads=heads, n_kv_heads=heads,
+               mlp_hidden_size=mlp or int(hidden * 8 / 3) // 64 * 64, vocab_size=vocab, embedding_size=vocab,
+               max_sequence_length=context, rope_theta=10000.0, rms_norm_eps=1e-5,
                mask_token_id=vocab - 1, weight_tying=False)
     model = build_model(cfg, seed=0).to(device)
     return Backbone(model, None, get_family("timerome"), cfg, mask_id=vocab - 1, name=f"random-d{hidden}")

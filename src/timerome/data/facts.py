@@ -43,24 +43,34 @@ def target_conflict(facts, target: str | None = None, held=()) -> str | None:
     """Why `facts` cannot go into one memory (with `held` already in it), or None: two ask one question
     of one subject (the same prompt and subject) with different targets (a fact's own, else
     `target`), and a memory would make that question say a blend of both. Facts are Facts, dicts
-    or bare ids (never in conflict)."""
-    asked: dict = {}  # (subject, prompt) -> (fact id, target, whether the memory holds it)
+    or bare ids (never in conflict). Two held facts are not compared: a memory saved before this
+    check may hold such a pair, and that is no reason to refuse an unrelated fact."""
+    seen: dict = {}  # (subject, prompt) -> (fact id, target, whether the memory holds it)
     for is_held, group in ((True, held), (False, facts)):
         for f in group:
-            if isinstance(f, str):
+            key = asked(f)
+            if key is None:
                 continue
             get = f.get if isinstance(f, dict) else (lambda k, f=f: getattr(f, k, None))
-            key, said = (get("subject"), get("prompt")), get("target") or target
+            said = get("target") or target
             if said is None:
                 continue
-            if key in asked and asked[key][1] != said:
-                other, other_said, other_held = asked[key]
+            if key in seen and seen[key][1] != said and not is_held:
+                other, other_said, other_held = seen[key]
                 return (f"fact {get('fact_id')!r} asks {key[1]!r} with the target {said!r}, and fact {other!r} "
                         + ("in the memory" if other_held else "before it") + f" with {other_said!r}: a memory "
                         "makes one question say one thing; " + ("remove that fact first" if other_held
                                                                 else "keep one of them"))
-            asked.setdefault(key, (get("fact_id"), said, is_held))
+            seen.setdefault(key, (get("fact_id"), said, is_held))
     return None
+
+
+def asked(fact) -> tuple | None:
+    """(subject, prompt) of a fact (a Fact or a dict), None for a bare id: what `target_conflict` compares."""
+    if isinstance(fact, str):
+        return None
+    get = fact.get if isinstance(fact, dict) else (lambda k: getattr(fact, k, None))
+    return get("subject"), get("prompt")
 
 
 def object_span(answer: str, obj: str) -> tuple[int, int]:

@@ -22,11 +22,13 @@ ends (also when the body raises). A site is
 
 `TraceState` carries the denoising step k (the paper's TraceState): the sampler sets it once per
 denoising step (a cache refresh and the partial forward that follows are the same step), and an
-edit at a Coordinate with a step fires only when state.step equals it. The sampler publishes the
-step on the backbone too (`denoising_steps`), and every hook copies it into its state, so an edit
-installed without handing its state to `generate` meets its step all the same. Outside a
-trajectory the step is None: a forward of no denoising step (a likelihood's, one per Monte-Carlo
-mask) under an edit of one step is refused (`OutsideTrajectory`), never silently left unedited. `state.positions` says
+edit at a Coordinate with a step fires only when state.step equals it. A trajectory (the sampler,
+`tie.run_trajectory`, the trace engine) sets the step through `denoising_steps`, which sets it in
+the state of every `Hooks` open on the backbone too, and gives each back as it was when the
+trajectory ends: an edit installed without handing its state to `generate` meets its step all the
+same. Outside a trajectory the step is None: a forward of no denoising step (a likelihood's, one
+per Monte-Carlo mask) under an edit of one step is refused (`OutsideTrajectory`), never silently
+left unedited. `state.positions` says
 which absolute token positions the current forward holds (None: all of them, 0..L-1), and
 `state.answer_starts` where each row's answer begins when the caller published it
 (`answer_region`: the sampler and the likelihood do). A cached
@@ -99,6 +101,27 @@ def one_step(edit) -> int | None:
     return min(steps) if steps else None
 
 
+def check_stepless(edit, what: str) -> None:
+    """Refuse an edit of one denoising step where `what` reads likelihoods, which have no steps (it
+    would read the model unedited: `OutsideTrajectory` mid-forward otherwise)."""
+    k = one_step(edit)
+    if k is not None:
+        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} reads likelihoods (one forward "
+                            "per Monte-Carlo mask, no denoising steps), which it never meets: read it in "
+                            "generations (metrics.editing.edit_scores) or along the trajectory "
+                            "(evaluation.trajectory_logprobs), or build it for every step")
+
+
+def check_reached(edit, steps: int | None, what: str) -> None:
+    """Refuse an edit of one denoising step that `what`, taking `steps` steps (None: unknown ahead,
+    e.g. a confidence threshold), never reaches."""
+    k = one_step(edit)
+    if k is not None and steps is not None and k >= steps:
+        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} take {steps} steps (0..{steps - 1}): "
+                            f"it never acts there; give them {k + 1} steps or more (gen_length, --gen-length: one "
+                            "step per token)")
+
+
 class StopForward(Exception):
     """Raised by a `stop=True` hook once every kept site has been seen; `Hooks` swallows it."""
 
@@ -126,7 +149,6 @@ class Hooks(dict):
         self.backbone = backbone
         self.edits = dict(edit or {})
         self.state = state if state is not None else TraceState()
-        self._published = None  # the step the sampler last published into the state (_held)
         self.inputs, self.stop, self.positions = inputs, stop, positions
         self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
@@ -155,12 +177,15 @@ class Hooks(dict):
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        _open_hooks(self.backbone).append(self)  # a trajectory sets their state's step (`denoising_steps`)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        live = _open_hooks(self.backbone)
+        live[:] = [h for h in live if h is not self]  # by identity: a Hooks is a dict, equal to any alike
         return exc_type is not None and issubclass(exc_type, StopForward)
 
     # ------------------------------------------------------------------ the hook functions
@@ -169,15 +194,6 @@ class Hooks(dict):
         """Absolute positions of the forward in flight (None: all), copied into the state."""
         self.state.positions = getattr(self.backbone, "held_positions", None)
         self.state.answer_starts = getattr(self.backbone, "answer_starts", None)
-        # the sampler's step; once its trajectory is over, the step it left is taken back (a tracer that
-        # drives the state itself publishes none, and its steps are left alone)
-        k = getattr(self.backbone, "denoising_step", None)
-        if k is not None:
-            self.state.step = self._published = k
-        elif self._published is not None:
-            if self.state.step == self._published:
-                self.state.step = None
-            self._published = None
         return self.state.positions
 
     def _editor(self, site, fn):
@@ -255,25 +271,33 @@ def answer_region(backbone, starts):
         backbone.answer_starts = before
 
 
+def _open_hooks(backbone) -> list:
+    """The `Hooks` blocks open on backbone, oldest first."""
+    live = getattr(backbone, "open_hooks", None)
+    if live is None:
+        live = backbone.open_hooks = []
+    return live
+
+
 @contextmanager
 def denoising_steps(backbone, state=None):
     """A denoising trajectory on `backbone`: yields at(k), which marks the forwards that follow as
-    step k's, for every hook on the backbone (`backbone.denoising_step`, which each hook copies into
-    its state) and for `state` when given. On leaving, both are as they were: a forward outside any
-    trajectory has step None."""
-    before, state_before = getattr(backbone, "denoising_step", None), getattr(state, "step", None)
+    step k's, in `state` when given and in the state of every `Hooks` block open on the backbone (so
+    an edit of one step meets it without its state being handed over). On leaving, each state it set
+    has the step it had before: outside any trajectory the step is None."""
+    before: dict[int, tuple] = {}  # id(state) -> (state, its step before the trajectory)
 
     def at(k: int) -> None:
-        backbone.denoising_step = k
-        if state is not None:
-            state.step = k
+        for s in [h.state for h in _open_hooks(backbone)] + ([state] if state is not None else []):
+            if id(s) not in before:
+                before[id(s)] = (s, s.step)
+            s.step = k
 
     try:
         yield at
     finally:
-        backbone.denoising_step = before
-        if state is not None:
-            state.step = state_before
+        for s, step in before.values():
+            s.step = step
 
 
 # ------------------------------------------------------------------------------ common uses

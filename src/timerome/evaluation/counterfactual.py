@@ -21,7 +21,6 @@ completions). The two agree when the answer is exactly the target; unifying them
 
 from __future__ import annotations
 
-
 import torch
 
 from timerome.engine.encoding import answer_ids

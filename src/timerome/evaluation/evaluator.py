@@ -23,7 +23,6 @@ on the sampler's fast options (sampler.py); the default is the exact reference s
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
@@ -35,7 +34,7 @@ from timerome.common.progress import progress_bar
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
-from timerome.engine.hooks import TraceState, edit_active, one_step
+from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.sampler import generate
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import TimeromeError
@@ -202,11 +201,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if not rows:
         raise TimeromeError("nothing to evaluate: rows has no splits")
     check_evaluation(rows, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio)
-    if one_step(edit) is not None:  # every split's likelihoods would read the model unedited
-        raise TimeromeError(f"the edit acts at denoising step {one_step(edit)} only, and the metrics read "
-                            "likelihoods (one forward per Monte-Carlo mask, no denoising steps), which it never "
-                            "meets: read it along the trajectory (trajectory_logprobs) or in generations "
-                            "(metrics.editing.edit_scores), or build it for every step")
+    check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
     items = {}
     ctx = edit_active(edit, backbone)
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
@@ -272,6 +267,7 @@ def _nan_scores(items: dict) -> str:
 
 def lp_only(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, edit=None) -> dict[str, list[float]]:
     """Just log p(answer | question) per item and split (the cheap path of the sweeps)."""
+    check_stepless(edit, "lp_only")
     ctx = edit_active(edit, backbone)
     with ctx:
         return {s: M.answer_logprobs(backbone, [r["question"] for r in rs], [r["answer"] for r in rs],

@@ -35,7 +35,7 @@ def _sequential(cell, ctx, rows, task) -> dict:
     prepare(bb, task, conf)
     coordinate, info = locate(bb, task, conf)
     memory = build_memory(bb, task, conf, coordinate, facts=[])  # empty; lambda scaled on all the facts
-    edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb))
+    edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb), memory=memory)
     order = np.random.default_rng(cell.seed).permutation(len(task.facts)).tolist()
     n_mc, every = cell.options.get("n_mc", LIKELIHOOD.n_mc), cell.options.get("every", 1)
 

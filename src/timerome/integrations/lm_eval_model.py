@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
 
 import torch
 
@@ -45,7 +44,7 @@ from timerome.common.checks import integer, number
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.task import forget_task
-from timerome.engine.hooks import TraceState
+from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.likelihood import log_likelihood_batch
 from timerome.engine.sampler import check_fast_options, generate
 from timerome.engine.settings import LIKELIHOOD, SAMPLER
@@ -147,7 +146,7 @@ class TimeromeLM(LM):
 
     def active(self):
         """The edit's hooks for a `with` block (nothing without an edit)."""
-        return self.edit.active() if self.edit is not None else nullcontext()
+        return edit_active(self.edit, self.backbone)
 
     def get_model_info(self) -> dict:
         return {"timerome_model": self.backbone.name, "fingerprint": self.backbone.fingerprint(),
@@ -164,6 +163,7 @@ class TimeromeLM(LM):
 
     def _score(self, args, disable_tqdm=False, greedy: bool | None = None) -> list[tuple[float, bool]]:
         greedy = self.check_greedy if greedy is None else greedy
+        check_stepless(self.edit, "lm-eval's loglikelihood")
         done: dict = {}
         with self.active() as st, progress_bar("lm-eval loglikelihood", len(set(args)),
                                                enabled=not disable_tqdm) as bar:
@@ -203,6 +203,7 @@ class TimeromeLM(LM):
             if windows and prefix is None:  # no BOS / EOS: the first window conditions on nothing
                 windows[0] = ([], windows[0][1])
             total = 0.0
+            check_stepless(self.edit, "lm-eval's loglikelihood_rolling")
             with self.active():
                 for c, t in windows:
                     g = torch.Generator().manual_seed(pair_seed(self.seed, json.dumps(c), json.dumps(t)))

@@ -83,7 +83,8 @@ class Memory:
     def applied(self, backbone, state: TraceState | None = None):
         """Install the edit on `backbone` for the `with` block; always removed after it (the undo).
 
-        Yields the TraceState; with a coordinate's step k* pass it to `generate(..., state=state)`.
+        Yields the TraceState (a coordinate's step k* is set in it by every trajectory: `generate`,
+        `tie.run_trajectory`; `hooks.denoising_steps`).
         """
         self._check_backbone(backbone)
         self._check_ready()

@@ -25,6 +25,7 @@ import inspect
 import torch
 
 from timerome.common.checks import integer, number, shown
+from timerome.data.facts import asked
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.engine.settings import EDIT
@@ -191,14 +192,16 @@ class EditMemory(Memory):
         return self
 
     def _held_conflicts(self, new) -> list:
-        """The held facts that `new` can collide with (the same content or the same id): all that
-        check_new_facts / sort_new_facts look at (facts of one content in memory order), found through
-        an index of the held facts kept up to date by add and remove, so an insert costs O(k), not O(F)."""
+        """The held facts that `new` can collide with (the same content, the same id, or the same
+        question of the same subject: `target_conflict`): all that check_new_facts / sort_new_facts
+        look at (facts of one content in memory order), found through an index of the held facts kept
+        up to date by add and remove, so an insert costs O(k), not O(F)."""
         held = self._held_index()
         hit = {}
         for f in new:
-            content = fact_content(f, self.target)
-            for g in (held["content"].get(content, []) if content is not None else []) + held["id"].get(fact_id(f), []):
+            content, question = fact_content(f, self.target), asked(f)
+            for g in ((held["content"].get(content, []) if content is not None else []) + held["id"].get(fact_id(f), [])
+                      + (held["asked"].get(question, []) if question is not None else [])):
                 hit[id(g)] = g
         return list(hit.values())
 
@@ -207,7 +210,7 @@ class EditMemory(Memory):
         changed behind its back."""
         held = self._held
         if held is None or held["target"] != self.target or held["n"] != len(self._facts):
-            held = self._held = {"target": self.target, "content": {}, "id": {}, "n": 0}
+            held = self._held = {"target": self.target, "content": {}, "id": {}, "asked": {}, "n": 0}
             self._index_facts(self._facts, +1)
         return held
 
@@ -216,7 +219,8 @@ class EditMemory(Memory):
         if held is None:
             return
         for f in facts:
-            for table, key in ((held["content"], fact_content(f, held["target"])), (held["id"], fact_id(f))):
+            for table, key in ((held["content"], fact_content(f, held["target"])), (held["id"], fact_id(f)),
+                               (held["asked"], asked(f))):
                 if sign > 0:
                     table.setdefault(key, []).append(f)
                 else:

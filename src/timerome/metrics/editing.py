@@ -49,7 +49,7 @@ from collections import Counter
 import numpy as np
 
 from timerome.engine.encoding import answer_ids
-from timerome.engine.hooks import edit_active, one_step
+from timerome.engine.hooks import check_reached, edit_active, one_step
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -268,6 +268,9 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
                             "(load_requests(..., target=...), CLI --target)")
     sets = probe_sets(requests, locality)
     G = gen_length or default_gen_length(backbone, requests, locality)
+    opts = dict(sampler or {})
+    check_reached(edit, None if opts.get("threshold") is not None else opts.get("steps") or G,
+                  f"these answers (gen_length {G})")
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
     key = {"prompts": prompts, "gen_length": G, "seed": seed, "sampler": dict(sampler or {})}
@@ -301,7 +304,6 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
     return {"metrics": metrics, "items": items, "gen_length": G, "notes": notes,
             "baseline": {"key": key, "answers": plain}}
-
 
 
 def _likelihoods(backbone, requests, sets, n_mc, seed) -> dict:

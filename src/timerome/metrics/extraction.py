@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from timerome.engine.hooks import edit_active
+from timerome.engine.hooks import check_stepless, edit_active
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
@@ -108,6 +108,8 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
     """{attack: {"Extraction", "Refusal", "ForgetLP" (n_mc > 0), "n"}} of `edit` under every prompt
     attack that applies to the requests (metrics/attacks.py), greedy answers."""
     requests = list(requests)
+    if n_mc:
+        check_stepless(edit, "under_attacks with n_mc")
     built = attack_prompts(requests, known=known)
     names = [a for a in check_names(attacks or ATTACKS, ATTACKS, "prompt attacks") if built.get(a)]
     flat = [(a, i, p) for a in names for i, p in built[a]]

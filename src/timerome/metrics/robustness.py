@@ -22,10 +22,9 @@ Monte-Carlo masks from the same seed, so two models measured with one seed are p
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from timerome.engine.hooks import edit_active
+from timerome.engine.hooks import check_stepless, edit_active
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
@@ -59,6 +58,7 @@ def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
 def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                        relearn: str = RELEARN) -> dict:
     """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
+    check_stepless(edit, "condition_logprobs")
     out = {}
     with edit_active(edit, backbone):
         for c, p in probes(rows, relearn).items():

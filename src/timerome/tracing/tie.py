@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from timerome.engine.hooks import Hooks, TraceState, capture, patch
+from timerome.engine.hooks import Hooks, TraceState, capture, denoising_steps, patch
 from timerome.engine.sampler import denoise_step, transfer_schedule
 
 REMASKING = "low_confidence"
@@ -124,7 +124,8 @@ def forwards_read(n_object: int, steps: int, readout: str = "decided") -> int:
 def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
                    rows: int = 1, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
-    the caller installed (sharing `state`, whose step is set before every forward).
+    the caller installed (`state`'s step, and that of every open `Hooks`, is set before every
+    forward: `hooks.denoising_steps`).
 
     Returns (logp [rows, K + 1], xs [K + 1, rows, P + G]): log p(o | x_k) and the input x_k of forward k.
     """
@@ -136,16 +137,16 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
     budget = reveal_schedule(G, steps)
     decided = torch.zeros(rows, G, device=backbone.device)
     logps, xs = [], []
-    for k in range(steps + 1):
-        if state is not None:
-            state.step = k
-        xs.append(x.clone())
-        gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
-        masked = x[:, P:] == backbone.mask_id
-        score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout)
-        logps.append(score)
-        if k < steps:
-            x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
+    with denoising_steps(backbone, state) as at_step:
+        for k in range(steps + 1):
+            at_step(k)
+            xs.append(x.clone())
+            gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
+            masked = x[:, P:] == backbone.mask_id
+            score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout)
+            logps.append(score)
+            if k < steps:
+                x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
     return torch.stack(logps, 1).cpu(), torch.stack(xs).cpu()
 
 

@@ -92,7 +92,8 @@ import numpy as np
 import torch
 from torch.nn.modules import module as torch_module
 
-from timerome.engine.hooks import Hooks, TraceState, hidden_states, row_tiles, tile_sizes, with_hidden_states
+from timerome.engine.hooks import (Hooks, TraceState, denoising_steps, hidden_states, row_tiles, tile_sizes,
+                                  with_hidden_states)
 from timerome.engine.likelihood import logits_at
 from timerome.engine.sampler import HeadRead, reveal_masked
 from timerome.tracing.tie import REMASKING, read_out, reveal_schedule
@@ -298,13 +299,22 @@ def checked(backbone, name: str, check) -> bool:
     asks again. The last 8 answers are kept."""
     memo = getattr(backbone, "engine_checks", None)
     if memo is None:  # not a timerome Backbone: ask every time
-        return check()
+        return _one_step_of_its_own(backbone, check)
     key = (name, _forward_state(backbone))
     if key not in memo:
-        memo[key] = check()
+        memo[key] = _one_step_of_its_own(backbone, check)
         while len(memo) > 8:
             memo.pop(next(iter(memo)))
     return memo[key]
+
+
+def _one_step_of_its_own(backbone, check) -> bool:
+    """check() as one denoising step (step 0) of its own: its forwards run under the hooks the trace
+    will run under, and an edit of one step there must see a step, whichever (it compares forwards
+    made under the same one)."""
+    with denoising_steps(backbone) as at_step:
+        at_step(0)
+        return check()
 
 
 def _forward_state(backbone) -> tuple:
@@ -529,14 +539,15 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     with Hooks(backbone, edit=joiners(blocks if reuse_layers else [], rows), raw=True), \
             Hooks(backbone, edit=_hook_fns(sites, rows, n_layers, bool((packed_site | assembled_site).any())),
                   state=state), \
-            (row_tiles(blocks, tile, state) if tile is not None else nullcontext()):
+            (row_tiles(blocks, tile, state) if tile is not None else nullcontext()), \
+            denoising_steps(backbone, state) as at_step:
         for j in range(K + 1):
             if j < K:  # patch runs of step j start from the corrupted x_j: the prefix is shared
                 x, decided = torch.cat([x, x[new_t]]), torch.cat([decided, decided[new_t]])
                 fact, sample = np.concatenate([fact, fact[new]]), np.concatenate([sample, sample[new]])
                 site = np.concatenate([site, new_site])
                 at = np.concatenate([at, np.full(F * C * N, j)])
-            state.step = j
+            at_step(j)
             # a fact whose answer is all committed reads nothing more ("decided": every row of a fact
             # reveals the same number of tokens per step, so its rows finish together)
             masked_clean = x_clean == mask_id
