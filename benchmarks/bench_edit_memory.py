@@ -197,6 +197,14 @@ def _time_forwards(bb, mem, x, rounds=12, per_round=4) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(edited)
 
 
+def _index_of(mem, bb):
+    """The memory's topq.TopQIndex when its hook screened with one (also one that then went dense, after
+    which the hook scores every fact without it), else None."""
+    if mem._plan(bb.device) == "index" or mem._index_went_dense():
+        return mem._matrices(bb.device, torch.float32, "index")[0]
+    return None
+
+
 def _time_hook(mem, h, n=50) -> float:
     """Median time of the hook's work (h + update) on h [B, L, H]."""
     return _time_call(lambda: mem.update(h), n, h.device)
@@ -284,7 +292,7 @@ def bench_scale(args):
             hook = _time_hook(mem, hx)
             dense, cand, near, product = float("nan"), "", "", ""
             if mem.q:
-                ix = mem._matrices(bb.device, torch.float32, "index")[0] if mem._plan(bb.device) == "index" else None
+                ix = _index_of(mem, bb)
                 if ix is not None:
                     cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else
                                                                      f" ({ix.union_chunks}/{ix.chunks} union)")
@@ -353,10 +361,9 @@ def bench_scale8b(args):
         mem = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(F)])
         install = CLOCK() - t
         hook = _time_hook(mem, hx, 10)
-        cand = ""
-        if mem._plan(bb.device) == "index":
-            ix = mem._matrices(bb.device, torch.float32, "index")[0]
-            cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense)" if ix.dense else "")
+        ix, cand = _index_of(mem, bb), ""
+        if ix is not None:
+            cand = f"{ix.candidates / hx.shape[1]:.1f}" + (" (dense: the scores follow, no index)" if ix.dense else "")
         mem.index_min_facts = 1 << 62  # every fact scored
         dense = _time_hook(mem, hx, 10)
         print(f"{label:<16}{install:>10.2f}{mem.ridge.form:>8}{hook * 1e3:>10.1f}{1 + hook / forward:>9.4f}"

@@ -14,8 +14,10 @@ runner = CliRunner()
 
 
 def run(*args):
+    """(exit code, output); with --json and success, standard output alone: what a script parses (progress
+    lines, which work that lasts writes, go to standard error)."""
     res = runner.invoke(app, [str(a) for a in args])
-    return res.exit_code, res.output
+    return res.exit_code, (res.stdout if "--json" in args and res.exit_code == 0 else res.output)
 
 
 def counterfact_file(path, n: int):

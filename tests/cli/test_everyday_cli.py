@@ -379,7 +379,10 @@ def test_memory_add_knows_a_fact_by_its_content_not_its_row_number(tmp_path):
     facts = memory.facts
     with pytest.raises(TimeromeError, match="already in the memory"):
         memory.add([facts[0]])
-    clash = dataclasses.replace(facts[1], fact_id=facts[0].fact_id, target="Something else .")
+    clash = dataclasses.replace(facts[1], fact_id=facts[0].fact_id, object="Something else .")
     with pytest.raises(TimeromeError, match="taken by another fact"):
         memory.add([clash])
+    retarget = dataclasses.replace(facts[1], fact_id="new", target="Something else .")  # its question, another target
+    with pytest.raises(TimeromeError, match="remove that fact first"):
+        memory.add([retarget])
     assert len(memory) == 40  # nothing changed

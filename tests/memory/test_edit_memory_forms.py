@@ -75,7 +75,7 @@ def test_index_hook_equals_scoring_every_fact(bb, metric):
         m.index_min_facts = 1
         for q in (1, 3):
             m.q = q
-            assert m._plan("cpu") == "index"
+            assert m._plan("cpu") == ("scores" if m._index_went_dense() else "index")  # a dense index hands over
             torch.testing.assert_close(m.delta(h), top_q_combine(c, q, m.ridge.D), atol=1e-9, rtol=1e-9)
             with torch.no_grad(), m.applied(bb):          # float32 through the model
                 edited = bb.logits(torch.tensor([[3, 5, 7, 9, 11, 4]]))
@@ -100,6 +100,16 @@ def test_plan(bb):
     m.g_max, m.q = None, 0
     small = memory(bb, *synthetic(H // 4, H, seed=6), "paper")
     assert small._plan("cpu") == "scores"                # 2 F < H: c D is cheaper than the [H, H] map
+    # an index that found screening dearer than scoring every fact: the scores follow, without its transform
+    m.q = 2
+    h = torch.randn(40, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    before = m.delta(h)
+    index = m._matrices(torch.device("cpu"), torch.float64, "index")[0]
+    index.dense = True
+    assert m._plan("cpu") == "scores"
+    torch.testing.assert_close(m.delta(h), before, atol=1e-9, rtol=1e-9)
+    m.remove(["f0"])                                      # a new version of the memory: a fresh index
+    assert m._plan("cpu") == "index"
 
 
 @pytest.mark.parametrize("metric", ["paper", "whitened"])

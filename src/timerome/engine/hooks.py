@@ -28,8 +28,8 @@ the state of every `Hooks` open on the backbone too, and gives each back as it w
 trajectory ends: an edit installed without handing its state to `generate` meets its step all the
 same. Outside a trajectory the step is None: a forward of no denoising step (a likelihood's, one
 per Monte-Carlo mask) under an edit of one step is refused (`OutsideTrajectory`), never silently
-left unedited. `state.positions` says
-which absolute token positions the current forward holds (None: all of them, 0..L-1), and
+left unedited. `state.positions` says which absolute token positions the current forward holds
+(None: all of them, 0..L-1), and
 `state.answer_starts` where each row's answer begins when the caller published it
 (`answer_region`: the sampler and the likelihood do). A cached
 sampler's partial forward recomputes only a window (`Backbone.window_logits`, which publishes

@@ -120,7 +120,7 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     n_blocks = gen_length // block_length
     steps_per_block = steps // n_blocks
     forward = _Forward(backbone, prompt_index, real, attention_mask, cfg_scale, kv)
-    # the answer region of every row starts after the (left-padded) prompt; each forward's step is published
+    # the answer region of every row starts after the (left-padded) prompt; each step is set in every open Hooks
     with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
         _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_length, temperature, remasking,
                  generator, at_step, on_step, kv, cache, threshold, refresh_every)

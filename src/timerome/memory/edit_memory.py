@@ -303,9 +303,16 @@ class EditMemory(Memory):
         if self.q == 0 and self.g_max is None and 2 * len(self) >= self.hidden_size:
             return "map"
         if (self.q and self.g_max is None and len(self) >= self.index_min_facts and torch.device(device).type == "cpu"
-                and self.hidden_size <= TOPQ_INDEX_MAX_HIDDEN):
+                and self.hidden_size <= TOPQ_INDEX_MAX_HIDDEN and not self._index_went_dense()):
             return "index"
         return "scores"
+
+    def _index_went_dense(self) -> bool:
+        """Whether this memory's index (as it stands) found screening dearer than scoring every fact:
+        then the scores skip its H x H transform into the screen's coordinates (LLaDA-8B's shapes:
+        297.6 ms against 180.8 ms for 10^4 facts, bench_edit_memory.py --parts scale8b)."""
+        return any(v[0] == self.ridge.version and getattr(v[1].get("index"), "dense", False)
+                   for v in self._cache.values())
 
     def _prepare(self, backbone) -> None:
         need = {"map": ("W", "mu"), "index": ("index", "T", "muT", "D"), "scores": ("A", "Amu", "D")}
