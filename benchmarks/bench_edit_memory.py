@@ -368,7 +368,8 @@ def bench_scale8b(args):
         dense = _time_hook(mem, hx, 10)
         print(f"{label:<16}{install:>10.2f}{mem.ridge.form:>8}{hook * 1e3:>10.1f}{1 + hook / forward:>9.4f}"
               f"{dense * 1e3:>10.1f}{1 + dense / forward:>12.4f}  {cand}")
-    print(f"(the goal: <= 1.03 per forward; the scoring's share F / (12 H L) = {F / (12 * spec['hidden'] * spec['layers']):.4f} "
+    share = F / (12 * spec["hidden"] * spec["layers"])
+    print(f"(the goal: <= 1.03 per forward; the scoring's share F / (12 H L) = {share:.4f} "
           "of the blocks' multiply-adds)")
 
 

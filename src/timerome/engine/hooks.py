@@ -117,9 +117,9 @@ def check_reached(edit, steps: int | None, what: str) -> None:
     e.g. a confidence threshold), never reaches."""
     k = one_step(edit)
     if k is not None and steps is not None and k >= steps:
-        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} take {steps} steps (0..{steps - 1}): "
-                            f"it never acts there; give them {k + 1} steps or more (gen_length, --gen-length: one "
-                            "step per token)")
+        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} take {steps} steps "
+                            f"(0..{steps - 1}): it never acts there; give them {k + 1} steps or more (gen_length, "
+                            "--gen-length: one step per token)")
 
 
 class StopForward(Exception):

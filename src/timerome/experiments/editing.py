@@ -74,7 +74,8 @@ def measure_editing(cell, ctx, rows, task) -> dict:
         t0 = time.perf_counter()
         res = edit_scores(ctx.backbone, rows["requests"], edit, baseline=rows[key], **opts)
         res["metrics"]["Unchanged"] = float(changed_nothing(res))
-        return {"metrics": res["metrics"], "items": res["items"], "gen_length": res["gen_length"], "notes": res["notes"],
+        return {"metrics": res["metrics"], "items": res["items"], "gen_length": res["gen_length"],
+                "notes": res["notes"],
                 "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
 
     return with_edit(cell, ctx, task, measure)

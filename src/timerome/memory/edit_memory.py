@@ -415,7 +415,7 @@ class EditMemory(Memory):
 
     def _check_hyper(self):
         number(self.alpha, "alpha")
-        integer(self.q, "q (0 = dense)", lo=0)
+        integer(self.q, "q (--q: 0 = dense)", lo=0)
         number(self.g_max, "g_max", lo=0, lo_open=True, none=True)
         integer(self.batch_size, "batch_size", lo=1)
         if not isinstance(self.target, str) or not self.target.strip():

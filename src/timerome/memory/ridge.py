@@ -65,8 +65,8 @@ def check_lambda(lam, lam_absolute) -> None:
         if v is None and name == "lam_absolute":
             continue
         if isinstance(v, bool) or not (isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0):
-            raise TimeromeError(f"{name} (the ridge lambda{', relative' if name == 'lam' else ''}) must be a "
-                                f"finite number >= 0, got {v!r}")
+            what = "the ridge lambda" + (", relative" if name == "lam" else "")
+            raise TimeromeError(f"{name} (--{name.replace('_', '-')}: {what}) must be a finite number >= 0, got {v!r}")
 
 
 class RidgeMemory:
