@@ -273,7 +273,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
                   f"these answers (gen_length {G})")
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
-    key = {"prompts": prompts, "gen_length": G, "seed": seed, "sampler": dict(sampler or {})}
+    key = {"prompts": prompts, "gen_length": G, "seed": seed, "sampler": opts}
     computed = None
     if baseline is not None:
         if baseline.get("key") != key:
