@@ -229,6 +229,16 @@ def _time_call(fn, n=50, device="cpu") -> float:
     return statistics.median(times)
 
 
+def _digest(bb) -> float:
+    """Seconds of the model's weights digest, taken before any install is timed. Every memory binds to
+    it (Backbone.fingerprint: SHA-256 of every byte, computed once per weights and cached; load_backbone
+    reads it from its cache), so otherwise the first install timed on a model pays it: on an H200 this
+    made the first of two installs read 60.2 s against 1.9 s (32 GB of float32 weights hashed)."""
+    t = CLOCK()
+    bb.fingerprint()
+    return CLOCK() - t
+
+
 def _time_generations(bb, mems, prompt, G, repeats):
     """Fastest wall time of the plain generation and of each edited one; rounds interleaved so
     drifts in machine speed hit every configuration alike."""
@@ -274,6 +284,7 @@ def bench_scale(args):
           f"{'hook ms':>9}{'dense hook ms':>15}  {'cand/token':<20}{'near/token':>10}{'int8 product':>14}")
     for name in args.overhead_models.split(","):
         bb = random_backbone(args.device) if name.strip() == "random" else embedded(args.device)
+        print(f"({bb.name}: weights digest {_digest(bb):.2f} s, once per model, not in install s)")
         coord = default_coordinate(bb)
         g = torch.Generator().manual_seed(0)
         n_seq = -(-2 * F // 64)
@@ -352,7 +363,8 @@ def bench_scale8b(args):
     stats = residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
     prompt = torch.randint(0, bb.vocab_size - 1, (1, 32), generator=g).to(bb.device)
     x = _full_ids(bb, prompt, G)
-    print(f"model built, keys read: {CLOCK() - t:.1f} s")
+    print(f"model built, keys read: {CLOCK() - t:.1f} s; weights digest {_digest(bb):.2f} s (once per model, "
+          "not in install s)")
     embed_block = _time_call(lambda: run_to(bb, coord.site, x), 3, bb.device)
     whole = _time_call(lambda: bb.logits(x), 3, bb.device)
     forward = (spec["layers"] - 1) * embed_block + whole
@@ -415,6 +427,7 @@ def _scale8b_whole(args, bb, spec, F, G, t0):
             hx = run_to(bb, coord.site, x)
         D = torch.randn(F, bb.hidden_size, generator=g, dtype=torch.float64) * U.norm(dim=1, keepdim=True).mean() / 10
         stats = residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
+        print(f"({str(dtype).split('.')[-1]}: weights digest {_digest(bb):.2f} s, once per model, not in install s)")
         for label, kw in (("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
                           ("paper q=4", dict(key_metric="paper", q=4))):
             t = CLOCK()
