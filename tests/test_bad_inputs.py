@@ -291,6 +291,11 @@ def catalogue(f, tmp):
          ["eval", "--requests", "embedded:forget01", "--edit", f["mem_step"], "--gen-length", "2"], "never acts"),
         ("edit --seed -1 (went through; every --seed is checked as one)", ["edit", "--seed", "-1", "-o", out],
          "--seed must be"),
+        # stop 46: a method's step option in an experiment whose measurement reads likelihoods (it failed at the
+        # first forward of that cell, after the cells before it had run)
+        ("a one-step method in a likelihood experiment", ["experiment", "canonical", "-c", '{"methods": [{"method": '
+                                                          '"timerome", "config": {"step": 1}}]}', "-o", tmp / "e"],
+         "denoising step 1 only"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
         ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
          "--insist"),

@@ -106,6 +106,18 @@ def test_editing_experiment_tabulates_every_metric(tmp_path):
     assert "Efficacy" in md and "LocalitySameSubject" in md and (tmp_path / "editing.png").stat().st_size > 1000
 
 
+def test_editing_experiment_prints_what_it_did_not_compute_under_its_table(tmp_path):
+    """A one-step edit's likelihood columns are left out with a note (edit_scores); the markdown says so."""
+    config = json.dumps({"methods": ["no_edit", {"method": "timerome", "config": {"step": 0}}],
+                         "sets": {"cf": "counterfactual:forget01"}, "n_mc": 2, "n_retain": 4})
+    code, out = run("experiment", "editing", "--out", tmp_path, "--seeds", "0", "-c", config)
+    assert code == 0, out
+    md = (tmp_path / "editing.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- timerome (step=0), EfficacyLP, GeneralisationLP: "))
+    assert "not computed: the edit acts at denoising step 0 only" in line
+    assert md.count("\n- ") == 1  # no_edit computed everything: nothing said of it
+
+
 def test_bad_editing_input_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"prompt": "x"}]))

@@ -37,3 +37,43 @@ def test_the_cli_lists_the_experiments_the_registry_runs():
     from timerome.cli.run import experiment_names
 
     assert experiment_names() == list(EXPERIMENTS)  # read from the files: the help costs no import
+
+
+def test_a_one_step_edit_is_refused_before_any_cell_where_its_measurement_reads_likelihoods():
+    """A method's `step` option makes an edit of that denoising step only: likelihood measurements (lp,
+    robustness, the benchmarks' ...) never meet it, so check_cells refuses them before the first cell
+    (the forward would raise OutsideTrajectory mid-run); the trajectory and editing measurements read
+    steps, and pass."""
+    assert {n for n, m in MEASURES.items() if m.reads_steps} == {"traj", "editing", "lm_eval"}
+    ctx = Context(backbone=load_backbone())
+    for measure in ("lp", "full", "robustness"):
+        with pytest.raises(TimeromeError, match=rf"one-step row: the edit acts at denoising step 2 only, and the "
+                                                rf"'{measure}' measurement reads likelihoods.*leave step out .*the editing experiment"):
+            check_cells([Cell("lp", "no_edit"), Cell(measure, "timerome", {"step": 2}, row="one-step row")], ctx)
+    check_cells([Cell("traj", "timerome", {"step": 2}), Cell("lp", "timerome", {"step": None})], ctx)
+
+
+def test_the_experiment_cli_refuses_a_one_step_method_in_a_likelihood_experiment(tmp_path):
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    cfg = '{"methods": [{"method": "timerome", "config": {"step": 1}}], "extraction": false}'
+    res = CliRunner().invoke(app, ["experiment", "robustness", "-c", cfg, "--out", str(tmp_path / "exp")])
+    assert res.exit_code != 0
+    assert res.output.startswith("error: timerome (step=1): the edit acts at denoising step 1 only, and the "
+                                 "'robustness' measurement reads likelihoods"), res.output
+    assert len(res.output.strip().splitlines()) == 1
+    cells = tmp_path / "exp" / "cells"
+    assert not cells.exists() or not any(cells.iterdir())  # refused before the first cell
+
+
+def test_the_robustness_experiment_takes_extraction_false_as_its_docs_say():
+    from timerome.experiments.robustness import CONFIG
+    from timerome.experiments.settings import check_settings
+
+    check_settings("robustness", {"extraction": False}, CONFIG)
+    check_settings("robustness", {"extraction": {"settings": ["greedy"], "n_retain": 5}}, CONFIG)
+    for bad in (True, "no", {"setings": []}):
+        with pytest.raises(TimeromeError, match="setting extraction must be false .no extraction cells. or an object"):
+            check_settings("robustness", {"extraction": bad}, CONFIG)

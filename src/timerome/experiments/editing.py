@@ -62,7 +62,7 @@ def requests_data(spec: dict, ctx):
     return rows, requests_task(reqs, retain_rows=spare, known_rows=known)
 
 
-@measurement("editing")
+@measurement("editing", reads_steps=True)  # edit_scores leaves out the likelihoods of a one-step edit, with a note
 def measure_editing(cell, ctx, rows, task) -> dict:
     opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                 gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])
@@ -121,11 +121,24 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                 "method changed no answer at all.")
         group = [(c, r) for c, r in zip(cells, results) if c.group == name]
         parts.append(markdown(summary, cols, f"Editing: {name}", note, delta="Efficacy",
-                              unchanged=unchanged_rows(*zip(*group))))
+                              unchanged=unchanged_rows(*zip(*group))) + notes_text(group))
     md = "\n".join(parts)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, config=cfg, seeds=list(seeds)), md)
     files["png"] = plot_editing(summaries, out_dir / f"{NAME}.png")
     return dict(summary=summaries, markdown=md, files=files)
+
+
+def notes_text(group) -> str:
+    """What edit_scores said of a row's columns it did not compute (e.g. the likelihood columns of a one-step
+    edit), one line per row and note, under the table; "" when it said nothing."""
+    said: dict = {}
+    for c, r in group:
+        for col, text in (r.get("notes") or {}).items():
+            said.setdefault((c.row, text), set()).add(col)
+    if not said:
+        return ""
+    return "Notes:\n\n" + "".join(f"- {row}, {', '.join(sorted(cols))}: {text}\n"
+                                   for (row, text), cols in said.items()) + "\n"
 
 
 def plot_editing(summaries: dict, path) -> str:

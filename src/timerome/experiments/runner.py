@@ -67,6 +67,8 @@ class Measurement:
     forwards: object
     uses_method: bool = True      # the cell's key holds its method's full config
     uses_reference: bool = False  # the cell reads the reference model (Forget Quality); its key names it
+    reads_steps: bool = False     # it reads the edited model along denoising steps only (no likelihoods), so an
+                                  # edit of one step (a method's `step` option) acts in it; else check_cells refuses one
 
 
 def row_count(rows: dict) -> int:
@@ -187,12 +189,14 @@ def data_kind(name: str):
     return deco
 
 
-def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False):
+def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False,
+                reads_steps: bool = False):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
-    forwards(cell, rows, task) (default: n_mc forwards per row) and what its cells' keys hold."""
+    forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, and whether
+    it reads denoising steps only (Measurement.reads_steps)."""
 
     def deco(fn):
-        MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference)
+        MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps)
         return fn
 
     return deco
@@ -257,7 +261,8 @@ def _lp(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
-@measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * row_count(rows))
+@measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * row_count(rows),
+             reads_steps=True)
 def _traj(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -302,7 +307,13 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
             if ok is not None and not ok(value):
                 raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
         check_seed(c.seed, f"{c.row or c.method}: seed")
-        c.key(ctx)  # method_config: an unknown method or option, a bad value
+        step = c.key(ctx)["config"].get("step")  # method_config: an unknown method or option, a bad value
+        if step is not None and not m.reads_steps:
+            raise TimeromeError(f"{c.row or c.method}: the edit acts at denoising step {step} only, and the "
+                                f"{c.measure!r} measurement reads likelihoods (one forward per Monte-Carlo mask, no "
+                                "denoising steps), which it never meets: leave step out (every step), or measure "
+                                "it where answers or trajectories are read (the editing experiment, the ablations' "
+                                "Traj columns, lm-eval's generative tasks)")
         rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
         if m.uses_reference and ctx.auto_reference() is None:
             raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
