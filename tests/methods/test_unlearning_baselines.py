@@ -226,3 +226,27 @@ def test_loss_formulas_match_their_papers():
     h = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])             # [B=1, L=2, H=2]
     keep = torch.tensor([[True, False]])
     assert torch.allclose(U.activation_mse(h, torch.zeros(2), keep), torch.tensor(2.5))   # (1 + 4) / 2
+
+
+def test_undo_hands_back_the_fingerprint_of_the_weights_it_restores(bb, task, monkeypatch):
+    """A weight method's undo restores every weight bit for bit into the same tensors, so it hands the
+    fingerprint known before back with them: the next memory bound to the model does not hash every
+    weight again. Where a tensor was replaced meanwhile, it does not (the fingerprint is computed again)."""
+    from timerome.backbones import backbone as backbone_module
+
+    fp = bb.fingerprint()
+    real, calls = backbone_module.weights_digest, []
+    monkeypatch.setattr(backbone_module, "weights_digest", lambda *a: calls.append(1) or real(*a))
+    edit = install("ga", bb, task, {"grad_steps": 2, "lr": 1e-2, "safe": False}, seed=0)
+    assert edit.info["weights_changed"] and bb.known_fingerprint() is None  # changed: not known any more
+    edit.undo()
+    assert bb.known_fingerprint() == fp and bb.fingerprint() == fp and calls == []  # handed back, not hashed
+    bb._fingerprint = None  # forgotten: computed again from the restored weights
+    assert bb.fingerprint() == fp and len(calls) == 1  # and right: hashing the restored weights gives it
+
+    edit = install("ga", bb, task, {"grad_steps": 2, "lr": 1e-2, "safe": False}, seed=0)
+    name, p = next(iter(bb.model.named_parameters()))
+    owner, attr = bb.model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]
+    setattr(owner, attr, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))  # a new tensor
+    edit.undo()
+    assert bb.known_fingerprint() is None and bb.fingerprint() == fp and len(calls) == 2  # computed again

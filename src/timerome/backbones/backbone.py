@@ -315,8 +315,14 @@ class Backbone:
         return self._fingerprint[1]
 
     def know_fingerprint(self, fingerprint: str) -> None:
-        """The fingerprint of the parameters as they are now (read from the cache by the loader)."""
+        """The fingerprint of the parameters as they are now (read from the cache by the loader, or
+        restored with them by `WeightEdit.undo`)."""
         self._fingerprint = (self._weights_state(), fingerprint)
+
+    def known_fingerprint(self) -> str | None:
+        """The fingerprint if it is known for the parameters as they are now, else None (never computed here)."""
+        fp = self._fingerprint
+        return fp[1] if fp is not None and fp[0] == self._weights_state() else None
 
     def _weights_state(self) -> tuple:
         return tuple((n, p.data_ptr(), p._version, p.dtype, tuple(p.shape)) for n, p in self.model.named_parameters())
