@@ -63,6 +63,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                                  "the longest expected answer + 4)")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, or
     edit requests with the editing metrics (--requests)."""
+    from timerome.engine.hooks import refuse_one_step
     from timerome.engine.sampler import check_fast_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
@@ -104,12 +105,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     memory_edit = None
     if edit is not None:
         memory = load_memory(edit, bb)
-        if memory.coordinate.step is not None:
-            raise TimeromeError(f"{edit} edits only at denoising step {memory.coordinate.step}, and these metrics "
-                                "read likelihoods (one forward per Monte-Carlo mask, no denoising steps), which it "
-                                "never meets: compare its answers (timerome generate --edit, or eval --requests), "
-                                "read it along the trajectory (the ablations' Traj columns), or build it for every "
-                                "step (edit without --step)")
+        refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
+                        "compare its answers (timerome generate --edit, or eval --requests), read it along the "
+                        "trajectory (the ablations' Traj columns), or build it for every step (edit without --step)")
         check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
     ref_tr = None

@@ -104,12 +104,18 @@ def one_step(edit) -> int | None:
 def check_stepless(edit, what: str) -> None:
     """Refuse an edit of one denoising step where `what` reads likelihoods, which have no steps (it
     would read the model unedited: `OutsideTrajectory` mid-forward otherwise)."""
-    k = one_step(edit)
-    if k is not None:
-        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} reads likelihoods (one forward "
-                            "per Monte-Carlo mask, no denoising steps), which it never meets: read it in "
-                            "generations (metrics.editing.edit_scores) or along the trajectory "
-                            "(evaluation.trajectory_logprobs), or build it for every step")
+    refuse_one_step(one_step(edit), "the edit", f"{what} reads",
+                    "read it in generations (metrics.editing.edit_scores) or along the trajectory "
+                    "(evaluation.trajectory_logprobs), or build it for every step")
+
+
+def refuse_one_step(step: int | None, who: str, reader: str, instead: str) -> None:
+    """The one refusal of an edit of one denoising step (`who`, acting at `step`; None: every step, nothing
+    refused) where `reader` ("evaluate reads", "these metrics read") only likelihoods; `instead`: what to do.
+    check_stepless words it for the API; the eval command and the experiments' check_cells for theirs."""
+    if step is not None:
+        raise TimeromeError(f"{who} acts at denoising step {step} only, and {reader} likelihoods (one forward per "
+                            f"Monte-Carlo mask, no denoising steps), which it never meets: {instead}")
 
 
 def check_reached(edit, steps: int | None, what: str) -> None:

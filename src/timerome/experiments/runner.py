@@ -41,6 +41,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
 from timerome.common.progress import notify, progress_bar
 from timerome.data.task import ForgetTask
+from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import Interrupted, TimeromeError
 from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
@@ -308,12 +309,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
                 raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
         check_seed(c.seed, f"{c.row or c.method}: seed")
         step = c.key(ctx)["config"].get("step")  # method_config: an unknown method or option, a bad value
-        if step is not None and not m.reads_steps:
-            raise TimeromeError(f"{c.row or c.method}: the edit acts at denoising step {step} only, and the "
-                                f"{c.measure!r} measurement reads likelihoods (one forward per Monte-Carlo mask, no "
-                                "denoising steps), which it never meets: leave step out (every step), or measure "
-                                "it where answers or trajectories are read (the editing experiment, the ablations' "
-                                "Traj columns, lm-eval's generative tasks)")
+        if not m.reads_steps:
+            refuse_one_step(step, f"{c.row or c.method}: the edit", f"the {c.measure!r} measurement reads",
+                            "leave step out (every step), or measure it where answers or trajectories are read "
+                            "(the editing experiment, the ablations' Traj columns, lm-eval's generative tasks)")
         rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
         if m.uses_reference and ctx.auto_reference() is None:
             raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
