@@ -209,13 +209,13 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
                           f"{steps / gen_length:.3g}x the forwards)", soft_wrap=True)
     memory = None
     if edit is not None:
+        from timerome.engine.hooks import refuse_unreached
         from timerome.memory.memory_file import load_memory
 
         memory = load_memory(edit, bb)
         k = memory.coordinate.step
-        if k is not None and not 0 <= k < steps:
-            raise TimeromeError(f"{edit} edits only at denoising step {k}, which a {steps}-step run never "
-                                f"reaches: pass --steps {k + 1} or more")
+        if k is not None:
+            refuse_unreached(k, steps, str(edit), "this run (--steps) takes", f"pass --steps {k + 1} or more")
         check_edit_scale(bb, memory, [bb.encode(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
         warn_unknown_words(bb, p, f"prompt {i + 1}")

@@ -122,10 +122,17 @@ def check_reached(edit, steps: int | None, what: str) -> None:
     """Refuse an edit of one denoising step that `what`, taking `steps` steps (None: unknown ahead,
     e.g. a confidence threshold), never reaches."""
     k = one_step(edit)
-    if k is not None and steps is not None and k >= steps:
-        raise TimeromeError(f"the edit acts at denoising step {k} only, and {what} take {steps} steps "
-                            f"(0..{steps - 1}): it never acts there; give them {k + 1} steps or more (gen_length, "
-                            "--gen-length: one step per token)")
+    if k is not None:
+        refuse_unreached(k, steps, "the edit", f"{what} take",
+                         f"give them {k + 1} steps or more (gen_length, --gen-length: one step per token)")
+
+
+def refuse_unreached(step: int | None, steps: int | None, who: str, runs: str, instead: str) -> None:
+    """The one refusal of an edit of denoising step `step` alone (`who`) that a run of `steps` steps
+    (`runs`: "these answers take"; None: unknown ahead) never reaches; `instead`: what to do."""
+    if step is not None and steps is not None and step >= steps:
+        raise TimeromeError(f"{who} acts at denoising step {step} only, and {runs} {steps} steps (0..{steps - 1}): "
+                            f"it never acts there; {instead}")
 
 
 class StopForward(Exception):
