@@ -273,6 +273,22 @@ def test_a_second_load_reads_the_fingerprint_from_the_cache(tmp_path, monkeypatc
     assert load_backbone(ckpt).fingerprint() == first and len(calls) == 3  # a touched file is hashed again
 
 
+def test_the_first_load_hashes_the_weights_before_they_move_to_the_device(tmp_path, monkeypatch):
+    """The digest reads the weights where the loader put them (the CPU), before `model.to(device)`: on a GPU
+    nothing is copied back to hash it (an H200's first digest of 32 GB read 0.5 GB/s with those copies).
+    The meta device, whose tensors have no bytes, shows it: the model loads there with its fingerprint."""
+    import timerome.backbones.backbone as B
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    ckpt = make_tiny_checkpoint("timerome", tmp_path / "m", seed=0)
+    seen, real = [], B.weights_digest
+    monkeypatch.setattr(B, "weights_digest", lambda model, config: seen.append(
+        next(model.parameters()).device.type) or real(model, config))
+    meta = load_backbone(ckpt, device="meta")
+    assert seen == ["cpu"] and meta.device.type == "meta"
+    assert meta.known_fingerprint() == load_backbone(ckpt).fingerprint() and seen == ["cpu"]  # cached: not hashed
+
+
 def test_nan_weights_are_refused_at_load_once_cached_too(tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 

@@ -103,18 +103,22 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
         model = _our_model(ckpt, config, fam, torch_dtype)
     else:
         model = _transformers_model(ckpt, config, fam, torch_dtype)
+    implementation = _implementation(model, fam, remote)
+    # hashed where the loader put the weights, before they move: no copy back from a device, and a
+    # damaged checkpoint is refused before it is sent there
+    fingerprint = verified_weights(model, config, ckpt, implementation=implementation, remote=remote)
     model.to(device)
     name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
     if str(path_or_hub_id).lower().endswith(".gguf"):  # the cached folder's name carries a digest
         name = Path(str(path_or_hub_id)).stem
     info = {"checkpoint": str(ckpt), "evidence": evidence, "tokenizer": tok_info, "config_keys": flags,
-            "implementation": _implementation(model, fam, remote)}
+            "implementation": implementation}
     bb = Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
-    verified_weights(bb, ckpt)
+    bb.know_fingerprint(fingerprint)  # the same bytes wherever they are
     return bb
 
 
-def verified_weights(bb: Backbone, ckpt: Path) -> str:
+def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, remote: bool) -> str:
     """The fingerprint of a freshly loaded model, its weights checked finite (a NaN or inf weight, or
     one a cast to float16 overflowed, is refused by name). Both come from one pass over every byte
     (`weights_digest`), cached in <cache>/fingerprints by the checkpoint's files (path, size,
@@ -123,13 +127,15 @@ def verified_weights(bb: Backbone, ckpt: Path) -> str:
     from timerome.backbones.backbone import FINGERPRINT_VERSION, weights_digest
     from timerome.common.cache import cache_dir, digest, write_json
 
+    dtype = next(model.parameters()).dtype
+
     files = sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".py"))
     stats = []
     for p in files:
         st = p.stat()
         stats.append((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
-    key = dict(kind="weights", v=FINGERPRINT_VERSION, files=stats, dtype=str(bb.dtype),
-               implementation=bb.info.get("implementation"), remote=bb.remote)
+    key = dict(kind="weights", v=FINGERPRINT_VERSION, files=stats, dtype=str(dtype), implementation=implementation,
+               remote=remote)
     entry = cache_dir() / "fingerprints" / f"{digest(key)}.json"
     found = None
     try:
@@ -138,18 +144,17 @@ def verified_weights(bb: Backbone, ckpt: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         found = None
     if found is None:
-        found = weights_digest(bb.model, bb.config)
+        found = weights_digest(model, config)
         try:
-            write_json(entry, dict(fingerprint=found[0], nonfinite=found[1], checkpoint=str(ckpt), dtype=str(bb.dtype)))
+            write_json(entry, dict(fingerprint=found[0], nonfinite=found[1], checkpoint=str(ckpt), dtype=str(dtype)))
         except OSError:
             pass
     fingerprint, nonfinite = found
     if nonfinite:
         raise TimeromeError(f"the weights of {ckpt} hold NaN or infinite values ({len(nonfinite)} of its tensors: "
                             f"{', '.join(nonfinite[:3])}{', ...' if len(nonfinite) > 3 else ''})"
-                            + (f" once cast to {str(bb.dtype).removeprefix('torch.')}" if bb.dtype != torch.float32
+                            + (f" once cast to {str(dtype).removeprefix('torch.')}" if dtype != torch.float32
                                else "") + ": every output would be NaN; use an undamaged checkpoint")
-    bb.know_fingerprint(fingerprint)
     return fingerprint
 
 
