@@ -356,11 +356,7 @@ def bench_scale8b(args):
     g = torch.Generator().manual_seed(0)
     rows = -(-F // 64)
     ids = torch.randint(0, bb.vocab_size - 1, (rows, 64), generator=g)
-    with torch.no_grad():
-        U = torch.cat([run_to(bb, coord.site, ids[i:i + 8].to(bb.device)).double().cpu()
-                       for i in range(0, rows, 8)]).reshape(-1, bb.hidden_size)[:F]
-    D = torch.randn(F, bb.hidden_size, generator=g, dtype=torch.float64) * U.norm(dim=1, keepdim=True).mean() / 10
-    stats = residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
+    U, D, stats = _keys_8b(bb, coord, ids, F, g)
     prompt = torch.randint(0, bb.vocab_size - 1, (1, 32), generator=g).to(bb.device)
     x = _full_ids(bb, prompt, G)
     print(f"model built, keys read: {CLOCK() - t:.1f} s; weights digest {_digest(bb):.2f} s (once per model, "
@@ -374,8 +370,7 @@ def bench_scale8b(args):
           f"{spec['layers']} blocks {forward:.2f} s")
     print(f"{'config':<16}{'install s':>10}{'form':>8}{'hook ms':>10}{'ratio':>9}{'dense ms':>10}{'dense ratio':>12}"
           f"  cand/token")
-    for label, kw in (("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
-                      ("paper q=4", dict(key_metric="paper", q=4))):
+    for label, kw in _configs_8b(stats):
         t = CLOCK()
         mem = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(F)])
         install = CLOCK() - t
@@ -392,15 +387,32 @@ def bench_scale8b(args):
           "of the blocks' multiply-adds)")
 
 
+def _keys_8b(bb, coord, ids, F, g):
+    """(U, D, stats) for scale8b: keys, the hook site's residuals on `ids` [rows, 64] (8 rows a forward);
+    deltas Gaussian, drawn from g, a tenth of the keys' mean norm; the background statistics of 16 rows."""
+    from timerome.engine.hooks import run_to
+
+    with torch.no_grad():
+        U = torch.cat([run_to(bb, coord.site, ids[i:i + 8].to(bb.device)).double().cpu()
+                       for i in range(0, len(ids), 8)]).reshape(-1, bb.hidden_size)[:F]
+    D = torch.randn(F, bb.hidden_size, generator=g, dtype=torch.float64) * U.norm(dim=1, keepdim=True).mean() / 10
+    return U, D, residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
+
+
+def _configs_8b(stats):
+    """scale8b's memories: (label, EditMemory options)."""
+    return (("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
+            ("paper q=4", dict(key_metric="paper", q=4)))
+
+
 def _scale8b_whole(args, bb, spec, F, G, t0):
     """scale8b --whole: the one random block's copies fill all of LLaDA-8B's blocks (a block's time does
     not depend on its values), so the forward is real: timed without and with the hook, rounds
     interleaved, in float32 and then bfloat16. Keys: residuals at the middle block's output."""
     import copy
 
-    from timerome.engine.hooks import run_to
-
     from timerome.backbones.backbone import Backbone
+    from timerome.engine.hooks import run_to
 
     blocks = bb.model.model.transformer.blocks
     while len(blocks) < spec["layers"]:
@@ -421,15 +433,11 @@ def _scale8b_whole(args, bb, spec, F, G, t0):
           f"{'forward ratio':>15}{'hook ms':>9}{'hook only':>11}  cand/token")
     for dtype in (torch.float32, torch.bfloat16):
         bb.model.to(dtype)
+        U, D, stats = _keys_8b(bb, coord, ids, F, g)
         with torch.no_grad():
-            U = torch.cat([run_to(bb, coord.site, ids[i:i + 8].to(bb.device)).double().cpu()
-                           for i in range(0, rows, 8)]).reshape(-1, bb.hidden_size)[:F]
             hx = run_to(bb, coord.site, x)
-        D = torch.randn(F, bb.hidden_size, generator=g, dtype=torch.float64) * U.norm(dim=1, keepdim=True).mean() / 10
-        stats = residual_stats(bb, coord, ids[:16].tolist(), masked_copies=1)
         print(f"({str(dtype).split('.')[-1]}: weights digest {_digest(bb):.2f} s, once per model, not in install s)")
-        for label, kw in (("whitened q=4", dict(key_metric="whitened", background=stats, q=4)),
-                          ("paper q=4", dict(key_metric="paper", q=4))):
+        for label, kw in _configs_8b(stats):
             t = CLOCK()
             mem = EditMemory(bb, coord, **kw).add_vectors(U, D, [f"f{i}" for i in range(F)])
             install = CLOCK() - t

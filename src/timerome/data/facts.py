@@ -51,17 +51,17 @@ def target_conflict(facts, target: str | None = None, held=()) -> str | None:
             key = asked(f)
             if key is None:
                 continue
-            get = f.get if isinstance(f, dict) else (lambda k, f=f: getattr(f, k, None))
-            said = get("target") or target
+            said = fact_field(f, "target") or target
             if said is None:
                 continue
             if key in seen and seen[key][1] != said and not is_held:
                 other, other_said, other_held = seen[key]
-                return (f"fact {get('fact_id')!r} asks {key[1]!r} with the target {said!r}, and fact {other!r} "
+                return (f"fact {fact_field(f, 'fact_id')!r} asks {key[1]!r} with the target {said!r}, and fact "
+                        f"{other!r} "
                         + ("in the memory" if other_held else "before it") + f" with {other_said!r}: a memory "
                         "makes one question say one thing; " + ("remove that fact first" if other_held
                                                                 else "keep one of them"))
-            seen.setdefault(key, (get("fact_id"), said, is_held))
+            seen.setdefault(key, (fact_field(f, "fact_id"), said, is_held))
     return None
 
 
@@ -69,8 +69,12 @@ def asked(fact) -> tuple | None:
     """(subject, prompt) of a fact (a Fact or a dict), None for a bare id: what `target_conflict` compares."""
     if isinstance(fact, str):
         return None
-    get = fact.get if isinstance(fact, dict) else (lambda k: getattr(fact, k, None))
-    return get("subject"), get("prompt")
+    return fact_field(fact, "subject"), fact_field(fact, "prompt")
+
+
+def fact_field(fact, name: str):
+    """A Fact's attribute or a fact dict's key (None where it has none): facts come as either."""
+    return fact.get(name) if isinstance(fact, dict) else getattr(fact, name, None)
 
 
 def object_span(answer: str, obj: str) -> tuple[int, int]:

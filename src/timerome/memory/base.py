@@ -30,7 +30,7 @@ import torch
 from timerome.common.cache import read_tensors, save_tensors
 from timerome.common.checks import big_int_path, finite_tensor, integer, shown
 from timerome.common.files import parse_json
-from timerome.data.facts import Fact, target_conflict
+from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_id
 from timerome.engine.hooks import Hooks, TraceState
@@ -161,8 +161,8 @@ def fact_content(fact, target: str):
     entry, known by its id alone). Never its id or row number: two files number their rows alike."""
     if isinstance(fact, str):
         return None
-    get = fact.get if isinstance(fact, dict) else (lambda k, d=None: getattr(fact, k, d))
-    return (get("subject"), get("prompt"), get("object"), get("target") or target)
+    return (fact_field(fact, "subject"), fact_field(fact, "prompt"), fact_field(fact, "object"),
+            fact_field(fact, "target") or target)
 
 
 def sort_new_facts(held, new, target: str) -> tuple[list, list[tuple[str, str]], list[tuple[str, str]], list[int]]:

@@ -58,7 +58,7 @@ from dataclasses import replace
 import torch
 
 from timerome.common.progress import progress_bar
-from timerome.data.facts import Fact
+from timerome.data.facts import Fact, fact_field
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
                                       mask_answers, pad_id, uses_leading_space)
@@ -98,7 +98,7 @@ def target_ids(backbone, facts, target: str) -> list[list[int]]:
     bpe = uses_leading_space(backbone)
     out = []
     for f in fact_list(facts):
-        text = _get(f, "target") or target
+        text = fact_field(f, "target") or target
         if not text or not str(text).strip():
             raise TimeromeError(f"fact {fact_id(f)} has no target: give it one or the memory's target=")
         out.append(known_answer_ids(backbone, str(text), f"the target of fact {fact_id(f)}", bpe))
@@ -167,10 +167,10 @@ class RewriteMemory(CodebookMemory):
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
         targets = target_ids(self.backbone, facts, self.target)
-        as_target = [_with_object(f, _get(f, "target") or self.target) for f in facts]
+        as_target = [_with_object(f, fact_field(f, "target") or self.target) for f in facts]
         # only the answer offsets where the target differs from the original answer are keyed: a
         # position that says the same either way (a shared template) tells no fact from another
-        originals = [answer_ids(self.backbone, _get(f, "object"), bpe) for f in facts]
+        originals = [answer_ids(self.backbone, fact_field(f, "object"), bpe) for f in facts]
         differ = [[j for j in range(len(o)) if j >= len(t) or o[j] != t[j]] or list(range(len(o)))
                   for o, t in zip(originals, targets)]
         differ_t = [[j for j in range(len(t)) if j >= len(o) or o[j] != t[j]] or list(range(len(t)))
@@ -199,7 +199,7 @@ class RewriteMemory(CodebookMemory):
         if not self._watch_rows:
             return frozenset(), ()
         bb, bpe = self.backbone, uses_leading_space(self.backbone)
-        subject, prompt = _get(fact, "subject"), _get(fact, "prompt")
+        subject, prompt = fact_field(fact, "subject"), fact_field(fact, "prompt")
         if self._watch_df is None:  # per row: its text, its answer's tokens, its words; per token: how many answers
             rows = [(r.get("question") or "", r.get("answer") or "") for r in self._watch_rows]
             tokens = [set(answer_ids(bb, a, bpe)) for _, a in rows]
@@ -213,7 +213,7 @@ class RewriteMemory(CodebookMemory):
         about = [k for k, text in enumerate(d["texts"]) if subject in text]
         spared = {t for k in about for t in d["tokens"][k]}
         common = set(bb.encode(prompt)) | set(target_ids) | spared
-        watched = frozenset(t for t in answer_ids(bb, _get(fact, "object"), bpe)
+        watched = frozenset(t for t in answer_ids(bb, fact_field(fact, "object"), bpe)
                             if t not in common and d["counts"].get(t, 0) <= WATCH_RARE * d["n"])
         others = set(range(len(d["texts"]))) - set(about)
         cues = []
@@ -266,8 +266,10 @@ class RewriteMemory(CodebookMemory):
         said = {}
         for j in gone:
             f = self._facts[j]
-            said.setdefault(_get(f, "subject"), set()).update(answer_ids(self.backbone, _get(f, "object"), bpe))
-        watch = [(w - said.get(_get(self._facts[j], "subject"), set()), c) for j, (w, c) in enumerate(self._watch)]
+            said.setdefault(fact_field(f, "subject"), set()).update(
+                answer_ids(self.backbone, fact_field(f, "object"), bpe))
+        watch = [(w - said.get(fact_field(self._facts[j], "subject"), set()), c)
+                 for j, (w, c) in enumerate(self._watch)]
         super().remove(ids)
         self._targets = [self._targets[j] for j in keep]
         self._watch = [watch[j] for j in keep]
@@ -580,15 +582,11 @@ def value_confidence(backbone, site, values: torch.Tensor, tokens: torch.Tensor)
     return p.gather(1, tokens.to(p.device)[:, None]).squeeze(1).cpu()
 
 
-def _get(fact, key):
-    return fact.get(key) if isinstance(fact, dict) else getattr(fact, key, None)
-
-
 def _with_object(fact, text: str) -> Fact:
     """The fact with `text` as its answer (its keys are then read on states of the target)."""
     if isinstance(fact, Fact):
         return replace(fact, object=text)
-    return Fact(subject=_get(fact, "subject"), prompt=_get(fact, "prompt"), object=text, target=text,
+    return Fact(subject=fact_field(fact, "subject"), prompt=fact_field(fact, "prompt"), object=text, target=text,
                 fact_id=fact_id(fact))
 
 
