@@ -12,7 +12,8 @@ same seeded CPU generators, and prints the largest difference or whether the out
              official code's own bf16-vs-fp32 difference on a CPU (x BF16_DEVICE_FACTOR off the CPU)
   embedded   the embedded default model: logits; greedy generation (plain, dual cache + parallel
              reveal); the MC log-likelihood of the forget rows; the causal trace (TIE, the selected
-             coordinate); the edit memory (q = 0 and q = 4) and the answers generated under it; ROME's
+             coordinate); the edit memory (q = 0 and q = 4) and the answers generated under it (on a GPU,
+             the q = 4 hook's CUDA graph replays against its eager kernels, bit for bit); ROME's
              weight change on 4 facts and the answers under it; the rewrite memory's editing metrics
              (Efficacy, ...)
 
@@ -151,6 +152,18 @@ def check_embedded(device: str, tol: float) -> None:
         changed = sum(x != y for x, y in zip(a_cpu, a_plain))
         row("embedded", f"edit memory q={q}: answers equal", f"{sum(x == y for x, y in zip(a_cpu, a_dev))}/8",
             a_cpu == a_dev, f"{changed}/8 answers changed by the edit")
+    # on a GPU the q > 0 hook replays from a CUDA graph (memory/cuda_graph.py): the same kernels, bit for bit
+    if torch.device(device).type == "cuda":
+        from timerome.engine.hooks import run_to
+
+        used = m_dev._graphed.replays  # in the answers just generated
+        with torch.no_grad():
+            h = run_to(dev, m_dev.coordinate.site, torch.tensor([prompts[0] + [dev.mask_id] * 16] * 2, device=device))
+            outs = [m_dev.update(h) for _ in range(3)]  # a new shape (two rows): eager, captured and replayed, replayed
+            eager = m_dev._updated(h)
+        row("embedded", "edit memory q=4: CUDA graph replays equal eager", f"{used} replays", used > 0 and
+            m_dev._graphed.replays == used + 2 and all(torch.equal(o, eager) for o in outs),
+            "in the answers above; then 3 calls, 2 replayed, against the eager kernels bit for bit")
 
     # a locate-then-edit method (its masks on a CPU generator): the weight change and the answers under it
     task4 = dataclasses.replace(task, facts=task.facts[:4], forget_rows=task.forget_rows[:4])

@@ -32,6 +32,7 @@ from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content
 from timerome.memory.capture import capture_facts
+from timerome.memory.cuda_graph import GraphedCalls
 from timerome.memory.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
 from timerome.memory.topq import TopQIndex, top_q_combine
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
@@ -45,6 +46,9 @@ OLD_FORMATS = ("timerome-edit-memory/1",)  # lam was the absolute lambda there
 # scoring every fact; below it the screen's fixed cost is more than the dense scores' (bench_edit_memory.py)
 TOPQ_INDEX_MIN_FACTS = 1536  # embedded model, q = 4: index 1.31 ms vs 1.53 ms at 2000 facts, 1.18 vs 1.19 at 1500
 TOPQ_INDEX_MAX_HIDDEN = 130_000  # int32 products of int8 vectors: 127^2 H < 2^31
+# the hook replays from a CUDA graph while tokens x facts is at most this (64 MB of float32 scores): past it
+# the GPU's own work outweighs the launches a graph saves, and each graph would hold its scores' memory
+GRAPH_MAX_SCORES = 1 << 24
 G_TOLERANCE = 1e-9  # ridge.solution_error a loaded memory may have (a solve and its updates give about 1e-16)
 
 
@@ -96,6 +100,7 @@ class EditMemory(Memory):
                                  mean=None if self.stats is None else self.stats.mean,
                                  precision=None if self.stats is None else self.stats.precision())
         self._facts, self._ids, self._cache, self._held = [], [], {}, None
+        self._graphed = GraphedCalls(self._updated)  # update's replays on a GPU (cuda_graph.py)
 
     # ---------------------------------------------------------------- properties
 
@@ -270,10 +275,21 @@ class EditMemory(Memory):
     def update(self, h: torch.Tensor) -> torch.Tensor:
         """Eq. multifact on a live residual h [..., H]: h + alpha * TopQ_q(D^T G U h)."""
         dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-        x = h.reshape(-1, self.hidden_size).to(dt)
-        if self._plan(x.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
+        if self._plan(h.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
+            x = h.reshape(-1, self.hidden_size).to(dt)
             W, mu = self._matrices(x.device, x.dtype, "W", "mu")
             return torch.addmm(x, x if mu is None else x - mu, W, alpha=self.alpha).to(h.dtype).view_as(h)
+        out = None
+        if h.numel() // self.hidden_size * len(self) <= GRAPH_MAX_SCORES:
+            # on a GPU, the same kernels replayed from a CUDA graph (one launch for a dozen: cuda_graph.py)
+            state = (self.ridge.version, self.alpha, self.q, self.g_max, len(self))
+            out = self._graphed(h, state, keep=self._cache.get((str(h.device), dt)))
+        return out if out is not None else self._updated(h)
+
+    def _updated(self, h: torch.Tensor) -> torch.Tensor:
+        """update's h + alpha * TopQ_q(c) D, computed op by op."""
+        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        x = h.reshape(-1, self.hidden_size).to(dt)
         return (x + self._change(x)).to(h.dtype).view_as(h)
 
     def _change(self, x: torch.Tensor) -> torch.Tensor:
