@@ -2,11 +2,12 @@
 
 On a GPU the edit memory's q > 0 hook is a dozen small kernels (the scores, |c|, the top q, the gather,
 the kept deltas, alpha and the sum), and launching them takes more host time than the GPU spends on
-them: at LLaDA-8B's shapes with 10^4 facts, 0.25-0.30 ms of host time per call against 0.5 ms of GPU
-work, 27-30 launches (torch.profiler on an H200, stop 47). A forward of a short sequence is bound by
-its host (the launches of its 32 blocks), so the hook's host time adds to the forward whole. A
-captured graph replays the same kernels on the same buffers in one launch (0.036 ms of host time,
-same outputs bit for bit; `benchmarks/device_check.py` checks it on each GPU it runs on).
+them: at LLaDA-8B's shapes with 10^4 facts, 0.25-0.60 ms of host time per call and 27-30 launches,
+against 0.5 ms of GPU work (`benchmarks/bench_hook_launches.py` on an H200, stop 47). A forward of a
+short sequence is bound by its host (the launches of its 32 blocks), so the hook's host time adds to
+the forward whole. A captured graph replays the same kernels on the same buffers in one launch
+(0.04-0.06 ms of host time, same outputs bit for bit; `benchmarks/device_check.py` checks it on each
+GPU it runs on).
 
 `GraphedCalls(fn)` keeps, for one function of one tensor, up to `keep` graphs, one per (shape, dtype,
 device) of its input, each captured at the second call with that input (a generation repeats one

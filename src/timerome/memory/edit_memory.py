@@ -8,9 +8,10 @@
 The pieces, one file each: `capture.py` reads the subject keys u and target deltas d, `ridge.py`
 solves the ridge system in the smaller of its two forms (F x F while F <= H, else H x H) and
 interprets lambda, `topq.py` sparsifies (from TOPQ_INDEX_MIN_FACTS facts on with an exact screen
-that does not score every fact), `whitening.py` measures the background
-statistics of the "whitened" key metric. This object holds them together with the coordinate and
-the hyper-parameters, and applies the update in `update` (the line with alpha).
+that does not score every fact), `whitening.py` measures the background statistics of the
+"whitened" key metric, `cuda_graph.py` replays the q > 0 hook's kernels on a GPU. This object holds
+them together with the coordinate and the hyper-parameters, and applies the update in `update`
+(the line with alpha is in `_change`).
 
 Key metrics: "paper" is Eq. multifact as written; "whitened" (the default) measures keys against
 the background mean mu and covariance C, coefficients G' K (h - mu) with K = (U - mu) C^-1: far
