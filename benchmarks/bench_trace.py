@@ -32,8 +32,8 @@ Prints, from one run:
   seconds apart does not); and
   against the strict floor, which charges every token-block the best token rate of any length
   (`throughput.floor_seconds`); and where the multiple comes from: the row-blocks computed at the best
-  rates, at the rates of the batch sizes they ran (`throughput.seconds_at_batches`), the head's floor, and
-  the rest (the time outside the blocks beyond the head's floor).
+  rates, the trace's block calls timed alone at the shapes they ran (`throughput.timed_block_calls`, each
+  round), the head's floor, and the rest (the trace less its block calls and the head's floor).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
 Timer: process CPU time with one thread on CPU (steadiest on a shared machine; --clock wall for
 wall time), wall time on a GPU; the floor is measured with the same timer.
@@ -56,8 +56,8 @@ from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
 from timerome.engine.likelihood import default_max_tokens
 from timerome.engine.sampler import row_max
-from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
-                                        head_throughput, retimed, seconds_at_batches, timing_clock)
+from timerome.engine.throughput import (best_throughput, block_calls, floor_by_length, floor_seconds,
+                                        head_throughput, retimed, timed_block_calls, timing_clock)
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -122,13 +122,18 @@ def _bench(args, bb, facts) -> int:
     logits_rate = head_throughput(bb, clock=CLOCK)
     head_s = st["min_head_positions"] / head_rate
     logits_s = st["min_head_positions"] / logits_rate
-    runs, floors, stricts, retimes = [], [], [], []
+    computed = {}  # the row-blocks the trace computed, by length
+    for length, rows, calls in block_calls(st["block_batches"]):
+        computed[str(length)] = computed.get(str(length), 0) + calls * rows
+    runs, floors, stricts, at_best, shaped = [], [], [], [], []
     for _ in range(2 * max(1, args.repeats)):
         runs.append(_timed_trace(args, bb, facts))
         now = [retimed(bb, r, clock=CLOCK, blocks_only=True) for r in rates]
-        retimes.append(now)
         floors.append(floor_by_length(st["min_block_rows_by_length"], now) + head_s)
         stricts.append(floor_seconds(token_blocks=st["min_block_tokens"], rates=now) + head_s)
+        at_best.append(floor_by_length(computed, now))
+        # the trace's block calls run alone at their own shapes, at this round's speed too
+        shaped.append(timed_block_calls(bb, st["block_batches"], clock=CLOCK))
     fast, fast_s = runs[0][0], statistics.median(t for _, t in runs)
     floor_s, strict_s = statistics.median(floors), statistics.median(stricts)
     ratios = [t / f for (_, t), f in zip(runs, floors)]
@@ -167,25 +172,18 @@ def _bench(args, bb, facts) -> int:
     print(f"strict floor     {strict_s:8.2f} s  ({st['min_block_tokens']} token-blocks, all at the best token "
           f"rate {best.token_blocks_per_s:,.0f}/s, L={best.length}, + the head): {strict_multiple:.2f} x")
     # where the multiple comes from: rows computed beyond the needed ones, batch sizes other than the
-    # best, and the time outside the blocks beyond the head's floor
-    computed = {}
-    for length, rows, calls in block_calls(st["block_batches"]):
-        computed[length] = computed.get(length, 0) + calls * rows
-    # the rate tables at the rounds' speed: each length's table scaled by the median of the rounds' retimed best
-    # rates over the search's best (retimed keeps the best of 3 sizes: a scale at most slightly high, which
-    # makes "the rest" at most slightly larger)
-    level = [statistics.median(now[i].row_blocks_per_s for now in retimes) / r.row_blocks_per_s for i, r in enumerate(rates)]
-    scaled = [Throughput(r.length, r.rows, r.row_blocks_per_s * x, {b: v * x for b, v in r.table.items()})
-              for r, x in zip(rates, level)]
-    best_s = floor_by_length(computed, scaled)
-    batches_s = seconds_at_batches(st["block_batches"], scaled)
-    rest_s = fast_s - batches_s - head_s
+    # best (the block calls timed alone at the shapes they had), and the time outside the blocks beyond the
+    # head's floor; each a median of the rounds
+    best_s, shapes_s = statistics.median(at_best), statistics.median(shaped)
+    rest_s = statistics.median(t - b - head_s for (_, t), b in zip(runs, shaped))
     print(f"where it goes    the computed row-blocks at the best rates {best_s:.2f} s "
-          f"({st['block_rows'] / st['min_block_rows']:.2f} x the needed); at the rates of the batch sizes they ran "
-          f"{batches_s:.2f} s (read off the tables, scaled to the rounds' speed; beyond the largest size measured, its rate); "
-          f"the head at its floor {head_s:.2f} s; the rest {rest_s:.2f} s ({rest_s / floor_s:.2f} x the floor: "
-          f"the head's argmax, the sampler step, the engine's bookkeeping, each forward's own fixed costs)")
-    out.update(computed_at_best_seconds=best_s, computed_at_batch_rates_seconds=batches_s, rest_seconds=rest_s,
+          f"({st['block_rows'] / st['min_block_rows']:.2f} x the needed); the trace's block calls timed alone at the "
+          f"shapes they ran {shapes_s:.2f} s (a blocks-only forward of each (rows, length) they had, each round); "
+          f"the head at its floor {head_s:.2f} s; the rest {rest_s:.2f} s ({rest_s / floor_s:.2f} x the floor: the "
+          f"trace less its block calls and the head's floor, per round: the head beyond its floor, its argmax, the "
+          f"sampler step, the engine's bookkeeping, each forward's own fixed costs)")
+    out.update(computed_at_best_seconds=best_s, block_calls_at_their_shapes_seconds=shapes_s,
+               block_calls_at_their_shapes_runs=shaped, rest_seconds=rest_s,
                block_batches=st["block_batches"])
     ok = True
     if not args.no_ablations:

@@ -7,7 +7,7 @@ from conftest import live_steps
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
-                                        head_throughput, retimed, seconds_at_batches)
+                                        head_throughput, retimed, timed_block_calls)
 from timerome.tracing.causal_trace import trace
 
 FACTS = [
@@ -98,18 +98,14 @@ def test_floor_by_length_charges_each_length_its_own_rate():
         floor_by_length({"15": 1}, rates)
 
 
-def test_rates_at_other_batch_sizes_come_off_the_measured_table():
-    r = Throughput(length=10, rows=8, row_blocks_per_s=100.0, table={1: 20.0, 2: 40.0, 4: 80.0, 8: 100.0, 16: 60.0})
-    assert r.rate_at(4) == 80.0 and r.rate_at(1) == 20.0
-    assert r.rate_at(12) == pytest.approx(100.0 + (60.0 - 100.0) * 0.5849625, rel=1e-6)  # log2 12 = 3.585
-    assert r.rate_at(100) == 60.0  # beyond the sizes measured: the largest one's rate
-    rates = [r, Throughput(length=20, rows=2, row_blocks_per_s=50.0, table={1: 30.0, 2: 50.0})]
-    # 3 calls of 8 rows and 1 of 16 at length 10, 2 calls of 2 rows at length 20
-    assert seconds_at_batches({"10x8": 3, "10x16": 1, "20x2": 2}, rates) == pytest.approx(24 / 100 + 16 / 60 + 4 / 50)
-    # never below the floor of the same row-blocks at the best rates
-    assert seconds_at_batches({"10x8": 3, "10x16": 1, "20x2": 2}, rates) >= floor_by_length({"10": 40, "20": 4}, rates)
-    with pytest.raises(ValueError, match="length"):
-        seconds_at_batches({"15x2": 1}, rates)
+def test_block_calls_are_timed_at_their_own_shapes(bb):
+    """Each (L, B) one blocks-only forward's time (a clock that counts its reads: every timed call lasts 1),
+    1 / n_layers of it per block call."""
+    ticks = iter(range(10 ** 6))
+    got = timed_block_calls(bb, {"6x3": 5, "9x2": 1}, clock=lambda: next(ticks))
+    assert got == pytest.approx((5 + 1) / bb.n_layers)
+    real = timed_block_calls(bb, {"6x3": 5, "9x2": 1})  # the real clock: positive and finite
+    assert 0 < real < 60
 
 
 def test_block_batches_count_every_block_call(bb):

@@ -23,7 +23,6 @@ measured, the most favourable of them.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -46,20 +45,6 @@ class Throughput:
     @property
     def token_blocks_per_s(self) -> float:
         return self.row_blocks_per_s * self.length
-
-    def rate_at(self, rows: int) -> float:
-        """Rows x blocks per second at batch size `rows`, read off the measured table: linear in
-        log2(rows) between the sizes measured, the nearest measured size's rate beyond them (an
-        estimate: the table holds powers of two only)."""
-        sizes = sorted(self.table)
-        if not sizes:
-            return self.row_blocks_per_s
-        if rows <= sizes[0] or rows >= sizes[-1]:
-            return self.table[sizes[0] if rows <= sizes[0] else sizes[-1]]
-        hi = next(b for b in sizes if b >= rows)
-        lo = sizes[sizes.index(hi) - 1]
-        w = (math.log2(rows) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-        return self.table[lo] * (1 - w) + self.table[hi] * w
 
 
 @torch.no_grad()
@@ -193,16 +178,20 @@ def block_calls(block_batches: dict) -> list[tuple[int, int, int]]:
     return [(*(int(v) for v in key.split("x")), calls) for key, calls in block_batches.items()]
 
 
-def seconds_at_batches(block_batches: dict, rates: list[Throughput]) -> float:
+@torch.no_grad()
+def timed_block_calls(backbone, block_batches: dict, *, clock=time.perf_counter, repeats: int = 2,
+                      seed: int = 0) -> float:
     """The time block calls {"LxB": calls} (rows of length L, B rows per call: a trace's
-    stats["block_batches"]) take at the rates measured for their own batch sizes (`rate_at`): where
-    the work runs at batch sizes other than the best, what that costs against `floor_by_length`."""
-    by_length = {r.length: r for r in rates}
+    stats["block_batches"]) take when run alone at those shapes: for each (L, B), a forward of B
+    random rows of length L cut after the last block (the median of `repeats` after a warm-up), a
+    1 / n_layers share of it per call. Against `floor_by_length`, what running at the batch sizes
+    the work had costs, measured on those sizes rather than read off a table of powers of two."""
+    g = torch.Generator().manual_seed(seed)
+    run = _forward(backbone, blocks_only=True)
     total = 0.0
     for length, rows, calls in block_calls(block_batches):
-        if length not in by_length:
-            raise ValueError(f"no throughput measured at length {length}")
-        total += calls * rows / by_length[length].rate_at(rows)
+        ids = torch.randint(0, backbone.vocab_size, (rows, length), generator=g).to(backbone.device)
+        total += calls * _median_seconds(backbone, run, ids, repeats, clock) / backbone.n_layers
     return total
 
 
