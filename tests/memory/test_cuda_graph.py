@@ -7,6 +7,8 @@ on its input buffer into its output buffer; the real graphs on a CUDA device (sk
 `benchmarks/device_check.py --device cuda` checks them on every GPU it runs on, 24 of 24 on an H200).
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -40,7 +42,7 @@ class _OnCPU(GraphedCalls):
         out = self.fn(x_in)
         self.captures_made.append(tuple(x.shape))
         g = _Replay(self.fn, x_in, out)
-        return g, x_in, out, keep
+        return g, x_in, out, None, keep  # no event: one stream
 
 
 def f(x):
@@ -70,14 +72,51 @@ def test_a_change_of_state_forgets_every_graph():
 
 
 @torch.no_grad()
-def test_only_the_last_shapes_are_kept_and_captures_are_bounded():
-    g = _OnCPU(f, keep=2, captures=3)
-    xs = [torch.ones(n) for n in (1, 2, 3)]
-    for x in xs:
-        g(x, ()), g(x, ())
+def test_the_least_recently_used_graph_is_dropped_and_captures_are_bounded():
+    g = _OnCPU(f, keep=2, captures=4)
+    a, b, c = (torch.ones(n) for n in (1, 2, 3))
+    g(a, ()), g(a, ()), g(b, ()), g(b, ())
+    g(a, ())                                         # a used last: b is now the least recent
+    g(c, ()), g(c, ())                               # a third graph: b is dropped, a kept
     assert g.captures_made == [(1,), (2,), (3,)] and len(g._graphs) == 2
-    assert g(xs[0], ()) is None                      # dropped, and the state's 3 captures are spent: eager
-    assert g(xs[2], ()) is not None                  # still kept: replayed
+    replays = g.replays
+    assert g(a, ()) is not None and g.replays == replays + 1 and g.captures_made[-1] == (3,)
+    assert g(b, ()) is not None and g.captures_made[-1] == (2,)  # recaptured (4 of 4 captures)
+    g(c, ())                                         # c was dropped by b's return: no capture left
+    assert g(c, ()) is None and len(g.captures_made) == 4
+
+
+@torch.no_grad()
+def test_a_capture_that_fails_is_never_tried_again():
+    class Failing(GraphedCalls):
+        @staticmethod
+        def _applies(x):
+            return True
+
+    g = Failing(f)  # its real _capture: on a CPU tensor torch.cuda refuses, inside the capture's try
+    x = torch.ones(3)
+    assert g(x, ()) is None and g(x, ()) is None
+    assert g.failed and g.captured == 0 and g(x, ()) is None
+
+
+class _Frozen(GraphedCalls):
+    """A stand-in for the memory's graphs that, like a real graph, bakes in the memory as it was at capture:
+    its replay runs a deep copy of the memory taken then."""
+
+    def __init__(self, mem):
+        super().__init__(mem._updated)
+        self.mem = mem
+
+    @staticmethod
+    def _applies(x):
+        return not torch.is_grad_enabled()
+
+    def _capture(self, x, keep):
+        frozen = copy.deepcopy(self.mem)
+        frozen._graphed = GraphedCalls(frozen._updated)
+        x_in = torch.empty_like(x).copy_(x)
+        out = frozen._updated(x_in)
+        return _Replay(frozen._updated, x_in, out), x_in, out, None, keep
 
 
 @torch.enable_grad()
@@ -87,17 +126,40 @@ def test_autograd_recording_runs_eagerly():
     assert g(x, ()) is None and g(x, ()) is None and g.captures_made == []
 
 
+def _memory(tiny_bb, n=12, seed=0):
+    H = tiny_bb.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    U, D = (torch.randn(n, H, generator=g, dtype=torch.float64) for _ in range(2))
+    mem = EditMemory(tiny_bb, (1, "resid"), key_metric="paper", q=4).add_vectors(U, D, [f"f{i}" for i in range(n)])
+    return mem, torch.randn(2, 9, H, generator=g)
+
+
 @torch.no_grad()
 def test_on_a_cpu_the_memory_hook_runs_its_eager_kernels(tiny_bb):
-    H = tiny_bb.hidden_size
-    g = torch.Generator().manual_seed(0)
-    U, D = (torch.randn(12, H, generator=g, dtype=torch.float64) for _ in range(2))
-    mem = EditMemory(tiny_bb, (1, "resid"), key_metric="paper", q=4).add_vectors(U, D, [f"f{i}" for i in range(12)])
-    h = torch.randn(2, 9, H, generator=g)
+    mem, h = _memory(tiny_bb)
     outs = [mem.update(h) for _ in range(3)]
     assert all(torch.equal(o, mem._updated(h)) for o in outs)
     assert not torch.equal(outs[0], h)  # the update does move h
     assert mem._graphed.replays == 0 and mem._graphed.captured == 0 and not mem._graphed.failed
+
+
+@torch.no_grad()
+def test_whatever_changes_the_memory_changes_the_graphs_state(tiny_bb):
+    """Graphs that bake in the memory as captured (a deep copy) give the memory's current update after each
+    change of alpha, q, g_max, its facts: the state update() hands the graphs names every one of them."""
+    mem, h = _memory(tiny_bb)
+    mem._graphed = _Frozen(mem)
+    g = torch.Generator().manual_seed(5)
+    extra_U, extra_D = (torch.randn(2, tiny_bb.hidden_size, generator=g, dtype=torch.float64) for _ in range(2))
+    changes = [lambda: setattr(mem, "alpha", mem.alpha * 3), lambda: setattr(mem, "q", 2),
+               lambda: setattr(mem, "g_max", 0.5), lambda: mem.add_vectors(extra_U, extra_D, ["x1", "x2"]),
+               lambda: mem.remove(["f3"])]
+    for change in [lambda: None] + changes:
+        change()
+        mem.update(h), mem.update(h)  # captured (again) at the second call
+        got = mem.update(h)           # replayed
+        assert mem._graphed.replays >= 1
+        assert torch.equal(got, mem._updated(h))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (device_check.py checks them)")
