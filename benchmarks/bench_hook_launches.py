@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.engine.hooks import run_to
+from timerome.memory.cuda_graph import GraphedCalls
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
 
@@ -112,22 +113,12 @@ def _variants(mem, hx, H) -> dict:
 
     out = dict(graphed=mem.update, eager=mem._updated, unsorted=unsorted, bmm_sorted=lambda h: bmm(h, True),
                bmm=bmm, bmm_tf32=bmm_tf32)
-    if hx.is_cuda:  # the bmm rewrite in a graph of its own, captured here by hand
-        static = hx.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                bmm(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = bmm(static)
+    if hx.is_cuda:  # the bmm rewrite replayed from a graph of its own (the memory's mechanism, cuda_graph.py)
+        graphs = GraphedCalls(bmm)
 
-        def graph_bmm(h):
-            static.copy_(h)
-            graph.replay()
-            return static_out.clone()
+        def graph_bmm(h):  # eager at its first call, replayed from the second on
+            y = graphs(h, ())
+            return bmm(h) if y is None else y
 
         out["graph_bmm"] = graph_bmm
     return out

@@ -99,17 +99,13 @@ def test_a_capture_that_fails_is_never_tried_again():
     assert g.failed and g.captured == 0 and g(x, ()) is None
 
 
-class _Frozen(GraphedCalls):
+class _Frozen(_OnCPU):
     """A stand-in for the memory's graphs that, like a real graph, bakes in the memory as it was at capture:
     its replay runs a deep copy of the memory taken then."""
 
     def __init__(self, mem):
         super().__init__(mem._updated)
         self.mem = mem
-
-    @staticmethod
-    def _applies(x):
-        return not torch.is_grad_enabled()
 
     def _capture(self, x, keep):
         frozen = copy.deepcopy(self.mem)

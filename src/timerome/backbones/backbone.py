@@ -324,8 +324,14 @@ class Backbone:
         fp = self._fingerprint
         return fp[1] if fp is not None and fp[0] == self._weights_state() else None
 
+    def parameter_tensors(self) -> tuple:
+        """Which tensors hold the parameters, (name, storage, dtype, shape) each: not their values (a method
+        that replaced or added a tensor makes a fingerprint known before it stale, `WeightEdit.undo`)."""
+        return tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in self.model.named_parameters())
+
     def _weights_state(self) -> tuple:
-        return tuple((n, p.data_ptr(), p._version, p.dtype, tuple(p.shape)) for n, p in self.model.named_parameters())
+        """The parameter tensors and their versions (bumped by any in-place change through torch)."""
+        return self.parameter_tensors(), tuple(p._version for p in self.model.parameters())
 
     def __repr__(self) -> str:
         return (f"Backbone({self.name!r}, family={self.family.name}, layers={self.n_layers}, "

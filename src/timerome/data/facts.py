@@ -54,14 +54,14 @@ def target_conflict(facts, target: str | None = None, held=()) -> str | None:
             said = fact_field(f, "target") or target
             if said is None:
                 continue
+            fid = fact_field(f, "fact_id")
             if key in seen and seen[key][1] != said and not is_held:
                 other, other_said, other_held = seen[key]
-                return (f"fact {fact_field(f, 'fact_id')!r} asks {key[1]!r} with the target {said!r}, and fact "
-                        f"{other!r} "
+                return (f"fact {fid!r} asks {key[1]!r} with the target {said!r}, and fact {other!r} "
                         + ("in the memory" if other_held else "before it") + f" with {other_said!r}: a memory "
                         "makes one question say one thing; " + ("remove that fact first" if other_held
                                                                 else "keep one of them"))
-            seen.setdefault(key, (fact_field(f, "fact_id"), said, is_held))
+            seen.setdefault(key, (fid, said, is_held))
     return None
 
 

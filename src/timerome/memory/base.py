@@ -77,6 +77,10 @@ class Memory:
         self.hidden_size = backbone.hidden_size
         self.fingerprint = backbone.fingerprint()
 
+    def _rows(self, h: torch.Tensor) -> torch.Tensor:
+        """Residuals h [..., H] as rows [N, H] in the arithmetic of every memory's hook (`math_dtype`)."""
+        return h.reshape(-1, self.hidden_size).to(math_dtype(h))
+
     # ---------------------------------------------------------------- the switch
 
     @contextmanager
@@ -138,6 +142,12 @@ class Memory:
     @classmethod
     def _restore(cls, path, meta: dict, tensors: dict, backbone, **options):
         raise NotImplementedError
+
+
+def math_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype a memory computes its update in for residuals h: float64 for float64, float32 for any
+    other (a bfloat16 or float16 model's hook scores in float32, then hands back h's dtype)."""
+    return torch.float64 if h.dtype == torch.float64 else torch.float32
 
 
 def facts_to_header(facts) -> list[dict]:

@@ -48,7 +48,7 @@ import torch
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.errors import TimeromeError
-from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts
+from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, math_dtype
 from timerome.memory.capture import capture_facts
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
@@ -221,9 +221,8 @@ class CodebookMemory(Memory):
         """(g [N], nearest entry [N]) for residuals h [..., L, H] flattened to N tokens; g is exactly
         0 outside every radius (the entry index is then meaningless)."""
         self._check_ready()
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-        x = h.reshape(-1, self.hidden_size).to(dt)
-        return self._gate(x, self._matrices(h.device, dt), _n_sequences(h))
+        x = self._rows(h)
+        return self._gate(x, self._matrices(h.device, x.dtype), _n_sequences(h))
 
     def _gate(self, x, m: dict, n_seq: int):
         g, e = self._token_gate(x, m)
@@ -276,7 +275,7 @@ class CodebookMemory(Memory):
         other positions' gates from there, as the cache takes their keys and values from the last
         refresh, so the edit of a window token is the one a full forward would have made.
         """
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        dt = math_dtype(h)
         x = h.reshape(-1, self.hidden_size)
         m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
         g, e = self._token_gate(x.to(dt), m)

@@ -31,7 +31,8 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
-from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content
+from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content,
+                                   math_dtype)
 from timerome.memory.capture import capture_facts
 from timerome.memory.cuda_graph import GraphedCalls
 from timerome.memory.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
@@ -270,27 +271,24 @@ class EditMemory(Memory):
         self._check_ready()
         if h.shape[-1] != self.hidden_size:
             raise TimeromeError(f"h has hidden size {h.shape[-1]}, the memory {self.hidden_size}")
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-        return self._change(h.reshape(-1, self.hidden_size).to(dt)).to(h.dtype).view_as(h)
+        return self._change(self._rows(h)).to(h.dtype).view_as(h)
 
     def update(self, h: torch.Tensor) -> torch.Tensor:
         """Eq. multifact on a live residual h [..., H]: h + alpha * TopQ_q(D^T G U h)."""
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
         if self._plan(h.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
-            x = h.reshape(-1, self.hidden_size).to(dt)
+            x = self._rows(h)
             W, mu = self._matrices(x.device, x.dtype, "W", "mu")
             return torch.addmm(x, x if mu is None else x - mu, W, alpha=self.alpha).to(h.dtype).view_as(h)
         out = None
         if h.numel() // self.hidden_size * len(self) <= GRAPH_MAX_SCORES:
             # on a GPU, the same kernels replayed from a CUDA graph (one launch for a dozen: cuda_graph.py)
             state = (self.ridge.version, self.alpha, self.q, self.g_max, len(self))
-            out = self._graphed(h, state, keep=self._cache.get((str(h.device), dt)))
+            out = self._graphed(h, state, keep=self._cache.get((str(h.device), math_dtype(h))))
         return out if out is not None else self._updated(h)
 
     def _updated(self, h: torch.Tensor) -> torch.Tensor:
         """update's h + alpha * TopQ_q(c) D, computed op by op."""
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-        x = h.reshape(-1, self.hidden_size).to(dt)
+        x = self._rows(h)
         return (x + self._change(x)).to(h.dtype).view_as(h)
 
     def _change(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,13 +16,14 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.hooks import Hooks, TraceState
 from timerome.errors import TimeromeError
+from timerome.memory.base import math_dtype
 from timerome.memory.capture import capture_facts
 
 
 def gated_delta(h: torch.Tensor, u: torch.Tensor, d: torch.Tensor, *, alpha: float = 1.0,
                 g_max: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
     """Eq. single's update alpha * clip(<u, h> / (|u|^2 + eps), 0, g_max) * d, for h [..., H]; h's dtype."""
-    dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+    dt = math_dtype(h)
     u, d = u.to(h.device, dt), d.to(h.device, dt)
     gate = (h.to(dt) @ u / (u @ u + eps)).clamp(0.0, g_max)  # [...]: 0 unless h leans toward u
     return (alpha * gate[..., None] * d).to(h.dtype)

@@ -286,9 +286,8 @@ class RewriteMemory(CodebookMemory):
         of the same question, is rewritten as the same fact: an answer is the target throughout or
         the model's own, never half of each. A partial forward of a cached sampler merges its window
         into the last full forward's gates, and keeps that forward's decisions."""
-        dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-        x = h.reshape(-1, self.hidden_size).to(dt)
-        m, n_seq = self._matrices(h.device, dt), _n_sequences(h)
+        x = self._rows(h)
+        m, n_seq = self._matrices(h.device, x.dtype), _n_sequences(h)
         g, e = self._token_gate(x, m)
         positions, starts, ids = state.positions, state.answer_starts, state.ids
         if starts is not None and ids is not None and ids.numel() == g.numel():

@@ -88,13 +88,13 @@ class WeightEdit(Edit):
     backbone: object = None
     snapshot: dict | None = None
     fingerprint: str | None = None
-    tensors: tuple = ()  # (name, storage, dtype, shape) of each parameter when the snapshot was taken
+    tensors: tuple = ()  # `Backbone.parameter_tensors()` when the snapshot was taken
 
     def undo(self) -> None:
         if self.snapshot is not None:
             self.backbone.model.load_state_dict(self.snapshot)
             self.snapshot = None
-            if self.fingerprint is not None and _tensors(self.backbone) == self.tensors:
+            if self.fingerprint is not None and self.backbone.parameter_tensors() == self.tensors:
                 self.backbone.know_fingerprint(self.fingerprint)
 
     def changed(self) -> bool:
@@ -213,11 +213,6 @@ def _check_option(method: str, key: str, default, value) -> None:
         bad("null or a non-empty list of layer indices")
 
 
-def _tensors(backbone) -> tuple:
-    """Which tensors hold the parameters (a method that replaced or added one makes a fingerprint stale)."""
-    return tuple((n, p.data_ptr(), p.dtype, tuple(p.shape)) for n, p in backbone.model.named_parameters())
-
-
 def _is_a(kind, v) -> bool:
     # bool is an int to Python, never a count or a strength to a user
     return isinstance(v, kind) and not isinstance(v, bool)
@@ -257,9 +252,10 @@ def weight_edit(backbone, method: str = ""):
     If the body raises, the weights are restored before the error propagates.
     """
     snap = {k: v.detach().clone() for k, v in backbone.model.state_dict().items()}
-    known = getattr(backbone, "known_fingerprint", None)
+    known = getattr(backbone, "known_fingerprint", None)  # a Backbone's (not another model wrapper's)
     edit = WeightEdit(method=method, config={}, backbone=backbone, snapshot=snap,
-                      fingerprint=known() if known is not None else None, tensors=_tensors(backbone))
+                      fingerprint=known() if known is not None else None,
+                      tensors=backbone.parameter_tensors() if known is not None else ())
     try:
         yield edit
     except BaseException:
