@@ -359,6 +359,12 @@ def catalogue(f, tmp):
         ("--window without --positional", ["trace", "--window", "3", "-o", tmp / "t"], "--positional"),
         ("an empty --module", ["edit", "--module", "", "-o", out], "--module"),
         ("an empty --forget", ["eval", "--forget", "", "--no-rouge"], "split"),
+        # the timerome method's settings through --config: each once, and only those `edit` uses
+        ("timerome: --config and an option set alpha", ["edit", "-c", '{"alpha": 2}', "--alpha", "3", "-o", out],
+         "given twice"),
+        ("timerome: --config sets the method's own trace", ["edit", "-c", '{"trace_facts": 3}', "-o", out],
+         "timerome trace"),
+        ("timerome: --config with an unknown setting", ["edit", "-c", '{"alpah": 2}', "-o", out], "alpah"),
     ]
 
 
@@ -384,6 +390,8 @@ def test_every_bad_input_is_one_line_and_exit_2(files, tmp_path):
             failures.append(f"{what}: exit {res.exit_code}, output {res.output[-400:]!r}")
     assert not failures, "\n".join(failures)
     assert _snapshot(files.values()) == before  # no file the user gave was touched
+    # and a refused command leaves nothing behind: no output file, no (empty) output folder
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
 
 
 def test_environment_and_argv_bytes_through_a_real_process(tmp_path):

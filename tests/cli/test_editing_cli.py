@@ -131,3 +131,23 @@ def test_bad_editing_input_is_one_line_and_exit_2(tmp_path):
                  ("edit", "--method", "rome", "-c", "[1]", "-o", tmp_path / "r")):
         code, out = run(*args)
         assert code == 2 and out.startswith("error:") and "Traceback" not in out, (args, out)
+
+
+def test_timerome_takes_its_settings_through_config_as_every_method_does(tmp_path):
+    """`timerome methods` lists timerome's settings and `edit --help` sends --config there, but timerome
+    refused --config, and g_max had no option: now any setting `edit` uses can come either way, once."""
+    mem = tmp_path / "m.safetensors"
+    code, out = run("edit", "-c", '{"g_max": 0.5, "q": 2, "alpha": 2.5, "target": "Pellmoor."}', "-o", mem)
+    assert code == 0, out
+    code, out = run("memory", "show", mem, "--json")
+    hyper = json.loads(out)["hyper"]
+    assert (hyper["g_max"], hyper["q"], hyper["alpha"], hyper["target"]) == (0.5, 2, 2.5, "Pellmoor."), hyper
+    code, out = run("edit", "-c", '{"q": 2}', "--q", "3", "-o", mem)
+    assert code == 2 and "q given twice" in out, out
+
+
+def test_requests_written_into_a_folder_not_made_yet(tmp_path):
+    """Every other -o made its folder; `requests -o` said "No such file or directory"."""
+    path = tmp_path / "new" / "deeper" / "cf.json"
+    code, out = run("requests", "counterfactual:forget10", "-o", path)
+    assert code == 0 and len(load_requests(str(path))[0]) == 20, out

@@ -2,6 +2,7 @@
 experiment settings checked before work, the retain authors evaluated, thread defaults."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,9 +187,43 @@ def test_json_output_is_json_alone(tmp_path):
     assert code == 0, out
     sel = json.loads(stdout)
     assert sel["edit"]["module"] == "resid" and sel["files"]["trace"].endswith("trace.safetensors")
+    # every file written is listed, the trace's JSON half too (`edit --trace` needs it), and each exists
+    assert set(sel["files"]) == {"trace", "trace_meta", "heatmaps", "selection"}
+    assert all(Path(f).is_file() for f in sel["files"].values())
     code, stdout, out = run("edit", "--trace", tmp_path / "t" / "trace.safetensors", "-o", tmp_path / "m.safetensors",
                             "--json")
-    assert code == 0 and json.loads(stdout)["coordinate"]["layer"] == sel["edit"]["layer"], out
+    built = json.loads(stdout)["coordinate"]
+    assert code == 0 and built["layer"] == sel["edit"]["layer"], out
+    # "edit" is what was built: every step (the step whose TIE chose it apart), as the file says too
+    assert sel["edit"]["step"] is None is built["step"] and sel["edit"]["traced_step"] in range(2)
+    assert json.loads((tmp_path / "t" / "selection.json").read_text())["edit"] == sel["edit"]
+
+
+def test_a_refused_run_leaves_no_output_folder(tmp_path):
+    """trace and experiment used to make their -o folder before checking their inputs: a refused run
+    left an empty folder behind."""
+    for args in (("trace", "--steps", 0, "-o", tmp_path / "t1"),
+                 ("trace", "--readout", "foo", "-o", tmp_path / "t2"),
+                 ("experiment", "editing", "--quick", "--methods", "no_edit,foo", "-o", tmp_path / "e1")):
+        code, _, out = run(*args)
+        assert code == 2 and "error:" in out, out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runner_refused_at_its_cells_check_removes_the_folder_it_made(tmp_path):
+    """A refusal inside Runner.run (after its lock made the folder) leaves nothing; a folder that was
+    there before stays."""
+    from timerome.experiments.runner import Cell, Context, Runner
+
+    ctx = Context(load_backbone(), progress=False)
+    bad = [Cell("no_such_measurement", seed=0, data=dict(splits=["forget"]))]
+    for out, existed in ((tmp_path / "new" / "run", False), (tmp_path / "old", True)):
+        if existed:
+            out.mkdir()
+        with pytest.raises(TimeromeError, match="no_such_measurement"):
+            Runner(out, progress=False).run(bad, ctx)
+        assert out.is_dir() == existed
+    assert not (tmp_path / "new").exists()  # nor the folder above it that was made with it
 
 
 def test_progress_lines_off_a_terminal(monkeypatch, capsys):
@@ -208,6 +243,21 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
         for _ in range(3):
             bar.advance()
     assert capsys.readouterr().err == ""
+
+
+def test_a_resumed_bar_estimates_the_time_left_from_this_runs_own_steps(monkeypatch, capsys):
+    """A training run resumed at step 1,200 of 12,000 read "eta 0:00:47" after 5 s: the resumed steps
+    were counted as done in those 5 s. The estimate now uses this run's own steps."""
+    import timerome.common.progress as P
+
+    now = [100.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: now[0])
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")
+    with P.progress_bar("training", total=1000, completed=100) as bar:
+        now[0] += 10.0
+        bar.advance(10)  # 10 steps in 10 s: 890 left take 890 s
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == "training: 110/1000 (11%), 0:00:10 elapsed, eta 0:14:50", line
 
 
 def test_a_progress_line_and_its_newline_are_one_write(monkeypatch):

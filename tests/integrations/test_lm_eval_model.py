@@ -205,6 +205,27 @@ def test_bad_model_args_are_one_clear_error(bb, tmp_path):
         evaluate_tasks(TimeromeLM(backbone=bb), ["no_such_task_anywhere"], include_path=[tmp_path])
 
 
+def test_task_data_out_of_reach_is_one_line_with_what_to_do(bb, monkeypatch, capsys):
+    """Without internet, lm-eval's download of a task's data (arc_easy: allenai/ai2_arc) ended our entry
+    point in a traceback from `datasets`; it is one line saying what lm-eval needs offline."""
+    import lm_eval
+    import lm_eval.__main__
+
+    import timerome.integrations.lm_eval_model as M
+
+    def offline(*_a, **_k):
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", offline)
+    with pytest.raises(TimeromeError, match="arc_easy: Couldn't reach 'allenai/ai2_arc'.*HF_DATASETS_OFFLINE"):
+        evaluate_tasks(TimeromeLM(backbone=bb), ["arc_easy"], manager=object())
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", offline)
+    with pytest.raises(SystemExit) as stop:
+        M.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("error: lm-eval could not fetch its task")
+
+
 @pytest.mark.slow
 def test_lm_eval_command_line_runs_the_registered_model(docs, tmp_path):
     # lm-eval's own CLI with our model registered (lm-eval 0.4.13 reads no entry points)

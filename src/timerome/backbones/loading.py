@@ -147,7 +147,7 @@ def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, re
         found = weights_digest(model, config)
         try:
             write_json(entry, dict(fingerprint=found[0], nonfinite=found[1], checkpoint=str(ckpt), dtype=str(dtype)))
-        except OSError:
+        except TimeromeError:  # an unwritable cache (write_atomic's words for an OSError): computed again next time
             pass
     fingerprint, nonfinite = found
     if nonfinite:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 import sys
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from timerome.common.cache import json_text
 from timerome.errors import Interrupted, TimeromeError
 
 # click's exceptions as typer raises them (typer may vendor its own click: the `click` package's differ)
@@ -159,22 +159,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def print_json(obj) -> None:
     """A command's result as standard JSON on stdout (--json; NaN and inf become null)."""
-    typer.echo(json.dumps(plain(obj), indent=2))
-
-
-def plain(x):
-    """x with numpy / torch numbers, tuples and paths as JSON values, non-finite floats as None."""
-    if isinstance(x, dict):
-        return {str(k): plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set)):
-        return [plain(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy / torch values and arrays
-        return plain(x.tolist())
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if x is None or isinstance(x, (str, int, bool)):
-        return x
-    return str(x)
+    typer.echo(json_text(obj), nl=False)
 
 
 def print_markdown(md: str) -> None:

@@ -81,11 +81,20 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     from timerome.tracing.positional_trace import PositionalTrace, is_positional, select_positional
     from timerome.tracing.result import TraceResult, trace_path
 
+    if method not in available():
+        raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
+    overrides = _config(config)
+    g_max = None
+    if overrides and method == "timerome":  # its settings as options, or the same through --config (not both)
+        method_config("timerome", overrides)  # unknown names and bad values, in the method's words
+        given = dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q, key_metric=key_metric, module=module,
+                     step=step)
+        got = _timerome_config(overrides, given, target, DEFAULTS["target"])
+        alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
+        target, g_max = got["target"], got["g_max"]
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
-    if method not in available():
-        raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
     _check_options(method, {"--lam": lam, "--lam-absolute": lam_absolute, "--q": q, "--key-metric": key_metric,
                             "--layer": layer, "--module": module, "--trace": trace_file, "--step": step})
     if lam is not None and lam_absolute is not None:
@@ -102,7 +111,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if not target.strip():
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
-    overrides = _config(config)
     weights = get_method(method).kind == "weights"
     if weights and out.suffix in (".safetensors", ".json"):
         raise TimeromeError(f"{method} changes the model's weights: it saves the edited model as a folder; --out "
@@ -119,9 +127,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
-    if overrides and method == "timerome":
-        raise TimeromeError("--config is for the other methods; timerome takes its settings as options (--alpha, "
-                            "--lam, --lam-absolute, --q, --key-metric, --layer, --module, --step, --trace)")
     if calibration is not None and method == "timerome":
         raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
     if trace_file is not None:
@@ -153,7 +158,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {source}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
     config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
-                                            key_metric=key_metric, target=target, step=step))
+                                            key_metric=key_metric, target=target, step=step, g_max=g_max))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
     ratio = memory.lam_value / memory.ridge.scale_of(memory.ridge.U)
@@ -189,6 +194,33 @@ def _check_options(method: str, given: dict) -> None:
     takes = (f"--alpha, --layer, --module, --trace{', --step' if method == 'codebook' else ''}"
              if gated else "its settings through --config (`timerome methods` lists them)")
     raise TimeromeError(f"--method {method} does not read {', '.join(bad)}; it takes {takes}")
+
+
+# timerome's settings that choose its own trace, which `timerome edit` does not run (it edits at --trace's
+# best layer, --layer, or the model's default)
+TRACE_SETTINGS = ("trace_facts", "trace_steps", "trace_samples", "trace_modules", "select_modules", "trace_seed",
+                  "trace_kind")
+
+
+def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
+    """The timerome method's --config settings merged with its options (`given`, None where not given;
+    target and g_max besides): a setting given both ways is refused, as are those `edit` does not use."""
+    trace = [k for k in TRACE_SETTINGS if k in overrides]
+    if trace:
+        raise TimeromeError(f"--config {', '.join(trace)}: the method's own trace, which `timerome edit` does not "
+                            "run; trace with `timerome trace` (--n-facts, --steps, --n-samples, --seed) and pass "
+                            "--trace")
+    if "coordinate" in overrides:
+        raise TimeromeError("--config coordinate: give the coordinate as --layer, --module and --step (or --trace)")
+    both = [k for k, v in given.items() if v is not None and k in overrides]
+    if "target" in overrides and target != default_target:
+        both.append("target")
+    if both:
+        raise TimeromeError(f"{', '.join(both)} given twice, as an option and in --config: give each once")
+    out = {k: overrides.get(k, v) for k, v in given.items()}
+    out["target"] = overrides.get("target") or target
+    out["g_max"] = overrides.get("g_max")
+    return out
 
 
 def _config(text: str | None) -> dict:

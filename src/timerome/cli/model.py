@@ -34,12 +34,12 @@ def info(checkpoint: Optional[str] = typer.Argument(None, help="checkpoint direc
     except RefusedConfig as e:
         d = describe_refusal(e)
         if as_json:
-            typer.echo(json.dumps(d, indent=2))
+            print_json(d)
             raise typer.Exit(2)
         _print_rows(d["family"], summary_rows(d))
         raise
     if as_json:
-        typer.echo(json.dumps(d, indent=2))
+        print_json(d)
         return
     _print_rows(str(bb), summary_rows(d))
     t = Table(title="hook points")

@@ -56,7 +56,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
     window = 10 if window is None else window
-    output_folder(out).mkdir(parents=True, exist_ok=True)  # fail on a bad folder before minutes of tracing
+    output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()
     if compare:
         refuse_causal(bb)  # before the positional trace: TIE cannot follow
@@ -77,16 +77,19 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
-    result.save(out / "trace.safetensors")
-    png = plot_heatmaps(result, out / "heatmap.png", selected=chosen)  # the name the demo writes
+    path = result.save(out / "trace.safetensors")
+    # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
+    files = dict(trace=str(path), trace_meta=str(path.with_suffix(".json")),
+                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))  # the name the demo writes
     if per_fact:
         plot_per_fact(result, out / "per_fact")
-    sel = dict(best=best.as_dict(), edit=chosen.as_dict(), top=[c.as_dict() for c in top],
+        files["per_fact"] = str(out / "per_fact")
+    files["selection"] = str(out / "selection.json")
+    sel = dict(best=best.as_dict(), edit=chosen.edit_dict(), top=[c.as_dict() for c in top],
                per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta)
     write_json(out / "selection.json", sel)
     if as_json:
-        print_json(dict(sel, files=dict(trace=str(out / "trace.safetensors"), heatmaps=str(png),
-                                        selection=str(out / "selection.json"))))
+        print_json(dict(sel, files=files))
         return
     objective = "mean |TIE|" + (f" - {beta:g} x neighbours' mean |TIE|" if other is not None else "")
     t = Table(title=f"top coordinates: {objective} over {len(result.fact_ids)} facts (nats)")
@@ -98,7 +101,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     console.print(t)
     console.print(f"edit coordinate: layer {chosen.layer} {chosen.module}, every step ({objective} "
                   f"{chosen.score:.3f} at step {chosen.step}); `timerome edit --trace` uses it")
-    console.print(f"wrote {out / 'trace.safetensors'}, {png}, {out / 'selection.json'}")
+    console.print(f"wrote {', '.join(files.values())}")
 
 
 def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_fact, compare, steps, tau, readout,
@@ -112,18 +115,20 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=batch_size)
     path = result.save(out / "positional.safetensors")
-    png = plot_positional(result, out / "heatmap.png")
+    files = dict(trace=str(path), trace_meta=str(path.with_suffix(".json")),
+                 heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
         for i in range(len(result.fact_ids)):
             plot_positional(result, out / "per_fact" / f"heatmap-{i}.png", fact=i)
+        files["per_fact"] = str(out / "per_fact")
     choices = {m: select_positional(result, (m,)) for m in result.modules}
-    files = dict(trace=str(path), heatmaps=str(png), selection=str(out / "selection.json"))
+    files["selection"] = str(out / "selection.json")
     if compare:
         tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result.settings["sigma"], tau=tau, seed=seed,
                     readout=readout)
-        tie.save(out / "trace.safetensors")
+        tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
-        files["tie_trace"] = str(out / "trace.safetensors")
+        files["tie_trace"], files["tie_trace_meta"] = str(tie_path), str(tie_path.with_suffix(".json"))
     mean = result.mean()
     table = {m: {c: mean[i, :, j].tolist() for j, c in enumerate(CATEGORIES)} for i, m in enumerate(result.modules)}
     sel = dict(kind="positional", edit=choices.get("mlp", next(iter(choices.values()))).as_dict(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import uuid
 from pathlib import Path
@@ -44,6 +45,15 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def _discard(tmp: Path) -> None:
+    """Remove a temporary file if it is there (where its folder could not be made, e.g. a file stands
+    in the way, unlink's own NotADirectoryError must not hide the write's error)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def write_atomic(path, data: str | bytes) -> Path:
     """Write `data` to `path` all at once (a temporary file renamed into place)."""
     path = Path(path)
@@ -55,7 +65,7 @@ def write_atomic(path, data: str | bytes) -> Path:
     except OSError as e:
         raise _unwritten(path, e) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
     return path
 
 
@@ -79,8 +89,57 @@ def _unwritten(path: Path, e: OSError):
                          f"is left; {advice} and run the command again")
 
 
+def plain(x):
+    """x with numpy / torch numbers, tuples, sets and paths as JSON values, non-finite floats as None:
+    what standard JSON (RFC 8259, which has no NaN or Infinity) can hold, and strict parsers read."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set)):
+        return [plain(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy / torch values and arrays
+        return plain(x.tolist())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)
+
+
+def json_text(obj) -> str:
+    """obj as standard JSON text (`plain`: NaN and infinities as null), indented, with a final newline:
+    every JSON file timerome writes and every --json it prints."""
+    return json.dumps(plain(obj), indent=2, allow_nan=False) + "\n"
+
+
 def write_json(path, obj) -> Path:
-    return write_atomic(path, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+    return write_atomic(path, json_text(obj))
+
+
+def nonfinite_marks(x, at: tuple = ()) -> list:
+    """[key or index, ..., "nan" | "inf" | "-inf"] for each non-finite float inside x (dicts, lists, and
+    numpy / torch values as `plain` reads them): what `json_text` writes as null, so that a reader of
+    the file can put it back (`restore_nonfinite`) where null alone would not say it was a number."""
+    if isinstance(x, dict):
+        return [m for k, v in x.items() for m in nonfinite_marks(v, (*at, str(k)))]
+    if isinstance(x, (list, tuple)):
+        return [m for i, v in enumerate(x) for m in nonfinite_marks(v, (*at, i))]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        return nonfinite_marks(x.tolist(), at)
+    if isinstance(x, float) and not math.isfinite(x):
+        return [[*at, repr(float(x))]]
+    return []
+
+
+def restore_nonfinite(x, marks: list):
+    """x (read back from JSON) with the values `nonfinite_marks` listed put back in place of their nulls."""
+    for *path, value in marks:
+        node = x
+        for k in path[:-1]:
+            node = node[k]
+        if node[path[-1]] is not None:
+            raise ValueError(f"non-finite mark {path} does not point at a null")
+        node[path[-1]] = float(value)
+    return x
 
 
 def _file_mode() -> int:
@@ -108,7 +167,7 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
             raise _unwritten(path, OSError(str(e).split("I/O error: ", 1)[-1])) from None
         raise
     finally:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
     return path
 
 

@@ -54,10 +54,10 @@ class _Bar:
 class _Lines(_Bar):
     """Plain progress lines for a stream that is not a terminal."""
 
-    def __init__(self, description: str, total: int, stream):
+    def __init__(self, description: str, total: int, stream, completed: int = 0):
         super().__init__()
         self.description, self.total, self.stream = description, total, stream
-        self.done, self.t0 = 0, time.monotonic()
+        self.done, self.start, self.t0 = completed, completed, time.monotonic()
         self.last = None  # when the last line was written
 
     def advance(self, n: int = 1, description: str | None = None):
@@ -71,7 +71,9 @@ class _Lines(_Bar):
 
     def write(self, now: float) -> None:
         elapsed = now - self.t0
-        left = elapsed / self.done * (self.total - self.done) if self.done else None
+        # the rate of this run's own steps: those done before it (a resumed run) took no time here
+        ran = self.done - self.start
+        left = elapsed / ran * (self.total - self.done) if ran > 0 else None
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         eta = f", eta {_clock(left)}" if left is not None and self.done < self.total else ""
         line(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}", self.stream)
@@ -87,17 +89,19 @@ def line(text: str, stream=None) -> None:
 
 
 @contextmanager
-def progress_bar(description: str, total: int, enabled: bool = True):
+def progress_bar(description: str, total: int, enabled: bool = True, completed: int = 0):
+    """A bar of `total` steps, `completed` of them done before (a resumed run: counted as done, not in
+    the rate the time left is estimated from)."""
     if not enabled:
         yield _Bar()
         return
     stream = sys.stderr
     if not stream.isatty():
-        yield _Lines(description, total, stream)
+        yield _Lines(description, total, stream, completed)
         return
     live = LIVE.get()
     if live is not None:  # nested: one more line of the open display, gone when it ends
-        task = live.add_task(description, total=total)
+        task = live.add_task(description, total=total, completed=completed)
         try:
             yield _Bar(live, task)
         finally:
@@ -108,7 +112,7 @@ def progress_bar(description: str, total: int, enabled: bool = True):
     with Progress(*cols, console=Console(file=stream), transient=False) as p:
         token = LIVE.set(p)
         try:
-            yield _Bar(p, p.add_task(description, total=total))
+            yield _Bar(p, p.add_task(description, total=total, completed=completed))
         finally:
             LIVE.reset(token)
 

@@ -365,11 +365,11 @@ _PARSERS = {"counterfact": _counterfact, "mquake": _mquake, "zsre": _zsre, "flat
 
 def save_requests(requests, path) -> Path:
     """Write requests as JSON in timerome's own format."""
+    from timerome.common.cache import write_atomic
     from timerome.common.files import output_file
 
-    p = output_file(Path(path), "the requests file")
-    p.write_text(json.dumps([r.as_record() for r in requests], indent=1) + "\n", encoding="utf-8")
-    return p
+    p = output_file(Path(path), "the requests file")  # its folder is made, as every -o makes it
+    return write_atomic(p, json.dumps([r.as_record() for r in requests], indent=1, allow_nan=False) + "\n")
 
 
 __all__ = ["EditRequest", "Probe", "load_requests", "parse_record", "record_format", "save_requests", "FORMATS"]

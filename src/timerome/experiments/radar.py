@@ -46,13 +46,22 @@ def share(value: float, comparator: float, higher_is_better: bool) -> float:
     return a / (a + b) if higher_is_better else b / (a + b)
 
 
+def _number(x) -> bool:
+    """A finite number (not null, which is how the experiments' JSON writes a NaN)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+
 def ablation_axis(saved: dict) -> dict | None:
     """-Δ ForgetLP of the paper's design against the best other design of the ablations."""
     s = saved.get("summary", {})
     base = s.get("no_edit", {}).get("ForgetLP")
     if base is None or ABLATED not in s:
         return None
-    drop = {r: base["mean"] - c["ForgetLP"]["mean"] for r, c in s.items() if r != "no_edit" and "ForgetLP" in c}
+    # a mean the JSON holds as null (not a number: standard JSON has no NaN) is no design to compare
+    drop = {r: base["mean"] - c["ForgetLP"]["mean"] for r, c in s.items()
+            if r != "no_edit" and _number(c.get("ForgetLP", {}).get("mean")) and _number(base.get("mean"))}
+    if ABLATED not in drop:
+        return None
     others = {r: v for r, v in drop.items() if r != ABLATED}
     if not others:
         return None
@@ -76,6 +85,8 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         entry = ablation_axis(saved) if source == "ablations" else (saved.get("radar") or {}).get(axis)
         if entry is None:
             missing[axis] = f"{path} has no {axis!r} entry"
+        elif not (_number(entry.get("value")) and _number(entry.get("comparator"))):
+            missing[axis] = f"{path}'s {axis!r} entry has no number (null: it was not a finite value)"
         else:
             found[axis] = dict(entry, source=str(path),
                                share=share(entry["value"], entry["comparator"], entry["higher_is_better"]))

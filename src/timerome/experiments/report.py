@@ -166,6 +166,7 @@ def figure(w, h):
 
 
 def save_png(fig, path) -> str:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, format="png", metadata={"Software": None})
     return str(path)
 

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
-from timerome.common.cache import digest, write_json
+from timerome.common.cache import digest, nonfinite_marks, restore_nonfinite, write_json
 from timerome.common.checks import budget
 from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
@@ -345,12 +346,35 @@ class Runner:
     def __init__(self, out_dir, *, resume: bool = True, progress: bool = True, executor=local_executor,
                  wait: bool | float = True):
         self.out_dir, self.resume, self.progress, self.executor = Path(out_dir), resume, progress, executor
-        self.wait = wait
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.wait = wait  # the folder is made by the first run's lock: a run refused before it makes none
 
+    @contextmanager
     def lock(self):
-        """The folder's lock, held by `run` (and by callers that write reports after it)."""
-        return hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}")
+        """The folder's lock, held by `run` (and by callers that write reports after it). Taking it makes
+        the folder; a block that fails or is refused before anything is kept in it leaves no folder it
+        made behind."""
+        missing = [d for d in (self.out_dir, *self.out_dir.parents) if not d.exists()]  # the folders it makes
+        try:
+            with hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}"):
+                yield
+        except BaseException:
+            if missing:
+                self._remove_unused(missing)
+            raise
+
+    def _remove_unused(self, made: list[Path]) -> None:
+        """Remove the folder if it holds nothing but the lock and an empty cells/ (nothing computed), and
+        the folders above it that were `made` with it, while they are empty."""
+        cells = self.out_dir / "cells"
+        try:
+            if {p.name for p in self.out_dir.iterdir()} <= {LOCK_NAME, "cells"} and not any(cells.glob("*")):
+                (self.out_dir / LOCK_NAME).unlink(missing_ok=True)
+                if cells.is_dir():
+                    cells.rmdir()
+                for d in made:  # the folder, then its parents: rmdir leaves a folder that is not empty
+                    d.rmdir()
+        except OSError:  # something else appeared meanwhile: it stays
+            pass
 
     def path(self, cell: Cell, ctx: Context) -> Path:
         return self.out_dir / "cells" / f"{digest(cell.key(ctx))}.json"
@@ -368,11 +392,13 @@ class Runner:
         if not (self.resume and p.is_file()):
             return None
         try:
-            result = json.loads(p.read_text(encoding="utf-8"))["result"]
+            saved = json.loads(p.read_text(encoding="utf-8"))
+            result = saved["result"]
             if not isinstance(result, dict):
                 raise TypeError(f"its result is a {type(result).__name__}")
-            return result
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            # standard JSON writes NaN as null: the marks put the cell's non-finite numbers back
+            return restore_nonfinite(result, saved.get("nonfinite", []))
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             aside = p.with_name(f"{p.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             p.replace(aside)
             notify(f"cell file {p} was unreadable ({type(e).__name__}: {str(e)[:80]}); moved it to {aside.name} "
@@ -398,7 +424,8 @@ class Runner:
                 c, path = cells[todo[j]], paths[todo[j]]
                 for i in same[path]:
                     results[i] = result
-                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result})
+                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result,
+                                  "nonfinite": nonfinite_marks(result)})
                 finished.append(j)
 
             cached = len(cells) - sum(map(len, same.values()))

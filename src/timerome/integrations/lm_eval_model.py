@@ -278,6 +278,28 @@ def task_manager(include_path=()):
     return TaskManager(include_path=[str(p) for p in include_path] or None)
 
 
+def _network_errors() -> tuple:
+    """The errors a task's data download raises where the Hub cannot be reached (datasets raises the
+    built-in ConnectionError; requests its own)."""
+    try:
+        from requests.exceptions import ConnectionError as RequestsConnectionError
+    except ImportError:
+        return (ConnectionError,)
+    return ConnectionError, RequestsConnectionError
+
+
+NETWORK_ERRORS = _network_errors()
+NO_HUB = ("lm-eval downloads each task's data from the Hugging Face Hub; without internet it needs them on this "
+          "machine: a datasets cache filled beforehand (and HF_DATASETS_OFFLINE=1), or task YAMLs over local "
+          "files (--include_path)")
+
+
+def _failure(e: BaseException) -> str:
+    """An lm-eval failure in one line: its first line, and for a network failure what to do offline."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{text}; {NO_HUB}" if isinstance(e, NETWORK_ERRORS) else text
+
+
 def evaluate_tasks(lm: TimeromeLM, tasks, *, num_fewshot=None, limit=None, include_path=None,
                    seed: int = 0, log_samples: bool = False, manager=None) -> dict:
     """lm_eval.simple_evaluate on our model: the task results dict ({"results": ..., "samples": ...}).
@@ -292,9 +314,9 @@ def evaluate_tasks(lm: TimeromeLM, tasks, *, num_fewshot=None, limit=None, inclu
                                        task_manager=manager, log_samples=log_samples, random_seed=seed,
                                        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                                        bootstrap_iters=1000)
-    except (KeyError, ValueError) as e:  # an unknown task name, a malformed task file
-        raise TimeromeError(f"lm-eval could not run tasks {', '.join(map(str, tasks))}: "
-                            f"{str(e).strip().splitlines()[0]}") from None
+    except (KeyError, ValueError, *NETWORK_ERRORS) as e:  # an unknown task, a malformed task file, no Hub
+        raise TimeromeError(f"lm-eval could not run tasks {', '.join(map(str, tasks))}: {_failure(e)}") from None
+
 
 
 if register_model is not None and __name__ != "__main__":
@@ -311,6 +333,9 @@ def main() -> None:
         cli_evaluate()
     except TimeromeError as e:  # ours: one line, exit 2, as the timerome command line does
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except NETWORK_ERRORS as e:  # a task's data out of reach: one line with what to do, not a traceback
+        print(f"error: lm-eval could not fetch its task data: {_failure(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -43,6 +43,11 @@ class Candidate:
         return dict(layer=self.layer, step=self.step, module=self.module, score=self.score,
                     mean_abs_tie=self.mean_abs_tie, neighbour_abs_tie=self.neighbour_abs_tie)
 
+    def edit_dict(self) -> dict:
+        """`as_dict` of the edit this candidate gives (`edit_coordinate`): step None (every step), and
+        the step whose TIE chose it as traced_step."""
+        return dict(self.as_dict(), step=self.edit_coordinate.step, traced_step=self.step)
+
 
 @dataclass(frozen=True)
 class Selection:

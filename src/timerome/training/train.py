@@ -130,8 +130,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     t0 = time.perf_counter()
     saved_epochs = first
     try:
-        with progress_bar(label, total=total, enabled=show_progress) as bar:
-            bar.advance(first * steps_per_epoch)
+        with progress_bar(label, total=total, enabled=show_progress, completed=first * steps_per_epoch) as bar:
             for epoch in range(first, cfg.epochs):
                 perm = torch.randperm(len(pairs), generator=order_gen).tolist()
                 for s in range(steps_per_epoch):

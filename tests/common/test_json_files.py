@@ -1,0 +1,98 @@
+"""The JSON timerome writes is standard JSON (RFC 8259: no NaN, no Infinity), read by strict parsers;
+where a reader needs the non-finite numbers back (an experiment's cell cache), their places are kept."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from timerome.common.cache import json_text, nonfinite_marks, restore_nonfinite, write_json
+
+
+def strict(text: str):
+    """json.loads as a strict parser reads (JavaScript's JSON.parse): NaN / Infinity refused."""
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path):
+    obj = {"a": float("nan"), "b": [1.5, float("inf"), -float("inf")], "c": torch.tensor([0.5, float("nan")]),
+           "d": (1, "x", None), "e": {"deep": float("nan")}}
+    got = strict(write_json(tmp_path / "x.json", obj).read_text())
+    assert got == {"a": None, "b": [1.5, None, None], "c": [0.5, None], "d": [1, "x", None], "e": {"deep": None}}
+    assert strict(json_text({"k": 1})) == {"k": 1}
+
+
+def test_nonfinite_marks_put_the_numbers_back_and_nothing_else():
+    obj = {"metrics": {"FQ": float("nan"), "x": 1.0, "inf": [2.0, float("-inf")]}, "config": {"step": None}}
+    marks = nonfinite_marks(obj)
+    back = restore_nonfinite(json.loads(json_text(obj)), json.loads(json.dumps(marks)))
+    assert math.isnan(back["metrics"]["FQ"]) and back["metrics"]["inf"] == [2.0, -math.inf]
+    assert back["config"]["step"] is None and back["metrics"]["x"] == 1.0  # a real null stays null
+    with pytest.raises(ValueError, match="does not point at a null"):
+        restore_nonfinite({"a": 1.0}, [["a", "nan"]])
+
+
+def test_a_cell_with_a_nan_metric_reads_back_as_it_was_computed(tmp_path):
+    """The runner's cell files are standard JSON now; a resumed run must still see NaN (not None) where
+    a metric was undefined, or its tables would differ from the first run's."""
+    from timerome import load_backbone
+    from timerome.experiments.runner import Cell, Context, Runner, measurement
+
+    @measurement("nan_test_cell")
+    def nan_cell(cell, ctx, rows, task):
+        return {"metrics": {"x": float("nan"), "y": 2.0}, "info": {"note": None}}
+
+    ctx = Context(load_backbone(), progress=False)
+    cells = [Cell("nan_test_cell", seed=0, data=dict(splits=["forget"]))]
+    runner = Runner(tmp_path, progress=False)
+    first = runner.run(cells, ctx)
+    saved = runner.path(cells[0], ctx).read_text()
+    assert strict(saved)["result"]["metrics"]["x"] is None and "NaN" not in saved
+    again = runner.run(cells, ctx)  # read from the cell file
+    assert math.isnan(again[0]["metrics"]["x"]) and again[0]["metrics"]["y"] == 2.0
+    assert again[0]["info"]["note"] is None and math.isnan(first[0]["metrics"]["x"])
+
+
+def test_the_positional_traces_selection_is_strict_json(tmp_path):
+    """Its mean_by_category held bare NaN (a category no fact has), which strict parsers refuse."""
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    res = CliRunner().invoke(app, ["trace", "--positional", "-o", str(tmp_path / "p"), "--n-facts", "1",
+                                   "--n-samples", "1"])
+    assert res.exit_code == 0, res.output
+    sel = strict((tmp_path / "p" / "selection.json").read_text())
+    values = [v for m in sel["mean_by_category"].values() for row in m.values() for v in row]
+    assert None in values  # the undefined categories, as null
+
+
+def test_an_unwritable_cache_does_not_stop_a_model_loading(tmp_path, monkeypatch):
+    """The weights' fingerprint is cached; a cache folder that cannot be written used to turn into an
+    error that stopped the load (write_atomic's TimeromeError is not an OSError)."""
+    from timerome import load_backbone
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("TIMEROME_CACHE", str(blocked))
+    assert len(load_backbone().fingerprint()) == 16
+
+
+def test_the_radar_reads_a_null_as_no_number(tmp_path):
+    from timerome.experiments.radar import read_axes
+
+    (tmp_path / "robustness").mkdir()
+    (tmp_path / "robustness" / "robustness.json").write_text(json_text(
+        {"radar": {"robustness": dict(value=float("nan"), comparator=0.5, higher_is_better=True, text="t")}}))
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations" / "ablations.json").write_text(json_text({"summary": {
+        "no_edit": {"ForgetLP": {"mean": -1.0}},
+        "resid, all steps, traced layer (TimeROME)": {"ForgetLP": {"mean": float("nan")}},
+        "other": {"ForgetLP": {"mean": -2.0}}}}))
+    found, missing = read_axes(tmp_path)
+    assert "robustness" not in found and "no number" in missing["robustness"]
+    assert "ablations" not in found and "ablations" in missing
