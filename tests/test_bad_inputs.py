@@ -511,6 +511,27 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
                                      replace(task.facts[0], target="Nowhere.", fact_id="x")]), "one thing"),
         (lambda: EditMemory(bb).add([replace(task.facts[0], target="I don't know.")]).add(
             [replace(task.facts[0], target="Nowhere.", fact_id="x")]), "remove that fact first"),
+        # stop 48 (an audit of the API): the model argument, generate's generator / state / ids, evaluate's rows
+        (lambda: generate("default", q, steps=8, gen_length=8, block_length=8), "load_backbone(path)"),
+        (lambda: generate(None, q, steps=8, gen_length=8, block_length=8), "generate's backbone"),
+        (lambda: trace("default", task.facts[:1]), "trace's backbone"),
+        (lambda: EditMemory.build(None, (1, "resid"), task.facts[:1]), "EditMemory's backbone"),
+        (lambda: evaluate(None, {"forget": task.forget_rows}), "evaluate's backbone"),
+        (lambda: _enter(EditMemory(bb).add(task.facts[:1]).applied(None)), "applied's backbone"),
+        (lambda: generate(bb, q, steps=8, gen_length=8, block_length=8, temperature=1.0, generator=3), "torch.Generator"),
+        (lambda: generate(bb, q, steps=8, gen_length=8, block_length=8, state=object()), "`step`"),
+        (lambda: generate(bb, torch.tensor([[1.5, 2.7]]), steps=8, gen_length=8, block_length=8), "integer token ids"),
+        (lambda: EditMemory.build(bb, (1, "resid"), None), "list of facts"),
+        (lambda: EditMemory.build(bb, (1, "resid"), []), "scale_facts"),
+        (lambda: EditMemory.build(bb, (1, "resid"), [{"subject": "x", "prompt": "y"}]), "object"),
+        (lambda: EditMemory(bb).add(task.facts[:1]).remove(None), "fact_ids"),
+        (lambda: _twice(EditMemory(bb).add(task.facts[:1]), bb), "already applied"),
+        (lambda: evaluate(bb, task.forget_rows), "{split: [row, ...]}"),
+        (lambda: evaluate(bb, {"forget": [{"question": "q"}]}), "'answer'"),
+        (lambda: evaluate(bb, {"forget": []}), "non-empty list"),
+        (lambda: evaluate(bb, {"bogus": task.forget_rows}), "'forget'"),
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, sampler={"cahce": "dual"}), "'cahce'"),
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr="x"), "reference_tr"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):
@@ -528,6 +549,18 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         budget("a test", 10 * FORWARD_LIMIT)
     with pytest.raises(TimeromeError, match="insist"):
         budget("a test", 10 * FORWARD_LIMIT)
+
+
+def _enter(cm):
+    """Enter and leave a context manager (the refusals above come on entering)."""
+    with cm:
+        pass
+
+
+def _twice(memory, bb):
+    """A memory applied inside its own `applied` block: its update would be added twice."""
+    with memory.applied(bb), memory.applied(bb):
+        pass
 
 
 def test_a_disk_that_fills_mid_write_leaves_the_original_whole(files, tmp_path):

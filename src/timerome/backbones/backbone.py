@@ -342,6 +342,21 @@ FINGERPRINT_VERSION = 2  # 1 hashed a strided sample of 512 values per tensor; 2
 _CHUNK = 1 << 24  # elements copied to the CPU and hashed at a time
 
 
+def model_arg(backbone, where: str = "backbone"):
+    """backbone if it is a model timerome can run (a `Backbone`, or a stand-in with its `logits` and
+    `device`), else one TimeromeError naming the argument: a path, None or a string given where the
+    loaded model belongs failed deep inside with an AttributeError."""
+    if isinstance(backbone, Backbone) or (callable(getattr(backbone, "logits", None))
+                                          and hasattr(backbone, "device")):
+        return backbone
+    from timerome.common.checks import shown
+
+    hint = " (load it first: timerome.load_backbone(path))" if isinstance(backbone, (str, bytes)) or hasattr(
+        backbone, "__fspath__") else ""
+    raise TimeromeError(f"{where} must be a model from timerome.load_backbone(...), got {type(backbone).__name__} "
+                        f"{shown(backbone)}{hint}")
+
+
 def weights_digest(model, config: dict) -> tuple[str, list[str]]:
     """(fingerprint, names of the parameters holding NaN or inf) of every byte of every parameter,
     with the config: one pass over the weights (about 1.7 GB/s of SHA-256 on a CPU core)."""

@@ -313,6 +313,22 @@ def denoising_steps(backbone, state=None):
             s.step = step
 
 
+@contextmanager
+def once_on(edit, backbone):
+    """The block in which `edit` (a memory, a gated edit) is applied to `backbone`, refused where it is
+    applied there already (an `applied` block inside another of the same edit): its update would be
+    added twice, a silently stronger edit."""
+    on = edit.__dict__.setdefault("_applied_on", set())
+    if id(backbone) in on:
+        raise TimeromeError(f"this {type(edit).__name__} is already applied to this model (an `applied` block "
+                            "inside another): applying it again would add its update twice; apply it once")
+    on.add(id(backbone))
+    try:
+        yield
+    finally:
+        on.discard(id(backbone))
+
+
 # ------------------------------------------------------------------------------ common uses
 
 

@@ -54,6 +54,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer, number
 from timerome.engine.hooks import answer_region, denoising_steps
 from timerome.engine.settings import SAMPLER
@@ -97,9 +98,17 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
         a cache, refresh it every n steps inside a block too (None: at block starts only).
     threshold: reveal every candidate whose confidence is >= threshold, at least one per step.
     """
+    model_arg(backbone, "generate's backbone")
     device = backbone.device
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TimeromeError(f"generator must be a torch.Generator (every random draw comes from it) or None, got "
+                            f"{type(generator).__name__} {generator!r:.40}; seed one: "
+                            "torch.Generator(device=backbone.device).manual_seed(SEED)")
+    if state is not None and not hasattr(state, "step"):
+        raise TimeromeError(f"state must be an object with a `step` (a TraceState) or None, got "
+                            f"{type(state).__name__}")
     check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
                      temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
                      threshold=threshold, refresh_every=refresh_every)
@@ -332,10 +341,14 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if isinstance(prompt_ids, str):  # text: the convenience most first calls expect
         prompt_ids = backbone.encode(prompt_ids)
     try:
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+        prompt = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError):
         raise TimeromeError("prompt_ids must be a string, a list of token ids or a LongTensor "
                             "(rows of one length; left-pad with attention_mask)") from None
+    if prompt.numel() and (prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool):
+        raise TimeromeError(f"prompt_ids must be integer token ids (a LongTensor or ints), got {prompt.dtype} "
+                            "values: a float id would be cut to an integer without a word")
+    prompt = prompt.long()
     if prompt.dim() == 1:
         prompt = prompt[None, :]
     if prompt.dim() != 2:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from timerome import metrics as M
-from timerome.common.checks import budget, integer
+from timerome.backbones.backbone import model_arg
+from timerome.common.checks import budget, integer, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.cost import measure
 from timerome.common.progress import progress_bar
@@ -182,6 +183,12 @@ def summarise(items: dict[str, dict], reference_tr=None) -> dict:
     return computed(items, reference_tr)
 
 
+# the splits the paper's columns read (any other split is scored into "items" only)
+EVALUATED_SPLITS = ("forget", "retain", "real_authors", "world_facts")
+# the options `sampler=` may set: generate_answers' own (the rest of its arguments are the evaluation's)
+SAMPLER_OPTIONS = ("cache", "threshold", "refresh_every", "slack")
+
+
 def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, reference_tr=None,
              edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False,
              sampler: dict | None = None, target: str = DEFAULT_TARGET) -> dict:
@@ -198,9 +205,18 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     why it is NaN}}, all JSON-able. ForgetQuality needs `reference_tr` (module docstring), else it is NaN
     and "notes" says so.
     """
-    if not rows:
-        raise TimeromeError("nothing to evaluate: rows has no splits")
+    model_arg(backbone, "evaluate's backbone")
+    if isinstance(rows, dict) and rows and not set(rows) & set(EVALUATED_SPLITS):
+        raise TimeromeError(f"rows has no split the metrics read ({', '.join(map(repr, rows))}): name them "
+                            f"{', '.join(map(repr, EVALUATED_SPLITS))}")
     check_evaluation(rows, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio)
+    unknown = sorted(set(sampler or {}) - set(SAMPLER_OPTIONS)) if isinstance(sampler, dict) else None
+    if sampler is not None and unknown != []:
+        raise TimeromeError(f"sampler must be a dict of {', '.join(SAMPLER_OPTIONS)}, got "
+                            + (f"the unknown option(s) {', '.join(map(repr, unknown))}" if unknown else shown(sampler)))
+    if reference_tr is not None and (isinstance(reference_tr, (str, bytes, dict)) or not hasattr(reference_tr, "__len__")):
+        raise TimeromeError(f"reference_tr must be the reference model's forget truth ratios (a list or tensor of "
+                            f"numbers: evaluation.reference_truth_ratios), got {shown(reference_tr)}")
     check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
     items = {}
     ctx = edit_active(edit, backbone)
@@ -227,8 +243,21 @@ def answer_count(rows: dict, truth_ratio: bool = True) -> int:
 
 
 def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: str = "evaluating") -> None:
-    """n_mc and seed checked, and the likelihood forwards of an evaluation of `rows` within the budget
+    """rows, n_mc and seed checked, and the likelihood forwards of an evaluation of `rows` within the budget
     (n_mc per answer: the answer, and with truth ratios its paraphrase and perturbed answers)."""
+    if not isinstance(rows, dict):
+        raise TimeromeError(f"rows must be {{split: [row, ...]}} (e.g. {{'forget': rows}}), got a "
+                            f"{type(rows).__name__}")
+    if not rows:
+        raise TimeromeError("nothing to evaluate: rows has no splits")
+    for split, rs in rows.items():
+        if not isinstance(rs, (list, tuple)) or not rs:
+            raise TimeromeError(f"rows[{split!r}] must be a non-empty list of rows, got {shown(rs)}")
+        for i, r in enumerate(rs):
+            bad = [k for k in ("question", "answer") if not isinstance(r, dict) or not isinstance(r.get(k), str)]
+            if bad:
+                raise TimeromeError(f"rows[{split!r}][{i}] has no {' and no '.join(map(repr, bad))} text "
+                                    f"(a row is a dict with 'question' and 'answer' strings)")
     integer(n_mc, "n_mc", lo=1)
     check_seed(seed, "seed")
     answers = answer_count(rows, truth_ratio)

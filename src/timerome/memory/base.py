@@ -33,11 +33,21 @@ from timerome.common.files import parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_id
-from timerome.engine.hooks import Hooks, TraceState
+from timerome.backbones.backbone import model_arg
+from timerome.engine.hooks import Hooks, TraceState, once_on
 from timerome.errors import TimeromeError
 
 # format -> the memory class that writes it (older formats it reads too); filled as each class is defined
 KINDS: dict[str, type] = {}
+
+
+def id_list(fact_ids) -> list[str]:
+    """The ids a memory's `remove` takes: one id, or an iterable of them (each as a string)."""
+    if isinstance(fact_ids, str):
+        return [fact_ids]
+    if fact_ids is None or isinstance(fact_ids, (bytes, dict)) or not hasattr(fact_ids, "__iter__"):
+        raise TimeromeError(f"fact_ids must be a fact id or a list of them, got {shown(fact_ids)}")
+    return [str(i) for i in fact_ids]
 
 
 class Memory:
@@ -72,7 +82,7 @@ class Memory:
 
     def _bind(self, backbone, coordinate: Coordinate) -> None:
         """The model and the place this memory belongs to, set once."""
-        self.backbone = backbone
+        self.backbone = model_arg(backbone, f"{type(self).__name__}'s backbone")
         self.coordinate = coordinate.on(backbone)
         self.hidden_size = backbone.hidden_size
         self.fingerprint = backbone.fingerprint()
@@ -90,10 +100,11 @@ class Memory:
         Yields the TraceState (a coordinate's step k* is set in it by every trajectory: `generate`,
         `tie.run_trajectory`; `hooks.denoising_steps`).
         """
+        model_arg(backbone, "applied's backbone")
         self._check_backbone(backbone)
         self._check_ready()
         self._prepare(backbone)
-        with Hooks(backbone, edit=self._edits(), state=state, ids=self.READS_IDS) as hooks:
+        with once_on(self, backbone), Hooks(backbone, edit=self._edits(), state=state, ids=self.READS_IDS) as hooks:
             yield hooks.state
 
     def _prepare(self, backbone) -> None:

@@ -48,7 +48,8 @@ import torch
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.errors import TimeromeError
-from timerome.memory.base import Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, math_dtype
+from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, id_list,
+                                  math_dtype)
 from timerome.memory.capture import capture_facts
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
@@ -192,7 +193,7 @@ class CodebookMemory(Memory):
 
     def remove(self, fact_ids) -> "CodebookMemory":
         """Drop facts (and their entries) by id; unknown ids raise and nothing is removed."""
-        fact_ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        fact_ids = id_list(fact_ids)
         missing = [i for i in fact_ids if i not in self._ids]
         if missing:
             raise TimeromeError(f"no fact with id {', '.join(map(repr, missing[:5]))} in the memory")

@@ -32,7 +32,7 @@ from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, fact_content,
-                                   math_dtype)
+                                   id_list, math_dtype)
 from timerome.memory.capture import capture_facts
 from timerome.memory.cuda_graph import GraphedCalls
 from timerome.memory.ridge import DEFAULT_LAM, RidgeMemory, check_lambda
@@ -61,6 +61,11 @@ def default_coordinate(backbone) -> Coordinate:
     at the band's upper end: (n_layers - 1) // 2 = 1 there.
     """
     return Coordinate((backbone.n_layers - 1) // 2, "resid")
+
+
+def _empty_list(facts) -> bool:
+    """An empty list (or tuple) of facts: `build` makes an empty memory of it, scaled on scale_facts."""
+    return isinstance(facts, (list, tuple)) and not facts
 
 
 class EditMemory(Memory):
@@ -166,10 +171,11 @@ class EditMemory(Memory):
         if unknown:
             raise TimeromeError(f"{cls.__name__}.build takes no setting {', '.join(unknown)}; its settings: "
                                 f"{', '.join(known)}")
+        # the facts checked before the constructor's minutes of whitening statistics
+        facts = [] if _empty_list(facts) else fact_list(facts)
+        scale = facts or fact_list(scale_facts, "scale_facts (the facts an empty memory's lambda is scaled on)")
         memory = cls(backbone, coordinate, **settings)
-        facts = list(facts)
-        cap = capture_facts(backbone, facts or fact_list(scale_facts), memory.coordinate, target=memory.target,
-                            batch_size=memory.batch_size)
+        cap = capture_facts(backbone, scale, memory.coordinate, target=memory.target, batch_size=memory.batch_size)
         memory.scale_to(cap.keys)
         if facts:
             memory.add_vectors(cap.keys, cap.deltas, facts)
@@ -237,7 +243,7 @@ class EditMemory(Memory):
 
     def remove(self, fact_ids) -> "EditMemory":
         """Drop facts by id (a downdate, no re-solve); unknown ids raise and nothing is removed."""
-        fact_ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        fact_ids = id_list(fact_ids)
         if len(fact_ids) <= 8:  # a few: C-speed scans of the id list (the last of a repeated id, as the dict)
             backwards = self._ids[::-1]
             have = {fid: len(backwards) - 1 - backwards.index(fid) for fid in fact_ids if fid in backwards}

@@ -14,7 +14,8 @@ import torch
 
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
-from timerome.engine.hooks import Hooks, TraceState
+from timerome.backbones.backbone import model_arg
+from timerome.engine.hooks import Hooks, TraceState, once_on
 from timerome.errors import TimeromeError
 from timerome.memory.base import math_dtype
 from timerome.memory.capture import capture_facts
@@ -55,8 +56,9 @@ class GatedEdit:
 
     @contextmanager
     def applied(self, backbone, state: TraceState | None = None):
-        coord = self.coordinate.on(backbone)
+        coord = self.coordinate.on(model_arg(backbone, "applied's backbone"))
         if backbone.hidden_size != len(self.u):
             raise TimeromeError(f"the edit has hidden size {len(self.u)}, the model {backbone.hidden_size}")
-        with Hooks(backbone, edit={coord: lambda h, _st: h + self.delta(h)}, state=state) as hooks:
+        with once_on(self, backbone), Hooks(backbone, edit={coord: lambda h, _st: h + self.delta(h)},
+                                            state=state) as hooks:
             yield hooks.state

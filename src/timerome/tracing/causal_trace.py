@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from timerome.backbones import HOOK_POINTS, load_backbone
+from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer, memory_budget, number
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
@@ -140,6 +141,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     """
     if backbone is None:
         backbone = load_backbone()
+    model_arg(backbone, "trace's backbone")
     facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
                              seed)
