@@ -532,6 +532,9 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: evaluate(bb, {"bogus": task.forget_rows}), "'forget'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, sampler={"cahce": "dual"}), "'cahce'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr="x"), "reference_tr"),
+        (lambda: load(123), "a checkpoint folder or a .gguf file"),
+        (lambda: load(dtype=torch.int64), "floating-point"),
+        (lambda: load_memory(files["mem"], load(dtype="bfloat16")), "another dtype"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

@@ -30,6 +30,9 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
                 f"the embedded default model is missing from {DEFAULT_MODEL_DIR}; "
                 "rebuild it with `timerome build-default`")
         return DEFAULT_MODEL_DIR
+    if not isinstance(path_or_hub_id, (str, Path)):
+        raise TimeromeError(f"the model must be a checkpoint folder or a .gguf file (a path), or None for the "
+                            f"embedded default; got {type(path_or_hub_id).__name__} {path_or_hub_id!r:.40}")
     p = Path(path_or_hub_id).expanduser()
     if p.is_file() and p.suffix.lower() == ".gguf":
         from timerome.backbones.gguf import gguf_folder
@@ -189,8 +192,11 @@ def _dtype(dtype) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:  # an integer dtype would fail inside torch's Module.to
+            raise TimeromeError(f"dtype {dtype} is not a floating-point type a model computes in; use one of "
+                                f"{', '.join(DTYPES)}")
         return dtype
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise TimeromeError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 

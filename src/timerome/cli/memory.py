@@ -131,19 +131,33 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
+    nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
+                                "target): nothing to add")
+    held = _header_facts(meta)
+    if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflicting target raises here:
+        raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
     rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
         memory = load_memory(file, bb, calibration=rows, value_rows=rows)
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:
-            raise TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
-                                "target): nothing to add")
+            raise nothing_new
         _notes(skipped, renamed, source, str(file))
         before = len(memory)
         memory.add(new)
         saved = memory.save(dest)
     _done(saved, memory, f"added {len(memory) - before} facts", as_json,
           skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed))
+
+
+def _header_facts(meta: dict) -> list | None:
+    """The facts a memory file's header lists (None where they cannot be read: its loader says why)."""
+    from timerome.memory.base import _fact_from_dict
+
+    try:
+        return [_fact_from_dict(d) for d in meta.get("facts", [])]
+    except (TimeromeError, TypeError, AttributeError):
+        return None
 
 
 def _notes(skipped, renamed, source: str, into: str) -> None:

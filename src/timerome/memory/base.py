@@ -41,6 +41,11 @@ from timerome.errors import TimeromeError
 KINDS: dict[str, type] = {}
 
 
+# what a fingerprint mismatch may mean besides another checkpoint
+OTHER_MODEL = ("; a fingerprint is of the weights as loaded, so the same checkpoint in another dtype counts as "
+               "another model: load it as the memory was built (e.g. the same --dtype), or build the memory again")
+
+
 def id_list(fact_ids) -> list[str]:
     """The ids a memory's `remove` takes: one id, or an iterable of them (each as a string)."""
     if isinstance(fact_ids, str):
@@ -117,7 +122,7 @@ class Memory:
     def _check_backbone(self, backbone) -> None:
         if backbone.hidden_size != self.hidden_size or backbone.fingerprint() != self.fingerprint:
             raise TimeromeError(f"this {self.WHAT} was built for another model "
-                                f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()})")
+                                f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()}){OTHER_MODEL}")
 
     def _check_ready(self) -> None:
         raise NotImplementedError
@@ -372,7 +377,7 @@ def check_for_model(path, meta: dict, backbone) -> Coordinate:
     if meta.get("fingerprint") != backbone.fingerprint():
         raise TimeromeError(
             f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
-            f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}")
+            f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}{OTHER_MODEL}")
     if meta["hidden_size"] != backbone.hidden_size:
         raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
                             f"{backbone.hidden_size}")
