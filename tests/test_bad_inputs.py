@@ -528,7 +528,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: _twice(EditMemory(bb).add(task.facts[:1]), bb), "already applied"),
         (lambda: evaluate(bb, task.forget_rows), "{split: [row, ...]}"),
         (lambda: evaluate(bb, {"forget": [{"question": "q"}]}), "'answer'"),
-        (lambda: evaluate(bb, {"forget": []}), "non-empty list"),
+        (lambda: evaluate(bb, {"forget": "rows.json"}), "must be a list of rows"),
         (lambda: evaluate(bb, {"bogus": task.forget_rows}), "'forget'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, sampler={"cahce": "dual"}), "'cahce'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr="x"), "reference_tr"),

@@ -245,6 +245,38 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_run_waiting_on_a_folder_whose_first_run_kept_nothing_goes_on(tmp_path):
+    """The first run's folder is removed under its lock (it kept nothing); a second run waiting for that
+    lock then locks the path anew and makes the folder again (it used to fail: the lock's folder was made
+    once, before the wait)."""
+    import threading
+    import time
+
+    from timerome.experiments.runner import Runner
+
+    out = tmp_path / "new" / "run"
+    first, second = Runner(out, progress=False), Runner(out, progress=False)
+    started, got = threading.Event(), []
+
+    def wait_then_run():
+        started.wait()
+        try:
+            with second.lock():
+                got.append(out.is_dir())
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            got.append(repr(e))
+
+    t = threading.Thread(target=wait_then_run)
+    t.start()
+    with pytest.raises(RuntimeError, match="refused"):
+        with first.lock():
+            started.set()
+            time.sleep(0.5)  # the second run is waiting on the lock now
+            raise RuntimeError("refused before anything was kept")
+    t.join(60)
+    assert got == [True]
+
+
 def test_a_resumed_bar_estimates_the_time_left_from_this_runs_own_steps(monkeypatch, capsys):
     """A training run resumed at step 1,200 of 12,000 read "eta 0:00:47" after 5 s: the resumed steps
     were counted as done in those 5 s. The estimate now uses this run's own steps."""

@@ -30,7 +30,7 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
                 f"the embedded default model is missing from {DEFAULT_MODEL_DIR}; "
                 "rebuild it with `timerome build-default`")
         return DEFAULT_MODEL_DIR
-    if not isinstance(path_or_hub_id, (str, Path)):
+    if not isinstance(path_or_hub_id, (str, os.PathLike)):
         raise TimeromeError(f"the model must be a checkpoint folder or a .gguf file (a path), or None for the "
                             f"embedded default; got {type(path_or_hub_id).__name__} {path_or_hub_id!r:.40}")
     p = Path(path_or_hub_id).expanduser()
@@ -150,8 +150,8 @@ def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, re
         found = weights_digest(model, config)
         try:
             write_json(entry, dict(fingerprint=found[0], nonfinite=found[1], checkpoint=str(ckpt), dtype=str(dtype)))
-        except TimeromeError:  # an unwritable cache (write_atomic's words for an OSError): computed again next time
-            pass
+        except (TimeromeError, OSError):  # an unwritable cache (write_atomic's words for an OSError, or one
+            pass                          # raised while it finds them): computed again next time
     fingerprint, nonfinite = found
     if nonfinite:
         raise TimeromeError(f"the weights of {ckpt} hold NaN or infinite values ({len(nonfinite)} of its tensors: "

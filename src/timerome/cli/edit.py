@@ -212,6 +212,7 @@ def _timerome_config(overrides: dict, given: dict, target: str, default_target: 
                             "--trace")
     if "coordinate" in overrides:
         raise TimeromeError("--config coordinate: give the coordinate as --layer, --module and --step (or --trace)")
+    overrides = {k: v for k, v in overrides.items() if v is not None}  # null: the default, as leaving it out
     both = [k for k, v in given.items() if v is not None and k in overrides]
     if "target" in overrides and target != default_target:
         both.append("target")

@@ -133,11 +133,11 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")
-    held = _header_facts(meta)
-    if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflicting target raises here:
-        raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
-    rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
+        held = _header_facts(read_memory_file(file)[1])  # the file as it is now, under the lock
+        if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
+            raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
+        rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
         memory = load_memory(file, bb, calibration=rows, value_rows=rows)
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:

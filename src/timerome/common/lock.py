@@ -65,9 +65,11 @@ def hold(path, *, wait: bool | float = True, what: str = "this folder", say=None
         finally:
             HELD.reset(token)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     say = say or notify
     while True:
+        # at every try: the holder waited for may have removed the folder with its lock file (an
+        # experiment run that kept nothing, `Runner.lock`)
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _acquire(fd, path, wait, what, say)

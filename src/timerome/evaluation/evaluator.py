@@ -251,8 +251,8 @@ def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: 
     if not rows:
         raise TimeromeError("nothing to evaluate: rows has no splits")
     for split, rs in rows.items():
-        if not isinstance(rs, (list, tuple)) or not rs:
-            raise TimeromeError(f"rows[{split!r}] must be a non-empty list of rows, got {shown(rs)}")
+        if not isinstance(rs, (list, tuple)):  # an empty one is scored as none (its columns NaN, with a note)
+            raise TimeromeError(f"rows[{split!r}] must be a list of rows, got {shown(rs)}")
         for i, r in enumerate(rs):
             bad = [k for k in ("question", "answer") if not isinstance(r, dict) or not isinstance(r.get(k), str)]
             if bad:

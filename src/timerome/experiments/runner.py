@@ -354,13 +354,13 @@ class Runner:
         the folder; a block that fails or is refused before anything is kept in it leaves no folder it
         made behind."""
         missing = [d for d in (self.out_dir, *self.out_dir.parents) if not d.exists()]  # the folders it makes
-        try:
-            with hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}"):
+        with hold(self.out_dir / LOCK_NAME, wait=self.wait, what=f"the experiment folder {self.out_dir}"):
+            try:
                 yield
-        except BaseException:
-            if missing:
-                self._remove_unused(missing)
-            raise
+            except BaseException:
+                if missing:  # removed while the lock is held: a run waiting on it locks the path anew
+                    self._remove_unused(missing)
+                raise
 
     def _remove_unused(self, made: list[Path]) -> None:
         """Remove the folder if it holds nothing but the lock and an empty cells/ (nothing computed), and
