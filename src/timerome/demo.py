@@ -138,8 +138,7 @@ def _trace_and_plot(bb, task, edit_cfg, out: Path, progress: bool):
     result = trace_forget_set(bb, task.validation_facts, conf, progress=progress)
     path = result.save(out / "trace.safetensors")
     chosen = select(result, conf["select_modules"])
-    files = {"trace": str(path), "trace_meta": str(path.with_suffix(".json")),
-             "heatmap": str(plot_heatmaps(result, out / "heatmap.png", selected=chosen))}
+    files = dict(result.files(path), heatmap=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))
     files["heatmap_fact0"] = str(plot_heatmaps(result, out / "heatmap-fact0.png", fact=0))
     return files, chosen.edit_coordinate
 

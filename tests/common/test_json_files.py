@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from timerome.common.cache import json_text, nonfinite_marks, restore_nonfinite, write_json
+from timerome.common.cache import json_text, plain, restore_nonfinite, write_json
 
 
 def strict(text: str):
@@ -26,10 +26,16 @@ def test_non_finite_numbers_are_written_as_null(tmp_path):
     assert strict(json_text({"k": 1})) == {"k": 1}
 
 
-def test_nonfinite_marks_put_the_numbers_back_and_nothing_else():
-    obj = {"metrics": {"FQ": float("nan"), "x": 1.0, "inf": [2.0, float("-inf")]}, "config": {"step": None}}
-    marks = nonfinite_marks(obj)
-    back = restore_nonfinite(json.loads(json_text(obj)), json.loads(json.dumps(marks)))
+def test_the_marks_of_non_finite_numbers_put_them_back_and_nothing_else():
+    obj = {"metrics": {"FQ": float("nan"), "x": 1.0, "inf": [2.0, float("-inf")]}, "config": {"step": None},
+           "t": torch.tensor([[1.0, float("nan")]]), "pair": (float("inf"), 3)}
+    marks = []
+    text = json_text(obj, marks)
+    assert plain(obj) == json.loads(text)  # the marks change nothing written
+    assert sorted(map(str, marks)) == sorted(map(str, [["metrics", "FQ", "nan"], ["metrics", "inf", 1, "-inf"],
+                                                       ["t", 0, 1, "nan"], ["pair", 0, "inf"]]))
+    back = restore_nonfinite(json.loads(text), json.loads(json.dumps(marks)))
+    assert math.isnan(back["t"][0][1]) and back["pair"] == [math.inf, 3]
     assert math.isnan(back["metrics"]["FQ"]) and back["metrics"]["inf"] == [2.0, -math.inf]
     assert back["config"]["step"] is None and back["metrics"]["x"] == 1.0  # a real null stays null
     with pytest.raises(ValueError, match="does not point at a null"):

@@ -79,8 +79,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
     path = result.save(out / "trace.safetensors")
     # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
-    files = dict(trace=str(path), trace_meta=str(path.with_suffix(".json")),
-                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))  # the name the demo writes
+    files = dict(result.files(path), heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))  # the name the demo writes
     if per_fact:
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")
@@ -115,8 +114,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=batch_size)
     path = result.save(out / "positional.safetensors")
-    files = dict(trace=str(path), trace_meta=str(path.with_suffix(".json")),
-                 heatmaps=str(plot_positional(result, out / "heatmap.png")))
+    files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
         for i in range(len(result.fact_ids)):
             plot_positional(result, out / "per_fact" / f"heatmap-{i}.png", fact=i)
@@ -128,7 +126,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
                     readout=readout)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
-        files["tie_trace"], files["tie_trace_meta"] = str(tie_path), str(tie_path.with_suffix(".json"))
+        files.update(tie.files(tie_path, "tie_trace"))
     mean = result.mean()
     table = {m: {c: mean[i, :, j].tolist() for j, c in enumerate(CATEGORIES)} for i, m in enumerate(result.modules)}
     sel = dict(kind="positional", edit=choices.get("mlp", next(iter(choices.values()))).as_dict(),

@@ -89,49 +89,41 @@ def _unwritten(path: Path, e: OSError):
                          f"is left; {advice} and run the command again")
 
 
-def plain(x):
+def plain(x, marks: list | None = None, at: tuple = ()):
     """x with numpy / torch numbers, tuples, sets and paths as JSON values, non-finite floats as None:
-    what standard JSON (RFC 8259, which has no NaN or Infinity) can hold, and strict parsers read."""
+    what standard JSON (RFC 8259, which has no NaN or Infinity) can hold, and strict parsers read.
+    marks: a list that takes [key or index, ..., "nan" | "inf" | "-inf"] for each non-finite float
+    written as None (its path from x, `at` before it), so that a reader of the file can put it back
+    (`restore_nonfinite`) where null alone would not say it was a number."""
     if isinstance(x, dict):
-        return {str(k): plain(v) for k, v in x.items()}
+        return {str(k): plain(v, marks, at if marks is None else (*at, str(k))) for k, v in x.items()}
     if isinstance(x, (list, tuple, set)):
-        return [plain(v) for v in x]
+        return [plain(v, marks, at if marks is None else (*at, i)) for i, v in enumerate(x)]
     if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy / torch values and arrays
-        return plain(x.tolist())
+        return plain(x.tolist(), marks, at)
     if isinstance(x, float):
-        return x if math.isfinite(x) else None
+        if math.isfinite(x):
+            return x
+        if marks is not None:
+            marks.append([*at, repr(float(x))])
+        return None
     if x is None or isinstance(x, (str, int, bool)):
         return x
     return str(x)
 
 
-def json_text(obj) -> str:
-    """obj as standard JSON text (`plain`: NaN and infinities as null), indented, with a final newline:
-    every JSON file timerome writes and every --json it prints."""
-    return json.dumps(plain(obj), indent=2, allow_nan=False) + "\n"
+def json_text(obj, marks: list | None = None) -> str:
+    """obj as standard JSON text (`plain`: NaN and infinities as null, listed in marks where given),
+    indented, with a final newline: every JSON file timerome writes and every --json it prints."""
+    return json.dumps(plain(obj, marks), indent=2, allow_nan=False) + "\n"
 
 
 def write_json(path, obj) -> Path:
     return write_atomic(path, json_text(obj))
 
 
-def nonfinite_marks(x, at: tuple = ()) -> list:
-    """[key or index, ..., "nan" | "inf" | "-inf"] for each non-finite float inside x (dicts, lists, and
-    numpy / torch values as `plain` reads them): what `json_text` writes as null, so that a reader of
-    the file can put it back (`restore_nonfinite`) where null alone would not say it was a number."""
-    if isinstance(x, dict):
-        return [m for k, v in x.items() for m in nonfinite_marks(v, (*at, str(k)))]
-    if isinstance(x, (list, tuple)):
-        return [m for i, v in enumerate(x) for m in nonfinite_marks(v, (*at, i))]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
-        return nonfinite_marks(x.tolist(), at)
-    if isinstance(x, float) and not math.isfinite(x):
-        return [[*at, repr(float(x))]]
-    return []
-
-
 def restore_nonfinite(x, marks: list):
-    """x (read back from JSON) with the values `nonfinite_marks` listed put back in place of their nulls."""
+    """x (read back from JSON) with the values `plain(..., marks)` listed put back in place of their nulls."""
     for *path, value in marks:
         node = x
         for k in path[:-1]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
-from timerome.common.cache import digest, nonfinite_marks, restore_nonfinite, write_json
+from timerome.common.cache import digest, plain, restore_nonfinite, write_json
 from timerome.common.checks import budget
 from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
@@ -424,8 +424,9 @@ class Runner:
                 c, path = cells[todo[j]], paths[todo[j]]
                 for i in same[path]:
                     results[i] = result
-                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": result,
-                                  "nonfinite": nonfinite_marks(result)})
+                marks = []  # where standard JSON's nulls stand for NaN or infinities (`_read` puts them back)
+                write_json(path, {"cell": asdict(c), "key": c.key(ctx), "result": plain(result, marks),
+                                  "nonfinite": marks})
                 finished.append(j)
 
             cached = len(cells) - sum(map(len, same.values()))

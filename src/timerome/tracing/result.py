@@ -53,6 +53,13 @@ class TraceFile:
         return path
 
     @staticmethod
+    def files(path, key: str = "trace") -> dict:
+        """{key: PATH.safetensors, key_meta: PATH.json}: the two files a trace saved at path is (what
+        `save` returned), named as the commands that write them list them."""
+        path = _tensor_path(path)
+        return {key: str(path), f"{key}_meta": str(path.with_suffix(".json"))}
+
+    @staticmethod
     def read(path, what: str, build):
         """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
