@@ -111,6 +111,8 @@ def files(tmp_path_factory):
     f["bg"].write_bytes(b"Where was \xff born ?\n")
     f["empty"] = d / "empty.txt"
     f["empty"].write_text("")
+    f["empty_rows"] = d / "empty.jsonl"
+    f["empty_rows"].write_text("")
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
     for name, body in (("nmc_float", {"n_mc": 2.5}), ("nmc_word", {"n_mc": "lots"}), ("unknown", {"nope": 1}),
@@ -265,6 +267,13 @@ def catalogue(f, tmp):
         ("eval of a model with a broken config", ["eval", "--model", f["badcfg"]], "config.json"),
         ("new-model from no text", ["new-model", f["empty"], "-o", tmp / "nm"], "no text"),
         ("new-model from a non-UTF-8 rows file", ["new-model", f["rows"], "-o", tmp / "nm"], "not UTF-8"),
+        # stop 49: an empty rows file built a tokenizer from the default target alone
+        ("new-model from an empty rows file", ["new-model", f["empty_rows"], "-o", tmp / "nm"], "holds no rows"),
+        ("a memory file that is a directory", ["eval", "--edit", f["outdir"], "--no-rouge"], "is a directory; pass a file"),
+        ("a requests file that is a directory", ["requests", f["outdir"]], "is a directory; pass a file"),
+        ("requests -o a directory", ["requests", "embedded:forget01", "-o", f["outdir"]], "requests.json"),
+        ("eval --requests --n-world -1", ["eval", "--requests", "embedded:forget01", "--n-world", "-1"],
+         "--n-world must be >= 0"),
         ("new-model size", ["new-model", "embedded:forget01", "--size", "huge", "-o", tmp / "nm"], "huge"),
         ("new-model odd heads", ["new-model", "embedded:forget01", "--d-model", "30", "--heads", "4", "-o",
                                  tmp / "nm"], "heads"),

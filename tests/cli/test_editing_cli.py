@@ -6,6 +6,7 @@ import json
 import torch
 from typer.testing import CliRunner
 
+from timerome import load_backbone
 from timerome.cli import app
 from timerome.data.requests import load_requests
 from timerome.metrics.editing import says
@@ -47,7 +48,6 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
     shown = json.loads(out)
     assert code == 0 and [f["target"] for f in shown["facts"]] == [r.fact.target for r in reqs]
     # the CLI's gate without --layer is the method's own default (the API and the experiments place it there)
-    from timerome.backbones import load_backbone
     from timerome.methods import method_config
     from timerome.methods.rewrite import gate_coordinate
 
@@ -164,3 +164,14 @@ def test_requests_written_into_a_folder_not_made_yet(tmp_path):
     path = tmp_path / "new" / "deeper" / "cf.json"
     code, out = run("requests", "counterfactual:forget10", "-o", path)
     assert code == 0 and len(load_requests(str(path))[0]) == 20, out
+
+
+def test_eval_requests_sizes_each_locality_set_by_its_own_option():
+    """--n-retain set the retain rows and, silently, half as many real-author and world-fact rows
+    (stop 49's audit: --n-retain 5 scored those on 2 rows each); --n-world sizes them now."""
+    from timerome.cli.evaluate import _probe_rows
+
+    bb = load_backbone()
+    sizes = lambda loc: {k: len(v) for k, v in loc.items()}  # noqa: E731
+    assert sizes(_probe_rows(bb, "embedded:forget01", 5, 20)[0]) == {"retain": 5, "real_authors": 20, "world_facts": 20}
+    assert sizes(_probe_rows(bb, "embedded:forget01", 40, 3)[0]) == {"retain": 40, "real_authors": 3, "world_facts": 3}

@@ -64,6 +64,12 @@ def test_memory_remove_add_merge_match_the_api(memories, tmp_path):
     assert code == 0 and "merged 2 memories: 100 facts" in out, out
     merged = EditMemory.load(tmp_path / "merged.safetensors", bb)
     assert torch.allclose(merged.delta(h), back.delta(h), rtol=0, atol=1e-6 * scale)
+    # a merge's --json lists the facts it skipped, as add's does (f1's 20 facts are all in f5)
+    code, stdout, out = run("memory", "merge", f5, memories / "f1.safetensors", "-o", tmp_path / "same.safetensors",
+                            "--json")
+    d = json.loads(stdout)
+    assert code == 0 and d["n_facts"] == 100 and d["renamed"] == {}, out
+    assert len(d["skipped"]) == 20 and {r["file"] for r in d["skipped"]} == {str(memories / "f1.safetensors")}
     before = f5.read_bytes()
     code, _, out = run("memory", "remove", f5, "nosuchid", "-o", tmp_path / "x.safetensors")
     assert code == 2 and f5.read_bytes() == before and not (tmp_path / "x.safetensors").exists()
@@ -468,3 +474,21 @@ def test_memory_add_knows_a_fact_by_its_content_not_its_row_number(tmp_path):
     with pytest.raises(TimeromeError, match="remove that fact first"):
         memory.add([retarget])
     assert len(memory) == 40  # nothing changed
+
+
+def test_an_empty_answer_is_said_on_stderr(monkeypatch):
+    """An answer that is all end-of-text came back as "" with nothing said (stop 49's audit, on a briefly
+    trained model); the note goes to stderr, so --json stays JSON alone. The sampler is made to write
+    end-of-text everywhere, as such a model does."""
+    import timerome.engine.sampler as sampler
+
+    eos = load_backbone().tokenizer.eos_token_id
+    assert eos is not None
+
+    def all_eos(bb, ids, **kw):
+        return torch.cat([ids, torch.full((ids.shape[0], kw["gen_length"]), eos, dtype=ids.dtype)], 1)
+
+    monkeypatch.setattr(sampler, "generate", all_eos)
+    code, stdout, out = run("generate", "--json", "Where was Isgor Quielson born ?", "Who is it ?")
+    assert code == 0 and [a["answer"] for a in json.loads(stdout)] == ["", ""], out
+    assert "the answers to prompts 1, 2 are empty" in out and "end-of-text" in out

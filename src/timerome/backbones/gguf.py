@@ -14,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+from timerome.common.files import input_file
 from timerome.errors import TimeromeError
 
 # config keys transformers' GGUF reader writes that say nothing about the forward
@@ -34,9 +35,7 @@ def gguf_folder(path: str | Path) -> Path:
     """The cached checkpoint folder of a GGUF file (converted on first use)."""
     from timerome.common.cache import cache_dir, temp_name
 
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise TimeromeError(f"{path} does not exist")
+    path = input_file(Path(path).expanduser(), "GGUF file")
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise TimeromeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")

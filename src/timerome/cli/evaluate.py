@@ -37,7 +37,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              n_retain: int = typer.Option(40, help="retain rows evaluated (spread over the chosen authors)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
-             n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated (default 20)"),
+             n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
+                                                              "20; with --requests: their locality rows)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
              n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
@@ -73,18 +74,18 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
 
     # each mode's own options; one given to the other mode is refused, not ignored
     with_requests = {"--target": None if target == EDIT.target else target, "--base": base, "--gen-length": gen_length}
-    without = {"--data": data, "--forget": forget, "--retain-authors": retain_authors, "--n-world": n_world,
+    without = {"--data": data, "--forget": forget, "--retain-authors": retain_authors,
                "--splits": splits, "--reference": reference, "--cache": cache, "--threshold": threshold,
                "--refresh-every": refresh_every, "--no-rouge": None if rouge else True}
     wrong = [k for k, v in (without if requests is not None else with_requests).items() if v is not None]
     if wrong:
         raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only "
                             f"{'without' if requests is not None else 'with'} --requests")
+    n_world = 20 if n_world is None else n_world
     if requests is not None:
-        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json)
+        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
-    n_world = 20 if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
@@ -136,7 +137,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
 
 
-def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, seed, as_json) -> None:
+def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
     from timerome.backbones import load_backbone
     from timerome.data.requests import load_requests
@@ -145,13 +146,14 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
 
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
-    if n_retain < 0:
-        raise TimeromeError(f"--n-retain must be >= 0, got {n_retain}")
+    for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
+        if value < 0:
+            raise TimeromeError(f"{name} must be >= 0, got {value}")
     reqs, notes = load_requests(requests, target=target)
     for n in notes:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     bb = model.load()
-    locality, known = _probe_rows(bb, requests, n_retain)
+    locality, known = _probe_rows(bb, requests, n_retain, n_world)
     memory = load_memory(edit, bb) if edit is not None else None
     baseline = None
     if base is not None:
@@ -186,9 +188,9 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_mc, 
     console.print(shown)
 
 
-def _probe_rows(bb, requests: str, n_retain: int):
+def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
     """({name: rows whose answers must not change}, the subjects the model knows or None): on the
-    embedded model, its retain split (n_retain rows) and half as many real-author and world-fact
+    embedded model, its retain split (n_retain rows), n_world real-author and n_world world-fact
     rows, and its corpus's subjects; else nothing beyond the requests' own probes."""
     from timerome.data.corpus import known_subjects
     from timerome.data.tofu import _embedded
@@ -197,4 +199,4 @@ def _probe_rows(bb, requests: str, n_retain: int):
     embedded = bb.name == "timerome-default" or requests.startswith(("embedded:", "counterfactual:"))
     if not embedded:
         return {}, None
-    return locality_rows("embedded", n_retain), known_subjects(_embedded())
+    return locality_rows("embedded", n_retain, n_world), known_subjects(_embedded())

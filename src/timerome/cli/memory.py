@@ -237,6 +237,7 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
                                 f"{kind} memories do not merge; `timerome memory add` the other's facts to it instead")
     dest = output_file(out)
     bb = model.load()
+    skips, renames = [], {}  # every file's skipped facts (and why) and renamed ids, for --json
     with changing(dest, wait=not no_wait):  # -o may be one of the inputs: read and write it as one
         first = EditMemory.load(files[0], bb)
         for f in files[1:]:
@@ -248,10 +249,13 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
                                       f"merged memory keeps {files[0]}'s {getattr(first, name)}", soft_wrap=True)
             new, skipped, renamed, kept = sort_new_facts(first.facts, other.facts, first.target)
             _notes(skipped, renamed, str(f), str(files[0]))
+            skips += [dict(file=str(f), fact_id=i, why=w) for i, w in skipped]
+            if renamed:
+                renames.setdefault(str(f), {}).update(renamed)
             if new:
                 first.add_vectors(other.ridge.U[kept], other.ridge.D[kept], new)
         saved = first.save(dest)
-    _done(saved, first, f"merged {len(files)} memories", as_json)
+    _done(saved, first, f"merged {len(files)} memories", as_json, skipped=skips, renamed=renames)
 
 
 def _check_mergeable(a, b, fa, fb) -> None:

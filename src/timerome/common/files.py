@@ -6,6 +6,7 @@ Every failure here is a TimeromeError that names the file (or the option) and sa
     parse_json(text, "--config")          the same for JSON text given inline
     user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
     safetensors_error(path, e)            a truncated / foreign safetensors file, in words
+    input_file(path, "edit memory file")  a file to read: there, and a file, not a directory
     output_file(path, "--out")            a file to write: not a directory, its folder creatable
 Nothing here writes: a check never changes a file the user gave.
 """
@@ -19,11 +20,19 @@ from pathlib import Path
 from timerome.errors import TimeromeError
 
 
-def read_text(path, what: str = "file") -> str:
-    """The file's text as UTF-8; a missing file, a folder or another encoding is one clear error."""
+def input_file(path, what: str = "file") -> Path:
+    """A file timerome will read: a missing path and a directory are each one clear error."""
     p = Path(path)
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file")
+    if not p.exists():
+        raise TimeromeError(f"{what} {p} does not exist")
+    return p
+
+
+def read_text(path, what: str = "file") -> str:
+    """The file's text as UTF-8; a missing file, a folder or another encoding is one clear error."""
+    p = input_file(path, what)
     try:
         data = p.read_bytes()
     except FileNotFoundError:
@@ -81,11 +90,12 @@ def safetensors_error(path, error: Exception) -> TimeromeError:
                          "or damaged; copy or download it again")
 
 
-def output_file(path, what: str = "--out") -> Path:
-    """A file timerome will write: refused up front if it is a directory or its folder cannot be made."""
+def output_file(path, what: str = "--out", example: str = "forget.safetensors") -> Path:
+    """A file timerome will write: refused up front if it is a directory (the message suggests
+    DIR/example) or its folder cannot be made."""
     p = Path(path)
     if p.is_dir():
-        raise TimeromeError(f"{what} {p} is a directory; pass a file name, e.g. {p / 'forget.safetensors'}")
+        raise TimeromeError(f"{what} {p} is a directory; pass a file name, e.g. {p / example}")
     folder = p.parent if str(p.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise TimeromeError(f"{what} {p}: {folder} is a file, not a folder")

@@ -139,8 +139,6 @@ def _grouped(notes: list[str]) -> list[str]:
 
 
 def _read_records(path: Path) -> list:
-    if not path.is_file():
-        raise TimeromeError(f"edit request file {path} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
     text = read_text(path, "edit request file").strip()
     if not text:
         raise TimeromeError(f"{path} is empty")
@@ -368,7 +366,7 @@ def save_requests(requests, path) -> Path:
     from timerome.common.cache import write_atomic
     from timerome.common.files import output_file
 
-    p = output_file(Path(path), "the requests file")  # its folder is made, as every -o makes it
+    p = output_file(Path(path), "the requests file", "requests.json")  # its folder is made, as every -o makes it
     return write_atomic(p, json.dumps([r.as_record() for r in requests], indent=1, allow_nan=False) + "\n")
 
 

@@ -29,7 +29,7 @@ import torch
 
 from timerome.common.cache import read_tensors, save_tensors
 from timerome.common.checks import big_int_path, finite_tensor, integer, shown
-from timerome.common.files import parse_json
+from timerome.common.files import input_file, parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_id
@@ -291,9 +291,7 @@ def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict
     and dimensions its format registered, every value finite)."""
     formats = tuple(formats) if formats is not None else tuple(KINDS)
     a_what = a_of(what)
-    p = Path(path)
-    if not p.is_file():
-        raise TimeromeError(f"{what} file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
+    p = input_file(path, f"{what} file")
     try:
         tensors, header = read_tensors(p)  # in one piece: a concurrent `memory add` renames its file into place
     except Exception as e:  # noqa: BLE001 - safetensors raises several types on a damaged file

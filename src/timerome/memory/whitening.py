@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.files import read_text
+from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.rows import load_rows
 from timerome.engine.coordinate import Coordinate
@@ -129,9 +129,7 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
 
 
 def read_texts(path) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise TimeromeError(f"background corpus {p} does not exist")
+    p = input_file(path, "background corpus")
     if p.suffix in (".json", ".jsonl"):
         return rows_to_texts(load_rows(str(p)))
     lines = [l.strip() for l in read_text(p, "background corpus").splitlines()]

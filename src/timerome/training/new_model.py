@@ -47,7 +47,10 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
     for src in sources:
         src = str(src)
         if src.startswith(("embedded:", "tofu:")) or Path(src).suffix in (".json", ".jsonl"):
-            texts += corpus_texts({"rows": load_rows(src, tofu_dir=tofu_dir)})
+            rows = load_rows(src, tofu_dir=tofu_dir)
+            if not rows:  # corpus_texts would still give the default target: a tokenizer learnt on one text
+                raise TimeromeError(f"{src} holds no rows: nothing to train the tokenizer on")
+            texts += corpus_texts({"rows": rows})
         else:
             texts += [line.strip() for line in read_text(src, "text file").splitlines() if line.strip()]
     if not texts:
