@@ -259,10 +259,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         t.add_row(*row)
     empty = [i + 1 for i, a in enumerate(answers) if not a["answer"] or a.get("answer_with_edit") == ""]
     if empty:  # said, so that an empty answer is not read as a failure of the command
-        which = f"answer to prompt {empty[0]} is" if len(empty) == 1 else f"answers to prompts {', '.join(map(str, empty))} are"
-        err_console.print(f"[yellow]note:[/] the {which} empty: the model "
-                          "wrote its end-of-text first (a model not trained to answer such a question, or trained "
-                          "too little)", soft_wrap=True)
+        which = (f"answer to prompt {empty[0]} is" if len(empty) == 1 else
+                 f"answers to prompts {', '.join(map(str, empty))} are")
+        err_console.print(f"[yellow]note:[/] the {which} empty: the model wrote its end-of-text first (a model "
+                          "not trained to answer such a question, or trained too little)", soft_wrap=True)
     if as_json:
         print_json(answers)
         return

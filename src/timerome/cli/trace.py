@@ -79,7 +79,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
     path = result.save(out / "trace.safetensors")
     # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
-    files = dict(result.files(path), heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))  # the name the demo writes
+    files = dict(result.files(path),  # heatmap.png: the name the demo writes
+                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))
     if per_fact:
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")
