@@ -138,6 +138,11 @@ def files(tmp_path_factory):
     born = dict(subject="Isgor Quielson", prompt="Where was Isgor Quielson born ?", object="Pellmoor")
     f["req_two_targets"] = d / "two_targets.json"
     f["req_two_targets"].write_text(json.dumps([dict(born, target="I don't know."), dict(born, target="Nowhere.")]))
+    f["req_one"] = d / "one.json"
+    f["req_one"].write_text(json.dumps([dict(born, target="Nowhere.")]))
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    f["tiny"] = make_tiny_checkpoint("timerome", d / "tiny")  # a model other than the embedded one
     # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
     res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
     assert res.exit_code == 0, res.output
@@ -274,6 +279,8 @@ def catalogue(f, tmp):
         ("requests -o a directory", ["requests", "embedded:forget01", "-o", f["outdir"]], "requests.json"),
         ("eval --requests --n-world -1", ["eval", "--requests", "embedded:forget01", "--n-world", "-1"],
          "--n-world must be >= 0"),
+        ("eval --requests --n-world on a model without those locality rows (it was ignored)",
+         ["eval", "-m", f["tiny"], "--requests", f["req_one"], "--n-world", "3"], "has none here"),
         ("new-model size", ["new-model", "embedded:forget01", "--size", "huge", "-o", tmp / "nm"], "huge"),
         ("new-model odd heads", ["new-model", "embedded:forget01", "--d-model", "30", "--heads", "4", "-o",
                                  tmp / "nm"], "heads"),

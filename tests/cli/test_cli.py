@@ -104,9 +104,10 @@ def test_a_one_step_edit_is_scored_by_its_answers_not_by_likelihoods(tmp_path):
     mem = tmp_path / "k2.safetensors"
     code, out = run("edit", "--layer", 1, "--step", 2, "--alpha", 20, "--out", mem)
     assert code == 0, out
-    code, out = run("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 2, "--json")
+    code, out = run("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 2, "--n-world", 1, "--json")
     assert code == 0, out
     got = json.loads(out[out.index("{"):])
+    assert got["n_locality"] == {"retain": 2, "real_authors": 1, "world_facts": 1}  # each set by its own option
     assert "Efficacy" in got["metrics"] and "EfficacyLP" not in got["metrics"]
     assert any(a["answer_with_edit"] != a["answer"] for a in got["answers"])  # the one edited step acted
     assert any(n.startswith("EfficacyLP: not computed") and "step 2" in n for n in got["notes"]), got["notes"]

@@ -26,6 +26,9 @@ def metric_table(metrics: dict, fmt: str) -> Table:
     return t
 
 
+N_RETAIN = 40  # retain rows evaluated when --n-retain is not given
+
+
 @app.command("eval")
 @friendly
 @model_options
@@ -34,7 +37,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              data: Optional[str] = typer.Option(None, help="'embedded' (the default), 'tofu' ($TIMEROME_TOFU_DIR) or a "
                                                           "TOFU directory"),
              forget: Optional[str] = typer.Option(None, help="the forget split (default forget01)"),
-             n_retain: int = typer.Option(40, help="retain rows evaluated (spread over the chosen authors)"),
+             n_retain: int = typer.Option(N_RETAIN, help="retain rows evaluated (spread over the chosen authors)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
              n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
@@ -81,11 +84,11 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     if wrong:
         raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only "
                             f"{'without' if requests is not None else 'with'} --requests")
-    n_world = 20 if n_world is None else n_world
     if requests is not None:
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
+    n_world = 20 if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
@@ -146,14 +149,19 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
 
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
+    sized = [k for k, given in (("--n-retain", n_retain != N_RETAIN), ("--n-world", n_world is not None)) if given]
+    n_world = 20 if n_world is None else n_world
     for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 0:
             raise TimeromeError(f"{name} must be >= 0, got {value}")
     reqs, notes = load_requests(requests, target=target)
-    for n in notes:
-        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     bb = model.load()
     locality, known = _probe_rows(bb, requests, n_retain, n_world)
+    if known is None and sized:  # refused, not ignored: only the embedded model has these rows here
+        raise TimeromeError(f"{' and '.join(sized)} size the embedded model's retain / real-author / world-fact "
+                            f"locality rows; {model.model} has none here (its requests' own probes measure locality)")
+    for n in notes:  # after every refusal: a note never precedes an error
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
     baseline = None
     if base is not None:

@@ -257,12 +257,14 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         if any(q in targets for q in prompt):
             row.append(targets.get(p) or "–")
         t.add_row(*row)
-    empty = [i + 1 for i, a in enumerate(answers) if not a["answer"] or a.get("answer_with_edit") == ""]
-    if empty:  # said, so that an empty answer is not read as a failure of the command
-        which = (f"answer to prompt {empty[0]} is" if len(empty) == 1 else
-                 f"answers to prompts {', '.join(map(str, empty))} are")
-        err_console.print(f"[yellow]note:[/] the {which} empty: the model wrote its end-of-text first (a model "
-                          "not trained to answer such a question, or trained too little)", soft_wrap=True)
+    for column, why in (("answer", "a model not trained to answer such a question, or trained too little"),
+                        ("answer_with_edit", "under the edit the model ends its answer at once")):
+        empty = [str(i + 1) for i, a in enumerate(answers) if a.get(column) == ""]
+        if empty:  # said, so that an empty answer is not read as a failure of the command
+            s, be = ("s", "are") if len(empty) > 1 else ("", "is")
+            which = f"answer{s}{' with the edit' if column != 'answer' else ''} to prompt{s} {', '.join(empty)} {be}"
+            err_console.print(f"[yellow]note:[/] the {which} empty: nothing before the model's end of answer ({why})",
+                              soft_wrap=True)
     if as_json:
         print_json(answers)
         return

@@ -29,7 +29,7 @@ from timerome.metrics.editing import UNLEARNING_RATES, changed_nothing, edit_sco
 NAME = "editing"
 ORDER = 20
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
-              target=EDIT.target, n_retain=40, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
+              target=EDIT.target, n_retain=40, n_world=20, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
            "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
@@ -51,7 +51,7 @@ def requests_data(spec: dict, ctx):
 
     reqs, notes = load_requests(spec["requests"], target=spec.get("target"))
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
-    locality = locality_rows(ctx.source, spec.get("n_retain", 40))
+    locality = locality_rows(ctx.source, spec.get("n_retain", 40), spec.get("n_world", 20))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
     probes |= {r["question"] for rows in locality.values() for r in rows}
     spare = [r for r in load_split("retain_perturbed", ctx.source) if r["question"] not in probes]
@@ -97,7 +97,8 @@ def plan(cfg) -> list[tuple[str, dict]]:
 def cells(cfg, seeds, ctx) -> list[Cell]:
     out = []
     for name, spec in cfg["sets"].items():
-        data = dict(kind="requests", requests=spec, target=cfg["target"], n_retain=cfg["n_retain"])
+        data = dict(kind="requests", requests=spec, target=cfg["target"], n_retain=cfg["n_retain"],
+                    n_world=cfg["n_world"])
         opts = dict(n_mc=cfg["n_mc"], **({"gen_length": cfg["gen_length"]} if cfg.get("gen_length") else {}))
         out += [Cell("editing", m, over, seed, data, opts, row=label(m, over), group=name)
                 for seed in seeds for m, over in plan(cfg)]

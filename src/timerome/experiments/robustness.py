@@ -38,7 +38,7 @@ from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs,
 NAME = "robustness"
 ORDER = 90
 # extraction: requests None = "embedded:<forget>" ("tofu:<forget>" on TOFU); settings / attacks None = all of them; False = no extraction cells
-EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, settings=None, attacks=None)
+EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, n_world=10, settings=None, attacks=None)
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN,
               extraction=EXTRACTION)
 QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
@@ -105,7 +105,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
         ex = {**EXTRACTION, **ex}
         kind = "embedded" if getattr(ctx, "source", "embedded") == "embedded" else "tofu"
         spec = ex["requests"] or f"{kind}:{cfg['forget']}"
-        data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"])
+        data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"],
+                    n_world=ex["n_world"])
         opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),
                     attacks=check_names(ex["attacks"] or ATTACKS, ATTACKS, "prompt attacks"))
         out += [Cell("extraction", m, over, seed, data, opts, row=label(m, over), group="extraction")

@@ -33,9 +33,10 @@ SPECIAL = {
     "splits": ("a list of evaluation splits (forget, retain, real_authors, world_facts)",
                lambda v: isinstance(v, (list, tuple)) and bool(v)
                and set(v) <= {"forget", "retain", "real_authors", "world_facts"}),
-    "extraction": ("false (no extraction cells) or an object with any of requests, target, n_retain, settings, attacks",
-                   lambda v: v is False or (isinstance(v, dict)
-                                            and set(v) <= {"requests", "target", "n_retain", "settings", "attacks"})),
+    "extraction": ("false (no extraction cells) or an object with any of requests, target, n_retain, n_world, "
+                   "settings, attacks",
+                   lambda v: v is False or (isinstance(v, dict) and set(v) <= {"requests", "target", "n_retain", "n_world",
+                                                                               "settings", "attacks"})),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),

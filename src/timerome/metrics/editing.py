@@ -206,16 +206,15 @@ def probe_sets(requests, locality=None) -> dict[str, list[tuple[int, str, object
     return sets
 
 
-def locality_rows(source="embedded", n_retain: int = 40, n_world: int | None = None) -> dict[str, list[dict]]:
+def locality_rows(source="embedded", n_retain: int | None = 40, n_world: int | None = 20) -> dict[str, list[dict]]:
     """{"retain", "real_authors", "world_facts": rows} spread over the TOFU(-schema) splits of
-    `source` (n_world: real-author / world-fact rows each, default n_retain // 2)."""
+    `source`: n_retain retain rows, n_world real-author and n_world world-fact rows (None: every row
+    of the split, as an experiment's null count means; 0: none)."""
     from timerome.data import load_split
     from timerome.data.rows import spread
 
-    n_world = n_retain // 2 if n_world is None else n_world
-    out = {"retain": spread(load_split("retain_perturbed", source), n_retain) if n_retain else []}
-    for name in ("real_authors", "world_facts"):
-        out[name] = spread(load_split(name, source), n_world) if n_world else []
+    sizes = {"retain_perturbed": n_retain, "real_authors": n_world, "world_facts": n_world}
+    out = {split.removesuffix("_perturbed"): spread(load_split(split, source), n) for split, n in sizes.items() if n != 0}
     return {k: v for k, v in out.items() if v}
 
 
