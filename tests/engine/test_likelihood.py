@@ -22,8 +22,8 @@ def test_one_token_answer_is_exact_and_one_forward():
     values = [log_likelihood(model, PROMPT, [31], n_mc=n, batch_size=b, generator=torch.Generator().manual_seed(s))
               for n, b, s in [(16, 16, 0), (128, 16, 5), (3, 2, 9)]]
     assert len(model.forwards) == 3  # no sampling: one forward each
-    assert values == pytest.approx([direct] * 3, abs=1e-6)
-    assert exact_log_likelihood(model, PROMPT, [31]) == pytest.approx(direct, abs=1e-6)
+    assert values == pytest.approx([direct] * 3, rel=1e-6, abs=1e-6)
+    assert exact_log_likelihood(model, PROMPT, [31]) == pytest.approx(direct, rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize("answer", [[12, 40], [12, 40, 7], [12, 40, 7, 26]])

@@ -131,14 +131,14 @@ def test_an_installed_edit_is_active_during_evaluation(bb, docs, tasks, tmp_path
     finally:
         edit.undo()
     before = own_scores(bb, docs)
-    assert flat(lm_eval_scores(with_file)) == pytest.approx(flat(expected), abs=1e-6)
+    assert flat(lm_eval_scores(with_file)) == pytest.approx(flat(expected), rel=1e-6, abs=1e-6)
     # forgetting: every true answer is less likely under the edit
     for d, b, e in zip(docs, before, expected):
         assert e[d["gold"]] < b[d["gold"]] - 1.0
     # the same edit installed by name through model_args, and alpha overriding the saved operating point
     by_name = evaluate_tasks(TimeromeLM(backbone=bb, method="timerome", n_mc=N_MC, check_greedy=False), ["tr_mc"],
                              include_path=[tasks], manager=index, log_samples=True)
-    assert flat(lm_eval_scores(by_name)) == pytest.approx(flat(expected), abs=1e-6)
+    assert flat(lm_eval_scores(by_name)) == pytest.approx(flat(expected), rel=1e-6, abs=1e-6)
     weaker = TimeromeLM(backbone=bb, edit=str(path), alpha=0.0, n_mc=N_MC, check_greedy=False)
     assert flat(lm_eval_scores(evaluate_tasks(weaker, ["tr_mc"], include_path=[tasks], manager=index,
                                               log_samples=True))) == \
@@ -153,7 +153,7 @@ def test_a_saved_codebook_memory_is_active_too(bb, docs, tasks, tmp_path, index)
     lm = TimeromeLM(backbone=bb, edit=str(path), n_mc=N_MC, check_greedy=False)
     assert lm.edit_info["q"] is None and lm.edit_info["alpha"] == 8.0
     got = evaluate_tasks(lm, ["tr_mc"], include_path=[tasks], manager=index, log_samples=True)
-    assert flat(lm_eval_scores(got)) == pytest.approx(flat(expected), abs=1e-6)
+    assert flat(lm_eval_scores(got)) == pytest.approx(flat(expected), rel=1e-6, abs=1e-6)
     for d, b, e in zip(docs, own_scores(bb, docs), expected):  # the forget answers do fall
         assert e[d["gold"]] < b[d["gold"]] - 1.0
     with pytest.raises(TimeromeError, match="only alpha and inner and margin apply"):
