@@ -27,6 +27,7 @@ def metric_table(metrics: dict, fmt: str) -> Table:
 
 
 N_RETAIN = 40  # retain rows evaluated when --n-retain is not given
+N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (both modes)
 
 
 @app.command("eval")
@@ -41,7 +42,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
              n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
-                                                              "20; with --requests: their locality rows)"),
+                                                              f"{N_WORLD}; with --requests: their locality rows)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
              n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
@@ -88,7 +89,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
-    n_world = 20 if n_world is None else n_world
+    n_world = N_WORLD if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
@@ -150,7 +151,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
     sized = [k for k, given in (("--n-retain", n_retain != N_RETAIN), ("--n-world", n_world is not None)) if given]
-    n_world = 20 if n_world is None else n_world
+    n_world = N_WORLD if n_world is None else n_world
     for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 0:
             raise TimeromeError(f"{name} must be >= 0, got {value}")
