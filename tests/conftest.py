@@ -78,3 +78,30 @@ def tiny_other_bb(tmp_path_factory):
     from timerome.backbones.tiny import make_tiny_checkpoint
 
     return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))
+
+
+# Seconds each of the heaviest test files took on one worker (stop 49's 2-core AMD EPYC, `python -m
+# pytest --durations=60`, summed by file). CI runs whole files on two workers (`-n 2 --dist loadfile
+# --no-loadscope-reorder`), each taking the next file in collection order when it is free: with the
+# heaviest files first, the last files to start are short ones, and neither worker finishes long
+# before the other (in alphabetical order, one worker ran the training rebuild alone at the end).
+# A stale entry costs time, never a test: the other files keep their own order after these.
+HEAVY_FILES = {
+    "tests/memory/test_rewrite_memory.py": 291, "tests/backbones/test_real_model.py": 279,
+    "tests/cli/test_demo.py": 266, "tests/training/test_default_model.py": 178,
+    "tests/experiments/test_bench_experiments.py": 153, "tests/cli/test_editing_cli.py": 145,
+    "tests/integrations/test_lm_eval_model.py": 102, "tests/metrics/test_extraction.py": 100,
+    "tests/common/test_concurrency.py": 100, "tests/test_bad_inputs.py": 70,
+    "tests/methods/test_unlearning_baselines.py": 55, "tests/training/test_training.py": 52,
+    "tests/experiments/test_scale_experiments.py": 50, "tests/experiments/test_ray_executor.py": 42,
+    "tests/methods/test_locate_edit_baselines.py": 38, "tests/evaluation/test_evaluation.py": 27,
+    "tests/benchmarks/test_bench_selectivity.py": 24,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heaviest files first (HEAVY_FILES), each file's tests in their own order."""
+    def weight(item):
+        return -HEAVY_FILES.get(item.nodeid.split("::", 1)[0], 0)
+
+    items.sort(key=weight)  # stable: the other files and every file's own tests keep their order
