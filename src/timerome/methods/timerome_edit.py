@@ -30,7 +30,7 @@ from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
 from timerome.methods.registry import InferenceEdit, register
 from timerome.tracing.causal_trace import trace
-from timerome.tracing.result import TraceResult
+from timerome.tracing.result import TraceResult, meta_path
 from timerome.tracing.selection import select_coordinate
 
 # The one table of defaults: EditMemory's, the CLI's and the experiments' are these.
@@ -81,7 +81,7 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     key = digest(dict(kind=kind, model=backbone.fingerprint(), settings=settings,
                       facts=[(f.subject, f.prompt, f.object) for f in fv]))
     path = cache_dir() / "traces" / f"{key}.safetensors"
-    if path.is_file() and path.with_suffix(".json").is_file():
+    if path.is_file() and meta_path(path).is_file():
         return load(path)
     result = run(backbone, fv, progress=progress, **settings)
     result.save(path)

@@ -43,7 +43,7 @@ from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.errors import TimeromeError
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
-from timerome.tracing.result import TraceFile
+from timerome.tracing.result import TraceFile, meta_path
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join
 
 WINDOW = 10  # ROME's window of restored attn / mlp layers
@@ -111,7 +111,7 @@ class PositionalTrace(TraceFile):
 
 def is_positional(path: str | Path) -> bool:
     """Whether a trace file (its .json beside it) holds a positional trace."""
-    meta = Path(path).with_suffix(".json")
+    meta = meta_path(path)
     try:
         return json.loads(meta.read_text(encoding="utf-8")).get("kind") == PositionalTrace.KIND
     except (OSError, ValueError, AttributeError):

@@ -10,7 +10,7 @@ import torch
 
 from timerome.common.cache import read_tensors, save_tensors, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, shown
-from timerome.common.files import read_json
+from timerome.common.files import input_file, read_json
 from timerome.errors import TimeromeError
 from timerome.tracing.tie import later_steps
 
@@ -49,7 +49,7 @@ class TraceFile:
         """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given)."""
         path = _tensor_path(path)
         save_tensors(path, tensors, metadata={"format": "pt", **({"kind": kind} if kind else {})})
-        write_json(path.with_suffix(".json"), {**({"kind": kind} if kind else {}), **meta})
+        write_json(meta_path(path), {**({"kind": kind} if kind else {}), **meta})
         return path
 
     @staticmethod
@@ -57,7 +57,7 @@ class TraceFile:
         """{key: PATH.safetensors, key_meta: PATH.json}: the two files a trace saved at path is (what
         `save` returned), named as the commands that write them list them."""
         path = _tensor_path(path)
-        return {key: str(path), f"{key}_meta": str(path.with_suffix(".json"))}
+        return {key: str(path), f"{key}_meta": str(meta_path(path))}
 
     @staticmethod
     def read(path, what: str, build):
@@ -65,11 +65,12 @@ class TraceFile:
         from safetensors import SafetensorError
 
         path = trace_path(path)
-        meta_path = path.with_suffix(".json")
-        if not path.exists() or not meta_path.exists():
-            raise _missing(path, meta_path, what)
+        meta_file = meta_path(path)
+        if not path.exists() or not meta_file.exists():
+            raise _missing(path, meta_file, what)
+        input_file(path, what)  # a regular file: a pipe's read would block
         try:
-            meta = read_json(meta_path, f"the {what}'s JSON")  # strict: no NaN, one clear error
+            meta = read_json(meta_file, f"the {what}'s JSON")  # strict: no NaN, one clear error
             return build(read_tensors(path)[0], meta)
         except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
             raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
@@ -130,15 +131,16 @@ class TraceResult(TraceFile):
         from safetensors import SafetensorError
 
         path = trace_path(path)
-        meta_path = path.with_suffix(".json")
-        if not path.exists() or not meta_path.exists():
-            raise _missing(path, meta_path, "trace result")
-        meta = read_json(meta_path, "the trace's JSON")
+        meta_file = meta_path(path)
+        if not path.exists() or not meta_file.exists():
+            raise _missing(path, meta_file, "trace result")
+        input_file(path, "trace result")
+        meta = read_json(meta_file, "the trace's JSON")
         try:
             t = read_tensors(path)[0]
         except (SafetensorError, OSError, ValueError) as e:
             raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
-        fact_ids, modules, layers, settings = _check_meta(meta, meta_path)
+        fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
         _check_tensors(t, len(fact_ids), len(modules), len(layers), settings, path)
         return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], fact_ids, tuple(modules), layers,
                    settings, list(meta.get("facts", [])), dict(meta.get("stats", {})))
@@ -210,11 +212,17 @@ def trace_path(path) -> Path:
     return _tensor_path(p)
 
 
-def _missing(path: Path, meta_path: Path, what: str) -> TimeromeError:
+def meta_path(path) -> Path:
+    """The .json beside a trace's .safetensors (`trace_path`'s answer): the half of the pair that holds
+    the fact ids, modules, layers and settings."""
+    return Path(path).with_suffix(".json")
+
+
+def _missing(path: Path, meta_file: Path, what: str) -> TimeromeError:
     """The error for a trace whose tensors or JSON is not there."""
     if not path.exists():
         return TimeromeError(f"no {what} at {path}: the file does not exist")
-    return TimeromeError(f"{path} has no {meta_path.name} beside it: a {what} is the pair of files `timerome trace` "
+    return TimeromeError(f"{path} has no {meta_file.name} beside it: a {what} is the pair of files `timerome trace` "
                          "writes")
 
 
