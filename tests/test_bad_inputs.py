@@ -115,6 +115,8 @@ def files(tmp_path_factory):
     f["empty_rows"].write_text("")
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
+    f["fifo"] = d / "fifo.safetensors"  # a named pipe: nothing ever writes to it, so a read would block
+    os.mkfifo(f["fifo"])
     for name, body in (("nmc_float", {"n_mc": 2.5}), ("nmc_word", {"n_mc": "lots"}), ("unknown", {"nope": 1}),
                        ("methods_str", {"methods": "timerome"}), ("ref_opt", {"reference": {"epoch": 3}})):
         f[name] = d / f"{name}.json"
@@ -201,6 +203,10 @@ def files(tmp_path_factory):
         if isinstance(m, dict):
             m["settings"]["fingerprint"] = load_backbone().fingerprint()
             f[k].with_suffix(".json").write_text(json.dumps(m))
+    (d / "tr_pipe").mkdir()  # a trace whose tensors are a named pipe, its JSON a good one
+    shutil.copy(tr / "trace.json", d / "tr_pipe" / "trace.json")
+    os.mkfifo(d / "tr_pipe" / "trace.safetensors")
+    f["tr_pipe"] = d / "tr_pipe" / "trace.safetensors"
     return f
 
 
@@ -276,11 +282,17 @@ def catalogue(f, tmp):
         ("new-model from an empty rows file", ["new-model", f["empty_rows"], "-o", tmp / "nm"], "holds no rows"),
         ("a memory file that is a directory", ["eval", "--edit", f["outdir"], "--no-rouge"], "is a directory; pass a file"),
         ("a requests file that is a directory", ["requests", f["outdir"]], "is a directory; pass a file"),
+        ("a memory file that is a named pipe (the read blocked)", ["eval", "--edit", f["fifo"], "--no-rouge"],
+         "is not a regular file"),
+        ("memory show of a named pipe", ["memory", "show", f["fifo"]], "is not a regular file"),
+        ("a trace whose tensors are a named pipe", ["edit", "--trace", f["tr_pipe"], "-o", out], "is not a regular file"),
         ("requests -o a directory", ["requests", "embedded:forget01", "-o", f["outdir"]], "requests.json"),
         ("eval --requests --n-world -1", ["eval", "--requests", "embedded:forget01", "--n-world", "-1"],
          "--n-world must be >= 0"),
         ("eval --requests --n-world on a model without those locality rows (it was ignored)",
          ["eval", "-m", f["tiny"], "--requests", f["req_one"], "--n-world", "3"], "has none here"),
+        ("eval --requests --n-retain at its default value, given, on a model without those rows (it passed as not given)",
+         ["eval", "-m", f["tiny"], "--requests", f["req_one"], "--n-retain", "40"], "--n-retain size"),
         ("new-model size", ["new-model", "embedded:forget01", "--size", "huge", "-o", tmp / "nm"], "huge"),
         ("new-model odd heads", ["new-model", "embedded:forget01", "--d-model", "30", "--heads", "4", "-o",
                                  tmp / "nm"], "heads"),

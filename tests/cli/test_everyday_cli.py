@@ -75,6 +75,24 @@ def test_memory_remove_add_merge_match_the_api(memories, tmp_path):
     assert code == 2 and f5.read_bytes() == before and not (tmp_path / "x.safetensors").exists()
 
 
+def test_memory_merge_renames_a_fact_whose_id_is_taken_and_lists_it(memories, tmp_path):
+    """A fact of another content under an id the first memory holds is added as ID#digest, and
+    --json lists it under its file (stop 49 added the list; this path was untested)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(dict(fact_id="Isgor Quielson/city", subject="Isgor Quielson",
+                                    question="What colour does Isgor Quielson like?", answer="blue")) + "\n")
+    other = tmp_path / "other.safetensors"
+    code, _, out = run("edit", "--data", rows, "--layer", 1, "-o", other)
+    assert code == 0, out
+    code, stdout, out = run("memory", "merge", memories / "f1.safetensors", other, "-o", tmp_path / "m.safetensors",
+                            "--json")
+    assert code == 0, out
+    d = json.loads(stdout)
+    (old, new), = d["renamed"][str(other)].items()
+    assert old == "Isgor Quielson/city" and new.startswith("Isgor Quielson/city#") and d["skipped"] == []
+    assert d["n_facts"] == 21 and new in d["fact_ids"] and old in d["fact_ids"]
+
+
 def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
     import timerome.memory.capture
     import timerome.tracing.causal_trace

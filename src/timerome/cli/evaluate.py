@@ -26,7 +26,7 @@ def metric_table(metrics: dict, fmt: str) -> Table:
     return t
 
 
-N_RETAIN = 40  # retain rows evaluated when --n-retain is not given
+N_RETAIN = 40  # retain rows evaluated when --n-retain is not given (both modes)
 N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (both modes)
 
 
@@ -38,7 +38,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              data: Optional[str] = typer.Option(None, help="'embedded' (the default), 'tofu' ($TIMEROME_TOFU_DIR) or a "
                                                           "TOFU directory"),
              forget: Optional[str] = typer.Option(None, help="the forget split (default forget01)"),
-             n_retain: int = typer.Option(N_RETAIN, help="retain rows evaluated (spread over the chosen authors)"),
+             n_retain: Optional[int] = typer.Option(None, help=f"retain rows evaluated, spread over the chosen authors "
+                                                               f"(default {N_RETAIN}; with --requests: their locality rows)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
              n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
@@ -89,6 +90,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
+    n_retain = N_RETAIN if n_retain is None else n_retain
     n_world = N_WORLD if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
@@ -150,7 +152,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
 
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
-    sized = [k for k, given in (("--n-retain", n_retain != N_RETAIN), ("--n-world", n_world is not None)) if given]
+    sized = [k for k, v in (("--n-retain", n_retain), ("--n-world", n_world)) if v is not None]  # given, even at the default
+    n_retain = N_RETAIN if n_retain is None else n_retain
     n_world = N_WORLD if n_world is None else n_world
     for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 0:

@@ -6,7 +6,7 @@ Every failure here is a TimeromeError that names the file (or the option) and sa
     parse_json(text, "--config")          the same for JSON text given inline
     user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
     safetensors_error(path, e)            a truncated / foreign safetensors file, in words
-    input_file(path, "edit memory file")  a file to read: there, and a file, not a directory
+    input_file(path, "edit memory file")  a file to read: there, not a directory, a regular file unless streamed
     output_file(path, "--out")            a file to write: not a directory, its folder creatable
 Nothing here writes: a check never changes a file the user gave.
 """
@@ -20,19 +20,23 @@ from pathlib import Path
 from timerome.errors import TimeromeError
 
 
-def input_file(path, what: str = "file") -> Path:
-    """A file timerome will read: a missing path and a directory are each one clear error."""
+def input_file(path, what: str = "file", stream: bool = False) -> Path:
+    """A file timerome will read: a missing path and a directory are each one clear error. stream: it
+    is read once from start to end (text), so a pipe or terminal does too (`/dev/stdin`); else (tensor
+    files, read by seeking or mapping) only a regular file does, where a pipe would block or fail."""
     p = Path(path)
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file")
     if not p.exists():
         raise TimeromeError(f"{what} {p} does not exist")
+    if not stream and not p.is_file():
+        raise TimeromeError(f"{what} {p} is not a regular file (a pipe or a device); save it to a file and pass that")
     return p
 
 
 def read_text(path, what: str = "file") -> str:
     """The file's text as UTF-8; a missing file, a folder or another encoding is one clear error."""
-    p = input_file(path, what)
+    p = input_file(path, what, stream=True)
     try:
         data = p.read_bytes()
     except FileNotFoundError:

@@ -60,6 +60,8 @@ def file_class(path) -> type:
     file that cannot be read gives the paper's ridge memory, whose loader then says what is wrong with it."""
     from safetensors import safe_open
 
+    if not Path(path).is_file():  # missing, a folder, a pipe (whose open would block): the loader says which
+        return memory_class({})
     try:
         with safe_open(str(path), framework="pt") as f:
             return memory_class(json.loads((f.metadata() or {})["timerome"]))

@@ -129,7 +129,7 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
 
 
 def read_texts(path) -> list[str]:
-    p = input_file(path, "background corpus")
+    p = input_file(path, "background corpus", stream=True)
     if p.suffix in (".json", ".jsonl"):
         return rows_to_texts(load_rows(str(p)))
     lines = [l.strip() for l in read_text(p, "background corpus").splitlines()]
