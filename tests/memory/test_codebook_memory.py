@@ -209,3 +209,25 @@ def test_the_hook_is_removed_and_the_weights_never_change(bb, task):
     assert not torch.allclose(edited, plain)
     assert torch.equal(bb.logits(ids), plain)
     assert all(torch.equal(v, before[k]) for k, v in bb.model.state_dict().items())
+
+
+def test_a_memory_given_rows_reads_its_calibration_as_the_methods_build_it(bb, calibration, tmp_path, monkeypatch):
+    """`memory add` hands a saved codebook / rewrite memory its calibration rows, and the radii of the
+    facts it inserts are measured on them: they must be read with the recipe the methods build the
+    memory with (`calibration_residuals`: the rewrite memory on as many states as its keys, the
+    method's trace_seed, not the keys' seed). Before, the rewrite memory read them on 2 states where
+    its build used 4, with the keys' seed, and recomputed them at every `memory add` (75 s on the
+    embedded model's training rows); they are cached now."""
+    from timerome.memory.codebook_memory import CALIBRATION_STATES, calibration_residuals
+    from timerome.memory.rewrite_memory import RewriteMemory
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path))
+    rows = calibration[:6]
+    for cls, states in ((CodebookMemory, CALIBRATION_STATES), (RewriteMemory, 3)):
+        mem = cls(bb, SITE, calibration=rows, n_states=3, seed=5, calibration_seed=1)
+        assert mem.calibration_states == states
+        want = calibration_residuals(bb, SITE, rows, n_states=states, seed=1, pads=cls.pads, last_pads=cls.last_pads)
+        assert torch.equal(mem._calib, mem.whiten(want).float())
+        other_seed = calibration_residuals(bb, SITE, rows, n_states=states, seed=5, pads=cls.pads, last_pads=cls.last_pads)
+        assert not torch.equal(want, other_seed)  # the seed is the calibration's, and it matters
+    assert len(list((tmp_path / "calibration").iterdir())) == 4  # each read once, then from the cache

@@ -51,6 +51,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, id_list,
                                   math_dtype)
 from timerome.memory.capture import capture_facts
+from timerome.common.cache import cached_tensors
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
@@ -94,7 +95,7 @@ class CodebookMemory(Memory):
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
                  complete: bool = DEFAULT_COMPLETE, values: str = "cloze", object_keys: bool = DEFAULT_OBJECT_KEYS,
                  write: str = DEFAULT_WRITE, target: str = DEFAULT_TARGET, seed: int = 0, batch_size: int = 32,
-                 shrinkage: float = DEFAULT_SHRINKAGE):
+                 shrinkage: float = DEFAULT_SHRINKAGE, calibration_seed: int = 0):
         if values not in VALUES:
             raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
         if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
@@ -107,6 +108,7 @@ class CodebookMemory(Memory):
             raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
         self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
         self.target, self.seed, self.batch_size = target, int(seed), batch_size
+        self.calibration_seed = int(calibration_seed)  # the seed of the calibration states (`_calibration`)
         self.stats = stats_at(backbone, self.coordinate, background, shrinkage=shrinkage)
         self._white = torch.linalg.cholesky(self.stats.precision())  # z = (h - mu) L
         self._calib = None if calibration is None else self._calibration(calibration)
@@ -350,7 +352,7 @@ class CodebookMemory(Memory):
                       "complete": self.complete, "write": self.write,
                       "n_states": self.n_states, "values": self.values, "object_keys": self.object_keys,
                       "target": self.target, "seed": self.seed,
-                      "batch_size": self.batch_size},
+                      "batch_size": self.batch_size, "calibration_seed": self.calibration_seed},
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
         }
@@ -385,16 +387,24 @@ class CodebookMemory(Memory):
 
     # ---------------------------------------------------------------- checks
 
+    @property
+    def calibration_states(self) -> int:
+        """States per calibration row (the codebook's CALIBRATION_STATES; the rewrite memory reads its
+        calibration on as many states as its keys)."""
+        return CALIBRATION_STATES
+
     def _calibration(self, calibration) -> torch.Tensor:
-        """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals."""
+        """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals. Rows are
+        read with the recipe the methods build a memory with (`calibration_residuals`, cached), so a
+        fact inserted into a saved memory gets the radius it would have had in the first build."""
         if isinstance(calibration, torch.Tensor):
             h = _as_rows(calibration, "calibration residuals", self.hidden_size)
         else:
             texts = list(calibration)
             if not texts:
                 raise TimeromeError("the calibration corpus is empty: give the retain rows or texts")
-            h = state_tokens(self.backbone, self.coordinate, texts, n_states=CALIBRATION_STATES, seed=self.seed,
-                             batch_size=self.batch_size, pads=self.pads, last_steps=self.last_pads or False)
+            h = calibration_residuals(self.backbone, self.coordinate, texts, n_states=self.calibration_states,
+                                      seed=self.calibration_seed, pads=self.pads, last_pads=self.last_pads)
         return self.whiten(h).float()
 
     def _check_hyper(self):
@@ -416,6 +426,23 @@ class CodebookMemory(Memory):
         if len(self) == 0:
             raise TimeromeError("the codebook memory is empty: add facts before applying it")
 
+
+
+def calibration_residuals(backbone, coordinate, rows, *, n_states: int = CALIBRATION_STATES, seed: int = 0,
+                          pads=None, last_pads=None) -> torch.Tensor:
+    """Residuals [N, H] of the calibration rows' states at the coordinate (`token_keys.state_tokens`;
+    pads: end-of-text after the answers, last_pads: also the last-step states with these end-of-text
+    counts), cached on disk by their inputs: the radii of a codebook or rewrite memory are measured
+    against these, whether a method builds the memory or `memory add` inserts into a saved one."""
+    site, rows = Coordinate.of(coordinate).site, list(rows)
+
+    def make():
+        return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
+                                  last_steps=last_pads or False, progress="calibration residuals")}
+
+    key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
+               n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))
+    return cached_tensors("calibration", key, make)["h"]
 
 
 ROW_BLOCK = 64  # rows per matrix product in rowwise_matmul

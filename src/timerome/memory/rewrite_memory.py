@@ -124,15 +124,17 @@ class RewriteMemory(CodebookMemory):
     READS_IDS = True  # the answer watch reads which tokens name an edited subject
     pads = STATE_PADS
     last_pads = LAST_STEP_PADS
+    calibration_states = property(lambda self: self.n_states)  # the calibration reads as many states as the keys
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
                  target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None, watch_rows=None,
-                 seed: int = 0, batch_size: int = 128, shrinkage: float | None = None):
+                 seed: int = 0, batch_size: int = 128, shrinkage: float | None = None, calibration_seed: int = 0):
         kw = {} if shrinkage is None else {"shrinkage": shrinkage}
         super().__init__(backbone, coordinate, background=background, calibration=calibration, alpha=alpha,
                          margin=margin, inner=inner, n_states=n_states, complete=False, object_keys=True,
-                         write="sequence", target=target, seed=seed, batch_size=batch_size, **kw)
+                         write="sequence", target=target, seed=seed, batch_size=batch_size,
+                         calibration_seed=calibration_seed, **kw)
         layer, point = write_site(backbone) if site is None else tuple(site)
         self.site = Coordinate(layer, point).on(backbone).site
         self._value_rows = value_rows if value_rows is not None else (
@@ -474,7 +476,7 @@ class RewriteMemory(CodebookMemory):
             "site": list(self.site), "eos": self.eos,
             "hyper": {"alpha": float(self.alpha), "margin": float(self.margin), "inner": float(self.inner),
                       "n_states": self.n_states, "target": self.target,
-                      "seed": self.seed, "batch_size": self.batch_size},
+                      "seed": self.seed, "batch_size": self.batch_size, "calibration_seed": self.calibration_seed},
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
             "watch": [[sorted(w), [list(c) for c in cues]] for w, cues in self._watch],

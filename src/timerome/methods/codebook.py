@@ -20,15 +20,13 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from timerome.common.cache import cached_tensors
 from timerome.data.rows import load_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
                                              DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
-                                             CodebookMemory)
-from timerome.memory.token_keys import state_tokens
+                                             CodebookMemory, calibration_residuals)
 from timerome.memory.whitening import rows_to_texts
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
@@ -75,18 +73,16 @@ def calibration_tokens(backbone, coordinate, task, config, rows=None, pads=None,
                        n_states: int = CALIBRATION_STATES) -> torch.Tensor:
     """Residuals of the calibration rows' states (default: `calibration_rows`; pads: end-of-text
     after the answers, token_keys._states; last_pads: also the last-step states with these
-    end-of-text counts) at the coordinate, cached on disk by their inputs."""
+    end-of-text counts) at the coordinate, drawn with the config's trace_seed (the memory's
+    calibration_seed), cached on disk by their inputs (`calibration_residuals`)."""
     rows = calibration_rows(task, config) if rows is None else rows
-    site = Coordinate.of(coordinate).site
-    seed = int(config.get("trace_seed", 0))
+    return calibration_residuals(backbone, coordinate, rows, n_states=n_states, seed=calibration_seed(config),
+                                 pads=pads, last_pads=last_pads)
 
-    def make():
-        return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
-                                  last_steps=last_pads or False, progress="calibration residuals")}
 
-    key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
-               n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))
-    return cached_tensors("calibration", key, make)["h"]
+def calibration_seed(config) -> int:
+    """The seed of the calibration states: the config's trace_seed (default 0)."""
+    return int(config.get("trace_seed", 0))
 
 
 def coordinates(backbone, task, config, progress: bool = False) -> tuple[dict, dict]:
@@ -118,7 +114,8 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> CodebookM
                             alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
                             complete=config["complete"], write=config["write"],
                             n_states=config["n_states"], values=config["values"], object_keys=config["object_keys"],
-                            target=config.get("target") or DEFAULT_TARGET, seed=seed)
+                            target=config.get("target") or DEFAULT_TARGET, seed=seed,
+                            calibration_seed=calibration_seed(config))
     return memory.add(facts)
 
 

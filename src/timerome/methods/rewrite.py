@@ -38,7 +38,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
                                             RewriteMemory, target_ids, token_values, write_site)
-from timerome.methods.codebook import calibration_rows, calibration_tokens
+from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, locate
@@ -133,7 +133,8 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
                            alpha=float(config["alpha"]), margin=float(config["margin"]), inner=float(config["inner"]),
                            n_states=config["n_states"],
                            target=config.get("target") or DEFAULT_TARGET,
-                           site=site, seed=seed, watch_rows=spare if config.get("watch", True) else None)
+                           site=site, seed=seed, calibration_seed=calibration_seed(config),
+                           watch_rows=spare if config.get("watch", True) else None)
     return memory.add(facts)
 
 
