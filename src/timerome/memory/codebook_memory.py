@@ -45,13 +45,13 @@ import numbers
 
 import torch
 
+from timerome.common.cache import cached_tensors
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.errors import TimeromeError
 from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, id_list,
                                   math_dtype)
 from timerome.memory.capture import capture_facts
-from timerome.common.cache import cached_tensors
 from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
@@ -395,8 +395,8 @@ class CodebookMemory(Memory):
 
     def _calibration(self, calibration) -> torch.Tensor:
         """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals. Rows are
-        read with the recipe the methods build a memory with (`calibration_residuals`, cached), so a
-        fact inserted into a saved memory gets the radius it would have had in the first build."""
+        read with the recipe the methods build a memory with (`calibration_residuals`, cached), so the
+        radii of facts inserted into a saved memory are measured as its build measured its own."""
         if isinstance(calibration, torch.Tensor):
             h = _as_rows(calibration, "calibration residuals", self.hidden_size)
         else:
