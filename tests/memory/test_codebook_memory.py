@@ -217,7 +217,8 @@ def test_a_memory_given_rows_reads_its_calibration_as_the_methods_build_it(bb, c
     memory with (`calibration_residuals`: the rewrite memory on as many states as its keys, the
     method's trace_seed, not the keys' seed). Before, the rewrite memory read them on 2 states where
     its build used 4, with the keys' seed, and recomputed them at every `memory add` (75 s on the
-    embedded model's training rows); they are cached now."""
+    embedded model's training rows); they are cached now. The same for the token values a rewrite
+    memory writes (`rewrite_memory.value_table`)."""
     from timerome.memory.codebook_memory import CALIBRATION_STATES, calibration_residuals
     from timerome.memory.rewrite_memory import RewriteMemory
 
@@ -231,3 +232,15 @@ def test_a_memory_given_rows_reads_its_calibration_as_the_methods_build_it(bb, c
         other_seed = calibration_residuals(bb, SITE, rows, n_states=states, seed=5, pads=cls.pads, last_pads=cls.last_pads)
         assert not torch.equal(want, other_seed)  # the seed is the calibration's, and it matters
     assert len(list((tmp_path / "calibration").iterdir())) == 4  # each read once, then from the cache
+    # the rewrite memory's token values too: read on its value rows (here its calibration rows) as the
+    # method's value table is, with the calibration seed (they used the keys' seed and batch size)
+    from timerome.memory.rewrite_memory import value_table
+
+    ids, vals = value_table(bb, mem.site, rows, seed=1)
+    for t, v in zip(ids.tolist(), vals):
+        if mem._value_tokens([t], required=False):  # a token it says surely enough to have a value
+            assert torch.equal(mem._values[-1], v.double())
+            break
+    else:
+        pytest.fail("no token of the rows has a value sure enough to write")
+    assert len(list((tmp_path / "values").iterdir())) == 1

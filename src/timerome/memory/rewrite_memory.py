@@ -57,6 +57,7 @@ from dataclasses import replace
 
 import torch
 
+from timerome.common.cache import cached_tensors
 from timerome.common.progress import progress_bar
 from timerome.data.facts import Fact, fact_field
 from timerome.engine.coordinate import Coordinate
@@ -235,9 +236,9 @@ class RewriteMemory(CodebookMemory):
             return True
         if self._table is not None:
             values = self._table
-        elif self._value_rows:
-            values = token_values(self.backbone, self.site, self._value_rows, tokens, seed=self.seed,
-                                  batch_size=self.batch_size, progress="token values")
+        elif self._value_rows:  # read as the method reads its value table (`value_table`), once
+            ids, vals = value_table(self.backbone, self.site, self._value_rows, seed=self.calibration_seed)
+            values = self._table = dict(zip(ids.tolist(), vals.double()))
         else:
             raise TimeromeError("the rewrite memory reads its token values on rows the model answers: pass "
                                 "value_rows= (or calibration= as question/answer rows or texts) or value_table=")
@@ -526,6 +527,26 @@ class RewriteMemory(CodebookMemory):
 
 
 @torch.no_grad()
+def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids [K], values [K, H] float64) of every token the model predicts on the rows, at `site`
+    (`token_values`), cached on disk by their inputs: the values a rewrite memory writes, whether the
+    method builds it or `memory add` inserts into a saved one (with the method's trace_seed, the
+    memory's calibration_seed)."""
+    site, rows = Coordinate.of(site).on(backbone).site, list(rows)
+
+    def make():
+        values = token_values(backbone, site, rows, seed=seed, progress="token values")
+        ids = sorted(values)
+        return {"ids": torch.tensor(ids, dtype=torch.long),
+                "values": torch.stack([values[t] for t in ids]) if ids else torch.zeros(0, backbone.hidden_size,
+                                                                                       dtype=torch.float64)}
+
+    key = dict(kind="rewrite-values", model=backbone.fingerprint(), site=list(site), rows=rows, seed=seed,
+               states=VALUE_STATES, top=VALUE_TOP)
+    t = cached_tensors("values", key, make)
+    return t["ids"], t["values"]
+
+
 def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size: int = 32,
                  top: float = VALUE_TOP, progress: str | None = None) -> dict[int, torch.Tensor]:
     """{token: value [H] float64} for the `tokens` (None: all) the model predicts (argmax) at some

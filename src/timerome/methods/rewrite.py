@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import torch
 
-from timerome.common.cache import cached_tensors
 from timerome.data import load_split
 from timerome.data.rows import load_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
-from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, VALUE_STATES, VALUE_TOP,
-                                            RewriteMemory, target_ids, token_values, write_site)
+from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, target_ids,
+                                            write_site)
+from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
@@ -89,19 +89,8 @@ def spare_rows(backbone, task, config) -> list:
 
 def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids [K], values [K, H]) of every token the model predicts on the known rows, at the
-    write site; cached on disk by their inputs."""
-    rows = known_rows(backbone, task, config)
-    seed = int(config.get("trace_seed", 0))
-
-    def make():
-        values = token_values(backbone, site, rows, seed=seed, progress="token values")
-        ids = sorted(values)
-        return {"ids": torch.tensor(ids, dtype=torch.long), "values": torch.stack([values[t] for t in ids])}
-
-    key = dict(kind="rewrite-values", model=backbone.fingerprint(), site=list(site), rows=rows, seed=seed,
-               states=VALUE_STATES, top=VALUE_TOP)
-    t = cached_tensors("values", key, make)
-    return t["ids"], t["values"]
+    write site, with the config's trace_seed; cached on disk by their inputs (`rewrite_memory.value_table`)."""
+    return memory_value_table(backbone, site, known_rows(backbone, task, config), seed=calibration_seed(config))
 
 
 def gate_coordinate(backbone, task, config) -> tuple[Coordinate, dict]:
