@@ -191,6 +191,8 @@ def files(tmp_path_factory):
         cmeta = json.loads(h.metadata()["timerome"])
     f["cb_layer"] = rewrite_memory(cb, d / "cb_layer.safetensors",
                                    header={**cmeta, "coordinate": {**cmeta["coordinate"], "layer": -1}})
+    f["cb_cseed"] = rewrite_memory(cb, d / "cb_cseed.safetensors",
+                                   header={**cmeta, "hyper": {**cmeta["hyper"], "calibration_seed": 1.7}})
     tr = d / "tr"
     f["tr_nan"] = trace_copy(tr, d / "tr_nan",
                              tensors=lambda t: _set(t, "tie", lambda x: x.index_fill(0, torch.tensor([0]), torch.nan)))
@@ -358,6 +360,8 @@ def catalogue(f, tmp):
         ("memory header NaN key_scale", ["eval", "--edit", f["hdr_nan"]], "NaN"),
         ("memory layer 99", ["generate", "--edit", f["hdr_layer"], "hello"], "layer 99"),
         ("codebook memory layer -1", ["generate", "--edit", f["cb_layer"], "hello"], "layer -1"),
+        ("codebook memory calibration_seed 1.7 (read as 1)", ["generate", "--edit", f["cb_cseed"], "hello"],
+         "calibration_seed"),
         ("memory with an all-zero G", ["generate", "--edit", f["mem_zero_g"], "hello"], "ridge inverse"),
         ("memory with NaN keys", ["generate", "--edit", f["mem_nan_keys"], "hello"], "non-finite"),
         # trace files

@@ -46,6 +46,7 @@ import numbers
 import torch
 
 from timerome.common.cache import cached_tensors
+from timerome.common.checks import seed as checked_seed
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list
 from timerome.errors import TimeromeError
@@ -107,8 +108,9 @@ class CodebookMemory(Memory):
         if not isinstance(object_keys, bool):
             raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
         self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
-        self.target, self.seed, self.batch_size = target, int(seed), batch_size
-        self.calibration_seed = int(calibration_seed)  # the seed of the calibration states (`_calibration`)
+        self.target, self.seed, self.batch_size = target, checked_seed(seed), batch_size
+        # the seed of the calibration states and token values (`_calibration`): the method's trace_seed
+        self.calibration_seed = checked_seed(calibration_seed, "calibration_seed")
         self.stats = stats_at(backbone, self.coordinate, background, shrinkage=shrinkage)
         self._white = torch.linalg.cholesky(self.stats.precision())  # z = (h - mu) L
         self._calib = None if calibration is None else self._calibration(calibration)

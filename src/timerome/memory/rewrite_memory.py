@@ -612,4 +612,4 @@ def _with_object(fact, text: str) -> Fact:
                 fact_id=fact_id(fact))
 
 
-__all__ = ["RewriteMemory", "token_values", "write_site", "FORMAT", "DEFAULT_ALPHA", "STATE_PADS", "LAST_STEP_PADS"]
+__all__ = ["RewriteMemory", "token_values", "value_table", "write_site", "FORMAT", "DEFAULT_ALPHA", "STATE_PADS", "LAST_STEP_PADS"]
