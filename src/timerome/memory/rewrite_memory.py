@@ -526,7 +526,6 @@ class RewriteMemory(CodebookMemory):
 # ------------------------------------------------------------------------------ token values
 
 
-@torch.no_grad()
 def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids [K], values [K, H] float64) of every token the model predicts on the rows, at `site`
     (`token_values`), cached on disk by their inputs: the values a rewrite memory writes, whether the
@@ -547,6 +546,7 @@ def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, t
     return t["ids"], t["values"]
 
 
+@torch.no_grad()
 def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size: int = 32,
                  top: float = VALUE_TOP, progress: str | None = None) -> dict[int, torch.Tensor]:
     """{token: value [H] float64} for the `tokens` (None: all) the model predicts (argmax) at some
