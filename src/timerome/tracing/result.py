@@ -64,11 +64,7 @@ class TraceFile:
         """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
 
-        path = trace_path(path)
-        meta_file = meta_path(path)
-        if not path.exists() or not meta_file.exists():
-            raise _missing(path, meta_file, what)
-        input_file(path, what)  # a regular file: a pipe's read would block
+        path, meta_file = _pair(path, what)
         try:
             meta = read_json(meta_file, f"the {what}'s JSON")  # strict: no NaN, one clear error
             return build(read_tensors(path)[0], meta)
@@ -130,11 +126,7 @@ class TraceResult(TraceFile):
         float64, of the shapes those name, every TIE finite)."""
         from safetensors import SafetensorError
 
-        path = trace_path(path)
-        meta_file = meta_path(path)
-        if not path.exists() or not meta_file.exists():
-            raise _missing(path, meta_file, "trace result")
-        input_file(path, "trace result")
+        path, meta_file = _pair(path, "trace result")
         meta = read_json(meta_file, "the trace's JSON")
         try:
             t = read_tensors(path)[0]
@@ -218,12 +210,18 @@ def meta_path(path) -> Path:
     return Path(path).with_suffix(".json")
 
 
-def _missing(path: Path, meta_file: Path, what: str) -> TimeromeError:
-    """The error for a trace whose tensors or JSON is not there."""
+def _pair(path, what: str) -> tuple[Path, Path]:
+    """(tensors, JSON) of the saved trace at path (`trace_path`), both there and the tensors a regular
+    file (a pipe's read would block); else one TimeromeError naming `what`."""
+    path = trace_path(path)
+    meta_file = meta_path(path)
     if not path.exists():
-        return TimeromeError(f"no {what} at {path}: the file does not exist")
-    return TimeromeError(f"{path} has no {meta_file.name} beside it: a {what} is the pair of files `timerome trace` "
-                         "writes")
+        raise TimeromeError(f"no {what} at {path}: the file does not exist")
+    if not meta_file.exists():
+        raise TimeromeError(f"{path} has no {meta_file.name} beside it: a {what} is the pair of files "
+                            "`timerome trace` writes")
+    input_file(path, what)
+    return path, meta_file
 
 
 def _tensor_path(path) -> Path:
