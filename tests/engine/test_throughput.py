@@ -154,19 +154,31 @@ def test_blocks_only_and_head_rates(bb):
     assert head_throughput(bb, max_positions=64, repeats=1) > 0
 
 
-def test_head_rate_with_its_log_normaliser_times_the_logsumexp(bb, monkeypatch):
-    """log_normaliser=True times the read-out followed by a float32 logsumexp over the vocabulary
-    (what reading a log-probability must compute): each timed call reads the logits' normaliser."""
-    seen = []
-    real = torch.Tensor.logsumexp
+def test_head_rate_with_its_log_normaliser_times_both_ways_and_keeps_the_faster(bb, monkeypatch):
+    """log_normaliser=True times the read-out followed by a float32 normaliser over the vocabulary
+    (what reading a log-probability must compute), both as logsumexp and as log_softmax, and the
+    rate is the faster way's: on a fake clock where log_softmax costs half, its rate is the answer,
+    and where it costs double, logsumexp's."""
+    seen, now, cost = [], [0.0], {}
+    real = {name: getattr(torch.Tensor, name) for name in ("logsumexp", "log_softmax")}
 
-    def spy(self, *a, **k):
-        seen.append((tuple(self.shape), self.dtype))
-        return real(self, *a, **k)
+    def spy(name):
+        def fn(self, *a, **k):
+            seen.append((name, tuple(self.shape), self.dtype))
+            now[0] += cost[name]
+            return real[name](self, *a, **k)
 
-    monkeypatch.setattr(torch.Tensor, "logsumexp", spy)
-    assert head_throughput(bb, max_positions=32, repeats=1) > 0
-    assert not seen  # the logits alone
-    assert head_throughput(bb, max_positions=32, repeats=1, log_normaliser=True) > 0
-    assert {s for s, _ in seen} == {(16, bb.vocab_size), (32, bb.vocab_size)}
-    assert {d for _, d in seen} == {torch.float32}
+        return fn
+
+    for name in real:
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    clock = lambda: now[0]  # noqa: E731 - the fake clock moves only inside the spies
+    cost.update(logsumexp=1.0, log_softmax=1.0)
+    assert head_throughput(bb, max_positions=32, repeats=1, clock=clock) > 0  # the logits alone: no normaliser
+    assert not seen
+    cost.update(logsumexp=1.0, log_softmax=0.5)
+    assert head_throughput(bb, max_positions=32, repeats=1, log_normaliser=True, clock=clock) == 32 / 0.5
+    assert {(n, s) for n, s, _ in seen} == {(n, (m, bb.vocab_size)) for n in real for m in (16, 32)}
+    assert {d for _, _, d in seen} == {torch.float32}
+    cost.update(logsumexp=0.25, log_softmax=0.5)
+    assert head_throughput(bb, max_positions=32, repeats=1, log_normaliser=True, clock=clock) == 32 / 0.25
