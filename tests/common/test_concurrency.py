@@ -1,4 +1,4 @@
-"""Two processes on one folder: cache writes, an experiment folder, a reference model, a damaged cell."""
+"""Two processes on one folder: cache writes, a cache entry, an experiment folder, a reference model, a damaged cell."""
 
 import json
 import os
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from timerome.errors import TimeromeError
 
@@ -198,6 +199,61 @@ def test_two_processes_need_the_same_reference_model(tmp_path):
     entries = sorted(p.name for p in (tmp_path / "reference").iterdir())
     assert len([e for e in entries if not e.endswith(".lock")]) == 1, entries  # no .part, no train-state left
     assert sum("in use by" in e for _, e in outs) <= 1  # the later one waited, unless the first had finished
+
+
+ENTRY = """
+import json, os, sys, time
+import torch
+from timerome.common.cache import cached_tensors
+log, gate = sys.argv[1], sys.argv[2]
+
+def make():  # slow, and it says so: the test counts how many processes made the entry
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    open(gate + ".started", "w").close()
+    t0 = time.time()
+    while not os.path.exists(gate) and time.time() - t0 < 120:
+        time.sleep(0.05)
+    return {"h": torch.arange(6.0) * os.getpid()}
+
+print(json.dumps(cached_tensors("calibration", {"what": "a shared entry"}, make)["h"].tolist()))
+"""
+
+
+def test_two_processes_need_the_same_cache_entry(tmp_path):
+    """One makes it, the other waits for it (told who holds it) and reads what the first made: made
+    once, the same numbers in both, no lock file left."""
+    env = {"TIMEROME_CACHE": str(tmp_path / "cache")}
+    log, gate = tmp_path / "made.log", tmp_path / "gate"
+    first = spawn(ENTRY, log, gate, env=env)
+    t0 = time.time()
+    while not (tmp_path / "gate.started").exists():  # the first is making the entry
+        assert time.time() - t0 < 120 and first.poll() is None, first.communicate()[1][-2000:]
+        time.sleep(0.05)
+    second = spawn(ENTRY, log, gate, env=env)
+    time.sleep(3)  # the second asks for the entry meanwhile, and waits
+    gate.touch()
+    (out1, err1), (out2, err2) = finish(first), finish(second)
+    assert len(log.read_text().split()) == 1  # made once
+    assert json.loads(out1) == json.loads(out2)
+    assert "the cache entry calibration/" in err2 and "in use by" in err2
+    assert [p.suffix for p in (tmp_path / "cache" / "calibration").iterdir()] == [".safetensors"]
+
+
+def test_a_cache_that_cannot_be_written_makes_the_entry_and_says_why_it_is_not_kept(tmp_path, monkeypatch):
+    """No lock can be taken where the cache folder cannot be made: the entry is made all the same, and
+    its write fails with the cache's one-line message, as before there was a lock."""
+    from timerome.common.cache import cached_tensors, entry_lock
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("TIMEROME_CACHE", str(blocked))
+    with entry_lock(blocked / "calibration" / "x.safetensors", "an entry"):
+        pass  # nothing held, no error
+    made = []
+    with pytest.raises(TimeromeError, match="could not write"):
+        cached_tensors("calibration", {"k": 1}, lambda: made.append(1) or {"h": torch.zeros(2)})
+    assert made == [1]
 
 
 def test_a_damaged_cell_is_reported_moved_aside_and_recomputed(tmp_path, capsys):

@@ -3,7 +3,8 @@
 Everything timerome caches is a pure function of its inputs (model fingerprint, data, settings),
 so an entry is named by `digest(inputs)` and never goes stale; deleting the folder only costs
 recomputation. Root: $TIMEROME_CACHE, else ~/.cache/timerome. Writes are atomic with a unique
-temporary name, so concurrent writers never share a file and a reader never sees half of one.
+temporary name, so concurrent writers never share a file and a reader never sees half of one; and
+one process makes a tensor entry while another that needs it waits and reads it (`cached_tensors`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 VERSION = 2  # part of every digest: bump when a cached thing's meaning changes
@@ -186,11 +188,38 @@ def read_tensors(path) -> tuple[dict, dict]:
 
 
 def cached_tensors(kind: str, key, make, *, enabled: bool = True) -> dict:
-    """{name: tensor} made by make() once per key, then read from <cache>/<kind>/<digest>.safetensors."""
+    """{name: tensor} made by make() once per key, then read from <cache>/<kind>/<digest>.safetensors.
+
+    Made by one process at a time: the entry's lock (`lock.hold`, removed when done) makes a second
+    process (or thread) that needs the same entry meanwhile wait and read what the first made, not
+    make it again (the workers of a parallel experiment, or two commands, start with the same
+    calibration). Where the lock cannot be taken (a cache folder that cannot be made), the entry is
+    made unlocked, and writing it says what is wrong."""
     path = cache_dir() / kind / f"{digest(key)}.safetensors"
-    if enabled and path.is_file():
+    if not enabled:
+        return make()
+    if path.is_file():
         return read_tensors(path)[0]
-    tensors = make()
-    if enabled:
+    with entry_lock(path, f"the cache entry {kind}/{path.stem}"):
+        if path.is_file():  # made while this one waited
+            return read_tensors(path)[0]
+        tensors = make()
         save_tensors(path, tensors)
     return tensors
+
+
+def entry_lock(path, what: str) -> ExitStack:
+    """The lock of the cache entry at `path` (a file or folder; the lock file `path`.lock beside it,
+    removed when done), held until the returned stack is closed: `with entry_lock(path, what):`,
+    then look again whether the entry is there (another process may have made it meanwhile) before
+    making it. `what` names it to a process that waits. Nothing is held where the lock file cannot be
+    made (a cache folder that cannot be written): the entry's own write then says what is wrong."""
+    from timerome.common.lock import hold
+
+    path = Path(path)
+    stack = ExitStack()
+    try:
+        stack.enter_context(hold(path.with_name(path.name + ".lock"), what=what, remove=True))
+    except OSError:
+        pass
+    return stack

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from timerome.common.cache import cache_dir, cached_tensors, digest
+from timerome.common.cache import cache_dir, cached_tensors, digest, entry_lock
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import EDIT, TRACE
@@ -83,8 +83,11 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     path = cache_dir() / "traces" / f"{key}.safetensors"
     if path.is_file() and meta_path(path).is_file():
         return load(path)
-    result = run(backbone, fv, progress=progress, **settings)
-    result.save(path)
+    with entry_lock(path, f"the cached trace {path.stem}"):  # one process traces, another waits for it
+        if path.is_file() and meta_path(path).is_file():
+            return load(path)
+        result = run(backbone, fv, progress=progress, **settings)
+        result.save(path)
     return result
 
 
