@@ -141,6 +141,7 @@ def test_key_stats_are_cached_and_reused(bb, task, cache, monkeypatch):
     assert not set(texts) & {f"{r['question']} {r['answer']}" for r in task.forget_rows}
     C, path = L.key_stats(bb, 2, texts)
     assert path.is_file() and cache in path.parents
+    assert not list(cache.rglob("*.lock"))  # made under its entry's lock, which is gone with it
     d = L.down_projection(bb, 2).linear.in_features
     assert C.shape == (d, d) and C.dtype == torch.float64
     assert torch.allclose(C, C.T) and float(torch.linalg.eigvalsh(C).min()) > -1e-8

@@ -27,13 +27,14 @@ MEMIT's multi-layer procedure (shared with AlphaEdit).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from timerome.common.cache import cache_dir, digest, read_tensors, save_tensors
+from timerome.common.cache import cache_dir, digest, entry_lock, read_tensors, save_tensors
 from timerome.data.rows import spread
 from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
                                       text_ids, uses_leading_space)
@@ -220,19 +221,30 @@ def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,
 def key_stats_layers(backbone, layers, texts: list[str], *, cache: bool = True,
                      batch_size: int = 64) -> dict[int, tuple[torch.Tensor, Path]]:
     """key_stats of several layers: those not cached are measured in one pass over `texts`
-    (each forward stops at the highest of them)."""
-    out, todo = {}, []
-    for layer in dict.fromkeys(layers):
+    (each forward stops at the highest of them). Their cache entries are made under their locks
+    (`cache.entry_lock`, taken in layer order, so two processes never wait for each other): a
+    process that needs one of them meanwhile waits and reads it."""
+    out = {}
+
+    def read(layer) -> bool:
         path = stats_cache_path(backbone, layer, texts)
         if cache and path.is_file():
             out[layer] = (read_tensors(path)[0]["C"], path)
-        else:
-            todo.append(layer)
-    for layer, C in (_second_moments(backbone, todo, texts, batch_size) if todo else {}).items():
-        path = stats_cache_path(backbone, layer, texts)
-        if cache:
-            save_tensors(path, {"C": C}, metadata={"n_texts": str(len(texts))})  # atomic, unique temp name
-        out[layer] = (C, path)
+            return True
+        return False
+
+    todo = [layer for layer in dict.fromkeys(layers) if not read(layer)]
+    with ExitStack() as held:
+        if cache and todo:
+            for layer in sorted(todo):
+                held.enter_context(entry_lock(stats_cache_path(backbone, layer, texts),
+                                              f"the key statistics of layer {layer}"))
+            todo = [layer for layer in todo if not read(layer)]  # made while this one waited
+        for layer, C in (_second_moments(backbone, todo, texts, batch_size) if todo else {}).items():
+            path = stats_cache_path(backbone, layer, texts)
+            if cache:
+                save_tensors(path, {"C": C}, metadata={"n_texts": str(len(texts))})  # atomic, unique temp name
+            out[layer] = (C, path)
     return out
 
 
