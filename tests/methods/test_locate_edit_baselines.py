@@ -7,6 +7,8 @@ forms and the cached key statistic are checked directly.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from conftest import mean_answer_lp
@@ -141,7 +143,6 @@ def test_key_stats_are_cached_and_reused(bb, task, cache, monkeypatch):
     assert not set(texts) & {f"{r['question']} {r['answer']}" for r in task.forget_rows}
     C, path = L.key_stats(bb, 2, texts)
     assert path.is_file() and cache in path.parents
-    assert not list(cache.rglob("*.lock"))  # made under its entry's lock, which is gone with it
     d = L.down_projection(bb, 2).linear.in_features
     assert C.shape == (d, d) and C.dtype == torch.float64
     assert torch.allclose(C, C.T) and float(torch.linalg.eigvalsh(C).min()) > -1e-8
@@ -159,6 +160,39 @@ def test_key_stats_are_cached_and_reused(bb, task, cache, monkeypatch):
     assert path2 == path and torch.equal(again, C)
     with pytest.raises(AssertionError, match="recomputed"):  # another layer is another file
         L.key_stats(bb, 3, texts)
+
+
+def test_key_stats_wait_for_a_process_making_them_and_read_what_it_made(bb, task, cache, monkeypatch):
+    """While another holder (a thread here: it locks the file as another process would) makes a layer's
+    statistics, key_stats says that it waits, then reads what the holder wrote instead of measuring
+    them again; no lock file is left."""
+    import threading
+
+    from timerome.common import lock
+    from timerome.common.cache import entry_lock, save_tensors
+
+    texts = spread(L.preserved_texts(bb, task), 50)
+    path = L.stats_cache_path(bb, 1, texts)
+    said, held = [], threading.Event()
+    monkeypatch.setattr(lock, "notify", said.append)
+
+    def holder():
+        with entry_lock(path, "the key statistics of layer 1"):
+            held.set()
+            t0 = time.monotonic()
+            while not said and time.monotonic() - t0 < 60:  # until the other one waits
+                time.sleep(0.02)
+            save_tensors(path, {"C": torch.eye(3, dtype=torch.float64)})
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(60)
+    monkeypatch.setattr(L, "_second_moments", lambda *a, **k: pytest.fail("measured instead of read"))
+    C, got = L.key_stats(bb, 1, texts)
+    t.join()
+    assert got == path and torch.equal(C, torch.eye(3, dtype=torch.float64))
+    assert len(said) == 1 and "the key statistics of layer 1 is in use by" in said[0]
+    assert not list(cache.rglob("*.lock"))
 
 
 # ------------------------------------------------------------------------------ closed forms

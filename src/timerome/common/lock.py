@@ -81,9 +81,9 @@ def hold(path, *, wait: bool | float = True, what: str = "this folder", say=None
         os.close(fd)  # its holder removed the file as we waited for it: lock the path's new file
         say = _quiet
     try:
-        _record(fd)
         token = HELD.set(HELD.get() + (key,))
         try:
+            _record(fd)  # inside: a full disk failing this write still removes (remove=True) and unlocks the file
             yield
         finally:
             HELD.reset(token)

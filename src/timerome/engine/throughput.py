@@ -105,7 +105,8 @@ def head_throughput(backbone, *, max_positions: int = 1 << 16, max_seconds: floa
     since every logit moves the normaliser. It is timed both ways torch computes it, `logsumexp`
     and `log_softmax` (a fused kernel, faster on a CPU at some shapes though it writes every
     log-probability), and the faster rate is the answer: a floor must not rest on the slower.
-    m stops at max_positions, and at the m whose float32 logits reach 2 GiB."""
+    m stops at max_positions, and at the m whose float32 logits reach 2 GiB; max_seconds bounds each
+    way's search."""
     g = torch.Generator().manual_seed(seed)
 
     def make(m):
