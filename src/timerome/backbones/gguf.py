@@ -33,7 +33,7 @@ def file_digest(path: Path) -> str:
 
 def gguf_folder(path: str | Path) -> Path:
     """The cached checkpoint folder of a GGUF file (converted on first use)."""
-    from timerome.common.cache import cache_dir, entry_lock, temp_name
+    from timerome.common.cache import cache_dir, made_once, temp_name
 
     path = input_file(Path(path).expanduser(), "GGUF file")
     with open(path, "rb") as f:
@@ -41,26 +41,24 @@ def gguf_folder(path: str | Path) -> Path:
             raise TimeromeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     out = cache_dir() / "gguf" / f"{path.stem}-{file_digest(path)}"
 
-    def done() -> bool:
-        return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
-
-    if done():
-        return out
-    with entry_lock(out, f"the conversion of {path.name}"):  # one process converts, another waits for it
-        if done():
-            return out
+    def converted() -> Path:
         tmp = temp_name(out)  # converted aside, renamed into place: a reader never sees half a folder
         tmp.mkdir(parents=True)
         try:
             _convert(path, tmp)
             try:
                 tmp.rename(out)
-            except OSError:  # another process put it there first
+            except OSError:  # another process put it there first (where nothing could be locked)
                 if not (out / "model.safetensors").is_file():
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        return out
+
+    # one process converts, another waits for it
+    return made_once(out, f"the conversion of {path.name}",
+                     lambda: out if (out / "config.json").is_file() and (out / "model.safetensors").is_file() else None,
+                     converted)
 
 
 def _convert(path: Path, out: Path) -> None:

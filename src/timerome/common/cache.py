@@ -198,21 +198,33 @@ def cached_tensors(kind: str, key, make, *, enabled: bool = True) -> dict:
     path = cache_dir() / kind / f"{digest(key)}.safetensors"
     if not enabled:
         return make()
-    if path.is_file():
-        return read_tensors(path)[0]
-    with entry_lock(path, f"the cache entry {kind}/{path.stem}"):
-        if path.is_file():  # made while this one waited
-            return read_tensors(path)[0]
+
+    def made() -> dict:
         tensors = make()
         save_tensors(path, tensors)
-    return tensors
+        return tensors
+
+    return made_once(path, f"the cache entry {kind}/{path.stem}",
+                     lambda: read_tensors(path)[0] if path.is_file() else None, made)
+
+
+def made_once(path, what: str, read, make):
+    """The cache entry at `path`: read() where it is there (read returns None where it is not), else
+    make() (which writes it) under the entry's lock (`entry_lock`), read() once more when the lock is
+    held: a process that waited for another one making it reads what that one made."""
+    got = read()
+    if got is not None:
+        return got
+    with entry_lock(path, what):
+        got = read()  # made while this one waited
+        return make() if got is None else got
 
 
 def entry_lock(path, what: str) -> ExitStack:
     """The lock of the cache entry at `path` (a file or folder; the lock file `path`.lock beside it,
     removed when done), held until the returned stack is closed: `with entry_lock(path, what):`,
     then look again whether the entry is there (another process may have made it meanwhile) before
-    making it. `what` names it to a process that waits. Nothing is held where the lock file cannot be
+    making it, as `made_once` does for one entry. `what` names it to a process that waits. Nothing is held where the lock file cannot be
     made (a cache folder that cannot be written): the entry's own write then says what is wrong."""
     from timerome.common.lock import hold
 

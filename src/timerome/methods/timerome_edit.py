@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from timerome.common.cache import cache_dir, cached_tensors, digest, entry_lock
+from timerome.common.cache import cache_dir, cached_tensors, digest, made_once
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import EDIT, TRACE
@@ -81,14 +81,15 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     key = digest(dict(kind=kind, model=backbone.fingerprint(), settings=settings,
                       facts=[(f.subject, f.prompt, f.object) for f in fv]))
     path = cache_dir() / "traces" / f"{key}.safetensors"
-    if path.is_file() and meta_path(path).is_file():
-        return load(path)
-    with entry_lock(path, f"the cached trace {path.stem}"):  # one process traces, another waits for it
-        if path.is_file() and meta_path(path).is_file():
-            return load(path)
+
+    def traced():
         result = run(backbone, fv, progress=progress, **settings)
         result.save(path)
-    return result
+        return result
+
+    # one process traces, another waits for it
+    return made_once(path, f"the cached trace {path.stem}",
+                     lambda: load(path) if path.is_file() and meta_path(path).is_file() else None, traced)
 
 
 def select(result: TraceResult, modules=("resid",)):
