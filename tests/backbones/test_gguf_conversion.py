@@ -1,0 +1,44 @@
+"""A GGUF file's conversion as the user sees it: one line of ours on stderr, none of transformers' bars
+(its GGUF reader opens a tqdm that ignores transformers' progress-bar switch), and a reader's failure as
+one line naming the file. transformers' readers are replaced here by stand-ins that write what the real
+ones write, so this runs in a second; tests/backbones/test_real_model.py converts a real file."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from timerome.errors import TimeromeError
+
+pytest.importorskip("gguf", reason="the test extra installs gguf; without it the conversion is refused first")
+
+
+def _noisy_reader(fail: bool):
+    def from_pretrained(*args, **kwargs):
+        sys.stderr.write("Converting and de-quantizing GGUF tensors...:  50%|#####     | 136/272\r")
+        sys.stderr.flush()
+        if fail:
+            raise ValueError("GGUF model with architecture bogus is not supported yet.")
+        raise AssertionError("unreachable in this test")
+    return from_pretrained
+
+
+def test_a_conversion_says_one_line_and_keeps_transformers_bar_off_stderr(tmp_path, monkeypatch, capfd):
+    import transformers
+
+    from timerome.backbones.gguf import gguf_folder
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _noisy_reader(fail=True))
+    f = tmp_path / "tiny.gguf"
+    f.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(TimeromeError, match=r"could not read tiny\.gguf as a causal LM \(ValueError: GGUF model"):
+        gguf_folder(f)
+    err = capfd.readouterr().err
+    assert "note: converting tiny.gguf to a checkpoint in the cache" in err
+    assert "Converting and de-quantizing" not in err, err
+    # nothing half-made or locked is left for the next try
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == []
+    print("after", file=sys.stderr)  # stderr is the test's own again
+    assert capfd.readouterr().err == "after\n"
