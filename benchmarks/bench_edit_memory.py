@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.backbones.tiny import random_backbone
+from timerome.backbones.tiny import LLADA_8B, random_backbone
 from timerome.common.cost import sync
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
@@ -328,7 +328,6 @@ def bench_scale(args):
 # ------------------------------------------------------------------------------ 1c. scale on LLaDA-8B's shapes
 
 # LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_heads, n_layers, vocab_size
-LLADA_8B = dict(hidden=4096, mlp=12288, heads=32, layers=32, vocab=126464)
 
 
 def bench_scale8b(args):
@@ -346,8 +345,9 @@ def bench_scale8b(args):
     print(f"\n== scale8b: the hook with |F| = {F} facts on LLaDA-8B's shapes (H {spec['hidden']}, MLP {spec['mlp']}, "
           f"{spec['layers']} blocks, vocabulary {spec['vocab']:,}), one forward of a [1, 32 + {G}] sequence ==")
     t = CLOCK()
-    bb = random_backbone(args.device, hidden=spec["hidden"], layers=1, vocab=spec["vocab"], context=max(64, 32 + G),
-                         mlp=spec["mlp"], heads=spec["heads"])
+    bb = random_backbone(args.device, hidden=spec["hidden"], layers=spec["layers"] if args.whole else 1,
+                         vocab=spec["vocab"], context=max(64, 32 + G), mlp=spec["mlp"], heads=spec["heads"],
+                         copy_blocks=args.whole)
     if args.whole:
         return _scale8b_whole(args, bb, spec, F, G, t)
     print("(forward: composed from one block's and the head's times, the bench's docstring; hook: the hook's own "
@@ -409,16 +409,9 @@ def _scale8b_whole(args, bb, spec, F, G, t0):
     """scale8b --whole: the one random block's copies fill all of LLaDA-8B's blocks (a block's time does
     not depend on its values), so the forward is real: timed without and with the hook, rounds
     interleaved, in float32 and then bfloat16. Keys: residuals at the middle block's output."""
-    import copy
-
-    from timerome.backbones.backbone import Backbone
     from timerome.engine.hooks import run_to
 
-    blocks = bb.model.model.transformer.blocks
-    while len(blocks) < spec["layers"]:
-        blocks.append(copy.deepcopy(blocks[0]))
-    bb = Backbone(bb.model, None, bb.family, dict(bb.config, n_layers=len(blocks)), mask_id=bb.mask_id,
-                  name="random-llada8b-shapes")
+    bb.name = "random-llada8b-shapes"
     coord = default_coordinate(bb)
     g = torch.Generator().manual_seed(0)
     rows = -(-F // 64)

@@ -4,6 +4,8 @@
     python benchmarks/bench_trace.py --tiny     # a tiny random model (when the embedded one is absent)
     python benchmarks/bench_trace.py --tiny --layers 4 --hidden 1024 --facts 2 --no-ablations
                                                 # a wide random model, where compute dominates
+    python benchmarks/bench_trace.py --llada8b --device cuda --dtype bfloat16 --no-ablations --repeats 1
+                                                # LLaDA-8B's shapes (a GPU with ~20 GB free in bfloat16)
 
 Prints, from one run:
 - naive wall time: one full single-row trajectory per (fact, layer, step, module, noise sample),
@@ -35,6 +37,9 @@ Prints, from one run:
   rates, the trace's block calls timed alone at the shapes they ran (`throughput.timed_block_calls`, each
   round), the head's floor, and the rest (the trace less its block calls and the head's floor).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
+--llada8b: a random model of LLaDA-8B's shapes (H 4096, 32 heads, MLP 12288, vocabulary 126,464, 32 blocks,
+or --layers), its blocks copies of one random block (`tiny.random_backbone(copy_blocks=True)`: a block's time
+does not depend on its values), reading the tiny word tokenizer's facts (--tiny's); --dtype casts it.
 Timer: process CPU time with one thread on CPU (steadiest on a shared machine; --clock wall for
 wall time), wall time on a GPU; the floor is measured with the same timer.
 """
@@ -77,7 +82,11 @@ TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="use a random-initialised model (see --layers, --hidden)")
-    ap.add_argument("--layers", type=int, default=4, help="layers of the --tiny model")
+    ap.add_argument("--layers", type=int, default=None, help="layers of the --tiny model (4) or the --llada8b one (32)")
+    ap.add_argument("--llada8b", action="store_true",
+                    help="a random model of LLaDA-8B's shapes, its blocks copies of one (the docstring)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="--tiny / --llada8b: the model's dtype (the embedded model stays float32)")
     ap.add_argument("--hidden", type=int, default=128, help="hidden size of the --tiny model")
     ap.add_argument("--facts", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
@@ -105,13 +114,18 @@ def main() -> int:
 def _bench(args, bb, facts) -> int:
     K, N = args.steps, args.samples
     C = 3 * bb.n_layers
-    print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}) on {bb.device}, "
+    print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}, {str(bb.dtype).split('.')[-1]}) on {bb.device}, "
           f"{torch.get_num_threads()} threads, clock {'CPU' if CLOCK is time.process_time else 'wall'}; "
           f"{len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
     items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
     lengths = sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})
 
+    t0 = CLOCK()
     st = trace(bb, facts, steps=K, n_samples=N, batch_size=args.batch_size, progress=False).stats  # warm-up
+    sync(bb.device)
+    # printed at once: on a large model the floor's timings below take minutes
+    print(f"warm-up trace        {CLOCK() - t0:.2f} s  ({st['forwards']} forwards; computed "
+          f"{st['block_rows'] / st['min_block_rows']:.2f} x the needed row-blocks)", flush=True)
     # the floor's best batch size at each length (and the rate tables), then rounds of a timed trace
     # followed by those sizes timed again: each round's trace is divided by the floor of the same
     # moment, so that a drift in the machine's speed hits both alike (the medians of the rounds)
@@ -141,7 +155,7 @@ def _bench(args, bb, facts) -> int:
     strict_multiple = statistics.median(t / f for (_, t), f in zip(runs, stricts))
     logits_multiple = statistics.median(t / (f - head_s + logits_s) for (_, t), f in zip(runs, floors))
     best = max(rates, key=lambda r: r.token_blocks_per_s)
-    out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, facts=len(facts), steps=K, samples=N,
+    out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, dtype=str(bb.dtype).split(".")[-1], facts=len(facts), steps=K, samples=N,
                fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, floor_runs=floors,
                cost_multiple=multiple, cost_multiples=ratios,
                strict_floor_seconds=strict_s, strict_cost_multiple=strict_multiple, head_floor_seconds=head_s,
@@ -326,6 +340,17 @@ def _timed_trace(args, bb, facts, **switches):
 
 
 def _model_and_facts(args, tmp: str):
+    facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
+    if args.llada8b:
+        from timerome.backbones.tiny import LLADA_8B, random_backbone, tokenizer_for_random
+
+        s = LLADA_8B
+        bb = random_backbone(args.device, hidden=s["hidden"], layers=args.layers or s["layers"], vocab=s["vocab"],
+                             context=128, mlp=s["mlp"], heads=s["heads"], copy_blocks=True,
+                             tokenizer=tokenizer_for_random(tmp))
+        bb.model.to(getattr(torch, args.dtype))
+        bb.name = "random-llada8b-shapes"
+        return bb, facts[:args.facts]
     if not args.tiny and not (DEFAULT_MODEL_DIR / "config.json").exists():
         sys.exit(f"the embedded default model is absent ({DEFAULT_MODEL_DIR}); run with --tiny")
     if not args.tiny:
@@ -334,9 +359,8 @@ def _model_and_facts(args, tmp: str):
         return load_backbone(device=args.device), default_facts(args.facts)
     from timerome.backbones.tiny import make_tiny_checkpoint
 
-    d = make_tiny_checkpoint("timerome", tmp, layers=args.layers, hidden=args.hidden)
-    facts = [dict(fact_id=str(i), subject=s, prompt=p, object=o) for i, (s, p, o) in enumerate(TINY_FACTS)]
-    return load_backbone(d, device=args.device), facts[:args.facts]
+    d = make_tiny_checkpoint("timerome", tmp, layers=args.layers or 4, hidden=args.hidden)
+    return load_backbone(d, device=args.device, dtype=args.dtype), facts[:args.facts]
 
 
 

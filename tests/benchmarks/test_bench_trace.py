@@ -29,3 +29,29 @@ def test_bench_trace_tiny_reports_a_floor_and_where_the_time_goes(monkeypatch, c
     # per round, the rest is what the trace spent beyond its block calls and the head's floor
     rests = sorted(t - b - d["head_floor_seconds"] for t, b in zip(d["fast_runs"], d["block_calls_at_their_shapes_runs"]))
     assert d["rest_seconds"] == sum(rests) / 2
+
+
+def test_bench_trace_llada8b_shapes_runs_copies_of_one_block_in_bfloat16(monkeypatch, capsys, tmp_path):
+    import torch
+
+    from timerome.backbones import tiny
+
+    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "benchmarks" / "bench_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # a stand-in for LLaDA-8B's shapes that a CPU test can build; the code path is --llada8b's
+    monkeypatch.setattr(tiny, "LLADA_8B", dict(hidden=64, mlp=192, heads=4, layers=3, vocab=300))
+    built = []
+    real = tiny.random_backbone
+    monkeypatch.setattr(tiny, "random_backbone", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    out_json = tmp_path / "t.json"
+    monkeypatch.setattr("sys.argv", ["bench", "--llada8b", "--dtype", "bfloat16", "--no-ablations", "--repeats", "1",
+                                     "--facts", "2", "--steps", "2", "--samples", "2", "--json", str(out_json)])
+    assert mod.main() == 0
+    assert "model random-llada8b-shapes (3 layers, d=64, bfloat16)" in capsys.readouterr().out
+    d = json.loads(out_json.read_text())
+    assert (d["layers"], d["hidden"], d["dtype"]) == (3, 64, "bfloat16") and math.isfinite(d["cost_multiple"])
+    blocks = built[0].model.model.transformer.blocks
+    assert len(blocks) == 3 and blocks[1] is not blocks[0]  # copies, each hooked apart
+    assert all(torch.equal(a, b) for a, b in zip(blocks[0].parameters(), blocks[2].parameters()))
+    assert built[0].mask_id == built[0].tokenizer.mask_token_id < 300

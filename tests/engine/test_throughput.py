@@ -6,6 +6,7 @@ from conftest import live_steps
 
 from timerome import load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
+from timerome.engine.hooks import Hooks
 from timerome.engine.throughput import (Throughput, best_throughput, block_calls, floor_by_length, floor_seconds,
                                         head_throughput, retimed, timed_block_calls)
 from timerome.tracing.causal_trace import trace
@@ -106,6 +107,18 @@ def test_block_calls_are_timed_at_their_own_shapes(bb):
     assert got == pytest.approx((5 + 1) / bb.n_layers)
     real = timed_block_calls(bb, {"6x3": 5, "9x2": 1})  # the real clock: positive and finite
     assert 0 < real < 60
+
+
+def test_block_calls_of_a_deep_model_are_timed_on_its_first_blocks(bb):
+    """blocks=k: each shape's forward is cut after block k - 1 (the blocks above never run), 1 / k of it
+    per call: a deep model's hundreds of shapes no longer cost a forward through every block each."""
+    assert bb.n_layers >= 3
+    ticks = iter(range(10 ** 6))
+    ran = []
+    with Hooks(bb, edit={(l, "resid"): (lambda h, _s, l=l: ran.append(l)) for l in range(bb.n_layers)}):
+        got = timed_block_calls(bb, {"6x3": 5, "9x2": 1}, clock=lambda: next(ticks), blocks=2)
+    assert got == pytest.approx((5 + 1) / 2)
+    assert set(ran) == {0, 1}
 
 
 def test_block_batches_count_every_block_call(bb):
