@@ -275,6 +275,34 @@ def test_rows_join_only_where_the_blocks_take_a_grown_batch(bb, monkeypatch):
     torch.testing.assert_close(r.tie_full, on.tie_full, atol=1e-5, rtol=0, equal_nan=True)
 
 
+def test_rows_join_where_a_batch_of_another_size_rounds_otherwise(bb, monkeypatch):
+    """On a GPU a row's logits move with the number of rows beside it (other kernels, other rounding):
+    by 0.12 of a largest 6.2 at LLaDA-8B's shapes in bfloat16 on an H200, where the 1e-3 tolerance
+    alone refused joins and the trace ran every row through every block (1.92x the row-blocks it
+    needs). Stood in for here by an offset that grows with the batch at block 1's output: joins are
+    taken within the model's own spread (refused without it), and a regrown batch that is wrong by
+    more than that spread is still refused."""
+    import timerome.tracing.wavefront as wavefront
+
+    by_batch = {(1, "resid"): lambda h, _state: h + 1e-3 * h.shape[0]}  # spread 0.14 of a largest 8.3
+    with Hooks(bb, edit=by_batch):
+        assert rows_can_join(bb)
+        monkeypatch.setattr(wavefront, "_join_spread", lambda b, ids, want: 0.0)  # the check before the spread
+        bb.engine_checks.clear()
+        assert not rows_can_join(bb)
+        monkeypatch.undo()
+        real = wavefront.joiners
+
+        def swapped(blocks, rows):  # the copies appended as rows 1, 0 instead of 0, 1
+            rows.join = {k: v.flip(0) for k, v in rows.join.items()}
+            return real(blocks, rows)
+
+        monkeypatch.setattr(wavefront, "joiners", swapped)
+        bb.engine_checks.clear()
+        assert not rows_can_join(bb)
+    bb.engine_checks.clear()  # answers kept under this test's hook: none outlives it
+
+
 def test_the_engine_checks_are_asked_once_per_forward_state(bb, monkeypatch):
     """rows_can_join / rows_can_pack run their probe forwards once while what a forward runs stays
     the same, and again when a hook is added or a backbone method patched (each such state once)."""
