@@ -327,8 +327,6 @@ def bench_scale(args):
 
 # ------------------------------------------------------------------------------ 1c. scale on LLaDA-8B's shapes
 
-# LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_heads, n_layers, vocab_size
-
 
 def bench_scale8b(args):
     """The q = 4 hook at |F| = --scale-facts facts against a forward of LLaDA-8B's shapes. Its weights

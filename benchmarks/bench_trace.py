@@ -34,8 +34,8 @@ Prints, from one run:
   seconds apart does not); and
   against the strict floor, which charges every token-block the best token rate of any length
   (`throughput.floor_seconds`); and where the multiple comes from: the row-blocks computed at the best
-  rates, the trace's block calls timed alone at the shapes they ran (`throughput.timed_block_calls`, each
-  round), the head's floor, and the rest (the trace less its block calls and the head's floor).
+  rates, the trace's block calls timed alone at the shapes they ran (`throughput.timed_block_calls`: a
+  forward of each shape cut after its first 4 blocks, each round), the head's floor, and the rest (the trace less its block calls and the head's floor).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
 --llada8b: a random model of LLaDA-8B's shapes (H 4096, 32 heads, MLP 12288, vocabulary 126,464, 32 blocks,
 or --layers), its blocks copies of one random block (`tiny.random_backbone(copy_blocks=True)`: a block's time
@@ -192,7 +192,8 @@ def _bench(args, bb, facts) -> int:
     rest_s = statistics.median(t - b - head_s for (_, t), b in zip(runs, shaped))
     print(f"where it goes    the computed row-blocks at the best rates {best_s:.2f} s "
           f"({st['block_rows'] / st['min_block_rows']:.2f} x the needed); the trace's block calls timed alone at the "
-          f"shapes they ran {shapes_s:.2f} s (a blocks-only forward of each (rows, length) they had, each round); "
+          f"shapes they ran {shapes_s:.2f} s (a forward of each (rows, length) they had, cut after its first 4 "
+          f"blocks, each round); "
           f"the head at its floor {head_s:.2f} s; the rest {rest_s:.2f} s ({rest_s / floor_s:.2f} x the floor: the "
           f"trace less its block calls and the head's floor, per round: the head beyond its floor, its argmax, the "
           f"sampler step, the engine's bookkeeping, each forward's own fixed costs)")
@@ -347,8 +348,7 @@ def _model_and_facts(args, tmp: str):
         s = LLADA_8B
         bb = random_backbone(args.device, hidden=s["hidden"], layers=args.layers or s["layers"], vocab=s["vocab"],
                              context=128, mlp=s["mlp"], heads=s["heads"], copy_blocks=True,
-                             tokenizer=tokenizer_for_random(tmp))
-        bb.model.to(getattr(torch, args.dtype))
+                             tokenizer=tokenizer_for_random(tmp), dtype=getattr(torch, args.dtype))
         bb.name = "random-llada8b-shapes"
         return bb, facts[:args.facts]
     if not args.tiny and not (DEFAULT_MODEL_DIR / "config.json").exists():

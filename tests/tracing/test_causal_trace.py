@@ -280,27 +280,36 @@ def test_rows_join_where_a_batch_of_another_size_rounds_otherwise(bb, monkeypatc
     by 0.12 of a largest 6.2 at LLaDA-8B's shapes in bfloat16 on an H200, where the 1e-3 tolerance
     alone refused joins and the trace ran every row through every block (1.92x the row-blocks it
     needs). Stood in for here by an offset that grows with the batch at block 1's output: joins are
-    taken within the model's own spread (refused without it), and a regrown batch that is wrong by
-    more than that spread is still refused."""
+    taken within the model's own spread (refused without it); a regrown batch that is wrong by more
+    than that spread is still refused, and so is a widened tolerance under which the probe's two rows
+    look alike (it could not see a wrong join)."""
     import timerome.tracing.wavefront as wavefront
 
-    by_batch = {(1, "resid"): lambda h, _state: h + 1e-3 * h.shape[0]}  # spread 0.14 of a largest 8.3
-    with Hooks(bb, edit=by_batch):
-        assert rows_can_join(bb)
-        monkeypatch.setattr(wavefront, "_join_spread", lambda b, ids, want: 0.0)  # the check before the spread
-        bb.engine_checks.clear()
-        assert not rows_can_join(bb)
-        monkeypatch.undo()
-        real = wavefront.joiners
+    try:
+        by_batch = {(1, "resid"): lambda h, _state: h + 1e-3 * h.shape[0]}  # spread 0.14 of a largest 8.3
+        with Hooks(bb, edit=by_batch):
+            assert rows_can_join(bb)
+            monkeypatch.setattr(wavefront, "_join_spread", lambda b, ids, want: 0.0)  # the check before the spread
+            bb.engine_checks.clear()
+            assert not rows_can_join(bb)
+            monkeypatch.undo()
+            real = wavefront.joiners
 
-        def swapped(blocks, rows):  # the copies appended as rows 1, 0 instead of 0, 1
-            rows.join = {k: v.flip(0) for k, v in rows.join.items()}
-            return real(blocks, rows)
+            def swapped(blocks, rows):  # the copies appended as rows 1, 0 instead of 0, 1
+                rows.join = {k: v.flip(0) for k, v in rows.join.items()}
+                return real(blocks, rows)
 
-        monkeypatch.setattr(wavefront, "joiners", swapped)
-        bb.engine_checks.clear()
-        assert not rows_can_join(bb)
-    bb.engine_checks.clear()  # answers kept under this test's hook: none outlives it
+            monkeypatch.setattr(wavefront, "joiners", swapped)
+            bb.engine_checks.clear()
+            assert not rows_can_join(bb)
+            monkeypatch.undo()
+        # rows made alike above block 0 (each the batch's mean): a widened tolerance that cannot tell the
+        # probe's rows apart could not see a wrong join either, so the answer is no
+        alike = {(1, "resid"): lambda h, _state: h.mean(0, keepdim=True).expand_as(h) + 1e-3 * h.shape[0]}
+        with Hooks(bb, edit=alike):
+            assert not rows_can_join(bb)
+    finally:
+        bb.engine_checks.clear()  # answers kept under this test's hooks: none outlives it
 
 
 def test_the_engine_checks_are_asked_once_per_forward_state(bb, monkeypatch):

@@ -6,16 +6,17 @@ tokenizer to the cache, named by the file's content digest, and loads that folde
 checkpoint: family detection, config checks and everything after are the same. Converting
 SmolLM2-135M's 93 MB file took 41-49 s once on a 2-core AMD EPYC (two runs; transformers' tokenizer 10 s, its model 26 s);
 the cached folder loads in under a second. The conversion says so in one line on stderr; transformers' own
-progress bar (a tqdm it opens unconditionally) is kept off the user's terminal.
+progress bar (a tqdm its GGUF reader opens whatever its progress-bar switch says) is kept off the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-import io
 import json
 import shutil
+import threading
 from pathlib import Path
 
 from timerome.common.files import input_file
@@ -38,7 +39,6 @@ def file_digest(path: Path) -> str:
 def gguf_folder(path: str | Path) -> Path:
     """The cached checkpoint folder of a GGUF file (converted on first use)."""
     from timerome.common.cache import cache_dir, made_once, temp_name
-    from timerome.common.progress import notify
 
     path = input_file(Path(path).expanduser(), "GGUF file")
     with open(path, "rb") as f:
@@ -49,9 +49,8 @@ def gguf_folder(path: str | Path) -> Path:
     def converted() -> Path:
         tmp = temp_name(out)  # converted aside, renamed into place: a reader never sees half a folder
         tmp.mkdir(parents=True)
-        notify(f"converting {path.name} to a checkpoint in the cache ({out.parent}), once: later loads read it")
         try:
-            _convert(path, tmp)
+            _convert(path, tmp, out.parent)
             try:
                 tmp.rename(out)
             except OSError:  # another process put it there first (where nothing could be locked)
@@ -67,11 +66,14 @@ def gguf_folder(path: str | Path) -> Path:
                      converted)
 
 
-def _convert(path: Path, out: Path) -> None:
+def _convert(path: Path, out: Path, cache: Path) -> None:
     import importlib.util
+
+    from timerome.common.progress import notify
 
     if importlib.util.find_spec("gguf") is None:
         raise TimeromeError(f"reading {path.name} needs the `gguf` package: pip install gguf")
+    notify(f"converting {path.name} to a checkpoint in the cache ({cache}), once: later loads read it")
     import transformers
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
@@ -81,8 +83,7 @@ def _convert(path: Path, out: Path) -> None:
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        # the GGUF reader's tqdm ignores transformers' progress-bar switch: what it writes to stderr is dropped
-        with contextlib.redirect_stderr(io.StringIO()):
+        with _quiet_gguf_reader():
             tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - an architecture transformers cannot read from GGUF, a broken file
@@ -100,3 +101,26 @@ def _convert(path: Path, out: Path) -> None:
              if not (tied and k == "lm_head.weight")}  # a tied head is the embedding (safetensors refuses shared storage)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "source": path.name})
     tok.save_pretrained(str(out))
+
+
+_READER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet_gguf_reader():
+    """transformers' GGUF reader opens a tqdm whatever transformers' progress-bar switch says: while a
+    file is read, that module's tqdm shows nothing (everything else on stderr still shows). Under a
+    lock, so that two threads converting at once give the module its own tqdm back."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as reader
+    except ImportError:  # another transformers layout: its bar, if any, shows
+        reader = None
+    bar = getattr(reader, "tqdm", None)
+    with _READER_LOCK:
+        if bar is not None:
+            reader.tqdm = functools.partial(bar, disable=True)
+        try:
+            yield
+        finally:
+            if bar is not None:
+                reader.tqdm = bar

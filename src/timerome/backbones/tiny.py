@@ -117,26 +117,31 @@ def _drop_mask_token(d: Path) -> None:
             path.write_text(json.dumps(cfg, indent=2))
 
 
-# LLaDA-8B's shapes (its released config), for the speed benchmarks that time a forward of that size
+# LLaDA-8B's shapes (LLaDA-8B-Instruct's config.json: d_model, mlp_hidden_size, n_heads, n_layers, vocab_size),
+# for the speed benchmarks that time a forward of that size
 LLADA_8B = dict(hidden=4096, mlp=12288, heads=32, layers=32, vocab=126464)
 
 
 def random_backbone(device="cpu", hidden: int = 1024, layers: int = 8, vocab: int = 4096, context: int = 512,
                     mlp: int | None = None, heads: int | None = None, *, copy_blocks: bool = False,
-                    tokenizer=None):
+                    tokenizer=None, dtype: torch.dtype | None = None):
     """A random LLaDA-structure model (weights from seed 0) wrapped as a Backbone: what the speed
     benchmarks time at sizes no shipped model has. mlp: the MLP's hidden size (default 8/3 of `hidden`,
     rounded down to 64); heads: attention heads (default hidden / 64). copy_blocks: build one random block
     and fill the other `layers - 1` places with copies of it (a block's time does not depend on its
-    values; LLaDA-8B's 32 blocks in float32 take minutes to draw on a CPU). tokenizer: a tokenizer whose
+    values; LLaDA-8B's 32 blocks in float32 take minutes to draw on a CPU). Its copies share its init
+    scale, so their logits are this random model's, not a trained one's. tokenizer: a tokenizer whose
     ids are all below `vocab` (`tokenizer_for_random`), whose mask token becomes the model's, so the model
-    reads text; None: ids only, the mask token the last id."""
+    reads text; None: ids only, the mask token the last id. dtype: cast before the copies are made (so
+    LLaDA-8B's shapes in bfloat16 need 16 GB on the device, not the 32 of float32 first)."""
     import copy
 
     from timerome.backbones.backbone import Backbone
     from timerome.backbones.families import get_family
 
     heads = heads or hidden // 64
+    if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is None:
+        raise TimeromeError("the tokenizer has no mask token: a masked diffusion model needs one")
     mask = vocab - 1 if tokenizer is None else int(tokenizer.mask_token_id)
     if tokenizer is not None and len(tokenizer) > vocab:
         raise TimeromeError(f"the tokenizer has {len(tokenizer)} ids, more than the model's vocabulary of {vocab}")
@@ -144,12 +149,13 @@ def random_backbone(device="cpu", hidden: int = 1024, layers: int = 8, vocab: in
                n_kv_heads=heads, mlp_hidden_size=mlp or int(hidden * 8 / 3) // 64 * 64, vocab_size=vocab,
                embedding_size=vocab, max_sequence_length=context, rope_theta=10000.0, rms_norm_eps=1e-5,
                mask_token_id=mask, weight_tying=False)
-    model = build_model(cfg, seed=0).to(device)
+    model = build_model(cfg, seed=0).to(device, dtype)
     if copy_blocks:
         blocks = model.model.transformer.blocks
         while len(blocks) < layers:
             blocks.append(copy.deepcopy(blocks[0]))
         cfg = dict(cfg, n_layers=layers)
+        model.cfg = dict(model.cfg, n_layers=layers)  # what save_model would write
     return Backbone(model, tokenizer, get_family("timerome"), cfg, mask_id=mask, name=f"random-d{hidden}")
 
 

@@ -89,9 +89,10 @@ def retimed(backbone, rate: Throughput, *, repeats: int = 5, clock=time.perf_cou
     return Throughput(length=rate.length, rows=best_rows, row_blocks_per_s=best, table=rate.table)
 
 
-def _forward(backbone, blocks_only: bool):
-    """A forward of ids: the whole model, or (blocks_only) cut after the last block."""
-    last = (backbone.n_layers - 1, "resid")
+def _forward(backbone, blocks_only: bool, blocks: int | None = None):
+    """A forward of ids: the whole model, or (blocks_only) cut after the last block (after the first
+    `blocks` blocks where given)."""
+    last = (min(blocks or backbone.n_layers, backbone.n_layers) - 1, "resid")
     return (lambda ids: run_to(backbone, last, ids)) if blocks_only else backbone.logits
 
 
@@ -189,20 +190,20 @@ def timed_block_calls(backbone, block_batches: dict, *, clock=time.perf_counter,
                       seed: int = 0, blocks: int = 4) -> float:
     """The time block calls {"LxB": calls} (rows of length L, B rows per call: a trace's
     stats["block_batches"]) take when run alone at those shapes: for each (L, B), a forward of B
-    random rows of length L cut after its first `blocks` blocks (all of them on a model that has no
-    more; the median of `repeats` after a warm-up), a 1 / blocks share of it per call. Against
-    `floor_by_length`, what running at the batch sizes the work had costs, measured on those sizes
-    rather than read off a table of powers of two. A deep model's trace with joins makes hundreds of
-    shapes (309 at 32 blocks against 26 without joins): a forward through every block for each cost
-    12 times the trace's own block calls on LLaDA-8B's shapes; cut after 4, the embedding's share of
-    a call is at most a quarter of a look-up, against a block's products."""
+    random rows of length L cut after its first k = min(blocks, n_layers) blocks (the median of
+    `repeats` after a warm-up), a 1 / k share of it per call. Against `floor_by_length`, what running
+    at the batch sizes the work had costs, measured on those sizes rather than read off a table of
+    powers of two. A deep model's trace with joins has hundreds of shapes (309 on a 32-block copy at
+    hidden 64 against 26 without joins), so a forward through every block for each ran about 12 times
+    the trace's own block calls' forwards (by count); cut after 4 blocks, the embedding's share of a
+    call is at most a quarter of a look-up, against a block's products."""
     g = torch.Generator().manual_seed(seed)
     k = max(1, min(blocks, backbone.n_layers))
-    last = (k - 1, "resid")
+    run = _forward(backbone, blocks_only=True, blocks=k)
     total = 0.0
     for length, rows, calls in block_calls(block_batches):
         ids = torch.randint(0, backbone.vocab_size, (rows, length), generator=g).to(backbone.device)
-        total += calls * _median_seconds(backbone, lambda x: run_to(backbone, last, x), ids, repeats, clock) / k
+        total += calls * _median_seconds(backbone, run, ids, repeats, clock) / k
     return total
 
 
