@@ -344,8 +344,8 @@ def rows_can_join(backbone) -> bool:
     LLaDA-8B's shapes in bfloat16, rows 0-1 moved by 0.12 of a largest 6.2 at 3 and at 4 rows, and
     the 1e-3 alone refused joins, so the trace ran every row through every block, 1.92x the
     row-blocks it needs). A tolerance so widened must still tell rows 0 and 1 apart by twice itself
-    (a join that copied the wrong rows would pass unseen otherwise), or the answer is no. A batch the blocks cannot grow differs
-    by far more, or raises."""
+    (a join that copied the wrong rows would pass unseen otherwise), or the answer is no. A batch the
+    blocks cannot grow differs by far more, or raises."""
     return checked(backbone, "rows_can_join", lambda: _rows_can_join(backbone))
 
 
