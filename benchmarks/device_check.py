@@ -12,7 +12,8 @@ same seeded CPU generators, and prints the largest difference or whether the out
              official code's own bf16-vs-fp32 difference on a CPU (x BF16_DEVICE_FACTOR off the CPU)
   embedded   the embedded default model: logits; greedy generation (plain, dual cache + parallel
              reveal); the MC log-likelihood of the forget rows; the causal trace (TIE, the selected
-             coordinate); the edit memory (q = 0 and q = 4) and the answers generated under it (on a GPU,
+             coordinate; the engine's checks as the CPU answers them, and in bfloat16 that rows join);
+             the edit memory (q = 0 and q = 4) and the answers generated under it (on a GPU,
              the q = 4 hook's CUDA graph replays against its eager kernels, bit for bit); ROME's
              weight change on 4 facts and the answers under it; the rewrite memory's editing metrics
              (Efficacy, ...)
@@ -143,6 +144,22 @@ def check_embedded(device: str, tol: float) -> None:
     best_cpu = timerome.select_coordinate(tr_cpu, modules=("resid",)).best
     best_dev = timerome.select_coordinate(tr_dev, modules=("resid",)).best
     row("embedded", "selected coordinate equal", str(best_dev.coordinate), best_cpu.coordinate == best_dev.coordinate)
+    # the trace engine's one-off checks (wavefront.py): a no costs work, not numbers (joins refused: every row
+    # through every block, 1.92x the row-blocks on an H200 in bfloat16 at LLaDA-8B's shapes before stop 52)
+    from timerome.tracing.wavefront import rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile
+
+    def engine(bb):
+        return [f(bb) for f in (rows_can_join, rows_can_tile, rows_can_pack, rows_can_assemble)]
+
+    def said(answers):
+        return "/".join("yes" if a else "no" for a in answers)
+
+    e_cpu, e_dev = engine(cpu), engine(dev)
+    row("embedded", "trace engine checks equal (join/tile/pack/assemble)", said(e_dev), e_cpu == e_dev,
+        f"cpu: {said(e_cpu)}")
+    e16 = engine(timerome.load_backbone(device=device, dtype="bfloat16"))
+    row("embedded", "bfloat16: rows join (join/tile/pack/assemble)", said(e16), e16[0],
+        "a no for pack / assemble: up to one more block per attn / mlp splice row")
 
     a_plain = answers(cpu)
     for q in (0, 4):
