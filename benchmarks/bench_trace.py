@@ -35,7 +35,8 @@ Prints, from one run:
   against the strict floor, which charges every token-block the best token rate of any length
   (`throughput.floor_seconds`); and where the multiple comes from: the row-blocks computed at the best
   rates, the trace's block calls timed alone at the shapes they ran (`throughput.timed_block_calls`: a
-  forward of each shape cut after its first 4 blocks, each round), the head's floor, and the rest (the trace less its block calls and the head's floor).
+  forward of each shape cut after its first 4 blocks, each round), the head's floor, and the rest (the
+  trace less its block calls and the head's floor).
   The old unit, one single-sequence forward, read 0.05x on the embedded model: no floor at all.
 --llada8b: a random model of LLaDA-8B's shapes (H 4096, 32 heads, MLP 12288, vocabulary 126,464, 32 blocks,
 or --layers), its blocks copies of one random block (`tiny.random_backbone(copy_blocks=True)`: a block's time
@@ -114,7 +115,8 @@ def main() -> int:
 def _bench(args, bb, facts) -> int:
     K, N = args.steps, args.samples
     C = 3 * bb.n_layers
-    print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}, {str(bb.dtype).split('.')[-1]}) on {bb.device}, "
+    dtype = str(bb.dtype).split(".")[-1]
+    print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}, {dtype}) on {bb.device}, "
           f"{torch.get_num_threads()} threads, clock {'CPU' if CLOCK is time.process_time else 'wall'}; "
           f"{len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
     items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
@@ -155,7 +157,8 @@ def _bench(args, bb, facts) -> int:
     strict_multiple = statistics.median(t / f for (_, t), f in zip(runs, stricts))
     logits_multiple = statistics.median(t / (f - head_s + logits_s) for (_, t), f in zip(runs, floors))
     best = max(rates, key=lambda r: r.token_blocks_per_s)
-    out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, dtype=str(bb.dtype).split(".")[-1], facts=len(facts), steps=K, samples=N,
+    out = dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, dtype=dtype, facts=len(facts), steps=K,
+               samples=N,
                fast_seconds=fast_s, fast_runs=[t for _, t in runs], floor_seconds=floor_s, floor_runs=floors,
                cost_multiple=multiple, cost_multiples=ratios,
                strict_floor_seconds=strict_s, strict_cost_multiple=strict_multiple, head_floor_seconds=head_s,

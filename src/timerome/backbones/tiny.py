@@ -155,7 +155,7 @@ def random_backbone(device="cpu", hidden: int = 1024, layers: int = 8, vocab: in
         while len(blocks) < layers:
             blocks.append(copy.deepcopy(blocks[0]))
         cfg = dict(cfg, n_layers=layers)
-        model.cfg = dict(model.cfg, n_layers=layers)  # what save_model would write
+        model.cfg = dict(cfg)  # what save_model writes
     return Backbone(model, tokenizer, get_family("timerome"), cfg, mask_id=mask, name=f"random-d{hidden}")
 
 

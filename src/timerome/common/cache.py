@@ -224,8 +224,9 @@ def entry_lock(path, what: str) -> ExitStack:
     """The lock of the cache entry at `path` (a file or folder; the lock file `path`.lock beside it,
     removed when done), held until the returned stack is closed: `with entry_lock(path, what):`,
     then look again whether the entry is there (another process may have made it meanwhile) before
-    making it, as `made_once` does for one entry. `what` names it to a process that waits. Nothing is held where the lock file cannot be
-    made (a cache folder that cannot be written): the entry's own write then says what is wrong."""
+    making it, as `made_once` does for one entry. `what` names it to a process that waits. Nothing is
+    held where the lock file cannot be made (a cache folder that cannot be written): the entry's own
+    write then says what is wrong."""
     from timerome.common.lock import hold
 
     path = Path(path)
