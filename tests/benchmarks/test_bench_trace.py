@@ -5,15 +5,26 @@ head's floor (the median of the two rounds)."""
 import importlib.util
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_trace_tiny_reports_a_floor_and_where_the_time_goes(monkeypatch, capsys, tmp_path):
+def _bench_module(monkeypatch):
+    """bench_trace.py as a module, its floor's rate searches held to small sizes: these tests check the
+    bench's figures and code paths (the searches themselves: tests/engine/test_throughput.py); in
+    bfloat16 on a CPU the full searches took 54 of the --llada8b test's 58 s."""
     spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "benchmarks" / "bench_trace.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "best_throughput", partial(mod.best_throughput, max_rows=16))
+    monkeypatch.setattr(mod, "head_throughput", partial(mod.head_throughput, max_positions=256))
+    return mod
+
+
+def test_bench_trace_tiny_reports_a_floor_and_where_the_time_goes(monkeypatch, capsys, tmp_path):
+    mod = _bench_module(monkeypatch)
     out_json = tmp_path / "t.json"
     monkeypatch.setattr("sys.argv", ["bench", "--tiny", "--no-ablations", "--repeats", "1", "--facts", "2",
                                      "--steps", "2", "--samples", "2", "--json", str(out_json)])
@@ -36,9 +47,7 @@ def test_bench_trace_llada8b_shapes_runs_copies_of_one_block_in_bfloat16(monkeyp
 
     from timerome.backbones import tiny
 
-    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "benchmarks" / "bench_trace.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_module(monkeypatch)
     # a stand-in for LLaDA-8B's shapes that a CPU test can build; the code path is --llada8b's
     monkeypatch.setattr(tiny, "LLADA_8B", dict(hidden=64, mlp=192, heads=4, layers=3, vocab=300))
     built = []

@@ -62,16 +62,29 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
 
 
 def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
-    reqs, _ = load_requests("counterfactual:forget10", limit=3)
+    # the facts added are the previous test's: `memory add` measures their radii on the rows that state
+    # none of them, the calibration that test's edit made (cached), instead of two more of minutes each
+    reqs = counterfact_file(tmp_path / "more.json", 4)
     mem = tmp_path / "rw.safetensors"
     code, out = run("edit", "--method", "rewrite", "--requests", "counterfactual:forget01", "-o", mem)
     assert code == 0, out
-    path = tmp_path / "more.json"
-    path.write_text(json.dumps([r.as_record() for r in reqs]))
-    code, out = run("memory", "add", mem, "--requests", path, "--json")
-    assert code == 0 and json.loads(out)["n_facts"] == 2 + 3, out
-    code, out = run("generate", "--edit", mem, "--json", reqs[2].fact.prompt)
-    assert code == 0 and says(json.loads(out)[0]["answer_with_edit"], reqs[2].fact.target), out
+    code, out = run("memory", "add", mem, "--requests", tmp_path / "more.json", "--json")
+    assert code == 0 and json.loads(out)["n_facts"] == 2 + 4, out
+    code, out = run("generate", "--edit", mem, "--json", *[r.fact.prompt for r in reqs])
+    assert code == 0 and all(says(a["answer_with_edit"], r.fact.target) for a, r in zip(json.loads(out), reqs)), out
+    # every token value, the added facts' too, is the one a build reads: on the embedded model's training
+    # rows (not the calibration rows `memory add` was given, which leave out the rows stating its facts)
+    from timerome.data import load_split
+    from timerome.memory.memory_file import load_memory
+    from timerome.memory.rewrite_memory import value_table
+
+    bb = load_backbone()
+    back = load_memory(mem, bb)
+    ids, vals = value_table(bb, back.site, load_split("train", "embedded"), seed=back.calibration_seed)
+    table = dict(zip(ids.tolist(), vals.double()))
+    added = {t for target in back.targets[2:] for t in target}  # the 4 added facts' target tokens
+    assert added and added <= set(back._value_ids.tolist())
+    assert all(torch.equal(v, table[int(t)]) for t, v in zip(back._value_ids, back._values))
     # a fact asking a held question with another target is refused from the file's header, before the
     # calibration rows a rewrite memory measures (87 s on the audit's 20 facts, 5 s now)
     import timerome.cli.memory as cli_memory
@@ -88,7 +101,7 @@ def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
 
 
 def test_a_weight_method_saves_the_edited_model(tmp_path):
-    reqs = counterfact_file(tmp_path / "cf.json", 2)
+    counterfact_file(tmp_path / "cf.json", 2)
     out_dir = tmp_path / "edited"
     code, out = run("edit", "--method", "rome", "--requests", tmp_path / "cf.json", "-o", out_dir, "--json")
     assert code == 0 and (out_dir / "model.safetensors").exists(), out

@@ -106,6 +106,11 @@ def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):
     assert got[0] == _say(bb, prompts[:1])[0] and says(got[1], reqs[1].fact.target)  # only that fact is undone
     with pytest.raises(TimeromeError, match="calibration"):
         back.add([reqs[0].fact])  # a loaded memory needs its calibration rows to measure new radii
+    # given them, it reads new token values where the method does (on the embedded model: its training
+    # rows), not on the calibration rows, which leave out the rows stating the facts
+    few = task.retain_rows[:10]  # (a loaded memory reads its calibration at once: a few rows, quick)
+    assert load_memory(path, bb, calibration=few)._value_rows == load_split("train", "embedded")
+    assert load_memory(path, bb, calibration=few, value_rows=few[:5])._value_rows == few[:5]
     rebuilt = build(bb, task, edit.config, mem.coordinate, [r.fact for r in reqs[1:]])
     rebuilt.add([reqs[0].fact])
     with rebuilt.applied(bb):

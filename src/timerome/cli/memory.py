@@ -138,7 +138,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
         rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
-        memory = load_memory(file, bb, calibration=rows, value_rows=rows)
+        memory = load_memory(file, bb, calibration=rows)  # a rewrite memory's values: as its method reads them
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:
             raise nothing_new

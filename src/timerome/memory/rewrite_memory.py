@@ -485,7 +485,15 @@ class RewriteMemory(CodebookMemory):
 
     @classmethod
     def _restore(cls, path, meta: dict, tensors: dict, backbone, calibration=None, value_rows=None) -> "RewriteMemory":
-        """calibration / value_rows are needed only to insert more facts."""
+        """calibration / value_rows are needed only to insert more facts. value_rows default: where the
+        calibration is rows, the rows the rewrite method reads its token values on when it builds a memory
+        (`methods.rewrite.known_rows`: on the embedded model its training rows, else these rows), so that an
+        added fact gets the values a build would give it, from the table that build cached."""
+        if value_rows is None and isinstance(calibration, (list, tuple)) and calibration:
+            from timerome.data.task import ForgetTask
+            from timerome.methods.rewrite import known_rows
+
+            value_rows = known_rows(backbone, ForgetTask(forget_rows=[], facts=[], retain_rows=list(calibration)), {})
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
