@@ -80,22 +80,24 @@ def tiny_other_bb(tmp_path_factory):
     return load_backbone(make_tiny_checkpoint("timerome", tmp_path_factory.mktemp("tiny2") / "m", layers=3, seed=1))
 
 
-# Seconds each of the heaviest test files took on one worker (stop 49's 2-core AMD EPYC, `python -m
-# pytest --durations=60`, summed by file). CI runs whole files on two workers (`-n 2 --dist loadfile
+# Seconds each of the heaviest test files took on one worker (stop 53's 2-core AMD EPYC, the CI command
+# with `--durations=0` from an empty cache, summed by file; test_editing_cli and test_bench_trace less what
+# stop 53 took out of them). CI runs whole files on two workers (`-n 2 --dist loadfile
 # --no-loadscope-reorder`), each taking the next file in collection order when it is free: with the
 # heaviest files first, the last files to start are short ones, and neither worker finishes long
 # before the other (in alphabetical order, one worker ran the training rebuild alone at the end).
 # A stale entry costs time, never a test: the other files keep their own order after these.
 HEAVY_FILES = {
-    "tests/memory/test_rewrite_memory.py": 291, "tests/backbones/test_real_model.py": 279,
-    "tests/cli/test_demo.py": 266, "tests/training/test_default_model.py": 178,
-    "tests/experiments/test_bench_experiments.py": 153, "tests/cli/test_editing_cli.py": 145,
-    "tests/integrations/test_lm_eval_model.py": 102, "tests/metrics/test_extraction.py": 100,
-    "tests/common/test_concurrency.py": 100, "tests/test_bad_inputs.py": 70,
-    "tests/methods/test_unlearning_baselines.py": 55, "tests/training/test_training.py": 52,
-    "tests/experiments/test_scale_experiments.py": 50, "tests/experiments/test_ray_executor.py": 42,
-    "tests/methods/test_locate_edit_baselines.py": 38, "tests/evaluation/test_evaluation.py": 27,
-    "tests/benchmarks/test_bench_selectivity.py": 24,
+    "tests/backbones/test_real_model.py": 387, "tests/cli/test_editing_cli.py": 357,
+    "tests/memory/test_rewrite_memory.py": 355, "tests/cli/test_demo.py": 275,
+    "tests/training/test_default_model.py": 181, "tests/experiments/test_bench_experiments.py": 149,
+    "tests/common/test_concurrency.py": 131, "tests/integrations/test_lm_eval_model.py": 118,
+    "tests/metrics/test_extraction.py": 101, "tests/experiments/test_scale_experiments.py": 87,
+    "tests/experiments/test_ray_executor.py": 73, "tests/test_bad_inputs.py": 68,
+    "tests/methods/test_unlearning_baselines.py": 63, "tests/training/test_training.py": 58,
+    "tests/methods/test_locate_edit_baselines.py": 44, "tests/tracing/test_causal_trace.py": 37,
+    "tests/evaluation/test_evaluation.py": 31, "tests/memory/test_codebook_memory.py": 24,
+    "tests/benchmarks/test_bench_selectivity.py": 23,
 }
 
 
