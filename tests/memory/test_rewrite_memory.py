@@ -89,7 +89,7 @@ def test_refusal_target_for_a_whole_author(bb):
     assert sum(says(a, REFUSAL) for a in got) >= 9, "; ".join(got)
 
 
-def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):
+def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path, monkeypatch):
     mem = edit.memory
     path = mem.save(tmp_path / "rw.safetensors")
     from timerome.memory.memory_file import file_kind, load_memory
@@ -111,6 +111,9 @@ def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path):
     few = task.retain_rows[:10]  # (a loaded memory reads its calibration at once: a few rows, quick)
     assert load_memory(path, bb, calibration=few)._value_rows == load_split("train", "embedded")
     assert load_memory(path, bb, calibration=few, value_rows=few[:5])._value_rows == few[:5]
+    monkeypatch.setattr(bb, "name", "another-model")  # elsewhere: the calibration rows, as the method's build
+    assert load_memory(path, bb, calibration=few)._value_rows == few
+    monkeypatch.undo()
     rebuilt = build(bb, task, edit.config, mem.coordinate, [r.fact for r in reqs[1:]])
     rebuilt.add([reqs[0].fact])
     with rebuilt.applied(bb):

@@ -235,7 +235,8 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
 
 def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts) -> tuple[str, list[dict]]:
     """(spec, rows) an edit must leave alone (codebook / rewrite radii, the rewrite memory's token
-    values, the training-time methods' retain rows): --calibration, else the retain_perturbed split
+    values where the model is not the embedded one (`methods.rewrite.known_rows`), the training-time
+    methods' retain rows): --calibration, else the retain_perturbed split
     of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every row
     it learnt, 'embedded:train'), minus every row stating an edited fact."""
     from timerome.data.rows import load_rows

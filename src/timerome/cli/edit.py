@@ -247,7 +247,8 @@ def _config(text: str | None) -> dict:
 def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target, as_json, model,
            seed, overrides):
     """`timerome edit --method codebook | rewrite`: the method's memory at the coordinate, its radii
-    (and the rewrite memory's token values) measured on the calibration rows, minus the edited ones.
+    measured on the calibration rows, minus the edited ones (the rewrite memory's token values: on the
+    rows `methods.rewrite.known_rows` names, these rows but on the embedded model).
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
     from timerome.data.task import ForgetTask
     from timerome.methods import method_config

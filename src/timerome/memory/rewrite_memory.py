@@ -59,6 +59,7 @@ import torch
 
 from timerome.common.cache import cached_tensors
 from timerome.common.progress import progress_bar
+from timerome.data import load_split
 from timerome.data.facts import Fact, fact_field
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
@@ -110,7 +111,8 @@ class RewriteMemory(CodebookMemory):
     """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
     states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
-    confident predictions give the token values (default: calibration, when it is rows), or
+    confident predictions give the token values (default: calibration, when it is rows; a loaded
+    memory's default is its method's, `_restore`), or
     value_table: (token ids [K], values [K, H]) read on them already (`token_values`); watch_rows:
     question/answer rows the model must keep answering (the calibration rows), which switch the
     answer watch on (module docstring; None: no watch)."""
@@ -487,13 +489,10 @@ class RewriteMemory(CodebookMemory):
     def _restore(cls, path, meta: dict, tensors: dict, backbone, calibration=None, value_rows=None) -> "RewriteMemory":
         """calibration / value_rows are needed only to insert more facts. value_rows default: where the
         calibration is rows, the rows the rewrite method reads its token values on when it builds a memory
-        (`methods.rewrite.known_rows`: on the embedded model its training rows, else these rows), so that an
-        added fact gets the values a build would give it, from the table that build cached."""
+        with none named (`embedded_value_rows` on the embedded model, else these rows), so that an added
+        fact gets the values a build would give it, from the table that build cached."""
         if value_rows is None and isinstance(calibration, (list, tuple)) and calibration:
-            from timerome.data.task import ForgetTask
-            from timerome.methods.rewrite import known_rows
-
-            value_rows = known_rows(backbone, ForgetTask(forget_rows=[], facts=[], retain_rows=list(calibration)), {})
+            value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
@@ -532,6 +531,15 @@ class RewriteMemory(CodebookMemory):
 
 
 # ------------------------------------------------------------------------------ token values
+
+
+def embedded_value_rows(backbone) -> list | None:
+    """The rows a rewrite memory reads its token values on where none are named, on the embedded
+    default model: every row it learnt (the training split), which it answers; None on any other model
+    (whose callers fall back on their calibration rows: `methods.rewrite.known_rows`, `_restore`)."""
+    if getattr(backbone, "name", "") != "timerome-default":
+        return None
+    return load_split("train", "embedded")
 
 
 def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

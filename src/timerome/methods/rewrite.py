@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from timerome.data import load_split
 from timerome.data.rows import load_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
@@ -37,6 +36,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, target_ids,
                                             write_site)
+from timerome.memory.rewrite_memory import embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
@@ -68,9 +68,7 @@ def known_rows(backbone, task, config) -> list:
         return list(rows)
     if task.known_rows:
         return list(task.known_rows)
-    if getattr(backbone, "name", "") == "timerome-default":
-        return load_split("train", "embedded")
-    return calibration_rows(task, config)
+    return embedded_value_rows(backbone) or calibration_rows(task, config)
 
 
 def spare_rows(backbone, task, config) -> list:
