@@ -63,7 +63,8 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
 
 def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
     # the facts added are the previous test's: `memory add` measures their radii on the rows that state
-    # none of them, the calibration that test's edit made (cached), instead of two more of minutes each
+    # none of them, the calibration that test's edit made (cached), so this test reads one calibration
+    # (minutes), its edit's, not two
     reqs = counterfact_file(tmp_path / "more.json", 4)
     mem = tmp_path / "rw.safetensors"
     code, out = run("edit", "--method", "rewrite", "--requests", "counterfactual:forget01", "-o", mem)
