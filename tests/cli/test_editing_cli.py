@@ -71,6 +71,10 @@ def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
     assert code == 0, out
     code, out = run("memory", "add", mem, "--requests", tmp_path / "more.json", "--json")
     assert code == 0 and json.loads(out)["n_facts"] == 2 + 4, out
+    # the file says which rows its radii and token values were read on, and the add read those again
+    code, out = run("memory", "show", mem, "--json")
+    assert code == 0 and {k: v["rows"] for k, v in json.loads(out)["sources"].items()} == {
+        "calibration": "embedded:train", "value_rows": "embedded:train"}, out
     code, out = run("generate", "--edit", mem, "--json", *[r.fact.prompt for r in reqs])
     assert code == 0 and len(json.loads(out)) == len(reqs), out
     assert all(says(a["answer_with_edit"], r.fact.target) for a, r in zip(json.loads(out), reqs)), out

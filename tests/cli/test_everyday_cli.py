@@ -510,3 +510,67 @@ def test_an_empty_answer_is_said_on_stderr(monkeypatch):
     code, stdout, out = run("generate", "--json", "Where was Isgor Quielson born ?", "Who is Isgor Quielson ?")
     assert code == 0 and [a["answer"] for a in json.loads(stdout)] == ["", ""], out
     assert "the answers to prompts 1, 2 are empty" in out and "with the edit" not in out
+
+
+def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypatch):
+    """`timerome edit` records the rows a codebook / rewrite memory's radii were measured on (and a
+    rewrite memory's token-value rows, `methods.rewrite.value_rows_source`); `memory add` reads those
+    again unless told otherwise. Before, it measured the added facts' radii on the source's retain
+    split whatever the build had been given (--calibration), silently."""
+    from safetensors.torch import load_file
+
+    from timerome.data import load_split
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    retain = [dict(question=r["question"], answer=r["answer"]) for r in load_split("retain_perturbed", "embedded")]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(retain[:30]))
+    b.write_text(json.dumps(retain[30:60]))
+    more = tmp_path / "more.jsonl"
+    other = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
+    more.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in other))
+    cb = tmp_path / "cb.safetensors"
+    code, _, out = run("edit", "--method", "codebook", "--layer", "1", "--calibration", a, "-o", cb)
+    assert code == 0, out
+    code, stdout, out = run("memory", "show", cb, "--json")
+    assert code == 0 and json.loads(stdout)["sources"]["calibration"]["rows"] == str(a.resolve()), out
+    code, _, out = run("memory", "show", cb)
+    assert code == 0 and "calibration" in out and "a.json" in out, out
+
+    def add(name, *more_args):
+        code, _, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / name, *more_args)
+        assert code == 0 and "added 3 facts" in out, out
+        return load_file(tmp_path / name), out
+
+    recorded, out = add("recorded.safetensors")
+    assert "note" not in out and "warning" not in out, out
+    named, _ = add("named.safetensors", "--calibration", a)
+    other, out = add("other.safetensors", "--calibration", b)
+    assert all(torch.equal(recorded[k], named[k]) for k in recorded)  # the build's rows, unasked
+    assert not torch.equal(recorded["reach"], other["reach"])           # which rows matters
+    assert "were measured on" in out and "b.json, as asked" in out, out
+    assert load_file(tmp_path / "recorded.safetensors")["reach"][:len(load_file(cb)["reach"])].equal(load_file(cb)["reach"])
+
+    from timerome.memory.memory_file import load_memory
+
+    old = load_memory(cb, load_backbone())
+    old.sources = {}  # a file that does not say (built in Python, or before they were recorded): a note
+    old.save(tmp_path / "old.safetensors")
+    code, _, out = run("memory", "add", tmp_path / "old.safetensors", "--data", more)
+    assert code == 0 and "does not say which rows its radii were measured on" in out, out
+    assert "embedded:retain_perturbed" in out, out
+
+    a.write_text(json.dumps(retain[:29]))  # the rows changed since the build: said, and read as they are
+    _, out = add("changed.safetensors")
+    assert "has changed since the radii of" in out, out
+    a.unlink()  # gone: one line naming them and how to give them
+    code, _, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / "gone.safetensors")
+    assert code == 2 and "cannot be read here" in out and "--calibration" in out and out.count("\n") == 1, out
+    code, _, out = run("memory", "add", cb, "--data", more, "--value-rows", b)
+    assert code == 2 and "applies to rewrite memories" in out, out
+
+    from timerome.memory.codebook_memory import read_sources
+
+    for bad in ({"calibration": "a.json"}, {"radii": {"rows": "x", "digest": "y"}}, {"value_rows": {"rows": ""}}):
+        with pytest.raises(TimeromeError, match="'sources' must map"):
+            read_sources({"sources": bad}, "f")

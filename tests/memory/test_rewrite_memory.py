@@ -109,10 +109,33 @@ def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path, monkeypatch):
     # given them, it reads new token values where the method does (on the embedded model: its training
     # rows), not on the calibration rows, which leave out the rows stating the facts
     few = task.retain_rows[:10]  # (a loaded memory reads its calibration at once: a few rows, quick)
+    from timerome.data.rows import row_source
+
+    assert mem.sources == {"value_rows": row_source("embedded:train")}  # the build says where it read them
     assert load_memory(path, bb, calibration=few)._value_rows == load_split("train", "embedded")
     assert load_memory(path, bb, calibration=few, value_rows=few[:5])._value_rows == few[:5]
-    monkeypatch.setattr(bb, "name", "another-model")  # elsewhere: the calibration rows, as the method's build
-    assert load_memory(path, bb, calibration=few)._value_rows == few
+    # rows its file names are read again (a warning where they changed since; gone: one error naming them)
+    import json
+
+    rows_file = tmp_path / "values.json"
+    rows_file.write_text(json.dumps(few[:7]))
+    named = load_memory(path, bb)
+    named.sources = {"value_rows": row_source(str(rows_file))}
+    named_path = named.save(tmp_path / "named.safetensors")
+    assert load_memory(named_path, bb, calibration=few)._value_rows == few[:7]
+    rows_file.write_text(json.dumps(few[:6]))
+    with pytest.warns(UserWarning, match="has changed since the token values of"):
+        assert load_memory(named_path, bb, calibration=few)._value_rows == few[:6]
+    rows_file.unlink()
+    with pytest.raises(TimeromeError, match="cannot be read here.*value_rows="):
+        load_memory(named_path, bb, calibration=few)
+    # a file that names none (rows given in Python, or an older file): as the method reads them, on the
+    # embedded model its training rows, elsewhere the calibration rows
+    named.sources = {}
+    bare = named.save(tmp_path / "bare.safetensors")
+    assert load_memory(bare, bb, calibration=few)._value_rows == load_split("train", "embedded")
+    monkeypatch.setattr(bb, "name", "another-model")
+    assert load_memory(bare, bb, calibration=few)._value_rows == few
     monkeypatch.undo()
     rebuilt = build(bb, task, edit.config, mem.coordinate, [r.fact for r in reqs[1:]])
     rebuilt.add([reqs[0].fact])
@@ -150,3 +173,23 @@ def test_memory_show_says_whether_the_answer_watch_is_on(bb, task, edit, tmp_pat
     off = install("rewrite", bb, task, {"watch": False}, seed=0)
     d = describe(off.memory.save(tmp_path / "off.safetensors"))
     assert d["watch"] is False and d["kind"] == "rewrite" and d["n_facts"] == len(off.memory)
+
+
+def test_a_build_records_the_rows_it_read_values_on_where_a_spec_names_them(bb, task, tmp_path, monkeypatch):
+    """`methods.rewrite.value_rows_source`: what the memory's file records of its token-value rows, so
+    that `memory add` reads them again: a spec named (value_rows=FILE, the embedded model's training
+    rows), never rows given in Python or the calibration rows (those an add is given)."""
+    import json
+    from dataclasses import replace
+
+    from timerome.data.rows import row_source
+    from timerome.methods.rewrite import value_rows_source
+
+    rows = tmp_path / "v.json"
+    rows.write_text(json.dumps(task.retain_rows[:3]))
+    assert value_rows_source(bb, task, {"value_rows": str(rows)}) == row_source(str(rows.resolve()))
+    assert value_rows_source(bb, task, {"value_rows": task.retain_rows[:3]}) is None
+    assert value_rows_source(bb, replace(task, known_rows=task.retain_rows[:3]), {}) is None
+    assert value_rows_source(bb, task, {}) == row_source("embedded:train")
+    monkeypatch.setattr(bb, "name", "another-model")
+    assert value_rows_source(bb, task, {}) is None

@@ -248,8 +248,10 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
            seed, overrides):
     """`timerome edit --method codebook | rewrite`: the method's memory at the coordinate, its radii
     measured on the calibration rows, minus the edited ones (the rewrite memory's token values: on the
-    rows `methods.rewrite.known_rows` names, these rows but on the embedded model).
+    rows `methods.rewrite.known_rows` names, these rows but on the embedded model); the file records
+    the calibration spec (`sources`), which `memory add` reads again.
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
+    from timerome.data.rows import row_source
     from timerome.data.task import ForgetTask
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
@@ -272,6 +274,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     build = build_codebook if method == "codebook" else build_rewrite
     memory = build(bb, task, config, coordinate, facts, seed)
+    memory.sources["calibration"] = row_source(spec, tofu_dir=tofu_dir)  # for `memory add` (cli/memory.py)
     memory.save(out)
     if as_json:
         print_json(dict(file=str(out), method=method, n_facts=len(memory), n_entries=memory.n_entries,

@@ -25,15 +25,17 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changin
 
 def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
+    from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import memory_kind, read_memory_file
 
     tensors, meta = read_memory_file(path)
-    hyper = dict(meta.get("hyper") or {})
-    return dict(file=str(path), kind=memory_kind(meta), format=meta.get("format"), backbone=meta.get("backbone"),
+    hyper, kind = dict(meta.get("hyper") or {}), memory_kind(meta)
+    return dict(file=str(path), kind=kind, format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
                 coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
                 watch=any(entry and entry[0] for entry in meta.get("watch") or ()),  # a fact with watched tokens
                 n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
+                sources=read_sources(meta, path) if kind in ("codebook", "rewrite") else {},
                 tensors={k: list(v.shape) for k, v in tensors.items()})
 
 
@@ -55,14 +57,22 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     background = f" ({d['stats']['n_tokens']} background tokens)" if d.get("stats") else ""
     radius = ("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full strength "
                         f"within {h.get('inner')}")
+    unsaid = {"calibration": "not recorded (rows given in Python, or an older file): `memory add` reads the "
+                             "source's retain rows or --calibration",
+              "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): `memory "
+                            "add` reads them as the method does (the embedded model's training rows, else its "
+                            "calibration rows) or --value-rows"}
+    read = lambda key: d["sources"][key]["rows"] if key in d["sources"] else unsaid[key]  # noqa: E731
+    calibrated = ("calibration", read("calibration"))
     if kind == "codebook":
-        rows = (("alpha", f"{h.get('alpha')}"), radius, ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
+        rows = (("alpha", f"{h.get('alpha')}"), radius, calibrated,
+                ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
                 ("gate", f"subject-complete {h.get('complete')}, write {h.get('write')}, object keys "
                          f"{h.get('object_keys')}, values {h.get('values')}"))
     elif kind == "rewrite":
         site = d.get("site") or [None, None]
         rows = (("write site", f"layer {site[0]} {site[1]}: answer position j takes the value of target token j, "
-                               f"alpha {h.get('alpha')}"), radius,
+                               f"alpha {h.get('alpha')}"), radius, calibrated, ("token values", read("value_rows")),
                 ("entries", f"{d['tensors']['keys'][0]} gate keys, {d['tensors']['values'][0]} token values"
                             f"{background}"),
                 ("answer watch", "on" if d.get("watch") else "off"))
@@ -109,8 +119,12 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         requests: Optional[str] = RequestsOpt, tofu_dir: Optional[str] = TofuOpt,
         out: Optional[Path] = OutOpt,
         calibration: Optional[str] = typer.Option(
-            None, help="a codebook / rewrite memory: the rows its radii must spare (default: the retain_perturbed "
-                       "split of the source; a rewrite memory on the embedded model: its training rows)"),
+            None, help="a codebook / rewrite memory: the rows its radii must spare (default: those the file says "
+                       "its build measured them on; a file that does not say: the retain_perturbed split of the "
+                       "source, a rewrite memory on the embedded model its training rows)"),
+        value_rows: Optional[str] = typer.Option(
+            None, "--value-rows", help="a rewrite memory: the rows its new token values are read on (default: "
+                                       "those the file says its build read them on, else as its method reads them)"),
         no_wait: bool = NoWaitOpt,
         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Insert facts (--data, or --requests with their own targets) into a saved memory (a block
@@ -118,7 +132,9 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     measured on --calibration). A fact without a target of its own gets the memory's target. A
     fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
     a new fact whose id another fact holds is added under a new id; a note names both."""
+    from timerome.data.rows import load_rows
     from timerome.memory.base import sort_new_facts
+    from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
 
     if requests is not None and data is not None:
@@ -127,6 +143,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     kind = file_kind(file)
     if calibration is not None and kind == "edit":
         raise TimeromeError(f"--calibration applies to codebook and rewrite memories; {file} is a ridge edit memory")
+    if value_rows is not None and kind != "rewrite":
+        raise TimeromeError(f"--value-rows applies to rewrite memories; {file} is a {kind} memory")
     _, meta = read_memory_file(file)
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
@@ -137,8 +155,19 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         held = _header_facts(read_memory_file(file)[1])  # the file as it is now, under the lock
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
-        rows = spare_rows(bb, kind, source, calibration, tofu_dir, facts)[1] if kind != "edit" else None
-        memory = load_memory(file, bb, calibration=rows)  # a rewrite memory's values: as its method reads them
+        rows = None
+        if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
+            recorded = read_sources(meta, file).get("calibration")
+            spec, rows = spare_rows(bb, kind, source, _calibration(file, recorded, calibration, tofu_dir),
+                                    tofu_dir, facts)
+            if recorded is None and calibration is None:
+                err_console.print(f"[yellow]note:[/] {escape(str(file))} does not say which rows its radii were "
+                                  f"measured on: the added facts' are measured on {escape(spec)} (--calibration "
+                                  "to choose)", soft_wrap=True)
+        values = None if value_rows is None else load_rows(value_rows, tofu_dir=tofu_dir)
+        _other_rows(read_sources(meta, file).get("value_rows"), value_rows,
+                    f"the token values of {file} were read", "the added facts' are read", tofu_dir)
+        memory = load_memory(file, bb, calibration=rows, value_rows=values)  # values: as its build read them
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:
             raise nothing_new
@@ -148,6 +177,35 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         saved = memory.save(dest)
     _done(saved, memory, f"added {len(memory) - before} facts", as_json,
           skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed))
+
+
+def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> str | None:
+    """The calibration spec a `memory add` reads: `given` (a note where the file says its radii were
+    measured on other rows), else the rows the file records (a warning where they have changed since),
+    else None (`spare_rows`' default)."""
+    import warnings
+
+    from timerome.data.rows import recorded_rows
+
+    if recorded is None:
+        return given
+    if given is None:
+        _, changed = recorded_rows(recorded, f"the radii of {file} were measured", "give those rows again (--calibration)",
+                                   tofu_dir=tofu_dir)
+        if changed:
+            warnings.warn(changed, stacklevel=2)
+        return recorded["rows"]
+    _other_rows(recorded, given, f"the radii of {file} were measured", "the added facts' are measured", tofu_dir)
+    return given
+
+
+def _other_rows(recorded: dict | None, given: str | None, built: str, added: str, tofu_dir) -> None:
+    """A note where rows given to `memory add` are not those the file says its build read."""
+    from timerome.data.rows import row_source
+
+    if recorded is not None and given is not None and row_source(given, tofu_dir=tofu_dir)["rows"] != recorded["rows"]:
+        err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(recorded['rows'])}; {escape(added)} on "
+                          f"{escape(given)}, as asked", soft_wrap=True)
 
 
 def _header_facts(meta: dict) -> list | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.cache import digest
 from timerome.common.files import read_text
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import FULL_OFFSET, load_split
@@ -36,6 +37,33 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k].strip() for k in ("question", "answer")):
             raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' text fields")
     return rows
+
+
+def row_source(spec: str, rows: list | None = None, *, tofu_dir: str | None = None) -> dict:
+    """What a memory file records of the rows `spec` names (`load_rows`), so that a later `memory add`
+    reads the same ones: {"rows": the spec (a file as its absolute path), "digest": a hash of the rows
+    (`rows` if given: those loaded already)}."""
+    from timerome.data import real_facts
+
+    named = spec == real_facts.NAME or spec.startswith(("embedded:", "tofu:"))
+    rows = load_rows(spec, tofu_dir=tofu_dir) if rows is None else rows
+    return {"rows": spec if named else str(Path(spec).resolve()), "digest": digest(rows)}
+
+
+def recorded_rows(record: dict, what: str, remedy: str, *,
+                  tofu_dir: str | None = None) -> tuple[list[dict], str | None]:
+    """(rows, warning) of a row source a memory file recorded (`row_source`): loaded again, with a
+    warning where they are no longer the rows recorded; rows that cannot be read are one
+    TimeromeError saying `what` was done on them ("the radii of F were measured") and the `remedy`
+    (how to give them)."""
+    spec = record["rows"]
+    try:
+        rows = load_rows(spec, tofu_dir=tofu_dir)
+    except TimeromeError as e:
+        raise TimeromeError(f"{what} on {spec}, which cannot be read here ({e}): {remedy}") from None
+    changed = None if digest(rows) == record.get("digest") else (
+        f"{spec} has changed since {what} on it: its rows are read as they are now")
+    return rows, changed
 
 
 def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = None):

@@ -120,6 +120,10 @@ class CodebookMemory(Memory):
         self._slot = torch.zeros(0, dtype=torch.long)        # entry -> which subject token (-1: none)
         self._deltas = torch.zeros(0, H, dtype=torch.float64)  # fact slot -> d
         self._facts, self._ids, self._cache, self.version = [], [], {}, 0
+        # the named rows its build read, recorded in its file (`data.rows.row_source`) so that `memory add`
+        # reads the same ones: "calibration" (the radii; set by `timerome edit`), "value_rows" (a rewrite
+        # memory's token values); rows given in Python as lists are not recorded
+        self.sources: dict = {}
 
     facts = property(lambda self: list(self._facts))
     fact_ids = property(lambda self: list(self._ids))
@@ -357,6 +361,7 @@ class CodebookMemory(Memory):
                       "batch_size": self.batch_size, "calibration_seed": self.calibration_seed},
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
+            "sources": self.sources,
         }
 
     @classmethod
@@ -384,6 +389,7 @@ class CodebookMemory(Memory):
                                 "which a saved codebook never holds (was it edited?)")
         mem._keys, mem._reach, mem._owner, mem._slot, mem._deltas = keys, reach, owner.long(), slot.long(), deltas
         mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        mem.sources = read_sources(meta, path)
         mem.version += 1
         return mem
 
@@ -484,3 +490,19 @@ def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tupl
     G, E = g.view(n_seq, -1), e.view(n_seq, -1)
     best = G.argmax(1, keepdim=True)
     return G.gather(1, best).expand_as(G).reshape(-1), E.gather(1, best).expand_as(E).reshape(-1)
+
+
+SOURCES = ("calibration", "value_rows")
+
+
+def read_sources(meta: dict, path) -> dict:
+    """The row sources a memory file records (`CodebookMemory.sources`; {} in a file from before they
+    were recorded), each {"rows": spec, "digest": text}; anything else is one TimeromeError."""
+    sources = meta.get("sources") or {}
+    ok = isinstance(sources, dict) and set(sources) <= set(SOURCES) and all(
+        isinstance(v, dict) and set(v) == {"rows", "digest"} and all(isinstance(x, str) and x for x in v.values())
+        for v in sources.values())
+    if not ok:
+        raise TimeromeError(f"{path} is inconsistent: its 'sources' must map {' / '.join(SOURCES)} to "
+                            f"{{\"rows\": ..., \"digest\": ...}}, got {sources!r:.200}")
+    return {k: dict(v) for k, v in sources.items()}

@@ -77,8 +77,8 @@ def file_kind(path) -> str:
 def load_memory(path, backbone, calibration=None, value_rows=None) -> Memory:
     """The memory saved at `path`, for `backbone` (another model's file, a damaged one or an unknown
     format is one TimeromeError). `calibration`: a codebook or rewrite memory's radius corpus, and
-    `value_rows` a rewrite memory's token-value rows (default: those its method reads them on,
-    `RewriteMemory._restore`), needed only to insert more facts into it (each memory takes the ones of
+    `value_rows` a rewrite memory's token-value rows (default: those its file records its build read
+    them on, else those its method reads them on, `RewriteMemory._restore`), needed only to insert more facts into it (each memory takes the ones of
     its LOAD_OPTIONS)."""
     cls = file_class(path)
     given = {"calibration": calibration, "value_rows": value_rows}

@@ -53,14 +53,15 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import replace
 
 import torch
 
 from timerome.common.cache import cached_tensors
 from timerome.common.progress import progress_bar
-from timerome.data import load_split
 from timerome.data.facts import Fact, fact_field
+from timerome.data.rows import load_rows, recorded_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
                                       mask_answers, pad_id, uses_leading_space)
@@ -68,7 +69,8 @@ from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
-from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory, _n_sequences
+from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory, _n_sequences,
+                                             read_sources)
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
 
@@ -483,16 +485,26 @@ class RewriteMemory(CodebookMemory):
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
             "watch": [[sorted(w), [list(c) for c in cues]] for w, cues in self._watch],
+            "sources": self.sources,
         }
 
     @classmethod
     def _restore(cls, path, meta: dict, tensors: dict, backbone, calibration=None, value_rows=None) -> "RewriteMemory":
         """calibration / value_rows are needed only to insert more facts. value_rows default: where the
-        calibration is rows, the rows the rewrite method reads its token values on when it builds a memory
-        with none named (`embedded_value_rows` on the embedded model, else these rows), so that an added
-        fact gets the values a build would give it, from the table that build cached."""
+        calibration is rows, the rows its build read its token values on, as its file records them
+        (`sources`: a warning where they have changed since), else those the rewrite method reads them on
+        when it builds a memory with none named (`embedded_value_rows` on the embedded model, else these
+        rows), so that an added fact gets the values a build would give it, from the table that build
+        cached."""
+        sources = read_sources(meta, path)
         if value_rows is None and isinstance(calibration, (list, tuple)) and calibration:
-            value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
+            if "value_rows" in sources:
+                value_rows, changed = recorded_rows(sources["value_rows"], f"the token values of {path} were read",
+                                                       "give those rows again (value_rows=, --value-rows)")
+                if changed:
+                    warnings.warn(changed, stacklevel=2)
+            else:  # a file from before the sources were recorded, or values read on rows given in Python
+                value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
@@ -517,7 +529,7 @@ class RewriteMemory(CodebookMemory):
         mem._deltas = torch.zeros(len(facts), H, dtype=torch.float64)
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
         mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
-        mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
+        mem._facts, mem._ids, mem.sources = facts, [fact_id(f) for f in facts], sources
         watch = meta.get("watch") or [[[], []]] * len(facts)  # a file from before the answer watch: none
         try:
             mem._watch = [(frozenset(int(t) for t in w), tuple(tuple(int(t) for t in c) for c in cues))
@@ -533,13 +545,17 @@ class RewriteMemory(CodebookMemory):
 # ------------------------------------------------------------------------------ token values
 
 
+EMBEDDED_VALUE_ROWS = "embedded:train"
+
+
 def embedded_value_rows(backbone) -> list | None:
     """The rows a rewrite memory reads its token values on where none are named, on the embedded
-    default model: every row it learnt (the training split), which it answers; None on any other model
-    (whose callers fall back on their calibration rows: `methods.rewrite.known_rows`, `_restore`)."""
+    default model: every row it learnt (the training split, EMBEDDED_VALUE_ROWS), which it answers;
+    None on any other model (whose callers fall back on their calibration rows:
+    `methods.rewrite.known_rows`, `_restore`)."""
     if getattr(backbone, "name", "") != "timerome-default":
         return None
-    return load_split("train", "embedded")
+    return load_rows(EMBEDDED_VALUE_ROWS)
 
 
 def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

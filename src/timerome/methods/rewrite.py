@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import torch
 
-from timerome.data.rows import load_rows
+from timerome.data.rows import load_rows, row_source
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, target_ids,
                                             write_site)
-from timerome.memory.rewrite_memory import embedded_value_rows
+from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS, embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens
 from timerome.methods.registry import InferenceEdit, register
@@ -61,14 +61,30 @@ DEFAULTS = dict(
 def known_rows(backbone, task, config) -> list:
     """The rows the model is known to answer: `value_rows`, else the task's known rows, else the
     embedded model's training rows, else the calibration rows."""
+    return _known(backbone, task, config)[0]
+
+
+def value_rows_source(backbone, task, config) -> dict | None:
+    """What the memory's file records of the rows its token values are read on (`data.rows.row_source`),
+    where a spec names them (`value_rows` given as one, or the embedded model's training rows); None
+    where they are rows given in Python or the calibration rows."""
+    rows, spec = _known(backbone, task, config)
+    return None if spec is None else row_source(spec, rows)
+
+
+def _known(backbone, task, config) -> tuple[list, str | None]:
+    """(known_rows, the spec that names them, or None)."""
     rows = config.get("value_rows")
     if isinstance(rows, str):
-        return load_rows(rows)
+        return load_rows(rows), rows
     if rows:
-        return list(rows)
+        return list(rows), None
     if task.known_rows:
-        return list(task.known_rows)
-    return embedded_value_rows(backbone) or calibration_rows(task, config)
+        return list(task.known_rows), None
+    embedded = embedded_value_rows(backbone)
+    if embedded:
+        return embedded, EMBEDDED_VALUE_ROWS
+    return calibration_rows(task, config), None
 
 
 def spare_rows(backbone, task, config) -> list:
@@ -122,6 +138,9 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
                            target=config.get("target") or DEFAULT_TARGET,
                            site=site, seed=seed, calibration_seed=calibration_seed(config),
                            watch_rows=spare if config.get("watch", True) else None)
+    source = value_rows_source(backbone, task, config)
+    if source is not None:
+        memory.sources["value_rows"] = source
     return memory.add(facts)
 
 
