@@ -527,15 +527,21 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     a.write_text(json.dumps(retain[:30]))
     b.write_text(json.dumps(retain[30:60]))
     more = tmp_path / "more.jsonl"
-    other = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
-    more.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in other))
+    authors = [r for r in load_split("forget05", "embedded") if "Isgor" not in r["question"]][:3]
+    more.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in authors))
     cb = tmp_path / "cb.safetensors"
-    code, _, out = run("edit", "--method", "codebook", "--layer", "1", "--calibration", a, "-o", cb)
+    monkeypatch.chdir(tmp_path)  # a relative path is recorded as the file it names, read from anywhere after
+    code, _, out = run("edit", "--method", "codebook", "--layer", "1", "--calibration", "a.json", "-o", cb)
     assert code == 0, out
+    monkeypatch.chdir(tmp_path.parent)
     code, stdout, out = run("memory", "show", cb, "--json")
     assert code == 0 and json.loads(stdout)["sources"]["calibration"]["rows"] == str(a.resolve()), out
     code, _, out = run("memory", "show", cb)
     assert code == 0 and "calibration" in out and "a.json" in out, out
+    code, _, out = run("memory", "remove", cb, "Isgor Quielson/city", "-o", tmp_path / "less.safetensors")
+    assert code == 0, out  # a changed file keeps what its build read
+    code, stdout, out = run("memory", "show", tmp_path / "less.safetensors", "--json")
+    assert json.loads(stdout)["sources"] == json.loads(run("memory", "show", cb, "--json")[1])["sources"], out
 
     def add(name, *more_args):
         code, _, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / name, *more_args)
@@ -544,12 +550,13 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
 
     recorded, out = add("recorded.safetensors")
     assert "note" not in out and "warning" not in out, out
+    code, stdout, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / "j.safetensors", "--json")
+    assert code == 0 and json.loads(stdout)["calibration"] == str(a.resolve()), out
     named, _ = add("named.safetensors", "--calibration", a)
-    other, out = add("other.safetensors", "--calibration", b)
+    elsewhere, out = add("elsewhere.safetensors", "--calibration", b)
     assert all(torch.equal(recorded[k], named[k]) for k in recorded)  # the build's rows, unasked
-    assert not torch.equal(recorded["reach"], other["reach"])           # which rows matters
-    assert "were measured on" in out and "b.json, as asked" in out, out
-    assert load_file(tmp_path / "recorded.safetensors")["reach"][:len(load_file(cb)["reach"])].equal(load_file(cb)["reach"])
+    assert not torch.equal(recorded["reach"], elsewhere["reach"])       # which rows matters
+    assert "were measured on" in out and "added facts' radii are measured on" in out and "b.json, as asked" in out
 
     from timerome.memory.memory_file import load_memory
 
@@ -558,7 +565,7 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     old.save(tmp_path / "old.safetensors")
     code, _, out = run("memory", "add", tmp_path / "old.safetensors", "--data", more)
     assert code == 0 and "does not say which rows its radii were measured on" in out, out
-    assert "embedded:retain_perturbed" in out, out
+    assert "radii are measured on embedded:retain_perturbed" in out, out
 
     a.write_text(json.dumps(retain[:29]))  # the rows changed since the build: said, and read as they are
     _, out = add("changed.safetensors")
@@ -567,7 +574,7 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     code, _, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / "gone.safetensors")
     assert code == 2 and "cannot be read here" in out and "--calibration" in out and out.count("\n") == 1, out
     code, _, out = run("memory", "add", cb, "--data", more, "--value-rows", b)
-    assert code == 2 and "applies to rewrite memories" in out, out
+    assert code == 2 and "applies to rewrite memories" in out and "a codebook memory" in out, out
 
     from timerome.memory.codebook_memory import read_sources
 

@@ -20,3 +20,49 @@ def test_load_rows_specs(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(TimeromeError, match="not JSON"):
         load_rows(str(tmp_path / "bad.json"))
+
+
+def test_a_row_source_says_where_its_rows_are_and_reads_them_again(tmp_path, monkeypatch):
+    """`row_source` / `recorded_rows`: what a memory file records of the rows its build read, so that
+    `memory add` reads the same ones: a file by its absolute path, a 'tofu:SPLIT' with the folder it was
+    read from (used again unless another is given), a digest that no cache-version bump changes; rows
+    changed since are read with a warning, rows gone are one error naming them and the remedy."""
+    import shutil
+
+    from conftest import TOFU_DIR
+
+    from timerome.common import cache
+    from timerome.data.rows import recorded_rows, row_source, row_spec
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": "Where?", "answer": "Here."}, {"question": "Who?", "answer": "Me."}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    rec = row_source("r.json")
+    assert rec["rows"] == str(tmp_path / "r.json") and row_spec("r.json") == {"rows": rec["rows"]}
+    monkeypatch.setattr(cache, "VERSION", cache.VERSION + 1)  # a cache bump leaves recorded digests alone
+    assert row_source("r.json") == rec
+    monkeypatch.chdir(tmp_path.parent)  # read again from anywhere
+    assert recorded_rows(rec, "the radii of m were measured", "give them") == rows
+    (tmp_path / "r.json").write_text(json.dumps(rows[:1]))
+    with pytest.warns(UserWarning, match="r.json has changed since the radii of m were measured on it"):
+        assert recorded_rows(rec, "the radii of m were measured", "give them") == rows[:1]
+    (tmp_path / "r.json").unlink()
+    with pytest.raises(TimeromeError, match="the radii of m were measured on .*r.json, which cannot be read here.*"
+                                            ": give them"):
+        recorded_rows(rec, "the radii of m were measured", "give them")
+    assert row_source("embedded:retain_perturbed")["rows"] == "embedded:retain_perturbed"
+
+    if not (TOFU_DIR / "retain_perturbed.json").exists():
+        pytest.fail(f"the shared TOFU copy is missing: looked in {TOFU_DIR}")
+    folder = tmp_path / "tofu"
+    shutil.copytree(TOFU_DIR, folder)
+    monkeypatch.delenv("TIMEROME_TOFU_DIR", raising=False)
+    rec = row_source("tofu:retain_perturbed", tofu_dir=str(folder))
+    assert rec["rows"] == "tofu:retain_perturbed" and rec["tofu_dir"] == str(folder.resolve())
+    want = load_rows("tofu:retain_perturbed", tofu_dir=str(folder))
+    assert recorded_rows(rec, "x", "y") == want  # from the recorded folder, none given
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    assert recorded_rows(rec, "x", "y", tofu_dir=str(moved)) == want  # a folder given wins
+    with pytest.raises(TimeromeError, match=r"tofu:retain_perturbed \(in .*tofu\), which cannot be read here"):
+        recorded_rows(rec, "x", "y")

@@ -193,3 +193,49 @@ def test_a_build_records_the_rows_it_read_values_on_where_a_spec_names_them(bb, 
     assert value_rows_source(bb, task, {}) == row_source("embedded:train")
     monkeypatch.setattr(bb, "name", "another-model")
     assert value_rows_source(bb, task, {}) is None
+
+
+def test_memory_add_gives_added_facts_the_answer_watch_and_the_value_rows_asked(bb, reqs, task, edit, tmp_path,
+                                                                               monkeypatch):
+    """A fact added to a saved memory gets the answer watch a built one has (it read none before stop
+    54: a loaded memory had no watch rows), on the calibration rows the add is given; `memory add
+    --value-rows` reads the token values on the rows named (a note where the file says others);
+    `memory show` says where the build read them."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import timerome.memory.memory_file as memory_file
+    from timerome.cli import app
+    from timerome.memory.rewrite_memory import answer_watch_on
+
+    path = edit.memory.save(tmp_path / "rw.safetensors")
+    few = task.retain_rows[:10]
+    back = memory_file.load_memory(path, bb, calibration=few)
+    back.remove([reqs[0].fact_id])
+    back.add([reqs[0].fact])
+    watched, cues = back.watch[-1]
+    assert watched and cues and not set(watched) & set(bb.encode(reqs[0].fact.target)), back.watch[-1]
+    assert memory_file.load_memory(back.save(tmp_path / "again.safetensors"), bb).watch[-1] == (watched, cues)
+    assert answer_watch_on({"answer_watch": False, "watch": [[[5], [[6]]]]}) is False
+    assert answer_watch_on({"watch": [[[], []], [[5], [[6]]]]}) and not answer_watch_on({"watch": [[[], []]]})
+    with pytest.raises(TimeromeError, match="'answer_watch' must be true or false"):
+        answer_watch_on({"answer_watch": "yes"})
+
+    out = CliRunner().invoke(app, ["memory", "show", str(path)]).output
+    assert "token values" in out and "embedded:train" in out and "not recorded" in out, out  # API build: no calibration
+    rows = tmp_path / "values.json"
+    rows.write_text(json.dumps(few[:4]))
+    given = {}
+
+    def stop(*_args, **kwargs):  # the rows the add hands the memory, then no calibration (minutes)
+        given.update(kwargs)
+        raise TimeromeError("stopped before the calibration")
+
+    monkeypatch.setattr(memory_file, "load_memory", stop)
+    res = CliRunner().invoke(app, ["memory", "add", str(path), "--requests", "counterfactual:forget05",
+                                   "--value-rows", str(rows)])
+    assert res.exit_code == 2 and "stopped before the calibration" in res.output, res.output
+    assert given["value_rows"] == few[:4] and given["calibration"], given
+    assert "token values of" in res.output and "were read on embedded:train" in res.output, res.output
+    assert "does not say which rows its radii were measured on" in res.output, res.output

@@ -233,14 +233,16 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     return facts
 
 
-def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts) -> tuple[str, list[dict]]:
+def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts,
+               rows: list | None = None) -> tuple[str, list[dict]]:
     """(spec, rows) an edit must leave alone (codebook / rewrite radii, the rewrite memory's token
     values where the model is not the embedded one (`methods.rewrite.known_rows`), the training-time
-    methods' retain rows): --calibration, else the retain_perturbed split
-    of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every row
-    it learnt, 'embedded:train'), minus every row stating an edited fact."""
+    methods' retain rows): --calibration (`rows`: its rows, read already), else the retain_perturbed
+    split of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every
+    row it learnt, `EMBEDDED_VALUE_ROWS`), minus every row stating an edited fact."""
     from timerome.data.rows import load_rows
     from timerome.data.task import ForgetTask
+    from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS
     from timerome.methods.codebook import calibration_rows
 
     if calibration is None:
@@ -250,9 +252,10 @@ def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, 
         if origin not in ("embedded", "tofu"):
             raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
                                 "of retain question/answer rows)")
-        calibration = "embedded:train" if method == "rewrite" and origin == "embedded" else f"{origin}:retain_perturbed"
+        calibration = (EMBEDDED_VALUE_ROWS if method == "rewrite" and origin == "embedded"
+                       else f"{origin}:retain_perturbed")
     task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in facts], facts=[],
-                      retain_rows=load_rows(calibration, tofu_dir=tofu_dir))
+                      retain_rows=load_rows(calibration, tofu_dir=tofu_dir) if rows is None else rows)
     return calibration, calibration_rows(task, {})
 
 

@@ -258,6 +258,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     from timerome.methods.rewrite import build as build_rewrite
 
     spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
+    read = row_source(spec, tofu_dir=tofu_dir)  # recorded in the file, for `memory add` (cli/memory.py)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
     if method == "codebook":
         over["step"] = coordinate.step
@@ -274,7 +275,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     build = build_codebook if method == "codebook" else build_rewrite
     memory = build(bb, task, config, coordinate, facts, seed)
-    memory.sources["calibration"] = row_source(spec, tofu_dir=tofu_dir)  # for `memory add` (cli/memory.py)
+    memory.sources["calibration"] = read
     memory.save(out)
     if as_json:
         print_json(dict(file=str(out), method=method, n_facts=len(memory), n_entries=memory.n_entries,

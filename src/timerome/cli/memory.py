@@ -27,13 +27,14 @@ def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
     from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import memory_kind, read_memory_file
+    from timerome.memory.rewrite_memory import answer_watch_on
 
     tensors, meta = read_memory_file(path)
     hyper, kind = dict(meta.get("hyper") or {}), memory_kind(meta)
     return dict(file=str(path), kind=kind, format=meta.get("format"), backbone=meta.get("backbone"),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
                 coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
-                watch=any(entry and entry[0] for entry in meta.get("watch") or ()),  # a fact with watched tokens
+                watch=answer_watch_on(meta, path) if kind == "rewrite" else False,
                 n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
                 sources=read_sources(meta, path) if kind in ("codebook", "rewrite") else {},
                 tensors={k: list(v.shape) for k, v in tensors.items()})
@@ -58,11 +59,15 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     radius = ("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full strength "
                         f"within {h.get('inner')}")
     unsaid = {"calibration": "not recorded (rows given in Python, or an older file): `memory add` reads the "
-                             "source's retain rows or --calibration",
+                             "added facts' source's retain rows (a rewrite memory on the embedded model: its "
+                             "training rows) or --calibration",
               "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): `memory "
                             "add` reads them as the method does (the embedded model's training rows, else its "
                             "calibration rows) or --value-rows"}
-    read = lambda key: d["sources"][key]["rows"] if key in d["sources"] else unsaid[key]  # noqa: E731
+    def read(key):  # the build's rows, as its file records them (`data.rows.row_source`)
+        got = d["sources"].get(key)
+        return unsaid[key] if got is None else got["rows"] + (f" (in {got['tofu_dir']})" if "tofu_dir" in got else "")
+
     calibrated = ("calibration", read("calibration"))
     if kind == "codebook":
         rows = (("alpha", f"{h.get('alpha')}"), radius, calibrated,
@@ -144,7 +149,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     if calibration is not None and kind == "edit":
         raise TimeromeError(f"--calibration applies to codebook and rewrite memories; {file} is a ridge edit memory")
     if value_rows is not None and kind != "rewrite":
-        raise TimeromeError(f"--value-rows applies to rewrite memories; {file} is a {kind} memory")
+        raise TimeromeError(f"--value-rows applies to rewrite memories; {file} is a "
+                            f"{'ridge edit' if kind == 'edit' else kind} memory")
     _, meta = read_memory_file(file)
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
@@ -155,18 +161,19 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         held = _header_facts(read_memory_file(file)[1])  # the file as it is now, under the lock
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
-        rows = None
+        rows = values = spec = None
         if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
             recorded = read_sources(meta, file).get("calibration")
-            spec, rows = spare_rows(bb, kind, source, _calibration(file, recorded, calibration, tofu_dir),
-                                    tofu_dir, facts)
+            spec, spec_rows = _calibration(file, recorded, calibration, tofu_dir)
+            spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, facts, rows=spec_rows)
             if recorded is None and calibration is None:
                 err_console.print(f"[yellow]note:[/] {escape(str(file))} does not say which rows its radii were "
-                                  f"measured on: the added facts' are measured on {escape(spec)} (--calibration "
-                                  "to choose)", soft_wrap=True)
-        values = None if value_rows is None else load_rows(value_rows, tofu_dir=tofu_dir)
-        _other_rows(read_sources(meta, file).get("value_rows"), value_rows,
-                    f"the token values of {file} were read", "the added facts' are read", tofu_dir)
+                                  f"measured on: the added facts' radii are measured on {escape(spec)} "
+                                  "(--calibration to choose)", soft_wrap=True)
+        if value_rows is not None:
+            values = load_rows(value_rows, tofu_dir=tofu_dir)
+            _other_rows(read_sources(meta, file).get("value_rows"), value_rows, tofu_dir,
+                        f"the token values of {file} were read", "the added facts' token values are read")
         memory = load_memory(file, bb, calibration=rows, value_rows=values)  # values: as its build read them
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:
@@ -176,34 +183,34 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         memory.add(new)
         saved = memory.save(dest)
     _done(saved, memory, f"added {len(memory) - before} facts", as_json,
-          skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed))
+          skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed),
+          **({} if spec is None else {"calibration": spec}))
 
 
-def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> str | None:
-    """The calibration spec a `memory add` reads: `given` (a note where the file says its radii were
-    measured on other rows), else the rows the file records (a warning where they have changed since),
-    else None (`spare_rows`' default)."""
-    import warnings
-
+def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tuple[str | None, list | None]:
+    """(spec, rows) of the calibration a `memory add` reads: `given` (a note where the file says its
+    radii were measured on other rows; rows None: `spare_rows` reads them), else the rows the file
+    records, read here (`data.rows.recorded_rows`: a warning where they have changed since), else
+    (None, None): `spare_rows`' default."""
     from timerome.data.rows import recorded_rows
 
     if recorded is None:
-        return given
-    if given is None:
-        _, changed = recorded_rows(recorded, f"the radii of {file} were measured", "give those rows again (--calibration)",
-                                   tofu_dir=tofu_dir)
-        if changed:
-            warnings.warn(changed, stacklevel=2)
-        return recorded["rows"]
-    _other_rows(recorded, given, f"the radii of {file} were measured", "the added facts' are measured", tofu_dir)
-    return given
+        return given, None
+    if given is not None:
+        _other_rows(recorded, given, tofu_dir, f"the radii of {file} were measured",
+                    "the added facts' radii are measured")
+        return given, None
+    folder = ", or the TOFU folder with --tofu-dir" if recorded["rows"].startswith("tofu:") else ""
+    return recorded["rows"], recorded_rows(recorded, f"the radii of {file} were measured",
+                                           f"give those rows again (--calibration{folder})", tofu_dir=tofu_dir)
 
 
-def _other_rows(recorded: dict | None, given: str | None, built: str, added: str, tofu_dir) -> None:
+def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> None:
     """A note where rows given to `memory add` are not those the file says its build read."""
-    from timerome.data.rows import row_source
+    from timerome.data.rows import row_spec
 
-    if recorded is not None and given is not None and row_source(given, tofu_dir=tofu_dir)["rows"] != recorded["rows"]:
+    if recorded is not None and row_spec(given, tofu_dir=tofu_dir) != {k: v for k, v in recorded.items()
+                                                                     if k != "digest"}:
         err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(recorded['rows'])}; {escape(added)} on "
                           f"{escape(given)}, as asked", soft_wrap=True)
 

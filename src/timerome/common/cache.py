@@ -24,10 +24,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TIMEROME_CACHE") or Path.home() / ".cache" / "timerome")
 
 
-def digest(obj, n: int = 20) -> str:
-    """A stable short hash of anything JSON can write (sets/tuples as lists, the rest by str)."""
+def digest(obj, n: int = 20, *, versioned: bool = True) -> str:
+    """A stable short hash of anything JSON can write (sets/tuples as lists, the rest by str); a cache
+    key's includes VERSION, one saved in a file (versioned=False) does not, so it survives a bump."""
     text = json.dumps(obj, sort_keys=True, default=_jsonable)
-    return hashlib.sha256(f"v{VERSION}:{text}".encode()).hexdigest()[:n]
+    return hashlib.sha256((f"v{VERSION}:{text}" if versioned else text).encode()).hexdigest()[:n]
 
 
 def _jsonable(x):

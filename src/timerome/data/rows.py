@@ -4,6 +4,8 @@ real facts of `data/real_facts.py`, with their counterfactual targets) or a file
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,9 @@ import numpy as np
 from timerome.common.cache import digest
 from timerome.common.files import read_text
 from timerome.data.facts import facts_from_rows
+from timerome.data.tofu import ENV_DIR as TOFU_ENV
 from timerome.data.tofu import FULL_OFFSET, load_split
+from timerome.data.tofu import HUB_ID as TOFU_HUB
 from timerome.errors import TimeromeError
 
 
@@ -39,31 +43,41 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
     return rows
 
 
-def row_source(spec: str, rows: list | None = None, *, tofu_dir: str | None = None) -> dict:
-    """What a memory file records of the rows `spec` names (`load_rows`), so that a later `memory add`
-    reads the same ones: {"rows": the spec (a file as its absolute path), "digest": a hash of the rows
-    (`rows` if given: those loaded already)}."""
+def row_spec(spec: str, *, tofu_dir: str | None = None) -> dict:
+    """Where the rows `spec` names are (`load_rows`), as a memory file records it: {"rows": the spec, a
+    file as its absolute path} and, for 'tofu:SPLIT', {"tofu_dir": the TOFU folder it reads (`tofu_dir`,
+    else $TIMEROME_TOFU_DIR, else the Hub id), a folder as its absolute path}. Nothing is read."""
     from timerome.data import real_facts
 
-    named = spec == real_facts.NAME or spec.startswith(("embedded:", "tofu:"))
+    if spec.startswith("tofu:"):
+        folder = tofu_dir or os.environ.get(TOFU_ENV) or TOFU_HUB
+        return {"rows": spec, "tofu_dir": str(Path(folder).resolve()) if Path(folder).is_dir() else str(folder)}
+    named = spec == real_facts.NAME or spec.startswith("embedded:")
+    return {"rows": spec if named else str(Path(spec).resolve())}
+
+
+def row_source(spec: str, rows: list | None = None, *, tofu_dir: str | None = None) -> dict:
+    """What a memory file records of the rows `spec` names, so that a later `memory add` reads the same
+    ones: `row_spec` and "digest", a hash of the rows (`rows` if given: those loaded already)."""
     rows = load_rows(spec, tofu_dir=tofu_dir) if rows is None else rows
-    return {"rows": spec if named else str(Path(spec).resolve()), "digest": digest(rows)}
+    return {**row_spec(spec, tofu_dir=tofu_dir), "digest": digest(rows, versioned=False)}
 
 
-def recorded_rows(record: dict, what: str, remedy: str, *,
-                  tofu_dir: str | None = None) -> tuple[list[dict], str | None]:
-    """(rows, warning) of a row source a memory file recorded (`row_source`): loaded again, with a
-    warning where they are no longer the rows recorded; rows that cannot be read are one
-    TimeromeError saying `what` was done on them ("the radii of F were measured") and the `remedy`
-    (how to give them)."""
+def recorded_rows(record: dict, what: str, remedy: str, *, tofu_dir: str | None = None) -> list[dict]:
+    """The rows of a row source a memory file recorded (`row_source`), loaded again (a 'tofu:SPLIT'
+    from `tofu_dir` if given, else from the folder recorded), with a warning where they are no longer
+    the rows recorded; rows that cannot be read are one TimeromeError saying `what` was done on them
+    ("the radii of F were measured") and the `remedy` (how to give them)."""
     spec = record["rows"]
+    folder = tofu_dir or record.get("tofu_dir")
+    where = f"{spec} (in {folder})" if spec.startswith("tofu:") else spec
     try:
-        rows = load_rows(spec, tofu_dir=tofu_dir)
+        rows = load_rows(spec, tofu_dir=folder)
     except TimeromeError as e:
-        raise TimeromeError(f"{what} on {spec}, which cannot be read here ({e}): {remedy}") from None
-    changed = None if digest(rows) == record.get("digest") else (
-        f"{spec} has changed since {what} on it: its rows are read as they are now")
-    return rows, changed
+        raise TimeromeError(f"{what} on {where}, which cannot be read here ({e}): {remedy}") from None
+    if digest(rows, versioned=False) != record.get("digest"):
+        warnings.warn(f"{where} has changed since {what} on it: its rows are read as they are now", stacklevel=3)
+    return rows
 
 
 def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = None):

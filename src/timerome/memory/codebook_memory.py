@@ -497,11 +497,12 @@ SOURCES = ("calibration", "value_rows")
 
 def read_sources(meta: dict, path) -> dict:
     """The row sources a memory file records (`CodebookMemory.sources`; {} in a file from before they
-    were recorded), each {"rows": spec, "digest": text}; anything else is one TimeromeError."""
+    were recorded), each `data.rows.row_source`: {"rows": spec, "digest": text[, "tofu_dir": folder]};
+    anything else is one TimeromeError."""
     sources = meta.get("sources") or {}
     ok = isinstance(sources, dict) and set(sources) <= set(SOURCES) and all(
-        isinstance(v, dict) and set(v) == {"rows", "digest"} and all(isinstance(x, str) and x for x in v.values())
-        for v in sources.values())
+        isinstance(v, dict) and {"rows", "digest"} <= set(v) <= {"rows", "digest", "tofu_dir"}
+        and all(isinstance(x, str) and x for x in v.values()) for v in sources.values())
     if not ok:
         raise TimeromeError(f"{path} is inconsistent: its 'sources' must map {' / '.join(SOURCES)} to "
                             f"{{\"rows\": ..., \"digest\": ...}}, got {sources!r:.200}")

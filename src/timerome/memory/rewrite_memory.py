@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from dataclasses import replace
 
 import torch
@@ -151,6 +150,7 @@ class RewriteMemory(CodebookMemory):
         eos = getattr(backbone.tokenizer, "eos_token_id", None)
         self.eos = None if eos is None else int(eos)
         self._watch_rows = [r for r in watch_rows if isinstance(r, dict)] if watch_rows else None
+        self._watching = self._watch_rows is not None  # the file keeps it: a loaded memory has no rows till an add
         if self._watch_rows is not None and self.site != (backbone.n_layers - 1, "resid"):
             raise TimeromeError("the answer watch reads the model's read-out at the write site, so it needs the "
                                 f"values written at the last block ({backbone.n_layers - 1}, 'resid'), not {self.site}")
@@ -485,6 +485,7 @@ class RewriteMemory(CodebookMemory):
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
             "watch": [[sorted(w), [list(c) for c in cues]] for w, cues in self._watch],
+            "answer_watch": self._watching,
             "sources": self.sources,
         }
 
@@ -495,22 +496,25 @@ class RewriteMemory(CodebookMemory):
         (`sources`: a warning where they have changed since), else those the rewrite method reads them on
         when it builds a memory with none named (`embedded_value_rows` on the embedded model, else these
         rows), so that an added fact gets the values a build would give it, from the table that build
-        cached."""
+        cached. Where the answer watch is on (`answer_watch_on`), an added fact's watch reads the
+        calibration rows, as a build reads its own (before stop 54 added facts had none)."""
         sources = read_sources(meta, path)
-        if value_rows is None and isinstance(calibration, (list, tuple)) and calibration:
+        adding = isinstance(calibration, (list, tuple)) and bool(calibration)
+        if value_rows is None and adding:
             if "value_rows" in sources:
-                value_rows, changed = recorded_rows(sources["value_rows"], f"the token values of {path} were read",
-                                                       "give those rows again (value_rows=, --value-rows)")
-                if changed:
-                    warnings.warn(changed, stacklevel=2)
+                value_rows = recorded_rows(sources["value_rows"], f"the token values of {path} were read",
+                                           "give those rows again (value_rows=, --value-rows)")
             else:  # a file from before the sources were recorded, or values read on rows given in Python
                 value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
+        watch = meta.get("watch") or [[[], []]] * len(meta.get("facts") or [])  # a file from before the watch: none
+        # the answer watch of facts added later reads the calibration rows, as the build read its own
+        watching = answer_watch_on(meta, path)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
                                   st["shrinkage"])
             mem = cls(backbone, coord, background=stats, calibration=calibration, site=tuple(meta["site"]),
-                      value_rows=value_rows, **hyper)
+                      value_rows=value_rows, watch_rows=calibration if adding and watching else None, **hyper)
             facts = [_fact_from_dict(d) for d in meta["facts"]]
             keys, reach, owner, slot = tensors["keys"], tensors["reach"], tensors["owner"], tensors["slot"]
             targets, value_ids, values = tensors["targets"], tensors["value_ids"], tensors["values"]
@@ -529,8 +533,7 @@ class RewriteMemory(CodebookMemory):
         mem._deltas = torch.zeros(len(facts), H, dtype=torch.float64)
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
         mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
-        mem._facts, mem._ids, mem.sources = facts, [fact_id(f) for f in facts], sources
-        watch = meta.get("watch") or [[[], []]] * len(facts)  # a file from before the answer watch: none
+        mem._facts, mem._ids, mem.sources, mem._watching = facts, [fact_id(f) for f in facts], sources, watching
         try:
             mem._watch = [(frozenset(int(t) for t in w), tuple(tuple(int(t) for t in c) for c in cues))
                           for w, cues in watch]
@@ -540,6 +543,18 @@ class RewriteMemory(CodebookMemory):
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but {len(watch)} answer-watch entries")
         mem.version += 1
         return mem
+
+
+def answer_watch_on(meta: dict, path="the memory file") -> bool:
+    """Whether a rewrite memory file's answer watch is on: its "answer_watch" (since stop 54), else
+    (an older file) whether a fact has watched tokens; a value that is not true / false is one error."""
+    if "answer_watch" not in meta:
+        watch = meta.get("watch")
+        return any(isinstance(e, list) and bool(e) and bool(e[0]) for e in (watch if isinstance(watch, list) else []))
+    if not isinstance(meta["answer_watch"], bool):
+        raise TimeromeError(f"{path} is inconsistent: its 'answer_watch' must be true or false, got "
+                            f"{meta['answer_watch']!r:.50}")
+    return meta["answer_watch"]
 
 
 # ------------------------------------------------------------------------------ token values
