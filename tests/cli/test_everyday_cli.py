@@ -512,6 +512,23 @@ def test_an_empty_answer_is_said_on_stderr(monkeypatch):
     assert "the answers to prompts 1, 2 are empty" in out and "with the edit" not in out
 
 
+def test_memory_add_notes_rows_that_are_not_the_builds(memories, tmp_path, capsys, monkeypatch):
+    """The note `memory add` prints where it is given rows other than its build's: a TOFU split in
+    another folder is other rows; the same rows say nothing. --value-rows on a ridge memory is refused."""
+    from timerome.cli.memory import _other_rows
+    from timerome.data.rows import row_spec
+
+    recorded = {**row_spec("tofu:retain_perturbed", tofu_dir=str(tmp_path)), "digest": "d"}
+    _other_rows(recorded, "tofu:retain_perturbed", str(tmp_path), "built", "added")
+    assert capsys.readouterr().err == ""
+    _other_rows(recorded, "tofu:retain_perturbed", str(tmp_path.parent), "built", "added")
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"built on tofu:retain_perturbed (in {tmp_path}); added on tofu:retain_perturbed (in {tmp_path.parent})" \
+           in err, err
+    code, _, out = run("memory", "add", memories / "f1.safetensors", "--value-rows", "embedded:train")
+    assert code == 2 and "applies to rewrite memories" in out and "is a ridge edit memory" in out, out
+
+
 def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypatch):
     """`timerome edit` records the rows a codebook / rewrite memory's radii were measured on (and a
     rewrite memory's token-value rows, `methods.rewrite.value_rows_source`); `memory add` reads those
@@ -557,6 +574,8 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     assert all(torch.equal(recorded[k], named[k]) for k in recorded)  # the build's rows, unasked
     assert not torch.equal(recorded["reach"], elsewhere["reach"])       # which rows matters
     assert "were measured on" in out and "added facts' radii are measured on" in out and "b.json, as asked" in out
+    n = len(load_file(cb)["reach"])  # the build's entries are kept as they are
+    assert recorded["reach"][:n].equal(load_file(cb)["reach"]) and elsewhere["reach"][:n].equal(load_file(cb)["reach"])
 
     from timerome.memory.memory_file import load_memory
 

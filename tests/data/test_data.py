@@ -61,8 +61,24 @@ def test_a_row_source_says_where_its_rows_are_and_reads_them_again(tmp_path, mon
     assert rec["rows"] == "tofu:retain_perturbed" and rec["tofu_dir"] == str(folder.resolve())
     want = load_rows("tofu:retain_perturbed", tofu_dir=str(folder))
     assert recorded_rows(rec, "x", "y") == want  # from the recorded folder, none given
+    other = tmp_path / "other"  # a --tofu-dir given for the command's data does not move the recorded rows
+    shutil.copytree(folder, other)
+    (other / "retain_perturbed.json").write_text(json.dumps(want[:3]))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert recorded_rows(rec, "x", "y", tofu_dir=str(other)) == want
     moved = tmp_path / "moved"
-    folder.rename(moved)
-    assert recorded_rows(rec, "x", "y", tofu_dir=str(moved)) == want  # a folder given wins
+    folder.rename(moved)  # the recorded folder gone: the one given, said
+    with pytest.warns(UserWarning, match=r"x on tofu:retain_perturbed \(in .*tofu\), which cannot be read here: "
+                                         r"read in .*moved instead"):
+        assert recorded_rows(rec, "x", "y", tofu_dir=str(moved)) == want
     with pytest.raises(TimeromeError, match=r"tofu:retain_perturbed \(in .*tofu\), which cannot be read here"):
         recorded_rows(rec, "x", "y")
+    monkeypatch.setenv("TIMEROME_TOFU_DIR", str(moved))  # the folder a spec reads with none given
+    assert row_spec("tofu:forget01") == {"rows": "tofu:forget01", "tofu_dir": str(moved.resolve())}
+    monkeypatch.setenv("TIMEROME_TOFU_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(TimeromeError) as e:  # a record without its folder names none ("in None" before)
+        recorded_rows({"rows": "tofu:retain_perturbed", "digest": "d"}, "x", "y")
+    assert "x on tofu:retain_perturbed, which cannot be read here" in str(e.value) and "None" not in str(e.value)

@@ -216,7 +216,16 @@ def test_memory_add_gives_added_facts_the_answer_watch_and_the_value_rows_asked(
     back.add([reqs[0].fact])
     watched, cues = back.watch[-1]
     assert watched and cues and not set(watched) & set(bb.encode(reqs[0].fact.target)), back.watch[-1]
-    assert memory_file.load_memory(back.save(tmp_path / "again.safetensors"), bb).watch[-1] == (watched, cues)
+    again = memory_file.load_memory(back.save(tmp_path / "again.safetensors"), bb)
+    assert again.watch[-1] == (watched, cues)
+    again.remove([reqs[1].fact_id])  # a memory loaded without rows keeps saying its watch is on
+    from timerome.cli.memory import describe
+
+    assert describe(again.save(tmp_path / "less.safetensors"))["watch"] is True
+    assert memory_file.load_memory(tmp_path / "less.safetensors", bb, calibration=few)._watch_rows == few
+    again._watching = False  # a memory built with watch=false: facts added to it get none either
+    off = memory_file.load_memory(again.save(tmp_path / "off.safetensors"), bb, calibration=few)
+    assert off._watch_rows is None and describe(tmp_path / "off.safetensors")["watch"] is False
     assert answer_watch_on({"answer_watch": False, "watch": [[[5], [[6]]]]}) is False
     assert answer_watch_on({"watch": [[[], []], [[5], [[6]]]]}) and not answer_watch_on({"watch": [[[], []]]})
     with pytest.raises(TimeromeError, match="'answer_watch' must be true or false"):

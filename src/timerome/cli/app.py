@@ -233,27 +233,35 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     return facts
 
 
+def calibration_spec(bb, method: str, source: str, calibration: str | None) -> str:
+    """The rows an edit must leave alone, named (`data.rows.load_rows`): --calibration, else the
+    retain_perturbed split of the facts' source ('embedded' or 'tofu'; counterfactual requests, and a
+    file's facts on the embedded model, are the embedded corpus's; the rewrite memory there: every
+    row the model learnt, `EMBEDDED_VALUE_ROWS`)."""
+    from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS
+
+    if calibration is not None:
+        return calibration
+    origin = source.split(":", 1)[0] if ":" in source else None
+    if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.name == "timerome-default"):
+        origin = "embedded"
+    if origin not in ("embedded", "tofu"):
+        raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
+                            "of retain question/answer rows)")
+    return EMBEDDED_VALUE_ROWS if method == "rewrite" and origin == "embedded" else f"{origin}:retain_perturbed"
+
+
 def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts,
                rows: list | None = None) -> tuple[str, list[dict]]:
     """(spec, rows) an edit must leave alone (codebook / rewrite radii, the rewrite memory's token
     values where the model is not the embedded one (`methods.rewrite.known_rows`), the training-time
-    methods' retain rows): --calibration (`rows`: its rows, read already), else the retain_perturbed
-    split of the facts' source ('embedded' or 'tofu'; the rewrite memory on the embedded model: every
-    row it learnt, `EMBEDDED_VALUE_ROWS`), minus every row stating an edited fact."""
+    methods' retain rows): those `calibration_spec` names (`rows`: its rows, read already), minus
+    every row stating an edited fact."""
     from timerome.data.rows import load_rows
     from timerome.data.task import ForgetTask
-    from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS
     from timerome.methods.codebook import calibration_rows
 
-    if calibration is None:
-        origin = source.split(":", 1)[0] if ":" in source else None
-        if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.name == "timerome-default"):
-            origin = "embedded"
-        if origin not in ("embedded", "tofu"):
-            raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
-                                "of retain question/answer rows)")
-        calibration = (EMBEDDED_VALUE_ROWS if method == "rewrite" and origin == "embedded"
-                       else f"{origin}:retain_perturbed")
+    calibration = calibration_spec(bb, method, source, calibration)
     task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in facts], facts=[],
                       retain_rows=load_rows(calibration, tofu_dir=tofu_dir) if rows is None else rows)
     return calibration, calibration_rows(task, {})

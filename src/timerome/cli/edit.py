@@ -13,8 +13,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
-                              model_options, print_json, spare_rows)
+from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, console, edit_facts,
+                              err_console, friendly, model_options, print_json, spare_rows)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
 from timerome.methods.timerome_edit import DEFAULTS
@@ -33,7 +33,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          calibration: Optional[str] = typer.Option(
              None, help="the rows the edit must leave alone ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL file): "
                         "codebook / rewrite radii, retain rows of the training-time methods (default: the "
-                        "retain_perturbed split of the source; rewrite on the embedded model: its training rows)"),
+                        "retain_perturbed split of the source; rewrite with embedded or counterfactual facts: embedded:train)"),
          data: Optional[str] = typer.Option(None, "--data", "-d", help="the forget set when no --requests: "
                                             "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
                                             "file of question/answer rows (default: embedded:forget01)"),
@@ -251,14 +251,16 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     rows `methods.rewrite.known_rows` names, these rows but on the embedded model); the file records
     the calibration spec (`sources`), which `memory add` reads again.
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
-    from timerome.data.rows import row_source
+    from timerome.data.rows import load_rows, row_source
     from timerome.data.task import ForgetTask
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
     from timerome.methods.rewrite import build as build_rewrite
 
-    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
-    read = row_source(spec, tofu_dir=tofu_dir)  # recorded in the file, for `memory add` (cli/memory.py)
+    spec = calibration_spec(bb, method, source, calibration)
+    rows = load_rows(spec, tofu_dir=tofu_dir)
+    read = row_source(spec, rows, tofu_dir=tofu_dir)  # recorded in the file, for `memory add` (cli/memory.py)
+    spec, spare = spare_rows(bb, method, source, spec, tofu_dir, facts, rows=rows)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
     if method == "codebook":
         over["step"] = coordinate.step

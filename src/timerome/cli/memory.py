@@ -46,6 +46,8 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
          all_facts: bool = typer.Option(False, "--all", help="list every fact (default: the first 20)"),
          as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
     """The coordinate, hyper-parameters, facts and backbone fingerprint of a saved memory."""
+    from timerome.data.rows import where_rows
+
     d = describe(file)
     if as_json:
         print_json(d)
@@ -59,14 +61,13 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     radius = ("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full strength "
                         f"within {h.get('inner')}")
     unsaid = {"calibration": "not recorded (rows given in Python, or an older file): `memory add` reads the "
-                             "added facts' source's retain rows (a rewrite memory on the embedded model: its "
-                             "training rows) or --calibration",
+                             "added facts' source's retain rows (a rewrite memory's embedded or counterfactual "
+                             "facts, or a file's on the embedded model: embedded:train) or --calibration",
               "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): `memory "
                             "add` reads them as the method does (the embedded model's training rows, else its "
                             "calibration rows) or --value-rows"}
     def read(key):  # the build's rows, as its file records them (`data.rows.row_source`)
-        got = d["sources"].get(key)
-        return unsaid[key] if got is None else got["rows"] + (f" (in {got['tofu_dir']})" if "tofu_dir" in got else "")
+        return where_rows(d["sources"][key]) if key in d["sources"] else unsaid[key]
 
     calibrated = ("calibration", read("calibration"))
     if kind == "codebook":
@@ -126,7 +127,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         calibration: Optional[str] = typer.Option(
             None, help="a codebook / rewrite memory: the rows its radii must spare (default: those the file says "
                        "its build measured them on; a file that does not say: the retain_perturbed split of the "
-                       "source, a rewrite memory on the embedded model its training rows)"),
+                       "source, a rewrite memory's embedded or counterfactual facts embedded:train)"),
         value_rows: Optional[str] = typer.Option(
             None, "--value-rows", help="a rewrite memory: the rows its new token values are read on (default: "
                                        "those the file says its build read them on, else as its method reads them)"),
@@ -158,7 +159,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
-        held = _header_facts(read_memory_file(file)[1])  # the file as it is now, under the lock
+        meta = read_memory_file(file)[1]  # the file as it is now, under the lock
+        held = _header_facts(meta)
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
         rows = values = spec = None
@@ -207,12 +209,14 @@ def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tu
 
 def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> None:
     """A note where rows given to `memory add` are not those the file says its build read."""
-    from timerome.data.rows import row_spec
+    from timerome.data.rows import row_spec, where_rows
 
-    if recorded is not None and row_spec(given, tofu_dir=tofu_dir) != {k: v for k, v in recorded.items()
-                                                                     if k != "digest"}:
-        err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(recorded['rows'])}; {escape(added)} on "
-                          f"{escape(given)}, as asked", soft_wrap=True)
+    if recorded is None:
+        return
+    asked = row_spec(given, tofu_dir=tofu_dir)
+    if asked != {k: v for k, v in recorded.items() if k != "digest"}:
+        err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(where_rows(recorded))}; {escape(added)} on "
+                          f"{escape(where_rows(asked))}, as asked", soft_wrap=True)
 
 
 def _header_facts(meta: dict) -> list | None:

@@ -63,20 +63,37 @@ def row_source(spec: str, rows: list | None = None, *, tofu_dir: str | None = No
     return {**row_spec(spec, tofu_dir=tofu_dir), "digest": digest(rows, versioned=False)}
 
 
-def recorded_rows(record: dict, what: str, remedy: str, *, tofu_dir: str | None = None) -> list[dict]:
-    """The rows of a row source a memory file recorded (`row_source`), loaded again (a 'tofu:SPLIT'
-    from `tofu_dir` if given, else from the folder recorded), with a warning where they are no longer
-    the rows recorded; rows that cannot be read are one TimeromeError saying `what` was done on them
-    ("the radii of F were measured") and the `remedy` (how to give them)."""
-    spec = record["rows"]
-    folder = tofu_dir or record.get("tofu_dir")
-    where = f"{spec} (in {folder})" if spec.startswith("tofu:") else spec
-    try:
-        rows = load_rows(spec, tofu_dir=folder)
-    except TimeromeError as e:
-        raise TimeromeError(f"{what} on {where}, which cannot be read here ({e}): {remedy}") from None
+def where_rows(record: dict) -> str:
+    """A recorded row source (`row_spec` / `row_source`) in words: its spec, a TOFU split with its folder."""
+    folder = record.get("tofu_dir")
+    return f"{record['rows']} (in {folder})" if folder else record["rows"]
+
+
+def recorded_rows(record: dict, what: str, remedy: str, *, tofu_dir: str | None = None,
+                  stacklevel: int = 2) -> list[dict]:
+    """The rows of a row source a memory file recorded (`row_source`), loaded again, with a warning
+    where they are no longer the rows recorded. A 'tofu:SPLIT' is read in the folder recorded, else
+    (that folder cannot be read here) in `tofu_dir` (the command's --tofu-dir), with a warning. Rows
+    that cannot be read are one TimeromeError saying `what` was done on them ("the radii of F were
+    measured") and the `remedy` (how to give them). stacklevel: the warnings' (from the caller's
+    caller by default)."""
+    spec, where = record["rows"], where_rows(record)
+    folders = [record.get("tofu_dir")]
+    if spec.startswith("tofu:") and tofu_dir and row_spec(spec, tofu_dir=tofu_dir) != row_spec(spec, tofu_dir=folders[0]):
+        folders.append(tofu_dir)
+    for i, folder in enumerate(folders):
+        try:
+            rows = load_rows(spec, tofu_dir=folder)
+            break
+        except TimeromeError as e:
+            if i == len(folders) - 1:
+                raise TimeromeError(f"{what} on {where}, which cannot be read here ({e}): {remedy}") from None
+    if i:
+        warnings.warn(f"{what} on {where}, which cannot be read here: read in {tofu_dir} instead",
+                      stacklevel=stacklevel + 1)
     if digest(rows, versioned=False) != record.get("digest"):
-        warnings.warn(f"{where} has changed since {what} on it: its rows are read as they are now", stacklevel=3)
+        warnings.warn(f"{where} has changed since {what} on it: its rows are read as they are now",
+                      stacklevel=stacklevel + 1)
     return rows
 
 

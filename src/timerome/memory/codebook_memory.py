@@ -505,5 +505,5 @@ def read_sources(meta: dict, path) -> dict:
         and all(isinstance(x, str) and x for x in v.values()) for v in sources.values())
     if not ok:
         raise TimeromeError(f"{path} is inconsistent: its 'sources' must map {' / '.join(SOURCES)} to "
-                            f"{{\"rows\": ..., \"digest\": ...}}, got {sources!r:.200}")
+                            f"{{\"rows\": ..., \"digest\": ...[, \"tofu_dir\": ...]}}, got {sources!r:.200}")
     return {k: dict(v) for k, v in sources.items()}

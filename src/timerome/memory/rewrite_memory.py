@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import replace
 
 import torch
@@ -497,13 +498,14 @@ class RewriteMemory(CodebookMemory):
         when it builds a memory with none named (`embedded_value_rows` on the embedded model, else these
         rows), so that an added fact gets the values a build would give it, from the table that build
         cached. Where the answer watch is on (`answer_watch_on`), an added fact's watch reads the
-        calibration rows, as a build reads its own (before stop 54 added facts had none)."""
+        calibration rows given (before stop 54 added facts had none); `memory add` gives the rows its
+        build read less those stating the facts it adds, where a build leaves out every edited fact's."""
         sources = read_sources(meta, path)
         adding = isinstance(calibration, (list, tuple)) and bool(calibration)
         if value_rows is None and adding:
             if "value_rows" in sources:
                 value_rows = recorded_rows(sources["value_rows"], f"the token values of {path} were read",
-                                           "give those rows again (value_rows=, --value-rows)")
+                                           "give those rows again (value_rows=, --value-rows)", stacklevel=4)
             else:  # a file from before the sources were recorded, or values read on rows given in Python
                 value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
         watch = meta.get("watch") or [[[], []]] * len(meta.get("facts") or [])  # a file from before the watch: none
@@ -534,6 +536,9 @@ class RewriteMemory(CodebookMemory):
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
         mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
         mem._facts, mem._ids, mem.sources, mem._watching = facts, [fact_id(f) for f in facts], sources, watching
+        if watching and calibration is not None and not mem._watch_rows:
+            warnings.warn(f"the answer watch of {path} reads question/answer rows: facts added with this calibration "
+                          "(residuals or texts) get no watch", stacklevel=4)
         try:
             mem._watch = [(frozenset(int(t) for t in w), tuple(tuple(int(t) for t in c) for c in cues))
                           for w, cues in watch]
@@ -547,10 +552,11 @@ class RewriteMemory(CodebookMemory):
 
 def answer_watch_on(meta: dict, path="the memory file") -> bool:
     """Whether a rewrite memory file's answer watch is on: its "answer_watch" (since stop 54), else
-    (an older file) whether a fact has watched tokens; a value that is not true / false is one error."""
+    (an older file) whether a fact has watched tokens or subject cues (a memory built with watch=false
+    has neither); a value that is not true / false is one error."""
     if "answer_watch" not in meta:
         watch = meta.get("watch")
-        return any(isinstance(e, list) and bool(e) and bool(e[0]) for e in (watch if isinstance(watch, list) else []))
+        return any(isinstance(e, list) and any(e) for e in (watch if isinstance(watch, list) else []))  # tokens or cues
     if not isinstance(meta["answer_watch"], bool):
         raise TimeromeError(f"{path} is inconsistent: its 'answer_watch' must be true or false, got "
                             f"{meta['answer_watch']!r:.50}")
