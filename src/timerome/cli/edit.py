@@ -33,7 +33,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          calibration: Optional[str] = typer.Option(
              None, help="the rows the edit must leave alone ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL file): "
                         "codebook / rewrite radii, retain rows of the training-time methods (default: the "
-                        "retain_perturbed split of the source; rewrite with embedded or counterfactual facts: embedded:train)"),
+                        "retain_perturbed split of the source; rewrite with embedded or counterfactual facts: "
+                        "embedded:train)"),
          data: Optional[str] = typer.Option(None, "--data", "-d", help="the forget set when no --requests: "
                                             "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
                                             "file of question/answer rows (default: embedded:forget01)"),

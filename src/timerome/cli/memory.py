@@ -66,6 +66,7 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
               "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): `memory "
                             "add` reads them as the method does (the embedded model's training rows, else its "
                             "calibration rows) or --value-rows"}
+
     def read(key):  # the build's rows, as its file records them (`data.rows.row_source`)
         return where_rows(d["sources"][key]) if key in d["sources"] else unsaid[key]
 

@@ -79,7 +79,8 @@ def recorded_rows(record: dict, what: str, remedy: str, *, tofu_dir: str | None 
     caller by default)."""
     spec, where = record["rows"], where_rows(record)
     folders = [record.get("tofu_dir")]
-    if spec.startswith("tofu:") and tofu_dir and row_spec(spec, tofu_dir=tofu_dir) != row_spec(spec, tofu_dir=folders[0]):
+    if spec.startswith("tofu:") and tofu_dir and (row_spec(spec, tofu_dir=tofu_dir)
+                                                  != row_spec(spec, tofu_dir=folders[0])):
         folders.append(tofu_dir)
     for i, folder in enumerate(folders):
         try:

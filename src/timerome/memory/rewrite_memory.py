@@ -69,8 +69,8 @@ from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
-from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory, _n_sequences,
-                                             read_sources)
+from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory,
+                                             _n_sequences, read_sources)
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
 
@@ -509,7 +509,7 @@ class RewriteMemory(CodebookMemory):
             else:  # a file from before the sources were recorded, or values read on rows given in Python
                 value_rows = embedded_value_rows(backbone)  # None elsewhere: the calibration rows (__init__)
         watch = meta.get("watch") or [[[], []]] * len(meta.get("facts") or [])  # a file from before the watch: none
-        # the answer watch of facts added later reads the calibration rows, as the build read its own
+        # the answer watch of facts added later reads the calibration rows given (`__init__`: watch_rows)
         watching = answer_watch_on(meta, path)
         try:
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
