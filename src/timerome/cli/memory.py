@@ -165,8 +165,9 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
         rows = values = spec = None
+        sources = read_sources(meta, file) if kind != "edit" else {}
         if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
-            recorded = read_sources(meta, file).get("calibration")
+            recorded = sources.get("calibration")
             spec, spec_rows = _calibration(file, recorded, calibration, tofu_dir)
             spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, facts, rows=spec_rows)
             if recorded is None and calibration is None:
@@ -175,7 +176,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
                                   "(--calibration to choose)", soft_wrap=True)
         if value_rows is not None:
             values = load_rows(value_rows, tofu_dir=tofu_dir)
-            _other_rows(read_sources(meta, file).get("value_rows"), value_rows, tofu_dir,
+            _other_rows(sources.get("value_rows"), value_rows, tofu_dir,
                         f"the token values of {file} were read", "the added facts' token values are read")
         memory = load_memory(file, bb, calibration=rows, value_rows=values)  # values: as its build read them
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)

@@ -78,8 +78,8 @@ def load_memory(path, backbone, calibration=None, value_rows=None) -> Memory:
     """The memory saved at `path`, for `backbone` (another model's file, a damaged one or an unknown
     format is one TimeromeError). `calibration`: a codebook or rewrite memory's radius corpus, and
     `value_rows` a rewrite memory's token-value rows (default: those its file records its build read
-    them on, else those its method reads them on, `RewriteMemory._restore`), needed only to insert more facts into it (each memory takes the ones of
-    its LOAD_OPTIONS)."""
+    them on, else those its method reads them on, `RewriteMemory._restore`), needed only to insert
+    more facts into it (each memory takes the ones of its LOAD_OPTIONS)."""
     cls = file_class(path)
     given = {"calibration": calibration, "value_rows": value_rows}
     return cls.load(path, backbone, **{k: v for k, v in given.items() if k in cls.LOAD_OPTIONS})
