@@ -32,6 +32,12 @@ Parts (each prints a table of ratios measured in this one run):
   install10k   installing 10,000 synthetic facts of hidden size 1024 (paper and whitened metric):
                seconds, the form kept, and the process's peak memory (each in a fresh process, so
                the peak is this install's).
+  reach        the codebook / rewrite memory's radii (`codebook_memory.nearest_distance`: each key's
+               distance to its nearest calibration token) at the shapes of the embedded model's
+               rewrite memory (--reach-keys keys, --reach-points calibration tokens, H 128; random
+               Gaussian tokens, each key a token plus noise), against the cdist proposing 8
+               candidates per key that it replaced at stop 55 (written here, the baseline), the
+               distances checked equal bit for bit.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
 
-PARTS = ("overhead", "scale", "scale8b", "streaming", "selectivity", "install", "install10k")
+PARTS = ("overhead", "scale", "scale8b", "streaming", "selectivity", "install", "install10k", "reach")
 
 
 def main() -> int:
@@ -73,6 +79,9 @@ def main() -> int:
     ap.add_argument("--whole", action="store_true",
                     help="scale8b: run all 32 blocks (copies of the one random block) instead of composing the "
                          "forward from one block's time; needs ~48 GB on --device")
+    ap.add_argument("--reach-keys", type=int, default=1186, help="reach: keys (the rewrite memory of embedded:forget01)")
+    ap.add_argument("--reach-points", type=int, default=477_008,
+                    help="reach: calibration tokens (those of embedded:train less forget01's rows)")
     ap.add_argument("--forget", type=int, default=40, help="selectivity: forget facts")
     ap.add_argument("--retain", type=int, default=80, help="selectivity: retain rows")
     ap.add_argument("--n-mc", type=int, default=8)
@@ -495,6 +504,40 @@ def bench_streaming(args):
     print(f"insert #{F} {ins * 1e3:.2f} ms ({best / ins:.0f}x faster than the best re-solve) | remove the newest "
           f"{rn * 1e3:.2f} ms ({best / rn:.0f}x) | remove one from the middle {rm * 1e3:.2f} ms ({best / rm:.0f}x) | "
           f"streamed vs batch delta rel. err {err:.1e}")
+
+
+def bench_reach(args):
+    from timerome.memory.codebook_memory import nearest_distance
+
+    E, M, H = args.reach_keys, args.reach_points, 128
+    print(f"\n== reach: the nearest of {M:,} calibration tokens to each of {E:,} keys (H = {H}) ==")
+    g = torch.Generator().manual_seed(0)
+    points = torch.randn(M, H, generator=g)
+    z = points[torch.randint(0, M, (E,), generator=g)].double() + 0.3 * torch.randn(E, H, generator=g,
+                                                                                   dtype=torch.float64)
+    rounds = {"nearest_distance": [], "cdist, 8 candidates": []}
+    for _ in range(2):  # interleaved: the machine's speed drifts
+        t = CLOCK()
+        new = nearest_distance(z, points)
+        rounds["nearest_distance"].append(CLOCK() - t)
+        t = CLOCK()
+        old = _cdist_candidates(z, points)
+        rounds["cdist, 8 candidates"].append(CLOCK() - t)
+    a, b = (min(v) for v in rounds.values())
+    print(f"nearest_distance {a:.2f} s | the cdist proposing 8 candidates {b:.2f} s: {b / a:.2f}x faster | "
+          f"equal bit for bit: {torch.equal(new, old)}")
+
+
+def _cdist_candidates(z, points, candidates: int = 8, chunk: int = 1 << 24):
+    """The radii as codebook_memory measured them before stop 55: the points in float64, a float32
+    cdist per chunk of keys proposing the nearest 8, those measured in float64."""
+    pts, step = points.double(), max(1, chunk // len(points))
+    out = []
+    for s in range(0, len(z), step):
+        zs = z[s:s + step]
+        near = torch.cdist(zs.float(), pts.float()).topk(candidates, dim=1, largest=False).indices
+        out.append((zs[:, None, :] - pts[near]).pow(2).sum(-1).sqrt().min(1).values)
+    return torch.cat(out)
 
 
 def _bare_solve(U, D, lam):

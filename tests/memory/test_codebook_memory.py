@@ -244,3 +244,26 @@ def test_a_memory_given_rows_reads_its_calibration_as_the_methods_build_it(bb, c
     else:
         pytest.fail("no token of the rows has a value sure enough to write")
     assert len(list((tmp_path / "values").iterdir())) == 1
+
+
+def test_a_radius_is_the_distance_to_the_nearest_calibration_token_exactly_whatever_rows_come_with_it():
+    """nearest_distance (the radii since stop 55: a float32 screen, then float64 on every point the
+    screen cannot rule out) equals the float64 distance to the nearest of all points, bit for bit,
+    with near-ties and duplicates among the points, for any subset of the keys and any block sizes."""
+    from timerome.memory.codebook_memory import nearest_distance
+
+    g = torch.Generator().manual_seed(0)
+    H = 32
+    points = torch.randn(3000, H, generator=g) * 3
+    points[2000:2100] = points[7]                                   # duplicates of one point
+    points[2100:2200] = points[11] + 1e-6 * torch.randn(100, H, generator=g)  # near-ties below float32's reach
+    z = torch.cat([points[torch.randint(0, 3000, (150,), generator=g)].double()
+                   + 0.05 * torch.randn(150, H, generator=g, dtype=torch.float64),
+                   points[[7, 11, 2150]].double() + 1e-7,                  # next to the clusters
+                   20 * torch.randn(20, H, generator=g, dtype=torch.float64)])  # far from every point
+    exact = (z[:, None, :] - points.double()[None]).pow(2).sum(-1).sqrt().min(1).values
+    got = nearest_distance(z, points)
+    assert got.dtype == torch.float64 and torch.equal(got, exact)
+    assert torch.equal(nearest_distance(z, points, block=4096, queries=7), exact)  # many blocks of points
+    assert torch.equal(nearest_distance(z[40:45], points), exact[40:45])
+    assert torch.equal(nearest_distance(z[:0], points), exact[:0])
