@@ -267,3 +267,57 @@ def test_a_radius_is_the_distance_to_the_nearest_calibration_token_exactly_whate
     assert torch.equal(nearest_distance(z, points, block=4096, queries=7), exact)  # many blocks of points
     assert torch.equal(nearest_distance(z[40:45], points), exact[40:45])
     assert torch.equal(nearest_distance(z[:0], points), exact[:0])
+
+
+def test_state_token_rows_names_the_text_of_every_calibration_token_in_order(bb):
+    """token_keys.state_token_rows (no model run) gives each residual state_tokens returns the index of
+    its text: with one state (fully masked) and the last steps, every state is the text's own, so each
+    text's tokens in the whole list are those of the text read alone; with more states, its first
+    state (fully masked, drawn by no generator) leads its tokens."""
+    from timerome.data import load_split
+    from timerome.memory.rewrite_memory import LAST_STEP_PADS, STATE_PADS
+    from timerome.memory.token_keys import state_token_rows, state_tokens
+
+    rows = [dict(question=r["question"], answer=r["answer"]) for r in load_split("retain_perturbed", "embedded")[:5]]
+    texts = [rows[0], "a plain text about books", dict(question="", answer=""), rows[1], rows[2], rows[3], rows[4]]
+    for kw in (dict(n_states=1), dict(n_states=1, pads=STATE_PADS, last_steps=LAST_STEP_PADS),
+               dict(n_states=3, pads=STATE_PADS, last_steps=True)):
+        h = state_tokens(bb, SITE, texts, **kw)
+        owner = state_token_rows(bb, texts, **kw)
+        assert owner.shape == (len(h),) and 2 not in owner.tolist()  # the empty row has no token
+        for i in (0, 1, 3, 6):
+            alone = state_tokens(bb, SITE, [texts[i]], **kw)
+            assert int((owner == i).sum()) == len(alone)
+            if kw["n_states"] == 1:
+                torch.testing.assert_close(h[owner == i], alone, rtol=1e-5, atol=1e-5)
+            first = len(bb.encode(texts[i]["question"]) if isinstance(texts[i], dict) else []) + 2  # state 0 leads:
+            torch.testing.assert_close(h[owner == i][:first], alone[:first], rtol=1e-5, atol=1e-5)  # fully masked
+
+
+def test_a_calibration_subset_reads_the_states_of_its_whole_list_from_their_cache(bb, monkeypatch, tmp_path):
+    """calibration_residuals(without=...) is the whole list's residuals less the tokens of the rows left
+    out, read from the whole list's cache (no state drawn again); a CalibrationSubset given to a memory
+    is read so, and holds the rows kept."""
+    import timerome.memory.codebook_memory as cm
+    from timerome.data import load_split
+    from timerome.memory.codebook_memory import CalibrationSubset, calibration_residuals, read_left_out
+    from timerome.memory.token_keys import state_token_rows
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    rows = [dict(question=r["question"], answer=r["answer"]) for r in load_split("retain_perturbed", "embedded")[:12]]
+    whole = calibration_residuals(bb, SITE, rows)
+    drawn = []
+    monkeypatch.setattr(cm, "state_tokens", lambda *a, **k: drawn.append(1))
+    part = calibration_residuals(bb, SITE, rows, without=[3, 7])
+    owner = state_token_rows(bb, rows, n_states=cm.CALIBRATION_STATES)
+    assert not drawn and torch.equal(part, whole[(owner != 3) & (owner != 7)]) and len(part) < len(whole)
+    subset = CalibrationSubset(rows, [7, 3, 3])
+    assert list(subset) == [r for i, r in enumerate(rows) if i not in (3, 7)] and subset.without == (3, 7)
+    mem = CodebookMemory(bb, SITE, calibration=subset)
+    assert not drawn and torch.equal(mem._calib, mem.whiten(part).float())
+    with pytest.raises(TimeromeError, match="must lie in"):
+        CalibrationSubset(rows, [12])
+    assert read_left_out({}, "f") is None and read_left_out({"calibration_left_out": [0, 4]}, "f") == [0, 4]
+    for bad in ([4, 0], [1, 1], [-1], "0", [True], [0.5]):
+        with pytest.raises(TimeromeError, match="calibration_left_out"):
+            read_left_out({"calibration_left_out": bad}, "f")

@@ -256,6 +256,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     from timerome.data.task import ForgetTask
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
+    from timerome.methods.codebook import stating
     from timerome.methods.rewrite import build as build_rewrite
 
     spec = calibration_spec(bb, method, source, calibration)
@@ -279,6 +280,10 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     build = build_codebook if method == "codebook" else build_rewrite
     memory = build(bb, task, config, coordinate, facts, seed)
     memory.sources["calibration"] = read
+    # the rows of the spec it left out: `memory add` reads the states of the rest again from their cache
+    memory.calibration_left_out = [i for i, said in enumerate(stating(rows, forget)) if said]
+    if len(rows) - len(memory.calibration_left_out) != len(spare):
+        raise RuntimeError("timerome edit: the calibration rows left out do not account for the rows spared")
     memory.save(out)
     if as_json:
         print_json(dict(file=str(out), method=method, n_facts=len(memory), n_entries=memory.n_entries,

@@ -169,7 +169,9 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
             recorded = sources.get("calibration")
             spec, spec_rows = _calibration(file, recorded, calibration, tofu_dir)
-            spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, facts, rows=spec_rows)
+            rows = _build_states(meta, file, recorded, spec_rows, (held or []) + list(facts))
+            if rows is None:
+                spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, facts, rows=spec_rows)
             if recorded is None and calibration is None:
                 err_console.print(f"[yellow]note:[/] {escape(str(file))} does not say which rows its radii were "
                                   f"measured on: the added facts' radii are measured on {escape(spec)} "
@@ -192,33 +194,54 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
 
 
 def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tuple[str | None, list | None]:
-    """(spec, rows) of the calibration a `memory add` reads: `given` (a note where the file says its
-    radii were measured on other rows; rows None: `spare_rows` reads them), else the rows the file
-    records, read here (`data.rows.recorded_rows`: a warning where they have changed since), else
-    (None, None): `spare_rows`' default."""
+    """(spec, rows) of the calibration a `memory add` reads: `given` where it names other rows than the
+    file records (with a note; rows None: `spare_rows` reads them), else the rows the file records,
+    read here (`data.rows.recorded_rows`: a warning where they have changed since), else (None,
+    None): `spare_rows`' default."""
     from timerome.data.rows import recorded_rows
 
     if recorded is None:
         return given, None
-    if given is not None:
-        _other_rows(recorded, given, tofu_dir, f"the radii of {file} were measured",
-                    "the added facts' radii are measured")
+    if given is not None and _other_rows(recorded, given, tofu_dir, f"the radii of {file} were measured",
+                                         "the added facts' radii are measured"):
         return given, None
     folder = ", or the TOFU folder with --tofu-dir" if recorded["rows"].startswith("tofu:") else ""
     return recorded["rows"], recorded_rows(recorded, f"the radii of {file} were measured",
                                            f"give those rows again (--calibration{folder})", tofu_dir=tofu_dir)
 
 
-def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> None:
-    """A note where rows given to `memory add` are not those the file says its build read."""
+def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> bool:
+    """Whether rows given to `memory add` are not those the file says its build read (with a note)."""
     from timerome.data.rows import row_spec, where_rows
 
     if recorded is None:
-        return
+        return False
     asked = row_spec(given, tofu_dir=tofu_dir)
-    if asked != {k: v for k, v in recorded.items() if k != "digest"}:
-        err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(where_rows(recorded))}; {escape(added)} on "
-                          f"{escape(where_rows(asked))}, as asked", soft_wrap=True)
+    if asked == {k: v for k, v in recorded.items() if k != "digest"}:
+        return False
+    err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(where_rows(recorded))}; {escape(added)} on "
+                      f"{escape(where_rows(asked))}, as asked", soft_wrap=True)
+    return True
+
+
+def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, facts: list):
+    """The calibration of a `memory add` where the file says which of the recorded rows its build left
+    out and they are the rows recorded (`codebook_memory.CalibrationSubset`): the rows its build read,
+    whose states are cached, less every row stating a fact the memory will hold, as a build of them all
+    leaves out; None otherwise (`spare_rows` then reads the rows less those stating the facts added)."""
+    from timerome.common.cache import digest
+    from timerome.memory.codebook_memory import CalibrationSubset, read_left_out
+    from timerome.methods.codebook import stating
+
+    left_out = read_left_out(meta, file)
+    if rows is None or left_out is None or digest(rows, versioned=False) != recorded.get("digest"):
+        return None
+    if left_out and left_out[-1] >= len(rows):
+        raise TimeromeError(f"{file} is inconsistent: its build left out row {left_out[-1]} of {len(rows)}")
+    gone = set(left_out)
+    whole = [r for i, r in enumerate(rows) if i not in gone]
+    said = stating(whole, [dict(question=f.prompt, answer=f.object) for f in facts])
+    return CalibrationSubset(whole, [i for i, s in enumerate(said) if s])
 
 
 def _header_facts(meta: dict) -> list | None:

@@ -53,7 +53,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.base import (Memory, _as_rows, _fact_from_dict, _fact_to_dict, check_new_facts, id_list,
                                   math_dtype)
 from timerome.memory.capture import capture_facts
-from timerome.memory.token_keys import state_deltas, state_tokens, subject_keys
+from timerome.memory.token_keys import state_deltas, state_token_rows, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
 DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
@@ -124,6 +124,9 @@ class CodebookMemory(Memory):
         # reads the same ones: "calibration" (the radii; set by `timerome edit`), "value_rows" (a rewrite
         # memory's token values); rows given in Python as lists are not recorded
         self.sources: dict = {}
+        # which of the calibration source's rows its build left out (indices; `timerome edit` sets them):
+        # `memory add` reads the build's calibration states again from their cache (`CalibrationSubset`)
+        self.calibration_left_out: list[int] | None = None
 
     facts = property(lambda self: list(self._facts))
     fact_ids = property(lambda self: list(self._ids))
@@ -360,6 +363,7 @@ class CodebookMemory(Memory):
             "stats": {"n_tokens": self.stats.n_tokens, "shrinkage": self.stats.shrinkage},
             "facts": [_fact_to_dict(f) for f in self._facts],
             "sources": self.sources,
+            **left_out_header(self),
         }
 
     @classmethod
@@ -387,7 +391,7 @@ class CodebookMemory(Memory):
                                 "which a saved codebook never holds (was it edited?)")
         mem._keys, mem._reach, mem._owner, mem._slot, mem._deltas = keys, reach, owner.long(), slot.long(), deltas
         mem._facts, mem._ids = facts, [fact_id(f) for f in facts]
-        mem.sources = read_sources(meta, path)
+        mem.sources, mem.calibration_left_out = read_sources(meta, path), read_left_out(meta, path)
         mem.version += 1
         return mem
 
@@ -402,15 +406,18 @@ class CodebookMemory(Memory):
     def _calibration(self, calibration) -> torch.Tensor:
         """Whitened calibration tokens [N, H] float32 from rows / texts or their raw residuals. Rows are
         read with the recipe the methods build a memory with (`calibration_residuals`, cached), so the
-        radii of facts inserted into a saved memory are measured as its build measured its own."""
+        radii of facts inserted into a saved memory are measured as its build measured its own; a
+        `CalibrationSubset` as the states of its whole list hold them, its rows left out dropped."""
         if isinstance(calibration, torch.Tensor):
             h = _as_rows(calibration, "calibration residuals", self.hidden_size)
         else:
             texts = list(calibration)
             if not texts:
                 raise TimeromeError("the calibration corpus is empty: give the retain rows or texts")
-            h = calibration_residuals(self.backbone, self.coordinate, texts, n_states=self.calibration_states,
-                                      seed=self.calibration_seed, pads=self.pads, last_pads=self.last_pads)
+            subset = isinstance(calibration, CalibrationSubset)
+            h = calibration_residuals(self.backbone, self.coordinate, calibration.whole if subset else texts,
+                                      n_states=self.calibration_states, seed=self.calibration_seed, pads=self.pads,
+                                      last_pads=self.last_pads, without=calibration.without if subset else ())
         return self.whiten(h).float()
 
     def _check_hyper(self):
@@ -435,12 +442,19 @@ class CodebookMemory(Memory):
 
 
 def calibration_residuals(backbone, coordinate, rows, *, n_states: int = CALIBRATION_STATES, seed: int = 0,
-                          pads=None, last_pads=None) -> torch.Tensor:
+                          pads=None, last_pads=None, without=()) -> torch.Tensor:
     """Residuals [N, H] of the calibration rows' states at the coordinate (`token_keys.state_tokens`;
     pads: end-of-text after the answers, last_pads: also the last-step states with these end-of-text
     counts), cached on disk by their inputs: the radii of a codebook or rewrite memory are measured
-    against these, whether a method builds the memory or `memory add` inserts into a saved one."""
+    against these, whether a method builds the memory or `memory add` inserts into a saved one.
+    without: indices of rows whose tokens are dropped from the result (`token_keys.state_token_rows`),
+    the cache still holding every row's."""
     site, rows = Coordinate.of(coordinate).site, list(rows)
+    if without:
+        h = calibration_residuals(backbone, coordinate, rows, n_states=n_states, seed=seed, pads=pads,
+                                  last_pads=last_pads)
+        owner = state_token_rows(backbone, rows, n_states=n_states, pads=pads, last_steps=last_pads or False)
+        return h[~torch.isin(owner, torch.tensor(sorted(without), dtype=torch.long))]
 
     def make():
         return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
@@ -449,6 +463,42 @@ def calibration_residuals(backbone, coordinate, rows, *, n_states: int = CALIBRA
     key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
                n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))
     return cached_tensors("calibration", key, make)["h"]
+
+
+class CalibrationSubset(list):
+    """Calibration rows given as the rows of `whole` less those at the indices `without`: a memory reads
+    their residuals as the states of `whole` hold them (its cache, `calibration_residuals`), dropping
+    the tokens of the rows left out. `memory add` gives one: the rows its build read (cached), less
+    every row stating a fact the memory holds, so an add draws no calibration state again. As a list
+    it holds the rows kept (what the rewrite memory's answer watch and token values read)."""
+
+    def __init__(self, whole, without=()):
+        whole = list(whole)
+        out = sorted({int(i) for i in without})
+        if out and not 0 <= out[0] <= out[-1] < len(whole):
+            raise TimeromeError(f"CalibrationSubset: row indices must lie in [0, {len(whole)}), got {out[0]}..{out[-1]}")
+        gone = set(out)
+        super().__init__(r for i, r in enumerate(whole) if i not in gone)
+        self.whole, self.without = whole, tuple(out)
+
+
+def left_out_header(memory) -> dict:
+    """The header entry of a memory's `calibration_left_out` ({} when it has none)."""
+    out = memory.calibration_left_out
+    return {} if out is None else {"calibration_left_out": [int(i) for i in out]}
+
+
+def read_left_out(meta: dict, path) -> list[int] | None:
+    """The indices of the calibration source's rows a memory file's build left out (since stop 55;
+    None where it does not say), else one TimeromeError."""
+    out = meta.get("calibration_left_out")
+    if out is None:
+        return None
+    if not (isinstance(out, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in out)
+            and out == sorted(set(out))):
+        raise TimeromeError(f"{path} is inconsistent: its 'calibration_left_out' must be ascending row indices, "
+                            f"got {out!r:.200}")
+    return out
 
 
 ROW_BLOCK = 64  # rows per matrix product in rowwise_matmul

@@ -70,7 +70,7 @@ from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
 from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory,
-                                             _n_sequences, read_sources)
+                                             _n_sequences, left_out_header, read_left_out, read_sources)
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
 
@@ -488,6 +488,7 @@ class RewriteMemory(CodebookMemory):
             "watch": [[sorted(w), [list(c) for c in cues]] for w, cues in self._watch],
             "answer_watch": self._watching,
             "sources": self.sources,
+            **left_out_header(self),
         }
 
     @classmethod
@@ -536,6 +537,7 @@ class RewriteMemory(CodebookMemory):
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
         mem.eos = meta.get("eos") if meta.get("eos") in set(mem._value_ids.tolist()) else None
         mem._facts, mem._ids, mem.sources, mem._watching = facts, [fact_id(f) for f in facts], sources, watching
+        mem.calibration_left_out = read_left_out(meta, path)
         if watching and calibration is not None and not mem._watch_rows:
             warnings.warn(f"the answer watch of {path} reads question/answer rows: facts added with this calibration "
                           "(residuals or texts) get no watch", stacklevel=4)

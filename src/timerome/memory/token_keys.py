@@ -54,13 +54,11 @@ def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float 
     if n_states < 1:
         raise TimeromeError(f"n_states must be >= 1, got {n_states}")
     P, pad = len(pairs), pad_id(backbone)
-    eos = getattr(backbone.tokenizer, "eos_token_id", None)
-    extra = [0] * n_states if not pads or eos is None else [int(pads[s % len(pads)]) for s in range(n_states)]
+    eos, extra = _end_of_text(backbone, n_states, pads)
     streams = range(P) if streams is None else streams
     noisy, clean = [None] * (n_states * P), [None] * (n_states * P)
     for p, (stream, (q, a)) in enumerate(zip(streams, pairs)):
-        room = backbone.max_length - len(q) - len(a)
-        variants = [(list(q), list(a) + [eos] * min(e, max(0, room))) for e in extra]
+        variants = [(list(q), list(a) + [eos] * _room(backbone, q, a, e)) for e in extra]
         ids, ans, _ = collate(variants, pad, "cpu")
         x, _, _ = mask_answers(ids, ans, backbone.mask_id, pair_generator(seed, stream), eps, fully_masked=1)
         for s in range(n_states):
@@ -70,6 +68,18 @@ def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float 
     x, _, _ = collate(noisy, pad, "cpu")
     dev = backbone.device
     return x.to(dev), clean.to(dev), att.to(dev)
+
+
+def _end_of_text(backbone, n_states: int, pads) -> tuple[int | None, list[int]]:
+    """(end-of-text id, how many follow the answer in each of n_states states): pads[s % len(pads)],
+    or none at all without pads or an end-of-text token."""
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    return eos, [0] * n_states if not pads or eos is None else [int(pads[s % len(pads)]) for s in range(n_states)]
+
+
+def _room(backbone, q, a, e: int) -> int:
+    """How many of e end-of-text tokens fit after prompt q and answer a."""
+    return min(e, max(0, backbone.max_length - len(q) - len(a)))
 
 
 def _residuals(backbone, site, ids, att, batch_size: int, progress: str | None = None):
@@ -142,14 +152,22 @@ def _last_steps(backbone, pairs, pads):
     committed but for one position, followed by each count of `pads` committed end-of-text."""
     eos = getattr(backbone.tokenizer, "eos_token_id", None)
     out = []
-    for e in (dict.fromkeys(int(x) for x in pads) if pads and eos is not None else [0]):
-        for f, (q, a) in enumerate(pairs):
-            done = list(q) + list(a) + [eos] * min(e, max(0, backbone.max_length - len(q) - len(a)))
-            for j in range(len(a)):
-                row = list(done)
-                row[len(q) + j] = backbone.mask_id
-                out.append((row, len(q) + j, f))
+    for e, f, (q, a) in _last_step_pairs(backbone, pairs, pads):
+        done = list(q) + list(a) + [eos] * _room(backbone, q, a, e)
+        for j in range(len(a)):
+            row = list(done)
+            row[len(q) + j] = backbone.mask_id
+            out.append((row, len(q) + j, f))
     return out
+
+
+def _last_step_pairs(backbone, pairs, pads):
+    """(end-of-text count, pair index, pair) in the order `_last_steps` lists their last steps (one per
+    answer position of each)."""
+    eos = getattr(backbone.tokenizer, "eos_token_id", None)
+    for e in (dict.fromkeys(int(x) for x in pads) if pads and eos is not None else [0]):
+        for f, pair in enumerate(pairs):
+            yield e, f, pair
 
 
 @torch.no_grad()
@@ -197,17 +215,7 @@ def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 
     end-of-text counts (True: `pads`). progress: a progress bar's label (None: none).
     """
     site = Coordinate.of(coordinate).on(backbone).site
-    pairs, bpe = [], uses_leading_space(backbone)
-    for t in texts:
-        if isinstance(t, dict):
-            q, a = backbone.encode(t["question"]), answer_ids(backbone, t["answer"], bpe)
-        else:
-            q, a = [], backbone.encode(t)
-        q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
-        if q or a:
-            pairs.append((q, a))
-    if not pairs:
-        raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")
+    pairs, _ = _text_pairs(backbone, texts)
     noisy, _, att = _states(backbone, pairs, n_states, seed, pads=pads)
     h = _residuals(backbone, site, noisy, att, batch_size, progress)[att].cpu()
     if last_steps:
@@ -224,6 +232,38 @@ def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 
     if not torch.isfinite(h).all():
         raise TimeromeError(f"calibration residuals are NaN/inf at layer {site[0]} {site[1]}")
     return h
+
+
+def _text_pairs(backbone, texts) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """((prompt ids, answer ids) of each text that has a token, the index in `texts` of each): a
+    question/answer row's answer is masked, a string's every token (its prompt is empty)."""
+    pairs, index, bpe = [], [], uses_leading_space(backbone)
+    for i, t in enumerate(texts):
+        if isinstance(t, dict):
+            q, a = backbone.encode(t["question"]), answer_ids(backbone, t["answer"], bpe)
+        else:
+            q, a = [], backbone.encode(t)
+        q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
+        if q or a:
+            pairs.append((q, a)), index.append(i)
+    if not pairs:
+        raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")
+    return pairs, index
+
+
+def state_token_rows(backbone, texts, *, n_states: int = 2, pads=None, last_steps=False) -> torch.Tensor:
+    """[N] the index in `texts` of each residual `state_tokens` returns for them (same arguments, no
+    max_tokens), in its order, without running the model: which text each calibration token is from."""
+    pairs, index = _text_pairs(backbone, texts)
+    _, extra = _end_of_text(backbone, n_states, pads)
+    counts = [len(q) + len(a) + _room(backbone, q, a, e) for e in extra for q, a in pairs]  # state-major
+    owner = torch.tensor(index * n_states).repeat_interleave(torch.tensor(counts))
+    if last_steps:
+        answered = [(i, (q, a)) for i, (q, a) in zip(index, pairs) if a]
+        steps = _last_step_pairs(backbone, [p for _, p in answered], pads if last_steps is True else last_steps)
+        owner = torch.cat([owner, torch.tensor([answered[f][0] for _, f, (_, a) in steps for _ in a],
+                                               dtype=torch.long)])
+    return owner
 
 
 @torch.no_grad()

@@ -59,14 +59,20 @@ def calibration_rows(task, config) -> list:
     if isinstance(extra, str):
         extra = load_rows(extra)
     rows = list(task.retain_rows) + list(extra or [])
-    forget = set(rows_to_texts(task.forget_rows))
-    said = {r[k] for r in task.forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
-    rows = [r for r in rows if (rows_to_texts([r])[0] if isinstance(r, dict) else r) not in forget
-            and not (isinstance(r, dict) and (r.get("question") in said or r.get("answer") in said))]
+    rows = [r for r, said in zip(rows, stating(rows, task.forget_rows)) if not said]
     if not rows:
         raise TimeromeError("the codebook memory calibrates its radii on retain text: the task has no retain rows; "
                             "give calibration= rows or texts the edit must leave alone")
     return rows
+
+
+def stating(rows, forget_rows) -> list[bool]:
+    """Whether each row (a question/answer row or a text) states a forget fact: the text of a forget row,
+    or a row with the same question or the same answer as one (`calibration_rows` leaves these out)."""
+    forget = set(rows_to_texts(forget_rows))
+    said = {r[k] for r in forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
+    return [(rows_to_texts([r])[0] if isinstance(r, dict) else r) in forget
+            or (isinstance(r, dict) and (r.get("question") in said or r.get("answer") in said)) for r in rows]
 
 
 def calibration_tokens(backbone, coordinate, task, config, rows=None, pads=None, last_pads=None,
