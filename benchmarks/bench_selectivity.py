@@ -41,8 +41,10 @@ a deeper layer (one hook reads the gate, another adds the delta).
 generations: greedy answers (length-oracle, evaluation.generate_answers) to a few forget and retain
 questions, plain and with the codebook memory at a few settings: what the log-probabilities hide.
 costs: install time (prepare excluded) of codebook, timerome and rome; the hook's cost per forward
-(batch 16 x 32 tokens, fastest of repeats, as a ratio to the plain forward); inserting and removing
-one fact against building the whole memory again; the saved file and loading it.
+(batch 16 x 32 tokens, fastest of repeats, as a ratio to the plain forward); greedy answers to 8
+forget and 8 retain questions with the codebook, rewrite and timerome memories active, over the
+plain generation (fastest of --cost-rounds interleaved rounds); inserting and removing one fact
+against building the whole memory again; the saved file and loading it.
 """
 
 from __future__ import annotations
@@ -464,6 +466,7 @@ def costs(setup, args) -> None:
     for m in ("codebook", "timerome"):
         print(f"forward with {m}'s hook / plain forward: {best[m] / best['plain']:.3f} "
               f"({best[m] * 1e3:.2f} ms vs {best['plain'] * 1e3:.2f} ms)")
+    _generation_costs(setup, edits, args)
     mem = edits["codebook"].memory
     cal = mem._calib  # the same calibration tokens
     one, rest = task.facts[-1], task.facts[:-1]
@@ -478,6 +481,31 @@ def costs(setup, args) -> None:
         path = mem.save(Path(d) / "m.safetensors")
         t = _fastest(lambda: CodebookMemory.load(path, bb), 3)
         print(f"saved file {path.stat().st_size / 1e6:.2f} MB ({mem.n_entries} entries); load {t:.3f} s")
+
+
+def _generation_costs(setup, edits, args) -> None:
+    """Greedy answers (`evaluation.generate_answers`, the sampler publishing the answer region the
+    rewrite memory writes in) to the task's forget questions, where the gates fire, and to retain
+    questions, where they should not, with each memory active, over the plain generation: fastest of
+    interleaved rounds. The rewrite memory is built here (its own install, prepare excluded)."""
+    from timerome.evaluation.evaluator import generate_answers
+    from timerome.methods import install
+
+    bb, task = setup.backbone, setup.task
+    edits = dict(edits, rewrite=install("rewrite", bb, task, seed=0))
+    rows = {"forget": setup.rows["forget"][:8], "retain": setup.rows["retain"][:8]}
+    names = ("plain", "codebook", "rewrite", "timerome")
+    best = {(m, k): float("inf") for m in names for k in rows}
+    for _ in range(args.cost_rounds):
+        for k, rs in rows.items():
+            q, a = [r["question"] for r in rs], [r["answer"] for r in rs]
+            for m in names:
+                with edits[m].active() if m != "plain" else nullcontext():
+                    best[m, k] = min(best[m, k], _fastest(lambda: generate_answers(bb, q, a, seed=0), 1))
+    print(f"rewrite memory: {edits['rewrite'].memory.n_entries} entries, install {edits['rewrite'].install_seconds:.2f} s")
+    for k, rs in rows.items():
+        print(f"greedy answers to {len(rs)} {k} questions, over the plain generation ({best['plain', k]:.3f} s): "
+              + ", ".join(f"{m} {best[m, k] / best['plain', k]:.3f}" for m in names[1:]))
 
 
 def _copy(mem, bb, calibration):
@@ -531,6 +559,7 @@ def main() -> int:
     ap.add_argument("--png", default="timerome-out/selectivity.png")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost-rounds", type=int, default=5, help="costs: interleaved rounds of the timed generations")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args()
     args.alphas = [float(a) for a in args.alphas.split(",")]

@@ -631,6 +631,11 @@ def test_memory_add_reads_the_builds_calibration_states_from_their_cache(tmp_pat
     assert code == 0, out
     left_out = [calibration.index(r) for r in built]
     assert read_memory_file(cb)[1]["calibration_left_out"] == left_out
+    code, stdout, out = run("memory", "show", cb, "--json")
+    assert code == 0 and json.loads(stdout)["calibration_left_out"] == left_out, out
+    code, _, out = run("memory", "show", cb)
+    words = " ".join(w for w in out.split() if w != "│")  # the table's value column wraps
+    assert code == 0 and "less the 3 of its rows that state an edited fact" in words, out
 
     drawn = []
     real = cm.state_tokens

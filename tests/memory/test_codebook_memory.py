@@ -261,12 +261,50 @@ def test_a_radius_is_the_distance_to_the_nearest_calibration_token_exactly_whate
                    + 0.05 * torch.randn(150, H, generator=g, dtype=torch.float64),
                    points[[7, 11, 2150]].double() + 1e-7,                  # next to the clusters
                    20 * torch.randn(20, H, generator=g, dtype=torch.float64)])  # far from every point
-    exact = (z[:, None, :] - points.double()[None]).pow(2).sum(-1).sqrt().min(1).values
+    exact = _exact_nearest(z, points)
     got = nearest_distance(z, points)
     assert got.dtype == torch.float64 and torch.equal(got, exact)
     assert torch.equal(nearest_distance(z, points, block=4096, queries=7), exact)  # many blocks of points
     assert torch.equal(nearest_distance(z[40:45], points), exact[40:45])
     assert torch.equal(nearest_distance(z[:0], points), exact[:0])
+
+
+def _exact_nearest(z, points):
+    """The float64 distance from each row of z to the nearest of all points, one row at a time."""
+    p = points.double()
+    return torch.stack([(row - p).pow(2).sum(-1).sqrt().min() for row in z]) if len(z) else z.new_zeros(0)
+
+
+def test_the_radius_screen_keeps_few_points_and_holds_under_reduced_float32_products():
+    """The screen bounds each point's rounding by its own norm, so a far-out calibration token does not
+    make it keep most points (a bound from the largest norm kept 108,429 pairs here); where torch
+    rounds float32 products lower (bfloat16, TF32) it screens in float64 and stays exact; no token,
+    or NaN, is one clear error."""
+    from timerome.memory import codebook_memory as cm
+
+    g = torch.Generator().manual_seed(1)
+    H = 256
+    points = torch.randn(20000, H, generator=g)
+    points[123] *= 100                                              # one token far out
+    z = torch.randn(64, H, generator=g, dtype=torch.float64) * 1.5
+    r, _ = cm._candidates(z, points, cm._CHUNK)
+    assert len(r) <= 2 * len(z)  # the nearest and its near ties (a bound from the largest norm: 108,429)
+    exact = _exact_nearest(z, points)
+    assert torch.equal(cm.nearest_distance(z, points), exact)
+    assert not cm._reduced_float32_products("cpu")
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        assert cm._reduced_float32_products("cpu")
+        assert torch.equal(cm.nearest_distance(z, points), exact)
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+    assert not cm._reduced_float32_products("cpu")
+    with pytest.raises(TimeromeError, match="no calibration token"):
+        cm.nearest_distance(z, points[:0])
+    points[5, 3] = float("nan")
+    with pytest.raises(TimeromeError, match="NaN/inf"):
+        cm.nearest_distance(z, points)
 
 
 def test_state_token_rows_names_the_text_of_every_calibration_token_in_order(bb):

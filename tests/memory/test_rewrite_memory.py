@@ -218,6 +218,14 @@ def test_memory_add_gives_added_facts_the_answer_watch_and_the_value_rows_asked(
     assert watched and cues and not set(watched) & set(bb.encode(reqs[0].fact.target)), back.watch[-1]
     again = memory_file.load_memory(back.save(tmp_path / "again.safetensors"), bb)
     assert again.watch[-1] == (watched, cues)
+    from timerome.memory.codebook_memory import CalibrationSubset
+    from timerome.memory.rewrite_memory import RewriteMemory
+
+    sub = CalibrationSubset(few, [2, 5])  # what `memory add` gives (the build's rows less those stating held facts)
+    assert memory_file.load_memory(path, bb, calibration=sub)._watch_rows == [few[i] for i in (0, 1, 3, 4, 6, 7, 8, 9)]
+    built = RewriteMemory(bb, edit.memory.coordinate, background=edit.memory.stats, calibration=sub,
+                          site=edit.memory.site)
+    assert built._value_rows == few  # token values on the whole list, as the build it comes from read them
     again.remove([reqs[1].fact_id])  # a memory loaded without rows keeps saying its watch is on
     from timerome.cli.memory import describe
 

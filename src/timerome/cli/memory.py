@@ -25,7 +25,7 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changin
 
 def describe(path) -> dict:
     """What a memory file holds, from its header (no model needed; the checksum is verified)."""
-    from timerome.memory.codebook_memory import read_sources
+    from timerome.memory.codebook_memory import read_left_out, read_sources
     from timerome.memory.memory_file import memory_kind, read_memory_file
     from timerome.memory.rewrite_memory import answer_watch_on
 
@@ -37,6 +37,7 @@ def describe(path) -> dict:
                 watch=answer_watch_on(meta, path) if kind == "rewrite" else False,
                 n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
                 sources=read_sources(meta, path) if kind in ("codebook", "rewrite") else {},
+                calibration_left_out=read_left_out(meta, path) if kind in ("codebook", "rewrite") else None,
                 tensors={k: list(v.shape) for k, v in tensors.items()})
 
 
@@ -70,7 +71,10 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     def read(key):  # the build's rows, as its file records them (`data.rows.row_source`)
         return where_rows(d["sources"][key]) if key in d["sources"] else unsaid[key]
 
-    calibrated = ("calibration", read("calibration"))
+    left_out = d["calibration_left_out"]
+    calibrated = ("calibration", read("calibration") + (
+        f", less the {len(left_out)} of its rows that state an edited fact" if left_out and d["sources"].get(
+            "calibration") else ""))
     if kind == "codebook":
         rows = (("alpha", f"{h.get('alpha')}"), radius, calibrated,
                 ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
@@ -228,8 +232,10 @@ def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, fa
     """The calibration of a `memory add` where the file says which of the recorded rows its build left
     out and they are the rows recorded (`codebook_memory.CalibrationSubset`): the rows its build read,
     whose states are cached, less every row stating a fact the memory will hold, as a build of them all
-    leaves out; None otherwise (`spare_rows` then reads the rows less those stating the facts added)."""
+    leaves out (rows stating a fact removed since the build stay left out); None otherwise
+    (`spare_rows` then reads the rows less those stating the facts added)."""
     from timerome.common.cache import digest
+    from timerome.data.facts import fact_field
     from timerome.memory.codebook_memory import CalibrationSubset, read_left_out
     from timerome.methods.codebook import stating
 
@@ -240,7 +246,8 @@ def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, fa
         raise TimeromeError(f"{file} is inconsistent: its build left out row {left_out[-1]} of {len(rows)}")
     gone = set(left_out)
     whole = [r for i, r in enumerate(rows) if i not in gone]
-    said = stating(whole, [dict(question=f.prompt, answer=f.object) for f in facts])
+    said = stating(whole, [dict(question=fact_field(f, "prompt"), answer=fact_field(f, "object")) for f in facts
+                           if fact_field(f, "prompt")])  # a fact known by its id alone states no row
     return CalibrationSubset(whole, [i for i, s in enumerate(said) if s])
 
 

@@ -485,7 +485,7 @@ class CalibrationSubset(list):
 def left_out_header(memory) -> dict:
     """The header entry of a memory's `calibration_left_out` ({} when it has none)."""
     out = memory.calibration_left_out
-    return {} if out is None else {"calibration_left_out": [int(i) for i in out]}
+    return {} if out is None else {"calibration_left_out": sorted({int(i) for i in out})}
 
 
 def read_left_out(meta: dict, path) -> list[int] | None:
@@ -518,38 +518,30 @@ def rowwise_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def nearest_distance(z: torch.Tensor, points: torch.Tensor, *, block: int = _CHUNK, queries: int = 512) -> torch.Tensor:
-    """[N] float64 distance from each row of z [N, H] (float64) to its nearest row of points [M, H]
-    (float32): the least of the float64 distances sqrt(sum((z - p)^2)) over every point, bit for bit the
-    same whatever rows z holds besides.
+    """[N] float64 distance from each row of z [N, H] to its nearest row of points [M, H]: the least of
+    the float64 distances sqrt(sum((z - p)^2)) over every point, bit for bit the same whatever rows z
+    holds besides.
 
-    A float32 screen finds the points that can be nearest: s(p) = |p|^2 - 2 z.p (the squared distance
-    less |z|^2) by one matrix product per block of points, and every point whose s lies within
-    `_screen_tolerance` (a bound on the screen's rounding, twice over) of the row's least s is
-    measured in float64. The screen's own rounding depends on the shapes of its products; the points
-    it keeps never do, as the true nearest is always among them. Queries go `queries` rows at a time
-    against blocks of about `block` / `queries` points, so a [queries, points] block of scores stays
-    under `block` elements; before stop 55 a cdist proposed 8 candidates per row, 2.3-4.7 times slower
-    (`benchmarks/bench_edit_memory.py --parts reach`)."""
-    pts = points.float()
-    norms = pts.pow(2).sum(1)
-    top = float(norms.max().double().sqrt()) if len(pts) else 0.0
-    step = max(1, block // max(1, queries))
-    out = torch.empty(len(z), dtype=torch.float64)
+    A screen finds the points that can be nearest (`_candidates`: one matrix product per block of
+    points, in float32, or in float64 where torch is set to round float32 products lower), and each
+    of those is measured in float64. The screen's rounding depends on the shapes of its products; the
+    points it keeps never miss the nearest. Queries go `queries` rows at a time against blocks of about
+    `block` / `queries` points (a block of scores stays under `block` elements). Before stop 55 a
+    cdist proposed 8 candidates per row, 4 times slower (`benchmarks/bench_edit_memory.py --parts reach`)
+    and wrong where more than 8 points were as near as its float32 rounding (`tests/memory/
+    test_codebook_memory.py`)."""
+    if not len(points):
+        raise TimeromeError("there is no calibration token to measure a radius against")
+    if not (bool(torch.isfinite(z).all()) and bool(torch.isfinite(points).all())):
+        raise TimeromeError("a radius cannot be measured from keys or calibration tokens that are NaN/inf")
+    pts = points.to(z.device, torch.float32)
+    norms, dt = _squared_norms(pts), torch.float64 if _reduced_float32_products(z.device) else torch.float32
+    out = torch.empty(len(z), dtype=torch.float64, device=z.device)
+    pairs = max(1, block // max(1, z.shape[1]))
     for a in range(0, len(z), queries):
         zq = z[a:a + queries].double()
-        z32 = zq.float()
-        tol = _screen_tolerance(zq, top, z.shape[1])
-        least = torch.full((len(zq),), math.inf, dtype=torch.float64)
-        rows, cols, vals = [], [], []
-        for b in range(0, len(pts), step):
-            s = torch.addmm(norms[b:b + step], z32, pts[b:b + step].T, alpha=-2)
-            least = torch.minimum(least, s.amin(1).double())
-            r, c = (s <= _above(least + tol)[:, None]).nonzero(as_tuple=True)
-            rows.append(r), cols.append(c + b), vals.append(s[r, c])
-        r, c, v = torch.cat(rows), torch.cat(cols), torch.cat(vals).double()
-        keep = v <= least[r] + tol[r]  # those kept against a block's least that the final least rules out
-        r, c = r[keep], c[keep]
-        best, pairs = torch.full((len(zq),), math.inf, dtype=torch.float64), max(1, block // max(1, z.shape[1]))
+        r, c = _candidates(zq, pts, block, norms, dt)
+        best = torch.full((len(zq),), math.inf, dtype=torch.float64, device=z.device)
         for k in range(0, len(r), pairs):  # the float64 distances, `block` elements at a time
             rr, cc = r[k:k + pairs], c[k:k + pairs]
             best.scatter_reduce_(0, rr, (zq[rr] - pts[cc].double()).pow(2).sum(-1).sqrt(), "amin")
@@ -557,21 +549,65 @@ def nearest_distance(z: torch.Tensor, points: torch.Tensor, *, block: int = _CHU
     return out
 
 
-def _screen_tolerance(z: torch.Tensor, top: float, H: int) -> torch.Tensor:
-    """[N] float64: twice a bound on the rounding of the float32 screen's s(p) = |p|^2 - 2 z.p for rows
-    z [N, H] and points of norm <= top (|fl(x.y) - x.y| <= gamma |x| |y| for a dot product of H terms,
-    gamma = (H + 2) u / (1 - (H + 2) u) with u = 2^-24 covering the norm, the product, the sum and
-    z's own rounding to float32), doubled again for margin: a point whose s exceeds the row's least by
-    more than this cannot be nearest."""
-    u = (H + 2) * 2.0 ** -24
-    gamma = u / (1 - u)
-    return 4 * gamma * (top * top + 2 * z.norm(dim=1) * top) * (1 + 1e-6)
+def _squared_norms(pts: torch.Tensor, rows: int = 1 << 16) -> torch.Tensor:
+    """[M] float64 |p|^2 of each row of pts, `rows` rows at a time (no float64 copy of them all)."""
+    return torch.cat([p.double().pow(2).sum(1) for p in pts.split(rows)]) if len(pts) else pts.new_zeros(0).double()
 
 
-def _above(x: torch.Tensor) -> torch.Tensor:
-    """x (float64) as the least float32 >= it."""
-    y = x.float()
+def _candidates(z: torch.Tensor, pts: torch.Tensor, block: int, norms: torch.Tensor | None = None,
+                dt: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, point) pairs holding every point that can be nearest to each row of z [Q, H] (float64)
+    among pts [M, H] (float32): a screen of the scores A(p) = c |p|^2 - 2 z.p, c = 1 - 2 k gamma, by
+    one matrix product per block of points in the screen's dtype (float32; float64 where torch rounds
+    float32 products lower, `_reduced_float32_products`). With E(p) = gamma (|p|^2 + 2 |z| |p|) <=
+    gamma (2 |p|^2 + |z|^2) bounding the rounding of a score (a dot product of H terms: gamma = (H + 4) u
+    / (1 - (H + 4) u), u the dtype's unit roundoff, covering the norms, the product, the sum and z's own
+    rounding), each score gives a lower bound of the squared distance less |z|^2, s(p) >= A(p) - k gamma
+    |z|^2, and the least score an upper bound of the least s, s(p*) <= A(p*) + (2 k + 2) gamma (|p*|^2 +
+    |z|^2); a point whose lower bound exceeds that is not nearest. k = 4: a margin of 4 on the bound.
+    norms: `_squared_norms(pts)`, dt: the screen's dtype (None: found here)."""
+    if dt is None:
+        dt = torch.float64 if _reduced_float32_products(z.device) else torch.float32
+    norms = _squared_norms(pts) if norms is None else norms
+    unit = 2.0 ** (-53 if dt == torch.float64 else -24)
+    gamma = (z.shape[1] + 4) * unit / (1 - (z.shape[1] + 4) * unit)
+    k = 4.0
+    bias = ((1 - 2 * k * gamma) * norms).to(dt)
+    zz = z.pow(2).sum(1)
+    zs = z.to(dt)
+    step = max(1, block // max(1, len(z)))
+    upper = torch.full((len(z),), math.inf, dtype=torch.float64, device=z.device)
+    rows, cols, vals = [], [], []
+    for b in range(0, len(pts), step):
+        A = torch.addmm(bias[b:b + step], zs, pts[b:b + step].to(dt).T, alpha=-2)
+        least, at = A.min(1)
+        upper = torch.minimum(upper, least.double() + (2 * k + 2) * gamma * (norms[b:b + step][at] + zz))
+        r, c = (A <= _at_least(upper + k * gamma * zz, dt)[:, None]).nonzero(as_tuple=True)
+        rows.append(r), cols.append(c + b), vals.append(A[r, c].double())
+    r, c, v = torch.cat(rows), torch.cat(cols), torch.cat(vals)
+    keep = v - k * gamma * zz[r] <= upper[r]  # those a block's upper bound kept that the final one rules out
+    return r[keep], c[keep]
+
+
+def _at_least(x: torch.Tensor, dt) -> torch.Tensor:
+    """x (float64) in dtype dt, rounded up: the least value of dt >= x."""
+    y = x.to(dt)
     return torch.where(y.double() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+
+
+def _reduced_float32_products(device) -> bool:
+    """Whether torch may compute float32 matrix products on `device` with fewer bits (TF32, bfloat16:
+    `torch.backends.*.fp32_precision`, `torch.set_float32_matmul_precision`), which the screen's bound
+    does not cover; a setting that cannot be read counts as reduced."""
+    backends, cuda = torch.backends, torch.device(device).type == "cuda"
+    matmul = backends.cuda.matmul if cuda else getattr(getattr(backends, "mkldnn", None), "matmul", None)
+    named = [getattr(backends, "fp32_precision", None), getattr(matmul, "fp32_precision", None)]
+    if any(n not in (None, "none", "ieee") for n in named) or (cuda and backends.cuda.matmul.allow_tf32):
+        return True
+    try:
+        return torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:  # torch refuses to say where the legacy and the new settings were mixed
+        return True
 
 
 def _n_sequences(h: torch.Tensor) -> int:

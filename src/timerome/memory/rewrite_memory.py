@@ -69,8 +69,9 @@ from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
-from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CodebookMemory,
-                                             _n_sequences, left_out_header, read_left_out, read_sources)
+from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CalibrationSubset,
+                                             CodebookMemory, _n_sequences, left_out_header, read_left_out,
+                                             read_sources)
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
 
@@ -113,8 +114,9 @@ class RewriteMemory(CodebookMemory):
     """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
     states measure the radii), or their residuals at the coordinate; value_rows: rows / texts whose
-    confident predictions give the token values (default: calibration, when it is rows; a loaded
-    memory's default is its method's, `_restore`), or
+    confident predictions give the token values (default: calibration, when it is rows, the whole list
+    of a `CalibrationSubset`, as the build it comes from read them; a loaded memory's default is its
+    method's, `_restore`), or
     value_table: (token ids [K], values [K, H]) read on them already (`token_values`); watch_rows:
     question/answer rows the model must keep answering (the calibration rows), which switch the
     answer watch on (module docstring; None: no watch)."""
@@ -142,7 +144,8 @@ class RewriteMemory(CodebookMemory):
                          calibration_seed=calibration_seed, **kw)
         layer, point = write_site(backbone) if site is None else tuple(site)
         self.site = Coordinate(layer, point).on(backbone).site
-        self._value_rows = value_rows if value_rows is not None else (
+        self._value_rows = value_rows if value_rows is not None else (  # a subset: the rows of its whole list
+            calibration.whole if isinstance(calibration, CalibrationSubset) else
             calibration if isinstance(calibration, (list, tuple)) else None)
         self._table = None if value_table is None else dict(zip(value_table[0].tolist(), value_table[1].double()))
         self._targets: list[list[int]] = []                  # per fact: the target's answer ids
