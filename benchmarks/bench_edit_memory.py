@@ -38,6 +38,12 @@ Parts (each prints a table of ratios measured in this one run):
                Gaussian tokens, each key a token plus noise), against the cdist proposing 8
                candidates per key that it replaced at stop 55 (written here, the baseline), the
                distances checked equal bit for bit.
+  gate         the rewrite memory's gate (--gate-memory FILE, default: built on embedded:forget01) at
+               every forward of greedy answers to 8 of its questions and 8 retain ones, residuals
+               recorded once: stop 55's (every token through torch.cdist, then masked to the masked
+               answer positions) against RewriteMemory._decide's now (only those positions, through
+               `codebook_memory._distances`: cdist's own product with the keys' half formed once);
+               the gates compared on those positions.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
 
-PARTS = ("overhead", "scale", "scale8b", "streaming", "selectivity", "install", "install10k", "reach")
+PARTS = ("overhead", "scale", "scale8b", "streaming", "selectivity", "install", "install10k", "reach", "gate")
 
 
 def main() -> int:
@@ -82,6 +88,8 @@ def main() -> int:
     ap.add_argument("--reach-keys", type=int, default=1186, help="reach: keys (the rewrite memory of embedded:forget01)")
     ap.add_argument("--reach-points", type=int, default=477_008,
                     help="reach: calibration tokens (those of embedded:train less forget01's rows)")
+    ap.add_argument("--gate-memory", default=None,
+                    help="gate: a saved rewrite memory file (default: built here on embedded:forget01)")
     ap.add_argument("--forget", type=int, default=40, help="selectivity: forget facts")
     ap.add_argument("--retain", type=int, default=80, help="selectivity: retain rows")
     ap.add_argument("--n-mc", type=int, default=8)
@@ -538,6 +546,101 @@ def _cdist_candidates(z, points, candidates: int = 8, chunk: int = 1 << 24):
         near = torch.cdist(zs.float(), pts.float()).topk(candidates, dim=1, largest=False).indices
         out.append((zs[:, None, :] - pts[near]).pow(2).sum(-1).sqrt().min(1).values)
     return torch.cat(out)
+
+
+def bench_gate(args):
+    from timerome.data.task import forget_task
+    from timerome.data.tofu import load_split
+    from timerome.evaluation.evaluator import generate_answers
+    from timerome.memory.memory_file import load_memory
+    from timerome.memory.rewrite_memory import FIRE, asked_tokens
+    from timerome.methods import install
+
+    bb = embedded(args.device)
+    if args.gate_memory:
+        mem = load_memory(args.gate_memory, bb)
+    else:
+        mem = install("rewrite", bb, forget_task("embedded", "forget01"), {}, seed=0).memory
+    facts = mem.facts[:: max(1, len(mem.facts) // 8)][:8]
+    retain = load_split("retain90", "embedded")[:8]
+    q = [f.prompt for f in facts] + [r["question"] for r in retain]
+    a = [f.object for f in facts] + [r["answer"] for r in retain]
+    print(f"\n== gate: a rewrite memory of {len(mem)} facts, {mem.n_entries:,} entries, at the forwards of greedy answers "
+          f"to 8 of its questions and 8 retain ones ==")
+    cls, forwards = type(mem), []
+    decide = cls._decide
+
+    def record(self, h, state, seen):
+        forwards.append((h.detach().clone(), state.answer_starts, state.ids.clone(), state.positions))
+        return decide(self, h, state, seen)
+
+    cls._decide = record
+    try:
+        with mem.applied(bb):
+            generate_answers(bb, q, a, seed=0)
+    finally:
+        cls._decide = decide
+
+    class State:
+        def __init__(self, starts, ids, positions):
+            self.answer_starts, self.ids, self.positions = starts, ids, positions
+
+    asked = [asked_tokens(bb, h, State(s, i, p)) for h, s, i, p in forwards]
+    xs = [mem._rows(h) for h, *_ in forwards]
+    m = mem._matrices(xs[0].device, xs[0].dtype)
+
+    def before():  # stop 55's gate: every token through torch.cdist, / radius, min(1), then the asked mask
+        out = []
+        for x, k in zip(xs, asked):
+            z = (x - m["mu"]) @ m["white"]
+            step = max(1, (1 << 24) // len(m["keys"]))
+            v, e = zip(*[(torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1) for s in range(0, len(z), step)])
+            out.append((((1 - torch.cat(v)) / (1 - mem.inner)).clamp(0, 1) * k, torch.cat(e)))
+        return out
+
+    def asked_cdist():  # the asked rows only, through torch.cdist
+        out = []
+        for x, k in zip(xs, asked):
+            z = (x[k] - m["mu"]) @ m["white"]
+            out.append((torch.cdist(z, m["keys"]) / m["radius"]).min(1))
+        return out
+
+    def now():  # RewriteMemory._decide's: the asked rows only, through _token_gate (`_distances`)
+        return [mem._token_gate(x[k], m) for x, k in zip(xs, asked)]
+
+    times = {f: [] for f in (before, asked_cdist, now)}
+    for _ in range(args.repeats):
+        for f in times:
+            t = CLOCK()
+            out = f()
+            times[f].append(CLOCK() - t)
+            if f is before:
+                old = out
+            elif f is now:
+                new = out
+    a_, b_, c_ = (min(v) for v in times.values())
+    diff = max(float((o[0][k] - n[0]).abs().max()) if int(k.sum()) else 0.0 for o, n, k in zip(old, new, asked))
+    same_e = all(torch.equal(o[1][k][n[0] > 0], n[1][n[0] > 0]) for o, n, k in zip(old, new, asked))
+    same_fire = all(torch.equal(o[0][k] >= FIRE, n[0] >= FIRE) for o, n, k in zip(old, new, asked))
+    tokens, n_asked = sum(len(x) for x in xs), sum(int(k.sum()) for k in asked)
+    print(f"{len(forwards)} forwards, {tokens:,} tokens, {n_asked:,} of them masked answer positions "
+          f"({n_asked / tokens:.0%}); fastest of {args.repeats}:")
+    print(f"  every token through torch.cdist (stop 55) {a_ * 1e3:.1f} ms | the asked rows through torch.cdist "
+          f"{b_ * 1e3:.1f} ms | through _token_gate now {c_ * 1e3:.1f} ms: {a_ / c_:.2f}x faster in all "
+          f"({a_ / b_:.2f}x from the rows, {b_ / c_:.2f}x from the keys' half formed once)")
+    print(f"  gates on the asked rows: largest difference {diff:.1e}, the same entries where g > 0: {same_e}, "
+          f"the same tokens at or above FIRE: {same_fire}")
+    gen = {"plain": [], "edited": []}
+    for _ in range(args.repeats):  # interleaved: the machine's speed drifts
+        t = CLOCK()
+        generate_answers(bb, q, a, seed=0)
+        gen["plain"].append(CLOCK() - t)
+        with mem.applied(bb):
+            t = CLOCK()
+            generate_answers(bb, q, a, seed=0)
+            gen["edited"].append(CLOCK() - t)
+    p, e = min(gen["plain"]), min(gen["edited"])
+    print(f"  the whole greedy generation of the 16 answers: plain {p:.3f} s, with the memory {e:.3f} s: {e / p:.2f}x")
 
 
 def _bare_solve(U, D, lam):

@@ -140,7 +140,15 @@ def test_row_tiles_runs_a_block_in_pieces_and_gives_the_whole_batch_back(bb):
                 row_tiles(blocks, 3, state):
             tiled = bb.logits(ids)
             small = bb.logits(ids[:3])  # a batch that fits one tile runs whole
-        assert torch.equal(tiled, plain) and torch.equal(small, plain[:3])
+        # a CPU whose kernels give a row the same numbers in any batch gives the untiled numbers to the
+        # bit; one that rounds a row by its batch's size (an Intel Xeon's MKL does, for a few rows) gives
+        # them to that rounding: the engine asks (`wavefront.rows_can_tile`) before it tiles
+        alone = all(torch.equal(bb.logits(ids[a:b]), plain[a:b]) for a, b in ((0, 3), (3, 5), (5, 7)))
+        if alone:
+            assert torch.equal(tiled, plain) and torch.equal(small, plain[:3])
+        else:
+            torch.testing.assert_close(tiled, plain, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(small, plain[:3], rtol=1e-5, atol=1e-4)
         assert inner == [(3, (0, 3)), (2, (3, 5)), (2, (5, 7)), (3, None)]
         assert outer == [(7, None), (3, None)] and state.rows is None
         assert all("forward" not in b.__dict__ for b in blocks)

@@ -17,7 +17,8 @@ from timerome.engine.sampler import denoise_step, generate
 from timerome.memory.edit_memory import EditMemory
 
 OURS = ["timerome", "llada", "mmada", "llada-moe"]
-TOL = 2e-5  # a window's matmuls may round differently from the full sequence's (not bit-equal)
+TOL = 1e-4  # a window's matmuls may round differently from the full sequence's (not bit-equal; up to
+#            2.2e-5 in logits of size ~10 on an Intel Xeon); an edit that missed the cache moves them by > 1e-2
 
 
 @pytest.fixture(scope="module")

@@ -43,9 +43,11 @@ def test_batched_capture_equals_one_forward_per_sequence(bb, facts):
     assert cap.keys.dtype == torch.float64
     for i, f in enumerate(facts):
         u, v_o, v_t = one_by_one(bb, f, (1, "resid"), "I don't know.")
-        torch.testing.assert_close(cap.keys[i], u, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(cap.v_orig[i], v_o, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(cap.deltas[i], v_t - v_o, atol=1e-5, rtol=1e-5)
+        # batches of two round apart from lone sequences (up to 1.8e-5 on an Intel Xeon's kernels); a wrong
+        # token or position moves these means by far more
+        torch.testing.assert_close(cap.keys[i], u, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(cap.v_orig[i], v_o, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(cap.deltas[i], v_t - v_o, atol=1e-4, rtol=1e-5)
 
 
 def test_a_facts_own_target_wins(bb, facts):

@@ -326,10 +326,13 @@ def test_state_token_rows_names_the_text_of_every_calibration_token_in_order(bb)
         for i in (0, 1, 3, 6):
             alone = state_tokens(bb, SITE, [texts[i]], **kw)
             assert int((owner == i).sum()) == len(alone)
+            # a batch and a lone text round apart: up to 2.1e-5 on an Intel Xeon's kernels, in residuals of
+            # magnitude up to about 250 here
+            close = dict(rtol=1e-5, atol=1e-3)
             if kw["n_states"] == 1:
-                torch.testing.assert_close(h[owner == i], alone, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(h[owner == i], alone, **close)
             first = len(bb.encode(texts[i]["question"]) if isinstance(texts[i], dict) else []) + 2  # state 0 leads:
-            torch.testing.assert_close(h[owner == i][:first], alone[:first], rtol=1e-5, atol=1e-5)  # fully masked
+            torch.testing.assert_close(h[owner == i][:first], alone[:first], **close)  # fully masked
 
 
 def test_a_calibration_subset_reads_the_states_of_its_whole_list_from_their_cache(bb, monkeypatch, tmp_path):
@@ -359,3 +362,38 @@ def test_a_calibration_subset_reads_the_states_of_its_whole_list_from_their_cach
     for bad in ([4, 0], [1, 1], [-1], "0", [True], [0.5]):
         with pytest.raises(TimeromeError, match="calibration_left_out"):
             read_left_out({"calibration_left_out": bad}, "f")
+
+
+def test_the_hooks_distances_are_torch_cdist_bit_for_bit_and_the_gate_its_least_ratio():
+    """codebook_memory._distances (the keys' half of cdist's product formed once per memory version)
+    equals torch.cdist to the bit for any number of tokens, keys from 1 to beyond cdist's pairwise
+    limit, tokens on a key (distance 0), float32 and float64; _token_gate's g is the one of
+    cdist / radius, min over the entries, and its entry that min's wherever g > 0 (first of equals)."""
+    import timerome.memory.codebook_memory as cm
+
+    gen = torch.Generator().manual_seed(3)
+
+    class Gate:
+        inner = 0.5
+
+    for dtype in (torch.float32, torch.float64):
+        for n_keys in (1, 7, 25, 26, 700):
+            keys = torch.randn(n_keys, 24, generator=gen, dtype=dtype)
+            keys[n_keys // 2:] = keys[:n_keys - n_keys // 2].clone()  # duplicates: equal ratios
+            radius = (torch.rand(n_keys, generator=gen, dtype=dtype) + 0.5) * 3
+            radius[n_keys // 2:] = radius[:n_keys - n_keys // 2].clone()
+            m = {"mu": torch.zeros(24, dtype=dtype), "white": torch.eye(24, dtype=dtype), "keys": keys,
+                 "radius": radius}
+            if n_keys > cm._CDIST_PAIRWISE:
+                n = keys.pow(2).sum(-1, keepdim=True)
+                m["keys_aug"] = torch.cat([keys, torch.ones_like(n), n], -1)
+            for n_tokens in (1, 3, 8, 25, 26, 300):
+                z = torch.randn(n_tokens, 24, generator=gen, dtype=dtype) * 2
+                z[::3] = keys[torch.randint(0, n_keys, (len(z[::3]),), generator=gen)]  # on a key
+                z[1::3] += keys[0] - z[1::3].mean(0)  # near one
+                assert torch.equal(cm._distances(z, m), torch.cdist(z, keys)), (dtype, n_keys, n_tokens)
+                g, e = cm.CodebookMemory._token_gate(Gate(), z, m)
+                v, i = (torch.cdist(z, keys) / radius).min(1)
+                assert torch.equal(g, ((1 - v) / 0.5).clamp(0, 1))
+                assert (g > 0).any() and torch.equal(e[g > 0], i[g > 0])
+                assert (e[g == 0] == 0).all()

@@ -71,6 +71,48 @@ def test_without_an_answer_region_nothing_is_written(bb, reqs, edit):
     assert torch.equal(plain, edited)
 
 
+def test_the_gate_reads_the_masked_answer_positions_only_and_decides_as_over_every_token(bb, reqs, edit, monkeypatch):
+    """_decide gates only the masked answer positions (the keys are those; every other token's gate
+    was multiplied by 0): what it computes there is what the gate over every token gives there."""
+    mem, calls = edit.memory, []
+    token_gate, decide = type(mem)._token_gate, type(mem)._decide
+
+    def spy_decide(self, h, state, seen):
+        x = self._rows(h)
+        g_all, e_all = token_gate(self, x, self._matrices(h.device, x.dtype))  # every token, as before
+        n_seq, L = h.shape[0], h.shape[-2]
+        pos = torch.arange(L) if state.positions is None else state.positions
+        asked = (pos[None, :] >= torch.as_tensor(state.answer_starts).expand(n_seq)[:, None]) & \
+            (state.ids.view(n_seq, -1) == bb.mask_id)
+        calls.append([asked.reshape(-1), g_all, e_all, None])
+        decide(self, h, state, seen)
+
+    def spy_gate(self, x, m):
+        g, e = token_gate(self, x, m)
+        calls[-1][3] = (len(x), g, e)
+        return g, e
+
+    monkeypatch.setattr(type(mem), "_decide", spy_decide)
+    monkeypatch.setattr(type(mem), "_token_gate", spy_gate)
+    prompts = [r.fact.prompt for r in reqs] + [p.prompt for r in reqs[:2] for p in r.neighbours]
+    _say(bb, prompts, edit)
+    _say(bb, prompts[:4], edit, cache="dual", threshold=0.9)
+    assert calls and sum(c[3] is None for c in calls) <= 1  # the last forward may have no masked position left
+    fired, gated, tokens = 0, 0, 0
+    for asked, g_all, e_all, sub in calls:
+        tokens += len(asked)
+        n = int(asked.sum())
+        if sub is None:
+            assert n == 0
+            continue
+        assert sub[0] == n  # only the asked rows went through the gate
+        gated += n
+        torch.testing.assert_close(sub[1], g_all[asked], rtol=1e-5, atol=1e-6)
+        inside = sub[1] > 0
+        assert torch.equal(sub[2][inside], e_all[asked][inside])
+        fired += int((sub[1] >= 0.5).sum())
+    assert fired > 0 and gated < tokens / 2  # the edited prompts fire; most tokens are not gated
+
 def test_values_read_back_as_their_tokens(bb, edit):
     mem = edit.memory
     conf = value_confidence(bb, mem.site, mem._values, mem._value_ids)

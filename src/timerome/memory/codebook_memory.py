@@ -68,6 +68,7 @@ WRITES = ("tokens", "sequence")
 DEFAULT_WRITE = "sequence"  # the delta goes to every token of a sequence where the (whole) subject fires
 FORMAT = "timerome-codebook-memory/1"
 _CHUNK = 1 << 24       # [tokens, entries] distance block kept under this many elements
+_CDIST_PAIRWISE = 25  # torch.cdist computes pairwise where both sides have at most this many rows
 MIN_REACH = 1e-2       # x sqrt(H): an entry this close to a calibration token is dropped (it could never fire)
 
 
@@ -239,12 +240,19 @@ class CodebookMemory(Memory):
         return (self._complete(g, e, m, n_seq) if self.complete else g), e
 
     def _token_gate(self, x, m: dict):
-        """(g [N], nearest entry [N]) of each token on its own: before the subject-complete cap."""
+        """(g [N], nearest entry [N]) of each token on its own: before the subject-complete cap. The
+        entry is looked up only where g > 0 (0 elsewhere, where it means nothing): the least ratio is
+        what decides g, and most tokens lie outside every radius."""
         z = (x - m["mu"]) @ m["white"]
         step = max(1, _CHUNK // max(1, len(m["keys"])))
         best, entry = [], []
         for s in range(0, len(z), step):
-            v, i = (torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1)
+            ratio = _distances(z[s:s + step], m).div_(m["radius"])  # in place: one [tokens, entries] block
+            v = ratio.amin(1)
+            i = torch.zeros(len(v), dtype=torch.long, device=v.device)
+            inside = (v < 1).nonzero().squeeze(1)  # g > 0 exactly here (inner < 1)
+            if len(inside):
+                i[inside] = ratio[inside].argmin(1)  # the first least, as min(1) gives it
             best.append(v), entry.append(i)
         ratio, e = torch.cat(best), torch.cat(entry)
         return ((1 - ratio) / (1 - self.inner)).clamp(0, 1), e
@@ -340,6 +348,9 @@ class CodebookMemory(Memory):
         m = {"mu": self.stats.mean, "white": self._white, "keys": self.whiten(self._keys),
              "radius": self.margin * self._reach, "deltas": self._deltas}
         m = {k: v.to(device=device, dtype=dtype) for k, v in m.items()}
+        if len(m["keys"]) > _CDIST_PAIRWISE:  # the keys' half of the distance product (`_distances`)
+            n = m["keys"].pow(2).sum(-1, keepdim=True)
+            m["keys_aug"] = torch.cat([m["keys"], torch.ones_like(n), n], -1)
         m |= {"owner": self._owner, "slot": self._slot, "group": group[self._owner], "n_slots": n_slots}
         m = {k: v.to(device) for k, v in m.items()}
         self._cache = {k: v for k, v in self._cache.items() if v[0] == self.version}
@@ -613,6 +624,18 @@ def _reduced_float32_products(device) -> bool:
 def _n_sequences(h: torch.Tensor) -> int:
     """How many sequences h [..., L, H] holds (1 for a single token [H] or a single sequence [L, H])."""
     return max(1, h.numel() // (h.shape[-1] * h.shape[-2])) if h.dim() >= 3 else 1
+
+
+def _distances(z: torch.Tensor, m: dict) -> torch.Tensor:
+    """torch.cdist(z, keys) [N, E], bit for bit (tested), the hook's Euclidean distances. For more than
+    25 keys cdist forms one product of augmented rows, [-2z, |z|^2, 1] . [k, 1, |k|^2], and builds the
+    keys' half at every call: on the few tokens of a generation's forward most of its time. Here that
+    half is built once per memory version (`_matrices`: "keys_aug") and the product is the same."""
+    aug = m.get("keys_aug")
+    if aug is None:  # 25 keys or fewer: cdist's own choice between its pairwise and product paths
+        return torch.cdist(z, m["keys"])
+    n = z.pow(2).sum(-1, keepdim=True)
+    return torch.cat([z.mul(-2), n, torch.ones_like(n)], -1).matmul(aug.mT).clamp_min_(0).sqrt_()
 
 
 def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -299,16 +299,15 @@ class RewriteMemory(CodebookMemory):
         into the last full forward's gates, and keeps that forward's decisions."""
         x = self._rows(h)
         m, n_seq = self._matrices(h.device, x.dtype), _n_sequences(h)
-        g, e = self._token_gate(x, m)
         positions, starts, ids = state.positions, state.answer_starts, state.ids
-        if starts is not None and ids is not None and ids.numel() == g.numel():
-            # the keys are masked answer positions: only masked answer positions are compared with them
-            L = h.shape[-2]
-            pos = torch.arange(L, device=g.device) if positions is None else positions.to(g.device)
-            start = torch.as_tensor(starts, device=g.device).expand(n_seq) if not torch.is_tensor(starts) or \
-                starts.dim() == 0 else starts.to(g.device)
-            asked = (pos[None, :] >= start[:, None]) & (ids.to(g.device).view(n_seq, -1) == self.backbone.mask_id)
-            g = g * asked.reshape(-1).to(g.dtype)
+        asked = asked_tokens(self.backbone, h, state)
+        if asked is None:
+            g, e = self._token_gate(x, m)
+        else:  # every other token's gate is 0 (its entry 0) without computing it
+            rows = asked.nonzero().squeeze(1)
+            g, e = x.new_zeros(len(x)), torch.zeros(len(x), dtype=torch.long, device=x.device)
+            if len(rows):
+                g[rows], e[rows] = self._token_gate(x[rows], m)
         if positions is None:
             seen.update(g=g.view(n_seq, -1).clone(), e=e.view(n_seq, -1).clone())
         elif "g" in seen and seen["g"].shape[0] == n_seq and int(positions.max()) < seen["g"].shape[1]:
@@ -553,6 +552,21 @@ class RewriteMemory(CodebookMemory):
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but {len(watch)} answer-watch entries")
         mem.version += 1
         return mem
+
+
+def asked_tokens(backbone, h: torch.Tensor, state) -> torch.Tensor | None:
+    """[N] bool over the tokens of h [..., L, H] of a forward in flight: the masked answer positions
+    (at or past its sequence's published answer start, holding the mask token), the only tokens a
+    rewrite memory's gate compares with its keys, which were read at such positions; None where the
+    forward does not publish its answer starts and token ids (a bare forward)."""
+    n_seq, starts, ids, positions = _n_sequences(h), state.answer_starts, state.ids, state.positions
+    if starts is None or ids is None or ids.numel() * h.shape[-1] != h.numel():
+        return None
+    dev = h.device
+    pos = torch.arange(h.shape[-2], device=dev) if positions is None else positions.to(dev)
+    start = torch.as_tensor(starts, device=dev).expand(n_seq) if not torch.is_tensor(starts) or \
+        starts.dim() == 0 else starts.to(dev)
+    return ((pos[None, :] >= start[:, None]) & (ids.to(dev).view(n_seq, -1) == backbone.mask_id)).reshape(-1)
 
 
 def answer_watch_on(meta: dict, path="the memory file") -> bool:
