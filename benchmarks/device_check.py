@@ -16,7 +16,7 @@ same seeded CPU generators, and prints the largest difference or whether the out
              the edit memory (q = 0 and q = 4) and the answers generated under it (on a GPU,
              the q = 4 hook's CUDA graph replays against its eager kernels, bit for bit); ROME's
              weight change on 4 facts and the answers under it; the rewrite memory's editing metrics
-             (Efficacy, ...)
+             (Efficacy, ...); the gate's distances (`codebook_memory._distances`) against torch.cdist
 
 Equal answers are the check that matters to a user: a GPU's float32 differs from the CPU's in the
 last bits, and a greedy sampler turns a difference only where two tokens are within it.
@@ -211,6 +211,19 @@ def check_embedded(device: str, tol: float) -> None:
     same = all(abs(scores["cpu"][k] - scores[device][k]) <= 1e-6 for k in keys)
     row("embedded", "rewrite memory editing metrics equal", ", ".join(f"{k} {scores[device][k]:.3f}" for k in keys),
         same, "cpu: " + ", ".join(f"{k} {scores['cpu'][k]:.3f}" for k in keys))
+
+    # the codebook / rewrite gate's distances (`codebook_memory._distances`: cdist's product with the keys' half
+    # formed once per memory version) against torch.cdist on the device (on a CPU equal to the bit, tested)
+    from timerome.memory.codebook_memory import _distances, keys_half
+
+    g = torch.Generator().manual_seed(0)
+    keys, z = torch.randn(700, 128, generator=g).to(device), torch.randn(300, 128, generator=g).to(device)
+    aug = keys_half(keys)
+    ours = _distances(z, {"keys": aug[:, :128], "keys_aug": aug}).cpu()
+    ref = torch.cdist(z, keys).cpu()
+    d = (ours - ref).abs().max().item()
+    row("embedded", "gate distances vs torch.cdist", d, d <= 1e-5 * ref.abs().max().item(),
+        "bit for bit" if torch.equal(ours, ref) else "not bit for bit")
 
 
 def main(argv=None) -> int:

@@ -247,7 +247,8 @@ class CodebookMemory(Memory):
         step = max(1, _CHUNK // max(1, len(m["keys"])))
         best, entry = [], []
         for s in range(0, len(z), step):
-            ratio = _distances(z[s:s + step], m).div_(m["radius"])  # in place: one [tokens, entries] block
+            d = _distances(z[s:s + step], m)
+            ratio = d.div(m["radius"]) if d.requires_grad else d.div_(m["radius"])  # one [tokens, entries] block
             v = ratio.amin(1)
             i = torch.zeros(len(v), dtype=torch.long, device=v.device)
             inside = (v < 1).nonzero().squeeze(1)  # g > 0 exactly here (inner < 1)
@@ -348,9 +349,9 @@ class CodebookMemory(Memory):
         m = {"mu": self.stats.mean, "white": self._white, "keys": self.whiten(self._keys),
              "radius": self.margin * self._reach, "deltas": self._deltas}
         m = {k: v.to(device=device, dtype=dtype) for k, v in m.items()}
-        if len(m["keys"]) > _CDIST_PAIRWISE:  # the keys' half of the distance product (`_distances`)
-            n = m["keys"].pow(2).sum(-1, keepdim=True)
-            m["keys_aug"] = torch.cat([m["keys"], torch.ones_like(n), n], -1)
+        if len(m["keys"]) > _CDIST_PAIRWISE:  # the keys' half of the distance product (`_distances`);
+            m["keys_aug"] = keys_half(m["keys"])  # the keys then a view of it: one copy of them held
+            m["keys"] = m["keys_aug"][:, :self.hidden_size]
         m |= {"owner": self._owner, "slot": self._slot, "group": group[self._owner], "n_slots": n_slots}
         m = {k: v.to(device) for k, v in m.items()}
         self._cache = {k: v for k, v in self._cache.items() if v[0] == self.version}
@@ -626,16 +627,24 @@ def _n_sequences(h: torch.Tensor) -> int:
     return max(1, h.numel() // (h.shape[-1] * h.shape[-2])) if h.dim() >= 3 else 1
 
 
+def keys_half(keys: torch.Tensor) -> torch.Tensor:
+    """[E, H + 2] = [k, 1, |k|^2]: the keys' half of torch.cdist's distance product (`_distances`)."""
+    n = keys.pow(2).sum(-1, keepdim=True)
+    return torch.cat([keys, torch.ones_like(n), n], -1)
+
+
 def _distances(z: torch.Tensor, m: dict) -> torch.Tensor:
-    """torch.cdist(z, keys) [N, E], bit for bit (tested), the hook's Euclidean distances. For more than
-    25 keys cdist forms one product of augmented rows, [-2z, |z|^2, 1] . [k, 1, |k|^2], and builds the
-    keys' half at every call: on the few tokens of a generation's forward most of its time. Here that
-    half is built once per memory version (`_matrices`: "keys_aug") and the product is the same."""
+    """torch.cdist(z, keys) [N, E], bit for bit (tested on the CPU), the hook's Euclidean distances. For
+    more than 25 keys cdist forms one product of augmented rows, [-2z, |z|^2, 1] . [k, 1, |k|^2], and
+    builds the keys' half at every call: on the few tokens of a generation's forward most of its time.
+    Here that half is built once per memory version (`_matrices`: "keys_aug", `keys_half`) and the
+    product is the same (in place where no gradient is asked for)."""
     aug = m.get("keys_aug")
     if aug is None:  # 25 keys or fewer: cdist's own choice between its pairwise and product paths
         return torch.cdist(z, m["keys"])
     n = z.pow(2).sum(-1, keepdim=True)
-    return torch.cat([z.mul(-2), n, torch.ones_like(n)], -1).matmul(aug.mT).clamp_min_(0).sqrt_()
+    d = torch.cat([z.mul(-2), n, torch.ones_like(n)], -1).matmul(aug.mT)
+    return d.clamp_min(0).sqrt() if d.requires_grad else d.clamp_min_(0).sqrt_()
 
 
 def _spread_over_sequences(g: torch.Tensor, e: torch.Tensor, n_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
