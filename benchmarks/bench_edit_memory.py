@@ -589,13 +589,14 @@ def bench_gate(args):
     xs = [mem._rows(h) for (h, *_), k in zip(forwards, asked) if k is not None]  # (every forward publishes them)
     asked = [k for k in asked if k is not None]
     m = mem._matrices(xs[0].device, xs[0].dtype)
+    keys = m["keys"].contiguous()  # as stop 55 held them (the hook's are now a view of their half)
 
     def before():  # stop 55's gate: every token through torch.cdist, / radius, min(1), then the asked mask
         out = []
         for x, k in zip(xs, asked):
             z = (x - m["mu"]) @ m["white"]
-            step = max(1, (1 << 24) // len(m["keys"]))
-            v, e = zip(*[(torch.cdist(z[s:s + step], m["keys"]) / m["radius"]).min(1) for s in range(0, len(z), step)])
+            step = max(1, (1 << 24) // len(keys))
+            v, e = zip(*[(torch.cdist(z[s:s + step], keys) / m["radius"]).min(1) for s in range(0, len(z), step)])
             out.append((((1 - torch.cat(v)) / (1 - mem.inner)).clamp(0, 1) * k, torch.cat(e)))
         return out
 
@@ -603,7 +604,7 @@ def bench_gate(args):
         out = []
         for x, k in zip(xs, asked):
             z = (x[k] - m["mu"]) @ m["white"]
-            out.append((torch.cdist(z, m["keys"]) / m["radius"]).min(1))
+            out.append((torch.cdist(z, keys) / m["radius"]).min(1))
         return out
 
     def now():  # RewriteMemory._decide's: the asked rows only, through _token_gate (`_distances`)
