@@ -58,6 +58,7 @@ run hook_overhead       python "$B/bench_edit_memory.py" --parts overhead --repe
 run hook_scale          python "$B/bench_edit_memory.py" --parts overhead,scale --overhead-models embedded
 run install             python "$B/bench_edit_memory.py" --parts install --threads 1
 run selectivity_costs   python "$B/bench_selectivity.py" --models embedded --seeds 0 --parts costs --threads 1 --no-progress
+run gate                python "$B/bench_edit_memory.py" --parts gate
 run executors           python "$B/bench_executors.py"
 run threads             python "$B/bench_threads.py" --n-facts 8 --repeats 1 --busy 0,1
 run fingerprint         python "$B/bench_fingerprint.py"
