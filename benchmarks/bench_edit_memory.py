@@ -567,11 +567,14 @@ def bench_gate(args):
     a = [f.object for f in facts] + [r["answer"] for r in retain]
     print(f"\n== gate: a rewrite memory of {len(mem)} facts, {mem.n_entries:,} entries, at the forwards of "
           f"greedy answers to 8 of its questions and 8 retain ones ==")
-    cls, forwards = type(mem), []
+    cls, xs, asked = type(mem), [], []
     decide = cls._decide
 
-    def record(self, h, state, seen):
-        forwards.append((h.detach().clone(), state.answer_starts, state.ids.clone(), state.positions))
+    def record(self, h, state, seen):  # each forward's residuals and masked answer positions
+        k = asked_tokens(bb, h, state)
+        if k is not None:  # (every forward of the sampler publishes them)
+            xs.append(mem._rows(h.detach()).clone())
+            asked.append(k)
         return decide(self, h, state, seen)
 
     cls._decide = record
@@ -581,13 +584,6 @@ def bench_gate(args):
     finally:
         cls._decide = decide
 
-    class State:
-        def __init__(self, starts, ids, positions):
-            self.answer_starts, self.ids, self.positions = starts, ids, positions
-
-    asked = [asked_tokens(bb, h, State(s, i, p)) for h, s, i, p in forwards]
-    xs = [mem._rows(h) for (h, *_), k in zip(forwards, asked) if k is not None]  # (every forward publishes them)
-    asked = [k for k in asked if k is not None]
     m = mem._matrices(xs[0].device, xs[0].dtype)
     keys = m["keys"].contiguous()  # as stop 55 held them (the hook's are now a view of their half)
 

@@ -320,8 +320,7 @@ class RewriteMemory(CodebookMemory):
         fired = G.gather(1, best[:, None]).squeeze(1) >= FIRE                  # [n_seq]
         fact = m["owner"][E.gather(1, best[:, None]).squeeze(1)]               # [n_seq]
         if positions is None and ids is not None and starts is not None and ids.shape[0] == n_seq:
-            start = torch.as_tensor(starts).expand(n_seq) if not torch.is_tensor(starts) or starts.dim() == 0 \
-                else starts
+            start = sequence_starts(starts, n_seq)
             memo = seen.setdefault("memo", {})
             prompts = [tuple(ids[b, :int(start[b])].tolist()) for b in range(n_seq)]
             for b, key in enumerate(prompts):
@@ -348,8 +347,7 @@ class RewriteMemory(CodebookMemory):
             return None
         L = h.shape[-2]
         pos = torch.arange(L, device=h.device) if state.positions is None else state.positions.to(h.device)
-        start = torch.as_tensor(starts, device=h.device).expand(n_seq) if not torch.is_tensor(starts) or \
-            starts.dim() == 0 else starts.to(h.device)
+        start = sequence_starts(starts, n_seq, h.device)
         gate, fact = self._watched(h, state, start, seen, decision)
         if not bool((gate > 0).any()):
             return None
@@ -554,6 +552,14 @@ class RewriteMemory(CodebookMemory):
         return mem
 
 
+def sequence_starts(starts, n_seq: int, device=None) -> torch.Tensor:
+    """[n_seq] answer starts from a forward's published `answer_starts`: one int (or 0-d tensor) shared by
+    every sequence, or one per sequence (a tensor, moved to device where one is given)."""
+    if not torch.is_tensor(starts) or starts.dim() == 0:
+        return torch.as_tensor(starts, device=device).expand(n_seq)
+    return starts if device is None else starts.to(device)
+
+
 def asked_tokens(backbone, h: torch.Tensor, state) -> torch.Tensor | None:
     """[N] bool over the tokens of h [..., L, H] of a forward in flight: the masked answer positions
     (at or past its sequence's published answer start, holding the mask token), the only tokens a
@@ -564,8 +570,7 @@ def asked_tokens(backbone, h: torch.Tensor, state) -> torch.Tensor | None:
         return None
     dev = h.device
     pos = torch.arange(h.shape[-2], device=dev) if positions is None else positions.to(dev)
-    start = torch.as_tensor(starts, device=dev).expand(n_seq) if not torch.is_tensor(starts) or \
-        starts.dim() == 0 else starts.to(dev)
+    start = sequence_starts(starts, n_seq, dev)
     return ((pos[None, :] >= start[:, None]) & (ids.to(dev).view(n_seq, -1) == backbone.mask_id)).reshape(-1)
 
 
