@@ -107,3 +107,15 @@ def pytest_collection_modifyitems(config, items):
         return -HEAVY_FILES.get(item.nodeid.split("::", 1)[0], 0)
 
     items.sort(key=weight)  # stable: the other files and every file's own tests keep their order
+
+
+def bare_request(request):
+    """An edit request with a bare object and target, as CounterFact's target_true / target_new: the
+    words where its answer and its target differ ('Hidden Tower' / 'Crimson Forest')."""
+    from dataclasses import replace
+
+    a, b = request.fact.object.split(), request.fact.target.split()
+    i = next(k for k in range(min(len(a), len(b))) if a[k] != b[k])
+    j = next(k for k in range(min(len(a), len(b)) - i) if a[-1 - k] != b[-1 - k])
+    return replace(request, fact=replace(request.fact, object=" ".join(a[i:len(a) - j]),
+                                         target=" ".join(b[i:len(b) - j])))

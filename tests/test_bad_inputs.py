@@ -135,6 +135,7 @@ def files(tmp_path_factory):
     assert runner.invoke(app, ["edit", "--layer", "0", "--out", str(f["mem_l0"])]).exit_code == 0
     f["alpha_huge"] = rewrite_header(mem, d / "alpha.safetensors", hyper__alpha=1e30)
     f["layer_neg"] = rewrite_header(mem, d / "layer.safetensors", coordinate__layer=-1)
+    f["q_over"] = rewrite_header(mem, d / "q.safetensors", hyper__q=500)  # TopQ over more facts than it holds
     f["no_hyper"] = rewrite_header(mem, d / "nohyper.safetensors", hyper={})
     f["mem_step"] = rewrite_header(mem, d / "step.safetensors", coordinate__step=3)
     born = dict(subject="Isgor Quielson", prompt="Where was Isgor Quielson born ?", object="Pellmoor")
@@ -245,6 +246,8 @@ def catalogue(f, tmp):
         ("hand-edited layer -1", ["generate", "--edit", f["layer_neg"], "Where was Isgor Quielson born ?"], "layer -1"),
         ("hand-edited alpha 1e30", ["generate", "--edit", f["alpha_huge"], "Where was Isgor Quielson born ?"],
          "alpha"),
+        ("hand-edited q over the facts", ["generate", "--edit", f["q_over"], "Where was Isgor Quielson born ?"],
+         "q=500 exceeds the number of facts"),
         ("header without hyper-parameters", ["generate", "--edit", f["no_hyper"], "Where was Isgor Quielson born ?"],
          "metadata"),
         ("not a memory file", ["generate", "--edit", f["junk"], "hello"], "junk.safetensors"),

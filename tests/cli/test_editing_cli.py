@@ -4,6 +4,7 @@ memory add, the editing experiment), every method; bad input is one line and exi
 import json
 
 import torch
+from conftest import bare_request
 from typer.testing import CliRunner
 
 from timerome import load_backbone
@@ -21,9 +22,12 @@ def run(*args):
     return res.exit_code, (res.stdout if "--json" in args and res.exit_code == 0 else res.output)
 
 
-def counterfact_file(path, n: int):
-    """n embedded counterfactual requests written in ROME's CounterFact layout."""
+def counterfact_file(path, n: int, bare: bool = False):
+    """n embedded counterfactual requests written in ROME's CounterFact layout (bare: with CounterFact's
+    bare objects and targets, the words where the answer and the target differ)."""
     reqs, _ = load_requests("counterfactual:forget10", limit=n)
+    if bare:
+        reqs = [bare_request(r) for r in reqs]
     records = [{"case_id": r.fact_id, "requested_rewrite": {
         "prompt": r.fact.prompt.replace(r.fact.subject, "{}"), "subject": r.fact.subject,
         "target_new": {"str": r.fact.target}, "target_true": {"str": r.fact.object}},
@@ -59,6 +63,21 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
     assert code == 0, out
     m = json.loads(out)["metrics"]
     assert m["Efficacy"] == 1.0 and m["Locality"] >= 0.95 and m["EfficacyLP"] == 1.0, m
+
+
+def test_a_counterfact_file_of_bare_objects_is_said_at_the_default_budget(tmp_path):
+    reqs = counterfact_file(tmp_path / "cf.json", 4, bare=True)
+    mem = tmp_path / "rw.safetensors"
+    code, out = run("edit", "--method", "rewrite", "--requests", tmp_path / "cf.json", "-o", mem)
+    assert code == 0 and "the model says the answer of 4 of 4 facts inside an answer of its own" in out, out
+    ask = [p for r in reqs for p in (r.fact.prompt, *r.paraphrases)]
+    code, out = run("generate", "--edit", mem, "--json", *ask)  # 32 tokens: the gate did not fire here before
+    assert code == 0, out
+    want = [r.fact.target for r in reqs for _ in (r.fact.prompt, *r.paraphrases)]
+    assert all(says(a["answer_with_edit"], t) for a, t in zip(json.loads(out), want)), out
+    code, out = run("eval", "--edit", mem, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
+    m = json.loads(out)["metrics"]
+    assert code == 0 and m["Efficacy"] == m["Generalisation"] == 1.0 and m["Locality"] >= 0.95, m
 
 
 def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
@@ -107,6 +126,8 @@ def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):
 
 
 def test_a_weight_method_saves_the_edited_model(tmp_path):
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
     counterfact_file(tmp_path / "cf.json", 2)
     out_dir = tmp_path / "edited"
     code, out = run("edit", "--method", "rome", "--requests", tmp_path / "cf.json", "-o", out_dir, "--json")
@@ -116,10 +137,14 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
                     "src/timerome/assets/default-model", "--n-mc", 2, "--json")
     assert code == 0, out
     m = json.loads(out)["metrics"]
+    # without --base, against the model it was edited from (its folder says which), not against itself
+    code, alone = run("eval", "-m", out_dir, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
+    assert code == 0 and json.loads(alone)["metrics"] == m, alone
+    assert json.loads(alone)["base"] == str(DEFAULT_MODEL_DIR), alone
+    code, out = run("eval", "-m", out_dir, "--requests", tmp_path / "cf.json", "--base", out_dir)
+    assert code == 2 and "is the model being scored" in out, out
     assert all(0 <= m[k] <= 1 for k in ("Efficacy", "Generalisation", "Locality", "EfficacyLP")), m
     from safetensors.torch import load_file
-
-    from timerome.backbones.loading import DEFAULT_MODEL_DIR
 
     edited, plain = load_file(str(out_dir / "model.safetensors")), load_file(str(DEFAULT_MODEL_DIR / "model.safetensors"))
     changed = [k for k in plain if not torch.equal(plain[k], edited[k])]

@@ -3,6 +3,7 @@ and nothing else moves; facts of one subject edit separately; save / load / remo
 
 import pytest
 import torch
+from conftest import bare_request
 
 import timerome
 from timerome import TimeromeError
@@ -11,7 +12,7 @@ from timerome.data.corpus import REFUSAL
 from timerome.data.requests import load_requests
 from timerome.data.task import requests_task
 from timerome.memory.memory_file import load_memory as load_memory_file
-from timerome.memory.rewrite_memory import RewriteMemory, token_values, value_confidence, write_site
+from timerome.memory.rewrite_memory import RewriteMemory, said_facts, token_values, value_confidence, write_site
 from timerome.methods import install
 from timerome.methods.rewrite import build
 from timerome.metrics.editing import answers, says
@@ -52,6 +53,24 @@ def test_each_fact_says_its_own_target_and_its_neighbours_do_not_move(bb, reqs, 
     assert all(says(a, r.fact.target) for a, r in zip(got, reqs)), got
     probes = [p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject)]
     assert _say(bb, probes, edit) == _say(bb, probes)  # other authors, and the same authors' other facts
+
+
+def test_a_bare_object_is_keyed_where_the_model_says_it_and_the_bare_target_is_said(bb, reqs, task):
+    plain = [bare_request(r) for r in reqs]
+    said = said_facts(bb, [r.fact for r in plain])
+    # the model says each bare object inside a sentence of its own: that sentence is the fact's answer now
+    assert all(f.object != r.fact.object and r.fact.object in f.object and f.target == r.fact.target
+               for f, r in zip(said, plain)), said
+    assert said_facts(bb, [r.fact for r in reqs]) == [r.fact for r in reqs]  # answers it says as they are: kept
+    edit = install("rewrite", bb, requests_task(plain, retain_rows=task.retain_rows), {}, seed=0)
+    ask = [p for r in plain for p in (r.fact.prompt, *r.paraphrases)]
+    want = [r.fact.target for r in plain for _ in (r.fact.prompt, *r.paraphrases)]
+    for length in (20, 32):  # the gate fired at 20 but not at 32 (the CLI's budget) when keyed on the bare object
+        with edit.active():
+            got = answers(bb, ask, gen_length=length)
+        assert all(says(a, t) for a, t in zip(got, want)), (length, got)
+    others = [p.prompt for r in plain for p in (*r.neighbours, *r.same_subject)]
+    assert _say(bb, others, edit) == _say(bb, others)
 
 
 def test_the_target_holds_under_other_sampler_settings(bb, reqs, edit):

@@ -6,6 +6,7 @@ import torch
 
 from timerome import TimeromeError
 from timerome.data.tokenizer import build_word_tokenizer
+from timerome.engine import encoding, sampler
 from timerome.metrics import choice, membership, muse, robustness, rwku, text, whp, wmdp
 
 WORDS = "a b c yes no maybe A B C D Question Answer question ? : . the cat sat"
@@ -49,12 +50,12 @@ def test_rouge_l_known_values():
 
 
 def test_cut_at_and_fit():
-    assert text.cut_at(" Snitch\n\nQuestion: next", muse.STOPS) == "Snitch"
-    assert text.cut_at("Paris\nmore", rwku.STOPS) == "Paris"
-    p, a, cut = text.fit(list(range(10)), [1, 2, 3], 8)
+    assert sampler.cut_at(" Snitch\n\nQuestion: next", muse.STOPS) == "Snitch"
+    assert sampler.cut_at("Paris\nmore", rwku.STOPS) == "Paris"
+    p, a, cut = encoding.fit(list(range(10)), [1, 2, 3], 8)
     assert (p, a, cut) == ([5, 6, 7, 8, 9], [1, 2, 3], True)  # the prompt's start goes, never the answer
-    assert text.fit([1, 2], [3], 8) == ([1, 2], [3], False)
-    p, a, cut = text.fit([1, 2], list(range(20)), 8)
+    assert encoding.fit([1, 2], [3], 8) == ([1, 2], [3], False)
+    p, a, cut = encoding.fit([1, 2], list(range(20)), 8)
     assert len(a) == 7 and len(p) == 1 and cut
 
 
@@ -217,18 +218,20 @@ def test_pair_logprobs_is_the_tofu_answer_logprob_when_nothing_is_cut(embedded):
 
 def test_a_block_length_that_does_not_divide_the_answer_is_refused(embedded):
     with pytest.raises(TimeromeError, match="block_length 4 does not divide the generation length 6"):
-        text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=4)
-    one = text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=6)
-    assert one["texts"] == text.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6,
-                                              block_length=600)["texts"]  # longer than the answer: one block
+        sampler.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=4)
+    one = sampler.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6, block_length=6)
+    assert one["texts"] == sampler.continuations(embedded, ["Where was Isgor Quielson born ?"], gen_length=6,
+                                                 block_length=600)["texts"]  # longer than the answer: one block
 
 
 def test_batched_generation_and_token_scores_do_not_depend_on_the_batch(embedded):
     prompts = ["Where was Isgor Quielson born ?", "What is the favourite colour of Isgor Quielson ?", "Who ?"]
-    together = text.continuations(embedded, prompts, gen_length=6, batch_size=3)
-    alone = [text.continuations(embedded, [p], gen_length=6)["texts"][0] for p in prompts]
+    together = sampler.continuations(embedded, prompts, gen_length=6, batch_size=3)
+    alone = [sampler.continuations(embedded, [p], gen_length=6)["texts"][0] for p in prompts]
     assert together["texts"] == alone and together["gen_length"] == 6
-    assert text.continuations(embedded, prompts[:1], gen_length=500)["gen_length"] == embedded.max_length // 2
+    # each answer's tokens, up to its end-of-text, are the text's
+    assert [embedded.decode(i).strip() for i in together["ids"]] == together["texts"] and together["ids"][0]
+    assert sampler.continuations(embedded, prompts[:1], gen_length=500)["gen_length"] == embedded.max_length // 2
     texts = ["Isgor Quielson was born in Pellmoor .", "Where ?"]
     both, _ = membership.token_scores(embedded, texts, groups=3, seed=1)
     first, _ = membership.token_scores(embedded, texts[:1], groups=3, seed=1)

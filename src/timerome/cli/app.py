@@ -283,6 +283,21 @@ def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str
     return [f if f.target else replace(f, target=target) for f in load_facts(data, tofu_dir, backbone=bb)], data
 
 
+def said_by_model(bb, facts) -> list:
+    """A rewrite memory's facts as it holds them (`rewrite_memory.said_facts`: the model's own answer as
+    the object where it says the request's inside one), with a note where any changed."""
+    from timerome.memory.rewrite_memory import said_facts
+
+    out = said_facts(bb, facts)
+    changed = [(a, b) for a, b in zip(facts, out) if a is not b]
+    if changed:
+        a, b = changed[0]
+        err_console.print(f"[yellow]note:[/] the model says the answer of {len(changed)} of {len(out)} facts inside an "
+                          f"answer of its own, which the rewrite memory keys instead (e.g. {escape(repr(a.object))} "
+                          f"in {escape(repr(b.object))})", soft_wrap=True)
+    return out
+
+
 RequestsOpt = typer.Option(None, "--requests", "-r",
                            help="edit requests: a CounterFact / zsRE / MQuAKE / EasyEdit / timerome JSON or JSONL "
                                 "file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' (each request may carry its "
@@ -329,6 +344,7 @@ def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
 
     if not hasattr(memory, "update") or type(memory).__name__ == "RewriteMemory":
         return  # the rewrite memory writes bounded values (the model's own residuals), never a scaled delta
+    memory._check_ready()  # what applying it checks first (empty, q above its facts), before an update below
     worst = 0.0
     with torch.no_grad():
         for ids in prompts:

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, console, edit_facts,
-                              err_console, friendly, model_options, print_json, spare_rows)
+                              err_console, friendly, model_options, print_json, said_by_model, spare_rows)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
 from timerome.methods.timerome_edit import DEFAULTS
@@ -124,6 +124,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
         err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(source)} repeat an earlier one and are "
                           f"left out: {escape(shown)}", soft_wrap=True)
+    if method == "rewrite":
+        facts = said_by_model(bb, facts)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
@@ -299,7 +301,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
                 as_json, model):
     """Any other registered method: installed through the registry on the facts; a memory is saved
     as a memory file, changed weights as a model folder."""
-    from timerome.cli.model import save_backbone
+    from timerome.cli.model import record_source, save_backbone
     from timerome.data.task import ForgetTask
     from timerome.methods import get_method, install, method_config
 
@@ -316,6 +318,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     edit = install(method, bb, task, config, seed=seed)
     if kind == "weights":
         save_backbone(bb, out)
+        record_source(out, model, method, len(facts), source)
         what, name = f"the model edited by {method} ({len(facts)} facts, retain rows {spec})", "model folder"
         try_it = f"timerome generate -m {out} \"{facts[0].prompt}\""
     else:

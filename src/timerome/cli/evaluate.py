@@ -64,7 +64,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                "'counterfactual:SPLIT' / 'embedded:SPLIT'"),
              target: str = typer.Option(EDIT.target, help="with --requests: the target of requests that name none"),
              base: Optional[str] = typer.Option(None, help="with --requests: the unedited model the answers are "
-                                                           "compared with (default: the model without --edit)"),
+                                                           "compared with (default: the model without --edit; for a "
+                                                           "model folder `timerome edit` wrote, the model it edited)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
                                                                  "the longest expected answer + 4)")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, or
@@ -145,7 +146,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
 
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
-    from timerome.backbones import load_backbone
+    from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
+    from timerome.cli.model import EDITED_FROM, edited_from
     from timerome.data.requests import load_requests
     from timerome.memory.memory_file import load_memory
     from timerome.metrics.editing import edit_scores
@@ -167,14 +169,26 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     for n in notes:  # after every refusal: a note never precedes an error
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
+    recorded = edited_from(model.model)
+    if base is not None and model.model and Path(base).exists() and Path(model.model).exists() \
+            and Path(base).resolve() == Path(model.model).resolve():
+        raise TimeromeError(f"--base {base} is the model being scored: its locality would be 1 by construction; "
+                            "give the unedited model")
+    unedited = base
+    if base is None and edit is None and recorded is not None:  # an edited model's folder: against its source
+        unedited = recorded["source_model"] or str(DEFAULT_MODEL_DIR)
+        err_console.print(f"[yellow]note:[/] {escape(str(model.model))} was edited by {escape(str(recorded.get('method')))}"
+                          f" from {escape(unedited)} ({EDITED_FROM}): its answers are compared with that model's "
+                          "(--base to choose another)", soft_wrap=True)
     baseline = None
-    if base is not None:
-        other = load_backbone(base, device=str(bb.device))
+    if unedited is not None:
+        other = load_backbone(unedited, recorded.get("family") if base is None and recorded else None,
+                              device=str(bb.device))
         baseline = edit_scores(other, reqs, None, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                                lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
-    summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=base,
+    summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=unedited,
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
                    metrics=result["metrics"], notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()],
@@ -186,7 +200,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     if as_json:
         print_json(summary)
         return
-    who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {base}" if base else "")
+    who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {unedited}" if unedited else "")
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
-                              model_options, print_json, spare_rows)
+                              model_options, print_json, said_by_model, spare_rows)
 from timerome.common.files import output_file
 from timerome.errors import TimeromeError
 
@@ -161,6 +161,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
+    if kind == "rewrite":
+        facts = said_by_model(bb, facts)
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost

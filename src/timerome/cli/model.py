@@ -175,6 +175,33 @@ def save_backbone(bb, out: Path) -> None:
     bb.tokenizer.save_pretrained(str(out))
 
 
+EDITED_FROM = "timerome-edit.json"  # in a model folder `timerome edit` wrote: the model it edited, and how
+
+
+def record_source(out: Path, model, method: str, n_facts: int, facts: str) -> None:
+    """Write EDITED_FROM into the edited model's folder, so that `eval --requests` measures its
+    locality against the model it came from (`edited_from`)."""
+    source = None if model.model is None else str(Path(model.model).resolve()) if Path(model.model).exists() \
+        else model.model  # a Hub id stays as given
+    (Path(out) / EDITED_FROM).write_text(json.dumps(dict(source_model=source, family=model.family, method=method,
+                                                         n_facts=n_facts, facts=facts), indent=2))
+
+
+def edited_from(folder) -> dict | None:
+    """What EDITED_FROM in a model folder says ({"source_model": path, Hub id or None for the embedded
+    model, "family", "method", ...}); None where the folder has none."""
+    from timerome.common.files import read_json
+
+    path = Path(folder) / EDITED_FROM if folder else None
+    if path is None or not path.is_file():
+        return None
+    out = read_json(path, "the edited model's record")
+    if not isinstance(out, dict) or not (out.get("source_model") is None or isinstance(out["source_model"], str)):
+        raise TimeromeError(f"{path} is not the record `timerome edit` writes: its 'source_model' must be a path, "
+                            "a Hub id or null")
+    return out
+
+
 @app.command()
 @friendly
 @model_options

@@ -50,6 +50,16 @@ def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list
     return ids
 
 
+def fit(prompt: list[int], answer: list[int], max_length: int) -> tuple[list[int], list[int], bool]:
+    """(prompt, answer, cut): the answer's start first, then as much of the prompt's end as fits."""
+    cut = len(answer) >= max_length
+    answer = answer[: max_length - 1] if cut else answer
+    room = max_length - len(answer)
+    if len(prompt) > room:
+        prompt, cut = prompt[len(prompt) - room:], True
+    return prompt, answer, cut
+
+
 def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
     """(question, answer) rows -> (prompt ids, answer ids) pairs, checked against the context."""
     bpe = uses_leading_space(backbone)

@@ -56,6 +56,8 @@ import torch.nn.functional as F
 
 from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer, number
+from timerome.common.progress import progress_bar
+from timerome.engine.encoding import fit, pad_id
 from timerome.engine.hooks import answer_region, denoising_steps
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
@@ -359,6 +361,75 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if vocab is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
         raise TimeromeError(f"prompt token ids must lie in 0..{vocab - 1}; got {int(prompt.min())}..{int(prompt.max())}")
     return prompt.to(device)
+
+
+# ------------------------------------------------------------ prompts in, answers out
+
+def generation_length(backbone, gen_length: int) -> int:
+    """gen_length, or half the model's context when the context cannot hold it with a prompt."""
+    if gen_length < 1:
+        raise TimeromeError(f"gen_length must be >= 1, got {gen_length}")
+    return min(int(gen_length), backbone.max_length // 2)
+
+
+@torch.no_grad()
+def continuations(backbone, prompts: list[str], *, gen_length: int, block_length: int | None = None,
+                  batch_size: int = 8, seed: int = 0, stops: tuple[str, ...] = (), progress: bool = False,
+                  steps: int | None = None, **sampler) -> dict:
+    """Continuations of prompts: {"texts", "ids" (each answer's tokens before its first special token),
+    "gen_length" (used), "cut" (prompts shortened)}.
+
+    Prompts of different lengths are left-padded into one batch (padding hidden, positions counted
+    over real tokens), so a batch gives each prompt what it would get alone; a prompt the context
+    cannot hold with the answer loses its start (`encoding.fit`). A model whose context cannot hold
+    the requested length generates at most half its context (`generation_length`). An answer ends at
+    its first special token (an MDLM fills what remains of its budget with end-of-text) and at the
+    first stop string. Greedy, one token per step, by default; `steps` (default gen_length) and `sampler`
+    (temperature, remasking, cache, threshold, refresh_every: sampler.generate's options) change
+    that. Each batch draws from a generator seeded `seed`."""
+    G = generation_length(backbone, gen_length)
+    if block_length is None:
+        block = 32 if G % 32 == 0 else G
+    else:  # a block as long as the answer (or longer: the length was capped) is one block
+        block = min(int(block_length), G)
+        if G % block:  # never silently another schedule than the one asked for
+            raise TimeromeError(f"block_length {block_length} does not divide the generation length {G}")
+    steps = G if steps is None else int(steps)
+    ids, cut = [], 0
+    for p in prompts:
+        q, _, was_cut = fit(backbone.encode(p), [0] * G, backbone.max_length)
+        ids.append(q)
+        cut += was_cut
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.mask_id}
+    texts, answers = [""] * len(ids), [[] for _ in ids]
+    chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    with progress_bar("generating", total=len(chunks), enabled=progress) as bar:
+        for chunk in chunks:
+            P = max(len(ids[i]) for i in chunk)
+            prompt = torch.full((len(chunk), P), pad_id(backbone), dtype=torch.long)
+            real = torch.zeros(len(chunk), P, dtype=torch.bool)
+            for b, i in enumerate(chunk):
+                prompt[b, P - len(ids[i]):] = torch.tensor(ids[i])
+                real[b, P - len(ids[i]):] = True
+            gen = torch.Generator(device=backbone.device).manual_seed(seed)
+            x = generate(backbone, prompt.to(backbone.device), steps=steps, gen_length=G, block_length=block,
+                         generator=gen, attention_mask=None if bool(real.all()) else real.to(backbone.device),
+                         **sampler)
+            for b, i in enumerate(chunk):
+                out = x[b, P:].tolist()
+                end = next((j for j, t in enumerate(out) if t in specials), len(out))
+                answers[i] = out[:end]
+                texts[i] = cut_at(backbone.decode(out[:end]), stops)
+            bar.advance()
+    return {"texts": texts, "ids": answers, "gen_length": G, "cut": cut}
+
+
+def cut_at(text: str, stops: tuple[str, ...]) -> str:
+    """The text before the first of the stop strings, stripped."""
+    for s in stops:
+        text = text.split(s)[0]
+    return text.strip()
 
 
 def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length,

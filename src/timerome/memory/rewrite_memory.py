@@ -44,6 +44,16 @@ model no method said "I don't know." for any forget question). This memory split
   and that at most WATCH_RARE of the other rows' answers contain (the object, not the template).
   A removed fact's answer tokens leave the watch of its subject's other facts. The watch needs the
   write site at the last block.
+- THE MODEL'S OWN ANSWER: the original keys are read where the model would say the fact's answer.
+  A request's answer is often a bare object (CounterFact's target_true, "Pellmoor") that the model
+  says inside a sentence ("Isgor Quielson was born in Pellmoor."); keyed as the whole answer, its
+  states are not the ones the sampler visits, and the gate did not fire (stop 57: CounterFact-form
+  requests of the embedded model's facts, efficacy 0.17 at the CLI's 32-token budget). So each
+  fact's question is answered greedily once (OWN_ANSWER_LENGTH tokens), and where that answer says
+  the request's answer after other tokens, the fact holds that answer as its object (`said_facts`):
+  its original keys are read on it, and its method leaves the rows answering so (a paraphrased
+  question of the corpus) out of the radii's calibration. What is written is unchanged: the
+  target, from the answer region's start.
 
 Nothing is trained and no weight changes; removing the hook is the undo. Facts insert and remove
 independently, as in the codebook memory.
@@ -66,6 +76,7 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
                                       mask_answers, pad_id, uses_leading_space)
 from timerome.engine.hooks import Hooks
+from timerome.engine.sampler import continuations
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
@@ -90,6 +101,7 @@ VALUE_TOP = 0.25           # the most confident quarter of those residuals is av
 # watched (embedded spare rows, forget01: template tokens 4.4-50 %, object tokens <= 1.1 %)
 WATCH_RARE = 0.02
 WATCH_P = 0.5  # the watch fires when the model gives a watched token more than even odds at an answer position
+OWN_ANSWER_LENGTH = 32  # the budget of the model's own answers the original keys may be read on (the CLI's)
 
 
 def write_site(backbone) -> tuple[int, str]:
@@ -173,8 +185,9 @@ class RewriteMemory(CodebookMemory):
 
     def add(self, facts) -> "RewriteMemory":
         """Read each fact's keys on states of its original and its target answer, its target ids, and
-        the values of tokens not yet valued; on any error the memory is unchanged."""
-        facts = fact_list(facts)
+        the values of tokens not yet valued; on any error the memory is unchanged. A fact whose answer
+        the model says inside an answer of its own holds that answer as its object (`said_facts`)."""
+        facts = said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
         targets = target_ids(self.backbone, facts, self.target)
@@ -681,6 +694,43 @@ def value_confidence(backbone, site, values: torch.Tensor, tokens: torch.Tensor)
     return p.gather(1, tokens.to(p.device)[:, None]).squeeze(1).cpu()
 
 
+def own_answers(backbone, facts, *, batch_size: int = 32) -> list[str | None]:
+    """Per fact, the model's own answer to its question (greedy, OWN_ANSWER_LENGTH tokens, one block)
+    where it says the fact's answer (its `object`, as tokens) after other tokens, and reads back as
+    the same tokens from its text; None where it says it from its first token, or not at all."""
+    bpe = uses_leading_space(backbone)
+    said = continuations(backbone, [fact_field(f, "prompt") for f in facts], gen_length=OWN_ANSWER_LENGTH,
+                         block_length=OWN_ANSWER_LENGTH, batch_size=batch_size)["ids"]
+    out = []
+    for f, ids in zip(facts, said):
+        o = answer_ids(backbone, fact_field(f, "object"), bpe)
+        inside = bool(o) and any(ids[i:i + len(o)] == o for i in range(1, len(ids) - len(o) + 1))
+        text = backbone.decode(ids).strip() if inside else None
+        # the keys are read on the text, so it must give these tokens back
+        out.append(text if text is not None and answer_ids(backbone, text, bpe) == ids else None)
+    return out
+
+
+def said_facts(backbone, facts, *, batch_size: int = 32) -> list:
+    """The facts, each whose answer the model says inside an answer of its own (`own_answers`) with
+    that answer as its object, its target kept (its own, or none: the memory's): the rewrite memory
+    keys it, and its method leaves out of the radii's calibration the rows that answer so (module
+    docstring). Facts known by their id alone are kept as they are."""
+    facts = fact_list(facts)
+    asked = [i for i, f in enumerate(facts) if fact_field(f, "prompt") and fact_field(f, "object")]
+    if not asked:
+        return facts
+    own = own_answers(backbone, [facts[i] for i in asked], batch_size=batch_size)
+    out = list(facts)
+    for i, text in zip(asked, own):
+        if text is not None:
+            f = facts[i]
+            out[i] = replace(f, object=text) if isinstance(f, Fact) else Fact(
+                subject=fact_field(f, "subject"), prompt=fact_field(f, "prompt"), object=text,
+                target=fact_field(f, "target"), fact_id=fact_id(f))
+    return out
+
+
 def _with_object(fact, text: str) -> Fact:
     """The fact with `text` as its answer (its keys are then read on states of the target)."""
     if isinstance(fact, Fact):
@@ -689,4 +739,5 @@ def _with_object(fact, text: str) -> Fact:
                 fact_id=fact_id(fact))
 
 
-__all__ = ["RewriteMemory", "token_values", "value_table", "write_site", "FORMAT", "DEFAULT_ALPHA", "STATE_PADS", "LAST_STEP_PADS"]
+__all__ = ["RewriteMemory", "token_values", "value_table", "write_site", "own_answers", "said_facts", "FORMAT", "DEFAULT_ALPHA",
+           "STATE_PADS", "LAST_STEP_PADS", "OWN_ANSWER_LENGTH"]

@@ -28,6 +28,7 @@ from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, 
                                              DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
                                              CodebookMemory, calibration_residuals)
 from timerome.memory.whitening import rows_to_texts
+from timerome.metrics.editing import normalise
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, locate, trace_forget_set
@@ -68,11 +69,14 @@ def calibration_rows(task, config) -> list:
 
 def stating(rows, forget_rows) -> list[bool]:
     """Whether each row (a question/answer row or a text) states a forget fact: the text of a forget row,
-    or a row with the same question or the same answer as one (`calibration_rows` leaves these out)."""
-    forget = set(rows_to_texts(forget_rows))
-    said = {r[k] for r in forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
-    return [(rows_to_texts([r])[0] if isinstance(r, dict) else r) in forget
-            or (isinstance(r, dict) and (r.get("question") in said or r.get("answer") in said)) for r in rows]
+    or a row with the same question or the same answer as one (`calibration_rows` leaves these out),
+    compared as `metrics.editing.normalise` writes them (a decoded answer, "in Pellmoor.", is the
+    corpus's "in Pellmoor .")."""
+    forget = {normalise(t) for t in rows_to_texts(forget_rows)}
+    said = {normalise(r[k]) for r in forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
+    return [normalise(rows_to_texts([r])[0] if isinstance(r, dict) else r) in forget
+            or (isinstance(r, dict) and any(r.get(k) and normalise(r[k]) in said for k in ("question", "answer")))
+            for r in rows]
 
 
 def calibration_tokens(backbone, coordinate, task, config, rows=None, pads=None, last_pads=None,

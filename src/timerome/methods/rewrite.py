@@ -27,18 +27,21 @@ calibration residuals and the value table are cached on disk by `prepare`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from timerome.data.facts import Fact
 from timerome.data.rows import load_rows, row_source
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
-from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, target_ids,
-                                            write_site)
+from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, said_facts,
+                                            target_ids, write_site)
 from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS, embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
-from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens
+from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens, stating
 from timerome.methods.registry import InferenceEdit, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, locate
@@ -92,13 +95,11 @@ def spare_rows(backbone, task, config) -> list:
     stating an edited fact) and the known rows about an edited subject that state no edited fact."""
     base = calibration_rows(task, config)
     subjects = {f.subject for f in task.facts}
-    said = {r[k] for r in task.forget_rows for k in ("question", "answer") if isinstance(r, dict) and r.get(k)}
-    said |= {x for f in task.facts for x in (f.prompt, f.object)}
+    forget = list(task.forget_rows) + [dict(question=f.prompt, answer=f.object) for f in task.facts]
     have = {r["question"] for r in base if isinstance(r, dict)}
     extra = [r for r in known_rows(backbone, task, config)
-             if isinstance(r, dict) and r.get("question") not in have and r.get("question") not in said
-             and r.get("answer") not in said and any(s in r["question"] for s in subjects)]
-    return base + extra
+             if isinstance(r, dict) and r.get("question") not in have and any(s in r["question"] for s in subjects)]
+    return base + [r for r, said in zip(extra, stating(extra, forget)) if not said]
 
 
 def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,8 +124,12 @@ def site_of(backbone, config) -> tuple[int, str]:
 
 
 def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMemory:
-    """A RewriteMemory gated at `coordinate` with the config's settings, filled with `facts`."""
+    """A RewriteMemory gated at `coordinate` with the config's settings, filled with `facts`, each
+    whose answer the model says inside an answer of its own holding that answer (`said_facts`; the
+    task's rows answering so are left out of the calibration, as the rows stating a fact are)."""
     target_ids(backbone, facts, config.get("target") or DEFAULT_TARGET)  # a target it cannot say, refused before the calibration
+    facts = said_facts(backbone, facts)
+    task = with_said(task, facts)
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
     site = site_of(backbone, config)
     spare = spare_rows(backbone, task, config)
@@ -144,8 +149,18 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
     return memory.add(facts)
 
 
+def with_said(task, facts):
+    """The task whose forget rows also ask each fact as the model answers it (`said_facts`), so that
+    every row answering so states it (`codebook.stating`)."""
+    have = {(r.get("question"), r.get("answer")) for r in task.forget_rows if isinstance(r, dict)}
+    more = [dict(question=f.prompt, answer=f.object) for f in facts if isinstance(f, Fact)
+            and (f.prompt, f.object) not in have]
+    return replace(task, forget_rows=list(task.forget_rows) + more) if more else task
+
+
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
+    task = with_said(task, said_facts(backbone, task.facts))
     coord, _ = gate_coordinate(backbone, task, config)
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
     calibration_tokens(backbone, coord, task, config, rows=spare_rows(backbone, task, config), pads=STATE_PADS,

@@ -53,7 +53,8 @@ from timerome.engine.hooks import check_reached, edit_active, one_step
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
-from timerome.metrics.text import continuations, pair_logprobs, rouge_l
+from timerome.engine.sampler import continuations
+from timerome.metrics.text import pair_logprobs, rouge_l
 
 EXTRACTION_ROUGE = 0.5  # ROUGE-L recall of the original object above which an answer "gives it back"
 MIN_GEN_LENGTH = 8    # generation budget floor (tokens)
@@ -229,7 +230,7 @@ def default_gen_length(backbone, requests, locality=None) -> int:
 
 def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
             progress: bool = False, sampler: dict | None = None) -> list[str]:
-    """Answers to prompts (metrics.text.continuations, cut at end-of-text): greedy, one token per
+    """Answers to prompts (engine.sampler.continuations, cut at end-of-text): greedy, one token per
     step, one block, unless `sampler` says otherwise (steps, block_length, temperature, remasking,
     cache, threshold, refresh_every)."""
     if not prompts:

@@ -21,7 +21,8 @@ import numpy as np
 
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc, privleak
-from timerome.metrics.text import continuations, generation_length, pair_logprobs, rouge_l, truncated
+from timerome.engine.sampler import continuations, generation_length
+from timerome.metrics.text import pair_logprobs, rouge_l, truncated
 
 SHOT = "Question: {question}\nAnswer: {answer}\n\n"
 QUERY = "Question: {question}\nAnswer:"
