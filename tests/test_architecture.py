@@ -248,9 +248,9 @@ def settings_defaults() -> dict[str, set]:
     from timerome.engine import settings
 
     out: dict[str, set] = {}
-    for obj in (settings.SAMPLER, settings.LIKELIHOOD, settings.TRACE, settings.EDIT):
+    for obj in (settings.SAMPLER, settings.ANSWER, settings.LIKELIHOOD, settings.TRACE, settings.EDIT):
         for f in dataclasses.fields(obj):
-            out.setdefault(f.name, set()).add(f.default)
+            out.setdefault(f.name, set()).add(getattr(obj, f.name))
     return out
 
 

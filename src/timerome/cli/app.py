@@ -217,6 +217,7 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     """Facts of a QA set; every row that gives no fact is shown, never dropped silently, and
     subjects the model's vocabulary cannot read are named (they would all be one <unk>)."""
     from timerome.data.rows import load_facts as load
+    from timerome.engine.encoding import unknown_words
 
     facts, skipped = load(data, tofu_dir=tofu_dir, limit=limit)
     unknown = [f for f in facts if backbone is not None and unknown_words(backbone, f.subject)]
@@ -314,20 +315,29 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds(values, "--seeds")
 
 
-def unknown_words(bb, text: str) -> list[str]:
-    """The pieces of `text` the model's vocabulary reads as its unknown token (word-level vocabularies)."""
-    unk = getattr(bb.tokenizer, "unk_token_id", None)
-    if unk is None:
-        return []
-    try:
-        enc = bb.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return [text[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
-    except (NotImplementedError, ValueError, TypeError):  # no offsets: say only that there are some
-        return ["?"] if unk in bb.encode(text) else []
+def config_arg(text: str | None, what: str) -> dict:
+    """--config: inline JSON (text starting with { or [) or a JSON file, holding a JSON object of `what`."""
+    from pathlib import Path
+
+    from timerome.common.files import parse_json, read_json
+
+    if text is None:
+        return {}
+    if text.lstrip().startswith(("{", "[")):
+        value = parse_json(text, "--config")
+    elif not Path(text).exists():
+        raise TimeromeError(f"config {text} does not exist, and is not inline JSON (an object: '{{\"alpha\": 2}}')")
+    else:
+        value = read_json(Path(text), "config")
+    if not isinstance(value, dict):
+        raise TimeromeError(f"config {text[:80]} must hold a JSON object of {what}, got a {type(value).__name__}")
+    return value
 
 
 def warn_unknown_words(bb, text: str, what: str) -> None:
     """A yellow line when `text` has words the model cannot read: they would silently be <unk>."""
+    from timerome.engine.encoding import unknown_words
+
     words = unknown_words(bb, text)
     if words:
         shown = ", ".join(repr(w) for w in dict.fromkeys(words))

@@ -13,8 +13,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, console, edit_facts,
-                              err_console, friendly, model_options, print_json, said_by_model, spare_rows)
+from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, config_arg, console,
+                              edit_facts, err_console, friendly, model_options, print_json, said_by_model, spare_rows)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
 from timerome.methods.timerome_edit import DEFAULTS
@@ -228,23 +228,8 @@ def _timerome_config(overrides: dict, given: dict, target: str, default_target: 
 
 
 def _config(text: str | None) -> dict:
-    """--config: inline JSON or a JSON file, an object."""
-    import json
-
-    from timerome.common.files import read_json
-
-    if text is None:
-        return {}
-    if text.lstrip().startswith("{"):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TimeromeError(f"--config is not valid JSON: {e}") from None
-    else:
-        value = read_json(Path(text), "method config")
-    if not isinstance(value, dict):
-        raise TimeromeError(f"--config must be a JSON object of method settings, got a {type(value).__name__}")
-    return value
+    """--config: inline JSON or a JSON file, an object of method settings."""
+    return config_arg(text, "method settings")
 
 
 def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target, as_json, model,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
                               print_json, warn_unknown_words)
-from timerome.engine.settings import SAMPLER
+from timerome.engine.settings import ANSWER, SAMPLER
 from timerome.errors import TimeromeError
 
 
@@ -207,10 +207,12 @@ def edited_from(folder) -> dict | None:
 @model_options
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: ModelChoice = None,
-             steps: int = typer.Option(32, help="denoising steps (one token per step by default)"),
-             gen_length: int = typer.Option(32, help="answer budget in tokens; the answer ends at the model's "
-                                                      "end-of-text, which a model trained to end its answers writes"),
-             block_length: int = typer.Option(32, help="semi-autoregressive block length"),
+             steps: int = typer.Option(ANSWER.steps, help="denoising steps (one token per step by default; "
+                                                               f"the API's generate() takes {SAMPLER.steps})"),
+             gen_length: int = typer.Option(ANSWER.gen_length, help="answer budget in tokens; the answer ends at the "
+                                            "model's end-of-text, which a model trained to end its answers writes "
+                                            f"(the API's generate() takes {SAMPLER.gen_length}, LLaDA's reference)"),
+             block_length: int = typer.Option(ANSWER.block_length, help="semi-autoregressive block length"),
              temperature: float = SAMPLER.temperature, remasking: str = SAMPLER.remasking, seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
              as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),

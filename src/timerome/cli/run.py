@@ -10,9 +10,8 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options, parse_seeds, print_json,
-                              print_markdown)
-from timerome.common.files import parse_json, read_json
+from timerome.cli.app import (ModelChoice, app, config_arg, console, err_console, friendly, model_options, parse_seeds,
+                              print_json, print_markdown)
 from timerome.errors import TimeromeError
 
 
@@ -96,14 +95,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
 
     if out is not None:
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
-    overrides = {}
-    if config is not None:
-        if config.lstrip().startswith(("{", "[")):
-            overrides = parse_json(config, "--config")
-        else:
-            overrides = read_json(Path(config), "experiment config")
-        if not isinstance(overrides, dict):
-            raise TimeromeError(f"config {config} must hold a JSON object of settings")
+    overrides = config_arg(config, "experiment settings")
     for flag, text, key in (("--methods", methods, "methods"), ("--models", models, "models")):
         if text is None:
             continue

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, friendly
+from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, err_console, friendly
 from timerome.cli.app import load_facts as _facts
 from timerome.cli.app import model_options, print_json
 from timerome.common.cache import write_json
@@ -63,6 +64,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     if not positional:
         refuse_causal(bb)
     facts = _facts(data, tofu_dir, n_facts, backbone=bb)
+    if len(facts) < n_facts:  # never silently fewer than asked
+        err_console.print(f"[yellow]note:[/] {escape(str(data))} gives {len(facts)} facts: all of them are traced "
+                          f"(--n-facts {n_facts})", soft_wrap=True)
     if positional:
         return _positional(bb, facts, out, n_samples or 10, sigma, window, seed, batch_size, per_fact, compare,
                            steps, tau, readout, as_json)

@@ -39,6 +39,18 @@ def answer_ids(backbone, text: str, bpe: bool | None = None) -> list[int]:
     return backbone.encode(" " + text.strip()) if bpe else backbone.encode(text)
 
 
+def unknown_words(bb, text: str) -> list[str]:
+    """The pieces of `text` the model's vocabulary reads as its unknown token (word-level vocabularies)."""
+    unk = getattr(bb.tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    try:
+        enc = bb.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [text[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
+    except (NotImplementedError, ValueError, TypeError):  # no offsets: say only that there are some
+        return ["?"] if unk in bb.encode(text) else []
+
+
 def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list[int]:
     """answer_ids, refusing an empty text or one with words the vocabulary cannot encode."""
     if not isinstance(text, str) or not text.strip():
@@ -46,7 +58,8 @@ def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list
     ids = answer_ids(backbone, text, bpe)
     unk = getattr(backbone.tokenizer, "unk_token_id", None)
     if not ids or (unk is not None and unk in ids):
-        raise TimeromeError(f"{what} ({text!r}) has words the model's vocabulary cannot encode")
+        words = ", ".join(repr(w) for w in dict.fromkeys(unknown_words(backbone, text))) or "?"
+        raise TimeromeError(f"{what} ({text!r}) has words the model's vocabulary cannot encode ({words})")
     return ids
 
 

@@ -8,6 +8,7 @@ rewrite memories have their own alpha (codebook_memory.DEFAULT_ALPHA, rewrite_me
 
     from timerome.engine.settings import LIKELIHOOD, SAMPLER, TRACE
     generate(bb, prompt, steps=SAMPLER.steps)        # LLaDA's reference: 128 steps for 128 tokens
+    ANSWER.gen_length                                # the CLI's `generate`: 32 tokens in 32 steps
     dataclasses.replace(SAMPLER, steps=64)           # a settings object of one's own
 """
 
@@ -57,6 +58,9 @@ class EditSettings:
 
 
 SAMPLER = SamplerSettings()
+# short answers: the CLI's `timerome generate` (the embedded model's answers are under 20 tokens; a
+# quarter of the reference's forwards); `generate()`, `evaluate` and the experiments keep SAMPLER
+ANSWER = SamplerSettings(steps=32, gen_length=32, block_length=32)
 LIKELIHOOD = LikelihoodSettings()
 TRACE = TraceSettings()
 EDIT = EditSettings()

@@ -291,6 +291,9 @@ def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict
     and dimensions its format registered, every value finite)."""
     formats = tuple(formats) if formats is not None else tuple(KINDS)
     a_what = a_of(what)
+    if Path(path).is_dir() and (Path(path) / "config.json").is_file():
+        raise TimeromeError(f"{path} is a model folder (a method that changes weights saves one), not {a_what} "
+                            "file: pass it as the model, -m / --model")
     p = input_file(path, f"{what} file")
     try:
         tensors, header = read_tensors(p)  # in one piece: a concurrent `memory add` renames its file into place

@@ -77,6 +77,7 @@ from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_
                                       mask_answers, pad_id, uses_leading_space)
 from timerome.engine.hooks import Hooks
 from timerome.engine.sampler import continuations
+from timerome.engine.settings import ANSWER
 from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
@@ -101,7 +102,7 @@ VALUE_TOP = 0.25           # the most confident quarter of those residuals is av
 # watched (embedded spare rows, forget01: template tokens 4.4-50 %, object tokens <= 1.1 %)
 WATCH_RARE = 0.02
 WATCH_P = 0.5  # the watch fires when the model gives a watched token more than even odds at an answer position
-OWN_ANSWER_LENGTH = 32  # the budget of the model's own answers the original keys may be read on (the CLI's)
+OWN_ANSWER_LENGTH = ANSWER.gen_length  # the budget of the model's own answers (the CLI's `generate`)
 
 
 def write_site(backbone) -> tuple[int, str]:
