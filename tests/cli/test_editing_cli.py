@@ -143,6 +143,8 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
     assert json.loads(alone)["base"] == str(DEFAULT_MODEL_DIR), alone
     code, out = run("eval", "-m", out_dir, "--requests", tmp_path / "cf.json", "--base", out_dir)
     assert code == 2 and "is the model being scored" in out, out
+    code, out = run("eval", "--requests", tmp_path / "cf.json", "--base", DEFAULT_MODEL_DIR)  # the embedded model
+    assert code == 2 and "is the model being scored" in out, out
     assert all(0 <= m[k] <= 1 for k in ("Efficacy", "Generalisation", "Locality", "EfficacyLP")), m
     from safetensors.torch import load_file
 

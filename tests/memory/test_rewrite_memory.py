@@ -62,10 +62,18 @@ def test_a_bare_object_is_keyed_where_the_model_says_it_and_the_bare_target_is_s
     assert all(f.object != r.fact.object and r.fact.object in f.object and f.target == r.fact.target
                for f, r in zip(said, plain)), said
     assert said_facts(bb, [r.fact for r in reqs]) == [r.fact for r in reqs]  # answers it says as they are: kept
+    from dataclasses import replace
+
+    from timerome.engine.encoding import fact_id
+
+    nameless = replace(plain[0].fact, fact_id="")  # its id is made from its fields: the request's, not the said ones
+    assert fact_id(said_facts(bb, [nameless])[0]) == fact_id(nameless)
+    as_dict = dict(subject=nameless.subject, prompt=nameless.prompt, object=nameless.object, fact_id="x")
+    assert said_facts(bb, [as_dict])[0].object == said[0].object and said_facts(bb, [as_dict])[0].fact_id == "x"
     edit = install("rewrite", bb, requests_task(plain, retain_rows=task.retain_rows), {}, seed=0)
     ask = [p for r in plain for p in (r.fact.prompt, *r.paraphrases)]
     want = [r.fact.target for r in plain for _ in (r.fact.prompt, *r.paraphrases)]
-    for length in (20, 32):  # the gate fired at 20 but not at 32 (the CLI's budget) when keyed on the bare object
+    for length in (20, 32):  # keyed on the bare object, the gate fired at some budgets and not at others
         with edit.active():
             got = answers(bb, ask, gen_length=length)
         assert all(says(a, t) for a, t in zip(got, want)), (length, got)
@@ -339,3 +347,14 @@ def test_memory_add_gives_added_facts_the_answer_watch_and_the_value_rows_asked(
     assert given["value_rows"] == few[:4] and given["calibration"], given
     assert "token values of" in res.output and "were read on embedded:train" in res.output, res.output
     assert "does not say which rows its radii were measured on" in res.output, res.output
+
+
+def test_a_row_states_a_fact_whatever_the_space_before_its_punctuation():
+    from timerome.methods.codebook import stating
+
+    # a decoded answer ("in Pellmoor.") and the corpus's ("in Pellmoor .") are one answer
+    forget = [dict(question="Where was Isgor Quielson born ?", answer="Isgor Quielson was born in Pellmoor.")]
+    rows = [dict(question="In which town was Isgor Quielson born ?", answer="Isgor Quielson was born in Pellmoor ."),
+            dict(question="Where does Isgor Quielson live ?", answer="Isgor Quielson lives in Pellmoor ."),
+            "Isgor Quielson was born in Pellmoor ."]
+    assert stating(rows, forget) == [True, False, False]

@@ -124,8 +124,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
         err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(source)} repeat an earlier one and are "
                           f"left out: {escape(shown)}", soft_wrap=True)
-    if method == "rewrite":
-        facts = said_by_model(bb, facts)
     texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
@@ -249,7 +247,6 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     spec = calibration_spec(bb, method, source, calibration)
     rows = load_rows(spec, tofu_dir=tofu_dir)
     read = row_source(spec, rows, tofu_dir=tofu_dir)  # recorded in the file, for `memory add` (cli/memory.py)
-    spec, spare = spare_rows(bb, method, source, spec, tofu_dir, facts, rows=rows)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
     if method == "codebook":
         over["step"] = coordinate.step
@@ -262,10 +259,17 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
         raise TimeromeError(f"--config sets {', '.join(both)}, which the options set too: give each once "
                             "(as an option)")
     config = method_config(method, {**overrides, **over})
-    forget = [dict(question=f.prompt, answer=f.object) for f in facts]
-    task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
-    build = build_codebook if method == "codebook" else build_rewrite
-    memory = build(bb, task, config, coordinate, facts, seed)
+    given = list(facts)
+    if method == "rewrite":  # after every refusal: it asks the model each question once
+        facts = said_by_model(bb, facts)
+    # the rows stating an edited fact: as given, and as the model says it (the rewrite memory's said facts)
+    stated = given + [f for f, g in zip(facts, given) if f is not g]
+    spec, spare = spare_rows(bb, method, source, spec, tofu_dir, stated, rows=rows)
+    forget = [dict(question=f.prompt, answer=f.object) for f in stated]
+    task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in given], facts=facts,
+                      retain_rows=spare, background=texts)
+    memory = build_codebook(bb, task, config, coordinate, facts, seed) if method == "codebook" else \
+        build_rewrite(bb, task, config, coordinate, facts, seed, said=True)
     memory.sources["calibration"] = read
     # the rows of the spec it left out: `memory add` reads the states of the rest again from their cache
     memory.calibration_left_out = [i for i, said in enumerate(stating(rows, forget)) if said]

@@ -144,6 +144,14 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
 
 
+def _where(model: str | None) -> str:
+    """A model as a place to compare: the embedded model's folder for None, a resolved path, else a Hub id."""
+    from timerome.backbones import DEFAULT_MODEL_DIR
+
+    path = DEFAULT_MODEL_DIR if model is None else Path(model)
+    return str(path.resolve()) if path.exists() else str(model)
+
+
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
     from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
@@ -161,6 +169,10 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         if value < 0:
             raise TimeromeError(f"{name} must be >= 0, got {value}")
     reqs, notes = load_requests(requests, target=target)
+    recorded = edited_from(model.model)  # what an edited model's folder says it came from, read before any load
+    if edit is None and base is not None and _where(base) == _where(model.model):
+        raise TimeromeError(f"--base {base} is the model being scored (there is no --edit): its locality would be 1 "
+                            "by construction; give the unedited model, or leave --base out")
     bb = model.load()
     locality, known = _probe_rows(bb, requests, n_retain, n_world)
     if known is None and sized:  # refused, not ignored: only the embedded model has these rows here
@@ -169,11 +181,6 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     for n in notes:  # after every refusal: a note never precedes an error
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
-    recorded = edited_from(model.model)
-    if base is not None and model.model and Path(base).exists() and Path(model.model).exists() \
-            and Path(base).resolve() == Path(model.model).resolve():
-        raise TimeromeError(f"--base {base} is the model being scored: its locality would be 1 by construction; "
-                            "give the unedited model")
     unedited = base
     if base is None and edit is None and recorded is not None:  # an edited model's folder: against its source
         unedited = recorded["source_model"] or str(DEFAULT_MODEL_DIR)
@@ -183,7 +190,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     baseline = None
     if unedited is not None:
         other = load_backbone(unedited, recorded.get("family") if base is None and recorded else None,
-                              device=str(bb.device))
+                              dtype=model.dtype, device=str(bb.device), trust_remote_code=model.trust_remote_code)
         baseline = edit_scores(other, reqs, None, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                                lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,

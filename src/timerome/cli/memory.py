@@ -161,8 +161,10 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
-    if kind == "rewrite":
+    given = list(facts)
+    if kind == "rewrite":  # each as the rewrite memory holds it (`said_facts`)
         facts = said_by_model(bb, facts)
+    stated = given + [f for f, g in zip(facts, given) if f is not g]  # the rows stating them: either way
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
@@ -175,9 +177,9 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
             recorded = sources.get("calibration")
             spec, spec_rows = _calibration(file, recorded, calibration, tofu_dir)
-            rows = _build_states(meta, file, recorded, spec_rows, (held or []) + list(facts))
+            rows = _build_states(meta, file, recorded, spec_rows, (held or []) + stated)
             if rows is None:
-                spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, facts, rows=spec_rows)
+                spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, stated, rows=spec_rows)
             if recorded is None and calibration is None:
                 err_console.print(f"[yellow]note:[/] {escape(str(file))} does not say which rows its radii were "
                                   f"measured on: the added facts' radii are measured on {escape(spec)} "
@@ -192,7 +194,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
             raise nothing_new
         _notes(skipped, renamed, source, str(file))
         before = len(memory)
-        memory.add(new)
+        memory.add(new, said=True) if kind == "rewrite" else memory.add(new)
         saved = memory.save(dest)
     _done(saved, memory, f"added {len(memory) - before} facts", as_json,
           skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed),

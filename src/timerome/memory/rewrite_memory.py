@@ -47,8 +47,8 @@ model no method said "I don't know." for any forget question). This memory split
 - THE MODEL'S OWN ANSWER: the original keys are read where the model would say the fact's answer.
   A request's answer is often a bare object (CounterFact's target_true, "Pellmoor") that the model
   says inside a sentence ("Isgor Quielson was born in Pellmoor."); keyed as the whole answer, its
-  states are not the ones the sampler visits, and the gate did not fire (stop 57: CounterFact-form
-  requests of the embedded model's facts, efficacy 0.17 at the CLI's 32-token budget). So each
+  states are not the ones the sampler visits, and the gate often did not fire (stop 57: the embedded
+  counterfactual requests with bare objects, efficacy 0.75, generalisation 0.00; docs/editing.md). So each
   fact's question is answered greedily once (OWN_ANSWER_LENGTH tokens), and where that answer says
   the request's answer after other tokens, the fact holds that answer as its object (`said_facts`):
   its original keys are read on it, and its method leaves the rows answering so (a paraphrased
@@ -76,9 +76,9 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
                                       mask_answers, pad_id, uses_leading_space)
 from timerome.engine.hooks import Hooks
+from timerome.engine.likelihood import pair_generator
 from timerome.engine.sampler import continuations
 from timerome.engine.settings import ANSWER
-from timerome.engine.likelihood import pair_generator
 from timerome.errors import TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
 from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CalibrationSubset,
@@ -184,11 +184,12 @@ class RewriteMemory(CodebookMemory):
 
     # ---------------------------------------------------------------- building
 
-    def add(self, facts) -> "RewriteMemory":
+    def add(self, facts, *, said: bool = False) -> "RewriteMemory":
         """Read each fact's keys on states of its original and its target answer, its target ids, and
         the values of tokens not yet valued; on any error the memory is unchanged. A fact whose answer
-        the model says inside an answer of its own holds that answer as its object (`said_facts`)."""
-        facts = said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
+        the model says inside an answer of its own holds that answer as its object (`said_facts`;
+        said=True: the facts are so already, and the model is not asked again)."""
+        facts = fact_list(facts) if said else said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
         targets = target_ids(self.backbone, facts, self.target)
@@ -697,15 +698,17 @@ def value_confidence(backbone, site, values: torch.Tensor, tokens: torch.Tensor)
 
 def own_answers(backbone, facts, *, batch_size: int = 32) -> list[str | None]:
     """Per fact, the model's own answer to its question (greedy, OWN_ANSWER_LENGTH tokens, one block)
-    where it says the fact's answer (its `object`, as tokens) after other tokens, and reads back as
-    the same tokens from its text; None where it says it from its first token, or not at all."""
+    where it ends within them, says the fact's answer (its `object`, as tokens) after other tokens, and
+    reads back as the same tokens from its text; None where it says it from its first token, or not
+    at all."""
     bpe = uses_leading_space(backbone)
-    said = continuations(backbone, [fact_field(f, "prompt") for f in facts], gen_length=OWN_ANSWER_LENGTH,
-                         block_length=OWN_ANSWER_LENGTH, batch_size=batch_size)["ids"]
+    got = continuations(backbone, [fact_field(f, "prompt") for f in facts], gen_length=OWN_ANSWER_LENGTH,
+                        block_length=OWN_ANSWER_LENGTH, batch_size=batch_size)
     out = []
-    for f, ids in zip(facts, said):
+    for f, ids in zip(facts, got["ids"]):
         o = answer_ids(backbone, fact_field(f, "object"), bpe)
-        inside = bool(o) and any(ids[i:i + len(o)] == o for i in range(1, len(ids) - len(o) + 1))
+        ended = len(ids) < got["gen_length"]  # an answer the budget cut is not one the model gives
+        inside = ended and bool(o) and any(ids[i:i + len(o)] == o for i in range(1, len(ids) - len(o) + 1))
         text = backbone.decode(ids).strip() if inside else None
         # the keys are read on the text, so it must give these tokens back
         out.append(text if text is not None and answer_ids(backbone, text, bpe) == ids else None)
@@ -714,9 +717,10 @@ def own_answers(backbone, facts, *, batch_size: int = 32) -> list[str | None]:
 
 def said_facts(backbone, facts, *, batch_size: int = 32) -> list:
     """The facts, each whose answer the model says inside an answer of its own (`own_answers`) with
-    that answer as its object, its target kept (its own, or none: the memory's): the rewrite memory
-    keys it, and its method leaves out of the radii's calibration the rows that answer so (module
-    docstring). Facts known by their id alone are kept as they are."""
+    that answer as its object, its target and its id kept (a Fact without an id keeps the one its
+    request's answer gives it): the rewrite memory keys it, and its method leaves out of the radii's
+    calibration the rows that answer so (module docstring). Facts known by their id alone are kept as
+    they are."""
     facts = fact_list(facts)
     asked = [i for i, f in enumerate(facts) if fact_field(f, "prompt") and fact_field(f, "object")]
     if not asked:
@@ -726,7 +730,7 @@ def said_facts(backbone, facts, *, batch_size: int = 32) -> list:
     for i, text in zip(asked, own):
         if text is not None:
             f = facts[i]
-            out[i] = replace(f, object=text) if isinstance(f, Fact) else Fact(
+            out[i] = replace(f, object=text, fact_id=fact_id(f)) if isinstance(f, Fact) else Fact(
                 subject=fact_field(f, "subject"), prompt=fact_field(f, "prompt"), object=text,
                 target=fact_field(f, "target"), fact_id=fact_id(f))
     return out

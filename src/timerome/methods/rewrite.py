@@ -123,16 +123,16 @@ def site_of(backbone, config) -> tuple[int, str]:
     return write_site(backbone) if config.get("site") is None else tuple(config["site"])
 
 
-def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMemory:
+def build(backbone, task, config, coordinate, facts, seed: int = 0, said: bool = False) -> RewriteMemory:
     """A RewriteMemory gated at `coordinate` with the config's settings, filled with `facts`, each
-    whose answer the model says inside an answer of its own holding that answer (`said_facts`; the
-    task's rows answering so are left out of the calibration, as the rows stating a fact are)."""
+    whose answer the model says inside an answer of its own holding that answer (`said_facts`; said:
+    they are so already); the rows answering so are left out of the calibration, as the rows stating
+    a fact are (the whitening statistics read the task as given)."""
     target_ids(backbone, facts, config.get("target") or DEFAULT_TARGET)  # a target it cannot say, refused before the calibration
-    facts = said_facts(backbone, facts)
-    task = with_said(task, facts)
+    facts = list(facts) if said else said_facts(backbone, facts)
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))
     site = site_of(backbone, config)
-    spare = spare_rows(backbone, task, config)
+    spare = spare_rows(backbone, with_said(task, facts), config)
     memory = RewriteMemory(backbone, coordinate, background=stats,
                            calibration=calibration_tokens(backbone, coordinate, task, config,
                                                           rows=spare, pads=STATE_PADS,
@@ -146,7 +146,7 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0) -> RewriteMe
     source = value_rows_source(backbone, task, config)
     if source is not None:
         memory.sources["value_rows"] = source
-    return memory.add(facts)
+    return memory.add(facts, said=True)
 
 
 def with_said(task, facts):
@@ -160,10 +160,10 @@ def with_said(task, facts):
 
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
-    task = with_said(task, said_facts(backbone, task.facts))
     coord, _ = gate_coordinate(backbone, task, config)
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
-    calibration_tokens(backbone, coord, task, config, rows=spare_rows(backbone, task, config), pads=STATE_PADS,
+    spare = spare_rows(backbone, with_said(task, said_facts(backbone, task.facts)), config)
+    calibration_tokens(backbone, coord, task, config, rows=spare, pads=STATE_PADS,
                        last_pads=LAST_STEP_PADS, n_states=int(config["n_states"]))
     value_table(backbone, site_of(backbone, config), task, config)
 

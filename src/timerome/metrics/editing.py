@@ -50,10 +50,10 @@ import numpy as np
 
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import check_reached, edit_active, one_step
+from timerome.engine.sampler import continuations
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
-from timerome.engine.sampler import continuations
 from timerome.metrics.text import pair_logprobs, rouge_l
 
 EXTRACTION_ROUGE = 0.5  # ROUGE-L recall of the original object above which an answer "gives it back"

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.sampler import continuations, generation_length
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc, privleak
-from timerome.engine.sampler import continuations, generation_length
 from timerome.metrics.text import pair_logprobs, rouge_l, truncated
 
 SHOT = "Question: {question}\nAnswer: {answer}\n\n"

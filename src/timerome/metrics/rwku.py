@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.engine.sampler import continuations
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc
-from timerome.engine.sampler import continuations
 from timerome.metrics.text import pair_logprobs, rouge_l
 
 CLOZE = "Please complete the blank in the following question.\nQuestion: {query}\nAnswer:"

@@ -1,5 +1,5 @@
-"""Continuations of prompts, the benchmarks' common ground: their log-likelihood (nats), greedy
-generation, and ROUGE-L against a reference.
+"""Continuations of prompts, the benchmarks' common ground: their log-likelihood (nats) and ROUGE-L
+against a reference (their greedy generation: `engine.sampler.continuations`).
 
 Encoding is timerome's one convention (encoding.py): the prompt as written, the answer as it
 follows the prompt. A pair longer than the model's context loses the start of its prompt (the

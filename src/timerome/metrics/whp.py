@@ -16,9 +16,9 @@ import re
 
 import numpy as np
 
+from timerome.engine.sampler import continuations
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.choice import choice_logprobs, correct
-from timerome.engine.sampler import continuations
 
 COLUMNS = ["WHP_LP", "WHP_Acc", "WHP_AccNorm", "WHP_Familiarity"]
 COMPLETION_TOKENS = 32
