@@ -78,6 +78,8 @@ def test_a_counterfact_file_of_bare_objects_is_said_at_the_default_budget(tmp_pa
     code, out = run("eval", "--edit", mem, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
     m = json.loads(out)["metrics"]
     assert code == 0 and m["Efficacy"] == m["Generalisation"] == 1.0 and m["Locality"] >= 0.95, m
+    code, out = run("memory", "add", mem, "--requests", tmp_path / "cf.json")  # held as the model says them
+    assert code == 2 and "nothing to add" in out, out
 
 
 def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):

@@ -358,3 +358,10 @@ def test_a_row_states_a_fact_whatever_the_space_before_its_punctuation():
             dict(question="Where does Isgor Quielson live ?", answer="Isgor Quielson lives in Pellmoor ."),
             "Isgor Quielson was born in Pellmoor ."]
     assert stating(rows, forget) == [True, False, False]
+
+
+def test_facts_are_added_with_the_memory_off(bb, reqs, edit):
+    # inside its block the model it would ask (and read states of) is the edited one
+    with edit.memory.applied(bb), pytest.raises(TimeromeError, match="applied to its model"):
+        edit.memory.add([bare_request(reqs[0]).fact])
+    assert len(edit.memory) == len(reqs)

@@ -144,7 +144,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
     a new fact whose id another fact holds is added under a new id; a note names both."""
     from timerome.data.rows import load_rows
-    from timerome.memory.base import sort_new_facts
+    from timerome.memory.base import fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
 
@@ -162,8 +162,11 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     given = list(facts)
-    if kind == "rewrite":  # each as the rewrite memory holds it (`said_facts`)
-        facts = said_by_model(bb, facts)
+    if kind == "rewrite":  # each as the rewrite memory holds it (`said_facts`), but one the file holds as given
+        held_given = {fact_content(f, default_target) for f in (_header_facts(meta) or [])}  # (a file before
+        ask = [f for f in facts if fact_content(f, default_target) not in held_given]  # stop 57): skipped below
+        said = iter(said_by_model(bb, ask) if ask else [])
+        facts = [next(said) if fact_content(f, default_target) not in held_given else f for f in facts]
     stated = given + [f for f, g in zip(facts, given) if f is not g]  # the rows stating them: either way
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")

@@ -127,6 +127,13 @@ class Memory:
     def _check_ready(self) -> None:
         raise NotImplementedError
 
+    def _check_off(self) -> None:
+        """Refuse to read new facts' states while this memory edits its model: they would be the edited
+        model's (`add`)."""
+        if id(self.backbone) in self.__dict__.get("_applied_on", ()):
+            raise TimeromeError(f"this {self.WHAT} is applied to its model (inside its `applied` block): add facts "
+                                "outside it, where the states read are the unedited model's")
+
     # ---------------------------------------------------------------- the file
 
     def save(self, path) -> Path:

@@ -152,6 +152,7 @@ class CodebookMemory(Memory):
     def add(self, facts) -> "CodebookMemory":
         """Read the facts' keys and deltas, measure each key's reach, insert; on error nothing changes."""
         facts = fact_list(facts)
+        self._check_off()
         check_new_facts(self._facts, facts, self.target)
         keys, owner, slots = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states,
                                           seed=self.seed, objects=self.object_keys, batch_size=self.batch_size)

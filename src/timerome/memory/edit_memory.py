@@ -184,6 +184,7 @@ class EditMemory(Memory):
     def add(self, facts) -> "EditMemory":
         """Capture the facts (batched) and insert them; on any error the memory is unchanged."""
         facts = fact_list(facts)
+        self._check_off()
         check_new_facts(self._held_conflicts(facts), facts, self.target)
         cap = capture_facts(self.backbone, facts, self.coordinate, target=self.target, batch_size=self.batch_size)
         return self.add_vectors(cap.keys, cap.deltas, facts)

@@ -189,6 +189,7 @@ class RewriteMemory(CodebookMemory):
         the values of tokens not yet valued; on any error the memory is unchanged. A fact whose answer
         the model says inside an answer of its own holds that answer as its object (`said_facts`;
         said=True: the facts are so already, and the model is not asked again)."""
+        self._check_off()
         facts = fact_list(facts) if said else said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
