@@ -95,6 +95,7 @@ run transfer_quick      timerome --threads 1 experiment transfer --quick --bench
 run rwku_quick          timerome --threads 1 experiment rwku --quick --bench-data "$DATA" -o rwku-quick
 run locate_sweep        timerome experiment editing --config "$B/editing_locate_sweep.json" --seeds 0 --out sweep/
 run rouge_caches        python "$B/bench_generation.py" --parts rouge
+run bare_objects        python "$B/bench_bare_objects.py"
 # the longest (about an hour alone), last
 run robustness_full     timerome --threads 1 experiment robustness -o robustness/
 # the radar reads npo_sweep/, ablations/ and robustness/ (docs/scale.md): after them
