@@ -239,6 +239,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
     from timerome.data.rows import load_rows, row_source
     from timerome.data.task import ForgetTask
+    from timerome.memory.rewrite_memory import target_ids
     from timerome.methods import method_config
     from timerome.methods.codebook import build as build_codebook
     from timerome.methods.codebook import stating
@@ -260,7 +261,8 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
                             "(as an option)")
     config = method_config(method, {**overrides, **over})
     given = list(facts)
-    if method == "rewrite":  # after every refusal: it asks the model each question once
+    if method == "rewrite":  # after every refusal, a target it cannot say included: it asks the model each question
+        target_ids(bb, facts, config.get("target") or target)
         facts = said_by_model(bb, facts)
     # the rows stating an edited fact: as given, and as the model says it (the rewrite memory's said facts)
     stated = given + [f for f, g in zip(facts, given) if f is not g]

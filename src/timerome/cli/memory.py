@@ -147,6 +147,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     from timerome.memory.base import fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
+    from timerome.memory.rewrite_memory import target_ids
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
@@ -165,6 +166,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     if kind == "rewrite":  # each as the rewrite memory holds it (`said_facts`), but one the file holds as given
         held_given = {fact_content(f, default_target) for f in (_header_facts(meta) or [])}  # (a file before
         ask = [f for f in facts if fact_content(f, default_target) not in held_given]  # stop 57): skipped below
+        target_ids(bb, ask, default_target)  # a target it cannot say, refused before the model is asked
         said = iter(said_by_model(bb, ask) if ask else [])
         facts = [next(said) if fact_content(f, default_target) not in held_given else f for f in facts]
     stated = given + [f for f, g in zip(facts, given) if f is not g]  # the rows stating them: either way
