@@ -80,6 +80,18 @@ def test_a_counterfact_file_of_bare_objects_is_said_at_the_default_budget(tmp_pa
     assert code == 0 and m["Efficacy"] == m["Generalisation"] == 1.0 and m["Locality"] >= 0.95, m
     code, out = run("memory", "add", mem, "--requests", tmp_path / "cf.json")  # held as the model says them
     assert code == 2 and "nothing to add" in out, out
+    # a file written before stop 57 holds each fact as given (its bare object): still nothing to add
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(mem), framework="pt") as f:
+        meta, tensors = json.loads(f.metadata()["timerome"]), {k: f.get_tensor(k) for k in f.keys()}
+    assert [h["object"] for h in meta["facts"]] != [r.fact.object for r in reqs]
+    for h, r in zip(meta["facts"], reqs):
+        h["object"] = r.fact.object
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata={"timerome": json.dumps(meta)})
+    code, out = run("memory", "add", tmp_path / "old.safetensors", "--requests", tmp_path / "cf.json")
+    assert code == 2 and "nothing to add" in out, out
 
 
 def test_memory_add_keeps_each_requests_target(tmp_path, monkeypatch):

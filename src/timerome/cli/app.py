@@ -284,9 +284,11 @@ def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str
     return [f if f.target else replace(f, target=target) for f in load_facts(data, tofu_dir, backbone=bb)], data
 
 
-def said_by_model(bb, facts) -> list:
-    """A rewrite memory's facts as it holds them (`rewrite_memory.said_facts`: the model's own answer as
-    the object where it says the request's inside one), with a note where any changed."""
+def said_by_model(bb, facts) -> tuple[list, list]:
+    """(a rewrite memory's facts as it holds them, the facts whose rows state them): the first as
+    `rewrite_memory.said_facts` gives them (the model's own answer as the object where it says the
+    request's inside one), with a note where any changed; the second the facts as given, plus each
+    changed one as said (a row stating either states the fact)."""
     from timerome.memory.rewrite_memory import said_facts
 
     out = said_facts(bb, facts)
@@ -296,7 +298,7 @@ def said_by_model(bb, facts) -> list:
         err_console.print(f"[yellow]note:[/] the model says the answer of {len(changed)} of {len(out)} facts inside an "
                           f"answer of its own, which the rewrite memory keys instead (e.g. {escape(repr(a.object))} "
                           f"in {escape(repr(b.object))})", soft_wrap=True)
-    return out
+    return out, list(facts) + [b for _, b in changed]
 
 
 RequestsOpt = typer.Option(None, "--requests", "-r",

@@ -260,16 +260,13 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
         raise TimeromeError(f"--config sets {', '.join(both)}, which the options set too: give each once "
                             "(as an option)")
     config = method_config(method, {**overrides, **over})
-    given = list(facts)
+    n_given, stated = len(facts), list(facts)  # stated: the facts whose rows state an edited fact
     if method == "rewrite":  # after every refusal, a target it cannot say included: it asks the model each question
         target_ids(bb, facts, config.get("target") or target)
-        facts = said_by_model(bb, facts)
-    # the rows stating an edited fact: as given, and as the model says it (the rewrite memory's said facts)
-    stated = given + [f for f, g in zip(facts, given) if f is not g]
+        facts, stated = said_by_model(bb, facts)
     spec, spare = spare_rows(bb, method, source, spec, tofu_dir, stated, rows=rows)
-    forget = [dict(question=f.prompt, answer=f.object) for f in stated]
-    task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in given], facts=facts,
-                      retain_rows=spare, background=texts)
+    forget = [dict(question=f.prompt, answer=f.object) for f in stated]  # those of the facts as given first
+    task = ForgetTask(forget_rows=forget[:n_given], facts=facts, retain_rows=spare, background=texts)
     memory = build_codebook(bb, task, config, coordinate, facts, seed) if method == "codebook" else \
         build_rewrite(bb, task, config, coordinate, facts, seed, said=True)
     memory.sources["calibration"] = read

@@ -144,18 +144,10 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
 
 
-def _where(model: str | None) -> str:
-    """A model as a place to compare: the embedded model's folder for None, a resolved path, else a Hub id."""
-    from timerome.backbones import DEFAULT_MODEL_DIR
-
-    path = DEFAULT_MODEL_DIR if model is None else Path(model)
-    return str(path.resolve()) if path.exists() else str(model)
-
-
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
-    from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
-    from timerome.cli.model import EDITED_FROM, edited_from
+    from timerome.backbones import load_backbone
+    from timerome.cli.model import EDITED_FROM, edited_from, model_place
     from timerome.data.requests import load_requests
     from timerome.memory.memory_file import load_memory
     from timerome.metrics.editing import edit_scores
@@ -170,7 +162,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
             raise TimeromeError(f"{name} must be >= 0, got {value}")
     reqs, notes = load_requests(requests, target=target)
     recorded = edited_from(model.model)  # what an edited model's folder says it came from, read before any load
-    if edit is None and base is not None and _where(base) == _where(model.model):
+    if edit is None and base is not None and model_place(base) == model_place(model.model):
         raise TimeromeError(f"--base {base} is the model being scored (there is no --edit): its locality would be 1 "
                             "by construction; give the unedited model, or leave --base out")
     bb = model.load()
@@ -183,7 +175,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     memory = load_memory(edit, bb) if edit is not None else None
     unedited = base
     if base is None and edit is None and recorded is not None:  # an edited model's folder: against its source
-        unedited = recorded["source_model"] or str(DEFAULT_MODEL_DIR)
+        unedited = model_place(recorded["source_model"])
         err_console.print(f"[yellow]note:[/] {escape(str(model.model))} was edited by {escape(str(recorded.get('method')))}"
                           f" from {escape(unedited)} ({EDITED_FROM}): its answers are compared with that model's "
                           "(--base to choose another)", soft_wrap=True)

@@ -162,14 +162,19 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
-    given = list(facts)
-    if kind == "rewrite":  # each as the rewrite memory holds it (`said_facts`), but one the file holds as given
-        held_given = {fact_content(f, default_target) for f in (_header_facts(meta) or [])}  # (a file before
-        ask = [f for f in facts if fact_content(f, default_target) not in held_given]  # stop 57): skipped below
-        target_ids(bb, ask, default_target)  # a target it cannot say, refused before the model is asked
-        said = iter(said_by_model(bb, ask) if ask else [])
-        facts = [next(said) if fact_content(f, default_target) not in held_given else f for f in facts]
-    stated = given + [f for f, g in zip(facts, given) if f is not g]  # the rows stating them: either way
+    stated = list(facts)  # the facts whose rows state the facts added: as given, and as the memory holds them
+    if kind == "rewrite":
+        # each as the rewrite memory holds it (`said_facts`), but one the file holds as given (a file written
+        # before stop 57), which is skipped below; a target it cannot say is refused before the model is asked
+        held_given = {fact_content(f, default_target) for f in (_header_facts(meta) or [])}
+        ask = [i for i, f in enumerate(facts) if fact_content(f, default_target) not in held_given]
+        if ask:
+            target_ids(bb, [facts[i] for i in ask], default_target)
+            said, more = said_by_model(bb, [facts[i] for i in ask])
+            facts = list(facts)
+            for i, f in zip(ask, said):
+                facts[i] = f
+            stated += more[len(ask):]
     nothing_new = TimeromeError(f"every fact of {source} is already in {file} (same subject, question, answer and "
                                 "target): nothing to add")
     with changing(dest, wait=not no_wait):  # read, change and write as one: a concurrent add waits, nothing is lost
@@ -199,7 +204,10 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
             raise nothing_new
         _notes(skipped, renamed, source, str(file))
         before = len(memory)
-        memory.add(new, said=True) if kind == "rewrite" else memory.add(new)
+        if kind == "rewrite":
+            memory.add(new, said=True)  # said above
+        else:
+            memory.add(new)
         saved = memory.save(dest)
     _done(saved, memory, f"added {len(memory) - before} facts", as_json,
           skipped=[dict(fact_id=i, why=w) for i, w in skipped], renamed=dict(renamed),
