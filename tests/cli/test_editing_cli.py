@@ -167,6 +167,17 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
     assert changed and all(".ff_out." in k or "ff_out" in k for k in changed), changed  # one MLP down projection
 
 
+def test_a_model_saved_over_an_edited_folder_drops_its_edit_record(tmp_path):
+    # finetune into a folder `edit` wrote: the record would name a source and method the new weights no longer have
+    from timerome.backbones import load_backbone
+    from timerome.cli.model import EDITED_FROM, edited_from, save_backbone
+
+    (tmp_path / EDITED_FROM).write_text(json.dumps(dict(source_model=None, method="rome")))
+    assert edited_from(tmp_path) is not None
+    save_backbone(load_backbone(), tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and edited_from(tmp_path) is None
+
+
 def test_editing_experiment_tabulates_every_metric(tmp_path):
     config = json.dumps({"methods": ["no_edit", "timerome", "rewrite"], "sets": {"cf": "counterfactual:forget01"},
                          "n_mc": 2, "n_retain": 4})

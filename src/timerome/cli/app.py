@@ -258,12 +258,13 @@ def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, 
     values where the model is not the embedded one (`methods.rewrite.known_rows`), the training-time
     methods' retain rows): those `calibration_spec` names (`rows`: its rows, read already), minus
     every row stating an edited fact."""
+    from timerome.data.facts import qa_rows
     from timerome.data.rows import load_rows
     from timerome.data.task import ForgetTask
     from timerome.methods.codebook import calibration_rows
 
     calibration = calibration_spec(bb, method, source, calibration)
-    task = ForgetTask(forget_rows=[dict(question=f.prompt, answer=f.object) for f in facts], facts=[],
+    task = ForgetTask(forget_rows=qa_rows(facts), facts=[],
                       retain_rows=load_rows(calibration, tofu_dir=tofu_dir) if rows is None else rows)
     return calibration, calibration_rows(task, {})
 

@@ -237,6 +237,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     rows `methods.rewrite.known_rows` names, these rows but on the embedded model); the file records
     the calibration spec (`sources`), which `memory add` reads again.
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
+    from timerome.data.facts import qa_rows
     from timerome.data.rows import load_rows, row_source
     from timerome.data.task import ForgetTask
     from timerome.memory.rewrite_memory import target_ids
@@ -265,7 +266,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
         target_ids(bb, facts, config.get("target") or target)
         facts, stated = said_by_model(bb, facts)
     spec, spare = spare_rows(bb, method, source, spec, tofu_dir, stated, rows=rows)
-    forget = [dict(question=f.prompt, answer=f.object) for f in stated]  # those of the facts as given first
+    forget = qa_rows(stated)  # those of the facts as given first
     task = ForgetTask(forget_rows=forget[:n_given], facts=facts, retain_rows=spare, background=texts)
     memory = build_codebook(bb, task, config, coordinate, facts, seed) if method == "codebook" else \
         build_rewrite(bb, task, config, coordinate, facts, seed, said=True)
@@ -290,6 +291,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     """Any other registered method: installed through the registry on the facts; a memory is saved
     as a memory file, changed weights as a model folder."""
     from timerome.cli.model import record_source, save_backbone
+    from timerome.data.facts import qa_rows
     from timerome.data.task import ForgetTask
     from timerome.methods import get_method, install, method_config
 
@@ -301,7 +303,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     if "target" in get_method(method).defaults:
         over.setdefault("target", target)
     config = method_config(method, over)
-    forget = [dict(question=f.prompt, answer=f.object) for f in facts]
+    forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     edit = install(method, bb, task, config, seed=seed)
     if kind == "weights":

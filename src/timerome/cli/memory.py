@@ -252,7 +252,7 @@ def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, fa
     leaves out (rows stating a fact removed since the build stay left out); None otherwise
     (`spare_rows` then reads the rows less those stating the facts added)."""
     from timerome.common.cache import digest
-    from timerome.data.facts import fact_field
+    from timerome.data.facts import qa_rows
     from timerome.memory.codebook_memory import CalibrationSubset, read_left_out
     from timerome.methods.codebook import stating
 
@@ -263,8 +263,7 @@ def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, fa
         raise TimeromeError(f"{file} is inconsistent: its build left out row {left_out[-1]} of {len(rows)}")
     gone = set(left_out)
     whole = [r for i, r in enumerate(rows) if i not in gone]
-    said = stating(whole, [dict(question=fact_field(f, "prompt"), answer=fact_field(f, "object")) for f in facts
-                           if fact_field(f, "prompt")])  # a fact known by its id alone states no row
+    said = stating(whole, qa_rows(facts))  # a fact known by its id alone states no row
     return CalibrationSubset(whole, [i for i, s in enumerate(said) if s])
 
 

@@ -164,6 +164,7 @@ def save_backbone(bb, out: Path) -> None:
     from timerome.backbones.llada_model import save_model
 
     out = Path(out)
+    (out / EDITED_FROM).unlink(missing_ok=True)  # an earlier edit's record; `edit` writes its own after this
     if hasattr(bb.model, "cfg"):
         save_model(bb.model, out)
     else:

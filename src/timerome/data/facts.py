@@ -77,6 +77,13 @@ def fact_field(fact, name: str):
     return fact.get(name) if isinstance(fact, dict) else getattr(fact, name, None)
 
 
+def qa_rows(facts) -> list[dict]:
+    """The facts as question/answer rows (their prompt and object), as a task's forget rows read them;
+    a fact known by its id alone (no prompt) gives none."""
+    return [dict(question=fact_field(f, "prompt"), answer=fact_field(f, "object")) for f in facts
+            if fact_field(f, "prompt")]
+
+
 def object_span(answer: str, obj: str) -> tuple[int, int]:
     """Character offsets (start, end) of `obj` in `answer`: its first whole-word occurrence,
     else its first occurrence at all."""

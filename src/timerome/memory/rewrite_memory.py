@@ -705,14 +705,21 @@ def own_answers(backbone, facts, *, batch_size: int = 32) -> list[str | None]:
     bpe = uses_leading_space(backbone)
     got = continuations(backbone, [fact_field(f, "prompt") for f in facts], gen_length=OWN_ANSWER_LENGTH,
                         block_length=OWN_ANSWER_LENGTH, batch_size=batch_size)
-    out = []
+    out, unread = [], []
     for f, ids in zip(facts, got["ids"]):
         o = answer_ids(backbone, fact_field(f, "object"), bpe)
         ended = len(ids) < got["gen_length"]  # an answer the budget cut is not one the model gives
         inside = ended and bool(o) and any(ids[i:i + len(o)] == o for i in range(1, len(ids) - len(o) + 1))
         text = backbone.decode(ids).strip() if inside else None
         # the keys are read on the text, so it must give these tokens back
-        out.append(text if text is not None and answer_ids(backbone, text, bpe) == ids else None)
+        kept = text is not None and answer_ids(backbone, text, bpe) == ids
+        out.append(text if kept else None)
+        if text is not None and not kept:
+            unread.append(text)
+    if unread:
+        warnings.warn(f"the model says the answer of {len(unread)} of {len(facts)} facts inside an answer of its own "
+                      f"whose text does not read back as the same tokens (e.g. {unread[0][:80]!r}); those facts are "
+                      "keyed on their answer as given", stacklevel=2)
     return out
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from timerome.data.facts import Fact
+from timerome.data.facts import Fact, qa_rows
 from timerome.data.rows import load_rows, row_source
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
@@ -95,7 +95,7 @@ def spare_rows(backbone, task, config) -> list:
     stating an edited fact) and the known rows about an edited subject that state no edited fact."""
     base = calibration_rows(task, config)
     subjects = {f.subject for f in task.facts}
-    forget = list(task.forget_rows) + [dict(question=f.prompt, answer=f.object) for f in task.facts]
+    forget = list(task.forget_rows) + qa_rows(task.facts)
     have = {r["question"] for r in base if isinstance(r, dict)}
     extra = [r for r in known_rows(backbone, task, config)
              if isinstance(r, dict) and r.get("question") not in have and any(s in r["question"] for s in subjects)]
