@@ -404,6 +404,18 @@ def catalogue(f, tmp):
         ("timerome: --config sets the method's own trace", ["edit", "-c", '{"trace_facts": 3}', "-o", out],
          "timerome trace"),
         ("timerome: --config with an unknown setting", ["edit", "-c", '{"alpah": 2}', "-o", out], "alpah"),
+        # stop 58's audit: each of these ran (a model of NaN weights saved, a tie-break edited, options ignored)
+        ("npo beta 0 (2 / beta)", ["edit", "--method", "npo", "-c", '{"beta": 0}', "-o", tmp / "w"],
+         "beta must be a number > 0"),
+        ("ga lr -1", ["edit", "--method", "ga", "-c", '{"lr": -1}', "-o", tmp / "w"], "lr must be a number > 0"),
+        ("a target for a method that writes none", ["edit", "--method", "ga", "--target", "Nope.", "-o", tmp / "w"],
+         "takes no target"),
+        ("trace --sigma 0 (no corruption)", ["trace", "--sigma", "0", "-o", tmp / "t"], "sigma must be"),
+        ("eval --no-rouge with a sampler option", ["eval", "--no-rouge", "--cache", "dual"], "--no-rouge"),
+        ("robustness eval_forget -1", ["experiment", "robustness", "-c", '{"eval_forget": -1}', "-o", tmp / "e"],
+         "eval_forget"),
+        ("robustness relearn without {answer}", ["experiment", "robustness", "-c", '{"relearn": "{foo} {question}"}',
+                                                 "-o", tmp / "e"], "relearn must be"),
     ]
 
 
@@ -488,13 +500,15 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.engine.likelihood import log_likelihood_batch
     from timerome.engine.sampler import generate
     from timerome.errors import TimeromeError
-    from timerome.evaluation.evaluator import evaluate
+    from timerome.evaluation.evaluator import eval_rows, evaluate
     from timerome.experiments import run_experiment
     from timerome.memory.edit_memory import EditMemory
     from timerome.memory.memory_file import load_memory
     from timerome.methods import install
+    from timerome.metrics.robustness import probes
     from timerome.tracing.causal_trace import trace
     from timerome.tracing.result import TraceResult
+    from timerome.tracing.selection import select_coordinate
     from timerome.training.train import TrainConfig, train
 
     bb = load()
@@ -571,6 +585,13 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: evaluate(bb, {"bogus": task.forget_rows}), "'forget'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, sampler={"cahce": "dual"}), "'cahce'"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr="x"), "reference_tr"),
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr=[nan] * 20), "finite truth ratios"),
+        (lambda: evaluate(bb, {"forget": task.forget_rows}, reference_tr=[]), "non-empty"),
+        (lambda: eval_rows("embedded", n_retain=-1), "n_retain"),
+        (lambda: install("ga", bb, task, {"lr": -1}), "lr must be a number > 0"),
+        (lambda: install("npo", bb, task, {"beta": 0}), "beta must be a number > 0"),
+        (lambda: select_coordinate(trace(bb, steps=2, n_samples=1, sigma=0.0)), "no effect"),  # 0 runs: a check
+        (lambda: probes(task.forget_rows, relearn="{question}"), "relearn must be"),
         (lambda: load(123), "a checkpoint folder or a .gguf file"),
         (lambda: load(dtype=torch.int64), "floating-point"),
         (lambda: load_memory(files["mem"], load(dtype="bfloat16")), "another dtype"),

@@ -22,7 +22,9 @@ _LAZY = {
     "forget_task": "timerome.data.task", "ForgetTask": "timerome.data.task", "requests_task": "timerome.data.task",
     "load_requests": "timerome.data.requests", "RewriteMemory": "timerome.memory.rewrite_memory",
     "CodebookMemory": "timerome.memory.codebook_memory",
-    "evaluate": "timerome.evaluation.evaluator", "run_experiment": "timerome.experiments", "run_demo": "timerome.demo",
+    "evaluate": "timerome.evaluation.evaluator", "eval_rows": "timerome.evaluation.evaluator",
+    "reference_truth_ratios": "timerome.evaluation.evaluator", "load_memory": "timerome.memory.memory_file",
+    "run_experiment": "timerome.experiments", "run_demo": "timerome.demo",
 }
 
 __all__ = ["Backbone", "load_backbone", "Coordinate", "TimeromeError", "Hooks", "Intervention", "TraceState",

@@ -147,6 +147,10 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
     code, out = run("edit", "--method", "rome", "--requests", tmp_path / "cf.json", "-o", out_dir, "--json")
     assert code == 0 and (out_dir / "model.safetensors").exists(), out
     assert json.loads(out)["kind"] == "model folder"
+    from timerome.cli.model import edited_from
+
+    record = edited_from(out_dir)  # how it was made: the method's settings and seed, besides its source
+    assert record["method"] == "rome" and record["seed"] == 0 and record["config"] == json.loads(out)["config"]
     code, out = run("eval", "-m", out_dir, "--requests", tmp_path / "cf.json", "--base",
                     "src/timerome/assets/default-model", "--n-mc", 2, "--json")
     assert code == 0, out

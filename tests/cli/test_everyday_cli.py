@@ -112,6 +112,17 @@ def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
     assert edited["n_items"] == {"forget": 20, "retain": 4, "real_authors": 2, "world_facts": 2}
     assert edited["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] - 1  # the memory forgets
     assert edited["metrics"]["ForgetQuality"] is None and "--reference" in edited["notes"]["ForgetQuality"]
+    assert edited["reference"] is None and "holds" not in out  # every forget01 row asks one of its facts
+    # on a split it was not built for, a note says how many rows it holds; the reference is recorded, and
+    # named when it is the model being scored
+    from timerome.backbones import DEFAULT_MODEL_DIR
+
+    code, stdout, out = run("eval", "--edit", memories / "f1.safetensors", "--forget", "forget05", "--reference",
+                            DEFAULT_MODEL_DIR, *args)
+    assert code == 0 and "holds 20 facts; 20 of the 100 forget05 rows" in out, out
+    got = json.loads(stdout)
+    assert got["reference"].startswith(str(DEFAULT_MODEL_DIR.resolve())) and "itself" in got["reference"], got
+    assert "is the model being evaluated" in out and got["metrics"]["ForgetQuality"] is not None
 
 
 def test_evaluate_explains_every_nan(task):
@@ -120,8 +131,16 @@ def test_evaluate_explains_every_nan(task):
     rows = {k: v[:2] for k, v in eval_rows("embedded", n_retain=2, n_world=2).items() if k != "world_facts"}
     res = evaluate(load_backbone(), rows, n_mc=2, rouge=False)
     nan = {k for k, v in res["metrics"].items() if v != v}
-    assert nan == set(res["notes"]) == {"WorldFact", "ForgetQuality"}
+    assert nan == set(res["notes"]) - {"ModelUtility"} == {"WorldFact", "ForgetQuality"}
     assert "reference_tr" in res["notes"]["ForgetQuality"]
+    # a utility of fewer than TOFU's nine terms is a number with a note naming what it lacks
+    assert res["metrics"]["ModelUtility"] == res["metrics"]["ModelUtility"]
+    assert "4 of TOFU's 9 terms" in res["notes"]["ModelUtility"] and "world_facts prob" in res["notes"]["ModelUtility"]
+    full = evaluate(load_backbone(), {k: v[:2] for k, v in eval_rows("embedded", n_retain=2, n_world=2).items()},
+                    n_mc=2)
+    assert "ModelUtility" not in full["notes"], full["notes"]
+    only = evaluate(load_backbone(), {"forget": rows["forget"]}, n_mc=2, rouge=False)
+    assert "no 'retain'" in only["notes"]["ModelUtility"], only["notes"]
 
 
 def test_settings_are_checked_before_any_work(monkeypatch, tmp_path):

@@ -217,3 +217,30 @@ def test_measure_sees_each_blocks_own_memory():
     with measure() as cost:
         torch.ones(16).sum()
     assert cost["extra_mb"] < 20
+
+
+def test_a_collapsed_model_gets_a_note_beside_its_perfect_retain_truth_ratio():
+    # both sides of each truth ratio underflow: the 1e-10 decides TR (~0), so RetainTR reads 1 for a broken model
+    from timerome.evaluation.evaluator import missing_notes
+    from timerome.metrics.tofu import retain_truth_ratio, truth_ratio
+
+    lp, ln = np.array([-600.0, -700.0]), np.array([10.0, 10.0])
+    tr = truth_ratio(lp, ln, [np.array([-650.0, -640.0])] * 2, [np.array([10.0, 10.0])] * 2)
+    items = {"retain": {"lp": lp.tolist(), "prob": np.exp(lp / ln).tolist(), "tr": tr.tolist()}}
+    assert retain_truth_ratio(tr) == pytest.approx(1.0)
+    notes = missing_notes({"RetainTR": retain_truth_ratio(tr)}, items)
+    assert "collapsed" in notes["RetainTR"] and "2 of 2" in notes["RetainTR"]
+    healthy = {"retain": dict(items["retain"], prob=[0.3, 0.5])}
+    assert missing_notes({"RetainTR": 0.4}, healthy) == {}
+
+
+def test_a_memory_passed_as_it_is_is_evaluated_like_its_method():
+    # it ran every split and then failed on the install cost a memory does not have
+    from timerome.memory.edit_memory import EditMemory
+
+    bb, task = load_backbone(), forget_task("embedded", "forget01")
+    rows = {"forget": task.forget_rows[:2]}
+    memory = EditMemory(bb).add(task.facts)
+    got = evaluate(bb, rows, n_mc=2, edit=memory, rouge=False)
+    plain = evaluate(bb, rows, n_mc=2, rouge=False)
+    assert got["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] and "install_seconds" not in got["cost"]

@@ -250,3 +250,13 @@ def test_undo_hands_back_the_fingerprint_of_the_weights_it_restores(bb, task, mo
     setattr(owner, attr, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))  # a new tensor
     edit.undo()
     assert bb.known_fingerprint() is None and bb.fingerprint() == fp and len(calls) == 2  # computed again
+
+
+def test_a_non_finite_loss_stops_training_with_the_weights_as_they_were(bb, task):
+    # lr 1e30 overflows at the second step: before, every later step wrote NaN and the model was saved so
+    from timerome.errors import TimeromeError
+
+    before = bb.fingerprint()
+    with pytest.raises(TimeromeError, match="the loss is nan at gradient step"):
+        install("ga", bb, task, {"lr": 1e30, "safe": False, "grad_steps": 3}, seed=0)
+    assert bb.fingerprint() == before and all(torch.isfinite(p).all() for p in bb.model.parameters())

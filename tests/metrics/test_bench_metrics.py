@@ -236,3 +236,16 @@ def test_batched_generation_and_token_scores_do_not_depend_on_the_batch(embedded
     both, _ = membership.token_scores(embedded, texts, groups=3, seed=1)
     first, _ = membership.token_scores(embedded, texts[:1], groups=3, seed=1)
     assert np.allclose(both[0], first[0], atol=1e-5)
+
+
+def test_wmdp_letters_a_model_cannot_tell_apart_give_no_accuracy():
+    # the embedded word vocabulary has no " A" .. " D": every question tied, and a tie picked A
+    import timerome
+
+    bb = timerome.load_backbone()
+    assert "unknown to the model's vocabulary" in wmdp.letters_alike(bb, 4)
+    rows = [{"question": "where was the author born ?", "choices": ["a", "b", "c", "d"], "answer": a} for a in (0, 1)]
+    res = wmdp.score(bb, rows, n_mc=2)
+    assert "letter_correct" not in res and "WMDP_Acc not scored" in res["letter_note"]
+    assert "WMDP_Acc" not in wmdp.summary({"wmdp": res}) and "WMDP_AccChoice" in wmdp.summary({"wmdp": res})
+    assert wmdp.letters_alike(Fake(favourite="C"), 4) is None

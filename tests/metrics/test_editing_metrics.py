@@ -43,6 +43,11 @@ def test_outcomes_partition_the_answers():
     assert outcome("Cor Dun was born in Vantry .", req, known) == "Confabulation"
     assert outcome("Ana Bel was born in Vantry .", req, known) == "Other"
     assert outcome("Ana Bel was born in Vantry .", req, None) == "Confabulation"
+    # a refusal that then says the object leaks it; a target that names the object is still a refusal
+    assert outcome("I don't know. Ana Bel was born in Ostrel .", req, known) == "Leak"
+    from timerome.metrics.editing import classify
+
+    assert classify("Not Ostrel .", target="Not Ostrel .", obj="Ostrel") == "Refusal"
 
 
 @pytest.fixture(scope="module")

@@ -47,3 +47,12 @@ def test_per_fact_best_and_bad_input():
         select_coordinate(result(tie))
     with pytest.raises(TimeromeError, match="beta"):
         select_coordinate(result(torch.zeros(1, 2, 3, 4)), beta=-1.0)
+
+
+def test_a_trace_without_any_effect_selects_nothing():
+    # sigma 0 (no corruption) gives every TIE 0: a tie-break would name layer 0, step 0, and edit there
+    with pytest.raises(TimeromeError, match=r"every mean \|TIE\| is 0"):
+        select_coordinate(result(torch.zeros(2, 2, 3, 4)))
+    tie = torch.zeros(2, 2, 3, 4)
+    tie[1, 0, 2, 1] = 1e-6                            # any effect at all is a choice
+    assert select_coordinate(result(tie)).best.coordinate == Coordinate(2, "resid", 1)

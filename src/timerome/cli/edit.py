@@ -302,13 +302,16 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         over["alpha"] = alpha
     if "target" in get_method(method).defaults:
         over.setdefault("target", target)
+    elif target != DEFAULTS["target"]:  # refused, not ignored: the saved weights would not depend on it
+        raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
+                            "(leave --target out, or use a method with one: timerome methods)")
     config = method_config(method, over)
     forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     edit = install(method, bb, task, config, seed=seed)
     if kind == "weights":
         save_backbone(bb, out)
-        record_source(out, model, method, len(facts), source)
+        record_source(out, model, method, len(facts), source, config=config, seed=seed)
         what, name = f"the model edited by {method} ({len(facts)} facts, retain rows {spec})", "model folder"
         try_it = f"timerome generate -m {out} \"{facts[0].prompt}\""
     else:

@@ -103,6 +103,11 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
             raise TimeromeError(f"{name} must be at least 1, got {value}")
     sampler = dict(cache=None if cache in (None, "none") else cache, threshold=threshold, refresh_every=refresh_every)
     check_fast_options(**sampler)
+    unread = [k for k, v in (("--cache", cache), ("--threshold", threshold), ("--refresh-every", refresh_every))
+              if v is not None]
+    if unread and not rouge:
+        raise TimeromeError(f"{', '.join(unread)} set{'s' if len(unread) == 1 else ''} how ROUGE's answers are "
+                            "generated; with --no-rouge none is generated")
     unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
@@ -118,12 +123,21 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                         "trajectory (the ablations' Traj columns), or build it for every step (edit without --step)")
         check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
+        held = {getattr(f, "prompt", None) for f in memory.facts}
+        asked = sum(r["question"] in held for r in rows.get("forget", []))
+        if rows.get("forget") and asked < len(rows["forget"]):  # its forget columns average over rows it never saw
+            err_console.print(f"[yellow]note:[/] {edit} holds {len(memory.facts)} facts; {asked} of the "
+                              f"{len(rows['forget'])} {forget} rows evaluated ask one of them, and the forget "
+                              "columns average over them all", soft_wrap=True)
     ref_tr = None
     if reference is not None and "forget" in rows:
         if ctx.auto_reference() is None:
             raise TimeromeError("--reference auto only knows the embedded model's reference; pass a model "
                                 "directory trained without the forget set")
         ref_tr = reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=seed)
+        if ctx.reference_is_model():
+            err_console.print(f"[yellow]note:[/] --reference {escape(reference)} is the model being evaluated: Forget "
+                              "Quality needs a model trained without the forget set", soft_wrap=True)
     if sampler["cache"] is not None:
         bb.kv_cache()  # a family without the cache fails before any work
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
@@ -131,6 +145,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
                    n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=result["notes"],
                    seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed,
+                   reference=ctx.reference_label if ref_tr is not None else None,
                    sampler={k: v for k, v in sampler.items() if v is not None})
     if as_json:
         print_json(summary)
@@ -140,8 +155,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
-    for k, why in result["notes"].items():
-        err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
+    for k, why in result["notes"].items():  # "–": why a column is NaN; "note": what a number given means
+        shown = "–" if result["metrics"].get(k) != result["metrics"].get(k) else "note"
+        err_console.print(f"[yellow]{k}[/] {shown}: {escape(why)}", soft_wrap=True)
 
 
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:

@@ -162,7 +162,10 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
 
 def save_backbone(bb, out: Path) -> None:
     from timerome.backbones.llada_model import save_model
+    from timerome.common.checks import finite_tensor
 
+    for name, t in bb.model.state_dict().items():  # a model of NaN weights is never written to be loaded later
+        finite_tensor(t, f"the trained weight {name}", "not saved: lower the learning rate or change the settings")
     out = Path(out)
     (out / EDITED_FROM).unlink(missing_ok=True)  # an earlier edit's record; `edit` writes its own after this
     if hasattr(bb.model, "cfg"):
@@ -188,12 +191,17 @@ def model_place(model: str | None) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
-def record_source(out: Path, model, method: str, n_facts: int, facts: str) -> None:
+def record_source(out: Path, model, method: str, n_facts: int, facts: str, *, config: dict | None = None,
+                  seed: int | None = None) -> None:
     """Write EDITED_FROM into the edited model's folder, so that `eval --requests` measures its
-    locality against the model it came from (`edited_from`; the embedded model recorded as null)."""
+    locality against the model it came from (`edited_from`; the embedded model recorded as null), and
+    a reader can tell how it was made (the method's settings and seed)."""
+    from timerome.common.cache import plain
+
     source = None if model.model is None else model_place(model.model)
     (Path(out) / EDITED_FROM).write_text(json.dumps(dict(source_model=source, family=model.family, method=method,
-                                                         n_facts=n_facts, facts=facts), indent=2))
+                                                         n_facts=n_facts, facts=facts, config=plain(config),
+                                                         seed=seed), indent=2))
 
 
 def edited_from(folder) -> dict | None:

@@ -46,14 +46,14 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
          model: ModelChoice = None,
          data: str = typer.Option("embedded", help="'embedded', 'tofu' ($TIMEROME_TOFU_DIR or the Hub) or a TOFU directory"),
          reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set (Forget Quality)"),
-         seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+         seeds: Optional[str] = typer.Option(None, help="comma-separated seeds (default: 0,1,2; with --quick 0,1)"),
          quick: bool = typer.Option(False, help="a reduced run that exercises every step (numbers mean little)"),
          as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (the rest goes to stderr)")):
     """The main job: trace -> select -> edit -> evaluate, canonical table, heatmaps and Pareto plot."""
     from timerome.common.files import output_folder
     from timerome.demo import run_demo
 
-    seed_list = parse_seeds(seeds)
+    seed_list = None if seeds is None else parse_seeds(seeds)  # None: the demo's own (run_demo: quick or not)
     if out is not None:
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
     # with --json the demo's own report goes to stderr: stdout holds the JSON alone

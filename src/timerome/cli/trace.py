@@ -56,6 +56,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError("--window is the positional trace's: add --positional")
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
+    if sigma is not None and sigma <= 0:  # the API runs 0 (every TIE 0, a check of the engine); a trace to read, not
+        raise TimeromeError(f"--sigma must be > 0, got {sigma:g}" + (": the noise scale 0 corrupts nothing, so every "
+                            "TIE is 0 and no coordinate can be selected" if sigma == 0 else ""))
     window = 10 if window is None else window
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()

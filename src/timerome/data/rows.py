@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.checks import integer
 from timerome.common.cache import digest
 from timerome.common.files import read_text
 from timerome.data.facts import facts_from_rows
@@ -111,7 +112,7 @@ def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = No
 def spread(rows: list, n: int | None) -> list:
     """n rows evenly spaced over the list (all of them when n is None or larger); deterministic,
     so every method and seed sees the same rows and cache keys stay stable."""
-    if n is None or n >= len(rows):
+    if n is None or integer(n, "the number of rows to take", lo=0) >= len(rows):
         return list(rows)
     idx = np.linspace(0, len(rows) - 1, n).round().astype(int)
     return [rows[i] for i in idx]

@@ -109,6 +109,6 @@ def _normalise(row, path: Path | str, i: int) -> dict:
 def _from_hub(name: str) -> list[dict]:
     from timerome.data.hub import load_split as hub_split
 
-    rows = hub_split(HUB_ID, name, "train", f"pass a local directory in TOFU's Hub layout (--tofu-dir, or set "
-                                             f"${ENV_DIR})")
+    rows = hub_split(HUB_ID, name, "train", f"pass a local directory in TOFU's Hub layout (--data DIR to eval, "
+                                             f"experiment and demo; --tofu-dir to the others), or set ${ENV_DIR}")
     return [_normalise(dict(r), f"{HUB_ID}/{name}", i) for i, r in enumerate(rows)]

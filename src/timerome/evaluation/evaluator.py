@@ -41,6 +41,7 @@ from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
 from timerome.metrics.editing import GEN_SLACK, classify
+from timerome.metrics.tofu import UTILITY_SPLITS, utility_missing
 from timerome.tracing.tie import run_trajectory
 
 SPLIT_COLUMNS = split_columns("lp")  # {split: its log-probability column}, declared in metrics/tofu.py
@@ -57,6 +58,8 @@ def eval_rows(source="embedded", forget: str = "forget01", *, n_retain: int = 40
     n_world rows spread evenly over the perturbed splits (deterministic: the same rows for every
     method and seed). retain_rows overrides the retain pool (e.g. a TOFU subset).
     """
+    integer(n_retain, "n_retain", lo=1, none=True)  # None: every row (`spread`)
+    integer(n_world, "n_world", lo=1, none=True)
     rows = {"forget": load_split(f"{forget}_perturbed", source)}
     pool = retain_rows if retain_rows is not None else load_split("retain_perturbed", source)
     rows["retain"] = spread(pool, n_retain)
@@ -202,8 +205,8 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     metrics/editing.py's outcomes, and their rates are columns.
 
     Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
-    why it is NaN}}, all JSON-able. ForgetQuality needs `reference_tr` (module docstring), else it is NaN
-    and "notes" says so.
+    why it is NaN, or for a partial ModelUtility which terms it lacks}}, all JSON-able. ForgetQuality
+    needs `reference_tr` (module docstring), else it is NaN and "notes" says so.
     """
     model_arg(backbone, "evaluate's backbone")
     if isinstance(rows, dict) and rows and not set(rows) & set(EVALUATED_SPLITS):
@@ -217,6 +220,14 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if reference_tr is not None and (isinstance(reference_tr, (str, bytes, dict)) or not hasattr(reference_tr, "__len__")):
         raise TimeromeError(f"reference_tr must be the reference model's forget truth ratios (a list or tensor of "
                             f"numbers: evaluation.reference_truth_ratios), got {shown(reference_tr)}")
+    if reference_tr is not None:
+        try:
+            ref = np.asarray(reference_tr, dtype=np.float64) if len(reference_tr) else np.zeros(0)
+        except (TypeError, ValueError):
+            ref = np.full((1, 1), np.nan)
+        if ref.ndim != 1 or not len(ref) or not np.isfinite(ref).all():
+            raise TimeromeError(f"reference_tr must be a non-empty list of finite truth ratios (the reference "
+                                f"model's, evaluation.reference_truth_ratios), got {shown(reference_tr)}")
     check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
     items = {}
     ctx = edit_active(edit, backbone)
@@ -229,9 +240,9 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
         items["forget"]["outcome"] = forget_outcomes(rows, items["forget"]["generations"], target)
     metrics = summarise(items, reference_tr)
     c = {"eval_seconds": cost["seconds"], "eval_peak_memory_mb": cost["peak_mb"]}
-    if edit is not None:
+    if hasattr(edit, "cost"):  # a method's Edit; a memory passed as it is has no install cost to report
         c.update(edit.cost())
-        c.update({k: v for k, v in edit.info.items() if k.endswith("seconds")})
+        c.update({k: v for k, v in (edit.info or {}).items() if k.endswith("seconds")})
     return {"items": items, "metrics": metrics, "cost": c, "notes": missing_notes(metrics, items)}
 
 
@@ -265,13 +276,29 @@ def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: 
            f"n_mc x {answers} answers")
 
 
+COLLAPSED = 1e-8  # a per-token answer probability below which a truth ratio reads the 1e-10, not the model
+
+
 def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
-    """Why a column is NaN, in words (a NaN is never left unexplained)."""
+    """Why a column is NaN, in words (a NaN is never left unexplained), and what a model utility made of
+    fewer than TOFU's nine terms leaves out."""
     needs = {"ForgetLP": "forget", "RetainLP": "retain", "RealAuth": "real_authors", "WorldFact": "world_facts",
              "ForgetTR": "forget", "RetainTR": "retain"}
     notes = {}
     for col, value in metrics.items():
+        if col == "ModelUtility" and value == value and utility_missing(items):
+            missing = utility_missing(items)  # a number, but not TOFU's: say which terms it lacks
+            notes[col] = (f"the harmonic mean of {9 - len(missing)} of TOFU's 9 terms, without "
+                          f"{', '.join(missing)}: not comparable with a full model utility")
+        prob = np.asarray((items.get("retain") or {}).get("prob", []), dtype=float)
+        if col == "RetainTR" and value == value and prob.size and (prob < COLLAPSED).mean() >= 0.5:
+            notes[col] = (f"{int((prob < COLLAPSED).sum())} of {prob.size} retain answers have a per-token "
+                          f"probability below {COLLAPSED:g}, where the 1e-10 of the truth ratio's denominator "
+                          "(open-unlearning's) decides it: the model has collapsed, whatever this column reads")
         if value == value:  # not NaN
+            continue
+        if col == "ModelUtility" and not set(UTILITY_SPLITS) & set(items):
+            notes[col] = f"no {', '.join(map(repr, UTILITY_SPLITS))} split in the rows evaluated"
             continue
         if col == "ForgetQuality" and "tr" in items.get("forget", {}):
             notes[col] = ("needs the forget truth ratios of a reference model never trained on the forget set: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ def bootstrap_ci(x, n_resamples: int = 2000, level: float = 0.95, seed: int = 0)
 def cell(x, n_resamples: int = 2000, seed: int = 0) -> Cell:
     x = np.asarray(x, dtype=np.float64)
     lo, hi = bootstrap_ci(x, n_resamples, seed=seed)
-    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    std = float(x.std(ddof=1)) if x.size > 1 else math.nan  # one seed has no spread to report (JSON null)
     return Cell(float(x.mean()), std, lo, hi, int(x.size))
 
 

@@ -125,7 +125,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                               progress=progress)
                 cells = exp.cells(cfg, seeds, ctx)
                 about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
-                             fingerprint=bb.fingerprint(), reference=ctx.auto_reference() is not None)
+                             fingerprint=bb.fingerprint(), reference=ctx.reference_label)
                 per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
                 del bb, ctx  # one model in memory at a time
             result = exp.report(cfg, seeds, per_model, out)

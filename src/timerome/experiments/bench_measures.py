@@ -95,7 +95,11 @@ def wmdp(cell, ctx, rows, task) -> dict:
                                    n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                                    choice_text=cell.options.get("choice_text", True))}
 
-    return _run(cell, ctx, rows, task, score, WMDP.summary)
+    out = _run(cell, ctx, rows, task, score, WMDP.summary)
+    note = (out["items"].get("wmdp") or {}).get("letter_note")
+    if note:  # reported beside the table, whose WMDP_Acc column reads '–'
+        out["data"] = dict(out["data"], unscored=note)
+    return out
 
 
 @measurement("rwku")

@@ -43,7 +43,7 @@ def data_notes(results) -> list[str]:
     for r in results:
         d = r.get("data") or {}
         found = [d.get("task"), d.get("layout") and f"scored: {d['layout']}", d.get("warning"),
-                 d.get("skipped_method") and f"not measured: {d['skipped_method']}"]
+                 d.get("skipped_method") and f"not measured: {d['skipped_method']}", d.get("unscored")]
         for split in (d.get("splits") or {}).values():
             if split.get("skipped"):
                 found.append(f"{split['name']}: {len(split['skipped'])} rows skipped (e.g. row "

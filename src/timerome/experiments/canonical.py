@@ -49,12 +49,13 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
     forget_items = len(next(r for c, r in zip(cells, results) if c.measure == "full")["items"]["forget"]["lp"])
+    reference = ctx.reference_label if any(c.measure == "reference" for c in cells) else None
     note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
-                                reference_note(cells)) if x)
+                                reference_note(cells) or f"KS p (Forget Quality) against {reference}.") if x)
     unchanged = unchanged_rows(cells, results)
     md = markdown(summary, COLUMNS, "Canonical forget01", note, unchanged=unchanged)
     infos = {c.row: r.get("info", {}) for c, r in zip(cells, results) if c.measure == "full"}
     files = write_outputs(out_dir, NAME, dict(summary=summary, info=infos, coordinate=traced_coordinate(results),
-                                              unchanged=unchanged, config=cfg, seeds=list(seeds)), md)
+                                              unchanged=unchanged, config=cfg, seeds=list(seeds), reference=reference), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results))

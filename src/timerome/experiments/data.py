@@ -57,6 +57,9 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
         warnings.warn(f"{share:.0%} of the evaluated rows' tokens are unknown to the model's vocabulary "
                       f"({backbone.vocab_size} tokens): their log-probabilities mean little; use a model that "
                       "was trained on this data (--model DIR)", stacklevel=2)
+    if "forget" in out and not shown:
+        raise TimeromeError(f"the {forget} split holds no row" + (f" from row {lo} to {hi}" if (lo, hi) != (0, len(rows))
+                                                                   else "") + ": there is nothing to evaluate")
     if not out.get("forget", [None]):
         raise TimeromeError(f"no {forget} row fits the model's context of {backbone.max_length} tokens")
     validation = None

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.backbones import Backbone, load_backbone
+from timerome.backbones import DEFAULT_MODEL_DIR, Backbone, load_backbone
 from timerome.common.cache import digest, plain, restore_nonfinite, write_json
 from timerome.common.checks import budget
 from timerome.common.checks import seed as check_seed
@@ -131,6 +131,33 @@ class Context:
     def reference_tag(self):
         ref = self.auto_reference()
         return dict(ref=ref.fingerprint() if isinstance(ref, Backbone) else str(ref), options=self.reference_options)
+
+    @property
+    def reference_label(self) -> str | None:
+        """Forget Quality's reference as the outputs name it (None where there is none), with a warning
+        where it is the model being evaluated (`reference_is_model`)."""
+        ref = self.auto_reference()
+        if ref is None:
+            return None
+        if isinstance(ref, Backbone):
+            label = f"{ref.name} (weights {ref.fingerprint()[:12]})"
+        elif ref in ("embedded", "train"):
+            label = ("the embedded recipe's model trained without the forget set" if ref == "embedded"
+                     else "a model trained here on the retain rows")
+        else:
+            label = str(Path(ref).resolve()) if Path(ref).exists() else str(ref)
+        return label + (" - the model being evaluated itself, so its KS p is 1 by construction"
+                        if self.reference_is_model() else "")
+
+    def reference_is_model(self) -> bool:
+        """Whether the reference is the model being evaluated: the same Backbone or weights, or its folder."""
+        ref = self.auto_reference()
+        if isinstance(ref, Backbone):
+            return ref is self.backbone or ref.fingerprint() == self.backbone.fingerprint()
+        if ref is None or ref in ("embedded", "train") or not Path(ref).exists():
+            return False
+        model = Path(self.model_path) if self.model_path is not None else DEFAULT_MODEL_DIR
+        return model.exists() and Path(ref).resolve() == model.resolve()
 
     def auto_reference(self):
         """The reference to use: the given one, or the embedded recipe's for the embedded model."""

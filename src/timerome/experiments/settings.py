@@ -11,9 +11,13 @@ import numbers
 
 from timerome.common.checks import INT64, big_int_path, nonfinite_path
 from timerome.errors import TimeromeError
+from timerome.metrics.robustness import RELEARN_WANT, relearn_ok
 
 # settings that count something (>= 1); those also allowed to be null (= all of them)
-COUNT_SETTINGS = {"n_mc", "n_retain", "n_world", "n_facts", "n_eval_forget", "every", "traj_steps", "sizes"}
+COUNT_SETTINGS = {"n_mc", "n_retain", "n_world", "n_facts", "n_eval_forget", "every", "traj_steps", "sizes",
+                  # null by default (all rows, or the method's / benchmark's own): a count when given
+                  "eval_forget", "n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp",
+                  "gen_length", "grad_steps"}
 ALL_IF_NULL = {"n_retain", "n_world", "n_eval_forget", "retain_authors", "splits", "methods", "paper_point"}
 
 
@@ -37,6 +41,10 @@ SPECIAL = {
                    "settings, attacks",
                    lambda v: v is False or (isinstance(v, dict) and set(v) <= {"requests", "target", "n_retain", "n_world",
                                                                                "settings", "attacks"})),
+    "num_fewshot": ("an integer >= 0 (or null: each task's own)", lambda v: is_int(v) and v >= 0),
+    "limit": ("a number > 0 (examples per task; below 1, lm-eval's share of them) or null",
+              lambda v: _is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
+    "relearn": (RELEARN_WANT, relearn_ok),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),

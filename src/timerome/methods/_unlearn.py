@@ -139,6 +139,7 @@ class Run:
     pad: int
     reference: Callable | None = None   # () -> context manager yielding the frozen backbone
     state: dict = field(default_factory=dict)   # objectives keep things here (RMU's control vector)
+    method: str = ""                   # the method's name, for messages
 
     def nll(self, batch, per_example: bool = False, backbone=None):
         """MDLM masked-answer loss of a collated batch (nats per answer token; see train.mdlm_loss)."""
@@ -218,7 +219,8 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     forget = encode_pairs(backbone, task.forget_rows)
     retain = encode_pairs(backbone, held if held_out else task.retain_rows) if task.retain_rows else []
     order = torch.Generator().manual_seed(seed)
-    run = Run(backbone, cfg, torch.Generator(device=backbone.device).manual_seed(seed + 1), pad_id(backbone))
+    run = Run(backbone, cfg, torch.Generator(device=backbone.device).manual_seed(seed + 1), pad_id(backbone),
+              method=method)
     flags = {n: p.requires_grad for n, p in backbone.model.named_parameters()}
     info = {"steps_run": 0, "early_stopped": False, "safe": bool(cfg["safe"]), "retain_weight": w_retain,
             "check_rows_held_out": held_out}
@@ -267,6 +269,10 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
             r = run.nll(rb)
             loss = loss + w_retain * r
             parts["retain_nll"] = float(r.detach())
+        if not torch.isfinite(loss.detach()):  # a step on it would write NaN into every weight it reaches
+            raise TimeromeError(f"method {run.method!r}: the loss is {float(loss.detach())} at gradient step {step} "
+                                f"({', '.join(f'{k} {v:.4g}' for k, v in parts.items()) or 'no parts'}); "
+                                "the weights are left as they were: lower lr or change the method's settings")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["grad_clip"]:
@@ -279,7 +285,7 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
             continue
         lp = retain_lp(bb, check, cfg["check_mc"])
         info["retain_lp_last_check"] = lp
-        if base - lp > float(cfg["drift"]):
+        if not base - lp <= float(cfg["drift"]):  # a NaN retain LP is past any limit
             _restore(params, good)   # back to the last check within the limit
             info.update(early_stopped=True, stopped_retain_lp=lp)
             break

@@ -191,6 +191,13 @@ _COUNTS = {"grad_steps", "batch_size", "n_states", "check_every", "check_rows", 
            "trace_steps", "trace_samples"}
 
 
+# options that scale a step or divide: 0 or below trains nothing or divides by zero (NPO's 2 / beta gave a
+# model of NaN weights), a negative learning rate ascends where the method descends
+_POSITIVE = {"lr", "fit_lr", "beta", "gamma"}
+# weights and limits: below 0 they turn a penalty into a reward
+_NON_NEGATIVE = {"weight_decay", "grad_clip", "drift", "retain_w", "retain_act_w", "anchor"}
+
+
 def _check_option(method: str, key: str, default, value) -> None:
     def bad(want):
         raise TimeromeError(f"method {method!r}: option {key} must be {want}, got {shown(value)}")
@@ -202,6 +209,12 @@ def _check_option(method: str, key: str, default, value) -> None:
         if not (_is_a(numbers.Integral, value) and value >= 1):
             bad("an integer >= 1")
         budget(f"method {method!r} with {key} {value}", value, f"at least one forward per unit of {key}")
+    if key in _POSITIVE and not (_is_a(numbers.Real, value) and value > 0):
+        bad("a number > 0")
+    if key in _NON_NEGATIVE and not (_is_a(numbers.Real, value) and value >= 0):
+        bad("a number >= 0")
+    if key == "eps" and not (_is_a(numbers.Real, value) and 0 < value < 1):
+        bad("a number in (0, 1) (the least masking rate drawn)")
     if isinstance(default, bool) and not isinstance(value, bool):
         bad("true or false")
     if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):

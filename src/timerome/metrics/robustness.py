@@ -31,6 +31,21 @@ from timerome.metrics.text import pair_logprobs
 
 RELEARN = "{question} {answer}\n{question}"
 CONDITIONS = ("original", "paraphrased_question", "paraphrased_answer", "relearn")
+RELEARN_WANT = 'a template naming {question} and {answer} and nothing else (as "{question} {answer}\\n{question}")'
+
+
+def relearn_ok(template) -> bool:
+    """Whether `template` is a relearning prompt `probes` can fill: a str.format template whose only
+    fields are {question} and {answer}, both present (without the answer it measures no relearning)."""
+    import string
+
+    if not isinstance(template, str):
+        return False
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError:  # an unmatched brace
+        return False
+    return names == {"question", "answer"}
 
 
 def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
@@ -38,6 +53,8 @@ def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
     def has(r, k):
         return isinstance(r.get(k), str) and r[k].strip()
 
+    if not relearn_ok(relearn):
+        raise TimeromeError(f"relearn must be {RELEARN_WANT}, got {relearn!r}")
     out = {c: {"index": [], "prompts": [], "answers": []} for c in CONDITIONS}
     for i, r in enumerate(rows):
         if not (has(r, "question") and has(r, "answer")):

@@ -81,6 +81,17 @@ UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 NAN = float("nan")
 
 
+def utility_missing(items: dict[str, dict]) -> list[str]:
+    """TOFU's nine model-utility terms (prob, ROUGE, truth ratio on each of UTILITY_SPLITS) that `items`
+    lacks, as "split ROUGE" etc.: `model_utility` is the harmonic mean of the others."""
+    out = []
+    for split in UTILITY_SPLITS:
+        it = items.get(split) or {}
+        out += [f"{split} {term}" for term, key in (("prob", "prob"), ("ROUGE", "rouge"), ("truth ratio", "tr"))
+                if key not in it]
+    return out
+
+
 def model_utility(items: dict[str, dict]) -> float:
     """TOFU model utility: harmonic mean of prob, ROUGE-L recall and truth ratio on retain, RA, WF.
 

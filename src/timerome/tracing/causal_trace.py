@@ -76,7 +76,7 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
 def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size):
     """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
     integer(n_samples, "n_samples", lo=1)
-    number(sigma, "sigma", lo=0, none=True)
+    number(sigma, "sigma", lo=0, none=True)  # 0 corrupts nothing (every TIE 0: a check of the engine, never selected)
     if isinstance(modules, str):
         modules = (modules,)
     modules = tuple(modules)

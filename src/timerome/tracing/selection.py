@@ -82,6 +82,9 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     score, own, other = objective(result, neighbours, beta)
     finite_tensor(score, "the trace's TIE (what selection ranks)",  # a NaN would sort first and be chosen
                   "a NaN would be ranked first and chosen; trace again")
+    if not bool(own.ne(0).any()):  # a tie-break would name a coordinate no restoration ever moved
+        raise TimeromeError("the trace found no effect: every mean |TIE| is 0, so no coordinate stores the facts "
+                            "more than another (a noise scale of 0, or facts whose object the model never says?)")
     order = torch.sort(score.flatten(), descending=True, stable=True).indices[:top]
     ranked = [_candidate(result, i, score, own, other) for i in order.tolist()]
     return Selection(ranked[0], ranked)
