@@ -48,6 +48,10 @@ def test_outcomes_partition_the_answers():
     from timerome.metrics.editing import classify
 
     assert classify("Not Ostrel .", target="Not Ostrel .", obj="Ostrel") == "Refusal"
+    assert classify("Not Ostrel . Ostrel .", target="Not Ostrel .", obj="Ostrel") == "Leak"
+    # a target sharing words with the object does not hide a leak, nor make a refusal one
+    assert classify("University of Oxford", target="University of Cambridge", obj="University of Oxford") == "Leak"
+    assert classify("University of Cambridge", target="University of Cambridge", obj="University of Oxford") == "Refusal"
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,10 @@ def test_categories_choice_file_and_figure(models, tmp_path):
     c = select_positional(r, ("mlp",))
     best = r.mean()[r.modules.index("mlp"), :, CATEGORIES.index("last subject token")]
     assert c.module == "mlp" and c.effect == pytest.approx(float(best.max()))
+    from dataclasses import replace
+
+    with pytest.raises(TimeromeError, match="found no effect"):  # a trace of no effect selects nothing
+        select_positional(replace(r, effect=torch.where(r.effect.isnan(), r.effect, 0.0)), ("mlp",))
     path = r.save(tmp_path / "positional.safetensors")
     assert is_positional(path)
     back = PositionalTrace.load(path)

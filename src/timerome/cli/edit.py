@@ -93,6 +93,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
         alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
         target, g_max = got["target"], got["g_max"]
+    if method != "timerome":  # its settings, in the method's words, before the model loads
+        method_config(method, overrides)
+        if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
+            raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
+                                "(leave --target out, or use a method with one: timerome methods)")
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
@@ -302,13 +307,14 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         over["alpha"] = alpha
     if "target" in get_method(method).defaults:
         over.setdefault("target", target)
-    elif target != DEFAULTS["target"]:  # refused, not ignored: the saved weights would not depend on it
-        raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
-                            "(leave --target out, or use a method with one: timerome methods)")
     config = method_config(method, over)
     forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     edit = install(method, bb, task, config, seed=seed)
+    if (edit.info or {}).get("diverged_at_step"):
+        err_console.print(f"[yellow]note:[/] {method} diverged: its loss was {edit.info['diverged_loss']} at gradient "
+                          f"step {edit.info['diverged_at_step']}, so training stopped with the weights of step "
+                          f"{edit.info['steps_run']}; lower lr for a smaller change", soft_wrap=True)
     if kind == "weights":
         save_backbone(bb, out)
         record_source(out, model, method, len(facts), source, config=config, seed=seed)

@@ -103,14 +103,16 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
             raise TimeromeError(f"{name} must be at least 1, got {value}")
     sampler = dict(cache=None if cache in (None, "none") else cache, threshold=threshold, refresh_every=refresh_every)
     check_fast_options(**sampler)
-    unread = [k for k, v in (("--cache", cache), ("--threshold", threshold), ("--refresh-every", refresh_every))
-              if v is not None]
+    unread = [k for k, v in (("--cache", sampler["cache"]), ("--threshold", threshold),
+                             ("--refresh-every", refresh_every)) if v is not None]
     if unread and not rouge:
         raise TimeromeError(f"{', '.join(unread)} set{'s' if len(unread) == 1 else ''} how ROUGE's answers are "
                             "generated; with --no-rouge none is generated")
     unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
+    if reference is not None and "forget" not in spec.get("splits", ["forget"]):
+        raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
     bb = model.load()
     ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
@@ -123,9 +125,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                         "trajectory (the ablations' Traj columns), or build it for every step (edit without --step)")
         check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
-        held = {getattr(f, "prompt", None) for f in memory.facts}
+        held = {getattr(f, "prompt", None) for f in memory.facts} - {None, ""}  # facts known by id alone: no question
         asked = sum(r["question"] in held for r in rows.get("forget", []))
-        if rows.get("forget") and asked < len(rows["forget"]):  # its forget columns average over rows it never saw
+        if held and rows.get("forget") and asked < len(rows["forget"]):  # its forget columns average over rows it never saw
             err_console.print(f"[yellow]note:[/] {edit} holds {len(memory.facts)} facts; {asked} of the "
                               f"{len(rows['forget'])} {forget} rows evaluated ask one of them, and the forget "
                               "columns average over them all", soft_wrap=True)

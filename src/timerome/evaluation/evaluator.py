@@ -200,9 +200,9 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
     {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler. target: what an
     unlearnt forget answer should say; with rouge, each forget generation is classified as the
-    target said (Refusal), the answer given back (Leak), Gibberish, or another fact said
-    (Confabulation: naming another subject of the rows when they name their subjects),
-    metrics/editing.py's outcomes, and their rates are columns.
+    target said (Refusal), the answer given back (Leak, also after the target), Gibberish, or
+    another fact said (Confabulation: naming another subject of the rows when they name their
+    subjects), metrics/editing.py's outcomes, and their rates are columns.
 
     Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
     why it is NaN, or for a partial ModelUtility which terms it lacks}}, all JSON-able. ForgetQuality
@@ -217,6 +217,9 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if sampler is not None and unknown != []:
         raise TimeromeError(f"sampler must be a dict of {', '.join(SAMPLER_OPTIONS)}, got "
                             + (f"the unknown option(s) {', '.join(map(repr, unknown))}" if unknown else shown(sampler)))
+    if not rouge and any(v is not None for v in (sampler or {}).values()):
+        raise TimeromeError(f"sampler options set how ROUGE's answers are generated; with rouge=False none is "
+                            f"generated (got {shown(sampler)})")
     if reference_tr is not None and (isinstance(reference_tr, (str, bytes, dict)) or not hasattr(reference_tr, "__len__")):
         raise TimeromeError(f"reference_tr must be the reference model's forget truth ratios (a list or tensor of "
                             f"numbers: evaluation.reference_truth_ratios), got {shown(reference_tr)}")
@@ -276,7 +279,7 @@ def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: 
            f"n_mc x {answers} answers")
 
 
-COLLAPSED = 1e-8  # a per-token answer probability below which a truth ratio reads the 1e-10, not the model
+COLLAPSED = 1e-8  # a per-token answer probability below which a model has collapsed (its truth ratios read noise)
 
 
 def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
@@ -293,8 +296,9 @@ def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
         prob = np.asarray((items.get("retain") or {}).get("prob", []), dtype=float)
         if col == "RetainTR" and value == value and prob.size and (prob < COLLAPSED).mean() >= 0.5:
             notes[col] = (f"{int((prob < COLLAPSED).sum())} of {prob.size} retain answers have a per-token "
-                          f"probability below {COLLAPSED:g}, where the 1e-10 of the truth ratio's denominator "
-                          "(open-unlearning's) decides it: the model has collapsed, whatever this column reads")
+                          f"probability below {COLLAPSED:g}: the model has collapsed, and its truth ratios compare "
+                          "vanishing probabilities (below 1e-10 the 1e-10 of open-unlearning's denominator decides "
+                          "them), so this column means nothing here, however good it reads")
         if value == value:  # not NaN
             continue
         if col == "ModelUtility" and not set(UTILITY_SPLITS) & set(items):

@@ -27,8 +27,8 @@ def group_summary(cells, results, measure: str, columns) -> dict:
 
 
 def warnings_markdown(notes: dict) -> str:
-    """Every group's vocabulary warning, once, in bold: for the top of a report."""
-    found = list(dict.fromkeys(n for ns in notes.values() for n in ns if "mean nothing" in n))
+    """Every group's vocabulary warning and unscored column, once, in bold: for the top of a report."""
+    found = list(dict.fromkeys(n for ns in notes.values() for n in ns if "mean nothing" in n or "not scored" in n))
     return "".join(f"**Warning: {n}**\n\n" for n in found)
 
 

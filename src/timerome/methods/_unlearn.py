@@ -269,15 +269,24 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
             r = run.nll(rb)
             loss = loss + w_retain * r
             parts["retain_nll"] = float(r.detach())
-        if not torch.isfinite(loss.detach()):  # a step on it would write NaN into every weight it reaches
-            raise TimeromeError(f"method {run.method!r}: the loss is {float(loss.detach())} at gradient step {step} "
-                                f"({', '.join(f'{k} {v:.4g}' for k, v in parts.items()) or 'no parts'}); "
-                                "the weights are left as they were: lower lr or change the method's settings")
+        if not torch.isfinite(loss.detach()):
+            # diverged: a step on this loss would write NaN into every weight it reaches. Training stops with
+            # the last weights, which gave a finite loss (the safe protocol's last kept ones when it runs): a
+            # collapsed row the tables report, never a model of NaN weights
+            info.update(diverged_at_step=step, diverged_loss=float(loss.detach()))
+            if good is not None:
+                _restore(params, good)
+                info.update(early_stopped=True)
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["grad_clip"]:
             torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"]))
         opt.step()
+        if not all(bool(torch.isfinite(p).all()) for p in params):  # no finite weights to stop at: refused
+            raise TimeromeError(f"method {run.method!r}: gradient step {step} made weights NaN or infinite (its loss "
+                                f"{float(loss.detach()):.4g}); the weights are left as they were: lower lr or change "
+                                "the method's settings")
         info["steps_run"] = step
         info["loss"].append(round(float(loss.detach()), 4))
         info.update({f"last_{k}": v for k, v in parts.items()})

@@ -188,14 +188,15 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
 
 # options that count something: a 0 would fail deep inside a method with a bare IndexError
 _COUNTS = {"grad_steps", "batch_size", "n_states", "check_every", "check_rows", "check_mc", "trace_facts",
-           "trace_steps", "trace_samples"}
+           "trace_steps", "trace_samples", "stats_samples", "preserve_texts", "n_background", "key_states"}
 
 
 # options that scale a step or divide: 0 or below trains nothing or divides by zero (NPO's 2 / beta gave a
 # model of NaN weights), a negative learning rate ascends where the method descends
-_POSITIVE = {"lr", "fit_lr", "beta", "gamma"}
-# weights and limits: below 0 they turn a penalty into a reward
-_NON_NEGATIVE = {"weight_decay", "grad_clip", "drift", "retain_w", "retain_act_w", "anchor"}
+_POSITIVE = {"lr", "fit_lr", "beta"}
+# weights and limits: below 0 they turn a penalty into a reward (SimNPO's gamma 0: its retain term alone)
+_NON_NEGATIVE = {"weight_decay", "grad_clip", "drift", "retain_w", "retain_act_w", "anchor", "ridge", "mom2_weight",
+                 "l2", "preserve", "gamma"}
 
 
 def _check_option(method: str, key: str, default, value) -> None:

@@ -3,7 +3,13 @@ most likely one is the model's pick.
 
 Raw: the choice with the largest log p(choice | prompt). Length-normalised: the largest per-token
 log-probability, log p / number of tokens (lm-eval's acc_norm divides by characters; per token is
-the MDLM likelihood's own unit). Ties go to the first choice, as numpy's argmax (and lm-eval) do.
+the MDLM likelihood's own unit). `picks` breaks ties to the first choice, as numpy's argmax (and
+lm-eval) do; `correct` does not: an item whose best score k choices share is 1/k correct when its
+answer is one of them, the expectation of a fair tie-break. Scored the first way, a model that
+gives every choice the same score (words its vocabulary does not have, all one unknown token) read
+as always right where the answer is listed first (WHP's true answer: 1.0) and as the share of
+answers that are A otherwise; scored this way it reads chance. Real models do not tie, so their
+accuracy is lm-eval's.
 """
 
 from __future__ import annotations
@@ -38,9 +44,15 @@ def picks(lp, n_tokens, normalise: bool = False) -> np.ndarray:
 
 
 def correct(lp, n_tokens, answers, normalise: bool = False) -> np.ndarray:
-    """Whether each item's most likely choice is its answer (bool per item)."""
+    """How correct each item's pick is: 1 or 0, or 1/k where its best score is shared by k choices and
+    its answer is one of them (module docstring) -> float per item."""
     answers = np.asarray(answers, dtype=np.int64)
     for i, (l, a) in enumerate(zip(lp, answers)):
         if not 0 <= a < len(l):
             raise TimeromeError(f"item {i}: choice index {a} out of range ({len(l)} choices)")
-    return picks(lp, n_tokens, normalise) == answers
+    out = np.zeros(len(answers))
+    for i, (l, n, a) in enumerate(zip(lp, n_tokens, answers)):
+        score = np.asarray(l, dtype=np.float64) / (np.asarray(n, dtype=np.float64) if normalise else 1.0)
+        best = score == score.max()
+        out[i] = best[a] / best.sum()
+    return out

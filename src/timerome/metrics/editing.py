@@ -33,9 +33,9 @@ Unlearning outcomes of each edited prompt / paraphrase answer, one each (they su
     Leak           the original object said: verbatim, or its ROUGE-L recall against the answer is
                    >= EXTRACTION_ROUGE (the object is the value where the request names it, else
                    the whole original answer), also after the target ("I don't know. ... Pellmoor."
-                   leaks), unless the target itself says it
-    Refusal        the target said, and not the object (for unlearning the target is the refusal,
-                   "I don't know.")
+                   leaks; only what follows the target is read for it)
+    Refusal        the target said, and nothing after it that gives the object back (for unlearning
+                   the target is the refusal, "I don't know.")
     Gibberish      no word, a word repeated back to back, or fewer than half the words distinct
     Confabulation  a fluent other answer: naming another known subject when `known_subjects` is
                    given (else any fluent answer that is neither the target nor the original)
@@ -170,10 +170,11 @@ def leaked(answer: str, request) -> bool:
 def classify(answer: str, *, target: str | None, obj: str, subject: str | None = None, known_subjects=None) -> str:
     """One of OUTCOMES for an answer that should say `target` instead of the object `obj` (module
     docstring); `subject` is the one asked about, whom a confabulation does not name."""
-    if gives_back(answer, obj) and not (target and gives_back(target, obj)):  # "I don't know. ... Pellmoor." leaks
+    if says(answer, target):  # what it says after the target: "I don't know. ... Pellmoor." leaks
+        rest = normalise(answer)[len(normalise(target)):]
+        return "Leak" if gives_back(rest, obj) else "Refusal"
+    if gives_back(answer, obj):
         return "Leak"
-    if says(answer, target):
-        return "Refusal"
     if is_gibberish(answer):
         return "Gibberish"
     if known_subjects is None:

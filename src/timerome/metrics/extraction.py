@@ -14,9 +14,10 @@ Two sweeps over the forget requests, each condition scored on what the model say
 
 Per condition: Extraction (the share of answers that give the original object back: the object
 verbatim or its ROUGE-L recall >= EXTRACTION_ROUGE, whatever else the answer says; for the multiple
-choice, with no rival named), Refusal (the target said). `worst` picks the condition with the
-highest extraction. The likelihood does not depend on the sampler, so the sampler sweep has one
-ForgetLP (nominal); every attack has its own.
+choice, with no rival named), Refusal (the target said and nothing after it giving the object back:
+metrics/editing.py's outcome). `worst` picks the condition with the highest extraction. The
+likelihood does not depend on the sampler, so the sampler sweep has one ForgetLP (nominal); every
+attack has its own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from timerome.engine.hooks import check_stepless, edit_active
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
-from timerome.metrics.editing import answers, edit_scores, gives_back, object_text, says
+from timerome.metrics.editing import answers, edit_scores, gives_back, object_text, outcome
 
 
 def sampler_settings(gen_length: int) -> dict[str, dict]:
@@ -122,7 +123,7 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
     for a in names:
         rows = [(k, i, s) for k, ((b, i, _), s) in enumerate(zip(flat, said)) if b == a]
         out[a] = dict(Extraction=float(np.mean([extracted(a, s, requests[i]) for _, i, s in rows])),
-                      Refusal=float(np.mean([says(s, requests[i].fact.target) for _, i, s in rows])), n=len(rows))
+                      Refusal=float(np.mean([outcome(s, requests[i]) == "Refusal" for _, i, s in rows])), n=len(rows))
         if lp is not None:
             out[a]["ForgetLP"] = float(np.mean([lp[k] for k, _, _ in rows]))
     return out

@@ -154,6 +154,10 @@ def select_positional(result: PositionalTrace, modules=("mlp",), category: str =
     if not keep:
         raise TimeromeError(f"the positional trace covers modules {result.modules}, none of {tuple(modules)}")
     scores = result.mean()[keep][:, :, CATEGORIES.index(category)]  # [M', Ly]
+    seen = scores[torch.isfinite(scores)]
+    if not seen.numel() or not bool(seen.ne(0).any()):  # a tie-break would name layer 0
+        raise TimeromeError(f"the positional trace found no effect at the {category} tokens in {', '.join(modules)} "
+                            "(every mean effect 0 or NaN): no layer can be selected")
     scores = torch.nan_to_num(scores, nan=-math.inf)
     flat = int(torch.sort(scores.flatten(), descending=True, stable=True).indices[0])
     m, li = divmod(flat, scores.shape[1])
