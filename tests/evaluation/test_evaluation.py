@@ -190,6 +190,9 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     assert (tmp_path / "can" / "canonical.md").read_text().count("| timerome") == 5
     saved = json.loads((tmp_path / "can" / "canonical.json").read_text())  # standard JSON: no NaN
     assert "NaN" not in json.dumps(saved) and "Infinity" not in json.dumps(saved)
+    md = (tmp_path / "can" / "canonical.md").read_text()  # rouge off: its Utility lacks three terms, and says so
+    assert "Utility: the harmonic mean of 6 of TOFU's 9 terms" in md and "KS p (Forget Quality) against" in md
+    assert saved["reference"] and "itself" in saved["reference"]  # reference=bb: the model being evaluated
 
 
 def test_measure_sees_each_blocks_own_memory():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, plot_canonical,
-                                         reference_note, summarise, traced_coordinate, unchanged_rows, write_outputs)
+                                         reference_note, summarise, traced_coordinate, unchanged_rows, utility_note,
+                                         write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import available, get_method, method_config
 
@@ -51,7 +52,8 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     forget_items = len(next(r for c, r in zip(cells, results) if c.measure == "full")["items"]["forget"]["lp"])
     reference = ctx.reference_label if any(c.measure == "reference" for c in cells) else None
     note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
-                                reference_note(cells) or f"KS p (Forget Quality) against {reference}.") if x)
+                                reference_note(cells) or f"KS p (Forget Quality) against {reference}.",
+                                utility_note(cells, results)) if x)
     unchanged = unchanged_rows(cells, results)
     md = markdown(summary, COLUMNS, "Canonical forget01", note, unchanged=unchanged)
     infos = {c.row: r.get("info", {}) for c, r in zip(cells, results) if c.measure == "full"}
