@@ -128,7 +128,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         held = {getattr(f, "prompt", None) for f in memory.facts} - {None, ""}  # facts known by id alone: no question
         asked = sum(r["question"] in held for r in rows.get("forget", []))
         if held and rows.get("forget") and asked < len(rows["forget"]):  # its forget columns average over rows it never saw
-            err_console.print(f"[yellow]note:[/] {edit} holds {len(memory.facts)} facts; {asked} of the "
+            err_console.print(f"[yellow]note:[/] {escape(str(edit))} holds {len(memory.facts)} facts; {asked} of the "
                               f"{len(rows['forget'])} {forget} rows evaluated ask one of them, and the forget "
                               "columns average over them all", soft_wrap=True)
     ref_tr = None
