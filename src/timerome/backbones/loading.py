@@ -23,6 +23,13 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+def model_place(model: str | Path | None) -> str:
+    """A model as a place to compare or record: the embedded model's folder for None, a folder's
+    resolved path, else the Hub id as given (two names of one model give one place)."""
+    path = DEFAULT_MODEL_DIR if model is None else Path(model)
+    return str(path.resolve()) if path.exists() else str(model)
+
+
 def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
     if path_or_hub_id in (None, "", "default", "embedded"):
         if not (DEFAULT_MODEL_DIR / "config.json").exists():

@@ -165,7 +165,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
     from timerome.backbones import load_backbone
-    from timerome.cli.model import EDITED_FROM, edited_from, model_place
+    from timerome.backbones.loading import model_place
+    from timerome.cli.model import EDITED_FROM, edited_from
     from timerome.data.requests import load_requests
     from timerome.memory.memory_file import load_memory
     from timerome.metrics.editing import edit_scores

@@ -182,20 +182,12 @@ def save_backbone(bb, out: Path) -> None:
 EDITED_FROM = "timerome-edit.json"  # in a model folder `timerome edit` wrote: the model it edited, and how
 
 
-def model_place(model: str | None) -> str:
-    """A model (-m) as a place to compare or record: the embedded model's folder for None, a folder's
-    resolved path, else the Hub id as given."""
-    from timerome.backbones import DEFAULT_MODEL_DIR
-
-    path = DEFAULT_MODEL_DIR if model is None else Path(model)
-    return str(path.resolve()) if path.exists() else str(model)
-
-
 def record_source(out: Path, model, method: str, n_facts: int, facts: str, *, config: dict | None = None,
                   seed: int | None = None) -> None:
     """Write EDITED_FROM into the edited model's folder, so that `eval --requests` measures its
     locality against the model it came from (`edited_from`; the embedded model recorded as null), and
     a reader can tell how it was made (the method's settings and seed)."""
+    from timerome.backbones.loading import model_place
     from timerome.common.cache import plain
 
     source = None if model.model is None else model_place(model.model)

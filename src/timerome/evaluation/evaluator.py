@@ -41,7 +41,7 @@ from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
 from timerome.metrics.editing import GEN_SLACK, classify
-from timerome.metrics.tofu import UTILITY_SPLITS, utility_missing
+from timerome.metrics.tofu import UTILITY_SPLITS, utility_note
 from timerome.tracing.tie import run_trajectory
 
 SPLIT_COLUMNS = split_columns("lp")  # {split: its log-probability column}, declared in metrics/tofu.py
@@ -288,12 +288,11 @@ def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
     needs = {"ForgetLP": "forget", "RetainLP": "retain", "RealAuth": "real_authors", "WorldFact": "world_facts",
              "ForgetTR": "forget", "RetainTR": "retain"}
     notes = {}
+    partial = utility_note(items)  # a number, but not TOFU's: which terms it lacks
+    prob = np.asarray((items.get("retain") or {}).get("prob", []), dtype=float)
     for col, value in metrics.items():
-        if col == "ModelUtility" and value == value and utility_missing(items):
-            missing = utility_missing(items)  # a number, but not TOFU's: say which terms it lacks
-            notes[col] = (f"the harmonic mean of {9 - len(missing)} of TOFU's 9 terms, without "
-                          f"{', '.join(missing)}: not comparable with a full model utility")
-        prob = np.asarray((items.get("retain") or {}).get("prob", []), dtype=float)
+        if col == "ModelUtility" and value == value and partial:
+            notes[col] = partial
         if col == "RetainTR" and value == value and prob.size and (prob < COLLAPSED).mean() >= 0.5:
             notes[col] = (f"{int((prob < COLLAPSED).sum())} of {prob.size} retain answers have a per-token "
                           f"probability below {COLLAPSED:g}: the model has collapsed, and its truth ratios compare "

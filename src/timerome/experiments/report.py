@@ -16,10 +16,9 @@ import numpy as np
 
 from timerome.common.cache import write_atomic, write_json
 from timerome.evaluation.stats import cell, paired_t, stars
-from timerome.metrics import forget_quality
+from timerome.metrics import forget_quality, tofu
 from timerome.metrics.columns import column, digits, header, is_cost
 from timerome.metrics.editing import UNLEARNING_RATES
-from timerome.metrics.tofu import utility_missing
 
 # the compute accounting: timings and memory readings (never tested against no_edit)
 ACCOUNTING = (column("install_seconds", header="install s", cost=True),  # in every table (runner.with_edit)
@@ -350,11 +349,8 @@ def utility_note(cells, results) -> str:
     """What a Utility column made of fewer than TOFU's nine terms lacks (`rouge: false`, `splits`), from
     the first full evaluation's items; '' when it has them all or there is none."""
     items = next((r.get("items") for c, r in zip(cells, results) if c.measure == "full" and r.get("items")), None)
-    missing = utility_missing(items) if items is not None else []
-    if not missing or len(missing) == 9:
-        return ""
-    return (f"Utility: the harmonic mean of {9 - len(missing)} of TOFU's 9 terms, without {', '.join(missing)}; "
-            "not comparable with a full model utility.")
+    note = tofu.utility_note(items) if items is not None else None
+    return f"Utility: {note}." if note else ""
 
 
 def reference_note(cells) -> str:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.backbones import DEFAULT_MODEL_DIR, Backbone, load_backbone
+from timerome.backbones import Backbone, load_backbone
+from timerome.backbones.loading import model_place
 from timerome.common.cache import digest, plain, restore_nonfinite, write_json
 from timerome.common.checks import budget
 from timerome.common.checks import seed as check_seed
@@ -145,7 +146,7 @@ class Context:
             label = ("the embedded recipe's model trained without the forget set" if ref == "embedded"
                      else "a model trained here on the retain rows")
         else:
-            label = str(Path(ref).resolve()) if Path(ref).exists() else str(ref)
+            label = model_place(ref)
         return label + (" - the model being evaluated itself, so its KS p is 1 by construction"
                         if self.reference_is_model() else "")
 
@@ -154,10 +155,7 @@ class Context:
         ref = self.auto_reference()
         if isinstance(ref, Backbone):
             return ref is self.backbone or ref.fingerprint() == self.backbone.fingerprint()
-        if ref is None or ref in ("embedded", "train") or not Path(ref).exists():
-            return False
-        model = Path(self.model_path) if self.model_path is not None else DEFAULT_MODEL_DIR
-        return model.exists() and Path(ref).resolve() == model.resolve()
+        return ref not in (None, "embedded", "train") and model_place(ref) == model_place(self.model_path)
 
     def auto_reference(self):
         """The reference to use: the given one, or the embedded recipe's for the embedded model."""

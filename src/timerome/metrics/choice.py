@@ -8,8 +8,8 @@ lm-eval) do; `correct` does not: an item whose best score k choices share is 1/k
 answer is one of them, the expectation of a fair tie-break. Scored the first way, a model that
 gives every choice the same score (words its vocabulary does not have, all one unknown token) read
 as always right where the answer is listed first (WHP's true answer: 1.0) and as the share of
-answers that are A otherwise; scored this way it reads chance. Real models do not tie, so their
-accuracy is lm-eval's.
+answers that are A otherwise; scored this way it reads chance. Where no item ties, the accuracy is
+lm-eval's argmax accuracy.
 """
 
 from __future__ import annotations
@@ -37,10 +37,15 @@ def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n
     return lp, ln
 
 
+def _scores(lp, n_tokens, normalise: bool) -> list[np.ndarray]:
+    """Each item's choice scores: log p, or per token."""
+    return [np.asarray(l, dtype=np.float64) / (np.asarray(n, dtype=np.float64) if normalise else 1.0)
+            for l, n in zip(lp, n_tokens)]
+
+
 def picks(lp, n_tokens, normalise: bool = False) -> np.ndarray:
     """The index of the most likely choice per item."""
-    return np.array([int(np.argmax(np.asarray(l) / (np.asarray(n) if normalise else 1.0)))
-                     for l, n in zip(lp, n_tokens)], dtype=np.int64)
+    return np.array([int(np.argmax(s)) for s in _scores(lp, n_tokens, normalise)], dtype=np.int64)
 
 
 def correct(lp, n_tokens, answers, normalise: bool = False) -> np.ndarray:
@@ -50,9 +55,5 @@ def correct(lp, n_tokens, answers, normalise: bool = False) -> np.ndarray:
     for i, (l, a) in enumerate(zip(lp, answers)):
         if not 0 <= a < len(l):
             raise TimeromeError(f"item {i}: choice index {a} out of range ({len(l)} choices)")
-    out = np.zeros(len(answers))
-    for i, (l, n, a) in enumerate(zip(lp, n_tokens, answers)):
-        score = np.asarray(l, dtype=np.float64) / (np.asarray(n, dtype=np.float64) if normalise else 1.0)
-        best = score == score.max()
-        out[i] = best[a] / best.sum()
-    return out
+    best = [score == score.max() for score in _scores(lp, n_tokens, normalise)]
+    return np.array([b[a] / b.sum() for b, a in zip(best, answers)], dtype=np.float64)

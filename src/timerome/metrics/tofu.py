@@ -81,15 +81,24 @@ UTILITY_SPLITS = ("retain", "real_authors", "world_facts")
 NAN = float("nan")
 
 
+UTILITY_TERMS = (("prob", "prob"), ("ROUGE", "rouge"), ("truth ratio", "tr"))  # (name, items key) per split
+
+
 def utility_missing(items: dict[str, dict]) -> list[str]:
-    """TOFU's nine model-utility terms (prob, ROUGE, truth ratio on each of UTILITY_SPLITS) that `items`
-    lacks, as "split ROUGE" etc.: `model_utility` is the harmonic mean of the others."""
-    out = []
-    for split in UTILITY_SPLITS:
-        it = items.get(split) or {}
-        out += [f"{split} {term}" for term, key in (("prob", "prob"), ("ROUGE", "rouge"), ("truth ratio", "tr"))
-                if key not in it]
-    return out
+    """TOFU's nine model-utility terms (UTILITY_TERMS on each of UTILITY_SPLITS) that `items` lacks, as
+    "split ROUGE" etc.: `model_utility` is the harmonic mean of the others."""
+    return [f"{split} {term}" for split in UTILITY_SPLITS for term, key in UTILITY_TERMS
+            if key not in (items.get(split) or {})]
+
+
+def utility_note(items: dict[str, dict]) -> str | None:
+    """What a model utility of `items` made of some but not all of TOFU's terms lacks, in words; None
+    when it has them all, or none (then it is NaN, explained where NaNs are)."""
+    missing, terms = utility_missing(items), len(UTILITY_SPLITS) * len(UTILITY_TERMS)
+    if not missing or len(missing) == terms:
+        return None
+    return (f"the harmonic mean of {terms - len(missing)} of TOFU's {terms} terms, without {', '.join(missing)}: "
+            "not comparable with a full model utility")
 
 
 def model_utility(items: dict[str, dict]) -> float:
