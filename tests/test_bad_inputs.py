@@ -416,6 +416,16 @@ def catalogue(f, tmp):
          "eval_forget"),
         ("robustness relearn without {answer}", ["experiment", "robustness", "-c", '{"relearn": "{foo} {question}"}',
                                                  "-o", tmp / "e"], "relearn must be"),
+        # stop 59: eval --bench, a benchmark's own metrics for a model or a saved memory
+        ("eval --bench an unknown benchmark", ["eval", "--bench", "muse"], "a benchmark is one of"),
+        ("eval --bench with a choice for a benchmark without choices", ["eval", "--bench", "whp:x"],
+         "a benchmark is one of"),
+        ("eval --bench and --requests", ["eval", "--bench", "wmdp", "--requests", "embedded:forget01"], "give one"),
+        ("eval --limit without --bench", ["eval", "--limit", "3"], "--limit applies only with --bench"),
+        ("eval --bench --limit 0", ["eval", "--bench", "wmdp", "--limit", "0"], "--limit must be"),
+        ("eval --bench with a TOFU option", ["eval", "--bench", "wmdp", "--splits", "forget"],
+         "--splits applies only without"),
+        ("eval --bench-data a file", ["eval", "--bench", "wmdp", "--bench-data", f["cfg_array"]], "is not a folder"),
     ]
 
 

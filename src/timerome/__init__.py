@@ -24,6 +24,7 @@ _LAZY = {
     "CodebookMemory": "timerome.memory.codebook_memory",
     "evaluate": "timerome.evaluation.evaluator", "eval_rows": "timerome.evaluation.evaluator",
     "reference_truth_ratios": "timerome.evaluation.evaluator", "load_memory": "timerome.memory.memory_file",
+    "evaluate_benchmark": "timerome.experiments.bench_eval", "load_benchmark": "timerome.experiments.bench_eval",
     "run_experiment": "timerome.experiments", "run_demo": "timerome.demo",
 }
 

@@ -26,8 +26,15 @@ def metric_table(metrics: dict, fmt: str) -> Table:
     return t
 
 
-N_RETAIN = 40  # retain rows evaluated when --n-retain is not given (both modes)
-N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (both modes)
+N_RETAIN = 40  # retain rows evaluated when --n-retain is not given (TOFU and --requests)
+N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (TOFU and --requests)
+FLAG = {"requests": "--requests", "bench": "--bench"}  # the modes other than TOFU's, by the flag that chooses them
+# the modes each mode-specific option applies to (tofu: neither --requests nor --bench)
+MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
+         **dict.fromkeys(("--data", "--forget", "--retain-authors", "--splits", "--reference", "--cache",
+                          "--threshold", "--refresh-every"), {"tofu"}),
+         **dict.fromkeys(("--n-retain", "--n-world"), {"tofu", "requests"}),
+         "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit"), {"bench"})}
 
 
 @app.command("eval")
@@ -67,9 +74,18 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                            "compared with (default: the model without --edit; for a "
                                                            "model folder `timerome edit` wrote, the model it edited)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
-                                                                 "the longest expected answer + 4)")):
-    """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, or
-    edit requests with the editing metrics (--requests)."""
+                                                                 "the longest expected answer + 4)"),
+             bench: Optional[str] = typer.Option(
+                 None, "--bench", help="score a benchmark instead, with its own metrics: muse-books, muse-news, whp, wmdp or rwku"
+                                       + " (wmdp:SUBJECT, rwku:TARGET to choose; default wmdp:bio, the first "
+                                         "RWKU target)"),
+             bench_data: Optional[Path] = typer.Option(None, "--bench-data", help="with --bench: the folder of the "
+                                                       "benchmark data (muse/, whp/, wmdp/, rwku/; default "
+                                                       "$TIMEROME_BENCH_DIR, else the Hub for MUSE and WMDP)"),
+             limit: Optional[int] = typer.Option(None, help="with --bench: at most N rows of each scored split "
+                                                            "(default: all, the full protocol)")):
+    """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, edit
+    requests with the editing metrics (--requests), or a benchmark with its own (--bench)."""
     from timerome.engine.hooks import refuse_one_step
     from timerome.engine.sampler import check_fast_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
@@ -78,17 +94,25 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.memory.memory_file import load_memory
     from timerome.methods import InferenceEdit
 
-    # each mode's own options; one given to the other mode is refused, not ignored
-    with_requests = {"--target": None if target == EDIT.target else target, "--base": base, "--gen-length": gen_length}
-    without = {"--data": data, "--forget": forget, "--retain-authors": retain_authors,
-               "--splits": splits, "--reference": reference, "--cache": cache, "--threshold": threshold,
-               "--refresh-every": refresh_every, "--no-rouge": None if rouge else True}
-    wrong = [k for k, v in (without if requests is not None else with_requests).items() if v is not None]
+    # each mode's own options; one given to another mode is refused, not ignored
+    if requests is not None and bench is not None:
+        raise TimeromeError("--requests and --bench are two kinds of evaluation: give one")
+    mode = "requests" if requests is not None else "bench" if bench is not None else "tofu"
+    given = {"--target": None if target == EDIT.target else target, "--base": base, "--gen-length": gen_length,
+             "--data": data, "--forget": forget, "--retain-authors": retain_authors, "--splits": splits,
+             "--reference": reference, "--cache": cache, "--threshold": threshold, "--refresh-every": refresh_every,
+             "--no-rouge": None if rouge else True, "--n-retain": n_retain, "--n-world": n_world,
+             "--bench-data": bench_data, "--limit": limit}
+    wrong = [k for k, v in given.items() if v is not None and mode not in MODES[k]]
     if wrong:
-        raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only "
-                            f"{'without' if requests is not None else 'with'} --requests")
+        modes = MODES[wrong[0]]
+        where = (f"with {' or '.join(FLAG[m] for m in modes)}" if "tofu" not in modes
+                 else f"without {' or '.join(FLAG[m] for m in FLAG if m not in modes)}")
+        raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only {where}")
     if requests is not None:
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
+    if bench is not None:
+        return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
     n_retain = N_RETAIN if n_retain is None else n_retain
@@ -244,3 +268,45 @@ def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
     if not embedded:
         return {}, None
     return locality_rows("embedded", n_retain, n_world), known_subjects(_embedded())
+
+
+
+def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:
+    """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
+    while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
+    from timerome.engine.hooks import refuse_one_step
+    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark
+    from timerome.memory.memory_file import load_memory
+
+    if limit is not None and limit < 1:
+        raise TimeromeError(f"--limit must be at least 1, got {limit}")
+    if n_mc < 1:
+        raise TimeromeError(f"--n-mc must be at least 1, got {n_mc}")
+    if bench_data is not None and not bench_data.is_dir():
+        raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+    bb = model.load()
+    rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit)
+    memory = None
+    if edit is not None:
+        memory = load_memory(edit, bb)
+        refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
+                        "read it along the trajectory (the ablations' Traj columns), or build it for every step "
+                        "(edit without --step)")
+        prompts = [bb.encode(r[k]) for split in rows["splits"].values() for r in split[:2]
+                   for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4]
+        check_edit_scale(bb, memory, prompts, edit)
+    result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
+    summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
+                   data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
+                   notes=result["notes"], seconds=result["seconds"], n_mc=n_mc, seed=seed, rouge=rouge)
+    if as_json:
+        print_json(summary)
+        return
+    title = (f"{summary['model']}" + (f" with {edit}" if edit else "")
+             + f" on {result['bench']} (n_mc {n_mc}, seed {seed})")
+    console.print(escape(title), soft_wrap=True)
+    console.print(metric_table(result["metrics"], "{:.4g}"))
+    console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
+                  + f"; {result['seconds']:.1f}s", soft_wrap=True)
+    for n in result["notes"]:
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)

@@ -53,12 +53,14 @@ def _bundle(spec, ctx, loaded: dict, forget_rows, retain_rows=None) -> tuple[dic
                            f"({ctx.backbone.vocab_size} tokens): its numbers mean nothing; run a real "
                            "backbone (--model DIR)")
         warnings.warn(info["warning"], stacklevel=2)
+    if spec.get("task") == "none":  # rows only (`timerome eval --bench`: a saved memory, or none, is scored)
+        return {"splits": splits, "info": info}, None
     if spec.get("task", "tofu") == "tofu":
         _, task = ctx.data({"forget": spec.get("forget", "forget01"), "splits": ["forget"]})
         info["task"] = f"TOFU {spec.get('forget', 'forget01')} ({len(task.facts)} facts): transfer"
         return {"splits": splits, "info": info}, task
     if spec["task"] != "own":
-        raise TimeromeError(f"a benchmark task is 'tofu' or 'own', got {spec['task']!r}")
+        raise TimeromeError(f"a benchmark task is 'tofu', 'own' or 'none', got {spec['task']!r}")
     if retain_rows is None:
         retain_rows = load_split("retain_perturbed", ctx.source)
     task, note = own_task(ctx.backbone, forget_rows, retain_rows)
@@ -108,7 +110,9 @@ def muse_data(spec, ctx):
     for k, v in loaded.items():
         v.rows = spread(v.rows, n.get(k))
     forget = _with_subjects(loaded["knowmem_forget"].rows)
-    return _bundle(spec, ctx, loaded, forget, loaded["knowmem_retain"].rows)
+    rows, task = _bundle(spec, ctx, loaded, forget, loaded["knowmem_retain"].rows)
+    rows["info"]["corpus"] = corpus  # privleak's reference AUC is per corpus
+    return rows, task
 
 
 @data_kind("whp")
@@ -142,6 +146,8 @@ def rwku_data(spec, ctx):
     parts = ("forget_level1", "forget_level2", "forget_level3", "neighbor_level1", "neighbor_level2")
     parts += ("forget_mia", "retain_mia") if spec.get("mia", True) else ()
     loaded = {p: load_rwku(folder, p, src) for p in parts}
+    for v in loaded.values():  # n_probes: at most so many rows of each probe level and membership split
+        v.rows = spread(v.rows, spec.get("n_probes"))
     forget_from = tuple(spec.get("forget_from", ("probes", "passages")))
     forget = []
     if "probes" in forget_from:
@@ -152,6 +158,7 @@ def rwku_data(spec, ctx):
     others = [f for f in rwku_targets(src) if f != folder]
     retain = [r for f in others for r in passage_rows(load_rwku(f, "passage", src).rows)]
     retain = spread(retain, 40) if retain else load_split("retain_perturbed", ctx.source)
-    rows, task = _bundle(dict(spec, task="own"), ctx, loaded, forget, retain)
+    rows, task = _bundle(dict(spec, task=spec.get("task") if spec.get("task") == "none" else "own"), ctx, loaded,
+                         forget, retain)
     rows["info"]["target"] = name
     return rows, task

@@ -19,7 +19,7 @@ import time
 
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
-from timerome.experiments import bench_data  # noqa: F401 - registers the benchmark data kinds
+from timerome.experiments import bench_data as _data_kinds  # noqa: F401 - registers the benchmark data kinds
 from timerome.experiments.runner import measurement, with_edit
 from timerome.metrics import muse as MUSE
 from timerome.metrics import rwku as RWKU
@@ -28,14 +28,78 @@ from timerome.metrics import wmdp as WMDP
 from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K
 
 
-def _run(cell, ctx, rows, task, score, summary) -> dict:
-    """Install the cell's method, score(splits) -> items under the edit, undo; items + metrics."""
+def _mia(o) -> dict:
+    return dict(k=o.get("mia_k", DEFAULT_K), groups=o.get("mia_groups", DEFAULT_GROUPS))
+
+
+# ------------------------------------------------------------------------------ what each benchmark scores
+# score(backbone, splits, info, options, seed, progress) -> items; the measurement cells and `timerome
+# eval --bench` (bench_scores) share them, so a saved memory and an installed method read the same numbers.
+
+def _muse(bb, s, info, o, seed, progress) -> dict:
+    n_mc, rouge = o.get("n_mc", LIKELIHOOD.n_mc), o.get("rouge", True)
+    reference = (o.get("privleak_reference") or {}).get(info.get("corpus", "books"))
+    items = {}
+    for part in ("forget", "retain"):
+        items[f"knowmem_{part}"] = MUSE.knowmem(bb, s[f"knowmem_{part}"], s[f"knowmem_{part}_icl"], n_mc=n_mc,
+                                                seed=seed, rouge=rouge, progress=progress,
+                                                gen_length=o.get("knowmem_tokens", MUSE.KNOWMEM_TOKENS))
+    items["verbmem"] = MUSE.verbmem(bb, s["verbmem"], n_mc=n_mc, seed=seed, rouge=rouge, progress=progress,
+                                    gen_length=o.get("verbmem_tokens", MUSE.VERBMEM_TOKENS))
+    if "privleak_forget" in s:
+        items["privleak"] = MUSE.privacy_leak(bb, [r["text"] for r in s["privleak_forget"]],
+                                              [r["text"] for r in s["privleak_holdout"]], seed=seed,
+                                              reference_auc=reference, progress=progress, **_mia(o))
+    return items
+
+
+def _whp(bb, s, info, o, seed, progress) -> dict:
+    items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed)}
+    if o.get("rouge", True):
+        items["familiarity"] = WHP.familiarity(bb, s["completions"], seed=seed, progress=progress,
+                                               gen_length=o.get("completion_tokens", WHP.COMPLETION_TOKENS))
+    return items
+
+
+def _wmdp(bb, s, info, o, seed, progress) -> dict:
+    subject = info.get("subject")
+    return {"wmdp": WMDP.score(bb, s["wmdp"], subject=None if subject == "mixed" else subject,
+                               n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed, choice_text=o.get("choice_text", True))}
+
+
+def _rwku(bb, s, info, o, seed, progress) -> dict:
+    items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed, rouge=o.get("rouge", True),
+                            gen_length=o.get("answer_tokens", RWKU.ANSWER_TOKENS), progress=progress)
+             for p in RWKU.LEVELS}
+    if "forget_mia" in s:
+        items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]], [r["text"] for r in s["retain_mia"]],
+                                       seed=seed, progress=progress, **_mia(o))
+    return items
+
+
+SCORES = {"muse": (_muse, MUSE.summary), "whp": (_whp, WHP.summary), "wmdp": (_wmdp, WMDP.summary),
+          "rwku": (_rwku, RWKU.summary)}
+
+
+def bench_scores(kind: str, backbone, rows: dict, options: dict, seed: int, progress: bool = False) -> dict:
+    """{items, metrics, data} of one benchmark's rows (`bench_data`) on the model as it stands (an
+    edit, if any, already active): what it held, and a column that is not scored says why (`unscored`)."""
+    score, summary = SCORES[kind]
+    items = score(backbone, rows["splits"], rows["info"], options, seed, progress)
+    data = rows["info"]
+    note = (items.get("wmdp") or {}).get("letter_note")
+    if note:  # reported beside the table, whose WMDP_Acc column reads '–'
+        data = dict(data, unscored=note)
+    return {"items": items, "metrics": summary(items), "data": data}
+
+
+def _run(cell, ctx, rows, task) -> dict:
+    """Install the cell's method, score the benchmark under the edit, undo; items + metrics."""
     def measure(edit):
         t0 = time.perf_counter()
         with edit.active():
-            items = score(rows["splits"])
-        return {"items": items, "metrics": summary(items), "data": rows["info"],
-                "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
+            out = bench_scores(cell.measure, ctx.backbone, rows, cell.options, cell.seed)
+        return dict(out, cost=dict(edit.cost(), eval_seconds=time.perf_counter() - t0))
 
     if cell.data.get("task") != "own":
         return with_edit(cell, ctx, task, measure)
@@ -45,73 +109,6 @@ def _run(cell, ctx, rows, task, score, summary) -> dict:
         return {"items": {}, "metrics": {}, "data": dict(rows["info"], skipped_method=f"{cell.row}: {e}")}
 
 
-def _mia(o) -> dict:
-    return dict(k=o.get("mia_k", DEFAULT_K), groups=o.get("mia_groups", DEFAULT_GROUPS))
+for _kind in SCORES:
+    measurement(_kind)(_run)
 
-
-@measurement("muse")
-def muse(cell, ctx, rows, task) -> dict:
-    bb, o, seed = ctx.backbone, cell.options, cell.seed
-    n_mc, rouge = o.get("n_mc", LIKELIHOOD.n_mc), o.get("rouge", True)
-    reference = (o.get("privleak_reference") or {}).get(cell.data.get("corpus", "books"))
-
-    def score(s):
-        items = {}
-        for part in ("forget", "retain"):
-            items[f"knowmem_{part}"] = MUSE.knowmem(bb, s[f"knowmem_{part}"], s[f"knowmem_{part}_icl"], n_mc=n_mc,
-                                                    seed=seed, rouge=rouge,
-                                                    gen_length=o.get("knowmem_tokens", MUSE.KNOWMEM_TOKENS))
-        items["verbmem"] = MUSE.verbmem(bb, s["verbmem"], n_mc=n_mc, seed=seed, rouge=rouge,
-                                        gen_length=o.get("verbmem_tokens", MUSE.VERBMEM_TOKENS))
-        if "privleak_forget" in s:
-            items["privleak"] = MUSE.privacy_leak(bb, [r["text"] for r in s["privleak_forget"]],
-                                                  [r["text"] for r in s["privleak_holdout"]], seed=seed,
-                                                  reference_auc=reference, **_mia(o))
-        return items
-
-    return _run(cell, ctx, rows, task, score, MUSE.summary)
-
-
-@measurement("whp")
-def whp(cell, ctx, rows, task) -> dict:
-    bb, o = ctx.backbone, cell.options
-
-    def score(s):
-        items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed)}
-        if o.get("rouge", True):
-            items["familiarity"] = WHP.familiarity(bb, s["completions"], seed=cell.seed,
-                                                   gen_length=o.get("completion_tokens", WHP.COMPLETION_TOKENS))
-        return items
-
-    return _run(cell, ctx, rows, task, score, WHP.summary)
-
-
-@measurement("wmdp")
-def wmdp(cell, ctx, rows, task) -> dict:
-    subject = rows["info"].get("subject")
-
-    def score(s):
-        return {"wmdp": WMDP.score(ctx.backbone, s["wmdp"], subject=None if subject == "mixed" else subject,
-                                   n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
-                                   choice_text=cell.options.get("choice_text", True))}
-
-    out = _run(cell, ctx, rows, task, score, WMDP.summary)
-    note = (out["items"].get("wmdp") or {}).get("letter_note")
-    if note:  # reported beside the table, whose WMDP_Acc column reads '–'
-        out["data"] = dict(out["data"], unscored=note)
-    return out
-
-
-@measurement("rwku")
-def rwku(cell, ctx, rows, task) -> dict:
-    bb, o = ctx.backbone, cell.options
-
-    def score(s):
-        items = {p: RWKU.probes(bb, s[p], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, rouge=o.get("rouge", True),
-                                gen_length=o.get("answer_tokens", RWKU.ANSWER_TOKENS)) for p in RWKU.LEVELS}
-        if "forget_mia" in s:
-            items["mia"] = RWKU.membership(bb, [r["text"] for r in s["forget_mia"]],
-                                           [r["text"] for r in s["retain_mia"]], seed=cell.seed, **_mia(o))
-        return items
-
-    return _run(cell, ctx, rows, task, score, RWKU.summary)

@@ -1,0 +1,91 @@
+"""One benchmark scored outside an experiment: a model as it is, or with a saved edit memory applied
+while scoring (`timerome eval --bench`). The rows are the transfer / rwku experiments' data specs
+(`bench_data`, task "none": no method is given a task), the scores their measurements'
+(`bench_measures.bench_scores`), so a saved memory reads what the experiment's installed method reads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+from timerome.common.checks import integer
+from timerome.data.benchmark import ENV_DIR
+from timerome.data.rwku import rwku_targets
+from timerome.engine.hooks import refuse_one_step
+from timerome.engine.settings import LIKELIHOOD
+from timerome.errors import TimeromeError
+from timerome.experiments.bench_measures import bench_scores
+from timerome.experiments.bench_report import data_notes
+from timerome.experiments.runner import Context
+from timerome.experiments.transfer import CONFIG, data_spec
+from timerome.memory.memory_file import load_memory
+from timerome.methods.registry import Edit
+
+BENCHES = ("muse-books", "muse-news", "whp", "wmdp", "rwku")  # the transfer / rwku experiments' names
+
+
+def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None) -> dict:
+    """The rows `evaluate_benchmark` scores: bench one of BENCHES, "wmdp:SUBJECT" or "rwku:TARGET"
+    (default wmdp:bio, the first RWKU target); bench_data the folder holding muse/, whp/, wmdp/,
+    rwku/ (None: $TIMEROME_BENCH_DIR, else the Hub for MUSE and WMDP); limit: at most so many rows of
+    each scored split (None: all, the full protocol). {"splits", "info", "spec", "bench"}."""
+    name, _, choice = str(bench).partition(":")
+    if name not in BENCHES or (choice and name not in ("wmdp", "rwku")):
+        raise TimeromeError(f"a benchmark is one of {', '.join(BENCHES)} (wmdp:SUBJECT, rwku:TARGET), got {bench!r}")
+    integer(limit, "the row limit", lo=1, none=True)
+    if bench_data is not None and not Path(bench_data).is_dir():
+        raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
+    folder = str(Path(bench_data).resolve()) if bench_data is not None else os.environ.get(ENV_DIR)
+    if name == "rwku":
+        spec = dict(kind="rwku", task="none", dir=folder or "hub", target=choice or rwku_targets(folder)[0],
+                    n_probes=limit, forget_from=[], mia=True)
+    else:
+        if name == "whp" and folder is None:
+            raise TimeromeError("WHP is read from a local folder only: pass its folder (--bench-data DIR) or set "
+                                f"${ENV_DIR}")
+        sizes = dict.fromkeys(("n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp"), limit)
+        cfg = dict(CONFIG, bench_dir=folder, **sizes, wmdp_subject=choice or CONFIG["wmdp_subject"])
+        spec = {k: v for k, v in data_spec(cfg, name, "none").items() if k != "forget"}
+    with warnings.catch_warnings():  # what the data holds is said once, in the result's notes
+        warnings.simplefilter("ignore")
+        rows, _ = Context(backbone, progress=False).data(spec)
+    label = f"rwku:{rows['info']['target']}" if name == "rwku" else f"wmdp:{spec['subject']}" if name == "wmdp" else name
+    return dict(rows, spec=spec, bench=label)
+
+
+def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: int | None = None,
+                       n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, rouge: bool = True, progress: bool = False) -> dict:
+    """A benchmark's own metrics (the transfer / rwku experiments' columns) for the model as it is, or
+    with `edit` applied while scoring: an edit memory, or its file (a saved memory; nothing is installed),
+    or a method installed on this model (`timerome.methods.install`; the caller undoes it).
+    bench: a name (`load_benchmark`, with bench_data and limit) or the rows load_benchmark returned.
+    rouge=False: log-probabilities and choices only (no generation). -> {"metrics", "notes" (what the
+    data held, and why a column is missing), "n_items", "items", "data", "seconds"}."""
+    integer(n_mc, "n_mc", lo=1)
+    if isinstance(bench, dict):
+        if not {"splits", "info", "spec", "bench"} <= set(bench):
+            raise TimeromeError("bench must be a benchmark's name or the rows load_benchmark returned")
+        if bench_data is not None or limit is not None:
+            raise TimeromeError("bench_data and limit choose rows to load; these rows are loaded already")
+    rows = bench if isinstance(bench, dict) else load_benchmark(backbone, bench, bench_data=bench_data, limit=limit)
+    if isinstance(edit, (str, os.PathLike)):
+        edit = load_memory(edit, backbone)
+    if edit is None:
+        active = nullcontext()
+    elif hasattr(edit, "applied"):  # an edit memory: its hooks while scoring
+        refuse_one_step(getattr(edit.coordinate, "step", None), "the edit", "these metrics read",
+                        "build it for every step (step=None)")
+        active = edit.applied(backbone)
+    elif isinstance(edit, Edit):  # a method installed on this model (`timerome.methods.install`)
+        active = edit.active()
+    else:
+        raise TimeromeError(f"edit must be an edit memory, its file or an installed method, got {type(edit).__name__}")
+    t0 = time.perf_counter()
+    with active:
+        out = bench_scores(rows["spec"]["kind"], backbone, rows, dict(n_mc=n_mc, rouge=rouge), seed, progress)
+    return dict(out, notes=data_notes([out]), n_items={k: len(v) for k, v in rows["splits"].items()},
+                seconds=time.perf_counter() - t0, bench=rows["bench"], spec=rows["spec"])

@@ -1,0 +1,113 @@
+"""`timerome eval --bench` / `timerome.evaluate_benchmark`: a saved edit memory scored on a benchmark
+reads the numbers the transfer experiment gives the same memory installed as its method."""
+
+import json
+import warnings
+
+import pytest
+from bench_models import BENCH, needs_bench
+from typer.testing import CliRunner
+
+import timerome
+from timerome.backbones import load_backbone
+from timerome.cli import app
+from timerome.errors import TimeromeError
+from timerome.experiments import run_experiment
+from timerome.experiments.runner import Context
+from timerome.methods import install
+
+TIMEROME_AT_LAYER_1 = {"method": "timerome", "config": {"coordinate": [1, "resid"]}}
+ROW = "timerome (coordinate=[1, 'resid'])"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    warnings.simplefilter("ignore", UserWarning)
+
+
+@pytest.fixture(scope="module")
+def bb():
+    return load_backbone(None)
+
+
+@pytest.fixture(scope="module")
+def saved(bb, tmp_path_factory):
+    """The transfer experiment's TimeROME memory (TOFU forget01, layer 1 resid, seed 0), saved."""
+    _, task = Context(bb).data({"forget": "forget01", "splits": ["forget"]})
+    edit = install("timerome", bb, task, TIMEROME_AT_LAYER_1["config"], 0)
+    path = tmp_path_factory.mktemp("mem") / "transfer.safetensors"
+    edit.memory.save(path)
+    edit.undo()
+    return path
+
+
+@needs_bench
+def test_a_saved_memory_reads_the_transfer_experiments_numbers(bb, saved, tmp_path):
+    over = dict(bench_dir=str(BENCH), benchmarks=["whp", "wmdp"], own=False, rouge=False, n_mc=2, n_trivia=4,
+                n_completions=4, n_wmdp=4, methods=["no_edit", TIMEROME_AT_LAYER_1])
+    res = run_experiment("transfer", seeds=(0,), out_dir=tmp_path / "t", overrides=over, progress=False, backbone=bb)
+    for bench, group, col, split in (("whp", "whp|tofu", "WHP_LP", "trivia"),
+                                     ("wmdp", "wmdp|tofu", "WMDP_AccChoice", "wmdp")):
+        plain = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=False)
+        edited = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=False, edit=saved)
+        assert plain["metrics"][col] == res["summary"][group]["no_edit"][col]["mean"]
+        assert edited["metrics"][col] == res["summary"][group][ROW][col]["mean"]
+        assert plain["n_items"][split] == 4
+    whp_plain = timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=4, n_mc=2, rouge=False)
+    whp_edit = timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=4, n_mc=2, rouge=False, edit=saved)
+    assert whp_edit["metrics"]["WHP_LP"] != whp_plain["metrics"]["WHP_LP"]
+    # a method installed by the caller reads the same as its saved memory
+    _, task = Context(bb).data({"forget": "forget01", "splits": ["forget"]})
+    installed = install("timerome", bb, task, TIMEROME_AT_LAYER_1["config"], 0)
+    try:
+        live = timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=4, n_mc=2, rouge=False, edit=installed)
+    finally:
+        installed.undo()
+    assert live["metrics"] == whp_edit["metrics"]
+    # the memory was applied while scoring only: the model reads as before afterwards
+    again = timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=4, n_mc=2, rouge=False)
+    assert again["metrics"] == whp_plain["metrics"]
+    # what the data held is said (the embedded vocabulary does not know these words; WMDP's letters)
+    wmdp = timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=4, n_mc=2, rouge=False)
+    assert "WMDP_Acc" not in wmdp["metrics"] and any("WMDP_Acc not scored" in n for n in wmdp["notes"])
+    assert any("its numbers mean nothing" in n for n in wmdp["notes"])
+
+
+@needs_bench
+def test_eval_bench_cli_prints_the_api_numbers(bb, saved):
+    want = timerome.evaluate_benchmark(bb, "rwku", bench_data=BENCH, limit=2, n_mc=2, rouge=False, edit=saved)
+    res = CliRunner().invoke(app, ["eval", "--bench", "rwku", "--bench-data", str(BENCH), "--limit", "2", "--n-mc",
+                                   "2", "--no-rouge", "--edit", str(saved), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert got["metrics"] == want["metrics"] and got["bench"] == want["bench"] == "rwku:Stephen King"
+    assert got["n_items"]["forget_level1"] == 2 and got["edit"] == str(saved)
+    assert set(want["metrics"]) >= {"ForgetL1LP", "NeighbourL1LP", "MIA_AUC"}
+    # a named target and a MUSE corpus; the table form names the benchmark
+    res = CliRunner().invoke(app, ["eval", "--bench", "muse-news", "--bench-data", str(BENCH), "--limit", "2",
+                                   "--n-mc", "1", "--no-rouge"])
+    assert res.exit_code == 0, res.output
+    assert "on muse-news" in res.stdout and "KnowMemLP" in res.stdout and "VerbMemLP" in res.stdout
+    other = timerome.load_benchmark(bb, "rwku:Confucius", bench_data=BENCH, limit=1)
+    assert other["bench"] == "rwku:Confucius" and len(other["splits"]["neighbor_level1"]) == 1
+
+
+def test_evaluate_benchmark_refuses_bad_input(bb, saved, tmp_path):
+    for bad, why in (("musex", "a benchmark is one of"), ("whp:x", "a benchmark is one of")):
+        with pytest.raises(TimeromeError, match=why):
+            timerome.evaluate_benchmark(bb, bad, bench_data=BENCH)
+    with pytest.raises(TimeromeError, match="the row limit"):
+        timerome.load_benchmark(bb, "wmdp", bench_data=BENCH, limit=0)
+    with pytest.raises(TimeromeError, match="is not a folder"):
+        timerome.load_benchmark(bb, "wmdp", bench_data=tmp_path / "nowhere")
+    with pytest.raises(TimeromeError, match="n_mc"):
+        timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=1, n_mc=0)
+    with pytest.raises(TimeromeError, match="bench must be a benchmark's name"):
+        timerome.evaluate_benchmark(bb, {"splits": {}})
+    with pytest.raises(TimeromeError, match="edit must be an edit memory"):
+        timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=1, edit=3)
+    if (BENCH / "wmdp").is_dir():
+        rows = timerome.load_benchmark(bb, "wmdp", bench_data=BENCH, limit=1)
+        with pytest.raises(TimeromeError, match="loaded already"):
+            timerome.evaluate_benchmark(bb, rows, limit=2)
