@@ -146,6 +146,7 @@ def files(tmp_path_factory):
     from timerome.backbones.tiny import make_tiny_checkpoint
 
     f["tiny"] = make_tiny_checkpoint("timerome", d / "tiny")  # a model other than the embedded one
+    f["tiny_ar"] = make_tiny_checkpoint("llama", d / "tiny_ar")  # an autoregressive one
     # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
     res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
     assert res.exit_code == 0, res.output
@@ -426,6 +427,15 @@ def catalogue(f, tmp):
         ("eval --bench with a TOFU option", ["eval", "--bench", "wmdp", "--splits", "forget"],
          "--splits applies only without"),
         ("eval --bench-data a file", ["eval", "--bench", "wmdp", "--bench-data", f["cfg_array"]], "is not a folder"),
+        # stop 59: a real checkpoint's user (options read by nothing, a file of the other kind)
+        ("trace --positional --steps (TIE's, not run)", ["trace", "--positional", "--steps", "3", "-o", tmp / "t"],
+         "runs only with --compare"),
+        ("trace --positional --beta with neighbours (never read)",
+         ["trace", "--positional", "--beta", "1", "--neighbours", "embedded:forget05", "-o", tmp / "t"],
+         "does not read"),
+        ("generate --steps on an autoregressive model", ["generate", "-m", f["tiny_ar"], "--steps", "4", "x"],
+         "is autoregressive"),
+        ("an edit memory given as a trace", ["edit", "--trace", f["mem"], "-o", out], "is an edit memory"),
     ]
 
 

@@ -109,3 +109,19 @@ def test_scores_refuse_requests_without_a_target_and_a_foreign_baseline(bb, reqs
     base = edit_scores(bb, reqs, None, lp=False)
     with pytest.raises(TimeromeError, match="other probes"):
         edit_scores(bb, reqs[:2], None, baseline=base["baseline"])
+
+
+def test_a_probe_over_the_context_is_refused_not_cut(bb, reqs):
+    """The answers would come from a left-cut prompt (the sampler cuts to fit): refused, as edit,
+    trace and generate refuse such a prompt, naming the request and the probe."""
+    import dataclasses
+
+    long = " ".join(["the"] * (bb.max_length - 4)) + " ?"
+    r = reqs[0]
+    with_long = dataclasses.replace(r, neighbours=(*r.neighbours, Probe(long)))
+    with pytest.raises(TimeromeError, match=r"request 0's neighbour probe is \d+ tokens, and with \d+ answer tokens "
+                                            r"over the model's context of 512"):
+        edit_scores(bb, [with_long, *reqs[1:]], None, lp=False)
+    with pytest.raises(TimeromeError, match="retain row 0 is"):
+        edit_scores(bb, reqs[:1], None, locality={"retain": [{"question": long, "answer": "x"}]}, lp=False)
+    edit_scores(bb, reqs[:1], None, lp=False, gen_length=8)  # the requests themselves fit

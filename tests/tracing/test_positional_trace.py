@@ -186,3 +186,24 @@ def test_ablations_on_an_autoregressive_model_run_the_rows_without_tie(tmp_path)
     assert "ForgetTrajLP" not in rows["no_edit"]  # no denoising trajectory on an AR model
     assert (tmp_path / "abl" / "heatmap_compare.png").stat().st_size > 1000  # the positional trace alone
     assert "AR positional coordinate" in res["markdown"]
+
+
+def test_the_rewrite_memory_refuses_an_autoregressive_model_before_any_work(models, monkeypatch):
+    """It writes masked answer positions, which an AR model never has: built, it changed nothing
+    (every answer and likelihood the same on SmolLM2), so the build and a saved one's load are refused."""
+    from timerome.data.task import forget_task
+    from timerome.memory.rewrite_memory import RewriteMemory
+    from timerome.methods import install
+
+    bb = models["ar"]
+    task = forget_task("embedded", "forget01")
+
+    def no_trace(*a, **k):
+        raise AssertionError("the trace ran before the refusal")
+
+    monkeypatch.setattr("timerome.methods.rewrite.gate_coordinate", no_trace)
+    with pytest.raises(TimeromeError, match="autoregressive model .* never has masked positions"):
+        install("rewrite", bb, task, {}, 0)
+    with pytest.raises(TimeromeError, match="never has masked positions"):
+        RewriteMemory(bb, (1, "resid"))
+    assert not models["mdlm"].causal  # the MDLM builds (the rewrite tests): only the causal model is refused

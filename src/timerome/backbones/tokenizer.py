@@ -81,7 +81,12 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
     except TimeromeError:
         raise
     except Exception as e:  # noqa: BLE001 - any tokenizer failure becomes one clear message
-        raise TimeromeError(f"could not load a tokenizer from {ckpt}: {str(e)[:300]}") from None
+        files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "qwen.tiktoken")
+        have = [f for f in files if (Path(ckpt) / f).exists()]
+        why = " ".join(str(e).split())
+        why = why if len(why) <= 300 else why[:300].rsplit(" ", 1)[0] + " ..."  # whole words
+        raise TimeromeError(f"could not load a tokenizer from {ckpt}" + (
+            f" (it holds no tokenizer file: none of {', '.join(files)})" if not have else "") + f": {why}") from None
     finally:
         hf_logging.set_verbosity(level)
     return tok, {"class": type(tok).__name__, "how": how, "release_class": remote or tok_cfg.get("tokenizer_class")}

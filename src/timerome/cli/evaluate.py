@@ -37,6 +37,14 @@ MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
          "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit"), {"bench"})}
 
 
+def exact_likelihood(bb, n_mc: int) -> list[str]:
+    """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), or none."""
+    if not getattr(bb, "causal", False):
+        return []
+    return [f"{bb.name} is autoregressive: its likelihood is exact (one forward per answer, no masks), so --n-mc "
+            f"{n_mc} changes nothing"]
+
+
 @app.command("eval")
 @friendly
 @model_options
@@ -168,8 +176,10 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         bb.kv_cache()  # a family without the cache fails before any work
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
                       progress=True, sampler=sampler)
+    exact = exact_likelihood(bb, n_mc)
+    notes = dict(result["notes"], **({"n_mc": exact[0]} if exact else {}))
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
-                   n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=result["notes"],
+                   n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=notes,
                    seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed,
                    reference=ctx.reference_label if ref_tr is not None else None,
                    sampler={k: v for k, v in sampler.items() if v is not None})
@@ -181,7 +191,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
-    for k, why in result["notes"].items():  # "–": why a column is NaN; "note": what a number given means
+    for k, why in notes.items():  # "–": why a column is NaN; "note": what a number given means
         shown = "–" if result["metrics"].get(k) != result["metrics"].get(k) else "note"
         err_console.print(f"[yellow]{k}[/] {shown}: {escape(why)}", soft_wrap=True)
 
@@ -230,10 +240,12 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                                lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
+    exact = exact_likelihood(bb, n_mc)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=unedited,
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
-                   metrics=result["metrics"], notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()],
+                   metrics=result["metrics"],
+                   notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()] + exact,
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
                                                     result["items"]["prompt"]["prompt"],
@@ -246,8 +258,11 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
-    for k, why in result["notes"].items():
-        err_console.print(f"[yellow]{k}[/] –: {escape(why)}", soft_wrap=True)
+    for k, why in result["notes"].items():  # "–": why a column is absent; "note": what a number given means
+        shown = "–" if result["metrics"].get(k, float("nan")) != result["metrics"].get(k, float("nan")) else "note"
+        err_console.print(f"[yellow]{k}[/] {shown}: {escape(why)}", soft_wrap=True)
+    for n in exact:
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")
@@ -298,7 +313,8 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
-                   notes=result["notes"], seconds=result["seconds"], n_mc=n_mc, seed=seed, rouge=rouge)
+                   notes=result["notes"] + exact_likelihood(bb, n_mc), seconds=result["seconds"], n_mc=n_mc, seed=seed,
+                   rouge=rouge)
     if as_json:
         print_json(summary)
         return
@@ -308,5 +324,5 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {result['seconds']:.1f}s", soft_wrap=True)
-    for n in result["notes"]:
+    for n in summary["notes"]:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)

@@ -146,6 +146,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     from timerome.data.rows import load_rows
     from timerome.memory.base import fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
+    from timerome.memory.base import check_for_model
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
     from timerome.memory.rewrite_memory import target_ids
 
@@ -161,6 +162,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     _, meta = read_memory_file(file)
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
+    check_for_model(file, meta, bb)  # another model's memory: refused before the facts are read (and warned about)
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     stated = list(facts)  # the facts whose rows state the facts added: as given, and as the memory holds them
     if kind == "rewrite":

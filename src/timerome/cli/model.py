@@ -216,13 +216,17 @@ def edited_from(folder) -> dict | None:
 @model_options
 def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts"),
              model: ModelChoice = None,
-             steps: int = typer.Option(ANSWER.steps, help="denoising steps (one token per step by default; "
-                                                               f"the API's generate() takes {SAMPLER.steps})"),
+             steps: Optional[int] = typer.Option(None, help="denoising steps (default --gen-length: one token per "
+                                                            f"step; the API's generate() takes {SAMPLER.steps})"),
              gen_length: int = typer.Option(ANSWER.gen_length, help="answer budget in tokens; the answer ends at the "
                                             "model's end-of-text, which a model trained to end its answers writes "
                                             f"(the API's generate() takes {SAMPLER.gen_length}, LLaDA's reference)"),
-             block_length: int = typer.Option(ANSWER.block_length, help="semi-autoregressive block length"),
-             temperature: float = SAMPLER.temperature, remasking: str = SAMPLER.remasking, seed: int = 0,
+             block_length: Optional[int] = typer.Option(None, help="semi-autoregressive block length (default "
+                                                                   "--gen-length: one block)"),
+             temperature: float = SAMPLER.temperature,
+             remasking: Optional[str] = typer.Option(None, help=f"which masked positions a step reveals (default "
+                                                                 f"{SAMPLER.remasking})"),
+             seed: int = 0,
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
              as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),
              cache: Optional[str] = typer.Option(None, help="approximate KV cache: prefix or dual (default: exact)"),
@@ -232,14 +236,24 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     import torch
 
     from timerome.common.files import user_text
-    from timerome.engine.sampler import check_generation
+    from timerome.engine.sampler import check_fast_options, check_generation, check_options
     from timerome.engine.sampler import generate as gen
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
+    denoising = {"--steps": steps, "--block-length": block_length, "--remasking": remasking}  # none for an AR model
+    steps, block_length = (gen_length if steps is None else steps), (gen_length if block_length is None else block_length)
+    remasking = SAMPLER.remasking if remasking is None else remasking
+    cache = None if cache in (None, "none") else cache
+    check_options(steps, gen_length, block_length, temperature, remasking=remasking)  # before a model loads
+    check_fast_options(cache, threshold, refresh_every, remasking)
     bb = model.load()
+    given = [k for k, v in denoising.items() if v is not None]
+    if bb.causal and given:
+        raise TimeromeError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} the denoising sampler; "
+                            f"{bb.name} is autoregressive and writes one token per forward, left to right")
     for p in prompt:  # every option against every prompt, before any work or warning
         check_generation(bb, len(bb.encode(p)), steps=steps, gen_length=gen_length, block_length=block_length,
-                         temperature=temperature, remasking=remasking, cache=None if cache in (None, "none") else cache,
+                         temperature=temperature, remasking=remasking, cache=cache,
                          threshold=threshold, refresh_every=refresh_every)
     if steps > gen_length and threshold is None:
         err_console.print(f"[yellow]note:[/] --steps {steps} is more than --gen-length {gen_length}: each token takes "
@@ -283,7 +297,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         ids = torch.tensor([bb.encode(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
                   remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed),
-                  cache=None if cache in (None, "none") else cache, threshold=threshold, refresh_every=refresh_every)
+                  cache=cache, threshold=threshold, refresh_every=refresh_every)
         with torch.no_grad():
             plain = shown(gen(bb, ids, **kw)[0, ids.shape[1]:])
             row = [p, plain]

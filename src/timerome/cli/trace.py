@@ -25,14 +25,15 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               model: ModelChoice = None,
               data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(TRACE.n_facts, help="facts traced (the paper's validation set is 8)"),
-              steps: int = typer.Option(TRACE.steps, help="denoising steps K"),
+              steps: Optional[int] = typer.Option(None, help=f"denoising steps K (default {TRACE.steps})"),
               n_samples: Optional[int] = typer.Option(None, help="noise samples per fact (default: 5 for TIE, "
                                                                   "ROME's 10 with --positional)"),
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
-              tau: float = typer.Option(1.0, help="temporal decay of the TIE aggregation"),
+              tau: Optional[float] = typer.Option(None, help="temporal decay of the TIE aggregation (default 1)"),
               beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
-              readout: str = typer.Option("decided", help="'decided' or 'aligned' (see timerome.tracing.causal_trace)"),
+              readout: Optional[str] = typer.Option(None, help="'decided' (the default) or 'aligned' (see "
+                                                              "timerome.tracing.causal_trace)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
@@ -54,6 +55,16 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError("--compare draws the positional trace beside TIE: add --positional")
     if window is not None and not positional:
         raise TimeromeError("--window is the positional trace's: add --positional")
+    tie_only = {"--steps": steps, "--tau": tau, "--readout": readout}  # the TIE trace's: with --positional, --compare's
+    unread = [k for k, v in ({"--beta": beta or None, "--neighbours": neighbours} if positional else {}).items()
+              if v is not None] + [k for k, v in tie_only.items() if v is not None and positional and not compare]
+    if unread:
+        comparable = set(unread) <= set(tie_only)  # --compare runs TIE beside it; nothing selects with neighbours
+        raise TimeromeError(f"{', '.join(unread)} {'sets' if len(unread) == 1 else 'set'} the TIE trace"
+                            + (", which --positional runs only with --compare" if comparable
+                               else " and its selection, which the positional trace does not read"))
+    steps, tau, readout = (TRACE.steps if steps is None else steps, 1.0 if tau is None else tau,
+                           "decided" if readout is None else readout)
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
     if sigma is not None and sigma <= 0:  # the API runs 0 (every TIE 0, a check of the engine); a trace to read, not

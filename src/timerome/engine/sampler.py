@@ -444,8 +444,18 @@ def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps:
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
+    check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    if P + gen_length > backbone.max_length:
+        raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
+                            f"context of {backbone.max_length} tokens")
+
+
+def check_options(steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length,
+                  block_length: int = SAMPLER.block_length, temperature: float = SAMPLER.temperature,
+                  cfg_scale: float = SAMPLER.cfg_scale, remasking: str = SAMPLER.remasking) -> None:
+    """The checks of `check_generation` that need no model (the CLI runs them before one loads)."""
     # each message names the Python argument and the CLI option (--gen-length ...) alike
-    for name, v in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
+    for name, v in (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)):
         integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
     if gen_length % block_length:
         raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
@@ -454,9 +464,6 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
     if steps % n_blocks:
         raise TimeromeError(f"steps (--steps) {steps} is not divisible by the number of blocks "
                             f"(gen_length // block_length = {gen_length} // {block_length} = {n_blocks})")
-    if P + gen_length > backbone.max_length:
-        raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
-                            f"context of {backbone.max_length} tokens")
     if remasking not in REMASKING:
         raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
     number(temperature, "temperature (--temperature)", lo=0)

@@ -91,6 +91,7 @@ class Memory:
         self.coordinate = coordinate.on(backbone)
         self.hidden_size = backbone.hidden_size
         self.fingerprint = backbone.fingerprint()
+        self.causal = bool(getattr(backbone, "causal", False))  # the attention its keys were read under
 
     def _rows(self, h: torch.Tensor) -> torch.Tensor:
         """Residuals h [..., H] as rows [N, H] in the arithmetic of every memory's hook (`math_dtype`)."""
@@ -123,6 +124,7 @@ class Memory:
         if backbone.hidden_size != self.hidden_size or backbone.fingerprint() != self.fingerprint:
             raise TimeromeError(f"this {self.WHAT} was built for another model "
                                 f"(fingerprint {self.fingerprint}, this one {backbone.fingerprint()}){OTHER_MODEL}")
+        refuse_other_attention(f"this {self.WHAT}", self.causal, backbone)
 
     def _check_ready(self) -> None:
         raise NotImplementedError
@@ -140,7 +142,8 @@ class Memory:
         """One safetensors file: `_tensors()` and a JSON header (see the module docstring)."""
         tensors = {k: v.contiguous() for k, v in self._tensors().items()}
         meta = {"format": self.FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
-                "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), **self._header(),
+                "hidden_size": self.hidden_size, "causal": self.causal, "coordinate": self.coordinate.as_dict(),
+                **self._header(),
                 "sha256": _digest(tensors)}
         return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
 
@@ -376,6 +379,16 @@ def check_tensors(tensors: dict, schema: dict | None, p, what: str) -> None:
         raise TimeromeError(f"{p} lacks the tensor(s) {', '.join(missing)} that {a_of(what)} holds")
 
 
+def refuse_other_attention(what: str, causal: bool, backbone) -> None:
+    """The same weights read as the other kind of model (`--family` that makes an MDLM causal, or the
+    reverse): the memory's keys are states of the other attention, refused."""
+    if bool(getattr(backbone, "causal", False)) != causal:
+        kind = lambda c: "an autoregressive (causal)" if c else "a masked diffusion (bidirectional)"  # noqa: E731
+        raise TimeromeError(f"{what} was built with the model read as {kind(causal)} model, and this one reads the same "
+                            f"weights as {kind(not causal)} model (--family): its keys are states of the other "
+                            "attention; build it again on this model")
+
+
 def check_for_model(path, meta: dict, backbone) -> Coordinate:
     """A memory file's model and coordinate against `backbone`: its fingerprint, hidden size and
     layer (save() writes 0..n-1: -1 or n in a header is a hand edit, never "the top layer")."""
@@ -386,6 +399,8 @@ def check_for_model(path, meta: dict, backbone) -> Coordinate:
         raise TimeromeError(
             f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
             f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}{OTHER_MODEL}")
+    if "causal" in meta:  # files saved before it was recorded: their fingerprint alone
+        refuse_other_attention(str(path), bool(meta["causal"]), backbone)
     if meta["hidden_size"] != backbone.hidden_size:
         raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
                             f"{backbone.hidden_size}")

@@ -123,6 +123,15 @@ def target_ids(backbone, facts, target: str) -> list[list[int]]:
     return out
 
 
+def refuse_causal(backbone) -> None:
+    """The rewrite memory on an autoregressive model is refused: measured on SmolLM2, every answer and
+    likelihood came out the same, edited or not."""
+    if getattr(backbone, "causal", False):
+        raise TimeromeError(f"the rewrite memory writes the answer positions while they are still masked, and an "
+                            f"autoregressive model ({backbone.name}) never has masked positions, so it would change "
+                            "nothing: use the codebook or timerome memory, or rome / memit / alphaedit")
+
+
 class RewriteMemory(CodebookMemory):
     """Rewrite memory (module docstring): the codebook gate at `coordinate`, per-position target
     values at `site` (default `write_site`). calibration: rows / texts the edit must spare (their
@@ -150,6 +159,7 @@ class RewriteMemory(CodebookMemory):
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
                  target: str = DEFAULT_TARGET, site=None, value_rows=None, value_table=None, watch_rows=None,
                  seed: int = 0, batch_size: int = 128, shrinkage: float | None = None, calibration_seed: int = 0):
+        refuse_causal(backbone)
         kw = {} if shrinkage is None else {"shrinkage": shrinkage}
         super().__init__(backbone, coordinate, background=background, calibration=calibration, alpha=alpha,
                          margin=margin, inner=inner, n_states=n_states, complete=False, object_keys=True,

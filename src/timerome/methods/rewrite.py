@@ -37,8 +37,8 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
-from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, said_facts,
-                                            target_ids, write_site)
+from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, refuse_causal,
+                                            said_facts, target_ids, write_site)
 from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS, embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens, stating
@@ -160,6 +160,7 @@ def with_said(task, facts):
 
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
+    refuse_causal(backbone)
     coord, _ = gate_coordinate(backbone, task, config)
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
     spare = spare_rows(backbone, with_said(task, said_facts(backbone, task.facts)), config)
@@ -171,6 +172,7 @@ def prepare(backbone, task, config) -> None:
 @register("rewrite", defaults=DEFAULTS, prepare=prepare)
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
+    refuse_causal(backbone)  # before the trace and the calibration, not after
     if not task.facts:
         raise TimeromeError("the forget set has no usable facts")
     coordinate, info = gate_coordinate(backbone, task, config)

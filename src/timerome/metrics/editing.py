@@ -276,6 +276,14 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
                   f"these answers (gen_length {G})")
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
+    for (kind, j), prompt in zip(flat, prompts):  # refused as edit / trace / generate refuse it, never cut silently
+        n = len(backbone.encode(prompt))
+        if n + G > backbone.max_length:
+            i = sets[kind][j][0]
+            who = (f"{kind} row {j}" if i < 0 else f"request {i}'s prompt" if kind == "prompt"
+                   else f"request {i}'s {kind} probe")
+            raise TimeromeError(f"{who} is {n} tokens, and with {G} answer tokens over the model's context of "
+                                f"{backbone.max_length}: shorten it (or lower gen_length, --gen-length)")
     key = {"prompts": prompts, "gen_length": G, "seed": seed, "sampler": opts}
     computed = None
     if baseline is not None:
@@ -302,6 +310,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
         it = items[kind]
         it["request"].append(i), it["prompt"].append(p), it["plain"].append(a0), it["edited"].append(a1)
     metrics = _summary(requests, sets, items, lps, known_subjects)
+    if known_subjects is None:  # the column's narrower meaning needs the model's subjects (the embedded corpus's)
+        notes["Confabulation"] = ("every fluent answer that is neither the target nor the original: without a list "
+                                  "of the subjects this model knows (known_subjects; the embedded model has one), an "
+                                  "answer naming another subject cannot be told from any other fluent answer")
     if lps is not None:
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())

@@ -218,10 +218,27 @@ def _pair(path, what: str) -> tuple[Path, Path]:
     if not path.exists():
         raise TimeromeError(f"no {what} at {path}: the file does not exist")
     if not meta_file.exists():
+        kind = _saved_kind(path)
+        if kind and "memory" in kind:  # the other .safetensors a user holds: say what it is
+            raise TimeromeError(f"{path} is an edit memory ({kind}), not a {what}: give the trace.safetensors that "
+                                "`timerome trace` wrote (a memory is read by generate / eval --edit and timerome memory)")
         raise TimeromeError(f"{path} has no {meta_file.name} beside it: a {what} is the pair of files "
                             "`timerome trace` writes")
     input_file(path, what)
     return path, meta_file
+
+
+def _saved_kind(path) -> str | None:
+    """The format a timerome .safetensors file names in its header ("timerome-edit-memory/2", ...), or None."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads((f.metadata() or {}).get("timerome", "{}")).get("format")
+    except Exception:  # not a safetensors file, or no timerome header: nothing to say about it
+        return None
 
 
 def _tensor_path(path) -> Path:
