@@ -680,3 +680,29 @@ def test_memory_add_reads_the_builds_calibration_states_from_their_cache(tmp_pat
     second = load_memory(tmp_path / "a.safetensors", bb, calibration=CalibrationSubset(whole, later_rows))
     second.add(load_memory(tmp_path / "b.safetensors", bb).facts[5:])
     assert torch.equal(load_file(tmp_path / "b.safetensors")["reach"], second.reach)
+
+
+def test_generate_steps_and_blocks_follow_gen_length_and_options_precede_the_model(monkeypatch):
+    """--gen-length alone is one block, one token per step (it failed for any length but 32 before), the
+    same answer as the API with those settings; a bad option is refused before the model loads."""
+    from timerome.cli.app import ModelChoice
+    from timerome.engine.sampler import generate
+
+    prompt = "Where was Isgor Quielson born ?"
+    code, stdout, out = run("generate", "--gen-length", "16", "--json", prompt)
+    assert code == 0, out
+    bb = load_backbone()
+    ids = torch.tensor([bb.encode(prompt)])
+    want = generate(bb, ids, steps=16, gen_length=16, block_length=16, generator=torch.Generator().manual_seed(0))
+    said = bb.decode(want[0, ids.shape[1]:].tolist())
+    assert json.loads(stdout)[0]["answer"] == said[: said.index(".") + 1].strip()
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the options were checked")
+
+    monkeypatch.setattr(ModelChoice, "load", no_load)
+    for bad, why in ((["--remasking", "foo"], "unknown remasking"), (["--gen-length", "16", "--block-length", "8", "--steps", "5"],
+                                                                    "not divisible"),
+                     (["--temperature", "-1"], "temperature")):
+        code, _, out = run("generate", *bad, prompt)
+        assert code == 2 and why in out, out

@@ -44,6 +44,7 @@ def test_save_and_load_through_the_base(tiny_bb, tmp_path):
         meta = json.loads(f.metadata()["timerome"])
     keys = list(meta)
     assert keys[:5] == ["format", "fingerprint", "backbone", "hidden_size", "coordinate"] and keys[-1] == "sha256"
+    assert meta["causal"] is False  # the attention its keys were read under (an MDLM's: bidirectional)
     assert meta["format"] == EditMemory.FORMAT and file_kind(path) == "edit"
     back = load_memory(path, tiny_bb)
     assert type(back) is EditMemory and back.fact_ids == m.fact_ids and back.coordinate == m.coordinate
@@ -83,3 +84,27 @@ def test_a_new_memory_class_registers_its_format_and_tensors():
     finally:
         base.KINDS.pop("probe-memory/1", None)
         base.TENSORS.pop("probe-memory/1", None)
+
+
+def test_a_memory_read_under_the_other_attention_is_refused(tiny_bb, tmp_path):
+    """The same weights read as an autoregressive model (--family llama on DiffuLLaMA) or the reverse:
+    the fingerprint is the same, the keys are states of the other attention; refused on load and apply."""
+    from safetensors.torch import load_file, save_file
+
+    from timerome import TimeromeError
+
+    m = memory(tiny_bb)
+    path = m.save(tmp_path / "m.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["timerome"])
+    meta["causal"] = True  # as a build on the causal reading of these weights writes it
+    save_file(load_file(str(path)), str(tmp_path / "c.safetensors"), metadata={"timerome": json.dumps(meta)})
+    with pytest.raises(TimeromeError, match="read as an autoregressive .* other attention"):
+        load_memory(tmp_path / "c.safetensors", tiny_bb)
+    m.causal = True
+    with pytest.raises(TimeromeError, match="other attention"):
+        with m.applied(tiny_bb):
+            pass
+    del meta["causal"]  # a file saved before the field: its fingerprint alone decides
+    save_file(load_file(str(path)), str(tmp_path / "old.safetensors"), metadata={"timerome": json.dumps(meta)})
+    assert load_memory(tmp_path / "old.safetensors", tiny_bb).causal is False

@@ -142,7 +142,7 @@ class Memory:
         """One safetensors file: `_tensors()` and a JSON header (see the module docstring)."""
         tensors = {k: v.contiguous() for k, v in self._tensors().items()}
         meta = {"format": self.FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
-                "hidden_size": self.hidden_size, "causal": self.causal, "coordinate": self.coordinate.as_dict(),
+                "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "causal": self.causal,
                 **self._header(),
                 "sha256": _digest(tensors)}
         return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
