@@ -24,13 +24,21 @@ def test_the_api_reads_its_defaults_from_the_settings():
     assert default(trace, "steps") == TRACE.steps and default(trace, "n_samples") == TRACE.n_samples
 
 
-def test_the_cli_reads_the_same_defaults():
+def test_the_cli_reads_the_same_defaults(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
     from timerome.cli.evaluate import eval_cmd
     from timerome.cli.trace import trace_cmd
 
     assert default(eval_cmd, "n_mc").default == LIKELIHOOD.n_mc
-    assert default(trace_cmd, "steps").default == TRACE.steps
     assert default(trace_cmd, "n_facts").default == TRACE.n_facts
+    # --steps is None until read (so that --positional can refuse it when given): the trace runs TRACE's
+    res = CliRunner().invoke(app, ["trace", "--n-facts", "1", "--n-samples", "1", "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "t" / "trace.json").read_text())["settings"]["steps"] == TRACE.steps
 
 
 def test_settings_are_frozen_values():

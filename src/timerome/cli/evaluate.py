@@ -37,6 +37,20 @@ MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
          "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit"), {"bench"})}
 
 
+def _saved_memory(bb, edit, prompts, also: str = ""):
+    """--edit's memory for these metrics: one of a single denoising step refused (they read likelihoods),
+    its update checked on `prompts` (`check_edit_scale`)."""
+    from timerome.engine.hooks import refuse_one_step
+    from timerome.memory.memory_file import load_memory
+
+    memory = load_memory(edit, bb)
+    refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
+                    f"{also}read it along the trajectory (the ablations' Traj columns), or build it for every step "
+                    "(edit without --step)")
+    check_edit_scale(bb, memory, prompts, edit)
+    return memory
+
+
 def exact_likelihood(bb, n_mc: int) -> list[str]:
     """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), or none."""
     if not getattr(bb, "causal", False):
@@ -94,12 +108,10 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                             "(default: all, the full protocol)")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, edit
     requests with the editing metrics (--requests), or a benchmark with its own (--bench)."""
-    from timerome.engine.hooks import refuse_one_step
     from timerome.engine.sampler import check_fast_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.runner import Context
-    from timerome.memory.memory_file import load_memory
     from timerome.methods import InferenceEdit
 
     # each mode's own options; one given to another mode is refused, not ignored
@@ -151,11 +163,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     rows, _ = ctx.data(spec)
     memory_edit = None
     if edit is not None:
-        memory = load_memory(edit, bb)
-        refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
-                        "compare its answers (timerome generate --edit, or eval --requests), read it along the "
-                        "trajectory (the ablations' Traj columns), or build it for every step (edit without --step)")
-        check_edit_scale(bb, memory, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]], edit)
+        memory = _saved_memory(bb, edit, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]],
+                               "compare its answers (timerome generate --edit, or eval --requests), ")
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
         held = {getattr(f, "prompt", None) for f in memory.facts} - {None, ""}  # facts known by id alone: no question
         asked = sum(r["question"] in held for r in rows.get("forget", []))
@@ -289,9 +298,7 @@ def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
-    from timerome.engine.hooks import refuse_one_step
     from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark
-    from timerome.memory.memory_file import load_memory
 
     if limit is not None and limit < 1:
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
@@ -303,13 +310,8 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit)
     memory = None
     if edit is not None:
-        memory = load_memory(edit, bb)
-        refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
-                        "read it along the trajectory (the ablations' Traj columns), or build it for every step "
-                        "(edit without --step)")
-        prompts = [bb.encode(r[k]) for split in rows["splits"].values() for r in split[:2]
-                   for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4]
-        check_edit_scale(bb, memory, prompts, edit)
+        memory = _saved_memory(bb, edit, [bb.encode(r[k]) for split in rows["splits"].values() for r in split[:2]
+                                          for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4])
     result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
