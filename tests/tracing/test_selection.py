@@ -56,3 +56,15 @@ def test_a_trace_without_any_effect_selects_nothing():
     tie = torch.zeros(2, 2, 3, 4)
     tie[1, 0, 2, 1] = 1e-6                            # any effect at all is a choice
     assert select_coordinate(result(tie)).best.coordinate == Coordinate(2, "resid", 1)
+
+
+def test_the_neighbour_penalty_is_refused_where_it_cannot_act():
+    tie = torch.zeros(1, 2, 3, 4)
+    tie[0, 1, 2, 3] = 2.0
+    with pytest.raises(TimeromeError, match="give their trace"):  # ignored before: the same choice as beta 0
+        select_coordinate(result(tie), beta=5.0)
+    with pytest.raises(TimeromeError, match="must be the TraceResult"):  # facts, not their trace
+        select_coordinate(result(tie), neighbours=[1, 2], beta=1.0)
+    with pytest.raises(TimeromeError, match="every penalised score is <= 0"):  # a tie-break would name layer 0
+        select_coordinate(result(tie), result(tie), beta=1.0)
+    assert select_coordinate(result(tie), result(tie), beta=0.5).best.score == pytest.approx(1.0)

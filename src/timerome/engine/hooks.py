@@ -127,6 +127,16 @@ def check_reached(edit, steps: int | None, what: str) -> None:
                          f"give them {k + 1} steps or more (gen_length, --gen-length: one step per token)")
 
 
+def refuse_unreached_open(backbone, steps: int | None, runs: str) -> None:
+    """Refuse a trajectory of `steps` steps (None: unknown ahead) while a `Hooks` block open on the backbone
+    edits at a step it never reaches (an edit memory of step k applied around `generate`): it would run
+    unedited, silently."""
+    for hooks in _open_hooks(backbone):
+        for site in hooks.edits:
+            refuse_unreached(getattr(site, "step", None), steps, "an edit applied to the model", runs,
+                             "give it more steps, or apply a memory of every step")
+
+
 def refuse_unreached(step: int | None, steps: int | None, who: str, runs: str, instead: str) -> None:
     """The one refusal of an edit of denoising step `step` alone (`who`) that a run of `steps` steps
     (`runs`: "these answers take"; None: unknown ahead) never reaches; `instead`: what to do."""

@@ -58,7 +58,7 @@ from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer, number
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import fit, pad_id
-from timerome.engine.hooks import answer_region, denoising_steps
+from timerome.engine.hooks import answer_region, denoising_steps, refuse_unreached_open
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
 
@@ -114,7 +114,10 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     check_generation(backbone, P, B, steps=steps, gen_length=gen_length, block_length=block_length,
                      temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, cache=cache,
                      threshold=threshold, refresh_every=refresh_every)
-    if getattr(backbone, "causal", False):
+    causal = getattr(backbone, "causal", False)
+    refuse_unreached_open(backbone, gen_length if causal else None if threshold is not None else steps,
+                          "this generation takes")
+    if causal:
         with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
             return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
                                   attention_mask, cache, threshold)

@@ -213,6 +213,10 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
         raise TimeromeError(f"rows has no split the metrics read ({', '.join(map(repr, rows))}): name them "
                             f"{', '.join(map(repr, EVALUATED_SPLITS))}")
     check_evaluation(rows, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio)
+    empty = [k for k, v in rows.items() if k in EVALUATED_SPLITS and not len(v)] if isinstance(rows, dict) else []
+    if empty:  # every column of it would be NaN (a mean of nothing)
+        raise TimeromeError(f"the {', '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: give rows, or "
+                            "leave the split out")
     unknown = sorted(set(sampler or {}) - set(SAMPLER_OPTIONS)) if isinstance(sampler, dict) else None
     if sampler is not None and unknown != []:
         raise TimeromeError(f"sampler must be a dict of {', '.join(SAMPLER_OPTIONS)}, got "

@@ -13,6 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from timerome.common.checks import integer
+from timerome.common.checks import seed as check_seed
 from timerome.data.benchmark import ENV_DIR
 from timerome.data.rwku import rwku_targets
 from timerome.engine.hooks import refuse_one_step
@@ -66,6 +67,9 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
     rouge=False: log-probabilities and choices only (no generation). -> {"metrics", "notes" (what the
     data held, and why a column is missing), "n_items", "items", "data", "seconds"}."""
     integer(n_mc, "n_mc", lo=1)
+    check_seed(seed, "seed")
+    if not isinstance(rouge, bool):  # "no" would read as true
+        raise TimeromeError(f"rouge must be True or False, got {rouge!r}")
     if isinstance(bench, dict):
         if not {"splits", "info", "spec", "bench"} <= set(bench):
             raise TimeromeError("bench must be a benchmark's name or the rows load_benchmark returned")

@@ -198,8 +198,9 @@ class CodebookMemory(Memory):
     def reach_of(self, keys: torch.Tensor) -> torch.Tensor:
         """[E] whitened distance from each raw key [E, H] to its nearest calibration token."""
         if self._calib is None:
-            raise TimeromeError("the radius gate needs calibration tokens to insert facts: pass calibration= "
-                                "(the retain rows or texts) to the memory, or to CodebookMemory.load")
+            raise TimeromeError(f"the radius gate needs calibration tokens to insert facts: pass calibration= "
+                                f"(the retain rows or texts) to the {type(self).__name__}, or to "
+                                "timerome.load_memory(path, backbone, calibration=...)")
         return nearest_distance(self.whiten(_as_rows(keys, "keys", self.hidden_size)), self._calib)
 
     def remove(self, fact_ids) -> "CodebookMemory":

@@ -71,9 +71,15 @@ class InferenceEdit(Edit):
 
     context: Callable | None = None
     memory: object = None  # the EditMemory behind it, for the memory-based methods
+    undone: bool = False
 
     def active(self):
+        if self.undone:  # it would still edit: its hooks are made anew by every active()
+            raise TimeromeError(f"this {self.method} edit was undone: install it again to use it")
         return self.context() if self.context is not None else nullcontext()
+
+    def undo(self) -> None:
+        self.undone = True
 
 
 @dataclass
@@ -237,6 +243,9 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     m = get_method(name)
     cfg = method_config(name, config)
     check_seed(seed, f"method {name!r}: seed")
+    if not isinstance(task, ForgetTask):
+        raise TimeromeError(f"method {name!r}: task must be a ForgetTask (timerome.forget_task(...), requests_task, "
+                            f"or ForgetTask(rows, facts, retain_rows)), got {type(task).__name__}")
     t0 = time.perf_counter()
     if m.prepare is not None:
         m.prepare(backbone, task, cfg)

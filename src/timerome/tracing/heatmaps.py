@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from timerome.engine.coordinate import Coordinate
 from timerome.errors import TimeromeError
-from timerome.tracing.selection import per_fact_best, select_coordinate
+from timerome.tracing.selection import _candidate, per_fact_best, select_coordinate
 
 TITLES = {"resid": "residual stream", "attn": "attention output", "mlp": "MLP output"}
 ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's figure colours per module
@@ -36,6 +39,10 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
         i = result.fact_index(fact)
         data, what = result.tie[i], f"fact {result.fact_ids[i]}"
         selected = selected or per_fact_best(result)[i]
+    if isinstance(selected, Coordinate):  # a Coordinate (not the Candidate select_coordinate gives): its cell
+        selected = _cell(result, selected, data)
+    if Path(path).is_dir():
+        raise TimeromeError(f"{path} is a folder: give the heatmap's file name (e.g. {Path(path) / 'heatmap.png'})")
     data = data.float().numpy()  # [M, Ly, K]
     M, Ly, K = data.shape
     vmax = float(abs(data).max()) or 1.0  # all-zero maps still get a valid scale
@@ -64,6 +71,16 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
     return path
+
+
+def _cell(result, c: Coordinate, data):
+    """The Candidate of the trace's cell at Coordinate c (a layer, module and step it traced)."""
+    M, Ly, K = data.shape
+    if c.step is None or c.point not in result.modules or c.layer not in result.layers or not 0 <= c.step < K:
+        raise TimeromeError(f"selected {c} is not a cell of this trace (modules {', '.join(result.modules)}, layers "
+                            f"{result.layers[0]}..{result.layers[-1]}, steps 0..{K - 1}; a step is needed)")
+    flat = (result.modules.index(c.point) * Ly + result.layers.index(c.layer)) * K + c.step
+    return _candidate(result, flat, data, data.abs(), torch.zeros_like(data))
 
 
 def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path]:

@@ -76,6 +76,12 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     if not isinstance(top, int) or top < 1:
         raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
     number(beta, "beta (the neighbour penalty)")
+    if beta > 0 and neighbours is None:  # refused, not ignored (the CLI's --beta without --neighbours alike)
+        raise TimeromeError(f"beta {beta:g} penalises the sites that matter for neighbour facts: give their trace "
+                            "(neighbours=trace(backbone, neighbour_facts, ...))")
+    if neighbours is not None and not hasattr(neighbours, "tie"):
+        raise TimeromeError(f"neighbours must be the TraceResult of the neighbour facts (trace(backbone, facts, "
+                            f"...)), got {type(neighbours).__name__}")
     if modules is not None:
         result = result.only(modules)
         neighbours = neighbours.only(modules) if neighbours is not None else None
@@ -87,6 +93,9 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
                             "more than another (a noise scale of 0, or facts whose object the model never says?)")
     order = torch.sort(score.flatten(), descending=True, stable=True).indices[:top]
     ranked = [_candidate(result, i, score, own, other) for i in order.tolist()]
+    if neighbours is not None and beta > 0 and ranked[0].score <= 0:  # the penalty left no site ahead: a tie-break
+        raise TimeromeError(f"with beta {beta:g}, no coordinate matters more for these facts than beta times it does "
+                            "for the neighbours (every penalised score is <= 0): lower beta, or trace other neighbours")
     return Selection(ranked[0], ranked)
 
 
