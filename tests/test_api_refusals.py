@@ -62,3 +62,17 @@ def test_evaluation_inputs_that_read_nothing_or_everything(bb):
     for bad, why in (({"seed": -1}, "seed"), ({"rouge": "no"}, "rouge must be True or False")):
         with pytest.raises(TimeromeError, match=why):
             timerome.evaluate_benchmark(bb, "wmdp", limit=1, n_mc=1, **bad)
+
+
+def test_hooks_sites_a_blind_mask_and_a_fact_without_id(bb):
+    with pytest.raises(TimeromeError, match="keep takes a list of sites"):
+        timerome.Hooks(bb, keep="resid")
+    with pytest.raises(TimeromeError, match="keep takes a list of sites"):
+        timerome.Hooks(bb, keep=(1, "resid"))  # one site, not a list of them
+    q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
+    with pytest.raises(TimeromeError, match="hides every prompt token of row 0"):
+        timerome.generate(bb, q, steps=4, gen_length=4, block_length=4,
+                          attention_mask=torch.zeros(1, q.shape[1], dtype=torch.bool))
+    from timerome.data.facts import Fact
+    with pytest.raises(TimeromeError, match="fact 'Where is it \\?': subject 'Nobody' is not in the prompt"):
+        Fact("Nobody", "Where is it ?", "here")

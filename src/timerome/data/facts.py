@@ -36,7 +36,8 @@ class Fact:
             if not isinstance(value, str) or not value.strip():
                 raise TimeromeError(f"fact {self.fact_id or self.prompt!r} needs a non-empty {field} string")
         if self.subject not in self.prompt:
-            raise TimeromeError(f"fact {self.fact_id!r}: subject {self.subject!r} is not in the prompt {self.prompt!r}")
+            raise TimeromeError(f"fact {self.fact_id or self.prompt!r}: subject {self.subject!r} is not in the prompt "
+                                f"{self.prompt!r}")
 
 
 def target_conflict(facts, target: str | None = None, held=()) -> str | None:

@@ -176,6 +176,11 @@ class Hooks(dict):
         self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
             raise ValueError("stop=True needs at least one kept site")
+        for site in keep:  # "resid" or (1, "resid") alone would be read letter by letter, or number by name
+            if not isinstance(site, (Coordinate, nn.Module)) and not (
+                    isinstance(site, (tuple, list)) and len(site) == 2 and isinstance(site[1], str)):
+                raise TimeromeError(f"keep takes a list of sites, each (layer, point), a Coordinate or a module, "
+                                    f"got {site!r} in {keep!r}: e.g. keep=[(1, 'resid')]")
         self._handles = []
         self._forwards = 0
 

@@ -499,6 +499,10 @@ def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:
     if am.shape != (B, P + G):
         raise TimeromeError(f"attention_mask must be [batch, prompt] = ({B}, {P}) or "
                             f"[batch, prompt + gen_length] = ({B}, {P + G}), got {tuple(am.shape)}")
+    blind = [i for i in range(B) if not bool(am[i, :P].any())]
+    if blind:  # it would answer a prompt it cannot see
+        raise TimeromeError(f"attention_mask hides every prompt token of row{'s' if len(blind) > 1 else ''} "
+                            f"{', '.join(map(str, blind[:5]))}: a row's real prompt tokens are 1 (True)")
     return am
 
 
