@@ -51,6 +51,16 @@ def _saved_memory(bb, edit, prompts, also: str = ""):
     return memory
 
 
+def print_notes(metrics: dict, columns: dict, lines=()) -> None:
+    """A column's note as "–" when the column is absent or NaN (why), "note" beside a number (what it
+    means); then the notes of no column."""
+    for k, why in columns.items():
+        value = metrics.get(k, float("nan"))
+        err_console.print(f"[yellow]{k}[/] {'–' if value != value else 'note'}: {escape(why)}", soft_wrap=True)
+    for n in lines:
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+
+
 def exact_likelihood(bb, n_mc: int) -> list[str]:
     """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), or none."""
     if not getattr(bb, "causal", False):
@@ -200,9 +210,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
-    for k, why in notes.items():  # "–": why a column is NaN; "note": what a number given means
-        shown = "–" if result["metrics"].get(k) != result["metrics"].get(k) else "note"
-        err_console.print(f"[yellow]{k}[/] {shown}: {escape(why)}", soft_wrap=True)
+    print_notes(result["metrics"], result["notes"], exact)
 
 
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
@@ -267,11 +275,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
-    for k, why in result["notes"].items():  # "–": why a column is absent; "note": what a number given means
-        shown = "–" if result["metrics"].get(k, float("nan")) != result["metrics"].get(k, float("nan")) else "note"
-        err_console.print(f"[yellow]{k}[/] {shown}: {escape(why)}", soft_wrap=True)
-    for n in exact:
-        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+    print_notes(result["metrics"], result["notes"], exact)
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")
@@ -298,8 +302,9 @@ def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
-    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark
+    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, parse_bench
 
+    parse_bench(bench)  # the name, and the options below, before the model loads
     if limit is not None and limit < 1:
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
     if n_mc < 1:
@@ -326,5 +331,4 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {result['seconds']:.1f}s", soft_wrap=True)
-    for n in summary["notes"]:
-        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+    print_notes(result["metrics"], {}, summary["notes"])

@@ -144,9 +144,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
     a new fact whose id another fact holds is added under a new id; a note names both."""
     from timerome.data.rows import load_rows
-    from timerome.memory.base import fact_content, sort_new_facts
+    from timerome.memory.base import check_for_model, fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
-    from timerome.memory.base import check_for_model
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
     from timerome.memory.rewrite_memory import target_ids
 

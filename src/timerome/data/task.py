@@ -42,12 +42,18 @@ def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None
                       + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]), stacklevel=2)
     if retain_rows is None:
         retain_rows = load_split("retain_perturbed", source)
-    asked = {r.get("question") for r in rows}
-    shared = sum(r.get("question") in asked for r in retain_rows)
+    shared = shared_rows(rows, retain_rows)
     if shared:  # the methods would forget and preserve the same rows (forget 'retain90' or 'full')
         raise TimeromeError(f"{shared} of the {len(retain_rows)} retain rows are rows of the forget split {forget!r}: "
                             "forget a split without them (forget01 / forget05 / forget10), or give retain_rows")
     return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
+
+
+def shared_rows(forget_rows, retain_rows) -> int:
+    """How many retain rows are forget rows (the same question and answer): rows a method would forget
+    and preserve at once."""
+    asked = {(r.get("question"), r.get("answer")) for r in forget_rows}
+    return sum((r.get("question"), r.get("answer")) in asked for r in retain_rows)
 
 
 def requests_task(requests, *, retain_rows=(), background=None, known_rows=None) -> ForgetTask:

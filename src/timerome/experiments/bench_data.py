@@ -158,7 +158,6 @@ def rwku_data(spec, ctx):
     others = [f for f in rwku_targets(src) if f != folder]
     retain = [r for f in others for r in passage_rows(load_rwku(f, "passage", src).rows)]
     retain = spread(retain, 40) if retain else load_split("retain_perturbed", ctx.source)
-    rows, task = _bundle(dict(spec, task=spec.get("task") if spec.get("task") == "none" else "own"), ctx, loaded,
-                         forget, retain)
+    rows, task = _bundle(dict(spec, task="none" if spec.get("task") == "none" else "own"), ctx, loaded, forget, retain)
     rows["info"]["target"] = name
     return rows, task

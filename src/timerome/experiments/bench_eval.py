@@ -22,11 +22,19 @@ from timerome.errors import TimeromeError
 from timerome.experiments.bench_measures import bench_scores
 from timerome.experiments.bench_report import data_notes
 from timerome.experiments.runner import Context
-from timerome.experiments.transfer import CONFIG, data_spec
+from timerome.experiments.transfer import BENCHMARKS, CONFIG, bench_source, data_spec
 from timerome.memory.memory_file import load_memory
 from timerome.methods.registry import Edit
 
-BENCHES = ("muse-books", "muse-news", "whp", "wmdp", "rwku")  # the transfer / rwku experiments' names
+BENCHES = (*BENCHMARKS, "rwku")  # the transfer / rwku experiments' names
+
+
+def parse_bench(bench) -> tuple[str, str]:
+    """(name, choice) of "NAME[:CHOICE]", a benchmark of BENCHES (a choice for wmdp and rwku only)."""
+    name, _, choice = str(bench).partition(":")
+    if name not in BENCHES or (choice and name not in ("wmdp", "rwku")):
+        raise TimeromeError(f"a benchmark is one of {', '.join(BENCHES)} (wmdp:SUBJECT, rwku:TARGET), got {bench!r}")
+    return name, choice
 
 
 def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None) -> dict:
@@ -34,22 +42,20 @@ def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None =
     (default wmdp:bio, the first RWKU target); bench_data the folder holding muse/, whp/, wmdp/,
     rwku/ (None: $TIMEROME_BENCH_DIR, else the Hub for MUSE and WMDP); limit: at most so many rows of
     each scored split (None: all, the full protocol). {"splits", "info", "spec", "bench"}."""
-    name, _, choice = str(bench).partition(":")
-    if name not in BENCHES or (choice and name not in ("wmdp", "rwku")):
-        raise TimeromeError(f"a benchmark is one of {', '.join(BENCHES)} (wmdp:SUBJECT, rwku:TARGET), got {bench!r}")
+    name, choice = parse_bench(bench)
     integer(limit, "the row limit", lo=1, none=True)
     if bench_data is not None and not Path(bench_data).is_dir():
         raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
-    folder = str(Path(bench_data).resolve()) if bench_data is not None else os.environ.get(ENV_DIR)
+    folder = bench_source({"bench_dir": bench_data})  # an absolute folder, or "hub"
     if name == "rwku":
-        spec = dict(kind="rwku", task="none", dir=folder or "hub", target=choice or rwku_targets(folder)[0],
-                    n_probes=limit, forget_from=[], mia=True)
+        target = choice or rwku_targets(None if folder == "hub" else folder)[0]
+        spec = dict(kind="rwku", task="none", dir=folder, target=target, n_probes=limit, forget_from=[], mia=True)
     else:
-        if name == "whp" and folder is None:
+        if name == "whp" and folder == "hub":
             raise TimeromeError("WHP is read from a local folder only: pass its folder (--bench-data DIR) or set "
                                 f"${ENV_DIR}")
         sizes = dict.fromkeys(("n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp"), limit)
-        cfg = dict(CONFIG, bench_dir=folder, **sizes, wmdp_subject=choice or CONFIG["wmdp_subject"])
+        cfg = dict(CONFIG, bench_dir=None if folder == "hub" else folder, **sizes, wmdp_subject=choice or CONFIG["wmdp_subject"])
         spec = {k: v for k, v in data_spec(cfg, name, "none").items() if k != "forget"}
     with warnings.catch_warnings():  # what the data holds is said once, in the result's notes
         warnings.simplefilter("ignore")

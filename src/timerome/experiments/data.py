@@ -11,7 +11,7 @@ import warnings
 from timerome.data.benchmark import UNKNOWN_WARNING, unknown_share
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
 from timerome.data.rows import spread
-from timerome.data.task import ForgetTask
+from timerome.data.task import ForgetTask, shared_rows
 from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
 from timerome.errors import TimeromeError
 from timerome.evaluation.evaluator import fits
@@ -42,8 +42,7 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
            "retain": spread(retain_of_authors(retain, spec.get("retain_authors")), spec.get("n_retain", 40)),
            "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
            "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
-    asked = {(r["question"], r["answer"]) for r in task_rows}
-    if any((r["question"], r["answer"]) in asked for r in retain):
+    if shared_rows(task_rows, retain):
         raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
                             "forget fewer rows")
     kept = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
