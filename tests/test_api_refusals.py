@@ -76,3 +76,65 @@ def test_hooks_sites_a_blind_mask_and_a_fact_without_id(bb):
     from timerome.data.facts import Fact
     with pytest.raises(TimeromeError, match="fact 'Where is it \\?': subject 'Nobody' is not in the prompt"):
         Fact("Nobody", "Where is it ?", "here")
+
+
+def test_a_kept_site_is_found_by_any_spelling_of_it(bb):
+    """tr[Coordinate(1, "resid")] missed an entry kept as (1, "resid") (KeyError), and a list site was
+    unhashable; each spelling of a site now finds the one entry, a module site as before."""
+    from timerome.engine.hooks import Hooks
+
+    ids = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
+    mlp = bb.module(0, "mlp")
+    for kept in ((1, "resid"), timerome.Coordinate(1, "resid"), [1, "resid"]):
+        with torch.no_grad(), Hooks(bb, keep=[kept, mlp]) as tr:
+            bb.logits(ids)
+        for spelling in ((1, "resid"), timerome.Coordinate(1, "resid"), [1, "resid"],
+                         timerome.Coordinate(1, "resid", -1)):
+            assert spelling in tr and tr[spelling][0].shape == (1, ids.shape[1], bb.hidden_size)
+            assert tr.get(spelling) is tr[(1, "resid")]
+        assert len(tr) == 2 and len(tr[mlp]) == 1
+        assert (2, "resid") not in tr and timerome.Coordinate(1, "resid", 3) not in tr and tr.get([2, "resid"]) is None
+        with pytest.raises(KeyError):
+            tr[timerome.Coordinate(1, "mlp")]
+    with torch.no_grad(), Hooks(bb, keep=[(1, "resid"), timerome.Coordinate(1, "resid")]) as tr:  # one site, one entry
+        bb.logits(ids)
+    assert list(tr) == [(1, "resid")] and len(tr[timerome.Coordinate(1, "resid")]) == 1
+
+
+def test_a_forget_quality_of_too_few_reference_values_says_so(bb):
+    """A one-value reference gave a KS p-value without a word; the notes now say how many values it
+    compared (the CLI prints and --json writes every note), and an empty reference is refused."""
+    from timerome.evaluation.evaluator import eval_rows, few_compared
+
+    forget = eval_rows("embedded")["forget"]
+    one = timerome.evaluate(bb, {"forget": forget[:3]}, n_mc=1, rouge=False, reference_tr=[0.5])
+    assert one["metrics"]["ForgetQuality"] == one["metrics"]["ForgetQuality"]  # a number, with a note beside it
+    assert one["notes"]["ForgetQuality"].startswith("the KS test compared the model's 3 forget truth ratios with 1 "
+                                                    "of the reference model's, fewer than the forget rows")
+    enough = timerome.evaluate(bb, {"forget": forget[:3]}, n_mc=1, rouge=False, reference_tr=[0.2, 0.5, 0.9])
+    assert "ForgetQuality" not in enough["notes"]
+    single = timerome.evaluate(bb, {"forget": forget[:1]}, n_mc=1, rouge=False, reference_tr=[0.5])
+    assert "fewer than 2 values on a side" in single["notes"]["ForgetQuality"]
+    assert few_compared(20, 20) is None and "with 19 of" in few_compared(20, 19)
+    with pytest.raises(TimeromeError, match="reference_tr must be a non-empty list"):
+        timerome.evaluate(bb, {"forget": forget[:3]}, n_mc=1, rouge=False, reference_tr=[])
+
+
+def test_a_prompt_on_the_meta_device_is_refused_in_one_line(bb):
+    """A meta tensor holds no ids to move to the model's device: generate raised torch's RuntimeError
+    (Tensor.item() cannot be called on meta tensors), log_likelihood said it was not a list of ids."""
+    q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")]).to("meta")
+    with pytest.raises(TimeromeError, match="meta device.*cpu"):
+        timerome.generate(bb, q, steps=2, gen_length=2, block_length=2)
+    with pytest.raises(TimeromeError, match="meta device.*cpu"):
+        timerome.log_likelihood(bb, q, [5], n_mc=1)
+
+
+def test_evaluate_says_when_the_memory_asks_only_some_forget_rows(bb, task):
+    """The CLI said so (eval --edit); the API's evaluate now does, in its notes."""
+    mem = timerome.EditMemory(bb, timerome.Coordinate(1, "resid")).add(task.facts[:1])
+    rows = {"forget": task.forget_rows[:2]}
+    got = timerome.evaluate(bb, rows, n_mc=1, edit=mem, truth_ratio=False, rouge=False)
+    assert got["notes"]["ForgetLP"].startswith("the edit's memory holds 1 facts; 1 of the 2 forget rows")
+    whole = timerome.evaluate(bb, {"forget": task.forget_rows[:1]}, n_mc=1, edit=mem, truth_ratio=False, rouge=False)
+    assert "ForgetLP" not in whole["notes"]

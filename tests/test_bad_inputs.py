@@ -436,6 +436,16 @@ def catalogue(f, tmp):
         ("generate --steps on an autoregressive model", ["generate", "-m", f["tiny_ar"], "--steps", "4", "x"],
          "is autoregressive"),
         ("an edit memory given as a trace", ["edit", "--trace", f["mem"], "-o", out], "is an edit memory"),
+        # stop 60: an option given twice kept its last value without a word; a method object's misspelt key
+        ("-c given twice (the first dropped)", ["experiment", "canonical", "-c", '{"n_mc": 2}', "-c", '{"rouge": false}',
+                                                "-o", tmp / "e"], "-c given twice"),
+        ("--alpha given twice", ["edit", "--alpha", "2", "--alpha=3", "-o", out], "--alpha given twice"),
+        ("--rouge and --no-rouge", ["eval", "--rouge", "--no-rouge"], "--no-rouge given twice"),
+        ("a method object with a misspelt config", ["experiment", "canonical", "-c",
+                                                    '{"methods": [{"method": "timerome", "confg": {"alpha": 2}}]}',
+                                                    "-o", tmp / "e"], "no other key"),
+        ("a method object without method", ["experiment", "canonical", "-c", '{"methods": [{"name": "timerome"}]}',
+                                            "-o", tmp / "e"], "setting methods must be"),
     ]
 
 
@@ -570,7 +580,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: trace(bb, "embedded:forget01"), "list of facts"),
         (lambda: EditMemory.build(bb, None, task.facts[:1], alpah=2), "alpah"),
         (lambda: load_memory(files["mem"], None), "needs the model"),
-        (lambda: log_likelihood_batch(bb, ["Where"], ["Isgor"]), "token ids"),
+        (lambda: log_likelihood_batch(bb, [b"Where"], [b"Isgor"]), "a string or token ids, got bytes"),
         (lambda: bb.encode(None), "string"),
         (lambda: bb.decode([-1]), "-1"),
         (lambda: bb.decode([10**6]), "1000000"),

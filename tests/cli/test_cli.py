@@ -113,6 +113,22 @@ def test_a_one_step_edit_is_scored_by_its_answers_not_by_likelihoods(tmp_path):
     assert any(n.startswith("EfficacyLP: not computed") and "step 2" in n for n in got["notes"]), got["notes"]
 
 
+def test_eval_requests_flags_an_edit_that_changed_no_answer(tmp_path):
+    """An edit whose answers are all the unedited model's did nothing, whatever its log-probabilities:
+    eval --requests says so (Unchanged = 1, a warning and a note), as the editing experiment does."""
+    mem = tmp_path / "a0.safetensors"
+    code, out = run("edit", "--alpha", 0, "--out", mem)
+    assert code == 0, out
+    args = ("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 1, "--n-world", 1, "--n-mc", 1)
+    code, out = run(*args, "--json")
+    assert code == 0, out
+    got = json.loads(out[out.index("{"):])
+    assert got["metrics"]["Unchanged"] == 1.0 and any(n.startswith("Unchanged: every answer") for n in got["notes"])
+    assert all(a["answer_with_edit"] == a["answer"] for a in got["answers"])
+    code, out = run(*args)
+    assert code == 0 and "warning: Unchanged" in " ".join(out.split()), out
+
+
 def test_edit_warns_of_a_lambda_that_swamps_the_keys(tmp_path):
     code, out = run("edit", "--lam", "1e6", "--out", tmp_path / "m.safetensors")
     assert code == 0 and "warning" in out and "1/1e+06" in " ".join(out.split()), out

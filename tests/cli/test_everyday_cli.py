@@ -119,7 +119,7 @@ def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
 
     code, stdout, out = run("eval", "--edit", memories / "f1.safetensors", "--forget", "forget05", "--reference",
                             DEFAULT_MODEL_DIR, *args)
-    assert code == 0 and "holds 20 facts; 20 of the 100 forget05 rows" in out, out
+    assert code == 0 and "holds 20 facts; 20 of the 100 forget rows evaluated" in out, out
     got = json.loads(stdout)
     assert got["reference"].startswith(str(DEFAULT_MODEL_DIR.resolve())) and "itself" in got["reference"], got
     assert "is the model being evaluated" in out and got["metrics"]["ForgetQuality"] is not None

@@ -102,3 +102,27 @@ def test_the_radar_reads_a_null_as_no_number(tmp_path):
     found, missing = read_axes(tmp_path)
     assert "robustness" not in found and "no number" in missing["robustness"]
     assert "ablations" not in found and "ablations" in missing
+
+
+def test_a_build_record_with_a_diverged_loss_is_strict_json(tmp_path, monkeypatch):
+    """build_info.json was json.dumps' own text: a NaN loss (a diverged training) came out as bare NaN."""
+    import timerome.training.default_model as dm
+
+    monkeypatch.setattr(dm, "train", lambda *a, **k: {"loss": [float("nan")]})  # no training: a NaN log
+    dm.build_default(tmp_path / "m", epochs=1, stage2_epochs=0, show_progress=False)
+    text = (tmp_path / "m" / "build_info.json").read_text()
+    assert strict(text)["stages"][0]["final_loss_last50"] is None and "NaN" not in text
+    assert dm.build_record(tmp_path / "m")["sha256"] == dm.weights_sha256(tmp_path / "m")
+
+
+def test_eval_json_writes_its_nan_columns_as_null():
+    """`timerome eval --json` without --reference: Forget Quality and the absent splits' columns are NaN."""
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+
+    res = CliRunner().invoke(app, ["eval", "--splits", "forget", "--n-mc", "1", "--no-rouge", "--json"])
+    assert res.exit_code == 0, res.output
+    got = strict(res.stdout)
+    assert got["metrics"]["ForgetQuality"] is None and "reference" in got["notes"]["ForgetQuality"]
+    assert isinstance(got["metrics"]["ForgetLP"], float)

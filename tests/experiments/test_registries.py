@@ -77,3 +77,26 @@ def test_the_robustness_experiment_takes_extraction_false_as_its_docs_say():
     for bad in (True, "no", {"setings": []}):
         with pytest.raises(TimeromeError, match="setting extraction must be false .no extraction cells. or an object"):
             check_settings("robustness", {"extraction": bad}, CONFIG)
+
+
+def test_a_reference_folder_keys_the_cells_by_its_files_and_a_loaded_copy_of_the_model_is_caught(tmp_path):
+    """Cells measured against a reference folder were keyed by its path alone: new weights in the same
+    folder met the old cells (stop 60's audit: KS p 1.000 from the cache, 0.255 fresh). A copy of the
+    evaluated model as the reference was not seen as the model itself."""
+    import shutil
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    bb = load_backbone()
+    ref = tmp_path / "ref"
+    shutil.copytree(DEFAULT_MODEL_DIR, ref)
+    ctx = Context(backbone=bb, reference=str(ref))
+    cell = Cell("reference", seed=0, data={"forget": "forget01"}, options={"n_mc": 1})
+    before = cell.key(ctx)
+    assert before == cell.key(Context(backbone=bb, reference=str(ref)))  # a resume finds its cells
+    weights = ref / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # rewritten: the files' times change, whatever they hold
+    assert cell.key(ctx) != before
+    assert not ctx.reference_is_model()  # another folder, not loaded yet
+    ctx.reference_backbone()
+    assert ctx.reference_is_model() and "itself" in ctx.reference_label  # its weights are the model's

@@ -2,6 +2,7 @@
 saved formats that `memory_file.load_memory` reads any file through."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,7 @@ def test_save_and_load_through_the_base(tiny_bb, tmp_path):
     keys = list(meta)
     assert keys[:5] == ["format", "fingerprint", "backbone", "hidden_size", "coordinate"] and keys[-1] == "sha256"
     assert meta["causal"] is False  # the attention its keys were read under (an MDLM's: bidirectional)
+    assert meta["prompt_start"] == [] and meta["checkpoint"] == str(Path(tiny_bb.info["checkpoint"]).resolve())
     assert meta["format"] == EditMemory.FORMAT and file_kind(path) == "edit"
     back = load_memory(path, tiny_bb)
     assert type(back) is EditMemory and back.fact_ids == m.fact_ids and back.coordinate == m.coordinate

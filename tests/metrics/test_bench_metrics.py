@@ -26,6 +26,11 @@ class Fake:
     def encode(self, text):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    prompt_start = []  # a word tokenizer puts nothing at a sequence start
+
+    def encode_prompt(self, text):
+        return self.encode(text)
+
     def decode(self, ids):
         return self.tokenizer.decode([i for i in ids if i != self.mask_id], skip_special_tokens=True)
 

@@ -68,7 +68,7 @@ def test_no_edit_changes_nothing_and_scores_the_unedited_model(bb, reqs):
     res = edit_scores(bb, reqs, None, n_mc=2)
     m = res["metrics"]
     assert m["Locality"] == 1.0 and changed_nothing(res) and m["FluencyRatio"] == 1.0
-    assert m["Efficacy"] == m["BaseEfficacy"]
+    assert m["Efficacy"] == m["BaseEfficacy"] and "Unchanged" not in m  # nothing to compare with
     assert len(res["items"]["prompt"]["edited"]) == 4 and len(res["items"]["neighbour"]["edited"]) == 20
 
 
@@ -98,7 +98,7 @@ def test_an_edit_that_breaks_everything_scores_so(bb, reqs):
     base = edit_scores(bb, reqs, None, lp=False)
     res = edit_scores(bb, reqs, _Forced(bb, bb.encode("Ostrel")[0]), baseline=base["baseline"], n_mc=2)
     m = res["metrics"]
-    assert m["Locality"] < 0.5 and not changed_nothing(res) and m["Efficacy"] == 0.0
+    assert m["Locality"] < 0.5 and not changed_nothing(res) and m["Efficacy"] == 0.0 and m["Unchanged"] == 0.0
     assert m["Gibberish"] > 0.5  # "Ostrel Ostrel Ostrel ..."
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from timerome.backbones.families import HOOK_POINTS, Family
 from timerome.backbones.layers import KVCache, positions_for
+from timerome.backbones.tokenizer import start_ids
 from timerome.errors import TimeromeError
 
 POINTS = HOOK_POINTS + ("embed",)
@@ -60,6 +61,7 @@ class Backbone:
         self.answer_starts: torch.Tensor | int | None = None  # where each row's answer begins (hooks.answer_region)
         self.open_hooks: list = []  # the hooks.Hooks blocks open on it (a trajectory sets their step)
         self.engine_checks: dict = {}  # answers of the trace engine's checks of this model (tracing.wavefront.checked)
+        self._prompt_start: list[int] | None = None  # read from the tokenizer on first use
         if remote:
             self._padding_problem = self._probe_remote_padding()
 
@@ -74,9 +76,24 @@ class Backbone:
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
+        """`text` as a fragment, without special tokens (a prompt begins with `prompt_start`: `encode_prompt`)."""
         if not isinstance(text, str):
             raise TimeromeError(f"encode takes a string, got {type(text).__name__}")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @property
+    def prompt_start(self) -> list[int]:
+        """The ids a sequence begins with, as the tokenizer puts them before a text (DiffuLLaMA's and
+        Llama-2's `<s>`; none for LLaDA, Dream, MMaDA, LLaDA-MoE and the embedded model), as the official
+        pipelines feed them. A prompt begins with them (`encode_prompt`); an answer or other fragment
+        (`encode`) never does."""
+        if self._prompt_start is None:
+            self._prompt_start = start_ids(self.tokenizer)
+        return list(self._prompt_start)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """`text` as the start of a sequence: `prompt_start`, then `encode(text)`."""
+        return self.prompt_start + self.encode(text)
 
     def decode(self, ids) -> str:
         if isinstance(ids, torch.Tensor):

@@ -128,6 +128,19 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     return bb
 
 
+def checkpoint_files(ckpt: Path) -> list[tuple]:
+    """(path, size, modification time, inode) of a checkpoint's files (config, weights, code; the file
+    itself for a GGUF): what changes when its weights do, read without loading them."""
+    ckpt = Path(ckpt)
+    files = [ckpt] if ckpt.is_file() else sorted(
+        p for p in ckpt.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".py"))
+    stats = []
+    for p in files:
+        st = p.stat()
+        stats.append((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
+    return stats
+
+
 def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, remote: bool) -> str:
     """The fingerprint of a freshly loaded model, its weights checked finite (a NaN or inf weight, or
     one a cast to float16 overflowed, is refused by name). Both come from one pass over every byte
@@ -139,13 +152,8 @@ def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, re
 
     dtype = next(model.parameters()).dtype
 
-    files = sorted(p for p in ckpt.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".py"))
-    stats = []
-    for p in files:
-        st = p.stat()
-        stats.append((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
-    key = dict(kind="weights", v=FINGERPRINT_VERSION, files=stats, dtype=str(dtype), implementation=implementation,
-               remote=remote)
+    key = dict(kind="weights", v=FINGERPRINT_VERSION, files=checkpoint_files(ckpt), dtype=str(dtype),
+               implementation=implementation, remote=remote)
     entry = cache_dir() / "fingerprints" / f"{digest(key)}.json"
     found = None
     try:

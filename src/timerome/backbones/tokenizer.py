@@ -108,3 +108,17 @@ def _standard_class(ckpt: Path, remote: str) -> tuple[str, tuple[str, ...]]:
     raise TimeromeError(
         f"the tokenizer of {ckpt} is remote code ({remote}) and its files are no standard format "
         "(tokenizer.json, vocab.json + merges.txt, tokenizer.model); pass trust_remote_code=True to run it")
+
+
+def start_ids(tokenizer) -> list[int]:
+    """The ids the tokenizer puts before a text that starts a sequence (Llama-2's `<s>`), read by
+    encoding one word with and without its special tokens; [] when it adds none or cannot say."""
+    try:
+        whole = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+        bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    except (TypeError, ValueError, KeyError, AttributeError, NotImplementedError):
+        return []
+    for i in range(len(whole) - len(bare) + 1):
+        if whole[i:i + len(bare)] == bare:
+            return [int(t) for t in whole[:i]]
+    return []

@@ -48,6 +48,41 @@ class OneLineUsageErrors(TyperGroup):
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        twice = repeated_option(cmd, rest) if cmd is not None else None
+        if twice:  # click keeps the last value without a word: the first one would be dropped silently
+            raise clickx.UsageError(f"{twice} given twice: give it once (the second would replace the first "
+                                    "without a word)", type(ctx)(cmd, info_name=name, parent=ctx))
+        return name, cmd, rest
+
+
+def repeated_option(command, args) -> str | None:
+    """The first option of `command` that takes one value and appears twice in args (or a flag given both
+    ways, --rouge and --no-rouge), as written the second time; None when none does. Arguments after
+    `--` are values, not options; the same flag twice changes nothing and passes."""
+    single = {}
+    for p in getattr(command, "params", ()):
+        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not p.count:
+            single.update(dict.fromkeys([*p.opts, *p.secondary_opts], p))
+    seen: dict = {}  # id(option) -> how it was written first
+    expects_value = False
+    for a in args:
+        if a == "--":
+            break
+        if expects_value:  # the value of the option before: never read as an option itself
+            expects_value = False
+            continue
+        name = a.split("=", 1)[0] if a.startswith("--") else a
+        p = single.get(name)
+        if p is None:
+            continue
+        if id(p) in seen and not (p.is_flag and seen[id(p)] == name):
+            return name
+        seen.setdefault(id(p), name)
+        expects_value = not p.is_flag and "=" not in a
+    return None
+
 
 app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True,
                   help="Find where a masked diffusion LM stores a fact, then make it forget it at inference time.")

@@ -28,6 +28,8 @@ def metric_table(metrics: dict, fmt: str) -> Table:
 
 N_RETAIN = 40  # retain rows evaluated when --n-retain is not given (TOFU and --requests)
 N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (TOFU and --requests)
+UNCHANGED = ("Unchanged: every answer with the edit is the unedited model's, so it did nothing here, whatever its "
+             "log-probabilities (an edit at another coordinate, a small alpha, or subjects it has no key for?)")
 FLAG = {"requests": "--requests", "bench": "--bench"}  # the modes other than TOFU's, by the flag that chooses them
 # the modes each mode-specific option applies to (tofu: neither --requests nor --bench)
 MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
@@ -173,15 +175,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     rows, _ = ctx.data(spec)
     memory_edit = None
     if edit is not None:
-        memory = _saved_memory(bb, edit, [bb.encode(r["question"]) for r in rows.get("forget", [])[:4]],
+        memory = _saved_memory(bb, edit, [bb.encode_prompt(r["question"]) for r in rows.get("forget", [])[:4]],
                                "compare its answers (timerome generate --edit, or eval --requests), ")
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
-        held = {getattr(f, "prompt", None) for f in memory.facts} - {None, ""}  # facts known by id alone: no question
-        asked = sum(r["question"] in held for r in rows.get("forget", []))
-        if held and rows.get("forget") and asked < len(rows["forget"]):  # its forget columns average over rows it never saw
-            err_console.print(f"[yellow]note:[/] {escape(str(edit))} holds {len(memory.facts)} facts; {asked} of the "
-                              f"{len(rows['forget'])} {forget} rows evaluated ask one of them, and the forget "
-                              "columns average over them all", soft_wrap=True)
     ref_tr = None
     if reference is not None and "forget" in rows:
         if ctx.auto_reference() is None:
@@ -262,7 +258,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
                    metrics=result["metrics"],
-                   notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()] + exact,
+                   notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
+                   + ([UNCHANGED] if result["metrics"].get("Unchanged") == 1 else []),
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
                                                     result["items"]["prompt"]["prompt"],
@@ -276,6 +273,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
     print_notes(result["metrics"], result["notes"], exact)
+    if result["metrics"].get("Unchanged") == 1:
+        err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")
@@ -315,7 +314,7 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit)
     memory = None
     if edit is not None:
-        memory = _saved_memory(bb, edit, [bb.encode(r[k]) for split in rows["splits"].values() for r in split[:2]
+        memory = _saved_memory(bb, edit, [bb.encode_prompt(r[k]) for split in rows["splits"].values() for r in split[:2]
                                           for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4])
     result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],

@@ -10,12 +10,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, console, edit_facts, err_console, friendly,
-                              model_options, print_json, said_by_model, spare_rows)
+from timerome.cli.app import (ModelChoice, OneLineUsageErrors, RequestsOpt, TofuOpt, app, console, edit_facts,
+                              err_console, friendly, model_options, print_json, said_by_model, spare_rows)
 from timerome.common.files import output_file
 from timerome.errors import TimeromeError
 
-memory_app = typer.Typer(no_args_is_help=True, help="Inspect and change saved edit memories.")
+memory_app = typer.Typer(cls=OneLineUsageErrors, no_args_is_help=True, help="Inspect and change saved edit memories.")
 app.add_typer(memory_app, name="memory")
 
 OutOpt = typer.Option(None, "--out", "-o", help="where to write the result (default: FILE itself, replaced atomically)")
@@ -32,6 +32,7 @@ def describe(path) -> dict:
     tensors, meta = read_memory_file(path)
     hyper, kind = dict(meta.get("hyper") or {}), memory_kind(meta)
     return dict(file=str(path), kind=kind, format=meta.get("format"), backbone=meta.get("backbone"),
+                checkpoint=meta.get("checkpoint") or None, prompt_start=meta.get("prompt_start", []),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
                 coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
                 watch=answer_watch_on(meta, path) if kind == "rewrite" else False,
@@ -93,7 +94,9 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
         rows = (("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
                 ("key metric", f"{h.get('key_metric')}{background}"),
                 ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
-    for k, v in (("backbone", f"{d['backbone'] or 'unnamed'} (fingerprint {d['fingerprint']}, hidden {d['hidden_size']})"),
+    where = f" at {d['checkpoint']}" if d.get("checkpoint") else ""
+    for k, v in (("backbone", f"{d['backbone'] or 'unnamed'}{where} (fingerprint {d['fingerprint']}, hidden "
+                              f"{d['hidden_size']})"),
                  ("gate" if kind == "rewrite" else "coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"),
                  *rows, ("target", _targets(d)), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
         t.add_row(k, escape(v))

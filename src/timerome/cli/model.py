@@ -12,6 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
                               print_json, warn_unknown_words)
+from timerome.common.cache import json_text
 from timerome.engine.settings import ANSWER, SAMPLER
 from timerome.errors import TimeromeError
 
@@ -84,7 +85,7 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
                           + ("[green]identical[/]" if same else "[red]DIFFERENT[/]"))
             raise typer.Exit(0 if same else 1)
     info = build_default(out or DEFAULT_MODEL_DIR, stage1=stage1)
-    console.print_json(json.dumps(info))
+    console.print_json(json_text(info))  # standard JSON: a diverged loss (NaN) as null
 
 
 @app.command()
@@ -252,7 +253,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         raise TimeromeError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} the denoising sampler; "
                             f"{bb.name} is autoregressive and writes one token per forward, left to right")
     for p in prompt:  # every option against every prompt, before any work or warning
-        check_generation(bb, len(bb.encode(p)), steps=steps, gen_length=gen_length, block_length=block_length,
+        check_generation(bb, len(bb.encode_prompt(p)), steps=steps, gen_length=gen_length, block_length=block_length,
                          temperature=temperature, remasking=remasking, cache=cache,
                          threshold=threshold, refresh_every=refresh_every)
     if steps > gen_length and threshold is None:
@@ -268,7 +269,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         k = memory.coordinate.step
         if k is not None:
             refuse_unreached(k, steps, str(edit), "this run (--steps) takes", f"pass --steps {k + 1} or more")
-        check_edit_scale(bb, memory, [bb.encode(p) for p in prompt], edit)
+        check_edit_scale(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
         warn_unknown_words(bb, p, f"prompt {i + 1}")
     t = Table(show_lines=True)
@@ -294,7 +295,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     answers = []
     for p in prompt:
-        ids = torch.tensor([bb.encode(p)], device=bb.device)
+        ids = torch.tensor([bb.encode_prompt(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
                   remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed),
                   cache=cache, threshold=threshold, refresh_every=refresh_every)

@@ -72,6 +72,8 @@ def seed(value, what: str = "seed") -> int:
 def seeds(values, what: str = "seeds") -> tuple[int, ...]:
     """A list of seeds, each a `seed`, at least one and none twice (a run counted twice would weigh
     twice in a mean and a paired test)."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):  # not read letter by letter
+        raise TimeromeError(f"{what} must be a list of seeds, e.g. (0, 1, 2) or [0], got {shown(values)}")
     out = tuple(seed(v, f"a seed of {what}") for v in values)
     if not out:
         raise TimeromeError(f"give at least one seed ({what})")

@@ -2,7 +2,8 @@
 MDLM answer masking, padding, and the default target string.
 
 Conventions every module shares (training, likelihood, tracing, the edit memory, the baselines):
-- a prompt is the question as written, encoded without special tokens;
+- a prompt is the sequence start the tokenizer puts before a text (`Backbone.prompt_start`: DiffuLLaMA's
+  `<s>`, nothing for most MDLM tokenizers), then the question as written, without special tokens;
 - an answer is encoded as it follows the prompt: byte-level BPE vocabularies get a leading space
   (their first word carries the "Ġ" of the space before it), word-level ones do not;
 - a fact's subject tokens are the prompt tokens whose character span overlaps the subject's
@@ -63,13 +64,15 @@ def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list
     return ids
 
 
-def fit(prompt: list[int], answer: list[int], max_length: int) -> tuple[list[int], list[int], bool]:
-    """(prompt, answer, cut): the answer's start first, then as much of the prompt's end as fits."""
+def fit(prompt: list[int], answer: list[int], max_length: int, keep: int = 0) -> tuple[list[int], list[int], bool]:
+    """(prompt, answer, cut): the answer's start first, then as much of the prompt's end as fits, after
+    the prompt's first `keep` tokens (its sequence start, `Backbone.prompt_start`) when they fit."""
     cut = len(answer) >= max_length
     answer = answer[: max_length - 1] if cut else answer
     room = max_length - len(answer)
     if len(prompt) > room:
-        prompt, cut = prompt[len(prompt) - room:], True
+        keep = keep if room > keep else 0
+        prompt, cut = prompt[:keep] + prompt[len(prompt) - (room - keep):], True
     return prompt, answer, cut
 
 
@@ -78,7 +81,7 @@ def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
     bpe = uses_leading_space(backbone)
     pairs = []
     for i, r in enumerate(rows):
-        q, a = backbone.encode(r["question"]), answer_ids(backbone, r["answer"], bpe)
+        q, a = backbone.encode_prompt(r["question"]), answer_ids(backbone, r["answer"], bpe)
         if not a:
             raise TimeromeError(f"row {i} has an empty answer")
         if len(q) + len(a) > backbone.max_length:
@@ -151,7 +154,7 @@ def fact_id(fact) -> str:
 
 
 def subject_positions(backbone, prompt: str, subject: str, name: str = "the fact") -> tuple[list[int], list[int]]:
-    """(prompt ids, positions of the tokens covering the subject's first occurrence)."""
+    """(prompt ids, from the sequence start, positions of the tokens covering the subject's first occurrence)."""
     if not subject or not subject.strip():
         raise TimeromeError(f"{name} has an empty subject")
     start = prompt.find(subject)
@@ -170,7 +173,8 @@ def subject_positions(backbone, prompt: str, subject: str, name: str = "the fact
         pos = list(range(first, min(upto, len(ids))))
     if not pos:
         raise TimeromeError(f"{name}: no prompt token covers the subject {subject!r}")
-    return ids, pos
+    start_ids = backbone.prompt_start
+    return start_ids + ids, [len(start_ids) + j for j in pos]
 
 
 def encode_fact(backbone, fact, index: int = 0, *, target: str | None = None,
@@ -232,8 +236,8 @@ def pad_sequences(seqs: list[list[int]], backbone) -> tuple[torch.Tensor, torch.
 
 
 def text_ids(backbone, text) -> list[int]:
-    """A text (or a list of ids) as ids, cut to the model's context."""
-    ids = backbone.encode(text) if isinstance(text, str) else [int(i) for i in text]
+    """A text (from the sequence start) or a list of ids as ids, cut to the model's context."""
+    ids = backbone.encode_prompt(text) if isinstance(text, str) else [int(i) for i in text]
     return ids[: backbone.max_length]
 
 

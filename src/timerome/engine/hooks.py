@@ -4,7 +4,8 @@ Every forward hook in timerome is installed here, by `Hooks`, and removed when i
 ends (also when the body raises). A site is
 
     (layer, point)   a backbone hook point: point in resid / attn / mlp, or (None, "embed")
-    Coordinate       the same, and with a step it fires only at that denoising step
+    Coordinate       the same; an edit at one with a step fires only at that denoising step (a keep
+                     records every forward, whatever its step)
     nn.Module        any module (the locate-then-edit baselines read a down projection's input)
 
     with Hooks(bb, keep=[(1, "resid")]) as tr:           # keep: one tensor per forward
@@ -149,6 +150,17 @@ class StopForward(Exception):
     """Raised by a `stop=True` hook once every kept site has been seen; `Hooks` swallows it."""
 
 
+def site_key(site):
+    """One spelling of a site, for looking kept entries up: (layer, point) for a (layer, point) tuple or
+    list and for a Coordinate of every step, (layer, point, step) for one of one step (a tuple or list
+    of three too); a module (or anything else) as it is."""
+    if isinstance(site, Coordinate):
+        return site.site if site.step is None else (*site.site, site.step)
+    if isinstance(site, (tuple, list)) and len(site) in (2, 3) and isinstance(site[1], str):
+        return tuple(site) if len(site) == 2 or site[2] not in (None, -1) else tuple(site[:2])
+    return site
+
+
 class Hooks(dict):
     """Install keep / edit hooks on backbone sites for a `with` block; a dict site -> kept tensors.
 
@@ -162,13 +174,23 @@ class Hooks(dict):
         on leaving the block): what lies above is never computed.
     ids: before each forward, put its token ids (the embedding's input: the held window's only in a
         cached sampler's partial forward) in `state.ids`, for edits that read the text.
-    Edits run before keeps on the same module, so a kept output is the edited one.
+    Edits run before keeps on the same module, so a kept output is the edited one. A kept site is
+    found by any spelling of it (`site_key`): tr[(1, "resid")], tr[Coordinate(1, "resid")] and
+    tr[[1, "resid"]] are the same entry, kept under the spelling keep gave first.
     """
 
     def __init__(self, backbone, keep=(), *, edit: dict | None = None, inputs: bool = False, stop: bool = False,
                  state: TraceState | None = None, positions=None, to_cpu: bool = False, detach: bool = True,
                  raw: bool = False, ids: bool = False):
-        super().__init__({site: [] for site in keep})
+        for site in keep:  # "resid" or (1, "resid") alone would be read letter by letter, or number by name
+            if not isinstance(site, (Coordinate, nn.Module)) and not (
+                    isinstance(site, (tuple, list)) and len(site) == 2 and isinstance(site[1], str)):
+                raise TimeromeError(f"keep takes a list of sites, each (layer, point), a Coordinate or a module, "
+                                    f"got {site!r} in {keep!r}: e.g. keep=[(1, 'resid')]")
+        self._spellings = {}  # site_key(site) -> the key the site is kept under (its first spelling in keep)
+        for site in keep:
+            self._spellings.setdefault(site_key(site), tuple(site) if isinstance(site, list) else site)
+        super().__init__({site: [] for site in self._spellings.values()})
         self.backbone = backbone
         self.edits = dict(edit or {})
         self.state = state if state is not None else TraceState()
@@ -176,13 +198,22 @@ class Hooks(dict):
         self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
             raise ValueError("stop=True needs at least one kept site")
-        for site in keep:  # "resid" or (1, "resid") alone would be read letter by letter, or number by name
-            if not isinstance(site, (Coordinate, nn.Module)) and not (
-                    isinstance(site, (tuple, list)) and len(site) == 2 and isinstance(site[1], str)):
-                raise TimeromeError(f"keep takes a list of sites, each (layer, point), a Coordinate or a module, "
-                                    f"got {site!r} in {keep!r}: e.g. keep=[(1, 'resid')]")
         self._handles = []
         self._forwards = 0
+
+    def _kept_as(self, site):
+        """The key `site` is kept under, whichever spelling of it is given (not kept: itself, a list as a tuple)."""
+        key = site_key(site)
+        return self._spellings.get(key, key if isinstance(site, list) else site)
+
+    def __getitem__(self, site):
+        return super().__getitem__(self._kept_as(site))
+
+    def __contains__(self, site) -> bool:
+        return super().__contains__(self._kept_as(site))
+
+    def get(self, site, default=None):
+        return super().get(self._kept_as(site), default)
 
     def module(self, site) -> nn.Module:
         if isinstance(site, nn.Module):

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 
 from timerome.common.checks import budget, integer
 from timerome.common.progress import progress_bar
-from timerome.engine.encoding import encode_pairs
+from timerome.engine.encoding import answer_ids as encode_answer, encode_pairs
 from timerome.engine.hooks import Hooks, answer_region
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
@@ -86,7 +86,9 @@ def pair_generator(seed: int, index: int, device=None) -> torch.Generator:
 
 def log_likelihood(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKELIHOOD.n_mc, batch_size: int = 16,
                    generator: torch.Generator | None = None) -> float:
-    """MC estimate of log p(answer | prompt) in nats (exact for a one-token answer)."""
+    """MC estimate of log p(answer | prompt) in nats (exact for a one-token answer). prompt_ids and answer_ids
+    are token ids or texts: a text prompt starts the sequence (`Backbone.encode_prompt`), a text answer is
+    encoded as it follows a prompt (`encoding.answer_ids`)."""
     return float(log_likelihood_samples(backbone, prompt_ids, answer_ids, n_mc=n_mc,
                                         batch_size=batch_size, generator=generator).mean())
 
@@ -97,7 +99,7 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKE
     when the answer is one token. One forward per stratum of batch_size rows, every drawn row run
     (`log_likelihood_batch` runs identical rows once); the head at the scored positions only where
     `masked_head_applies`."""
-    prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
+    prompt, answer = _as_ids(prompt_ids, "prompt", backbone), _as_ids(answer_ids, "answer", backbone)
     _check_pair(backbone, prompt, answer)
     _check_mc(n_mc, batch_size)
     if generator is None:
@@ -134,8 +136,8 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
     if max_tokens < 1:
         raise TimeromeError(f"max_tokens must be >= 1, got {max_tokens}")
     masked_head = head_choice(backbone, head)
-    P = [_as_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
-    A = [_as_ids(a, f"answer {i}") for i, a in enumerate(answers)]
+    P = [_as_ids(p, f"prompt {i}", backbone) for i, p in enumerate(prompts)]
+    A = [_as_ids(a, f"answer {i}", backbone) for i, a in enumerate(answers)]
     for i, (p, a) in enumerate(zip(P, A)):
         _check_pair(backbone, p, a, where=f" (pair {i})")
     masks = pair_masks(backbone, [len(a) for a in A], n_mc=n_mc, batch_size=batch_size, generator=generator)
@@ -219,7 +221,7 @@ def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
     """E_{l ~ U{1..La}} E_{|S| = l} (La / l) sum_{i in S} log p(x_i | x with S masked), by
     enumerating all 2^La - 1 subsets (La <= MAX_EXACT): the value the MC estimator converges to.
     A causal model: the exact next-token log-likelihood (what `log_likelihood` returns too)."""
-    prompt, answer = _as_ids(prompt_ids, "prompt"), _as_ids(answer_ids, "answer")
+    prompt, answer = _as_ids(prompt_ids, "prompt", backbone), _as_ids(answer_ids, "answer", backbone)
     _check_pair(backbone, prompt, answer)
     if _causal(backbone):
         return log_likelihood(backbone, prompt, answer)
@@ -260,9 +262,16 @@ def answer_logprobs(backbone, questions: list[str], answers: list[str], *, n_mc:
 # ------------------------------------------------------------------------------ checks
 
 
-def _as_ids(ids, what: str) -> torch.Tensor:
-    if isinstance(ids, (str, bytes)):
-        raise TimeromeError(f"the {what} must be token ids (backbone.encode(text) gives them), got the text {ids!r:.60}")
+def _as_ids(ids, what: str, backbone) -> torch.Tensor:
+    """Token ids as a flat CPU LongTensor; a text is encoded as the start of a sequence (a prompt) or as
+    an answer that follows it (encoding.py), as `answer_logprobs` encodes them."""
+    if isinstance(ids, str):
+        ids = backbone.encode_prompt(ids) if what.startswith("prompt") else encode_answer(backbone, ids)
+    elif isinstance(ids, bytes):
+        raise TimeromeError(f"the {what} must be a string or token ids, got bytes {ids!r:.60}")
+    elif torch.is_tensor(ids) and ids.is_meta:
+        raise TimeromeError(f"the {what} is on the meta device (a shape without token ids): it cannot be moved to "
+                            f"the model's device ({backbone.device}); give the ids themselves")
     try:
         t = torch.as_tensor(ids, dtype=torch.long).cpu()
     except (TypeError, ValueError, RuntimeError, OverflowError):

@@ -344,7 +344,10 @@ def _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head:
 
 def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if isinstance(prompt_ids, str):  # text: the convenience most first calls expect
-        prompt_ids = backbone.encode(prompt_ids)
+        prompt_ids = backbone.encode_prompt(prompt_ids)
+    if torch.is_tensor(prompt_ids) and prompt_ids.is_meta:
+        raise TimeromeError(f"prompt_ids is on the meta device (a shape without token ids): it cannot be moved to "
+                            f"the model's device ({device}); give the ids themselves")
     try:
         prompt = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError):
@@ -400,7 +403,7 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
     steps = G if steps is None else int(steps)
     ids, cut = [], 0
     for p in prompts:
-        q, _, was_cut = fit(backbone.encode(p), [0] * G, backbone.max_length)
+        q, _, was_cut = fit(backbone.encode_prompt(p), [0] * G, backbone.max_length, len(backbone.prompt_start))
         ids.append(q)
         cut += was_cut
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))

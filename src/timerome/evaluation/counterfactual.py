@@ -38,7 +38,7 @@ def greedy_ids(backbone, prompts: list[str], lengths: list[int]) -> list[list[in
     """The greedy answer of each prompt, lengths[i] tokens; the prompts of one answer length share one
     batched call (left-padded: a padded row decodes as it does alone)."""
     groups: dict[int, list[int]] = {}
-    encoded = [backbone.encode(p) for p in prompts]
+    encoded = [backbone.encode_prompt(p) for p in prompts]
     for i, n in enumerate(lengths):
         groups.setdefault(n, []).append(i)
     out: list[list[int]] = [[] for _ in prompts]

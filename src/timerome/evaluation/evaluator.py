@@ -96,7 +96,7 @@ def _same_template(answer: str, obj, perturbed: list[str]) -> bool:
 
 def fits(backbone, row: dict) -> bool:
     """Whether the question with every answer variant fits the model's context."""
-    q = len(backbone.encode(row["question"]))
+    q = len(backbone.encode_prompt(row["question"]))
     para, pert = _answers(row)
     longest = max(len(backbone.encode(a)) for a in [row["answer"], para] + pert)
     return q + longest + 1 <= backbone.max_length
@@ -206,7 +206,9 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
 
     Returns {"items": {split: per-item lists}, "metrics": {column: value}, "cost": {...}, "notes": {column:
     why it is NaN, or for a partial ModelUtility which terms it lacks}}, all JSON-able. ForgetQuality
-    needs `reference_tr` (module docstring), else it is NaN and "notes" says so.
+    needs `reference_tr` (module docstring), else it is NaN and "notes" says so; "notes" also says when
+    its KS test compared fewer reference values than forget rows, or fewer than 2 on a side, and when the
+    edit's memory asks only some of the forget rows (`memory_rows_note`).
     """
     model_arg(backbone, "evaluate's backbone")
     if isinstance(rows, dict) and rows and not set(rows) & set(EVALUATED_SPLITS):
@@ -250,7 +252,26 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if hasattr(edit, "cost"):  # a method's Edit; a memory passed as it is has no install cost to report
         c.update(edit.cost())
         c.update({k: v for k, v in (edit.info or {}).items() if k.endswith("seconds")})
-    return {"items": items, "metrics": metrics, "cost": c, "notes": missing_notes(metrics, items)}
+    notes = missing_notes(metrics, items, reference_tr)
+    unasked = memory_rows_note(edit, rows.get("forget") if isinstance(rows, dict) else None)
+    if unasked:
+        notes["ForgetLP"] = unasked
+    return {"items": items, "metrics": metrics, "cost": c, "notes": notes}
+
+
+def memory_rows_note(edit, forget_rows) -> str | None:
+    """The note of an edit whose memory's facts ask only some of the forget rows evaluated (its forget
+    columns average over rows it never saw); None when they ask them all, or it holds no questions."""
+    memory = getattr(edit, "memory", None) or (edit if hasattr(edit, "facts") else None)
+    facts = list(getattr(memory, "facts", None) or [])
+    held = {getattr(f, "prompt", None) for f in facts} - {None, ""}  # facts known by id alone: no question
+    if not held or not forget_rows:
+        return None
+    asked = sum(r["question"] in held for r in forget_rows)
+    if asked == len(forget_rows):
+        return None
+    return (f"the edit's memory holds {len(facts)} facts; {asked} of the {len(forget_rows)} forget rows evaluated ask "
+            "one of them, and the forget columns average over them all")
 
 
 def answer_count(rows: dict, truth_ratio: bool = True) -> int:
@@ -286,9 +307,9 @@ def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: 
 COLLAPSED = 1e-8  # a per-token answer probability below which a model has collapsed (its truth ratios read noise)
 
 
-def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
-    """Why a column is NaN, in words (a NaN is never left unexplained), and what a model utility made of
-    fewer than TOFU's nine terms leaves out."""
+def missing_notes(metrics: dict, items: dict, reference_tr=None) -> dict[str, str]:
+    """Why a column is NaN, in words (a NaN is never left unexplained), what a model utility made of
+    fewer than TOFU's nine terms leaves out, and how few values a Forget Quality compared."""
     needs = {"ForgetLP": "forget", "RetainLP": "retain", "RealAuth": "real_authors", "WorldFact": "world_facts",
              "ForgetTR": "forget", "RetainTR": "retain"}
     notes = {}
@@ -302,6 +323,10 @@ def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
                           f"probability below {COLLAPSED:g}: the model has collapsed, and its truth ratios compare "
                           "vanishing probabilities (below 1e-10 the 1e-10 of open-unlearning's denominator decides "
                           "them), so this column means nothing here, however good it reads")
+        if col == "ForgetQuality" and value == value and reference_tr is not None:
+            few = few_compared(len((items.get("forget") or {}).get("tr", [])), len(reference_tr))
+            if few:
+                notes[col] = few
         if value == value:  # not NaN
             continue
         if col == "ModelUtility" and not set(UTILITY_SPLITS) & set(items):
@@ -319,6 +344,19 @@ def missing_notes(metrics: dict, items: dict) -> dict[str, str]:
         else:
             notes[col] = "the rows lack what it needs (perturbed answers for truth ratios, ROUGE switched off)"
     return notes
+
+
+def few_compared(n_model: int, n_reference: int) -> str | None:
+    """The note of a KS test of n_model forget truth ratios against n_reference values of the reference
+    model, when the reference holds fewer than the forget rows or either side fewer than 2; else None."""
+    if n_reference >= n_model and min(n_model, n_reference) >= 2:
+        return None
+    said = (f"the KS test compared the model's {n_model} forget truth ratio{'s' * (n_model != 1)} with "
+            f"{n_reference} of the reference model's")
+    if n_reference < n_model:
+        return (f"{said}, fewer than the forget rows: give the reference model's truth ratios of the same forget "
+                "rows (reference_truth_ratios(REFERENCE, rows['forget']))")
+    return f"{said}: a p-value of fewer than 2 values on a side says little; evaluate more forget rows"
 
 
 def _nan_scores(items: dict) -> str:

@@ -97,14 +97,23 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     wait: another run holding the output folder is waited for (True), for that many seconds, or
     not at all (False: refused, naming it).
     """
+    if isinstance(executor, str):  # "local" or "ray", as the command line names them
+        executor = make_executor(executor)
+    elif not callable(executor):
+        raise TimeromeError(f"executor must be 'local', 'ray' or an executor (executors.ray_executor(...)), got "
+                            f"{type(executor).__name__}")
     if name == "all":  # each experiment gets the settings it has; a setting none has is refused
         unknown = sorted(set(overrides or {}) - {k for c in CONFIGS.values() for k in c})
         if unknown:
             raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
+        ran = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)]
+        for n in ran:  # every experiment's settings before the first cell: a bad one fails now, not hours in
+            experiment_config(n, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, quick)
+        check_seeds(seeds)
         return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume,
                                   {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, reference,
                                   progress, backbone, executor, load, quick, wait)
-                for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)}
+                for n in ran}
     cfg = experiment_config(name, overrides, quick)
     seeds = check_seeds(seeds)
     exp = EXPERIMENTS[name]

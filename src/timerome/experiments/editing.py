@@ -24,7 +24,7 @@ from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
 from timerome.methods import available, method_config
-from timerome.metrics.editing import UNLEARNING_RATES, changed_nothing, edit_scores
+from timerome.metrics.editing import UNLEARNING_RATES, edit_scores
 
 NAME = "editing"
 ORDER = 20
@@ -73,7 +73,6 @@ def measure_editing(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
         res = edit_scores(ctx.backbone, rows["requests"], edit, baseline=rows[key], **opts)
-        res["metrics"]["Unchanged"] = float(changed_nothing(res))
         return {"metrics": res["metrics"], "items": res["items"], "gen_length": res["gen_length"],
                 "notes": res["notes"],
                 "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from timerome.backbones import Backbone, load_backbone
-from timerome.backbones.loading import model_place
+from timerome.backbones.loading import checkpoint_files, model_place
 from timerome.common.cache import digest, plain, restore_nonfinite, write_json
 from timerome.common.checks import budget
 from timerome.common.checks import seed as check_seed
@@ -130,8 +130,15 @@ class Context:
 
     @property
     def reference_tag(self):
+        """The reference in the cells' keys: its weights' fingerprint, or for a folder (loaded only when a cell is
+        computed) its files' sizes and times, so new weights in the same folder never meet the old cells."""
         ref = self.auto_reference()
-        return dict(ref=ref.fingerprint() if isinstance(ref, Backbone) else str(ref), options=self.reference_options)
+        if isinstance(ref, Backbone):
+            return dict(ref=ref.fingerprint(), options=self.reference_options)
+        tag = dict(ref=str(ref), options=self.reference_options)
+        if ref not in (None, "embedded", "train") and Path(str(ref)).exists():
+            tag["files"] = checkpoint_files(Path(str(ref)))
+        return tag
 
     @property
     def reference_label(self) -> str | None:
@@ -151,8 +158,11 @@ class Context:
                         if self.reference_is_model() else "")
 
     def reference_is_model(self) -> bool:
-        """Whether the reference is the model being evaluated: the same Backbone or weights, or its folder."""
+        """Whether the reference is the model being evaluated: the same Backbone or weights (a copy's too, once
+        the reference is loaded), or its folder."""
         ref = self.auto_reference()
+        if isinstance(self._reference, Backbone) and not isinstance(ref, Backbone):
+            ref = self._reference  # loaded for a cell: its weights say it
         if isinstance(ref, Backbone):
             return ref is self.backbone or ref.fingerprint() == self.backbone.fingerprint()
         return ref not in (None, "embedded", "train") and model_place(ref) == model_place(self.model_path)

@@ -30,10 +30,19 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _method_entry(m) -> bool:
+    """A method name, or {"method": NAME, "config": {...}} with no other key (a misspelt "config" ran the
+    method at its defaults, under its name)."""
+    if isinstance(m, str):
+        return True
+    return (isinstance(m, dict) and isinstance(m.get("method"), str) and set(m) <= {"method", "config"}
+            and isinstance(m.get("config") or {}, dict))
+
+
 # settings whose default says little (null, {}): what they must be
 SPECIAL = {
-    "methods": ("a list of method names or {\"method\": NAME, \"config\": {...}} objects",
-                lambda v: isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, (str, dict)) for m in v)),
+    "methods": ("a list of method names or {\"method\": NAME, \"config\": {...}} objects (no other key)",
+                lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_method_entry(m) for m in v)),
     "splits": ("a list of evaluation splits (forget, retain, real_authors, world_facts)",
                lambda v: isinstance(v, (list, tuple)) and bool(v)
                and set(v) <= {"forget", "retain", "real_authors", "world_facts"}),

@@ -8,7 +8,8 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
 - loglikelihood: `likelihood.log_likelihood_batch` (MDLM ELBO, nats, n_mc masked rows) of the
   continuation given the context, split as lm-eval's own models split it (trailing spaces of the
   context move to the continuation; the continuation is what encoding the whole text adds after the
-  context's tokens). Each request draws its masks from a generator seeded by (seed, context,
+  context's tokens; both begin with the model's sequence start, `Backbone.prompt_start`, as lm-eval's
+  HF models keep the tokenizer's own special tokens). Each request draws its masks from a generator seeded by (seed, context,
   continuation) only (`pair_seed`), so a request's score depends on nothing else in the run and two
   operating points of one model see the same masks (paired). is_greedy (lambada-style accuracy):
   the sampler fills the continuation one token per step at temperature 0 and must reproduce it
@@ -73,8 +74,8 @@ def split_request(backbone, context: str, continuation: str) -> tuple[list[int],
     n = len(context) - len(context.rstrip())
     if n:
         context, continuation = context[:-n], context[-n:] + continuation
-    ctx = backbone.encode(context) if context else []
-    whole = backbone.encode(context + continuation)
+    ctx = backbone.encode_prompt(context) if context else backbone.prompt_start
+    whole = backbone.encode_prompt(context + continuation)
     if whole[:len(ctx)] == ctx:
         return ctx, whole[len(ctx):]
     return ctx, backbone.encode(continuation)  # the tokeniser merged across the boundary: keep the context
@@ -242,7 +243,7 @@ class TimeromeLM(LM):
         if room < 1:
             raise TimeromeError(f"gen_length {length} leaves no room for a prompt in the model's context of "
                                 f"{bb.max_length} tokens: pass a smaller gen_length")
-        prompt = bb.encode(context)[-room:] or [bb.mask_id]  # the most recent context, as lm-eval's models keep
+        prompt = bb.encode_prompt(context)[-room:] or [bb.mask_id]  # the most recent context, as lm-eval's models keep
         g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(kwargs, sort_keys=True,
                                                                                                    default=str)))
         x = generate(bb, torch.tensor([prompt]), steps=steps, gen_length=length, block_length=block,

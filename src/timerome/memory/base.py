@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from timerome.common.checks import big_int_path, finite_tensor, integer, shown
 from timerome.common.files import input_file, parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import fact_id
+from timerome.engine.encoding import fact_fields, fact_id
 from timerome.backbones.backbone import model_arg
 from timerome.engine.hooks import Hooks, TraceState, once_on
 from timerome.errors import TimeromeError
@@ -92,6 +93,7 @@ class Memory:
         self.hidden_size = backbone.hidden_size
         self.fingerprint = backbone.fingerprint()
         self.causal = bool(getattr(backbone, "causal", False))  # the attention its keys were read under
+        self.prompt_start = list(getattr(backbone, "prompt_start", []))  # the ids its prompts began with
 
     def _rows(self, h: torch.Tensor) -> torch.Tensor:
         """Residuals h [..., H] as rows [N, H] in the arithmetic of every memory's hook (`math_dtype`)."""
@@ -143,6 +145,7 @@ class Memory:
         tensors = {k: v.contiguous() for k, v in self._tensors().items()}
         meta = {"format": self.FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
                 "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "causal": self.causal,
+                "checkpoint": checkpoint_of(self.backbone), "prompt_start": self.prompt_start,
                 **self._header(),
                 "sha256": _digest(tensors)}
         return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
@@ -156,7 +159,9 @@ class Memory:
             raise TimeromeError(f"{a_of(cls.WHAT)} takes no load option {', '.join(unknown)}")
         tensors, meta = read_file(path, formats=cls.formats(), what=cls.WHAT)
         check_for_model(path, meta, backbone)
-        return cls._restore(path, meta, tensors, backbone, **options)
+        memory = cls._restore(path, meta, tensors, backbone, **options)
+        memory.prompt_start = list(meta.get("prompt_start", []))  # what its keys were read with (check_for_model)
+        return memory
 
     def _tensors(self) -> dict:
         raise NotImplementedError
@@ -258,7 +263,11 @@ def check_new_facts(held, new, target: str) -> None:
 def _fact_to_dict(f) -> dict:
     if isinstance(f, str):
         return {"fact_id": f}
-    d = dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
+    if isinstance(f, dict):  # a fact given as a dict: its Fact fields (another key would not load)
+        _, subject, prompt, obj, target = fact_fields(f)
+        d = dict(subject=subject, prompt=prompt, object=obj, target=target)
+    else:
+        d = dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
     d["fact_id"] = fact_id(f)
     return d
 
@@ -340,6 +349,10 @@ def check_header(meta: dict, p) -> None:
     for field in ("fingerprint", "sha256"):
         need(isinstance(meta.get(field), str), field, "a string")
     need(isinstance(meta.get("backbone", ""), str), "backbone", "a string")
+    need(isinstance(meta.get("checkpoint", ""), str), "checkpoint", "a string")
+    start = meta.get("prompt_start", [])
+    need(isinstance(start, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in start),
+         "prompt_start", "a list of token ids")
     need(isinstance(meta.get("hyper"), dict), "hyper", "an object of hyper-parameters")
     need(meta.get("stats") is None or isinstance(meta.get("stats"), dict), "stats", "null or an object")
     need(isinstance(meta.get("coordinate"), dict), "coordinate", "an object with layer, point and step")
@@ -379,6 +392,12 @@ def check_tensors(tensors: dict, schema: dict | None, p, what: str) -> None:
         raise TimeromeError(f"{p} lacks the tensor(s) {', '.join(missing)} that {a_of(what)} holds")
 
 
+def checkpoint_of(backbone) -> str:
+    """Where the backbone was loaded from, as an absolute path ("" when it was built in Python)."""
+    where = (getattr(backbone, "info", None) or {}).get("checkpoint")
+    return str(Path(where).resolve()) if where else ""
+
+
 def refuse_other_attention(what: str, causal: bool, backbone) -> None:
     """The same weights read as the other kind of model (`--family` that makes an MDLM causal, or the
     reverse): the memory's keys are states of the other attention, refused."""
@@ -396,11 +415,18 @@ def check_for_model(path, meta: dict, backbone) -> Coordinate:
         raise TimeromeError(f"reading {path} needs the model it was built for (a Backbone: timerome.load_backbone()), "
                             f"got {'None' if backbone is None else 'a ' + type(backbone).__name__}")
     if meta.get("fingerprint") != backbone.fingerprint():
+        where = f" at {meta['checkpoint']}" if meta.get("checkpoint") else ""
         raise TimeromeError(
-            f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}, fingerprint "
+            f"{path} was built for another model ({meta.get('backbone') or 'unnamed'}{where}, fingerprint "
             f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}{OTHER_MODEL}")
     if "causal" in meta:  # files saved before it was recorded: their fingerprint alone
         refuse_other_attention(str(path), bool(meta["causal"]), backbone)
+    built, now = list(meta.get("prompt_start", [])), list(getattr(backbone, "prompt_start", []))
+    if built != now:  # a file saved before prompts began with the tokenizer's sequence start has none
+        warnings.warn(f"{path}'s keys were read from prompts that begin with {built or 'no start token'}, and "
+                      f"timerome now begins this model's prompts with {now or 'none'} (the tokenizer's sequence start, "
+                      "as the official pipeline feeds it): the memory applies, but its keys come from another "
+                      "context; build it again to match", stacklevel=3)
     if meta["hidden_size"] != backbone.hidden_size:
         raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
                             f"{backbone.hidden_size}")

@@ -662,8 +662,8 @@ def token_values(backbone, site, rows, tokens=None, *, seed: int = 0, batch_size
     eos = getattr(backbone.tokenizer, "eos_token_id", None)
     pairs = []
     for r in rows:
-        q, a = (backbone.encode(r["question"]), answer_ids(backbone, r["answer"], bpe)) if isinstance(r, dict) \
-            else ([], backbone.encode(r))
+        q, a = (backbone.encode_prompt(r["question"]), answer_ids(backbone, r["answer"], bpe)) if isinstance(r, dict) \
+            else (backbone.prompt_start, backbone.encode(r))
         if eos is not None:  # the end-of-text the model writes after an answer
             a = a + [int(eos)]
         q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]

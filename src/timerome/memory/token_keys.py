@@ -236,15 +236,16 @@ def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 
 
 def _text_pairs(backbone, texts) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
     """((prompt ids, answer ids) of each text that has a token, the index in `texts` of each): a
-    question/answer row's answer is masked, a string's every token (its prompt is empty)."""
+    question/answer row's answer is masked, a string's every token (its prompt is the sequence start,
+    `Backbone.prompt_start`)."""
     pairs, index, bpe = [], [], uses_leading_space(backbone)
     for i, t in enumerate(texts):
         if isinstance(t, dict):
-            q, a = backbone.encode(t["question"]), answer_ids(backbone, t["answer"], bpe)
-        else:
-            q, a = [], backbone.encode(t)
+            q, a = backbone.encode_prompt(t["question"]), answer_ids(backbone, t["answer"], bpe)
+        else:  # every token of the text is maskable; the sequence start is not
+            q, a = backbone.prompt_start, backbone.encode(t)
         q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
-        if q or a:
+        if a or (q and isinstance(t, dict)):
             pairs.append((q, a)), index.append(i)
     if not pairs:
         raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")

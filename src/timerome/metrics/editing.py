@@ -23,6 +23,9 @@ unedited model's answers:
                         (a short target such as "I don't know." has fewer n-grams than the answers it
                         replaces: the best possible edit then has FluencyRatio < 1)
     Portability         MQuAKE-style multi-hop probes: the answer says the post-edit answer (or an alias)
+    Unchanged           1 when every answer with the edit is the unedited model's (a method that silently
+                        did nothing, whatever its log-probabilities), else 0; only where there is an edit
+                        or another model's answers to compare with
 
 "Says" is exact at a word boundary: the normalised answer equals the text, or starts with it and
 the next character is not a letter or digit (an autoregressive continuation may go on after it).
@@ -277,7 +280,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
     for (kind, j), prompt in zip(flat, prompts):  # refused as edit / trace / generate refuse it, never cut silently
-        n = len(backbone.encode(prompt))
+        n = len(backbone.encode_prompt(prompt))
         if n + G > backbone.max_length:
             i = sets[kind][j][0]
             who = (f"{kind} row {j}" if i < 0 else f"request {i}'s prompt" if kind == "prompt"
@@ -310,6 +313,8 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
         it = items[kind]
         it["request"].append(i), it["prompt"].append(p), it["plain"].append(a0), it["edited"].append(a1)
     metrics = _summary(requests, sets, items, lps, known_subjects)
+    if edit is not None or baseline is not None:  # something to compare with the unedited answers
+        metrics["Unchanged"] = float(changed_nothing({"items": items}))
     if known_subjects is None:  # the column's narrower meaning needs the model's subjects (the embedded corpus's)
         notes["Confabulation"] = ("every fluent answer that is neither the target nor the original: without a list "
                                   "of the subjects this model knows (known_subjects; the embedded model has one), an "

@@ -12,8 +12,9 @@ permutation (group sizes differ by at most one), one forward per group hides tha
 groups = len(text) is the pseudo-log-likelihood (each token alone masked); the default 8 hides an
 eighth of the text per forward (BERT's masked-LM hides 15 %), so a passage costs 8 forwards at
 any length. `repeats` > 1 deals again with fresh permutations and averages each token's scores:
-its mean over the random masks that hid it. Texts are encoded without special tokens and cut to
-the model's context (the cut count is returned). Draws: text i uses likelihood.pair_generator(seed, i).
+its mean over the random masks that hid it. A text follows the model's sequence start
+(`Backbone.prompt_start`: DiffuLLaMA's `<s>`, nothing for most tokenizers), which is context and
+never scored, and is cut to the model's context (the cut count is returned). Draws: text i uses likelihood.pair_generator(seed, i).
 
 Min-K% (Shi et al. 2024, MUSE's privleak attack with k = 0.4): the mean of the k share lowest
 token scores (at least one token); higher = more likely the text was trained on.
@@ -62,14 +63,16 @@ def token_scores(backbone, texts: list[str], *, groups: int = DEFAULT_GROUPS, re
     """(per-token scores of each text in nats (module docstring), number of texts cut to the context)."""
     if groups < 1 or repeats < 1:
         raise TimeromeError(f"groups and repeats must be >= 1, got {groups} and {repeats}")
-    ids = [backbone.encode(t)[: backbone.max_length] for t in texts]
-    cut = sum(len(backbone.encode(t)) > backbone.max_length for t in texts)
+    S = len(backbone.prompt_start)
+    whole = [backbone.encode_prompt(t) for t in texts]
+    ids = [x[: backbone.max_length] for x in whole]
+    cut = sum(len(x) > backbone.max_length for x in whole)
     for i, x in enumerate(ids):
-        if not x:
+        if len(x) <= S:
             raise TimeromeError(f"text {i} encodes to no token: there is nothing to score")
-    rows = [(i, m) for i, x in enumerate(ids) for m in _deal(len(x), groups, repeats, pair_generator(seed, i))]
+    rows = [(i, m) for i, x in enumerate(ids) for m in _deal(len(x) - S, groups, repeats, pair_generator(seed, i))]
     rows.sort(key=lambda r: -len(ids[r[0]]))  # longest first: each forward pads to its first row
-    sums = [np.zeros(len(x)) for x in ids]
+    sums = [np.zeros(len(x) - S) for x in ids]
     chunks, start = [], 0
     while start < len(rows):
         n = max(1, max_tokens // len(ids[rows[start][0]]))
@@ -80,7 +83,7 @@ def token_scores(backbone, texts: list[str], *, groups: int = DEFAULT_GROUPS, re
             clean, real = pad_sequences([ids[i] for i, _ in chunk], backbone)
             hidden = torch.zeros_like(real)
             for b, (_, m) in enumerate(chunk):
-                hidden[b, : len(m)] = m.to(hidden.device)
+                hidden[b, S:S + len(m)] = m.to(hidden.device)
             noisy = clean.masked_fill(hidden, backbone.mask_id)
             logits = backbone.logits(noisy, attention_mask=None if bool(real.all()) else real)
             logp = F.log_softmax(logits[hidden].float(), dim=-1).gather(1, clean[hidden][:, None])[:, 0]

@@ -37,7 +37,7 @@ def pair_logprobs(backbone, prompts: list[str], answers: list[str], *, n_mc: int
         ids = answer_ids(backbone, a, bpe)[:max_answer] if max_answer else answer_ids(backbone, a, bpe)
         if not ids:
             raise TimeromeError(f"the answer {a!r} encodes to no token: there is nothing to score")
-        q, ids, was_cut = fit(backbone.encode(p), ids, backbone.max_length)
+        q, ids, was_cut = fit(backbone.encode_prompt(p), ids, backbone.max_length, len(backbone.prompt_start))
         P.append(q)
         A.append(ids)
         cut += was_cut

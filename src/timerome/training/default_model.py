@@ -31,6 +31,7 @@ import torch
 
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
+from timerome.common.cache import write_json
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
@@ -124,7 +125,7 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
         "train": stages[-1]["train"],  # what the weights were last trained with (`trained_with_eos_padding`)
         "sha256": weights_sha256(out),
     }
-    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_json(out / "build_info.json", info)  # standard JSON: a diverged loss (NaN) as null
     return info
 
 
