@@ -446,6 +446,13 @@ def catalogue(f, tmp):
                                                     "-o", tmp / "e"], "no other key"),
         ("a method object without method", ["experiment", "canonical", "-c", '{"methods": [{"name": "timerome"}]}',
                                             "-o", tmp / "e"], "setting methods must be"),
+        ("radar given a model", ["experiment", "radar", "-m", f["tiny_ar"], "-o", tmp / "e"], "runs no model"),
+        ("xbackbone --models beside -m", ["experiment", "xbackbone", "--models", "a,b", "-m", f["tiny_ar"],
+                                          "-o", tmp / "e"], "--models names every checkpoint"),
+        ("--bench-data for pareto", ["experiment", "pareto", "--bench-data", tmp, "-o", tmp / "e"],
+         "--bench-data applies only to"),
+        ("pareto without retain", ["experiment", "pareto", "-c", '{"splits": ["forget"]}', "--seeds", "0",
+                                   "-o", tmp / "e"], "its splits need retain"),
     ]
 
 

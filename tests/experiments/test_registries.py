@@ -100,3 +100,69 @@ def test_a_reference_folder_keys_the_cells_by_its_files_and_a_loaded_copy_of_the
     assert not ctx.reference_is_model()  # another folder, not loaded yet
     ctx.reference_backbone()
     assert ctx.reference_is_model() and "itself" in ctx.reference_label  # its weights are the model's
+
+
+def test_a_table_says_when_seeds_collapsed_were_two_or_it_has_no_no_edit_row():
+    """A seed whose value was NaN / inf left the mean, CI and test without a mark; with 2 seeds the
+    "bootstrap 95% CI" is the two values' range; without no_edit every Δ read "–" unexplained."""
+    from timerome.experiments.report import DROPPED_MARK, markdown, summarise
+
+    three = {"no_edit": {0: {"ForgetLP": -1.0}, 1: {"ForgetLP": -1.1}, 2: {"ForgetLP": -0.9}},
+             "ga": {0: {"ForgetLP": -5.0}, 1: {"ForgetLP": float("-inf")}, 2: {"ForgetLP": -5.5}}}
+    s = summarise(three, ["ForgetLP"])
+    assert s["ga"]["ForgetLP"]["dropped"] == [1] and s["ga"]["ForgetLP"]["n"] == 2
+    assert "dropped" not in s["no_edit"]["ForgetLP"]
+    md = markdown(s, ["ForgetLP"], "t")
+    ga_row = next(line for line in md.splitlines() if line.startswith("| ga "))
+    assert DROPPED_MARK in ga_row and "NaN or infinite" in md and "range of the two values" in md
+    full = {k: {seed: v for seed, v in rows.items() if seed != 1} for k, rows in three.items()}
+    assert "range of the two values" in markdown(summarise(full, ["ForgetLP"]), ["ForgetLP"], "t")
+    alone = markdown(summarise({"ga": three["ga"]}, ["ForgetLP"]), ["ForgetLP"], "t")
+    assert "no no_edit row" in alone
+    assert "no no_edit row" not in md and DROPPED_MARK not in markdown(summarise(
+        {k: {0: v[0], 2: v[2]} for k, v in three.items()}, ["ForgetLP"]), ["ForgetLP"], "t").split("\n\n")[1]
+
+
+def test_the_radar_names_each_source_run_and_warns_when_they_differ():
+    """The radar combined outputs of other models, seeds and settings without a word (stop 60's audit:
+    an ablations run on another model, one seed, n_mc 2)."""
+    from timerome.experiments.radar import provenance
+
+    run = dict(model="timerome-default", fingerprint="43d2634625f6bf33", seeds=[0, 1, 2])
+    same = {"ablations": {"source": "runs/ablations/ablations.json", "run": run},
+            "utility": {"source": "runs/utility/utility.json", "run": run}}
+    lines = provenance(same)
+    assert lines[0].startswith("Sources: ablations: timerome-default (weights 43d2634625f6)") and len(lines) == 2
+    other = dict(same, utility={"source": "runs/utility/utility.json", "run": dict(run, fingerprint="ffff", seeds=[0])})
+    assert "different models or seeds" in "\n".join(provenance(other))
+    old = dict(same, utility={"source": "runs/utility/utility.json", "run": None})
+    assert "not recorded" in provenance(old)[0] and "different models or seeds" in "\n".join(provenance(old))
+
+
+def test_an_experiment_json_records_its_run(tmp_path):
+    from timerome.experiments import run_experiment
+
+    cfg = {"n_mc": 1, "n_retain": 2, "n_world": 1, "alphas": [1.0], "methods": ["no_edit"], "splits": ["forget", "retain"]}
+    out = run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False)
+    import json
+
+    run = json.loads((tmp_path / "p" / "pareto.json").read_text())["run"]
+    bb = load_backbone()
+    assert run == dict(model="timerome-default", fingerprint=bb.fingerprint(), seeds=[0], data="embedded", reference=None)
+    assert out["files"]["json"].endswith("pareto.json")
+    with pytest.raises(TimeromeError, match="computes no Forget Quality"):
+        run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False, reference="x")
+    with pytest.raises(TimeromeError, match="has no quick subset"):
+        run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False, quick=True)
+
+
+def test_a_data_spec_refuses_a_key_it_does_not_read():
+    """A custom cell's data {"n_retian": 2} ran the default 40 retain rows, and splits="forget" was read as
+    a substring test on the string."""
+    ctx = Context(backbone=load_backbone())
+    with pytest.raises(TimeromeError, match="no key 'n_retian'"):
+        ctx.data({"forget": "forget01", "n_retian": 2})
+    with pytest.raises(TimeromeError, match="splits must be a list"):
+        ctx.data({"forget": "forget01", "splits": "forget"})
+    rows, _ = ctx.data({"forget": "forget01", "n_retain": 2, "splits": ["forget", "retain"]})
+    assert len(rows["retain"]) == 2 and set(rows) == {"forget", "retain"}

@@ -91,10 +91,16 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
                as_json: bool = typer.Option(False, "--json", help="print the summaries as JSON")):
     """Run a paper-style experiment (resumable); writes JSON, Markdown tables and PNG plots."""
     from timerome.common.files import output_folder
-    from timerome.experiments import EXPERIMENTS, QUICK, experiment_config, make_executor, run_experiment
+    from timerome.experiments import CONFIGS, EXPERIMENTS, QUICK, experiment_config, make_executor, run_experiment
 
     if out is not None:
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
+    reads_outputs = getattr(EXPERIMENTS.get(name), "READS_OUTPUTS", False)
+    if reads_outputs and (model.model is not None or reference is not None):
+        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: -m / "
+                            "--reference are read by nothing; leave them out")
+    if models is not None and model.model is not None:
+        raise TimeromeError("--models names every checkpoint xbackbone runs; -m / --model beside it is read by nothing")
     overrides = config_arg(config, "experiment settings")
     for flag, text, key in (("--methods", methods, "methods"), ("--models", models, "models")):
         if text is None:
@@ -104,6 +110,10 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
             raise TimeromeError(f"{flag} is empty: give comma-separated names, or leave it out for the experiment's own")
         overrides[key] = names
     if bench_data is not None:
+        takes = [n for n, c in CONFIGS.items() if "bench_dir" in c]
+        if name != "all" and name in CONFIGS and "bench_dir" not in CONFIGS[name]:
+            raise TimeromeError(f"--bench-data applies only to {' and '.join(takes)}; experiment {name!r} reads no "
+                                "benchmark")
         if not bench_data.is_dir():
             raise TimeromeError(f"--bench-data {bench_data} is not a folder")
         overrides["bench_dir"] = str(bench_data)

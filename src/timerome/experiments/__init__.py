@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import json
 import time
+import warnings
 from pathlib import Path
 
 from timerome.backbones import load_backbone
+from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
 from timerome.errors import TimeromeError
 from timerome.experiments.executors import make_executor
-from timerome.experiments.runner import Cell, Context, Runner, execute, local_executor, resolve_data
+from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
+                                        resolve_data)
 from timerome.experiments.settings import check_settings
 
 
@@ -82,10 +86,21 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     return cfg
 
 
+def record_run(result: dict, run: dict) -> None:
+    """Add what the run was (model, weights, seeds, data, reference) to its JSON output as "run": the radar
+    and any script reading several outputs can tell runs of other models or seeds apart."""
+    path = (result.get("files") or {}).get("json")
+    if not path or not Path(path).is_file():
+        return
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(saved, dict):
+        write_json(path, dict(saved, run=run))
+
+
 def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
                    overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
                    executor=local_executor, load=load_backbone, quick: bool = False,
-                   wait: bool | float = True) -> dict:
+                   wait: bool | float = True, *, _in_all: bool = False) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
@@ -95,7 +110,9 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     load: checkpoint directory -> Backbone (how --device / --dtype reach the models xbackbone loads).
     quick: the experiment's QUICK settings (a laptop subset) under the overrides.
     wait: another run holding the output folder is waited for (True), for that many seconds, or
-    not at all (False: refused, naming it).
+    not at all (False: refused, naming it). _in_all: set by name="all" for each part (a part none of whose
+    cells read the reference is then no error). The JSON output records the run (model, weights, seeds,
+    data, reference) under "run".
     """
     if isinstance(executor, str):  # "local" or "ray", as the command line names them
         executor = make_executor(executor)
@@ -108,15 +125,24 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
             raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
         ran = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)]
         for n in ran:  # every experiment's settings before the first cell: a bad one fails now, not hours in
-            experiment_config(n, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, quick)
+            experiment_config(n, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
+                              quick and bool(QUICK.get(n)))
         check_seeds(seeds)
-        return {n: run_experiment(n, model, data, seeds, Path(out_dir or "timerome-runs") / n, resume,
-                                  {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]}, reference,
-                                  progress, backbone, executor, load, quick, wait)
+        reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
+        return {n: run_experiment(n, None if reads[n] else model, data, seeds, Path(out_dir or "timerome-runs") / n,
+                                  resume, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
+                                  None if reads[n] else reference, progress, backbone, executor, load,
+                                  quick and bool(QUICK.get(n)), wait, _in_all=True)
                 for n in ran}
     cfg = experiment_config(name, overrides, quick)
     seeds = check_seeds(seeds)
     exp = EXPERIMENTS[name]
+    if quick and not QUICK.get(name):  # never the full protocol when a quick run was asked for
+        raise TimeromeError(f"experiment {name!r} has no quick subset (those with one: "
+                            f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with overrides instead")
+    if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None):
+        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: "
+                            "--model / --reference (model=, reference=) are read by nothing; leave them out")
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
@@ -124,6 +150,10 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     if getattr(exp, "PER_MODEL", False):
         paths = list(cfg.get("models") or [model])
         refs = list(cfg.get("references") or [reference] * len(paths))
+        if reference is not None and not cfg.get("references") and len(paths) > 1:
+            warnings.warn(f"one reference ({reference}) serves all {len(paths)} models: each model's Forget Quality "
+                          "compares it with that one reference model; give each its own with the references setting "
+                          "(-c '{\"references\": [...]}')", stacklevel=2)
         if len(refs) != len(paths):
             raise TimeromeError(f"{len(paths)} models but {len(refs)} references: give one per model (null for none)")
         per_model = {}
@@ -143,9 +173,16 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
                       progress=progress)
         cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
+        uses_reference = any(measurement_of(c.measure).uses_reference for c in cells)
+        if reference is not None and not _in_all and cells and not uses_reference:
+            raise TimeromeError(f"experiment {name!r} computes no Forget Quality: --reference (reference=) is read by "
+                                "none of its cells; leave it out")
         with runner.lock():  # the cells and the report: one run at a time in a folder
             results = runner.run(cells, ctx, title=name)
             result = exp.report(cfg, seeds, cells, results, ctx, out)
+            record_run(result, dict(model=str(model) if model else bb.name, fingerprint=bb.fingerprint(),
+                                    seeds=list(seeds), data=str(source),
+                                    reference=ctx.reference_label if uses_reference else None))
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result

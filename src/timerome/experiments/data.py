@@ -17,6 +17,10 @@ from timerome.errors import TimeromeError
 from timerome.evaluation.evaluator import fits
 
 
+SPEC_KEYS = {"forget", "first", "last", "eval_forget", "n_retain", "n_world", "retain_authors", "splits", "validation"}
+EVAL_SPLITS = ("forget", "retain", "real_authors", "world_facts")
+
+
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
 
@@ -26,6 +30,12 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     retain rows are evaluated: `retain_of_authors`), splits (which evaluation splits), validation
     (the split whose facts are traced, default the forget facts).
     """
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:  # a misspelt key (n_retian) read as absent ran the default silently
+        raise TimeromeError(f"the data spec has no key {', '.join(map(repr, unknown))}; its keys: {', '.join(sorted(SPEC_KEYS))}")
+    splits = spec.get("splits")
+    if splits is not None and (isinstance(splits, (str, bytes)) or not set(splits) <= set(EVAL_SPLITS)):
+        raise TimeromeError(f"the data spec's splits must be a list of {', '.join(EVAL_SPLITS)}, got {splits!r}")
     forget = spec.get("forget", "forget01")
     rows = load_split(forget, source)
     lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from timerome.engine.settings import EDIT, LIKELIHOOD
+from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
 from timerome.experiments.report import (by_row, label, markdown, plot_pareto, summarise, traced_coordinate,
                                          write_outputs)
@@ -21,6 +22,10 @@ def sweep(cfg) -> list[tuple[str, dict]]:
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
+    lacking = [k for k in ("forget", "retain") if cfg.get("splits") is not None and k not in cfg["splits"]]
+    if lacking:  # the frontier is ForgetLP against RetainLP
+        raise TimeromeError(f"experiment 'pareto' draws ForgetLP against RetainLP: its splits need "
+                            f"{' and '.join(lacking)} (got {list(cfg['splits'])})")
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))

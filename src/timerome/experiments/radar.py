@@ -29,6 +29,7 @@ from timerome.experiments.report import figure, save_png, write_outputs
 NAME = "radar"
 ORDER = 130  # where it stands in listings and in `all` (radar last: it reads the others' outputs)
 CONFIG = dict(runs=None)
+READS_OUTPUTS = True  # no model, no cells: run_experiment refuses a model or reference given to it
 AXES = (("converged baseline", "npo_sweep"), ("install time", "npo_sweep"), ("extra memory", "npo_sweep"),
         ("ablations", "ablations"), ("robustness", "robustness"), ("utility", "utility"))
 ABLATED = "resid, all steps, traced layer (TimeROME)"  # ablations' row of the paper's design
@@ -88,7 +89,7 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         elif not (_number(entry.get("value")) and _number(entry.get("comparator"))):
             missing[axis] = f"{path}'s {axis!r} entry has no number (null: it was not a finite value)"
         else:
-            found[axis] = dict(entry, source=str(path),
+            found[axis] = dict(entry, source=str(path), run=saved.get("run"),
                                share=share(entry["value"], entry["comparator"], entry["higher_is_better"]))
     return found, missing
 
@@ -105,10 +106,32 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         lines.append(f"| {axis} | – | – | – | {why} | – |")
     lines += ["", "share = TimeROME / (TimeROME + comparator) for a higher-is-better quantity, comparator / (sum) for a "
               "cost; 0.5 is parity.", ""]
+    lines += provenance(found)
     md = "\n".join(lines)
     files = write_outputs(out_dir, NAME, dict(axes=found, missing=missing, runs=str(runs)), md)
     files["png"] = plot_radar(found, missing, Path(out_dir) / f"{NAME}.png")
     return dict(axes=found, missing=missing, markdown=md, files=files)
+
+
+def run_text(run: dict | None) -> str:
+    """A source run as the radar names it: its model, weights and seeds, or that its output does not say."""
+    if not run:
+        return "not recorded (an output written before runs were recorded)"
+    return f"{run.get('model')} (weights {str(run.get('fingerprint'))[:12]}), seeds {run.get('seeds')}"
+
+
+def provenance(found: dict) -> list[str]:
+    """Markdown lines naming the run behind each source, and a warning when they are not one model's."""
+    runs = {e["source"]: e.get("run") for e in found.values()}
+    if not runs:
+        return []
+    lines = ["Sources: " + "; ".join(f"{Path(src).parent.name}: {run_text(run)}" for src, run in runs.items()) + "."]
+    models = {(r or {}).get("fingerprint") for r in runs.values()}
+    seeds = {tuple((r or {}).get("seeds") or ()) for r in runs.values()}
+    if len(models) > 1 or len(seeds) > 1 or None in models:
+        lines.append("**The axes come from runs of different models or seeds (or runs that do not say which): "
+                     "compare them with care.**")
+    return lines + [""]
 
 
 def plot_radar(found: dict, missing: dict, path) -> str:

@@ -72,6 +72,9 @@ def summarise(per_seed: dict[str, dict[int, dict]], columns, reference="no_edit"
                 continue
             c = cell(list(vals.values()))
             entry = dict(mean=c.mean, std=c.std, lo=c.lo, hi=c.hi, n=c.n, values=vals)
+            dropped = sorted(s for s, m in seeds.items() if col in m and not np.isfinite(m[col]))
+            if dropped:  # a collapse (NaN, inf) left out of the mean, CI and test: said, never hidden
+                entry["dropped"] = dropped
             shared = sorted(s for s in vals if col in ref.get(s, {}) and np.isfinite(ref[s][col]))
             if row != reference and len(shared) >= 2 and not is_cost(col):
                 x, y = [vals[s] for s in shared], [ref[s][col] for s in shared]
@@ -91,13 +94,20 @@ def delta_text(d: dict) -> str:
     return f"{d['delta']:+.2f}{d['stars']} ({p})"
 
 
+DROPPED_MARK = "‡"
+DROPPED_NOTE = (f"{DROPPED_MARK}: some seeds' values were NaN or infinite (a collapse); the cell is over the others "
+                "(the JSON lists them under dropped).")
+TWO_SEEDS_NOTE = ("With 2 seeds a cell's bracket is the range of the two values, not a 95% interval, and the paired "
+                  "t test has 1 degree of freedom.")
+
+
 def fmt_cell(e: dict | None, digits: int = 2) -> str:
     if not e:
         return "–"
     s = f"{e['mean']:.{digits}f}"
     if e["n"] > 1:
         s += f" ± {e['std']:.{digits}f} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
-    return s + e.get("stars", "")
+    return s + e.get("stars", "") + (DROPPED_MARK if e.get("dropped") else "")
 
 
 def fmt_cost(e: dict | None) -> str:
@@ -141,6 +151,15 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if unchanged:
         note = f"{note} {UNCHANGED_NOTE}".strip()
+    entries = [e for cols in summary.values() for c, e in cols.items() if c in columns and isinstance(e, dict)]
+    if "no_edit" not in summary:
+        note = (f"{note} This run has no no_edit row (its methods left it out): no Δ and no paired test, "
+                "which need it.").strip()
+    if any(e.get("dropped") for e in entries):
+        note = f"{note} {DROPPED_NOTE}".strip()
+    if any(e.get("n") == 2 for c, e in ((c, e) for cols in summary.values() for c, e in cols.items())
+           if c in columns and not is_cost(c)):
+        note = f"{note} {TWO_SEEDS_NOTE}".strip()
     for row, cols in summary.items():
         name = row + (UNCHANGED_MARK if row in unchanged else "")
         lines.append("| " + " | ".join([name] + [fmt_any(c, cols.get(c)) for c in columns]
@@ -278,7 +297,8 @@ def plot_pareto(summary: dict, frontier: list[str], path) -> str:
     """-ForgetLP (right = more forgetting) vs RetainLP (up = more utility); CI ribbons/bars."""
     fig = figure(6.4, 4.6)
     ax = fig.subplots()
-    pts = [(summary[r]["ForgetLP"], summary[r]["RetainLP"], r) for r in frontier if r in summary]
+    both = {r for r, cols in summary.items() if "ForgetLP" in cols and "RetainLP" in cols}  # a point needs both
+    pts = [(summary[r]["ForgetLP"], summary[r]["RetainLP"], r) for r in frontier if r in both]
     if pts:
         x = [-f["mean"] for f, _, _ in pts]
         ax.plot(x, [r["mean"] for _, r, _ in pts], "-o", color="tab:purple", label="TimeROME alpha sweep")
@@ -290,7 +310,7 @@ def plot_pareto(summary: dict, frontier: list[str], path) -> str:
             ax.annotate("α=" + name.split("alpha=")[-1].split(",")[0].rstrip(")"), (xi, r["mean"]), fontsize=7,
                         textcoords="offset points", xytext=(3, 3))
     for r, cols in summary.items():
-        if r in frontier or "ForgetLP" not in cols:
+        if r in frontier or r not in both:
             continue
         f, rt = cols["ForgetLP"], cols["RetainLP"]
         ax.errorbar([-f["mean"]], [rt["mean"]], xerr=[[f["hi"] - f["mean"]], [f["mean"] - f["lo"]]],
