@@ -166,3 +166,15 @@ def test_a_data_spec_refuses_a_key_it_does_not_read():
         ctx.data({"forget": "forget01", "splits": "forget"})
     rows, _ = ctx.data({"forget": "forget01", "n_retain": 2, "splits": ["forget", "retain"]})
     assert len(rows["retain"]) == 2 and set(rows) == {"forget", "retain"}
+
+
+def test_a_cell_option_its_measurement_does_not_read_is_refused():
+    """Cell("lp", options={"nmc": 2}) ran at the default n_mc, silently (stop 60's audit)."""
+    ctx = Context(backbone=load_backbone())
+    data = {"forget": "forget01", "n_retain": 2, "n_world": 1}
+    with pytest.raises(TimeromeError, match="the 'lp' measurement reads no option 'nmc'; it reads n_mc"):
+        check_cells([Cell("lp", "no_edit", options={"nmc": 2}, data=data)], ctx)
+    with pytest.raises(TimeromeError, match="reads no option 'rouge'"):
+        check_cells([Cell("lp", "no_edit", options={"n_mc": 2, "rouge": False}, data=data)], ctx)
+    check_cells([Cell("lp", "no_edit", options={"n_mc": 2}, data=data),
+                 Cell("full", "no_edit", options={"n_mc": 2, "rouge": False}, data=data)], ctx)

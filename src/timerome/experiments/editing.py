@@ -62,7 +62,8 @@ def requests_data(spec: dict, ctx):
     return rows, requests_task(reqs, retain_rows=spare, known_rows=known)
 
 
-@measurement("editing", reads_steps=True)  # edit_scores leaves out the likelihoods of a one-step edit, with a note
+# edit_scores leaves out the likelihoods of a one-step edit, with a note
+@measurement("editing", reads_steps=True, options=("n_mc", "gen_length"))
 def measure_editing(cell, ctx, rows, task) -> dict:
     opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                 gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])

@@ -48,7 +48,7 @@ EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "Worst
                       "LocalityWorst"]
 
 
-@measurement("robustness")
+@measurement("robustness", options=("n_mc", "relearn"))
 def measure_robustness(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()

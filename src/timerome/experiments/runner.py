@@ -72,6 +72,7 @@ class Measurement:
     uses_reference: bool = False  # the cell reads the reference model (Forget Quality); its key names it
     reads_steps: bool = False     # it reads the edited model along denoising steps only (no likelihoods), so an
                                   # edit of one step (a method's `step` option) acts in it; else check_cells refuses one
+    options: tuple | None = None  # the Cell.options it reads (check_cells refuses any other); None: not declared
 
 
 def row_count(rows: dict) -> int:
@@ -227,13 +228,15 @@ def data_kind(name: str):
 
 
 def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False,
-                reads_steps: bool = False):
+                reads_steps: bool = False, options: tuple | None = None):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
-    forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, and whether
-    it reads denoising steps only (Measurement.reads_steps)."""
+    forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, whether
+    it reads denoising steps only (Measurement.reads_steps) and the cell options it reads (a cell's
+    other options are refused: a misspelt one would run the default silently)."""
 
     def deco(fn):
-        MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps)
+        MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps,
+                                     None if options is None else tuple(options))
         return fn
 
     return deco
@@ -272,10 +275,10 @@ def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
 def _full_forwards(cell, rows, task) -> float:
     """Every answer's likelihood, and a trajectory of every row for the generation metrics."""
     return (cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count(rows)
-            + cell.options.get("steps", TRACE.steps) * row_count(rows))
+            + TRACE.steps * row_count(rows))
 
 
-@measurement("full", forwards=_full_forwards)
+@measurement("full", forwards=_full_forwards, options=("n_mc", "rouge"))
 def _full(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, lambda edit: evaluate(
         ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit,
@@ -288,7 +291,7 @@ def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
             "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
 
 
-@measurement("lp")
+@measurement("lp", options=("n_mc",))
 def _lp(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -299,7 +302,7 @@ def _lp(cell, ctx, rows, task) -> dict:
 
 
 @measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * row_count(rows),
-             reads_steps=True)
+             reads_steps=True, options=("steps",))
 def _traj(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -314,7 +317,7 @@ def _reference_forwards(cell, rows, task) -> float:
     return cell.options.get("n_mc", LIKELIHOOD.n_mc) * answer_count({"forget": rows.get("forget", [])})
 
 
-@measurement("reference", uses_method=False, uses_reference=True, forwards=_reference_forwards)
+@measurement("reference", uses_method=False, uses_reference=True, forwards=_reference_forwards, options=("n_mc",))
 def _reference(cell, ctx, rows, task) -> dict:
     n_mc = cell.options.get("n_mc", LIKELIHOOD.n_mc)
     return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=cell.seed)}
@@ -339,6 +342,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
     forwards = 0.0
     for c in cells:
         m = measurement_of(c.measure)
+        unread = sorted(set(c.options) - set(m.options)) if m.options is not None else []
+        if unread:
+            raise TimeromeError(f"{c.row or c.method}: the {c.measure!r} measurement reads no option "
+                                f"{', '.join(map(repr, unread))}; it reads {', '.join(m.options) or 'none'}")
         for key, value in c.options.items():
             want, ok = OPTION_RULES.get(key, (None, None))
             if ok is not None and not ok(value):

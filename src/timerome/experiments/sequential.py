@@ -27,7 +27,7 @@ def _forwards(cell, rows, task) -> float:
     return (len(task.facts) / every + 1) * n_mc * row_count(rows)
 
 
-@measurement("sequential", forwards=_forwards)
+@measurement("sequential", forwards=_forwards, options=("n_mc", "every"))
 def _sequential(cell, ctx, rows, task) -> dict:
     """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
     bb = ctx.backbone
