@@ -134,3 +134,40 @@ def test_a_memory_of_facts_given_as_dicts_saves_and_loads(tmp_path):
     path = EditMemory.build(bb, (1, "resid"), facts, key_metric="paper").save(tmp_path / "d.safetensors")
     (fact,) = load_memory(path, bb).facts
     assert (fact.fact_id, fact.subject, fact.object, fact.target) == ("hp", "Harry Potter", "London", None)
+
+
+def test_caches_name_the_start_so_results_read_without_it_are_not_reused(tiny_bb):
+    """Traces, states and experiment cells are cached by the model's cache_id: the weights' fingerprint,
+    plus the start where prompts have one (results cached before prompts began with <s> are another
+    reading); a model without a start keeps its keys."""
+    from timerome.experiments.runner import Context
+
+    bb = fixture("diffullama")
+    assert bb.cache_id() == bb.fingerprint() + "+start1" and tiny_bb.cache_id() == tiny_bb.fingerprint()
+    assert Context(bb).tag["model"] == bb.cache_id()
+    assert text_ids(bb, "") == [] and text_ids(bb, PROMPT) == bb.encode_prompt(PROMPT)
+
+
+def test_a_memory_read_with_another_start_takes_no_new_facts(tmp_path):
+    from timerome import TimeromeError
+    from timerome.memory.edit_memory import EditMemory
+    from timerome.memory.memory_file import load_memory
+
+    bb = fixture("diffullama")
+    facts = [{"subject": "Harry Potter", "prompt": PROMPT, "object": "London"}]
+    path = EditMemory.build(bb, (1, "resid"), facts, key_metric="paper").save(tmp_path / "m.safetensors")
+    bb._prompt_start = []  # as a timerome that fed no start built it
+    try:
+        with pytest.warns(UserWarning):
+            old = load_memory(path, bb)
+    finally:
+        bb._prompt_start = None
+    more = [{"subject": "Harry", "prompt": "Who is Harry ?", "object": "London"}]
+    with pytest.raises(TimeromeError, match=r"begin with \[1\], and this model's prompts now begin with none"):
+        bb._prompt_start = []
+        try:
+            old.add(more)
+        finally:
+            bb._prompt_start = None
+    fresh = load_memory(path, bb)
+    assert len(fresh.add(more)) == 2

@@ -220,3 +220,20 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert code == 2 and "autoregressive" in text and "--positional" in text  # TIE refuses in one line
     code, text = run("generate", "-m", d, "--cache", "dual", "the author")
     assert code == 2 and "autoregressive" in text
+
+
+def test_an_option_given_twice_is_found_and_a_repeatable_options_value_is_not():
+    """click kept the last of two values without a word; a repeatable option's value that looks like an
+    option (memory remove --subject -o) is a value, not a second -o."""
+    import typer
+
+    from timerome.cli.app import repeated_option
+
+    cmd = typer.main.get_command(app)
+    remove, ev = cmd.commands["memory"].commands["remove"], cmd.commands["eval"]
+    assert repeated_option(remove, ["F", "-o", "a", "-o", "b"]) == "-o"
+    assert repeated_option(remove, ["F", "-o", "out", "--subject", "-o"]) is None
+    assert repeated_option(remove, ["F", "--subject", "-o", "-o", "out"]) is None
+    assert repeated_option(remove, ["F", "-o", "a", "--", "-o"]) is None
+    assert repeated_option(ev, ["--rouge", "--rouge"]) is None and repeated_option(ev, ["--rouge", "--no-rouge"]) == "--no-rouge"
+    assert repeated_option(ev, ["--n-mc=2", "--n-mc", "3"]) == "--n-mc"

@@ -150,6 +150,13 @@ def test_an_experiment_json_records_its_run(tmp_path):
     bb = load_backbone()
     assert run == dict(model="timerome-default", fingerprint=bb.fingerprint(), seeds=[0], data="embedded", reference=None)
     assert out["files"]["json"].endswith("pareto.json")
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    run_experiment("xbackbone", seeds=[0], out_dir=tmp_path / "x", progress=False,
+                   overrides={"models": [str(DEFAULT_MODEL_DIR)], "methods": ["no_edit"], "n_mc": 1, "n_retain": 2})
+    xrun = json.loads((tmp_path / "x" / "xbackbone.json").read_text())["run"]
+    assert xrun["seeds"] == [0] and xrun["data"] == "embedded"
+    assert [m["fingerprint"] for m in xrun["models"].values()] == [bb.fingerprint()]
     with pytest.raises(TimeromeError, match="computes no Forget Quality"):
         run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False, reference="x")
     with pytest.raises(TimeromeError, match="has no quick subset"):
@@ -178,3 +185,19 @@ def test_a_cell_option_its_measurement_does_not_read_is_refused():
         check_cells([Cell("lp", "no_edit", options={"n_mc": 2, "rouge": False}, data=data)], ctx)
     check_cells([Cell("lp", "no_edit", options={"n_mc": 2}, data=data),
                  Cell("full", "no_edit", options={"n_mc": 2, "rouge": False}, data=data)], ctx)
+
+
+def test_an_interrupted_all_names_the_folder_the_user_gave(tmp_path, monkeypatch):
+    """Ctrl-C in `experiment all` said to rerun with the part's own folder (…/all/canonical)."""
+    from timerome.errors import Interrupted
+    from timerome.experiments import run_experiment
+    from timerome.experiments.runner import Runner
+
+    def stop(self, cells, ctx, title=""):
+        raise Interrupted(f"0 of {len(cells)} {title} cells are cached; run the same command again with the same "
+                          f"output folder ({self.out_dir}) to go on from there")
+
+    monkeypatch.setattr(Runner, "run", stop)
+    with pytest.raises(Interrupted, match=rf"canonical's part of `experiment all`: rerun `experiment all` with the "
+                                          rf"same -o \({tmp_path / 'all'}\)"):
+        run_experiment("all", seeds=[0], out_dir=tmp_path / "all", progress=False, overrides={"n_mc": 1})

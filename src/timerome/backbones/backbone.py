@@ -91,6 +91,13 @@ class Backbone:
             self._prompt_start = start_ids(self.tokenizer)
         return list(self._prompt_start)
 
+    def cache_id(self) -> str:
+        """The model as the caches of what it computes name it (traces, states, experiment cells): its weights'
+        fingerprint, and the sequence start its prompts begin with where there is one, so that results read
+        before prompts began with it are never mixed with new ones (the same as the fingerprint otherwise)."""
+        start = self.prompt_start
+        return self.fingerprint() + (f"+start{'-'.join(map(str, start))}" if start else "")
+
     def encode_prompt(self, text: str) -> list[int]:
         """`text` as the start of a sequence: `prompt_start`, then `encode(text)`."""
         return self.prompt_start + self.encode(text)

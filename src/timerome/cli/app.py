@@ -60,12 +60,13 @@ class OneLineUsageErrors(TyperGroup):
 def repeated_option(command, args) -> str | None:
     """The first option of `command` that takes one value and appears twice in args (or a flag given both
     ways, --rouge and --no-rouge), as written the second time; None when none does. Arguments after
-    `--` are values, not options; the same flag twice changes nothing and passes."""
-    single = {}
+    `--` are values, not options, and so is the value after any option that takes one (a repeatable
+    option's too); the same flag twice changes nothing and passes."""
+    options = {}
     for p in getattr(command, "params", ()):
-        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not p.count:
-            single.update(dict.fromkeys([*p.opts, *p.secondary_opts], p))
-    seen: dict = {}  # id(option) -> how it was written first
+        if getattr(p, "param_type_name", "") == "option":
+            options.update(dict.fromkeys([*p.opts, *p.secondary_opts], p))
+    seen: dict = {}  # id(option) -> its value's side: for a flag whether it was the "off" spelling
     expects_value = False
     for a in args:
         if a == "--":
@@ -74,13 +75,16 @@ def repeated_option(command, args) -> str | None:
             expects_value = False
             continue
         name = a.split("=", 1)[0] if a.startswith("--") else a
-        p = single.get(name)
+        p = options.get(name)
         if p is None:
             continue
-        if id(p) in seen and not (p.is_flag and seen[id(p)] == name):
+        expects_value = not p.is_flag and not p.count and "=" not in a
+        if p.multiple or p.count:  # repeating it is how it is used
+            continue
+        side = name in p.secondary_opts if p.is_flag else None
+        if id(p) in seen and not (p.is_flag and seen[id(p)] == side):
             return name
-        seen.setdefault(id(p), name)
-        expects_value = not p.is_flag and "=" not in a
+        seen.setdefault(id(p), side)
     return None
 
 

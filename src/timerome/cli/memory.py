@@ -364,6 +364,10 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
         for f in files[1:]:
             other = EditMemory.load(f, bb)
             _check_mergeable(first, other, files[0], f)
+            if other.prompt_start != first.prompt_start:
+                raise TimeromeError(f"{f}'s keys were read from prompts that begin with {other.prompt_start or 'no start'}"
+                                    f" and {files[0]}'s with {first.prompt_start or 'no start'}: one memory would "
+                                    "hold keys of two readings; build the older one again")
             for name in ("alpha", "q", "g_max", "lam", "lam_absolute"):
                 if getattr(other, name) != getattr(first, name):
                     err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the "

@@ -73,7 +73,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
                data: str = typer.Option("embedded", help="'embedded', 'tofu' or a TOFU directory"),
                config: Optional[str] = typer.Option(None, "--config", "-c", help="settings to override: a JSON file, or "
                                                                    "inline JSON such as '{\"n_mc\": 8}'"),
-               seeds: str = typer.Option("0,1,2", help="comma-separated seeds"),
+               seeds: Optional[str] = typer.Option(None, help="comma-separated seeds (default: 0,1,2)"),
                reference: Optional[str] = typer.Option(None, help="a checkpoint that never saw the forget set"),
                methods: Optional[str] = typer.Option(None, help="comma-separated method names (experiments with a "
                                                                 "methods setting)"),
@@ -96,9 +96,9 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
     if out is not None:
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
     reads_outputs = getattr(EXPERIMENTS.get(name), "READS_OUTPUTS", False)
-    if reads_outputs and (model.model is not None or reference is not None):
+    if reads_outputs and (model.model is not None or reference is not None or seeds is not None):
         raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: -m / "
-                            "--reference are read by nothing; leave them out")
+                            "--reference / --seeds are read by nothing; leave them out")
     if models is not None and model.model is not None:
         raise TimeromeError("--models names every checkpoint xbackbone runs; -m / --model beside it is read by nothing")
     overrides = config_arg(config, "experiment settings")
@@ -127,7 +127,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
         full = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True) and not QUICK.get(n)]
         err_console.print(f"[yellow]note:[/] --quick shrinks only {shrunk}; {', '.join(full)} run their full "
                           "protocol", soft_wrap=True)
-    seed_list = parse_seeds(seeds)
+    seed_list = parse_seeds("0,1,2" if seeds is None else seeds)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
                             reference=reference, backbone=None if models else model.load(), executor=run_on,

@@ -236,8 +236,13 @@ def pad_sequences(seqs: list[list[int]], backbone) -> tuple[torch.Tensor, torch.
 
 
 def text_ids(backbone, text) -> list[int]:
-    """A text (from the sequence start) or a list of ids as ids, cut to the model's context."""
-    ids = backbone.encode_prompt(text) if isinstance(text, str) else [int(i) for i in text]
+    """A text (from the sequence start; an empty one gives no ids) or a list of ids as ids, cut to the
+    model's context."""
+    if isinstance(text, str):
+        body = backbone.encode(text)
+        ids = backbone.prompt_start + body if body else []  # a blank text is nothing to read, not a lone start
+    else:
+        ids = [int(i) for i in text]
     return ids[: backbone.max_length]
 
 

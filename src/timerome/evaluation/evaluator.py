@@ -255,7 +255,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     notes = missing_notes(metrics, items, reference_tr)
     unasked = memory_rows_note(edit, rows.get("forget") if isinstance(rows, dict) else None)
     if unasked:
-        notes["ForgetLP"] = unasked
+        notes["ForgetLP"] = f"{notes['ForgetLP']}; {unasked}" if notes.get("ForgetLP") else unasked
     return {"items": items, "metrics": metrics, "cost": c, "notes": notes}
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from timerome.backbones import load_backbone
 from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
-from timerome.errors import TimeromeError
+from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
                                         resolve_data)
@@ -86,6 +86,11 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     return cfg
 
 
+def data_name(source) -> str:
+    """A data source as a run record names it (`resolve_source`: None is TOFU from the Hub)."""
+    return "tofu (the Hub)" if source is None else str(source)
+
+
 def record_run(result: dict, run: dict) -> None:
     """Add what the run was (model, weights, seeds, data, reference) to its JSON output as "run": the radar
     and any script reading several outputs can tell runs of other models or seeds apart."""
@@ -129,11 +134,17 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                               quick and bool(QUICK.get(n)))
         check_seeds(seeds)
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
-        return {n: run_experiment(n, None if reads[n] else model, data, seeds, Path(out_dir or "timerome-runs") / n,
-                                  resume, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
-                                  None if reads[n] else reference, progress, backbone, executor, load,
-                                  quick and bool(QUICK.get(n)), wait, _in_all=True)
-                for n in ran}
+        root, done = Path(out_dir or "timerome-runs"), {}
+        for n in ran:
+            try:
+                done[n] = run_experiment(n, None if reads[n] else model, data, seeds, root / n, resume,
+                                         {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
+                                         None if reads[n] else reference, progress, backbone, executor, load,
+                                         quick and bool(QUICK.get(n)), wait, _in_all=True)
+            except Interrupted as e:  # the part's own folder is not what the user gave
+                raise Interrupted(f"{e}. That is {n}'s part of `experiment all`: rerun `experiment all` with the "
+                                  f"same -o ({root}); the experiments done before it are cached too") from None
+        return done
     cfg = experiment_config(name, overrides, quick)
     seeds = check_seeds(seeds)
     exp = EXPERIMENTS[name]
@@ -168,6 +179,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                 per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
                 del bb, ctx  # one model in memory at a time
             result = exp.report(cfg, seeds, per_model, out)
+            record_run(result, dict(models={c: about for c, (_, _, about) in per_model.items()}, seeds=list(seeds),
+                                    data=data_name(source)))
     else:
         bb = backbone if backbone is not None else load(model)
         ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
@@ -180,9 +193,10 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         with runner.lock():  # the cells and the report: one run at a time in a folder
             results = runner.run(cells, ctx, title=name)
             result = exp.report(cfg, seeds, cells, results, ctx, out)
-            record_run(result, dict(model=str(model) if model else bb.name, fingerprint=bb.fingerprint(),
-                                    seeds=list(seeds), data=str(source),
-                                    reference=ctx.reference_label if uses_reference else None))
+            if not getattr(exp, "READS_OUTPUTS", False):  # the radar runs no model: its sources' runs are its record
+                record_run(result, dict(model=str(model) if model else bb.name, fingerprint=bb.fingerprint(),
+                                        seeds=list(seeds), data=data_name(source),
+                                        reference=ctx.reference_label if uses_reference else None))
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result

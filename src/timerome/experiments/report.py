@@ -237,7 +237,11 @@ def plot_delta_bars(groups, rows, entry, path, ylabel: str, title: str) -> str:
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # no row beside the reference: nothing to name
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no method beside the reference to compare", ha="center", va="center",
+                transform=ax.transAxes, fontsize=8)
     return save_png(fig, path)
 
 

@@ -127,7 +127,7 @@ class Context:
 
     @property
     def tag(self) -> dict:
-        return dict(model=self.backbone.fingerprint(), source=str(self.source))
+        return dict(model=self.backbone.cache_id(), source=str(self.source))
 
     @property
     def reference_tag(self):

@@ -133,10 +133,16 @@ class Memory:
 
     def _check_off(self) -> None:
         """Refuse to read new facts' states while this memory edits its model: they would be the edited
-        model's (`add`)."""
+        model's (`add`); or where its keys were read from prompts of another sequence start (a file saved
+        before prompts began with the tokenizer's start): one memory would hold keys of two readings."""
         if id(self.backbone) in self.__dict__.get("_applied_on", ()):
             raise TimeromeError(f"this {self.WHAT} is applied to its model (inside its `applied` block): add facts "
                                 "outside it, where the states read are the unedited model's")
+        now = list(getattr(self.backbone, "prompt_start", []))
+        if getattr(self, "prompt_start", now) != now:
+            raise TimeromeError(f"this {self.WHAT}'s keys were read from prompts that begin with "
+                                f"{self.prompt_start or 'no start token'}, and this model's prompts now begin with "
+                                f"{now or 'none'}: new facts would be read otherwise; build the memory again")
 
     # ---------------------------------------------------------------- the file
 

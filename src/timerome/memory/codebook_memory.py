@@ -474,7 +474,7 @@ def calibration_residuals(backbone, coordinate, rows, *, n_states: int = CALIBRA
         return {"h": state_tokens(backbone, site, rows, n_states=n_states, seed=seed, pads=pads,
                                   last_steps=last_pads or False, progress="calibration residuals")}
 
-    key = dict(kind="codebook-calibration", model=backbone.fingerprint(), site=site, rows=rows,
+    key = dict(kind="codebook-calibration", model=backbone.cache_id(), site=site, rows=rows,
                n_states=n_states, seed=seed, **({"pads": list(pads), "last_pads": list(last_pads or [])} if pads else {}))
     return cached_tensors("calibration", key, make)["h"]
 

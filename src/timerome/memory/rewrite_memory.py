@@ -643,7 +643,7 @@ def value_table(backbone, site, rows, *, seed: int = 0) -> tuple[torch.Tensor, t
                 "values": torch.stack([values[t] for t in ids]) if ids else torch.zeros(0, backbone.hidden_size,
                                                                                        dtype=torch.float64)}
 
-    key = dict(kind="rewrite-values", model=backbone.fingerprint(), site=list(site), rows=rows, seed=seed,
+    key = dict(kind="rewrite-values", model=backbone.cache_id(), site=list(site), rows=rows, seed=seed,
                states=VALUE_STATES, top=VALUE_TOP)
     t = cached_tensors("values", key, make)
     return t["ids"], t["values"]

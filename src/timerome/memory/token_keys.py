@@ -245,7 +245,7 @@ def _text_pairs(backbone, texts) -> tuple[list[tuple[list[int], list[int]]], lis
         else:  # every token of the text is maskable; the sequence start is not
             q, a = backbone.prompt_start, backbone.encode(t)
         q, a = q[: backbone.max_length], a[: max(0, backbone.max_length - len(q))]
-        if a or (q and isinstance(t, dict)):
+        if a or (isinstance(t, dict) and len(q) > len(backbone.prompt_start)):  # a lone start reads nothing
             pairs.append((q, a)), index.append(i)
     if not pairs:
         raise TimeromeError("the calibration corpus is empty: give at least one non-empty text")

@@ -208,7 +208,7 @@ def preserved_texts(backbone, task, source=None) -> list[str]:
 
 
 def stats_cache_path(backbone, layer: int, texts: list[str]) -> Path:
-    return cache_dir() / "locate" / f"{backbone.fingerprint()}-L{layer}-n{len(texts)}-{digest(texts, 12)}.safetensors"
+    return cache_dir() / "locate" / f"{backbone.cache_id()}-L{layer}-n{len(texts)}-{digest(texts, 12)}.safetensors"
 
 
 def key_stats(backbone, layer: int, texts: list[str], *, cache: bool = True,

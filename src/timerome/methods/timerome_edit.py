@@ -78,7 +78,7 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     fv = list(facts)[: int(config["trace_facts"])]
     if not fv:
         raise TimeromeError("no forget facts to trace")
-    key = digest(dict(kind=kind, model=backbone.fingerprint(), settings=settings,
+    key = digest(dict(kind=kind, model=backbone.cache_id(), settings=settings,
                       facts=[(f.subject, f.prompt, f.object) for f in fv]))
     path = cache_dir() / "traces" / f"{key}.safetensors"
 
@@ -142,7 +142,7 @@ def background_stats(backbone, coordinate, task, config):
         st = residual_stats(backbone, site, texts)
         return {"mean": st.mean, "cov": st.cov, "n_tokens": torch.tensor(st.n_tokens)}
 
-    t = cached_tensors("background", dict(model=backbone.fingerprint(), site=site, texts=texts,
+    t = cached_tensors("background", dict(model=backbone.cache_id(), site=site, texts=texts,
                                           shrinkage=DEFAULT_SHRINKAGE), make)
     return ResidualStats(site[0], site[1], t["mean"], t["cov"], int(t["n_tokens"]), DEFAULT_SHRINKAGE)
 

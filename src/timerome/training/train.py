@@ -99,7 +99,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     pairs = encode_pairs(backbone, rows)
     eos = _eos(backbone) if cfg.eos_pad else None
     recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],
-                         start=backbone.fingerprint())) if checkpoint is not None else ""
+                         start=backbone.cache_id())) if checkpoint is not None else ""
     gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
     order_gen = torch.Generator().manual_seed(cfg.seed)
     generators = {"mask": gen, "order": order_gen}
