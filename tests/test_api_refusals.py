@@ -138,3 +138,16 @@ def test_evaluate_says_when_the_memory_asks_only_some_forget_rows(bb, task):
     assert got["notes"]["ForgetLP"].startswith("the edit's memory holds 1 facts; 1 of the 2 forget rows")
     whole = timerome.evaluate(bb, {"forget": task.forget_rows[:1]}, n_mc=1, edit=mem, truth_ratio=False, rouge=False)
     assert "ForgetLP" not in whole["notes"]
+
+
+def test_removing_facts_inside_applied_is_refused_and_remove_takes_ids_only(bb, task):
+    """A rewrite memory's gate remembers each prompt's fact by its place: a remove inside `applied` made it
+    answer with the next fact's target, or raise IndexError (helper 34). Every memory refuses it now, as
+    add already was refused there; remove(None) is one line for every kind."""
+    mem = timerome.EditMemory(bb, timerome.Coordinate(1, "resid")).add(task.facts[:3])
+    with mem.applied(bb):
+        with pytest.raises(TimeromeError, match="applied to its model.*remove facts outside it"):
+            mem.remove([task.facts[0].fact_id])
+    assert len(mem.remove([task.facts[0].fact_id])) == 2  # outside: as before
+    with pytest.raises(TimeromeError):
+        mem.remove(None)

@@ -453,6 +453,13 @@ def catalogue(f, tmp):
          "--bench-data applies only to"),
         ("pareto without retain", ["experiment", "pareto", "-c", '{"splits": ["forget"]}', "--seeds", "0",
                                    "-o", tmp / "e"], "its splits need retain"),
+        # -o over a file the user gave (helper 34): it was overwritten, a requests file by a binary memory
+        ("edit -o its --data file", ["edit", "--data", f["rows"], "-o", f["rows"]], "is the --data file you gave"),
+        ("memory add -o its --data file", ["memory", "add", f["mem"], "--data", f["rows"], "-o", f["rows"]],
+         "is the --data file you gave"),
+        ("requests -o its source", ["requests", f["rows"], "-o", f["rows"]], "is the requests file you gave"),
+        ("a weight edit over its model folder", ["edit", "--method", "ga", "-m", f["badcfg"], "-o", f["badcfg"]],
+         "is the model folder"),
     ]
 
 

@@ -237,3 +237,39 @@ def test_an_option_given_twice_is_found_and_a_repeatable_options_value_is_not():
     assert repeated_option(remove, ["F", "-o", "a", "--", "-o"]) is None
     assert repeated_option(ev, ["--rouge", "--rouge"]) is None and repeated_option(ev, ["--rouge", "--no-rouge"]) == "--no-rouge"
     assert repeated_option(ev, ["--n-mc=2", "--n-mc", "3"]) == "--n-mc"
+
+
+def test_eval_requests_notes_requests_the_memory_does_not_hold_or_holds_with_another_target():
+    """eval --edit M --requests R said nothing when M held none of R, or held R's question with another target."""
+    from types import SimpleNamespace as NS
+
+    from timerome.cli.evaluate import held_requests_notes
+    from timerome.data.requests import load_requests
+
+    reqs = load_requests("counterfactual:forget10", limit=3)[0]
+    f = reqs[0].fact
+    same = NS(target="I don't know.", facts=[NS(prompt=r.fact.prompt, target=r.fact.target) for r in reqs])
+    assert held_requests_notes(same, reqs, "m") == []
+    one = NS(target="I don't know.", facts=[NS(prompt=f.prompt, target=None)])
+    notes = held_requests_notes(one, reqs, "m")
+    assert notes[0] == "m holds 1 facts; 1 of the 3 requests ask one of them, and the metrics count the others too"
+    assert notes[1].startswith(f"1 requests ask a question m holds with another target ('{reqs[0].fact_id}')")
+    assert held_requests_notes(NS(target="x", facts=["id-only"]), reqs, "m") == []  # facts known by id alone
+
+
+def test_memory_remove_refuses_to_leave_fewer_facts_than_q(tmp_path):
+    """It wrote a file that nothing could apply ("q=4 exceeds the number of facts (3)"), and no command
+    changes q (helper 34's audit); its --json lists the ids it removed."""
+    mem = tmp_path / "q4.safetensors"
+    code, out = run("edit", "--q", 4, "--out", mem)
+    assert code == 0, out
+    code, out = run("memory", "show", mem, "--json")
+    ids = json.loads(out[out.index("{"):])["facts"]
+    ids = [f["fact_id"] for f in ids]
+    code, out = run("memory", "remove", mem, *ids[:17], "-o", tmp_path / "q4_3.safetensors")
+    assert code == 2 and "leaves 3 facts" in out and "q=4" in out, out
+    assert not (tmp_path / "q4_3.safetensors").exists()
+    code, out = run("memory", "remove", mem, *ids[:16], "-o", tmp_path / "q4_4.safetensors", "--json")
+    assert code == 0, out
+    got = json.loads(out[out.index("{"):])
+    assert got["n_facts"] == 4 and got["removed"] == ids[:16]

@@ -374,3 +374,15 @@ def test_facts_are_added_with_the_memory_off(bb, reqs, edit):
     with edit.memory.applied(bb), pytest.raises(TimeromeError, match="applied to its model"):
         edit.memory.add([bare_request(reqs[0]).fact])
     assert len(edit.memory) == len(reqs)
+
+
+def test_a_remove_inside_applied_is_refused_where_the_gate_remembers_facts_by_place(bb, reqs, edit):
+    """Inside `applied`, a remove renumbered the facts under the gate's per-prompt memo: the prompt then
+    said the next fact's target, or the last one raised IndexError (helper 34's audit)."""
+    memory = edit.memory
+    with memory.applied(bb):
+        with pytest.raises(TimeromeError, match="gate remembers each prompt's fact by its place"):
+            memory.remove([reqs[0].fact_id])
+    with pytest.raises(TimeromeError, match="fact_ids must be a fact id or a list"):
+        memory.remove(None)
+    assert len(memory) == len(reqs)  # nothing was removed

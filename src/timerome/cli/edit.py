@@ -121,7 +121,13 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if weights and out.suffix in (".safetensors", ".json"):
         raise TimeromeError(f"{method} changes the model's weights: it saves the edited model as a folder; --out "
                             f"{out} names a file (give a folder, e.g. --out {out.with_suffix('')})")
-    output_folder(out, "--out") if weights else output_file(out)  # before minutes of work
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    given = {"--requests file": requests, "--data file": data, "--trace file": trace_file, "--calibration file":
+             calibration, "--background file": background, "--config file": config,
+             "model folder (-m, or the embedded model's)": model.model or DEFAULT_MODEL_DIR}
+    # before minutes of work, and never over a file the user gave
+    output_folder(out, "--out", inputs=given) if weights else output_file(out, inputs=given)
     bb = model.load()
     facts, source = edit_facts(bb, requests, data, tofu_dir, target)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two

@@ -239,6 +239,11 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     for n in notes:  # after every refusal: a note never precedes an error
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
+    if memory is not None:
+        held = held_requests_notes(memory, reqs, str(edit))
+        for n in held:
+            err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+        notes = notes + held
     unedited = base
     if base is None and edit is None and recorded is not None:  # an edited model's folder: against its source
         unedited = model_place(recorded["source_model"])
@@ -281,6 +286,27 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     for a in summary["answers"][:5]:
         shown.add_row(*(escape(str(a[k])) for k in ("prompt", "answer", "answer_with_edit", "target")))
     console.print(shown)
+
+
+def held_requests_notes(memory, reqs, name: str) -> list[str]:
+    """Notes on requests the memory does not hold (Efficacy then counts facts it never saw) and on those
+    it holds with another target (it says its own, the request reads another); none for a memory whose
+    facts are known by id alone."""
+    default = getattr(memory, "target", None)
+    held = {f.prompt: getattr(f, "target", None) or default for f in memory.facts if getattr(f, "prompt", None)}
+    if not held:
+        return []
+    asked = [r for r in reqs if r.fact.prompt in held]
+    out = []
+    if len(asked) < len(reqs):
+        out.append(f"{name} holds {len(memory.facts)} facts; {len(asked)} of the {len(reqs)} requests ask one of "
+                   "them, and the metrics count the others too")
+    other = [r.fact_id for r in asked if held[r.fact.prompt] != r.fact.target]
+    if other:
+        out.append(f"{len(other)} requests ask a question {name} holds with another target "
+                   f"({', '.join(map(repr, other[:3]))}{', ...' if len(other) > 3 else ''}): the memory says its own "
+                   "target, and Efficacy reads the request's")
+    return out
 
 
 def _probe_rows(bb, requests: str, n_retain: int, n_world: int):

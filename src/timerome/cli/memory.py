@@ -154,7 +154,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
-    dest = output_file(out or file)
+    dest = output_file(out or file, inputs={"--requests file": requests, "--data file": data,
+                                            "--calibration file": calibration, "--value-rows file": value_rows})
     kind = file_kind(file)
     if calibration is not None and kind == "edit":
         raise TimeromeError(f"--calibration applies to codebook and rewrite memories; {file} is a ridge edit memory")
@@ -331,9 +332,14 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
         if set(memory.fact_ids) <= set(ids):
             raise TimeromeError(f"that removes every fact of {file}: an empty memory edits nothing; delete the file "
                                 "instead")
+        left = len(set(memory.fact_ids) - set(ids))
+        if getattr(memory, "q", 0) > left:  # TopQ keeps q facts per token: the file could not be applied
+            raise TimeromeError(f"that leaves {left} facts in {file}, fewer than its q={memory.q} (TopQ keeps q facts "
+                                "per token, so the memory could not be applied): remove fewer, or build it again with "
+                                f"--q {left} or less")
         memory.remove(ids)
         saved = memory.save(dest)
-    _done(saved, memory, f"removed {len(ids)} facts", as_json)
+    _done(saved, memory, f"removed {len(ids)} facts", as_json, removed=ids)
 
 
 @memory_app.command("merge")

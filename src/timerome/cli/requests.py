@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import app, console, err_console, friendly, print_json
+from timerome.common.files import output_file
 
 
 @app.command("requests")
@@ -24,6 +25,8 @@ def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / 
     """Show edit requests as timerome reads them (or write them in its own format with --out)."""
     from timerome.data.requests import load_requests, save_requests
 
+    if out is not None:
+        output_file(out, example="requests.json", inputs={"requests file": source})
     reqs, notes = load_requests(source, target=target, limit=limit)
     for n in notes:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)

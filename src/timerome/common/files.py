@@ -94,10 +94,27 @@ def safetensors_error(path, error: Exception) -> TimeromeError:
                          "or damaged; copy or download it again")
 
 
-def output_file(path, what: str = "--out", example: str = "forget.safetensors") -> Path:
-    """A file timerome will write: refused up front if it is a directory (the message suggests
-    DIR/example) or its folder cannot be made."""
+def not_an_input(path, inputs: dict | None, what: str = "--out") -> None:
+    """Refuse an output that is one of the command's inputs ({flag: path}, None where not given): writing
+    there would replace the file (or the model folder) the user gave."""
     p = Path(path)
+    for flag, given in (inputs or {}).items():
+        if given is None or not Path(str(given)).exists() or not p.exists():
+            continue
+        try:
+            same = os.path.samefile(p, str(given))
+        except OSError:
+            continue
+        if same:
+            raise TimeromeError(f"{what} {p} is the {flag} you gave: writing there would replace it; give another "
+                                f"{what}")
+
+
+def output_file(path, what: str = "--out", example: str = "forget.safetensors", inputs: dict | None = None) -> Path:
+    """A file timerome will write: refused up front if it is a directory (the message suggests
+    DIR/example), its folder cannot be made, or it is one of the command's `inputs` ({flag: path})."""
+    p = Path(path)
+    not_an_input(p, inputs, what)
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file name, e.g. {p / example}")
     folder = p.parent if str(p.parent) else Path(".")
@@ -107,9 +124,11 @@ def output_file(path, what: str = "--out", example: str = "forget.safetensors") 
     return p
 
 
-def output_folder(path, what: str = "--out") -> Path:
-    """A folder timerome will write into: refused up front if it is a file or cannot be made."""
+def output_folder(path, what: str = "--out", inputs: dict | None = None) -> Path:
+    """A folder timerome will write into: refused up front if it is a file, cannot be made, or is one of
+    the command's `inputs` ({flag: path}: the model's own folder)."""
     p = Path(path)
+    not_an_input(p, inputs, what)
     if p.exists() and not p.is_dir():
         raise TimeromeError(f"{what} {p} is a file; pass a folder")
     _writable(p, what, p)

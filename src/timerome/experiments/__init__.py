@@ -22,8 +22,8 @@ comes from one trace (trace_seed 0), cached by its inputs and shared by every Ti
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import json
+import pkgutil
 import time
 import warnings
 from pathlib import Path

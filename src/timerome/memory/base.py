@@ -131,13 +131,17 @@ class Memory:
     def _check_ready(self) -> None:
         raise NotImplementedError
 
+    def _check_unapplied(self, instead: str) -> None:
+        """Refuse to change the facts while this memory edits its model (inside `applied`): what its hooks
+        prepared, and what they remember of the tokens seen, is the memory before the change."""
+        if id(self.backbone) in self.__dict__.get("_applied_on", ()):
+            raise TimeromeError(f"this {self.WHAT} is applied to its model (inside its `applied` block): {instead}")
+
     def _check_off(self) -> None:
         """Refuse to read new facts' states while this memory edits its model: they would be the edited
         model's (`add`); or where its keys were read from prompts of another sequence start (a file saved
         before prompts began with the tokenizer's start): one memory would hold keys of two readings."""
-        if id(self.backbone) in self.__dict__.get("_applied_on", ()):
-            raise TimeromeError(f"this {self.WHAT} is applied to its model (inside its `applied` block): add facts "
-                                "outside it, where the states read are the unedited model's")
+        self._check_unapplied("add facts outside it, where the states read are the unedited model's")
         now = list(getattr(self.backbone, "prompt_start", []))
         if getattr(self, "prompt_start", now) != now:
             raise TimeromeError(f"this {self.WHAT}'s keys were read from prompts that begin with "

@@ -205,6 +205,7 @@ class CodebookMemory(Memory):
 
     def remove(self, fact_ids) -> "CodebookMemory":
         """Drop facts (and their entries) by id; unknown ids raise and nothing is removed."""
+        self._check_unapplied("remove facts outside it, where nothing it prepared is in use")
         fact_ids = id_list(fact_ids)
         missing = [i for i in fact_ids if i not in self._ids]
         if missing:

@@ -244,6 +244,7 @@ class EditMemory(Memory):
 
     def remove(self, fact_ids) -> "EditMemory":
         """Drop facts by id (a downdate, no re-solve); unknown ids raise and nothing is removed."""
+        self._check_unapplied("remove facts outside it, where nothing it prepared is in use")
         fact_ids = id_list(fact_ids)
         if len(fact_ids) <= 8:  # a few: C-speed scans of the id list (the last of a repeated id, as the dict)
             backwards = self._ids[::-1]

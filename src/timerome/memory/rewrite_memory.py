@@ -80,7 +80,7 @@ from timerome.engine.likelihood import pair_generator
 from timerome.engine.sampler import continuations
 from timerome.engine.settings import ANSWER
 from timerome.errors import TimeromeError
-from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts
+from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts, id_list
 from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CalibrationSubset,
                                              CodebookMemory, _n_sequences, left_out_header, read_left_out,
                                              read_sources)
@@ -294,7 +294,8 @@ class RewriteMemory(CodebookMemory):
         return True
 
     def remove(self, fact_ids) -> "RewriteMemory":
-        ids = [fact_ids] if isinstance(fact_ids, str) else [str(i) for i in fact_ids]
+        self._check_unapplied("remove facts outside it (its gate remembers each prompt's fact by its place)")
+        ids = id_list(fact_ids)
         dropped = set(ids)
         keep = [j for j, fid in enumerate(self._ids) if fid not in dropped]
         gone = [j for j, fid in enumerate(self._ids) if fid in dropped]
