@@ -273,3 +273,13 @@ def test_memory_remove_refuses_to_leave_fewer_facts_than_q(tmp_path):
     assert code == 0, out
     got = json.loads(out[out.index("{"):])
     assert got["n_facts"] == 4 and got["removed"] == ids[:16]
+
+
+def test_memory_merge_notes_one_relative_lambda_over_two_key_scales(tmp_path):
+    """Two memories with the same relative lam but different keys solve with different lambdas: the second's
+    facts join the first's solve, which merge now says (helper 34's audit)."""
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    assert run("edit", "--data", "embedded:forget01", "-o", a)[0] == 0
+    assert run("edit", "--data", "embedded:forget05", "-o", b)[0] == 0
+    code, out = run("memory", "merge", a, b, "-o", tmp_path / "ab.safetensors")
+    assert code == 0 and "solves with lambda" in out and "join" in out, out

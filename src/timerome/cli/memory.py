@@ -378,6 +378,10 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
                 if getattr(other, name) != getattr(first, name):
                     err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the "
                                       f"merged memory keeps {files[0]}'s {getattr(first, name)}", soft_wrap=True)
+            if other.lam == first.lam and other.lam_value != first.lam_value:  # one relative lambda, two key scales
+                err_console.print(f"[yellow]note:[/] {escape(str(f))} solves with lambda {other.lam_value:.4g} (its "
+                                  f"relative {other.lam} of its own keys' scale); its facts join {files[0]}'s solve, "
+                                  f"lambda {first.lam_value:.4g}", soft_wrap=True)
             new, skipped, renamed, kept = sort_new_facts(first.facts, other.facts, first.target)
             _notes(skipped, renamed, str(f), str(files[0]))
             skips += [dict(file=str(f), fact_id=i, why=w) for i, w in skipped]
