@@ -292,8 +292,9 @@ def held_requests_notes(memory, reqs, name: str) -> list[str]:
     """Notes on requests the memory does not hold (Efficacy then counts facts it never saw) and on those
     it holds with another target (it says its own, the request reads another); none for a memory whose
     facts are known by id alone."""
-    default = getattr(memory, "target", None)
-    held = {f.prompt: getattr(f, "target", None) or default for f in memory.facts if getattr(f, "prompt", None)}
+    from timerome.evaluation.evaluator import held_questions
+
+    held = held_questions(memory)
     if not held:
         return []
     asked = [r for r in reqs if r.fact.prompt in held]

@@ -259,12 +259,20 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     return {"items": items, "metrics": metrics, "cost": c, "notes": notes}
 
 
+def held_questions(memory) -> dict:
+    """{question: target} of a memory's facts (a fact's own target, else the memory's); facts known by id
+    alone ask no question."""
+    default = getattr(memory, "target", None)
+    return {f.prompt: getattr(f, "target", None) or default
+            for f in getattr(memory, "facts", None) or [] if getattr(f, "prompt", None)}
+
+
 def memory_rows_note(edit, forget_rows) -> str | None:
     """The note of an edit whose memory's facts ask only some of the forget rows evaluated (its forget
     columns average over rows it never saw); None when they ask them all, or it holds no questions."""
     memory = getattr(edit, "memory", None) or (edit if hasattr(edit, "facts") else None)
     facts = list(getattr(memory, "facts", None) or [])
-    held = {getattr(f, "prompt", None) for f in facts} - {None, ""}  # facts known by id alone: no question
+    held = held_questions(memory)
     if not held or not forget_rows:
         return None
     asked = sum(r["question"] in held for r in forget_rows)

@@ -151,14 +151,13 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if unchanged:
         note = f"{note} {UNCHANGED_NOTE}".strip()
-    entries = [e for cols in summary.values() for c, e in cols.items() if c in columns and isinstance(e, dict)]
+    entries = [(c, e) for cols in summary.values() for c, e in cols.items() if c in columns and isinstance(e, dict)]
     if "no_edit" not in summary:
         note = (f"{note} This run has no no_edit row (its methods left it out): no Δ and no paired test, "
                 "which need it.").strip()
-    if any(e.get("dropped") for e in entries):
+    if any(e.get("dropped") for _, e in entries):
         note = f"{note} {DROPPED_NOTE}".strip()
-    if any(e.get("n") == 2 for c, e in ((c, e) for cols in summary.values() for c, e in cols.items())
-           if c in columns and not is_cost(c)):
+    if any(e.get("n") == 2 and not is_cost(c) for c, e in entries):
         note = f"{note} {TWO_SEEDS_NOTE}".strip()
     for row, cols in summary.items():
         name = row + (UNCHANGED_MARK if row in unchanged else "")
