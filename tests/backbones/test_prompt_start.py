@@ -116,7 +116,7 @@ def test_a_memory_records_the_start_and_checkpoint_and_warns_when_the_start_diff
         assert load_memory(path, bb).prompt_start == [1]
     bb._prompt_start = []  # as a timerome that fed no start built it
     try:
-        with pytest.warns(UserWarning, match=r"begin with \[1\].*now begins this model's prompts with none"):
+        with pytest.warns(UserWarning, match=r"begin with \[1\], where this model's prompts now begin with none"):
             old = load_memory(path, bb)
         assert old.prompt_start == [1]
     finally:
@@ -163,7 +163,7 @@ def test_a_memory_read_with_another_start_takes_no_new_facts(tmp_path):
     finally:
         bb._prompt_start = None
     more = [{"subject": "Harry", "prompt": "Who is Harry ?", "object": "London"}]
-    with pytest.raises(TimeromeError, match=r"begin with \[1\], and this model's prompts now begin with none"):
+    with pytest.raises(TimeromeError, match=r"begin with \[1\], where this model's prompts now begin with none"):
         bb._prompt_start = []
         try:
             old.add(more)
@@ -171,3 +171,30 @@ def test_a_memory_read_with_another_start_takes_no_new_facts(tmp_path):
             bb._prompt_start = None
     fresh = load_memory(path, bb)
     assert len(fresh.add(more)) == 2
+
+
+def test_a_trace_records_the_start_and_warns_when_read_with_another(tmp_path):
+    """A trace's heatmaps and coordinate were read from its prompts: one traced without the start (a
+    file from before prompts began with <s>) still gives its coordinate, with a warning."""
+    from timerome import TimeromeError
+    from timerome.tracing.causal_trace import trace
+    from timerome.tracing.result import TraceResult
+
+    bb = fixture("diffullama")
+    facts = [{"subject": "Harry Potter", "prompt": PROMPT, "object": "London"}]
+    traced = trace(bb, facts, steps=2, n_samples=1, layers=[0], modules=("resid",), progress=False)
+    assert traced.settings["prompt_start"] == [1]
+    path = traced.save(tmp_path / "t")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TraceResult.load(path).check_model(bb)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    del meta["settings"]["prompt_start"]  # as a timerome that fed no start saved it
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=r"traced from prompts that begin with no start token, where this model's "
+                                         r"prompts now begin with \[1\]"):
+        TraceResult.load(path).check_model(bb, "t")
+    meta["settings"]["prompt_start"] = "<s>"
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(TimeromeError, match=r"t: settings.prompt_start must be a list of token ids, got '<s>'"):
+        TraceResult.load(path).check_model(bb, "t")

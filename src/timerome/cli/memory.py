@@ -351,6 +351,7 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
           as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
     """Merge memories of the same model, coordinate, key metric and background statistics into one
     (the others' facts inserted into the first; the first's hyper-parameters and lambda scale)."""
+    from timerome.engine.encoding import start_change
     from timerome.memory.base import sort_new_facts
     from timerome.memory.edit_memory import EditMemory
     from timerome.memory.memory_file import changing, file_kind
@@ -370,10 +371,10 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
         for f in files[1:]:
             other = EditMemory.load(f, bb)
             _check_mergeable(first, other, files[0], f)
-            if other.prompt_start != first.prompt_start:
-                raise TimeromeError(f"{f}'s keys were read from prompts that begin with {other.prompt_start or 'no start'}"
-                                    f" and {files[0]}'s with {first.prompt_start or 'no start'}: one memory would "
-                                    "hold keys of two readings; build the older one again")
+            change = start_change(other.prompt_start, first.prompt_start, versus=f"{files[0]}'s prompts")
+            if change:
+                raise TimeromeError(f"{f}'s keys were read from {change}: one memory would hold keys of two "
+                                    "readings; build the older one again")
             for name in ("alpha", "q", "g_max", "lam", "lam_absolute"):
                 if getattr(other, name) != getattr(first, name):
                     err_console.print(f"[yellow]note:[/] {escape(str(f))} has {name} {getattr(other, name)}; the "

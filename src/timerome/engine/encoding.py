@@ -76,6 +76,18 @@ def fit(prompt: list[int], answer: list[int], max_length: int, keep: int = 0) ->
     return prompt, answer, cut
 
 
+def start_change(built, now, versus: str = "this model's prompts now") -> str | None:
+    """How the sequence start a file's states were read with (`built`: its recorded ids; None or [] for
+    a file saved before starts were recorded, which had none) differs from `now` (a model's
+    `prompt_start`, or another file's record, which `versus` then names): None when they agree, else
+    "prompts that begin with X, where <versus> begin with Y" for the caller's sentence (a memory's load warns, its add refuses, a merge refuses, a
+    trace's coordinate warns)."""
+    built, now = [int(t) for t in (built or [])], [int(t) for t in (now or [])]
+    if built == now:
+        return None
+    return f"prompts that begin with {built or 'no start token'}, where {versus} begin with {now or 'none'}"
+
+
 def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
     """(question, answer) rows -> (prompt ids, answer ids) pairs, checked against the context."""
     bpe = uses_leading_space(backbone)

@@ -33,7 +33,7 @@ from timerome.common.checks import big_int_path, finite_tensor, integer, shown
 from timerome.common.files import input_file, parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import fact_fields, fact_id
+from timerome.engine.encoding import fact_fields, fact_id, start_change
 from timerome.backbones.backbone import model_arg
 from timerome.engine.hooks import Hooks, TraceState, once_on
 from timerome.errors import TimeromeError
@@ -142,11 +142,11 @@ class Memory:
         model's (`add`); or where its keys were read from prompts of another sequence start (a file saved
         before prompts began with the tokenizer's start): one memory would hold keys of two readings."""
         self._check_unapplied("add facts outside it, where the states read are the unedited model's")
-        now = list(getattr(self.backbone, "prompt_start", []))
-        if getattr(self, "prompt_start", now) != now:
-            raise TimeromeError(f"this {self.WHAT}'s keys were read from prompts that begin with "
-                                f"{self.prompt_start or 'no start token'}, and this model's prompts now begin with "
-                                f"{now or 'none'}: new facts would be read otherwise; build the memory again")
+        now = getattr(self.backbone, "prompt_start", [])
+        change = start_change(getattr(self, "prompt_start", now), now)
+        if change:
+            raise TimeromeError(f"this {self.WHAT}'s keys were read from {change}: new facts would be read "
+                                "otherwise; build the memory again")
 
     # ---------------------------------------------------------------- the file
 
@@ -431,12 +431,11 @@ def check_for_model(path, meta: dict, backbone) -> Coordinate:
             f"{meta.get('fingerprint')}); this model's fingerprint is {backbone.fingerprint()}{OTHER_MODEL}")
     if "causal" in meta:  # files saved before it was recorded: their fingerprint alone
         refuse_other_attention(str(path), bool(meta["causal"]), backbone)
-    built, now = list(meta.get("prompt_start", [])), list(getattr(backbone, "prompt_start", []))
-    if built != now:  # a file saved before prompts began with the tokenizer's sequence start has none
-        warnings.warn(f"{path}'s keys were read from prompts that begin with {built or 'no start token'}, and "
-                      f"timerome now begins this model's prompts with {now or 'none'} (the tokenizer's sequence start, "
-                      "as the official pipeline feeds it): the memory applies, but its keys come from another "
-                      "context; build it again to match", stacklevel=3)
+    change = start_change(meta.get("prompt_start"), getattr(backbone, "prompt_start", []))
+    if change:  # a file saved before prompts began with the tokenizer's sequence start has none
+        warnings.warn(f"{path}'s keys were read from {change} (the tokenizer's sequence start, as the official "
+                      "pipeline feeds it): the memory applies, but its keys come from another context; build it "
+                      "again to match", stacklevel=3)
     if meta["hidden_size"] != backbone.hidden_size:
         raise TimeromeError(f"{path}: the memory has hidden size {meta['hidden_size']}, the model "
                             f"{backbone.hidden_size}")

@@ -185,6 +185,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
     settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    prompt_start=list(backbone.prompt_start),
                     readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
     return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)

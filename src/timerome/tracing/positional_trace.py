@@ -218,6 +218,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             bar.advance()
     settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed),
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    prompt_start=list(backbone.prompt_start),
                     causal=getattr(backbone, "causal", False),
                     readout=("next token after the prompt" if getattr(backbone, "causal", False) else
                              "first answer position of [prompt | mask * G] (one forward, answer fully masked)"),

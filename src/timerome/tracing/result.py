@@ -3,6 +3,7 @@ what it shares with the positional trace's result (facts by index or id, the mod
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from timerome.common.cache import read_tensors, save_tensors, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, shown
 from timerome.common.files import input_file, read_json
+from timerome.engine.encoding import start_change
 from timerome.errors import TimeromeError
 from timerome.tracing.tie import later_steps
 
@@ -33,12 +35,23 @@ class TraceFile:
 
     def check_model(self, backbone, source="this trace") -> None:
         """Refuse a trace made on another model (its weights' fingerprint is in the settings; a
-        trace saved before fingerprints were recorded is taken as it is)."""
+        trace saved before fingerprints were recorded is taken as it is); warn about one traced from
+        prompts with another sequence start (`encoding.start_change`)."""
         made_on = self.settings.get("fingerprint")
         if made_on is not None and made_on != backbone.fingerprint():
             raise TimeromeError(f"{source} was traced on another model ({self.settings.get('model')}, fingerprint "
                                 f"{made_on}); this model's fingerprint is {backbone.fingerprint()}: trace it first "
                                 "(timerome trace --model ...)")
+        recorded = self.settings.get("prompt_start")
+        if recorded is not None and not (isinstance(recorded, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in recorded)):
+            raise TimeromeError(f"{source}: settings.prompt_start must be a list of token ids, got {shown(recorded)} "
+                                "(was its JSON edited by hand?)")
+        change = start_change(recorded, getattr(backbone, "prompt_start", []))
+        if made_on is not None and change:  # a trace saved before prompts began with the tokenizer's start has none
+            warnings.warn(f"{source} was traced from {change} (the tokenizer's sequence start, as the official "
+                          "pipeline feeds it): its heatmaps and coordinate come from another context; trace again "
+                          "to match", stacklevel=3)
         outside = [l for l in getattr(self, "layers", []) if not 0 <= l < backbone.n_layers]
         if outside:
             raise TimeromeError(f"{source} traces layer {outside[0]}, outside this model's 0..{backbone.n_layers - 1} "
