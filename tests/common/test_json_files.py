@@ -126,3 +126,25 @@ def test_eval_json_writes_its_nan_columns_as_null():
     got = strict(res.stdout)
     assert got["metrics"]["ForgetQuality"] is None and "reference" in got["notes"]["ForgetQuality"]
     assert isinstance(got["metrics"]["ForgetLP"], float)
+
+
+def test_a_write_through_a_symbolic_link_changes_its_target_and_keeps_the_link(tmp_path):
+    """An in-place change (memory add/remove/merge -o the memory itself) through a link: the atomic
+    rename replaced the link with a file and left the target as it was."""
+    import torch
+    from safetensors.torch import load_file
+
+    from timerome.common.cache import save_tensors, write_atomic
+
+    (tmp_path / "real").mkdir()
+    target, link = tmp_path / "real" / "m.json", tmp_path / "m.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert write_atomic(link, "new") == target
+    assert link.is_symlink() and target.read_text() == "new"
+    t_target, t_link = tmp_path / "real" / "m.safetensors", tmp_path / "m.safetensors"
+    save_tensors(t_target, {"x": torch.zeros(2)})
+    t_link.symlink_to(t_target)
+    save_tensors(t_link, {"x": torch.ones(2)})
+    assert t_link.is_symlink() and load_file(str(t_target))["x"].tolist() == [1.0, 1.0]
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["m.json", "m.safetensors"]  # no temporary left

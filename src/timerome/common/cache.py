@@ -48,6 +48,13 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def _through_link(path) -> Path:
+    """Where a write to `path` lands: a symbolic link's target (the rename that makes a write atomic
+    would otherwise replace the link with a file and leave its target as it was)."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def _discard(tmp: Path) -> None:
     """Remove a temporary file if it is there (where its folder could not be made, e.g. a file stands
     in the way, unlink's own NotADirectoryError must not hide the write's error)."""
@@ -58,8 +65,8 @@ def _discard(tmp: Path) -> None:
 
 
 def write_atomic(path, data: str | bytes) -> Path:
-    """Write `data` to `path` all at once (a temporary file renamed into place)."""
-    path = Path(path)
+    """Write `data` to `path` all at once (a temporary file renamed into place; through a link, its target)."""
+    path = _through_link(path)
     tmp = temp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,10 +152,10 @@ def _file_mode() -> int:
 
 
 def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
-    """safetensors written atomically."""
+    """safetensors written atomically (through a link, to its target)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
+    path = _through_link(path)
     tmp = temp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
