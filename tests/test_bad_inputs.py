@@ -329,6 +329,9 @@ def catalogue(f, tmp):
          ["eval", "--requests", "embedded:forget01", "--edit", f["mem_step"], "--gen-length", "2"], "never acts"),
         ("edit --seed -1 (went through; every --seed is checked as one)", ["edit", "--seed", "-1", "-o", out],
          "--seed must be"),
+        # stop 61: a seed given to a method that draws nothing was read by nothing (the same file for any seed)
+        ("edit --seed for timerome (its build draws nothing)", ["edit", "--seed", "3", "-o", out],
+         "timerome trace --seed"),
         # stop 46: a method's step option in an experiment whose measurement reads likelihoods (it failed at the
         # first forward of that cell, after the cells before it had run)
         ("a one-step method in a likelihood experiment", ["experiment", "canonical", "-c", '{"methods": [{"method": '

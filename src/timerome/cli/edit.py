@@ -64,7 +64,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                         "or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
          config: Optional[str] = typer.Option(None, "--config", "-c", help="method settings to override, inline JSON "
                                               "or a JSON file (`timerome methods` lists each method's)"),
-         seed: int = typer.Option(0, help="seed of the method's random draws"),
+         seed: Optional[int] = typer.Option(None, help="seed of the method's random draws (default 0; refused for "
+                                                       "the methods that draw nothing: timerome, act_steer)"),
          as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
     """Build an edit from a forget set or edit requests and save it (a memory file, or the edited model).
 
@@ -98,6 +99,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
             raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
                                 "(leave --target out, or use a method with one: timerome methods)")
+    if seed is not None and get_method(method).deterministic:  # refused, not ignored
+        raise TimeromeError(f"--method {method} draws nothing at random when it builds, so --seed would change nothing"
+                            + (" (the noise of its trace is `timerome trace --seed`; pass the trace with --trace)"
+                               if method == "timerome" else "") + ": leave --seed out")
+    seed = 0 if seed is None else seed
     if alpha is not None and alpha <= 0:
         err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
                           else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)

@@ -119,6 +119,7 @@ class Method:
     kind: str         # "inference" or "weights"
     doc: str
     prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
+    deterministic: bool = False  # its install draws nothing at random: the seed it is given changes nothing
 
 
 METHODS: dict[str, Method] = {}
@@ -127,8 +128,9 @@ _loaded = False
 
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
-             kind: str = "inference", prepare: Callable | None = None):
-    """Decorator: add a method under `name` (see the module docstring)."""
+             kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False):
+    """Decorator: add a method under `name` (see the module docstring). deterministic=True: its install
+    draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
 
@@ -136,7 +138,8 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
         if name in METHODS and METHODS[name].install is not fn:
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
-                               kind, (fn.__doc__ or "").strip().split("\n")[0], prepare)
+                               kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
+                               deterministic)
         return fn
 
     return deco

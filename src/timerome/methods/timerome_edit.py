@@ -176,7 +176,7 @@ def prepare(backbone, task, config) -> None:
     background_stats(backbone, coordinate, task, config)
 
 
-@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare)
+@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True)
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
