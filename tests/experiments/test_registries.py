@@ -187,6 +187,29 @@ def test_a_cell_option_its_measurement_does_not_read_is_refused():
                  Cell("full", "no_edit", options={"n_mc": 2, "rouge": False}, data=data)], ctx)
 
 
+def test_every_measurement_declares_its_options_and_those_it_needs():
+    """extraction, lm_eval and the benchmarks took any option (stop 60's Not done): a misspelt one ran
+    the default, and a cell lacking extraction's settings failed mid-run with a KeyError."""
+    import timerome.experiments.robustness  # noqa: F401 - their @measurement
+    import timerome.experiments.transfer  # noqa: F401
+    import timerome.experiments.utility  # noqa: F401
+    from timerome.experiments.runner import MEASURES
+    from timerome.experiments.transfer import options
+
+    assert all(m.options is not None for m in MEASURES.values()), [k for k, m in MEASURES.items() if m.options is None]
+    ctx = Context(backbone=load_backbone())
+    data = {"forget": "forget01", "n_retain": 2, "n_world": 1}
+    with pytest.raises(TimeromeError, match="the 'extraction' measurement needs the option.*'attacks'"):
+        check_cells([Cell("extraction", "no_edit", options={"settings": ["nominal"]}, data=data)], ctx)
+    with pytest.raises(TimeromeError, match="the 'lm_eval' measurement reads no option 'fewshot'"):
+        check_cells([Cell("lm_eval", "no_edit", options={"fewshot": 5}, data=data)], ctx)
+    with pytest.raises(TimeromeError, match="the 'wmdp' measurement reads no option 'choice_txt'"):
+        check_cells([Cell("wmdp", "no_edit", options={"choice_txt": False}, data=data)], ctx)
+    from timerome.experiments.transfer import CONFIG
+
+    assert set(options(CONFIG)) <= set(MEASURES["muse"].options)  # what transfer gives each cell
+
+
 def test_an_interrupted_all_names_the_folder_the_user_gave(tmp_path, monkeypatch):
     """Ctrl-C in `experiment all` said to rerun with the part's own folder (…/all/canonical)."""
     from timerome.errors import Interrupted

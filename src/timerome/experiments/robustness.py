@@ -68,7 +68,8 @@ def _extraction_forwards(cell, rows, task) -> float:
     return generated + cell.options.get("n_mc", LIKELIHOOD.n_mc) * row_count(rows)
 
 
-@measurement("extraction", forwards=_extraction_forwards)
+@measurement("extraction", forwards=_extraction_forwards, options=("n_mc", "settings", "attacks"),
+             required=("settings", "attacks"))
 def measure_extraction(cell, ctx, rows, task) -> dict:
     """Extraction under every sampler setting and prompt attack (metrics/extraction.py)."""
     reqs, loc = rows["requests"], rows["locality"]

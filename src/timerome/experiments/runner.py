@@ -73,6 +73,7 @@ class Measurement:
     reads_steps: bool = False     # it reads the edited model along denoising steps only (no likelihoods), so an
                                   # edit of one step (a method's `step` option) acts in it; else check_cells refuses one
     options: tuple | None = None  # the Cell.options it reads (check_cells refuses any other); None: not declared
+    required: tuple = ()          # those of them a cell must give (they have no default)
 
 
 def row_count(rows: dict) -> int:
@@ -228,15 +229,16 @@ def data_kind(name: str):
 
 
 def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False,
-                reads_steps: bool = False, options: tuple | None = None):
+                reads_steps: bool = False, options: tuple | None = None, required: tuple = ()):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
     forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, whether
-    it reads denoising steps only (Measurement.reads_steps) and the cell options it reads (a cell's
-    other options are refused: a misspelt one would run the default silently)."""
+    it reads denoising steps only (Measurement.reads_steps), the cell options it reads (a cell's
+    other options are refused: a misspelt one would run the default silently) and those of them
+    without a default (a cell lacking one is refused before any work)."""
 
     def deco(fn):
         MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps,
-                                     None if options is None else tuple(options))
+                                     None if options is None else tuple(options), tuple(required))
         return fn
 
     return deco
@@ -346,6 +348,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
         if unread:
             raise TimeromeError(f"{c.row or c.method}: the {c.measure!r} measurement reads no option "
                                 f"{', '.join(map(repr, unread))}; it reads {', '.join(m.options) or 'none'}")
+        lacking = [k for k in m.required if k not in c.options]
+        if lacking:
+            raise TimeromeError(f"{c.row or c.method}: the {c.measure!r} measurement needs the option(s) "
+                                f"{', '.join(map(repr, lacking))}")
         for key, value in c.options.items():
             want, ok = OPTION_RULES.get(key, (None, None))
             if ok is not None and not ok(value):

@@ -85,9 +85,12 @@ def headline(task_results: dict) -> tuple[str, float, float | None]:
     raise TimeromeError(f"lm-eval reported none of {', '.join(METRICS)} for a task: {sorted(task_results)}")
 
 
+LM_EVAL_OPTIONS = ("task", "n_mc", "limit", "num_fewshot", "include_path", "task_files", "check_greedy", "generation")
+
+
 # reads_steps: a generative task meets a one-step edit; a log-likelihood one refuses it at its first request
 # (TimeromeLM, check_stepless), which lm-eval alone knows the task makes
-@measurement("lm_eval", reads_steps=True)
+@measurement("lm_eval", reads_steps=True, options=LM_EVAL_OPTIONS, required=LM_EVAL_OPTIONS)
 def _lm_eval(cell, ctx, rows, task) -> dict:
     o = cell.options
 
