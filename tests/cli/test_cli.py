@@ -168,12 +168,25 @@ def test_edit_on_another_model_asks_for_a_background(tmp_path):
     assert code == 0 and (tmp_path / "m.safetensors").exists(), out
 
 
-def test_trace_with_a_neighbour_penalty(tmp_path):
-    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4,
+def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path):
+    """edit --trace selected without the penalty the trace chose with: it printed layer 2 and edited
+    layer 1 (stop 61's audit). The neighbours' trace is saved beside it and read back."""
+    from timerome.tracing.result import TraceResult
+    from timerome.tracing.selection import select_coordinate
+
+    code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 4, "--n-samples", 2, "--steps", 4,
                     "--neighbours", "embedded:retain90", "--beta", 1.0)
     assert code == 0, out
     sel = json.loads((tmp_path / "t" / "selection.json").read_text())
     assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
+    plain = select_coordinate(TraceResult.load(tmp_path / "t" / "trace.safetensors"), modules=("resid",)).best
+    assert plain.layer != sel["edit"]["layer"]  # the penalty moves this choice: what the edit must follow
+    code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors", "--json")
+    assert code == 0, out
+    assert json.loads(out)["coordinate"]["layer"] == sel["edit"]["layer"]
+    (tmp_path / "t" / "neighbours.safetensors").unlink()
+    code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "neighbour facts' trace" in out and "not there" in out, out
     code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)
     assert code == 2 and "--n-facts" in out, out
 

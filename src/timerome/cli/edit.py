@@ -158,7 +158,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
         traced = TraceResult.load(trace_file)
         traced.check_model(bb, trace_file)
-        layer = select(traced, (module,)).layer
+        neighbours, beta = traced.recorded_neighbours(trace_file)  # `trace --neighbours --beta`: the penalty it chose with
+        if neighbours is not None:
+            neighbours.check_model(bb, f"the neighbour trace beside {trace_file}")
+        layer = select(traced, (module,), neighbours, beta).layer
     elif layer is not None and not -bb.n_layers <= layer < bb.n_layers:
         raise TimeromeError(f"--layer must lie in 0..{bb.n_layers - 1} (or -{bb.n_layers}..-1, counted from the "
                             f"top, as the API reads it), got {layer}")

@@ -95,10 +95,16 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
+    penalised = other is not None and beta > 0
+    if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
+        result.settings = dict(result.settings, beta=float(beta), neighbours=str(neighbours),
+                               neighbours_file="neighbours.safetensors")
     path = result.save(out / "trace.safetensors")
     # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
     files = dict(result.files(path),  # heatmap.png: the name the demo writes
                  heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))
+    if penalised:
+        files.update(other.files(other.save(out / "neighbours.safetensors"), "neighbours"))
     if per_fact:
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")

@@ -92,9 +92,10 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
                      lambda: load(path) if path.is_file() and meta_path(path).is_file() else None, traced)
 
 
-def select(result: TraceResult, modules=("resid",)):
-    """Best candidate among `modules` of a trace (all modules when None): a selection.Candidate."""
-    return select_coordinate(result, modules=modules).best
+def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | None = None, beta: float = 0.0):
+    """Best candidate among `modules` of a trace (all modules when None), with the neighbour penalty
+    beta x the neighbours' mean |TIE| when given: a selection.Candidate."""
+    return select_coordinate(result, neighbours, beta, modules=modules).best
 
 
 def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:

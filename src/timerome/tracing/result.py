@@ -123,6 +123,26 @@ class TraceResult(TraceFile):
                            self.fact_ids, tuple(self.modules[i] for i in keep), self.layers, self.settings,
                            self.facts, self.stats)
 
+    def recorded_neighbours(self, path) -> tuple["TraceResult | None", float]:
+        """The neighbour trace and beta this trace's coordinate was selected with (`timerome trace
+        --neighbours --beta` saves the neighbours' trace beside it and names it in the settings), so
+        that `edit --trace` picks the coordinate the trace printed; (None, 0.0) when none was."""
+        name, beta = self.settings.get("neighbours_file"), self.settings.get("beta", 0.0)
+        if name is None:
+            return None, 0.0
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):
+            raise TimeromeError(f"{path}: settings.neighbours_file must be the name of a .safetensors file beside it, "
+                                f"got {shown(name)} (was its JSON edited by hand?)")
+        if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta >= 0):
+            raise TimeromeError(f"{path}: settings.beta must be a number >= 0, got {shown(beta)} (was its JSON "
+                                "edited by hand?)")
+        other = Path(path).parent / name
+        if not other.exists():
+            raise TimeromeError(f"{path} chose its coordinate with beta {beta:g} against the neighbour facts' trace "
+                                f"{other}, which is not there: keep the two together (as `timerome trace` wrote them), "
+                                "or trace again")
+        return TraceResult.load(other), float(beta)
+
     # ------------------------------------------------------------------ the file
 
     def save(self, path: str | Path) -> Path:
