@@ -517,6 +517,28 @@ def test_reproducible_by_seed(bb, traced, tmp_path):
     assert not torch.equal(other.tie, traced.tie)
 
 
+def test_the_heatmap_draws_what_selection_ranks_and_refuses_another_traces_box(bb, traced, tmp_path):
+    """The box and its number are the largest mean |TIE|, which the signed mean did not show (a cell
+    whose facts disagree in sign is pale there): a second row draws mean |TIE|. A candidate selected
+    on another trace drew its box and number on this one's heatmap."""
+    from matplotlib.image import imread
+
+    from timerome.engine.coordinate import Coordinate
+    from timerome.errors import TimeromeError
+    from timerome.tracing.selection import select_coordinate
+
+    one = imread(plot_heatmaps(traced, tmp_path / "f.png", fact=0))
+    two = imread(plot_heatmaps(traced, tmp_path / "m.png"))
+    assert two.shape[0] > 1.5 * one.shape[0]  # the mean has its |TIE| row
+    other = trace(bb, FACTS, seed=1, **FAST)
+    with pytest.raises(TimeromeError, match="selected on another trace"):
+        plot_heatmaps(traced, tmp_path / "x.png", selected=select_coordinate(other).best)
+    best = select_coordinate(traced).best
+    plot_heatmaps(traced, tmp_path / "ok.png", selected=Coordinate(best.layer, best.module, best.step))
+    with pytest.raises(TimeromeError, match="not a cell of this trace"):
+        plot_heatmaps(traced, tmp_path / "y.png", selected=Coordinate(best.layer, best.module, None))
+
+
 def test_save_load_roundtrip(traced, tmp_path):
     path = traced.save(tmp_path / "out" / "trace")
     assert path.name == "trace.safetensors" and path.with_suffix(".json").exists()

@@ -2,9 +2,10 @@
 the positional trace's as ROME draws them (token x layer, one panel per module); and the two side
 by side on the same facts (`plot_compare`, the paper's Figure "heatmap_compare").
 
-Drawn with matplotlib's Agg canvas directly (no pyplot state, works headless). The panels share
-one symmetric colour scale, because TIE is signed and the modules are compared against each other
-(attn / mlp alone are usually much weaker than resid). The outlined cell is the selected
+Drawn with matplotlib's Agg canvas directly (no pyplot state, works headless). The panels of a row
+share one colour scale (symmetric for the signed TIE), because the modules are compared against
+each other (attn / mlp alone are usually much weaker than resid); the mean over facts adds a row of
+mean |TIE|, the quantity selection ranks. The outlined cell is the selected
 coordinate (`selection.select_coordinate`: the largest mean |TIE| over facts; for one fact, its
 largest |TIE|), or the `selected` candidate given: the same one the trace command prints and edits.
 The same result gives the same PNG bytes (no timestamp, no version string in the file).
@@ -27,60 +28,91 @@ ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's fig
 def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
                   dpi: int = 110, selected=None) -> Path:
     """Write the heatmaps of the mean over facts (fact=None) or of one fact (index or id) to path;
-    `selected` (a selection.Candidate) is outlined, by default the selection's best."""
+    `selected` (a selection.Candidate) is outlined, by default the selection's best.
+
+    The mean over facts has two rows: the signed mean TIE_bar (the paper's figure) and the mean
+    |TIE_bar| that selection ranks (a cell whose facts disagree in sign is pale in the first and may
+    be the box: the second shows why). One fact has one row, its signed TIE_bar, boxed at its largest
+    |TIE_bar|."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     if fact is None:
         data, what = result.mean(), f"mean over {len(result.fact_ids)} facts"
+        ranked = result.tie.abs().mean(0)
         selected = selected or select_coordinate(result).best
     else:
         i = result.fact_index(fact)
-        data, what = result.tie[i], f"fact {result.fact_ids[i]}"
+        data, what, ranked = result.tie[i], f"fact {result.fact_ids[i]}", None
         selected = selected or per_fact_best(result)[i]
+    magnitude = data.abs() if ranked is None else ranked  # what the box's number is
     if isinstance(selected, Coordinate):  # a Coordinate (not the Candidate select_coordinate gives): its cell
-        selected = _cell(result, selected, data)
+        selected = _cell(result, selected, data, magnitude)
+    _check_selected(result, selected, magnitude)
     if Path(path).is_dir():
         raise TimeromeError(f"{path} is a folder: give the heatmap's file name (e.g. {Path(path) / 'heatmap.png'})")
-    data = data.float().numpy()  # [M, Ly, K]
-    M, Ly, K = data.shape
-    vmax = float(abs(data).max()) or 1.0  # all-zero maps still get a valid scale
+    rows = [(data.float().numpy(), "RdBu_r", "mean TIE (nats)" if fact is None else "TIE (nats)", True)]
+    if ranked is not None:
+        rows.append((ranked.float().numpy(), "Purples", "mean |TIE| (nats),\nwhat selection ranks", False))
+    M, Ly, K = rows[0][0].shape
     box_m, box_l = result.modules.index(selected.module), result.layers.index(selected.layer)
-    fig = Figure(figsize=(2.2 + 2.6 * M, 1.6 + 0.32 * max(Ly, 4)), layout="constrained")
+    fig = Figure(figsize=(2.2 + 2.6 * M, (1.6 + 0.32 * max(Ly, 4)) * (1 + 0.8 * (len(rows) - 1))),
+                 layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, M, squeeze=False)[0]
-    for m, ax in enumerate(axes):
-        im = ax.imshow(data[m], origin="lower", aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax,
-                       interpolation="nearest")
-        ax.set_title(TITLES.get(result.modules[m], result.modules[m]), fontsize=10)
-        ax.set_xlabel("denoising step k")
-        ax.set_xticks(range(K))
-        ax.set_yticks(range(Ly), [str(l) for l in result.layers])
-        if m == 0:
-            ax.set_ylabel("layer")
-        if m == box_m:
-            ax.add_patch(Rectangle((selected.step - 0.5, box_l - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
-    fig.colorbar(im, ax=list(axes), label="TIE (nats)")
+    grid = fig.subplots(len(rows), M, squeeze=False)
+    for r, (values, cmap, label, signed) in enumerate(rows):
+        vmax = float(abs(values).max()) or 1.0  # all-zero maps still get a valid scale
+        for m, ax in enumerate(grid[r]):
+            im = ax.imshow(values[m], origin="lower", aspect="auto", cmap=cmap, vmin=-vmax if signed else 0.0,
+                           vmax=vmax, interpolation="nearest")
+            if r == 0:
+                ax.set_title(TITLES.get(result.modules[m], result.modules[m]), fontsize=10)
+            if r == len(rows) - 1:
+                ax.set_xlabel("denoising step k")
+            ax.set_xticks(range(K))
+            ax.set_yticks(range(Ly), [str(l) for l in result.layers])
+            if m == 0:
+                ax.set_ylabel("layer")
+            if m == box_m:
+                ax.add_patch(Rectangle((selected.step - 0.5, box_l - 0.5), 1, 1, fill=False, lw=1.5, ec="black"))
+        fig.colorbar(im, ax=list(grid[r]), label=label)
     s = result.settings
+    penalty = (f" - {s['beta']:g} x neighbours' = {selected.score:.3g}"
+               if fact is None and selected.neighbour_abs_tie and s.get("beta") else "")
     fig.suptitle(title or f"diffusion-time TIE, {what}  (sigma={s.get('sigma', float('nan')):.3g}, "
                  f"tau={s.get('tau')}, {s.get('n_samples')} noise samples)\nbox: layer {selected.layer} "
                  f"{selected.module} step {selected.step}, {'mean ' if fact is None else ''}|TIE| "
-                 f"{selected.mean_abs_tie:.3g} nats", fontsize=10)
+                 f"{selected.mean_abs_tie:.3g} nats{penalty}", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
     return path
 
 
-def _cell(result, c: Coordinate, data):
+def _check_selected(result, selected, magnitude) -> None:
+    """A Candidate to outline must be a cell of this trace whose |TIE| is this trace's there (a candidate
+    of another trace would put its box and its number on this one's heatmap)."""
+    M, Ly, K = magnitude.shape
+    if not (hasattr(selected, "coordinate") and selected.module in result.modules and selected.layer in result.layers
+            and isinstance(selected.step, int) and 0 <= selected.step < K):
+        raise TimeromeError(f"selected must be a cell of this trace (a Candidate of select_coordinate on it, or a "
+                            f"Coordinate with a step), got {selected!r}")
+    at = (result.modules.index(selected.module), result.layers.index(selected.layer), selected.step)
+    drawn = float(magnitude[at])
+    if abs(drawn - selected.mean_abs_tie) > 1e-4 * max(1.0, abs(drawn)):
+        raise TimeromeError(f"selected's |TIE| {selected.mean_abs_tie:.4g} is not this trace's {drawn:.4g} at layer "
+                            f"{selected.layer} {selected.module} step {selected.step}: it was selected on another trace")
+
+
+def _cell(result, c: Coordinate, data, magnitude):
     """The Candidate of the trace's cell at Coordinate c (a layer, module and step it traced)."""
     M, Ly, K = data.shape
     if c.step is None or c.point not in result.modules or c.layer not in result.layers or not 0 <= c.step < K:
         raise TimeromeError(f"selected {c} is not a cell of this trace (modules {', '.join(result.modules)}, layers "
                             f"{result.layers[0]}..{result.layers[-1]}, steps 0..{K - 1}; a step is needed)")
     flat = (result.modules.index(c.point) * Ly + result.layers.index(c.layer)) * K + c.step
-    return _candidate(result, flat, data, data.abs(), torch.zeros_like(data))
+    return _candidate(result, flat, data, magnitude, torch.zeros_like(data))
 
 
 def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path]:
