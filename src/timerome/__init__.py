@@ -17,6 +17,7 @@ _LAZY = {
     "generate": "timerome.engine.sampler", "log_likelihood": "timerome.engine.likelihood",
     "trace": "timerome.tracing.causal_trace", "TraceResult": "timerome.tracing.result",
     "select_coordinate": "timerome.tracing.selection", "per_fact_best": "timerome.tracing.selection",
+    "runner_up": "timerome.tracing.selection",
     "plot_heatmaps": "timerome.tracing.heatmaps",
     "EditMemory": "timerome.memory.edit_memory", "GatedEdit": "timerome.memory.gated_edit",
     "forget_task": "timerome.data.task", "ForgetTask": "timerome.data.task", "requests_task": "timerome.data.task",

@@ -179,6 +179,7 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     assert code == 0, out
     sel = json.loads((tmp_path / "t" / "selection.json").read_text())
     assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
+    assert sel["runner_up"]["layer"] != sel["edit"]["layer"] and sel["runner_up"]["margin"] >= 0
     plain = select_coordinate(TraceResult.load(tmp_path / "t" / "trace.safetensors"), modules=("resid",)).best
     assert plain.layer != sel["edit"]["layer"]  # the penalty moves this choice: what the edit must follow
     code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors", "--json")

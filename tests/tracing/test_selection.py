@@ -68,3 +68,30 @@ def test_the_neighbour_penalty_is_refused_where_it_cannot_act():
     with pytest.raises(TimeromeError, match="every penalised score is <= 0"):  # a tie-break would name layer 0
         select_coordinate(result(tie), result(tie), beta=1.0)
     assert select_coordinate(result(tie), result(tie), beta=0.5).best.score == pytest.approx(1.0)
+
+
+def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_error():
+    """The choice between two layers 0.1 nats apart moved with the seed and the facts' order (stop 61's
+    audit): the trace now reports the runner-up's margin and its standard error over the facts."""
+    from timerome.tracing.selection import runner_up
+
+    tie = torch.zeros(4, 2, 3, 4)
+    tie[:, 0, 1, 2] = torch.tensor([6.0, 2.0, 6.0, 2.0])   # resid layer 1: mean 4, facts disagree
+    tie[:, 0, 1, 3] = 3.9                                  # the same layer at another step: not another edit
+    tie[:, 0, 0, 1] = torch.tensor([3.0, 5.0, 3.0, 4.6])   # resid layer 0: mean 3.9
+    r = result(tie.clone())
+    best = select_coordinate(r, modules=("resid",)).best
+    second = runner_up(r, best, modules=("resid",))
+    assert (best.layer, second["layer"], second["step"]) == (1, 0, 1)
+    d = torch.tensor([3.0, -3.0, 3.0, -2.6], dtype=torch.float64)
+    assert second["margin"] == pytest.approx(0.1, abs=1e-6)
+    assert second["margin_se"] == pytest.approx(float(d.std() / 2), rel=1e-6) and second["within_noise"]
+    tie[:, 0, 0, 1] = torch.tensor([1.0, 1.1, 0.9, 1.0])   # far behind on every fact
+    far = runner_up(result(tie), best, modules=("resid",))
+    assert far["margin"] == pytest.approx(3.0) and not far["within_noise"]
+    n = result(torch.ones(4, 2, 3, 4))                     # the neighbours' term joins the spread, times beta
+    with_n = runner_up(r, select_coordinate(r, n, beta=0.5, modules=("resid",)).best, n, 0.5, modules=("resid",))
+    assert with_n["margin"] == pytest.approx(0.1, abs=1e-6) and with_n["margin_se"] == pytest.approx(second["margin_se"])
+    assert runner_up(result(tie[:, :, :1], layers=(0,)), select_coordinate(result(tie[:, :, :1], layers=(0,)),
+                                                                           modules=("resid",)).best,
+                     modules=("resid",)) is None  # one layer: no other edit

@@ -47,7 +47,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     --positional, ROME's positional trace and the layer ROME would edit."""
     from timerome.tracing.causal_trace import refuse_causal, trace
     from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
-    from timerome.tracing.selection import per_fact_best, select_coordinate
+    from timerome.tracing.selection import per_fact_best, runner_up, select_coordinate
 
     if n_facts < 1:
         raise TimeromeError(f"--n-facts must be >= 1, got {n_facts}")
@@ -109,8 +109,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")
     files["selection"] = str(out / "selection.json")
+    second = runner_up(result, chosen, other, beta, modules=("resid",) if "resid" in result.modules else None)
     sel = dict(best=best.as_dict(), edit=chosen.edit_dict(), top=[c.as_dict() for c in top],
-               per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta)
+               per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta, runner_up=second)
     write_json(out / "selection.json", sel)
     if as_json:
         print_json(dict(sel, files=files))
@@ -125,6 +126,18 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     console.print(t)
     console.print(f"edit coordinate: layer {chosen.layer} {chosen.module}, every step ({objective} "
                   f"{chosen.score:.3f} at step {chosen.step}); `timerome edit --trace` uses it")
+    if second is not None:
+        lead = (f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
+                f"({second['score']:.3f}), by {second['margin']:.3f}")
+        if second["margin_se"] != second["margin_se"]:
+            console.print(f"{lead} (one fact: no spread to compare it with)")
+        elif second["within_noise"]:
+            err_console.print(f"[yellow]note:[/] {lead}, within the trace's noise (standard error "
+                              f"{second['margin_se']:.3f} over {len(result.fact_ids)} facts): another --seed, "
+                              "another order of the facts or other facts may choose the runner-up; trace more facts "
+                              "or more --n-samples to tell them apart", soft_wrap=True)
+        else:
+            console.print(f"{lead} (standard error {second['margin_se']:.3f} over {len(result.fact_ids)} facts)")
     console.print(f"wrote {', '.join(files.values())}")
 
 

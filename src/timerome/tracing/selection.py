@@ -99,6 +99,37 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     return Selection(ranked[0], ranked)
 
 
+def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modules=None) -> dict | None:
+    """The best-ranked cell of another (layer, module) than `best` (another edit: the edit keeps only
+    those), and how far `best` leads it: the objective's difference, with its standard error over
+    the facts (paired: each fact's |TIE_bar| at the two cells; the neighbours' term alike, times beta).
+    A margin under two standard errors is within the trace's noise: another seed, another order of
+    the facts or other facts may choose the runner-up. None when no other cell exists."""
+    if modules is not None:
+        result = result.only(modules)
+        neighbours = neighbours.only(modules) if neighbours is not None else None
+    score, own, other = objective(result, neighbours, beta)
+    order = torch.sort(score.flatten(), descending=True, stable=True).indices.tolist()
+    ranked = (_candidate(result, i, score, own, other) for i in order)
+    second = next((c for c in ranked if (c.layer, c.module) != (best.layer, best.module)), None)
+    if second is None:
+        return None
+
+    def at(tie, c):  # every fact's |TIE_bar| at candidate c
+        return tie[:, result.modules.index(c.module), result.layers.index(c.layer), c.step].abs().double()
+
+    def se(d):
+        return float(d.std(unbiased=True) / d.numel() ** 0.5) if d.numel() > 1 else float("nan")
+
+    d = at(result.tie, best) - at(result.tie, second)
+    var = se(d) ** 2
+    if neighbours is not None and beta > 0:
+        var += (beta * se(at(neighbours.tie, best) - at(neighbours.tie, second))) ** 2
+    margin, margin_se = best.score - second.score, var ** 0.5
+    return dict(second.as_dict(), margin=margin, margin_se=margin_se,
+                within_noise=bool(margin_se == margin_se and margin < 2 * margin_se))
+
+
 def per_fact_best(result) -> list[Candidate]:
     """For each fact, its argmax of |TIE_bar| (score = the signed TIE_bar there)."""
     out = []
