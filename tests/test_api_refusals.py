@@ -53,6 +53,36 @@ def test_heatmaps_take_a_coordinate_and_refuse_a_folder(bb, task, tmp_path):
         timerome.plot_heatmaps(r, tmp_path)
 
 
+def test_trace_and_selection_arguments_that_were_taken_silently(bb, task):
+    """Stop 61's audit of the trace: positional_trace saved seed -1 and truncated 1.5; layers=[True]
+    traced layer 1; tau -5 turned the decay into growth; modules="mlpattn" matched as a substring and a
+    misspelt module was left out; top=True was 1; neighbours traced at their own noise scale were
+    penalised against the facts' as if alike."""
+    from timerome.tracing.positional_trace import positional_trace
+
+    for kw, match in ((dict(seed=-1), "seed"), (dict(seed=1.5), "seed"), (dict(layers=[True]), "layers")):
+        with pytest.raises(TimeromeError, match=match):
+            positional_trace(bb, task.facts[:1], n_samples=1, progress=False, **kw)
+    with pytest.raises(TimeromeError, match="load_backbone"):
+        positional_trace("x", task.facts[:1])
+    with pytest.raises(TimeromeError, match="tau"):
+        timerome.trace(bb, task.facts[:1], tau=-5, progress=False)
+    r = timerome.trace(bb, task.facts[:2], steps=3, n_samples=1, seed=0, progress=False)
+    for modules in ("mlpattn", ("resid", "bogus")):
+        with pytest.raises(TimeromeError, match="covers modules resid, attn, mlp, not"):
+            timerome.select_coordinate(r, modules=modules)
+    assert timerome.select_coordinate(r, modules="resid").best.module == "resid"  # one name is one module
+    with pytest.raises(TimeromeError, match="top must be"):
+        timerome.select_coordinate(r, top=True)
+    own_sigma = timerome.trace(bb, task.facts[2:4], steps=3, n_samples=1, seed=0, progress=False,
+                               sigma=1.1 * r.settings["sigma"])  # as the s3 rule gives other subjects their own
+    with pytest.raises(TimeromeError, match="neighbour trace has sigma"):
+        timerome.select_coordinate(r, own_sigma, beta=1.0)
+    alike = timerome.trace(bb, task.facts[2:4], steps=3, n_samples=1, seed=0, progress=False,
+                           sigma=r.settings["sigma"])
+    assert timerome.select_coordinate(r, alike, beta=0.5).best.neighbour_abs_tie >= 0
+
+
 def test_evaluation_inputs_that_read_nothing_or_everything(bb):
     with pytest.raises(TimeromeError, match="the forget split is empty"):
         timerome.evaluate(bb, {"forget": []}, n_mc=2, rouge=False)

@@ -73,16 +73,16 @@ def model_copy(dst: Path, config=None, weights=None) -> Path:
     return dst
 
 
-def trace_copy(src: Path, dst: Path, *, tensors=None, meta=None) -> Path:
+def trace_copy(src: Path, dst: Path, *, tensors=None, meta=None, name: str = "trace") -> Path:
     """A copy of a trace (safetensors + JSON) with tensors (dict -> dict) or its JSON (dict -> value) changed."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir()
-    t = load_file(str(src / "trace.safetensors"))
-    save_file(tensors(t) if tensors else t, str(dst / "trace.safetensors"))
-    m = json.loads((src / "trace.json").read_text())
-    (dst / "trace.json").write_text(json.dumps(meta(m) if meta else m))
-    return dst / "trace.safetensors"
+    t = load_file(str(src / f"{name}.safetensors"))
+    save_file(tensors(t) if tensors else t, str(dst / f"{name}.safetensors"))
+    m = json.loads((src / f"{name}.json").read_text())
+    (dst / f"{name}.json").write_text(json.dumps(meta(m) if meta else m))
+    return dst / f"{name}.safetensors"
 
 
 def _set(ts: dict, name: str, value) -> dict:
@@ -207,6 +207,16 @@ def files(tmp_path_factory):
         if isinstance(m, dict):
             m["settings"]["fingerprint"] = load_backbone().fingerprint()
             f[k].with_suffix(".json").write_text(json.dumps(m))
+    # positional traces were read unchecked (stop 61's audit): NaN / inf effects, shapes against the JSON, int64
+    res = runner.invoke(app, ["trace", "--positional", "--n-facts", "1", "--n-samples", "1", "-o", str(d / "pos")])
+    assert res.exit_code == 0, res.output
+    pos = d / "pos"
+    f["pos_nan"] = trace_copy(pos, d / "pos_nan", name="positional",
+                              tensors=lambda t: _set(t, "effect", lambda x: x.index_fill(0, torch.tensor([0]), torch.inf)))
+    f["pos_shape"] = trace_copy(pos, d / "pos_shape", name="positional", meta=lambda m: {**m, "layers": m["layers"][:-1]})
+    f["pos_int"] = trace_copy(pos, d / "pos_int", name="positional",
+                              tensors=lambda t: _set(t, "effect", lambda x: x.nan_to_num(0).to(torch.int64)))
+    f["pos_facts"] = trace_copy(pos, d / "pos_facts", name="positional", meta=lambda m: {**m, "facts": []})
     (d / "tr_pipe").mkdir()  # a trace whose tensors are a named pipe, its JSON a good one
     shutil.copy(tr / "trace.json", d / "tr_pipe" / "trace.json")
     os.mkfifo(d / "tr_pipe" / "trace.safetensors")
@@ -381,6 +391,10 @@ def catalogue(f, tmp):
         ("trace tensor int64", ["edit", "--trace", f["tr_int"], "-o", out], "int64"),
         ("trace JSON a list", ["edit", "--trace", f["tr_list"], "-o", out], "JSON object"),
         ("trace layer out of range", ["edit", "--trace", f["tr_layer"], "-o", out], "layer 99"),
+        ("positional trace with an infinite effect", ["edit", "--trace", f["pos_nan"], "-o", out], "non-finite"),
+        ("positional trace shape against its JSON", ["edit", "--trace", f["pos_shape"], "-o", out], "shape"),
+        ("positional trace tensor int64", ["edit", "--trace", f["pos_int"], "-o", out], "int64"),
+        ("positional trace without its facts' tokens", ["edit", "--trace", f["pos_facts"], "-o", out], "0 facts' tokens"),
         # round 3 (stop 44): options the command would not read, and repeats, refused instead of ignored
         ("--layer beside --trace", ["edit", "--trace", f["trace_other"], "--layer", "1", "-o", out], "--trace"),
         ("--q for the codebook", ["edit", "--method", "codebook", "--q", "5", "-o", out], "--q"),

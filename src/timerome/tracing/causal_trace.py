@@ -59,11 +59,10 @@ def refuse_causal(backbone) -> None:
 def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
     refuse_causal(backbone)
     integer(steps, "steps", lo=1)
-    number(tau, "tau")
-    check_seed(seed, "seed")
+    number(tau, "tau (the decay rate of the later steps' weights exp(-tau (k' - k)); 0: equal weights)", lo=0)
     if readout not in READOUTS:
         raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
-    modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
+    modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
     F, C = len(facts), len(modules) * len(layers)
     # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
     budget(f"tracing {F} facts over {steps} steps", F * (1 + n_samples + n_samples * C * (steps + 1) / 2) * (steps + 1),
@@ -73,8 +72,9 @@ def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch
     return modules, layers
 
 
-def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size):
+def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed):
     """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
+    check_seed(seed, "seed")
     integer(n_samples, "n_samples", lo=1)
     number(sigma, "sigma", lo=0, none=True)  # 0 corrupts nothing (every TIE 0: a check of the engine, never selected)
     if isinstance(modules, str):
@@ -85,7 +85,7 @@ def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
         raise TimeromeError(f"modules must be distinct names from {', '.join(HOOK_POINTS)}; got {list(modules)}")
     n = backbone.n_layers
     layers = list(range(n)) if layers is None else [layers] if isinstance(layers, int) else list(layers)
-    if not layers or any(not isinstance(l, int) or not -n <= l < n for l in layers):
+    if not layers or any(not isinstance(l, int) or isinstance(l, bool) or not -n <= l < n for l in layers):
         raise TimeromeError(f"layers must be integers in [0, {n}) (the model has {n} layers); got {layers}")
     layers = [l % n for l in layers]
     if len(set(layers)) != len(layers):

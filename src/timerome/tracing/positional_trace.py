@@ -37,13 +37,15 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import HOOK_POINTS
+from timerome.common.checks import finite_tensor, shown
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.errors import TimeromeError
+from timerome.backbones.backbone import model_arg
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
-from timerome.tracing.result import TraceFile, meta_path
+from timerome.tracing.result import TraceFile, _check_meta, meta_path, module_names
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join
 
 WINDOW = 10  # ROME's window of restored attn / mlp layers
@@ -99,14 +101,51 @@ class PositionalTrace(TraceFile):
 
     @classmethod
     def load(cls, path: str | Path) -> "PositionalTrace":
+        """Read a saved positional trace, checked as a TIE trace is (`result._check_meta`): its JSON, its
+        facts' prompt lengths and subject positions, its tensors (float32 / float64, of the shapes the
+        JSON names, finite where a fact has tokens, probabilities in [0, 1])."""
         def build(t, meta):
-            if meta.get("kind") != cls.KIND:
-                raise ValueError(f"its kind is {meta.get('kind')!r}, not a positional trace")
-            return cls(t["effect"], t["clean_p"], t["corrupted_p"], list(meta["fact_ids"]), tuple(meta["modules"]),
-                       list(meta["layers"]), dict(meta["settings"]), list(meta.get("facts", [])),
+            if not isinstance(meta, dict) or meta.get("kind") != cls.KIND:
+                raise TimeromeError(f"{path}: its kind is {meta.get('kind') if isinstance(meta, dict) else None!r}, "
+                                    "not a positional trace")
+            fact_ids, modules, layers, settings = _check_meta(meta, meta_path(path))
+            facts = list(meta.get("facts", []))
+            _check_tensors(t, fact_ids, modules, layers, facts, path)
+            return cls(t["effect"], t["clean_p"], t["corrupted_p"], fact_ids, tuple(modules), layers, settings, facts,
                        dict(meta.get("stats", {})))
 
         return cls.read(path, "positional trace", build)
+
+
+def _check_tensors(t: dict, fact_ids, modules, layers, facts, where) -> None:
+    F, M, Ly = len(fact_ids), len(modules), len(layers)
+    missing = [k for k in ("effect", "clean_p", "corrupted_p") if k not in t]
+    if missing:
+        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a positional trace")
+    for name in ("effect", "clean_p", "corrupted_p"):
+        if t[name].dtype not in (torch.float32, torch.float64):
+            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a positional "
+                                "trace stores float32 (was the file converted?)")
+    effect, T = t["effect"], t["effect"].shape[-1] if t["effect"].dim() == 4 else -1
+    N = t["corrupted_p"].shape[-1] if t["corrupted_p"].dim() == 2 else -1
+    for name, shape in dict(effect=(F, M, Ly, T), clean_p=(F,), corrupted_p=(F, N)).items():
+        if tuple(t[name].shape) != shape or T < 1 or N < 1:
+            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} facts, "
+                                f"{M} modules and {Ly} layers, so it must be {shape} (the two files do not belong "
+                                "together, or one was edited)")
+    if len(facts) != F:
+        raise TimeromeError(f"{where}: its JSON lists {len(facts)} facts' tokens for {F} fact ids (was it edited?)")
+    for f, info in enumerate(facts):
+        P, subject = (info.get("prompt_length"), info.get("subject_positions")) if isinstance(info, dict) else (None, None)
+        if not (isinstance(P, int) and not isinstance(P, bool) and 1 <= P <= T and isinstance(subject, list) and subject
+                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < P for i in subject)):
+            raise TimeromeError(f"{where}: fact {f} needs a prompt_length in 1..{T} and subject_positions inside it, "
+                                f"got {shown(P)} and {shown(subject)} (was its JSON edited?)")
+        finite_tensor(effect[f, ..., :P], f"{where}: tensor effect (fact {f}, its {P} prompt tokens)")
+    for name in ("clean_p", "corrupted_p"):
+        finite_tensor(t[name], f"{where}: tensor {name}")
+        if bool(((t[name] < 0) | (t[name] > 1)).any()):
+            raise TimeromeError(f"{where}: tensor {name} holds values outside [0, 1]; it is a probability")
 
 
 def is_positional(path: str | Path) -> bool:
@@ -150,9 +189,8 @@ def select_positional(result: PositionalTrace, modules=("mlp",), category: str =
     is largest (ROME edits the MLP at the last subject token); ties go to the lower layer."""
     if category not in CATEGORIES:
         raise TimeromeError(f"unknown category {category!r}; one of {', '.join(CATEGORIES)}")
-    keep = [i for i, m in enumerate(result.modules) if m in tuple(modules)]
-    if not keep:
-        raise TimeromeError(f"the positional trace covers modules {result.modules}, none of {tuple(modules)}")
+    modules = module_names(modules, result.modules, "the positional trace")
+    keep = [i for i, m in enumerate(result.modules) if m in modules]
     scores = result.mean()[keep][:, :, CATEGORIES.index(category)]  # [M', Ly]
     seen = scores[torch.isfinite(scores)]
     if not seen.numel() or not bool(seen.ne(0).any()):  # a tie-break would name layer 0
@@ -175,10 +213,10 @@ def window_layers(layer: int, kind: str, n_layers: int, window: int) -> list[int
     return list(range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2))))
 
 
-def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size):
-    if not isinstance(window, int) or window < 1:
+def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed):
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise TimeromeError(f"window must be an integer >= 1, got {window!r}")
-    return check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size)
+    return check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
 
 
 @torch.no_grad()
@@ -197,8 +235,9 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
 
     if backbone is None:
         backbone = load_backbone()
+    model_arg(backbone, "positional_trace's backbone")
     facts = default_facts() if facts is None else fact_list(facts)
-    modules, layers = _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size)
+    modules, layers = _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
     T = max(len(it.prompt_ids) for it in items)
     effect = torch.full((len(items), len(modules), len(layers), T), torch.nan)

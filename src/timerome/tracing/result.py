@@ -115,10 +115,10 @@ class TraceResult(TraceFile):
         return self.tie.mean(0)
 
     def only(self, modules) -> "TraceResult":
-        """The same result restricted to `modules` (in their order in the trace)."""
+        """The same result restricted to `modules` (names of the trace's modules, or one name; in their
+        order in the trace)."""
+        modules = module_names(modules, self.modules, "the trace")
         keep = [i for i, m in enumerate(self.modules) if m in modules]
-        if not keep:
-            raise TimeromeError(f"the trace covers modules {self.modules}, none of {tuple(modules)}")
         return TraceResult(self.tie[:, keep], self.tie_full[:, keep], self.clean_logp, self.corrupted_logp,
                            self.fact_ids, tuple(self.modules[i] for i in keep), self.layers, self.settings,
                            self.facts, self.stats)
@@ -169,6 +169,18 @@ class TraceResult(TraceFile):
         _check_tensors(t, len(fact_ids), len(modules), len(layers), settings, path)
         return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], fact_ids, tuple(modules), layers,
                    settings, list(meta.get("facts", [])), dict(meta.get("stats", {})))
+
+
+def module_names(modules, traced, what: str) -> tuple[str, ...]:
+    """`modules` (one name, or names) as a tuple, each one of `traced` (a misspelt name was left out, and
+    one string was read as its letters or matched as a substring)."""
+    modules = (modules,) if isinstance(modules, str) else modules
+    if not hasattr(modules, "__iter__") or not modules or not all(isinstance(m, str) for m in modules):
+        raise TimeromeError(f"modules must be names of {what}'s modules ({', '.join(traced)}), got {shown(modules)}")
+    unknown = [m for m in modules if m not in traced]
+    if unknown:
+        raise TimeromeError(f"{what} covers modules {', '.join(traced)}, not {', '.join(map(repr, unknown))}")
+    return tuple(modules)
 
 
 def _check_meta(meta, where) -> tuple[list, list, list, dict]:

@@ -73,7 +73,7 @@ def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor,
 def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
     """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
     restricts the choice (the paper's m* = resid: modules=("resid",))."""
-    if not isinstance(top, int) or top < 1:
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
     number(beta, "beta (the neighbour penalty)")
     if beta > 0 and neighbours is None:  # refused, not ignored (the CLI's --beta without --neighbours alike)
@@ -158,3 +158,13 @@ def _check_compatible(result, neighbours) -> None:
     fp, nfp = result.settings.get("fingerprint"), neighbours.settings.get("fingerprint")
     if fp and nfp and fp != nfp:
         raise TimeromeError(f"the neighbour trace was made on another model (fingerprint {nfp} != {fp})")
+    # the penalty compares like with like: the same noise scale (trace's default s3 rule gives each set of
+    # facts its own), the same decay and read-out; the number of noise samples only changes the noise
+    for key, hint in (("sigma", "sigma=result.settings['sigma']"), ("tau", "the same tau"),
+                      ("readout", "the same readout")):
+        a, b = result.settings.get(key), neighbours.settings.get(key)
+        differ = (abs(a - b) > 1e-6 * max(abs(a), abs(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float))
+                  else a != b)
+        if a is not None and b is not None and differ:
+            raise TimeromeError(f"the neighbour trace has {key} {b!r}, the trace {a!r}: the penalty must compare "
+                                f"like with like; trace the neighbours with {hint}")
