@@ -391,6 +391,8 @@ def catalogue(f, tmp):
         ("trace tensor int64", ["edit", "--trace", f["tr_int"], "-o", out], "int64"),
         ("trace JSON a list", ["edit", "--trace", f["tr_list"], "-o", out], "JSON object"),
         ("trace layer out of range", ["edit", "--trace", f["tr_layer"], "-o", out], "layer 99"),
+        ("generate of a blank prompt (the sampler now generates from ids of none)", ["generate", "Who ?", " "],
+         "prompt 2 is blank"),
         ("positional trace with an infinite effect", ["edit", "--trace", f["pos_nan"], "-o", out], "non-finite"),
         ("positional trace shape against its JSON", ["edit", "--trace", f["pos_shape"], "-o", out], "shape"),
         ("positional trace tensor int64", ["edit", "--trace", f["pos_int"], "-o", out], "int64"),

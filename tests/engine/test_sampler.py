@@ -217,9 +217,15 @@ def test_bad_inputs(kw, match):
         generate(ToyBackbone(), PROMPT, **args)
 
 
-def test_empty_prompt():
-    with pytest.raises(TimeromeError, match="empty"):
-        generate(ToyBackbone(), torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=8, block_length=8)
+def test_an_empty_prompt_generates_unconditionally_and_a_blank_text_or_no_row_is_refused():
+    """Ids of no token are an unconditional generation (lm-eval's empty context: a mask standing in for
+    it took a denoising step); a blank text is a mistake, and so is a batch of no rows."""
+    x = generate(ToyBackbone(), torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=8, block_length=8)
+    assert x.shape == (1, 8) and not bool((x == ToyBackbone().mask_id).any())
+    with pytest.raises(TimeromeError, match="prompt text is blank"):
+        generate(ToyBackbone(), "  ", steps=4, gen_length=8, block_length=8)
+    with pytest.raises(TimeromeError, match="no rows"):
+        generate(ToyBackbone(), torch.zeros(0, 3, dtype=torch.long), steps=4, gen_length=8, block_length=8)
 
 
 def test_bad_prompt_ids_are_refused_clearly():

@@ -191,6 +191,51 @@ def test_is_greedy_is_the_samplers_own_fill(bb, docs):
     assert greedy and not greedy2 and lp > lp2
 
 
+class Req:
+    def __init__(self, *args):
+        self.args = args
+
+
+def test_long_requests_the_context_cannot_hold_are_cut_as_lm_evals_models_cut_them(bb):
+    """Stop 61's audit: a rolling document of 512 tokens or more stopped the run (a window was
+    max_length + 1 tokens, read in one forward); a context + continuation over the context stopped
+    it too (lm-eval's HF models cut the oldest context tokens); rolling conditioned its first window
+    on BOS, a token the model never starts with, where loglikelihood("", text) conditions on the
+    sequence start."""
+    from timerome.engine.likelihood import log_likelihood_batch
+
+    lm = TimeromeLM(backbone=bb, n_mc=2, mc_batch=2, check_greedy=False)
+    long = " ".join(r["question"] + " " + r["answer"] for r in load_split("retain90", "embedded")[:60])
+    ids = bb.encode(long)
+    assert len(ids) > bb.max_length
+    (total,) = lm.loglikelihood_rolling([Req(long)], disable_tqdm=True)
+    assert total < 0 and total == total
+    short = "Isgor Quielson was born in Pellmoor ."
+    (rolled,) = lm.loglikelihood_rolling([Req(short)], disable_tqdm=True)
+    g = torch.Generator().manual_seed(pair_seed(0, json.dumps(bb.prompt_start), json.dumps(bb.encode(short))))
+    assert rolled == pytest.approx(float(log_likelihood_batch(bb, [bb.prompt_start], [bb.encode(short)], n_mc=2,
+                                                              batch_size=2, generator=g)[0]))
+    context = bb.decode(ids[: bb.max_length + 10])  # more than the model holds before the continuation
+    (lp, _), = lm.loglikelihood([Req(context, " " + short)], disable_tqdm=True)
+    ctx, cont = split_request(bb, context, " " + short)
+    kept = ctx[len(ctx) - (bb.max_length - len(cont)):]  # the most recent context tokens that fit
+    g = torch.Generator().manual_seed(pair_seed(0, context, " " + short))
+    assert lp == pytest.approx(float(log_likelihood_batch(bb, [kept], [cont], n_mc=2, batch_size=2, generator=g)[0]))
+    with pytest.raises(TimeromeError, match="does not fit the model's context"):
+        lm.loglikelihood([Req("Q", " " + long)], disable_tqdm=True)
+
+
+def test_an_empty_context_is_greedy_when_the_sampler_fills_the_continuation(bb):
+    """A mask standing in for the empty context took one of the n steps, so a continuation of more
+    than one token was never greedy (its last position was still a mask)."""
+    x = generate(bb, torch.zeros(1, 0, dtype=torch.long), steps=4, gen_length=4, block_length=4)
+    own = bb.tokenizer.decode(x[0].tolist())
+    lm = TimeromeLM(backbone=bb, n_mc=N_MC)
+    ((_, greedy),) = lm.loglikelihood([Req("", own)], disable_tqdm=True)
+    cont = split_request(bb, "", own)[1]
+    assert len(cont) > 1 and (greedy == (cont == x[0, :len(cont)].tolist())) and greedy
+
+
 def test_bad_model_args_are_one_clear_error(bb, tmp_path):
     with pytest.raises(TimeromeError, match="unknown model_args alphaa"):
         TimeromeLM(backbone=bb, alphaa=1.0)

@@ -245,6 +245,9 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     steps, block_length = (gen_length if steps is None else steps), (gen_length if block_length is None else block_length)
     remasking = SAMPLER.remasking if remasking is None else remasking
     cache = None if cache in (None, "none") else cache
+    blank = [str(i + 1) for i, p in enumerate(prompt) if not p.strip()]
+    if blank:  # the sampler generates from no prompt (ids of none); a blank argument is a slip
+        raise TimeromeError(f"prompt {', '.join(blank)} is blank: give the question to answer")
     check_options(steps, gen_length, block_length, temperature, remasking=remasking)  # before a model loads
     check_fast_options(cache, threshold, refresh_every, remasking)
     bb = model.load()

@@ -87,6 +87,7 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
              attention_mask: torch.Tensor | None = None, cache: str | None = None,
              threshold: float | None = None, refresh_every: int | None = None) -> torch.Tensor:
     """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
+    P = 0 (an empty id tensor) generates unconditionally; a blank text is refused.
 
     state: any object with an int `step`; set to k before the forwards of denoising step k
         (k = 0..steps-1; with a threshold, as many steps as the blocks take), and back to what it
@@ -344,6 +345,9 @@ def _screened_confidences(conf, picked, x0, masked, some, n_reveal, ranks, head:
 
 def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if isinstance(prompt_ids, str):  # text: the convenience most first calls expect
+        if not prompt_ids.strip():
+            raise TimeromeError("the prompt text is blank: give a question (an unconditional generation takes an "
+                                "empty id tensor, torch.zeros(1, 0, dtype=torch.long))")
         prompt_ids = backbone.encode_prompt(prompt_ids)
     if torch.is_tensor(prompt_ids) and prompt_ids.is_meta:
         raise TimeromeError(f"prompt_ids is on the meta device (a shape without token ids): it cannot be moved to "
@@ -361,10 +365,10 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
         prompt = prompt[None, :]
     if prompt.dim() != 2:
         raise TimeromeError(f"prompt_ids must be [batch, length] or [length], got shape {tuple(prompt.shape)}")
-    if prompt.shape[0] == 0 or prompt.shape[1] == 0:
-        raise TimeromeError("the prompt is empty: give at least one prompt token per row")
+    if prompt.shape[0] == 0:
+        raise TimeromeError("prompt_ids has no rows: give at least one prompt")
     vocab = getattr(backbone, "vocab_size", None)
-    if vocab is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
+    if vocab is not None and prompt.numel() and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
         raise TimeromeError(f"prompt token ids must lie in 0..{vocab - 1}; got {int(prompt.min())}..{int(prompt.max())}")
     return prompt.to(device)
 

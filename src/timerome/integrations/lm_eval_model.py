@@ -9,13 +9,16 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
   continuation given the context, split as lm-eval's own models split it (trailing spaces of the
   context move to the continuation; the continuation is what encoding the whole text adds after the
   context's tokens; both begin with the model's sequence start, `Backbone.prompt_start`, as lm-eval's
-  HF models keep the tokenizer's own special tokens). Each request draws its masks from a generator seeded by (seed, context,
+  HF models keep the tokenizer's own special tokens; a context too long for the model loses its
+  oldest tokens after that start, as lm-eval's HF models cut it). Each request draws its masks from a generator seeded by (seed, context,
   continuation) only (`pair_seed`), so a request's score depends on nothing else in the run and two
   operating points of one model see the same masks (paired). is_greedy (lambada-style accuracy):
   the sampler fills the continuation one token per step at temperature 0 and must reproduce it
   (`check_greedy=False` skips this and answers False, as LLaDA's default).
 - loglikelihood_rolling: lm-eval's disjoint rolling windows, each scored as above (a sum of ELBOs:
-  a lower bound on log p, like every MDLM likelihood here).
+  a lower bound on log p, like every MDLM likelihood here); the first window conditions on the
+  sequence start, as loglikelihood("", text) does, and a window's context and targets fit the
+  model's context together (one forward reads both: no next-token shift).
 - generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
   answer cut at the first stop sequence (and the end-of-text token); `cache=prefix|dual`,
   `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
@@ -45,6 +48,7 @@ from timerome.common.checks import integer, number
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.task import forget_task
+from timerome.engine.encoding import fit
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.likelihood import log_likelihood_batch
 from timerome.engine.sampler import check_fast_options, generate
@@ -173,6 +177,11 @@ class TimeromeLM(LM):
                 if (context, continuation) in done:
                     continue
                 ctx, cont = split_request(self.backbone, context, continuation)
+                if len(cont) >= self.backbone.max_length:  # a score of part of it would pass for the whole
+                    raise TimeromeError(f"a continuation of {len(cont)} tokens does not fit the model's context of "
+                                        f"{self.backbone.max_length} tokens with any context: {continuation[:60]!r}")
+                # a long context loses its oldest tokens (after the sequence start), as lm-eval's HF models cut it
+                ctx, cont, _ = fit(ctx, cont, self.backbone.max_length, len(self.backbone.prompt_start))
                 if cont:
                     g = torch.Generator().manual_seed(pair_seed(self.seed, context, continuation))
                     with torch.no_grad():
@@ -186,23 +195,24 @@ class TimeromeLM(LM):
 
     def _greedy(self, ctx: list[int], cont: list[int], state) -> bool:
         """Whether the sampler, one token per step at temperature 0, fills in exactly `cont`."""
-        n = len(cont)
-        x = generate(self.backbone, torch.tensor([ctx or [self.backbone.mask_id]]), steps=n, gen_length=n,
+        n = len(cont)  # an empty context generates unconditionally (a mask standing in for it took a step)
+        x = generate(self.backbone, torch.tensor([ctx], dtype=torch.long).view(1, len(ctx)), steps=n, gen_length=n,
                      block_length=n, state=state)
         return x[0, -n:].tolist() == list(cont)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         bb = self.backbone
-        tok = bb.tokenizer
-        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        # every window's context and targets are read in one forward (no next-token shift), so a window holds
+        # at most max_length tokens: the first conditions on the sequence start (as loglikelihood("", text)),
+        # the others on the token before their targets
+        room = bb.max_length - max(1, len(bb.prompt_start))
         out = []
         for r in requests:
             (text,) = r.args
             ids = bb.encode(text)
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                ids, prefix if prefix is not None else bb.mask_id, bb.max_length, 1)]
-            if windows and prefix is None:  # no BOS / EOS: the first window conditions on nothing
-                windows[0] = ([], windows[0][1])
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, bb.mask_id, room, 1)]
+            if windows:  # the placeholder prefix becomes the sequence start (none: the first window reads no context)
+                windows[0] = (list(bb.prompt_start), windows[0][1])
             total = 0.0
             check_stepless(self.edit, "lm-eval's loglikelihood_rolling")
             with self.active():
@@ -243,10 +253,12 @@ class TimeromeLM(LM):
         if room < 1:
             raise TimeromeError(f"gen_length {length} leaves no room for a prompt in the model's context of "
                                 f"{bb.max_length} tokens: pass a smaller gen_length")
-        prompt = bb.encode_prompt(context)[-room:] or [bb.mask_id]  # the most recent context, as lm-eval's models keep
+        # the most recent context, as lm-eval's models keep, after the sequence start (none: unconditional)
+        prompt, _, _ = fit(bb.encode_prompt(context), [0] * length, bb.max_length, len(bb.prompt_start))
         g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(kwargs, sort_keys=True,
                                                                                                    default=str)))
-        x = generate(bb, torch.tensor([prompt]), steps=steps, gen_length=length, block_length=block,
+        x = generate(bb, torch.tensor([prompt], dtype=torch.long).view(1, len(prompt)), steps=steps, gen_length=length,
+                     block_length=block,
                      temperature=temperature, cfg_scale=self.gen["cfg_scale"], remasking=self.gen["remasking"],
                      generator=g, state=state, cache=self.gen["cache"], threshold=self.gen["threshold"],
                      refresh_every=self.gen["refresh_every"])
