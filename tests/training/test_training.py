@@ -191,6 +191,12 @@ def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):
                               "--out", str(tmp_path / "ft"), "--json", "--no-checkpoint"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["eos_pad"] is True
+    assert trained_with_eos_padding(tmp_path / "ft") is True  # recorded: a second fine-tune keeps it (it fell off)
+    res = runner.invoke(app, ["--threads", "1", "train", "--model", str(tmp_path / "ft"), "--data",
+                              "embedded:forget01", "--epochs", "1", "--out", str(tmp_path / "ft3"), "--json",
+                              "--no-checkpoint"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eos_pad"] is True
     bare = tmp_path / "bare"  # the embedded default's files without its build record
     bare.mkdir()
     for f in DEFAULT_MODEL_DIR.iterdir():

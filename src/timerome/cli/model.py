@@ -100,7 +100,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           seed: int = 0,
           eos_pad: Optional[bool] = typer.Option(
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
-                                                   "the checkpoint's build_info.json records, else on when the tokenizer "
+                                                   "the checkpoint's build_info.json records (build-default and train write it), else on when the tokenizer "
                                                    "has EOS, off for other models of the embedded model's family)"),
           eos_extra: int = typer.Option(0, help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, "
                                                 "so that the number of EOS after an answer tells no answer apart"),
@@ -111,6 +111,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     is checkpointed in OUT/train-state; run the same command again after an interruption)."""
     import shutil
 
+    from timerome.common.cache import write_json
     from timerome.common.files import output_folder
     from timerome.data.rows import load_rows
     from timerome.errors import Interrupted
@@ -152,6 +153,11 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     save_backbone(bb, out)
     shutil.rmtree(state, ignore_errors=True)
     final = sum(log["loss"][-10:]) / max(1, len(log["loss"][-10:]))
+    # the recipe, where the next `timerome train -m OUT` reads its EOS padding default (trained_with_eos_padding):
+    # without it a model trained from the embedded default was fine-tuned again without the padding it learnt
+    write_json(Path(out) / "build_info.json", dict(train=dict(
+        eos_pad=eos_pad, eos_extra=eos_extra, epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed,
+        rows=len(rows), data=str(data), started_from=str(source), final_loss=final, seconds=log["seconds"])))
     if as_json:
         print_json(dict(out=str(out), rows=len(rows), epochs=epochs, seconds=log["seconds"], final_loss=final,
                         eos_pad=eos_pad, eos_extra=eos_extra, resumed_at_epoch=log["resumed_at_epoch"], loss=log["loss"]))
