@@ -95,3 +95,8 @@ def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_err
     assert runner_up(result(tie[:, :, :1], layers=(0,)), select_coordinate(result(tie[:, :, :1], layers=(0,)),
                                                                            modules=("resid",)).best,
                      modules=("resid",)) is None  # one layer: no other edit
+    from timerome.tracing.selection import Candidate
+
+    attn = Candidate(Coordinate(0, "attn", 0), 1.0, 1.0, 0.0)
+    with pytest.raises(TimeromeError, match="best must be a Candidate of this trace's cells"):
+        runner_up(r, attn, modules=("resid",))  # chosen among other modules than those compared

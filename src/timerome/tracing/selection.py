@@ -108,6 +108,10 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     if modules is not None:
         result = result.only(modules)
         neighbours = neighbours.only(modules) if neighbours is not None else None
+    if not (isinstance(best, Candidate) and best.module in result.modules and best.layer in result.layers
+            and 0 <= best.step < result.steps):
+        raise TimeromeError(f"best must be a Candidate of this trace's cells (select_coordinate(result, ..., "
+                            f"modules={modules!r}).best), got {best!r:.120}")
     score, own, other = objective(result, neighbours, beta)
     order = torch.sort(score.flatten(), descending=True, stable=True).indices.tolist()
     ranked = (_candidate(result, i, score, own, other) for i in order)
