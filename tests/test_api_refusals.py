@@ -81,6 +81,10 @@ def test_trace_and_selection_arguments_that_were_taken_silently(bb, task):
     alike = timerome.trace(bb, task.facts[2:4], steps=3, n_samples=1, seed=0, progress=False,
                            sigma=r.settings["sigma"])
     assert timerome.select_coordinate(r, alike, beta=0.5).best.neighbour_abs_tie >= 0
+    from timerome.methods import method_config
+
+    with pytest.raises(TimeromeError, match="select_modules attn is not traced"):  # was refused after the trace
+        method_config("timerome", dict(trace_modules=["resid"], select_modules=["resid", "attn"]))
 
 
 def test_evaluation_inputs_that_read_nothing_or_everything(bb):

@@ -148,3 +148,20 @@ def test_a_write_through_a_symbolic_link_changes_its_target_and_keeps_the_link(t
     save_tensors(t_link, {"x": torch.ones(2)})
     assert t_link.is_symlink() and load_file(str(t_target))["x"].tolist() == [1.0, 1.0]
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["m.json", "m.safetensors"]  # no temporary left
+
+
+def test_a_pair_written_through_a_link_stays_together_and_a_memory_locks_its_target(tmp_path):
+    """A trace's tensors followed a link while its JSON replaced the file beside the link, so the target's
+    pair no longer matched; two memory changes through a link and through its target took two locks."""
+    import torch
+
+    from timerome.memory.memory_file import lock_path
+    from timerome.tracing.result import TraceFile
+
+    (tmp_path / "real").mkdir()
+    target, link = tmp_path / "real" / "t.safetensors", tmp_path / "t.safetensors"
+    TraceFile.write(target, {"x": torch.zeros(1)}, {"n": 1})
+    link.symlink_to(target)
+    assert TraceFile.write(link, {"x": torch.ones(1)}, {"n": 2}) == target
+    assert json.loads((tmp_path / "real" / "t.json").read_text()) == {"n": 2} and not (tmp_path / "t.json").exists()
+    assert lock_path(link) == lock_path(target)

@@ -226,6 +226,10 @@ def test_an_empty_prompt_generates_unconditionally_and_a_blank_text_or_no_row_is
         generate(ToyBackbone(), "  ", steps=4, gen_length=8, block_length=8)
     with pytest.raises(TimeromeError, match="no rows"):
         generate(ToyBackbone(), torch.zeros(0, 3, dtype=torch.long), steps=4, gen_length=8, block_length=8)
+    from timerome.engine.sampler import continuations
+
+    with pytest.raises(TimeromeError, match="prompt 1 of 2 is blank"):  # the metrics' questions: never unconditional
+        continuations(ToyBackbone(), ["Who ?", " "], gen_length=8)
 
 
 def test_bad_prompt_ids_are_refused_clearly():

@@ -225,6 +225,41 @@ def test_long_requests_the_context_cannot_hold_are_cut_as_lm_evals_models_cut_th
         lm.loglikelihood([Req("Q", " " + long)], disable_tqdm=True)
 
 
+def test_an_empty_context_is_the_models_own_start_on_an_autoregressive_model_and_diffullama(tmp_path):
+    """Review of stop 61's change: an AR model's first rolling window read its first token from its own
+    position (no BOS), and an empty context crashed in the sampler; DiffuLLaMA's <s> is kept in front."""
+    from timerome.backbones import golden
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.engine.likelihood import exact_log_likelihood
+    from conftest import FIXTURES
+
+    ar = load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar"))
+    bos = ar.tokenizer.bos_token_id if ar.tokenizer.bos_token_id is not None else ar.tokenizer.eos_token_id
+    lm = TimeromeLM(backbone=ar, n_mc=2)
+    text = "hello world the cat"
+    (rolled,) = lm.loglikelihood_rolling([Req(text)], disable_tqdm=True)
+    assert rolled == pytest.approx(float(exact_log_likelihood(ar, [bos], ar.encode(text))), abs=1e-5)
+    ((lp, _),) = lm.loglikelihood([Req("", " hello world")], disable_tqdm=True)  # crashed: a prompt of no token
+    assert lp == pytest.approx(float(exact_log_likelihood(ar, [bos], split_request(ar, "", " hello world")[1])),
+                               abs=1e-5)
+    (said,) = lm.generate_until([Req("", {"until": ["\n"], "max_gen_toks": 3})], disable_tqdm=True)
+    assert isinstance(said, str)
+    with pytest.raises(TimeromeError, match="autoregressive model writes each token"):
+        generate(ar, torch.zeros(1, 0, dtype=torch.long), steps=3, gen_length=3, block_length=3)
+    dl = load_backbone(golden.paths(FIXTURES, "diffullama")[0])
+    assert dl.prompt_start == [1] and split_request(dl, "", " Paris")[0] == [1]
+    lm = TimeromeLM(backbone=dl, n_mc=2, check_greedy=False)
+    context = " ".join(["Where was Harry Potter born ?"] * 230)
+    ctx, cont = split_request(dl, context, " London")
+    assert len(ctx) + len(cont) > dl.max_length
+    g = torch.Generator().manual_seed(pair_seed(0, context, " London"))
+    kept = [1] + ctx[len(ctx) - (dl.max_length - len(cont) - 1):]  # the start, then the most recent tokens
+    from timerome.engine.likelihood import log_likelihood_batch
+
+    ((lp, _),) = lm.loglikelihood([Req(context, " London")], disable_tqdm=True)
+    assert lp == pytest.approx(float(log_likelihood_batch(dl, [kept], [cont], n_mc=2, batch_size=16, generator=g)[0]))
+
+
 def test_an_empty_context_is_greedy_when_the_sampler_fills_the_continuation(bb):
     """A mask standing in for the empty context took one of the n steps, so a continuation of more
     than one token was never greedy (its last position was still a mask)."""

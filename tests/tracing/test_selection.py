@@ -89,9 +89,17 @@ def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_err
     tie[:, 0, 0, 1] = torch.tensor([1.0, 1.1, 0.9, 1.0])   # far behind on every fact
     far = runner_up(result(tie), best, modules=("resid",))
     assert far["margin"] == pytest.approx(3.0) and not far["within_noise"]
-    n = result(torch.ones(4, 2, 3, 4))                     # the neighbours' term joins the spread, times beta
-    with_n = runner_up(r, select_coordinate(r, n, beta=0.5, modules=("resid",)).best, n, 0.5, modules=("resid",))
-    assert with_n["margin"] == pytest.approx(0.1, abs=1e-6) and with_n["margin_se"] == pytest.approx(second["margin_se"])
+    nt = torch.zeros(3, 2, 3, 4)                           # the neighbours' term joins the spread, times beta
+    nt[:, 0, 1, 2] = torch.tensor([1.0, 3.0, 2.0])          # at the best cell
+    nt[:, 0, 0, 1] = torch.tensor([4.0, 4.0, 2.5])          # at the runner-up
+    nt[:, 0, 1, 3] = 5.0                                   # the best layer's other step falls behind
+    n = result(nt)
+    best_n = select_coordinate(r, n, beta=0.5, modules=("resid",)).best
+    with_n = runner_up(r, best_n, n, 0.5, modules=("resid",))
+    assert (best_n.layer, best_n.step, with_n["layer"], with_n["step"]) == (1, 2, 0, 1)
+    e = torch.tensor([-3.0, -1.0, -0.5], dtype=torch.float64)
+    assert with_n["margin"] == pytest.approx((4.0 - 0.5 * 2.0) - (3.9 - 0.5 * 3.5), abs=1e-6)
+    assert with_n["margin_se"] ** 2 == pytest.approx(second["margin_se"] ** 2 + (0.5 * float(e.std() / 3 ** 0.5)) ** 2)
     assert runner_up(result(tie[:, :, :1], layers=(0,)), select_coordinate(result(tie[:, :, :1], layers=(0,)),
                                                                            modules=("resid",)).best,
                      modules=("resid",)) is None  # one layer: no other edit

@@ -201,6 +201,15 @@ def record_source(out: Path, model, method: str, n_facts: int, facts: str, *, co
     (Path(out) / EDITED_FROM).write_text(json.dumps(dict(source_model=source, family=model.family, method=method,
                                                          n_facts=n_facts, facts=facts, config=plain(config),
                                                          seed=seed), indent=2))
+    # the training recipe of the weights it started from, where `timerome train -m OUT` reads its EOS padding
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.common.cache import write_json
+    from timerome.training.default_model import build_record
+
+    folder = Path(model.model) if model.model else DEFAULT_MODEL_DIR
+    recipe = build_record(folder).get("train") if folder.is_dir() else None
+    if isinstance(recipe, dict):
+        write_json(Path(out) / "build_info.json", dict(train=recipe, edited_by=method, edited_from=str(folder)))
 
 
 def edited_from(folder) -> dict | None:

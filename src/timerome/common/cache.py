@@ -48,7 +48,7 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def _through_link(path) -> Path:
+def through_link(path) -> Path:
     """Where a write to `path` lands: a symbolic link's target (the rename that makes a write atomic
     would otherwise replace the link with a file and leave its target as it was)."""
     path = Path(path)
@@ -66,7 +66,7 @@ def _discard(tmp: Path) -> None:
 
 def write_atomic(path, data: str | bytes) -> Path:
     """Write `data` to `path` all at once (a temporary file renamed into place; through a link, its target)."""
-    path = _through_link(path)
+    path = through_link(path)
     tmp = temp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
     """safetensors written atomically (through a link, to its target)."""
     from safetensors.torch import save_file
 
-    path = _through_link(path)
+    path = through_link(path)
     tmp = temp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -286,6 +286,9 @@ def _as_ids(ids, what: str, backbone) -> torch.Tensor:
 def _check_pair(backbone, prompt, answer, where: str = ""):
     if len(answer) == 0:
         raise TimeromeError(f"the answer is empty{where}: there is nothing to score")
+    if len(prompt) == 0 and _causal(backbone):  # its first answer token would be read from its own position
+        raise TimeromeError(f"the prompt is empty{where}: an autoregressive model reads each token from the ones "
+                            "before it, so the first answer token needs one (begin with its BOS or EOS token)")
     if len(prompt) + len(answer) > backbone.max_length:
         raise TimeromeError(f"prompt ({len(prompt)} tokens) + answer ({len(answer)}) exceeds the model's "
                             f"context of {backbone.max_length} tokens{where}")

@@ -87,7 +87,8 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
              attention_mask: torch.Tensor | None = None, cache: str | None = None,
              threshold: float | None = None, refresh_every: int | None = None) -> torch.Tensor:
     """Fill gen_length masks after prompt_ids [B, P] (or [P], or a string); returns LongTensor [B, P + gen_length].
-    P = 0 (an empty id tensor) generates unconditionally; a blank text is refused.
+    P = 0 (an empty id tensor) generates unconditionally on an MDLM (an autoregressive model needs a
+    start token: refused); a blank text is refused.
 
     state: any object with an int `step`; set to k before the forwards of denoising step k
         (k = 0..steps-1; with a threshold, as many steps as the blocks take), and back to what it
@@ -105,6 +106,9 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     device = backbone.device
     prompt = _as_prompt(backbone, prompt_ids, device)
     B, P = prompt.shape
+    if P == 0 and getattr(backbone, "causal", False):
+        raise TimeromeError("the prompt is empty: an autoregressive model writes each token after the ones before "
+                            "it, so it needs one to start from (its BOS or EOS token)")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TimeromeError(f"generator must be a torch.Generator (every random draw comes from it) or None, got "
                             f"{type(generator).__name__} {generator!r:.40}; seed one: "
@@ -405,6 +409,10 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
         if G % block:  # never silently another schedule than the one asked for
             raise TimeromeError(f"block_length {block_length} does not divide the generation length {G}")
     steps = G if steps is None else int(steps)
+    blank = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
+    if blank:  # generate takes ids of no token as an unconditional generation; a blank question is a slip
+        what = "blank" if isinstance(prompts[blank[0]], str) else "not a text"
+        raise TimeromeError(f"prompt {blank[0]} of {len(prompts)} is {what}: give the question to answer")
     ids, cut = [], 0
     for p in prompts:
         q, _, was_cut = fit(backbone.encode_prompt(p), [0] * G, backbone.max_length, len(backbone.prompt_start))

@@ -16,9 +16,10 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
   the sampler fills the continuation one token per step at temperature 0 and must reproduce it
   (`check_greedy=False` skips this and answers False, as LLaDA's default).
 - loglikelihood_rolling: lm-eval's disjoint rolling windows, each scored as above (a sum of ELBOs:
-  a lower bound on log p, like every MDLM likelihood here); the first window conditions on the
-  sequence start, as loglikelihood("", text) does, and a window's context and targets fit the
-  model's context together (one forward reads both: no next-token shift).
+  a lower bound on log p, like every MDLM likelihood here); the first window conditions on what
+  an empty context is, as loglikelihood("", text) does (`context_start`: the sequence start; an
+  autoregressive model's BOS, as lm-eval's HF models prefix it), and a window's context and
+  targets fit the model's context together (one forward reads both).
 - generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
   answer cut at the first stop sequence (and the end-of-text token); `cache=prefix|dual`,
   `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
@@ -73,12 +74,26 @@ def pair_seed(seed: int, context: str, continuation: str) -> int:
     return int(digest([int(seed), context, continuation], 15), 16)
 
 
+def context_start(backbone) -> list[int]:
+    """What an empty context is: the sequence start (`Backbone.prompt_start`); for an autoregressive model
+    without one, its BOS (else EOS) token, as lm-eval's HF models prefix it (every token is read from
+    those before it); for an MDLM without one, nothing (it reads the continuation unconditionally)."""
+    if backbone.prompt_start or not getattr(backbone, "causal", False):
+        return list(backbone.prompt_start)
+    tok = backbone.tokenizer
+    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if first is None:
+        raise TimeromeError(f"{backbone.name} is autoregressive and its tokenizer has no BOS or EOS token to begin "
+                            "an empty context with")
+    return [int(first)]
+
+
 def split_request(backbone, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) as lm-eval's own models split a request (module docstring)."""
     n = len(context) - len(context.rstrip())
     if n:
         context, continuation = context[:-n], context[-n:] + continuation
-    ctx = backbone.encode_prompt(context) if context else backbone.prompt_start
+    ctx = backbone.encode_prompt(context) if context else context_start(backbone)
     whole = backbone.encode_prompt(context + continuation)
     if whole[:len(ctx)] == ctx:
         return ctx, whole[len(ctx):]
@@ -205,14 +220,14 @@ class TimeromeLM(LM):
         # every window's context and targets are read in one forward (no next-token shift), so a window holds
         # at most max_length tokens: the first conditions on the sequence start (as loglikelihood("", text)),
         # the others on the token before their targets
-        room = bb.max_length - max(1, len(bb.prompt_start))
+        room = bb.max_length - max(1, len(context_start(bb)))
         out = []
         for r in requests:
             (text,) = r.args
             ids = bb.encode(text)
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, bb.mask_id, room, 1)]
-            if windows:  # the placeholder prefix becomes the sequence start (none: the first window reads no context)
-                windows[0] = (list(bb.prompt_start), windows[0][1])
+            if windows:  # the placeholder prefix becomes what an empty context is (`context_start`)
+                windows[0] = (context_start(bb), windows[0][1])
             total = 0.0
             check_stepless(self.edit, "lm-eval's loglikelihood_rolling")
             with self.active():
@@ -254,7 +269,8 @@ class TimeromeLM(LM):
             raise TimeromeError(f"gen_length {length} leaves no room for a prompt in the model's context of "
                                 f"{bb.max_length} tokens: pass a smaller gen_length")
         # the most recent context, as lm-eval's models keep, after the sequence start (none: unconditional)
-        prompt, _, _ = fit(bb.encode_prompt(context), [0] * length, bb.max_length, len(bb.prompt_start))
+        prompt, _, _ = fit(bb.encode_prompt(context) if context.strip() else context_start(bb), [0] * length,
+                           bb.max_length, len(bb.prompt_start))
         g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(kwargs, sort_keys=True,
                                                                                                    default=str)))
         x = generate(bb, torch.tensor([prompt], dtype=torch.long).view(1, len(prompt)), steps=steps, gen_length=length,

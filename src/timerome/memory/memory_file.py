@@ -23,6 +23,7 @@ import json
 import pkgutil
 from pathlib import Path
 
+from timerome.common.cache import through_link
 from timerome.common.lock import hold
 from timerome.memory.base import KINDS, Memory, read_file
 
@@ -86,8 +87,8 @@ def load_memory(path, backbone, calibration=None, value_rows=None) -> Memory:
 
 
 def lock_path(path) -> Path:
-    """The lock file of a memory file: hidden, beside it."""
-    p = Path(path)
+    """The lock file of a memory file: hidden, beside it (beside its target, for a link: where the writes land)."""
+    p = through_link(path)
     return p.with_name(f".{p.name}.lock")
 
 

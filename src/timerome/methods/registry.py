@@ -192,6 +192,12 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
     cfg = {**m.defaults, **overrides}
     for k in overrides:
         _check_option(name, k, m.defaults[k], cfg[k])
+    if cfg.get("select_modules") and "trace_modules" in cfg:  # refused before the trace, not after it
+        outside = [x for x in cfg["select_modules"] if x not in cfg["trace_modules"]]
+        if outside:
+            raise TimeromeError(f"method {name!r}: select_modules {', '.join(map(str, outside))} "
+                                f"{'is' if len(outside) == 1 else 'are'} not traced (trace_modules "
+                                f"{', '.join(map(str, cfg['trace_modules']))}): select among the traced modules")
     return cfg
 
 

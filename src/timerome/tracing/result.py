@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors, write_json
+from timerome.common.cache import read_tensors, save_tensors, through_link, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, shown
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
@@ -59,8 +59,9 @@ class TraceFile:
 
     @staticmethod
     def write(path, tensors: dict, meta: dict, kind: str | None = None) -> Path:
-        """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given)."""
-        path = _tensor_path(path)
+        """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given);
+        through a link, both beside its target (the pair stays together)."""
+        path = through_link(_tensor_path(path))
         save_tensors(path, tensors, metadata={"format": "pt", **({"kind": kind} if kind else {})})
         write_json(meta_path(path), {**({"kind": kind} if kind else {}), **meta})
         return path
