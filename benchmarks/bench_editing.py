@@ -67,7 +67,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="timerome-runs/bench-editing")
     ap.add_argument("--json", help="write every number to this JSON file")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch's CPU threads (default 2, what docs/editing.md's tables were measured with: float "
+                         "sums differ with the count, and one thread gives other rows for ROME and UnKE; the cells "
+                         "cached under --out keep the count they were computed with, so give a new --out)")
     args = ap.parse_args()
+    torch.set_num_threads(max(1, args.threads))
     over = {"n_mc": args.n_mc}
     if args.methods:
         over["methods"] = args.methods.split(",")
@@ -77,7 +82,6 @@ def main() -> int:
     wall = time.perf_counter() - t0
     print(result["markdown"])
     bb = timerome.load_backbone()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     secs = install_seconds(bb, args.repeats)
     checks = []
     for name, summary in result["summary"].items():
@@ -102,7 +106,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(summary=result["summary"], checks=checks, install_seconds=secs, columns=COLUMNS,
-                           wall_seconds=wall), f, indent=1)
+                           wall_seconds=wall, threads=torch.get_num_threads()), f, indent=1)
     return 0
 
 
