@@ -259,6 +259,22 @@ def test_an_empty_context_is_the_models_own_start_on_an_autoregressive_model_and
     ((lp, _),) = lm.loglikelihood([Req(context, " London")], disable_tqdm=True)
     assert lp == pytest.approx(float(log_likelihood_batch(dl, [kept], [cont], n_mc=2, batch_size=16, generator=g)[0]))
 
+    import timerome.integrations.lm_eval_model as M
+
+    seen = []
+
+    def spy(bb, prompt, **kw):  # what generate_until feeds the sampler
+        seen.append(prompt[0].tolist())
+        return torch.cat([prompt, torch.full((1, kw["gen_length"]), dl.tokenizer.eos_token_id)], 1)
+
+    real, M.generate = M.generate, spy
+    try:
+        lm.generate_until([Req(context, {"until": ["\n"], "max_gen_toks": 4})], disable_tqdm=True)
+    finally:
+        M.generate = real
+    (fed,) = seen  # the start kept in front of the most recent tokens (stop 60 left it out when it cut)
+    assert fed[0] == 1 and len(fed) == dl.max_length - 4 and fed[1:] == dl.encode_prompt(context)[-(len(fed) - 1):]
+
 
 def test_an_empty_context_is_greedy_when_the_sampler_fills_the_continuation(bb):
     """A mask standing in for the empty context took one of the n steps, so a continuation of more
