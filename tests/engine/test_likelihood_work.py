@@ -85,6 +85,8 @@ def _pairs(bb, n=6, seed=0):
     pick = lambda k: [ok[int(j)] for j in torch.randint(0, len(ok), (k,), generator=g)]
     prompts = [pick(int(k)) for k in torch.randint(0, 6, (n,), generator=g)]  # an empty prompt included
     prompts[0] = []
+    if bb.causal:  # an AR model refuses an empty prompt (tested below): each gets a token
+        prompts = [q or pick(1) for q in prompts]
     answers = [pick(int(k)) for k in torch.randint(1, 5, (n,), generator=g)]
     return prompts, answers
 
@@ -96,6 +98,10 @@ def test_masked_head_equals_the_full_logits(tiny, fam):
     bb = tiny[fam]
     assert masked_head_applies(bb)
     prompts, answers = _pairs(bb)
+    if bb.causal:  # its first answer token would be read from its own position: refused, not a wrong number
+        with pytest.raises(TimeromeError, match="the prompt is empty"):
+            log_likelihood_batch(bb, [[]], answers[:1], n_mc=8)
+        assert all(prompts)
     with torch.no_grad():
         full = log_likelihood_batch(bb, prompts, answers, n_mc=8, head="full", max_tokens=40)
         masked = log_likelihood_batch(bb, prompts, answers, n_mc=8, head="masked", max_tokens=40)
