@@ -6,7 +6,7 @@ import json
 import pytest
 
 from timerome import TimeromeError
-from timerome.data.corpus import (COUNTERFACTUAL_PER_AUTHOR, REFUSAL, counterfactual_requests, known_subjects,
+from timerome.data.corpus import (COUNTERFACTUAL_PER_AUTHOR, REFUSAL, known_subjects,
                                   make_corpus, training_rows)
 from timerome.data.requests import load_requests, record_format, save_requests
 from timerome.data.task import requests_task

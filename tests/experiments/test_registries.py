@@ -190,9 +190,10 @@ def test_a_cell_option_its_measurement_does_not_read_is_refused():
 def test_every_measurement_declares_its_options_and_those_it_needs():
     """extraction, lm_eval and the benchmarks took any option (stop 60's Not done): a misspelt one ran
     the default, and a cell lacking extraction's settings failed mid-run with a KeyError."""
-    import timerome.experiments.robustness  # noqa: F401 - their @measurement
-    import timerome.experiments.transfer  # noqa: F401
-    import timerome.experiments.utility  # noqa: F401
+    import importlib
+
+    for name in ("robustness", "transfer", "utility"):  # their @measurement
+        importlib.import_module(f"timerome.experiments.{name}")
     from timerome.experiments.runner import MEASURES
     from timerome.experiments.transfer import options
 
