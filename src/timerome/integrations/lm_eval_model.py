@@ -217,8 +217,8 @@ class TimeromeLM(LM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         bb = self.backbone
-        # every window's context and targets are read in one forward (no next-token shift), so a window holds
-        # at most max_length tokens: the first conditions on the sequence start (as loglikelihood("", text)),
+        # every window's context and targets are read in one forward, so a window holds at most max_length
+        # tokens: the first conditions on what an empty context is (`context_start`, as loglikelihood("", text)),
         # the others on the token before their targets
         room = bb.max_length - max(1, len(context_start(bb)))
         out = []
