@@ -72,6 +72,12 @@ def main() -> int:
                          "sums differ with the count, and one thread gives other rows for ROME and UnKE; the cells "
                          "cached under --out keep the count they were computed with, so give a new --out)")
     args = ap.parse_args()
+    if args.methods:  # a misspelt method was a traceback after the model loaded
+        from timerome.methods import available
+
+        unknown = [m for m in args.methods.split(",") if m not in available()]
+        if unknown:
+            ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(available())}")
     torch.set_num_threads(max(1, args.threads))
     over = {"n_mc": args.n_mc}
     if args.methods:

@@ -51,6 +51,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every number to this JSON file")
     args = ap.parse_args()
+    if args.methods:  # a misspelt method was a traceback after the model loaded
+        from timerome.methods import available
+
+        unknown = [m for m in args.methods.split(",") if m.split(":")[0] not in available()]  # name:option=value
+        if unknown:
+            ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(available())}")
     t0 = time.perf_counter()
     bb = timerome.load_backbone()
     rows, task = requests_data(dict(requests="embedded:forget01", target=DEFAULT_TARGET, n_retain=args.n_retain),

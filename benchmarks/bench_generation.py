@@ -157,11 +157,15 @@ def bench_speed(args, options, clock) -> dict:
     ratio = min(edited_t) / min(plain_t)
     print(f"best option {best['option']}: {best['speedup']:.2f}x the exact sampler's tokens/s; edited / plain "
           f"{ratio:.3f} under it (fastest of {len(plain_t)} interleaved runs each: plain "
-          f"{', '.join(f'{t:.2f}' for t in plain_t)} s, edited {', '.join(f'{t:.2f}' for t in edited_t)} s) "
-          f"(goals: >= 5x for dual + threshold {args.threshold}, <= 1.03)")
-    if goal is not None:
-        print(f"dual + threshold {args.threshold}: {goal['speedup']:.2f}x, edited / plain {goal['edited_over_plain']:.3f}, "
-              f"token agreement {goal['agreement_plain']:.3f} plain / {goal['agreement_edited']:.3f} edited")
+          f"{', '.join(f'{t:.2f}' for t in plain_t)} s, edited {', '.join(f'{t:.2f}' for t in edited_t)} s; "
+          f"goal <= 1.03: {'met' if ratio <= 1.03 else 'missed'})")
+    if goal is not None:  # the speed-up goal is this row's (it printed the best option's number beside it)
+        print(f"dual + threshold {args.threshold}: {goal['speedup']:.2f}x (goal >= 5x: "
+              f"{'met' if goal['speedup'] >= 5 else 'missed'}; one run of each arm), edited / plain "
+              f"{goal['edited_over_plain']:.3f}, token agreement {goal['agreement_plain']:.3f} plain / "
+              f"{goal['agreement_edited']:.3f} edited")
+    else:
+        print("no dual+threshold row (--options): the >= 5x speed-up goal is not judged")
     config = dict(model=bb.name, hidden=bb.hidden_size, layers=bb.n_layers, vocab=bb.vocab_size,
                   prompt=args.prompt, gen=G, block=args.block, steps=G, threshold=args.threshold, facts=len(memory))
     return dict(speed=dict(config=config, options=rows, best_plain_seconds=plain_t, best_edited_seconds=edited_t),

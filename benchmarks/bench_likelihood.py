@@ -60,10 +60,18 @@ def main() -> int:
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    if not models or set(models) - {"embedded", "random"}:  # any other name silently ran the random model
+        ap.error(f"--models takes embedded and/or random, got {args.models!r}")
+    heads = [h for h in args.head.split(",") if h]
+    if not heads or set(heads) - {"auto", "masked", "full"}:
+        ap.error(f"--head takes auto, masked and/or full, got {args.head!r}")
+    if any(m != "default" and not m.isdigit() for m in args.max_tokens.split(",")):
+        ap.error(f"--max-tokens takes 'default' or whole numbers, got {args.max_tokens!r}")
     clock, label = timing_clock(args.clock, args.device, args.threads)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {label}")
     out = {}
-    for name in [m for m in args.models.split(",") if m]:
+    for name in models:
         bb, prompts, answers = (embedded_pairs(args) if name == "embedded" else random_pairs(args))
         out[name] = bench(bb, prompts, answers, args, clock)
     if args.json:
@@ -147,9 +155,12 @@ def bench(bb, prompts, answers, args, clock) -> dict:
                 runs.append(dict(head=head, max_tokens=mt, seconds=s, rows_run=sum(rows_run), rows_per_s=n_rows / s,
                                  cost_multiple=s / floor_s, blocks_cost_multiple=s / blocks_s,
                                  true_cost_multiple=s / true_s))
+                # the goal is judged against the true floor: the "floor" runs the head at every position, which
+                # the default head does not, so it is no lower bound (a run can beat it)
                 print(f"head {head:>6}, max_tokens {mt:>6}: {s:.3f} s, {sum(rows_run)} rows run, "
-                      f"{n_rows / s:,.0f} distinct rows/s, {s / floor_s:.2f} x the floor (goal <= 1.2x), "
-                      f"{s / blocks_s:.2f} x the blocks floor, {s / true_s:.2f} x the true floor")
+                      f"{n_rows / s:,.0f} distinct rows/s, {s / floor_s:.2f} x the full-forward floor (not a lower "
+                      f"bound), {s / blocks_s:.2f} x the blocks floor, {s / true_s:.2f} x the true floor (goal <= 1.2x: "
+                      f"{'met' if s / true_s <= 1.2 else 'missed'})")
     return dict(model=bb.name, layers=bb.n_layers, hidden=bb.hidden_size, vocab=bb.vocab_size, pairs=len(prompts),
                 n_mc=args.n_mc, rows_drawn=drawn, rows=n_rows, token_blocks=token_blocks, floor_seconds=floor_s,
                 blocks_floor_seconds=blocks_s, true_floor_seconds=true_s, scored_positions=scored,

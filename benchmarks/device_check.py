@@ -235,7 +235,10 @@ def main(argv=None) -> int:
     tol = 1e-5 if args.device == "cpu" else 1e-4
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else args.device
     print(f"device check: {name} against the CPU (torch {torch.__version__})", flush=True)
-    parts = args.parts.split(",")
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = sorted(set(parts) - {"fixtures", "embedded"})
+    if unknown or not parts:  # a typo ran nothing and passed ("0 of 0 checks passed")
+        ap.error(f"--parts takes fixtures and/or embedded, got {args.parts!r}")
     if "fixtures" in parts:
         check_fixtures(args.device, tol)
     if "embedded" in parts:
@@ -244,7 +247,7 @@ def main(argv=None) -> int:
     print(f"{len(ROWS) - len(failed)} of {len(ROWS)} checks passed", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": ROWS}, indent=1))
-    return 1 if failed else 0
+    return 1 if failed or not ROWS else 0  # nothing checked is not a pass
 
 
 if __name__ == "__main__":

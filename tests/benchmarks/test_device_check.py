@@ -22,3 +22,11 @@ def test_device_check_runs_the_fixture_part_and_writes_its_rows(tmp_path):
     assert len(rows) == 12 and all(r["ok"] for r in rows)  # six cases x (fp32 against official, bf16 bound)
     assert all(r["value"] <= 1e-5 for r in rows if "sites" in r["check"])
     assert "12 of 12 checks passed" in run.stdout
+
+
+def test_a_misspelt_part_is_refused_not_passed_with_nothing_checked():
+    """`--parts fixture` ran nothing and exited 0 with "0 of 0 checks passed" (stop 61's audit)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_check.py"), "--device", "cpu",
+                          "--parts", "fixture"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "--parts takes fixtures and/or embedded" in run.stderr
