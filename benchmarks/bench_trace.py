@@ -95,7 +95,8 @@ def main() -> int:
     ap.add_argument("--naive-coords", type=int, default=8, help="coordinates in the naive subset")
     ap.add_argument("--full-naive", action="store_true", help="run the naive loop on everything")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of the fast trace before the floor is measured, as many after (the median of all is reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="2 x this many rounds, each a timed fast trace then the floor's best batch sizes timed again; the "
+                         "multiple is the median of the rounds' ratios")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1 with the CPU clock)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
