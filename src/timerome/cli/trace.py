@@ -94,7 +94,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result.settings["sigma"]})
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
-    chosen = select_coordinate(result, other, beta, modules=("resid",)).best if "resid" in result.modules else best
+    edit_modules = ("resid",) if "resid" in result.modules else None
+    chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
         result.settings = dict(result.settings, beta=float(beta), neighbours=str(neighbours),
@@ -109,7 +110,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")
     files["selection"] = str(out / "selection.json")
-    second = runner_up(result, chosen, other, beta, modules=("resid",) if "resid" in result.modules else None)
+    second = runner_up(result, chosen, other, beta, modules=edit_modules)
     sel = dict(best=best.as_dict(), edit=chosen.edit_dict(), top=[c.as_dict() for c in top],
                per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta, runner_up=second)
     write_json(out / "selection.json", sel)

@@ -83,6 +83,11 @@ def seeds(values, what: str = "seeds") -> tuple[int, ...]:
     return out
 
 
+def is_token_ids(value) -> bool:
+    """Whether `value` is a list of token ids (ints >= 0, no bools): what a file records of a sequence start."""
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
 def _inside(v, lo, hi, lo_open, hi_open) -> bool:
     if lo is not None and (v <= lo if lo_open else v < lo):
         return False

@@ -80,8 +80,8 @@ def start_change(built, now, versus: str = "this model's prompts now") -> str | 
     """How the sequence start a file's states were read with (`built`: its recorded ids; None or [] for
     a file saved before starts were recorded, which had none) differs from `now` (a model's
     `prompt_start`, or another file's record, which `versus` then names): None when they agree, else
-    "prompts that begin with X, where <versus> begin with Y" for the caller's sentence (a memory's load warns, its add refuses, a merge refuses, a
-    trace's coordinate warns)."""
+    "prompts that begin with X, where <versus> begin with Y" for the caller's sentence (a memory's load
+    warns, its add refuses, a merge refuses, a trace's coordinate warns)."""
     built, now = [int(t) for t in (built or [])], [int(t) for t in (now or [])]
     if built == now:
         return None

@@ -220,14 +220,15 @@ class TimeromeLM(LM):
         # every window's context and targets are read in one forward, so a window holds at most max_length
         # tokens: the first conditions on what an empty context is (`context_start`, as loglikelihood("", text)),
         # the others on the token before their targets
-        room = bb.max_length - max(1, len(context_start(bb)))
+        start = context_start(bb)
+        room = bb.max_length - max(1, len(start))
         out = []
         for r in requests:
             (text,) = r.args
             ids = bb.encode(text)
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, bb.mask_id, room, 1)]
             if windows:  # the placeholder prefix becomes what an empty context is (`context_start`)
-                windows[0] = (context_start(bb), windows[0][1])
+                windows[0] = (start, windows[0][1])
             total = 0.0
             check_stepless(self.edit, "lm-eval's loglikelihood_rolling")
             with self.active():

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from timerome.common.cache import read_tensors, save_tensors
-from timerome.common.checks import big_int_path, finite_tensor, integer, shown
+from timerome.common.checks import big_int_path, finite_tensor, integer, is_token_ids, shown
 from timerome.common.files import input_file, parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
@@ -361,8 +361,7 @@ def check_header(meta: dict, p) -> None:
     need(isinstance(meta.get("backbone", ""), str), "backbone", "a string")
     need(isinstance(meta.get("checkpoint", ""), str), "checkpoint", "a string")
     start = meta.get("prompt_start", [])
-    need(isinstance(start, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in start),
-         "prompt_start", "a list of token ids")
+    need(is_token_ids(start), "prompt_start", "a list of token ids")
     need(isinstance(meta.get("hyper"), dict), "hyper", "an object of hyper-parameters")
     need(meta.get("stats") is None or isinstance(meta.get("stats"), dict), "stats", "null or an object")
     need(isinstance(meta.get("coordinate"), dict), "coordinate", "an object with layer, point and step")

@@ -41,15 +41,16 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
     if fact is None:
         data, what = result.mean(), f"mean over {len(result.fact_ids)} facts"
         ranked = result.tie.abs().mean(0)
-        selected = selected or select_coordinate(result).best
     else:
         i = result.fact_index(fact)
         data, what, ranked = result.tie[i], f"fact {result.fact_ids[i]}", None
-        selected = selected or per_fact_best(result)[i]
     magnitude = data.abs() if ranked is None else ranked  # what the box's number is
-    if isinstance(selected, Coordinate):  # a Coordinate (not the Candidate select_coordinate gives): its cell
+    if selected is None:
+        selected = select_coordinate(result).best if fact is None else per_fact_best(result)[i]
+    elif isinstance(selected, Coordinate):  # a Coordinate (not the Candidate select_coordinate gives): its cell
         selected = _cell(result, selected, data, magnitude)
-    _check_selected(result, selected, magnitude)
+    else:
+        _check_selected(result, selected, magnitude)
     if Path(path).is_dir():
         raise TimeromeError(f"{path} is a folder: give the heatmap's file name (e.g. {Path(path) / 'heatmap.png'})")
     rows = [(data.float().numpy(), "RdBu_r", "mean TIE (nats)" if fact is None else "TIE (nats)", True)]

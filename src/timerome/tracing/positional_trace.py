@@ -37,13 +37,13 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import HOOK_POINTS
+from timerome.backbones.backbone import model_arg
 from timerome.common.checks import finite_tensor, shown
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.errors import TimeromeError
-from timerome.backbones.backbone import model_arg
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
 from timerome.tracing.result import TraceFile, _check_meta, meta_path, module_names
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from timerome.common.cache import read_tensors, save_tensors, through_link, write_json
-from timerome.common.checks import INT64, finite_tensor, integer, shown
+from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.errors import TimeromeError
@@ -43,8 +43,7 @@ class TraceFile:
                                 f"{made_on}); this model's fingerprint is {backbone.fingerprint()}: trace it first "
                                 "(timerome trace --model ...)")
         recorded = self.settings.get("prompt_start")
-        if recorded is not None and not (isinstance(recorded, list) and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in recorded)):
+        if recorded is not None and not is_token_ids(recorded):
             raise TimeromeError(f"{source}: settings.prompt_start must be a list of token ids, got {shown(recorded)} "
                                 "(was its JSON edited by hand?)")
         change = start_change(recorded, getattr(backbone, "prompt_start", []))
@@ -134,9 +133,7 @@ class TraceResult(TraceFile):
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):
             raise TimeromeError(f"{path}: settings.neighbours_file must be the name of a .safetensors file beside it, "
                                 f"got {shown(name)} (was its JSON edited by hand?)")
-        if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta >= 0):
-            raise TimeromeError(f"{path}: settings.beta must be a number >= 0, got {shown(beta)} (was its JSON "
-                                "edited by hand?)")
+        number(beta, f"{path}: settings.beta (was its JSON edited by hand?)", lo=0)
         other = Path(path).parent / name
         if not other.exists():
             raise TimeromeError(f"{path} chose its coordinate with beta {beta:g} against the neighbour facts' trace "

@@ -82,9 +82,7 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     if neighbours is not None and not hasattr(neighbours, "tie"):
         raise TimeromeError(f"neighbours must be the TraceResult of the neighbour facts (trace(backbone, facts, "
                             f"...)), got {type(neighbours).__name__}")
-    if modules is not None:
-        result = result.only(modules)
-        neighbours = neighbours.only(modules) if neighbours is not None else None
+    result, neighbours = _restrict(result, neighbours, modules)
     score, own, other = objective(result, neighbours, beta)
     finite_tensor(score, "the trace's TIE (what selection ranks)",  # a NaN would sort first and be chosen
                   "a NaN would be ranked first and chosen; trace again")
@@ -105,9 +103,7 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     the facts (paired: each fact's |TIE_bar| at the two cells; the neighbours' term alike, times beta).
     A margin under two standard errors is within the trace's noise: another seed, another order of
     the facts or other facts may choose the runner-up. None when no other cell exists."""
-    if modules is not None:
-        result = result.only(modules)
-        neighbours = neighbours.only(modules) if neighbours is not None else None
+    result, neighbours = _restrict(result, neighbours, modules)
     if not (isinstance(best, Candidate) and best.module in result.modules and best.layer in result.layers
             and 0 <= best.step < result.steps):
         raise TimeromeError(f"best must be a Candidate of this trace's cells (select_coordinate(result, ..., "
@@ -132,6 +128,13 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     margin, margin_se = best.score - second.score, var ** 0.5
     return dict(second.as_dict(), margin=margin, margin_se=margin_se,
                 within_noise=bool(margin_se == margin_se and margin < 2 * margin_se))
+
+
+def _restrict(result, neighbours, modules):
+    """The trace and the neighbours' restricted to `modules` (None: all of them)."""
+    if modules is None:
+        return result, neighbours
+    return result.only(modules), (neighbours.only(modules) if neighbours is not None else None)
 
 
 def per_fact_best(result) -> list[Candidate]:
