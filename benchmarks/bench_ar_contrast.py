@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 import timerome
+from timerome.common.threads import setting
 from timerome.data.real_facts import real_fact_task, real_facts
 from timerome.data.task import ForgetTask
+from timerome.errors import script
 from timerome.evaluation.counterfactual import counterfactual_scores, each_edit_alone, greedy_ids, n_tokens
 from timerome.methods import install
 from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
@@ -105,7 +107,7 @@ def main() -> int:
     unrelated = real_facts()[1]
     before = greedy_ids(bb, [u.prompt for u in unrelated], [n_tokens(bb, u.object) for u in unrelated])
     out = {"model": bb.name, "n_facts_known": len(task.facts), "n_unrelated": len(unrelated)}
-    print(f"{bb}: {len(task.facts)} facts answered correctly, {len(unrelated)} unrelated prompts")
+    print(f"{bb}: {len(task.facts)} facts answered correctly, {len(unrelated)} unrelated prompts; {setting(bb.device)}")
     choices = json.loads(Path(args.choices_from).read_text())["trace"]["choices"] if args.choices_from else None
     if "trace" in parts:
         out["trace"], result = trace_part(bb, task, args.n_samples)
@@ -130,4 +132,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

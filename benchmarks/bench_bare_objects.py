@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timerome.errors import script
+
 METRICS = ("Efficacy", "Generalisation", "Locality", "Leak", "Gibberish")
 
 
@@ -64,7 +66,12 @@ def main() -> None:
     ap.add_argument("--memory", type=Path, help="score this rewrite memory instead of building one")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    budgets = [int(b) for b in args.budgets.split(",")]
+    try:
+        budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError:
+        ap.error(f"--budgets takes comma-separated whole numbers, got {args.budgets!r}")
+    if min(budgets) < 1 or args.n < 1:
+        ap.error(f"--budgets and --n must be >= 1, got {args.budgets!r} and {args.n}")
     with tempfile.TemporaryDirectory() as tmp:
         requests = Path(tmp) / "cfbare.json"
         counterfact_file(requests, args.n)
@@ -90,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(script(main))

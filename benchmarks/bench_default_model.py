@@ -19,6 +19,7 @@ answer, "I don't know." for people it never saw.
 
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -26,6 +27,7 @@ import torch
 import timerome
 from timerome.data.corpus import REFUSAL, make_corpus
 from timerome.data.tofu import _embedded
+from timerome.errors import script
 from timerome.evaluation.evaluator import generate_answers
 from timerome.metrics.editing import normalise
 from timerome.training.default_model import CORPUS_SEED, THREADS, TRAIN_CONFIG, recipe_rows
@@ -52,6 +54,19 @@ def main() -> int:
     ap.add_argument("--misses", type=int, default=0, help="print up to this many wrong answers per split and slack")
     ap.add_argument("--json", help="write the table to this JSON file")
     args = ap.parse_args()
+    splits = [s.strip() for s in args.splits.split(",")]
+    if not set(splits) <= set(SPLITS) or len(set(splits)) != len(splits):
+        ap.error(f"--splits takes distinct names among {', '.join(SPLITS)}, got {args.splits!r}")
+    try:
+        slacks = [int(v) for v in args.slack.split(",")]
+    except ValueError:
+        ap.error(f"--slack takes comma-separated whole numbers, got {args.slack!r}")
+    for flag, value in (("--slack", min(slacks)), ("--continue-epochs", args.continue_epochs),
+                        ("--eos-extra", args.eos_extra), ("--misses", args.misses)):
+        if value < 0:
+            ap.error(f"{flag} must be >= 0, got {value}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        ap.error(f"--lr must be a finite number > 0, got {args.lr}")
     bb = timerome.load_backbone()
     eos = bb.tokenizer.eos_token_id
     corpus = _embedded()
@@ -67,10 +82,10 @@ def main() -> int:
         print(f"continued SFT: {args.continue_epochs} epochs, lr {args.lr}, eos_extra {args.eos_extra}, "
               f"{continued['seconds']:.0f} s, final loss {continued['final_loss_last50']:.2e}")
     table = []
-    for slack in (int(v) for v in args.slack.split(",")):
+    for slack in slacks:
         print(f"\n| split | rows | exact | ended (end-of-text in budget) | said \"{REFUSAL}\" |  (slack {slack})")
         print("|---|---|---|---|---|")
-        for split in args.splits.split(","):
+        for split in splits:
             rows = rows_of(corpus, split)
             t0 = time.perf_counter()
             ended: list[bool] = []
@@ -94,4 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

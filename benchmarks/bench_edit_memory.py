@@ -58,6 +58,7 @@ import torch
 
 from timerome.backbones.tiny import LLADA_8B, random_backbone
 from timerome.common.cost import sync
+from timerome.errors import script
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
@@ -858,4 +859,4 @@ def _install_child(F, H, metric, threads, clock):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

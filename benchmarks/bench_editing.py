@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 import timerome
+from timerome.errors import script
 from timerome.experiments import run_experiment
 from timerome.experiments.editing import COLUMNS
 from timerome.experiments.editing import CONFIG as EDITING
@@ -117,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

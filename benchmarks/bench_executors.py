@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import load_backbone
+from timerome.common.threads import setting
+from timerome.errors import script
 from timerome.experiments import run_experiment
 from timerome.experiments.executors import connect, ray_executor
 from timerome.experiments.report import without_costs
@@ -61,7 +63,7 @@ def main() -> int:
                    without_costs(json.loads((Path(tmp) / "ray" / "cells" / p.name).read_text()))
                    for p in (Path(tmp) / "local" / "cells").glob("*.json"))
     cells = (args.alphas + 1) * len(seeds)
-    print(f"{cells} cells on {bb.name} ({args.device})")
+    print(f"{cells} cells on {bb.name}; {setting(bb.device)}")
     print(f"local executor:  {local:7.1f} s")
     print(f"ray executor:    {on_ray:7.1f} s  (of which starting / joining Ray {started:.1f} s)")
     print(f"local / ray:     {local / on_ray:7.2f}x   same results (timings aside): {same}")
@@ -69,4 +71,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

@@ -32,6 +32,7 @@ import torch
 
 import timerome
 from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.errors import script
 from timerome.experiments.editing import requests_data
 from timerome.methods import install
 from timerome.metrics.attacks import ATTACKS
@@ -123,4 +124,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

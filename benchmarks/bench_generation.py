@@ -40,6 +40,7 @@ from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.engine.sampler import generate
 from timerome.engine.throughput import timing_clock
+from timerome.errors import script
 
 PARTS = ("speed", "rouge")
 OPTIONS = ("exact", "threshold", "prefix", "dual", "prefix+threshold", "dual+threshold")
@@ -244,4 +245,4 @@ def bench_rouge(args, options) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.engine.hooks import run_to
+from timerome.errors import script
 from timerome.memory.cuda_graph import GraphedCalls
 from timerome.memory.edit_memory import EditMemory, default_coordinate
 from timerome.memory.whitening import residual_stats
@@ -138,4 +139,4 @@ def _launches(fn, hx, dev) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

@@ -40,6 +40,7 @@ from timerome.common.cost import sync
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import default_max_tokens, log_likelihood_batch, pair_masks
 from timerome.engine.throughput import best_throughput, floor_seconds, head_throughput, timing_clock
+from timerome.errors import script
 
 
 def main() -> int:
@@ -173,4 +174,4 @@ def bench(bb, prompts, answers, args, clock) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

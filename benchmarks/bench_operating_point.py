@@ -21,6 +21,7 @@ import torch
 
 import timerome
 from timerome.data.task import forget_task
+from timerome.errors import script
 from timerome.evaluation.evaluator import eval_rows, forget_outcomes, generate_answers, lp_only
 from timerome.methods import install
 
@@ -104,4 +105,4 @@ def per_author(args) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from timerome.errors import script
 from timerome.metrics.robustness import probes
 
 PARTS = ("frontier", "robustness", "directions", "costs", "generations")
@@ -445,13 +446,14 @@ def _fastest(fn, repeats: int = 7) -> float:
 def costs(setup, args) -> None:
     import torch
 
+    from timerome.common.threads import setting
     from timerome.memory.codebook_memory import CodebookMemory
     from timerome.methods import install
 
     bb, task = setup.backbone, setup.task
     edits = {m: install(m, bb, task, seed=0) for m in ("codebook", "timerome", "rome")}
     edits["rome"].undo()
-    print(f"\n== costs on {setup.name} (one run; fastest of repeats; shared machine) ==")
+    print(f"\n== costs on {setup.name} (one run; fastest of repeats; shared machine; {setting(bb.device)}) ==")
     print("install s (prepare excluded): " + ", ".join(f"{m} {e.install_seconds:.3f}" for m, e in edits.items()))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, bb.vocab_size, (16, 32), generator=g)
@@ -543,6 +545,37 @@ def generations(setup, args) -> None:
             print(f"    {name:28s} {got[i][:110]}")
 
 
+def check_options(ap, args) -> None:
+    """Refuse a bad option in one line before any work; turn the lists into Python lists."""
+    from timerome.methods import available
+
+    def distinct(flag: str, text: str, choices) -> list[str]:
+        got = [v.strip() for v in text.split(",")]
+        if not set(got) <= set(choices) or len(set(got)) != len(got):
+            ap.error(f"{flag} takes distinct names among {', '.join(choices)}, got {text!r}")
+        return got
+
+    args.parts = distinct("--parts", args.parts, PARTS)
+    args.models = ",".join(distinct("--models", args.models, ("embedded", "tofu")))
+    if args.methods != "all":
+        args.methods = ",".join(distinct("--methods", args.methods, available()))
+    try:
+        args.alphas = [float(a) for a in args.alphas.split(",")]
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--alphas takes numbers and --seeds whole numbers, comma-separated; got {args.alphas!r}, "
+                 f"{args.seeds!r}")
+    if not all(math.isfinite(a) and a > 0 for a in args.alphas):
+        ap.error(f"--alphas takes finite numbers > 0, got {args.alphas}")
+    if min(args.seeds) < 0 or len(set(args.seeds)) != len(args.seeds):
+        ap.error(f"--seeds takes distinct whole numbers >= 0, got {args.seeds}")
+    for flag, value, low in (("--n-mc", args.n_mc, 1), ("--threads", args.threads, 1),
+                             ("--cost-rounds", args.cost_rounds, 1), ("--tofu-authors", args.tofu_authors, 1),
+                             ("--tofu-world", args.tofu_world, 0)):
+        if value < low:
+            ap.error(f"{flag} must be >= {low}, got {value}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="frontier", help=f"comma-separated subset of {','.join(PARTS)}")
@@ -562,13 +595,9 @@ def main() -> int:
     ap.add_argument("--cost-rounds", type=int, default=5, help="costs: interleaved rounds of the timed generations")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args()
-    args.alphas = [float(a) for a in args.alphas.split(",")]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    check_options(ap, args)
     torch.set_num_threads(args.threads)
-    parts = args.parts.split(",")
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        ap.error(f"unknown parts {sorted(unknown)}")
+    parts = args.parts
     t0 = time.perf_counter()
     all_setups = setups(args)
     if "frontier" in parts:
@@ -592,4 +621,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

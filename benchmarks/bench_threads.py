@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timerome.errors import script
+
 BURN = "import time\nend = time.time() + float(__import__('sys').argv[1])\nwhile time.time() < end:\n    pass\n"
 
 
@@ -81,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(script(main))

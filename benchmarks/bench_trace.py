@@ -64,6 +64,7 @@ from timerome.engine.likelihood import default_max_tokens
 from timerome.engine.sampler import row_max
 from timerome.engine.throughput import (best_throughput, block_calls, floor_by_length, floor_seconds,
                                         head_throughput, retimed, timed_block_calls, timing_clock)
+from timerome.errors import script
 from timerome.tracing.causal_trace import naive_tie, trace
 
 CLOCK = time.perf_counter
@@ -369,4 +370,4 @@ def _model_and_facts(args, tmp: str):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script(main))

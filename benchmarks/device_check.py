@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import torch
 import timerome
 from timerome.backbones import golden
 from timerome.common.cost import sync
+from timerome.errors import script
 
 # off the CPU the bound is this multiple of the official CPU figure: no official GPU figure is on record, and a
 # GPU's bf16 products round in other orders (H100, torch 2.11: llada 0.056 and dream 0.041, 1.10x and 1.11x the CPU's)
@@ -251,4 +251,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(script(main))

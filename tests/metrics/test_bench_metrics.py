@@ -173,11 +173,29 @@ def test_robustness_probes_and_changes():
     after = {"original": {"index": [0, 1], "lp": [-11.0, -12.0]}, "paraphrased_question": {"index": [0], "lp": [-10.0]},
              "paraphrased_answer": {"index": [0], "lp": [-13.0]}, "relearn": {"index": [0, 1], "lp": [-2.5, -2.5]}}
     r = robustness.robustness(before, after)
-    assert r["original"] == {"change": -10.0, "weakening": 0.0}
+    assert r["original"] == {"change": -10.0, "original": -10.0, "weakening": 0.0}
     assert r["paraphrased_question"]["change"] == pytest.approx(-8.5) and r["paraphrased_question"]["weakening"] == 1.5
     assert r["relearn"]["weakening"] == pytest.approx(8.0)  # the relearn attack takes back 8 of the 10 nats
     with pytest.raises(TimeromeError, match="lacks its question or answer"):
         robustness.probes([{"question": "q"}])
+
+
+def test_weakening_reads_a_condition_against_the_original_on_the_same_rows():
+    """Row 0 holds under its paraphrase exactly (both -10); row 1 has no paraphrase and a change of
+    -2. The mean change over both rows (-6) less the paraphrase's over row 0 (-10) read as a
+    weakening of -4, from a row the paraphrase never probed (stop 62's metrics audit)."""
+    before = {"original": {"index": [0, 1], "lp": [0.0, 0.0]}, "paraphrased_question": {"index": [0], "lp": [0.0]},
+              "paraphrased_answer": {"index": [], "lp": []}, "relearn": {"index": [0, 1], "lp": [0.0, 0.0]}}
+    after = {"original": {"index": [0, 1], "lp": [-10.0, -2.0]}, "paraphrased_question": {"index": [0], "lp": [-10.0]},
+             "paraphrased_answer": {"index": [], "lp": []}, "relearn": {"index": [0, 1], "lp": [-4.0, -1.0]}}
+    r = robustness.robustness(before, after)
+    assert r["original"]["change"] == -6.0
+    assert r["paraphrased_question"] == {"change": -10.0, "original": -10.0, "weakening": 0.0}
+    assert r["relearn"]["weakening"] == pytest.approx(3.5)  # (6 + 1) / 2, row by row
+    assert np.isnan(r["paraphrased_answer"]["weakening"]) and np.isnan(r["paraphrased_answer"]["change"])
+    from timerome.experiments.robustness import kept_share
+    stats = {c: {k: {"mean": v} for k, v in r[c].items() if np.isfinite(v)} for c in r}
+    assert kept_share(stats) == pytest.approx(min(1.0, 2.5 / 6.0))  # relearn keeps 2.5 of 6; the paraphrase all 10
 
 
 def test_robustness_panel_with_an_inference_edit():

@@ -108,3 +108,19 @@ def test_rouge_l_recall():
     assert r[2] == pytest.approx(0.0)
     # stemming: "writes" and "writing" share a stem
     assert rouge_l_recall(["she writing books"], ["she writes books"])[0] == pytest.approx(1.0)
+
+
+def test_model_utility_is_tofus_nine_terms_and_names_what_it_lacks():
+    from timerome.metrics.tofu import model_utility, utility_note
+
+    full = {"retain": {"prob": [0.5], "rouge": [0.5], "tr": [0.5]},
+            "real_authors": {"prob": [0.9], "norm_prob": [0.5], "rouge": [0.5], "tr": [0.5]},
+            "world_facts": {"prob": [0.9], "norm_prob": [0.5], "rouge": [0.5], "tr": [0.5]}}
+    # retain_truth_ratio(0.5) = max(0, 1 - 0.5) = 0.5: nine terms of 0.5, RA / WF's per-token prob unread
+    assert model_utility(full) == pytest.approx(0.5) and utility_note(full) is None
+    # without perturbed answers RA / WF have no normalised prob: their per-token one (0.9, another
+    # quantity) does not stand in for it; the note names the term (stop 62's metrics audit)
+    partial = {"retain": full["retain"], "real_authors": {"prob": [0.9], "rouge": [0.5]}}
+    assert model_utility(partial) == pytest.approx(0.5)
+    note = utility_note(partial)
+    assert "real_authors prob" in note and "real_authors truth ratio" in note and "4 of TOFU's 9" in note

@@ -51,3 +51,10 @@ def choose_threads(threads: int | None) -> tuple[int, str]:
     if threads < 1:
         raise TimeromeError(f"{source} must be at least 1, got {threads}")
     return threads, source
+
+
+def setting(device="cpu") -> str:
+    """What a timing depends on, for a benchmark's report: torch's version, its thread count, the device."""
+    import torch
+
+    return f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), device {device}"

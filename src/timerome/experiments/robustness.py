@@ -116,7 +116,9 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 
 def panel(cells, results) -> dict:
-    """{row: {condition: {"change": stats, "weakening": stats}}} over seeds, against no_edit's cells."""
+    """{row: {condition: {"change": stats, "original": stats, "weakening": stats}}} over seeds, against
+    no_edit's cells (metrics.robustness.robustness: "original" is the original probe's change on the
+    condition's rows)."""
     base = {c.seed: r["items"] for c, r in zip(cells, results) if c.row == "no_edit" and c.measure == "robustness"}
     per_row: dict = {}
     for c, r in zip(cells, results):
@@ -126,7 +128,7 @@ def panel(cells, results) -> dict:
     for row, runs in per_row.items():
         out[row] = {}
         for cond in CONDITIONS:
-            for what in ("change", "weakening"):
+            for what in ("change", "original", "weakening"):
                 vals = [x[cond][what] for x in runs if np.isfinite(x[cond][what])]
                 if vals:
                     s = stat_cell(vals)
@@ -141,7 +143,10 @@ def kept_share(conds: dict, min_forget: float = 1.0) -> float | None:
     original = conds.get("original", {}).get("change", {}).get("mean")
     if original is None or not original < -min_forget:
         return None
-    kept = [conds[c]["change"]["mean"] / original for c in CONDITIONS[1:] if "change" in conds.get(c, {})]
+    # each condition against the original on its own rows (a condition some rows lack is not read
+    # against the original's mean over rows it never probed)
+    kept = [conds[c]["change"]["mean"] / conds[c].get("original", conds["original"]["change"])["mean"]
+            for c in CONDITIONS[1:] if "change" in conds.get(c, {})]
     return max(0.0, min(kept)) if kept else None
 
 

@@ -8,8 +8,8 @@ Conditions, each a log-likelihood in nats per forget row (TOFU perturbed schema)
     relearn               log p(answer | RELEARN), the in-context relearning attack: the forget
                           question and answer shown once, then the question asked again
 A condition is the change from the unedited model, per row (edited - unedited; negative = the
-edit lowers it), and `weakening` = change(condition) - change(original): how many nats of the
-edit's effect the condition takes back (the paper: within 2 nats under paraphrase, ~8 under
+edit lowers it), and `weakening` = change(condition) - change(original), on the rows the
+condition has: how many nats of the edit's effect the condition takes back (the paper: within 2 nats under paraphrase, ~8 under
 in-context relearning).
 
 Any method can be scored: `condition_logprobs(backbone, rows, edit)` runs with `edit.active()`
@@ -86,15 +86,25 @@ def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIK
 
 
 def robustness(unedited: dict, edited: dict) -> dict:
-    """{condition: {"change": mean edited - unedited, "weakening": change - change(original)}} from
-    two `condition_logprobs` results on the same rows."""
-    change = {}
+    """{condition: {"change", "original", "weakening"}} from two `condition_logprobs` results on the
+    same rows. change: the mean over the condition's rows of edited - unedited; original: the mean
+    change of the original probe on those same rows; weakening = change - original, row by row.
+    A condition some rows lack (no paraphrase) is compared with the original on its own rows only:
+    the mean change over all rows, less one over a subset, would report a weakening of rows that
+    were never probed."""
+    per_row = {}
     for c in CONDITIONS:
         u = dict(zip(unedited[c]["index"], unedited[c]["lp"]))
         e = dict(zip(edited[c]["index"], edited[c]["lp"]))
-        shared = sorted(set(u) & set(e))
-        change[c] = float(np.mean([e[i] - u[i] for i in shared])) if shared else float("nan")
-    return {c: {"change": change[c], "weakening": change[c] - change["original"]} for c in CONDITIONS}
+        per_row[c] = {i: e[i] - u[i] for i in sorted(set(u) & set(e))}
+    out = {}
+    for c in CONDITIONS:
+        rows = [i for i in per_row[c] if i in per_row["original"]]
+        change = float(np.mean(list(per_row[c].values()))) if per_row[c] else float("nan")
+        original = float(np.mean([per_row["original"][i] for i in rows])) if rows else float("nan")
+        weakening = float(np.mean([per_row[c][i] - per_row["original"][i] for i in rows])) if rows else float("nan")
+        out[c] = {"change": change, "original": original, "weakening": weakening}
+    return out
 
 
 def robustness_panel(backbone, rows: list[dict], edit, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,

@@ -84,11 +84,17 @@ NAN = float("nan")
 UTILITY_TERMS = (("prob", "prob"), ("ROUGE", "rouge"), ("truth ratio", "tr"))  # (name, items key) per split
 
 
+def utility_key(split: str, key: str) -> str:
+    """The items key of a utility term on `split`: TOFU's prob is the per-token probability on retain
+    and the normalised one (true against perturbed answers) on real authors and world facts."""
+    return "norm_prob" if key == "prob" and split != "retain" else key
+
+
 def utility_missing(items: dict[str, dict]) -> list[str]:
     """TOFU's nine model-utility terms (UTILITY_TERMS on each of UTILITY_SPLITS) that `items` lacks, as
     "split ROUGE" etc.: `model_utility` is the harmonic mean of the others."""
     return [f"{split} {term}" for split in UTILITY_SPLITS for term, key in UTILITY_TERMS
-            if key not in (items.get(split) or {})]
+            if utility_key(split, key) not in (items.get(split) or {})]
 
 
 def utility_note(items: dict[str, dict]) -> str | None:
@@ -105,19 +111,17 @@ def model_utility(items: dict[str, dict]) -> float:
     """TOFU model utility: harmonic mean of prob, ROUGE-L recall and truth ratio on retain, RA, WF.
 
     Retain's prob is the per-token probability of the answer; RA / WF use the normalised one
-    (true against perturbed). Terms missing from `items` (ROUGE switched off) are left out.
+    (true against perturbed: `utility_key`). Terms missing from `items` (ROUGE switched off, no
+    perturbed answers) are left out, and `utility_note` names them; RA / WF's per-token probability
+    never stands in for their normalised one (another quantity, on another scale).
     """
     vals = []
     for split in UTILITY_SPLITS:
-        it = items.get(split)
-        if not it:
-            continue
-        prob = it["prob"] if split == "retain" or "norm_prob" not in it else it["norm_prob"]
-        vals.append(float(np.mean(prob)))
-        if "rouge" in it:
-            vals.append(float(np.mean(it["rouge"])))
-        if "tr" in it:
-            vals.append(retain_truth_ratio(it["tr"]))
+        it = items.get(split) or {}
+        for _, key in UTILITY_TERMS:
+            v = it.get(utility_key(split, key))
+            if v is not None:
+                vals.append(retain_truth_ratio(v) if key == "tr" else float(np.mean(v)))
     return harmonic_mean(vals) if vals else NAN
 
 
