@@ -113,6 +113,12 @@ def files(tmp_path_factory):
     f["empty"].write_text("")
     f["empty_rows"] = d / "empty.jsonl"
     f["empty_rows"].write_text("")
+    f["tofu_empty"] = d / "tofu_empty"  # an interrupted copy: the split's file is there, with nothing in it
+    f["tofu_empty"].mkdir()
+    (f["tofu_empty"] / "forget01.json").write_text("")
+    f["muse_books"] = d / "muse" / "books"  # the Books corpus folder, to be passed where News is asked for
+    for part in ("knowmem", "verbmem", "privleak"):
+        (f["muse_books"] / part).mkdir(parents=True)
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
     f["fifo"] = d / "fifo.safetensors"  # a named pipe: nothing ever writes to it, so a read would block
@@ -299,7 +305,7 @@ def catalogue(f, tmp):
         ("new-model from no text", ["new-model", f["empty"], "-o", tmp / "nm"], "no text"),
         ("new-model from a non-UTF-8 rows file", ["new-model", f["rows"], "-o", tmp / "nm"], "not UTF-8"),
         # stop 49: an empty rows file built a tokenizer from the default target alone
-        ("new-model from an empty rows file", ["new-model", f["empty_rows"], "-o", tmp / "nm"], "holds no rows"),
+        ("new-model from an empty rows file", ["new-model", f["empty_rows"], "-o", tmp / "nm"], "empty.jsonl is empty"),
         ("a memory file that is a directory", ["eval", "--edit", f["outdir"], "--no-rouge"], "is a directory; pass a file"),
         ("a requests file that is a directory", ["requests", f["outdir"]], "is a directory; pass a file"),
         ("a memory file that is a named pipe (the read blocked)", ["eval", "--edit", f["fifo"], "--no-rouge"],
@@ -479,6 +485,19 @@ def catalogue(f, tmp):
         ("requests -o its source", ["requests", f["rows"], "-o", f["rows"]], "is the requests file you gave"),
         ("a weight edit over its model folder", ["edit", "--method", "ga", "-m", f["badcfg"], "-o", f["badcfg"]],
          "is the model folder"),
+        # stop 62's data-reader audit: an option read by nothing, an empty split, the other corpus's folder
+        ("trace --tofu-dir with embedded rows", ["trace", "--tofu-dir", f["tofu"], "-o", tmp / "t"],
+         "--tofu-dir"),
+        ("train --tofu-dir with embedded rows", ["train", "--tofu-dir", f["tofu"], "--out", tmp / "o"], "--tofu-dir"),
+        ("edit --tofu-dir with embedded rows", ["edit", "--tofu-dir", f["tofu"], "-o", out], "--tofu-dir"),
+        ("new-model --tofu-dir with embedded texts", ["new-model", "embedded:forget01", "--tofu-dir", f["tofu"],
+                                                      "-o", tmp / "m"], "--tofu-dir"),
+        ("radar given --data", ["experiment", "radar", "--data", "tofu", "-o", tmp / "e"], "--data are read by nothing"),
+        ("an empty TOFU split file", ["trace", "--data", "tofu:forget01", "--tofu-dir", f["tofu_empty"],
+                                      "-o", tmp / "t"], "forget01.json is empty"),
+        ("an empty --data file", ["trace", "--data", f["empty_rows"], "-o", tmp / "t"], "empty.jsonl is empty"),
+        ("MUSE-News asked on the Books folder", ["eval", "--bench", "muse-news", "--bench-data", f["muse_books"]],
+         "is the MUSE-Books folder"),
     ]
 
 

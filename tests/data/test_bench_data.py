@@ -74,12 +74,14 @@ def test_wmdp_layouts_and_choice_index_out_of_range(tmp_path):
     rows = [{"question": "q?", "choices": ["a", "b", "c", "d"], "answer": 1},
             {"question": "r?", "choices": ["a", "b", "c", "d"], "answer": 7},
             {"question": "s?", "choices": ["a", "b"], "answer": "B"},
-            {"question": "t?", "choices": ["a"], "answer": 0}]
+            {"question": "t?", "choices": ["a"], "answer": 0},
+            {"question": "u?", "choices": list("abcdefghijkl"), "answer": 11}]  # 12 choices: letters A-J name 10
     (tmp_path / "wmdp-bio.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.warns(UserWarning, match="row 1: choice index 7 out of range \\(4 choices\\)"):
         w = load_wmdp(tmp_path, "bio")
     assert w.layout == "official cais/wmdp wmdp-bio" and [r["answer"] for r in w.rows] == [1, 1]
     assert "at least two" in w.skipped[1][1]
+    assert w.skipped[2] == (4, "12 choices: a prompt names at most 10 (A-J)")  # it was kept, then an IndexError
     (tmp_path / "split_0.jsonl").write_text(json.dumps(rows[0]))
     mixed = load_wmdp(tmp_path, "mixed")
     assert mixed.layout.startswith("mixed") and len(mixed.rows) == 1
@@ -87,6 +89,31 @@ def test_wmdp_layouts_and_choice_index_out_of_range(tmp_path):
         load_wmdp(tmp_path, "physics")
     with pytest.raises(TimeromeError, match="local only"):
         load_wmdp("hub", "mixed")
+
+
+def test_muse_reads_the_repositorys_folder_names_and_never_the_other_corpus(tmp_path):
+    """MUSE's repository names its corpora data/hp (Books) and data/bbc (News); a Books folder given
+    where News was asked for was read, its Harry Potter rows labelled News (stop 62's data audit)."""
+    rows = [{"question": "q?", "answer": "a"}]
+    for folder in ("hp", "bbc"):
+        (tmp_path / "data" / folder / "knowmem").mkdir(parents=True)
+        (tmp_path / "data" / folder / "knowmem" / "forget_qa.json").write_text(
+            json.dumps([dict(rows[0], answer=folder)]))
+    assert load_muse("books", "knowmem/forget_qa", tmp_path / "data").rows[0]["answer"] == "hp"
+    assert load_muse("news", "knowmem/forget_qa", tmp_path / "data").rows[0]["answer"] == "bbc"
+    assert load_muse("news", "knowmem/forget_qa", tmp_path / "data" / "bbc").rows[0]["answer"] == "bbc"
+    with pytest.raises(TimeromeError, match="is the MUSE-Books folder, and MUSE-News was asked for"):
+        load_muse("news", "knowmem/forget_qa", tmp_path / "data" / "hp")
+    (tmp_path / "books" / "knowmem").mkdir(parents=True)
+    with pytest.raises(TimeromeError, match="is the MUSE-Books folder"):
+        load_muse("news", "knowmem/forget_qa", tmp_path / "books")
+
+
+def test_an_empty_benchmark_file_is_named_not_a_blank_reason(tmp_path):
+    (tmp_path / "muse" / "books" / "knowmem").mkdir(parents=True)
+    (tmp_path / "muse" / "books" / "knowmem" / "forget_qa.json").write_text("\n")
+    with pytest.raises(TimeromeError, match="benchmark file .*forget_qa.json is empty"):
+        load_muse("books", "knowmem/forget_qa", tmp_path)
 
 
 def test_subjects_of_questions_without_one():

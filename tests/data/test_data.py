@@ -13,7 +13,7 @@ def test_load_rows_specs(tmp_path):
     assert [r["question"] for r in load_rows(str(f))] == ["q?", "r?"]
     g = tmp_path / "qa.json"
     g.write_text(json.dumps([{"question": "q?", "answer": ""}]))
-    with pytest.raises(TimeromeError, match="row 0 needs"):
+    with pytest.raises(TimeromeError, match="row 0 lacks question/answer: no answer text"):
         load_rows(str(g))
     with pytest.raises(TimeromeError, match="neither"):
         load_rows("nowhere.json")
@@ -82,3 +82,39 @@ def test_a_row_source_says_where_its_rows_are_and_reads_them_again(tmp_path, mon
     with pytest.raises(TimeromeError) as e:  # a record without its folder names none ("in None" before)
         recorded_rows({"rows": "tofu:retain_perturbed", "digest": "d"}, "x", "y")
     assert "x on tofu:retain_perturbed, which cannot be read here" in str(e.value) and "None" not in str(e.value)
+
+
+def test_a_rows_file_reads_as_a_tofu_split_does(tmp_path):
+    """--data FILE had a reader of its own: TOFU's prompt/response names, an array of arrays and a
+    pretty-printed object were refused there and read as a split; an empty file was no rows at all,
+    and a bad line was reported at line 1 (stop 62's data audit). One reader now."""
+    from timerome.data.tofu import load_split
+
+    rows = [{"prompt": f"q{i} ?", "response": f"a{i} ."} for i in range(4)]
+    want = [{"question": f"q{i} ?", "answer": f"a{i} ."} for i in range(4)]
+    layouts = {"names.json": json.dumps(rows), "nested.json": json.dumps([rows[:2], rows[2:]], indent=1),
+               "lines.json": json.dumps(rows[:2]) + "\n" + json.dumps(rows[2:]) + "\n"}
+    for name, text in layouts.items():
+        (tmp_path / name).write_text(text)
+        assert load_rows(str(tmp_path / name)) == want, name
+        (tmp_path / "split").mkdir(exist_ok=True)
+        (tmp_path / "split" / "forget01.json").write_text(text)
+        assert load_split("forget01", tmp_path / "split") == want, name
+    (tmp_path / "one.json").write_text(json.dumps(rows[0], indent=2))
+    assert load_rows(str(tmp_path / "one.json")) == want[:1]
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TimeromeError, match="empty.jsonl is empty"):
+        load_rows(str(tmp_path / "empty.jsonl"))
+    (tmp_path / "bad3.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n{oops\n")
+    with pytest.raises(TimeromeError, match="bad3.jsonl line 3 is not JSON"):
+        load_rows(str(tmp_path / "bad3.jsonl"))
+
+
+def test_a_facts_limit_is_a_count_of_at_least_one():
+    from timerome.data.rows import load_facts
+
+    assert len(load_facts("embedded:forget05", limit=3)[0]) == 3
+    assert len(load_facts("embedded:forget05")[0]) == len(load_facts("embedded:forget05", limit=None)[0])
+    for bad in (0, -1, 1.5):  # 0 was every fact, -1 every fact but the last
+        with pytest.raises(TimeromeError, match="limit must be"):
+            load_facts("embedded:forget05", limit=bad)

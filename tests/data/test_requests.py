@@ -147,3 +147,23 @@ def test_bad_files_are_one_clear_error(tmp_path):
         load_requests(twice)
     with pytest.raises(TimeromeError, match="unknown split"):
         load_requests("counterfactual:nope")
+
+
+def test_tofu_forget_requests_have_the_perturbed_files_paraphrases(tmp_path):
+    """TOFU's forgetXX files have no paraphrased question; forgetXX_perturbed has, row for row. 'tofu:forget01'
+    gave requests without paraphrases, so Generalisation was the mean of nothing (stop 62's data audit)."""
+    import shutil
+    import warnings
+
+    from conftest import TOFU_DIR
+
+    plain, _ = load_requests("tofu:forget01", tofu_dir=str(TOFU_DIR))
+    perturbed, _ = load_requests("tofu:forget01_perturbed", tofu_dir=str(TOFU_DIR))
+    assert len(plain) == len(perturbed) == 38
+    assert [r.paraphrases for r in plain] == [r.paraphrases for r in perturbed] and all(r.paraphrases for r in plain)
+    shutil.copy(TOFU_DIR / "forget01.json", tmp_path / "forget01.json")  # a folder without the perturbed file
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        alone, _ = load_requests("tofu:forget01", tofu_dir=str(tmp_path))
+    assert not any(r.paraphrases for r in alone)
+    assert any("forget01_perturbed, which cannot be read" in str(w.message) for w in seen)

@@ -125,3 +125,18 @@ def test_a_probe_over_the_context_is_refused_not_cut(bb, reqs):
     with pytest.raises(TimeromeError, match="retain row 0 is"):
         edit_scores(bb, reqs[:1], None, locality={"retain": [{"question": long, "answer": "x"}]}, lp=False)
     edit_scores(bb, reqs[:1], None, lp=False, gen_length=8)  # the requests themselves fit
+
+
+def test_says_ignores_case_apostrophes_and_how_the_sentence_closes():
+    """'I don't know' (no period), 'i don't know.' and 'I don’t know!' were Confabulations of the
+    target "I don't know." (stop 62's metrics audit); a sentence target still ends where it ends."""
+    for said in ("I don't know", "i don't know.", "I don\u2019t know!", "I DON'T KNOW?", "I don't know. Pellmoor"):
+        assert says(said, "I don't know."), said
+    for not_said in ("I don't know I", "I don't knowledge.", "I do not know."):
+        assert not says(not_said, "I don't know."), not_said
+    assert says("paris is", "Paris") and not says("Parisian", "paris")
+    req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
+                      true_object="Ostrel")
+    assert outcome("i don't know", req) == "Refusal"
+    assert outcome("I don\u2019t know. ostrel.", req) == "Leak"  # the object after the target, in lower case
+    assert outcome("She was born in OSTREL.", req) == "Leak"

@@ -124,3 +124,12 @@ def test_model_utility_is_tofus_nine_terms_and_names_what_it_lacks():
     assert model_utility(partial) == pytest.approx(0.5)
     note = utility_note(partial)
     assert "real_authors prob" in note and "real_authors truth ratio" in note and "4 of TOFU's 9" in note
+
+
+def test_a_paired_t_over_a_nan_is_refused_not_marked_exact():
+    """paired_t([1, nan, 3], ...) gave p = NaN, which stars() reads as "the same difference on every
+    seed" (†), a claim about data that has a hole (stop 62's metrics audit)."""
+    with pytest.raises(TimeromeError, match="finite values on every seed"):
+        paired_t([1.0, float("nan"), 3.0], [0.5, 1.0, 2.0])
+    with pytest.raises(TimeromeError, match="finite values"):
+        paired_t([1.0, 2.0], [float("inf"), 1.0])

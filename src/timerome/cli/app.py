@@ -308,6 +308,15 @@ def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, 
     return calibration, calibration_rows(task, {})
 
 
+def tofu_dir_read(tofu_dir, *specs) -> None:
+    """Refuse --tofu-dir where nothing reads it: none of `specs` (the row sources the command was
+    given, or a file records) is a 'tofu:SPLIT'. A misspelt or wrong folder taken without a word
+    leaves the user believing the command read it."""
+    if tofu_dir is not None and not any(isinstance(s, str) and s.startswith("tofu:") for s in specs):
+        raise TimeromeError(f"--tofu-dir {tofu_dir} is read only for 'tofu:SPLIT' rows, and nothing here names one: "
+                            "leave it out (or name the rows as tofu:SPLIT)")
+
+
 def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str):
     """(facts, source spec) to edit: from --requests (each with its own target, `target` for the
     others; the reader's notes are printed), or from --data (every fact gets `target`)."""

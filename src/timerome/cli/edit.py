@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, config_arg, console,
-                              edit_facts, err_console, friendly, model_options, print_json, said_by_model, spare_rows)
+                              edit_facts, err_console, friendly, model_options, print_json, said_by_model, spare_rows,
+                              tofu_dir_read)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
 from timerome.methods.timerome_edit import DEFAULTS
@@ -119,6 +120,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                           for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
+    tofu_dir_read(tofu_dir, requests, data, calibration, background)
     if module not in HOOK_POINTS:
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if not target.strip():

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, OneLineUsageErrors, RequestsOpt, TofuOpt, app, console, edit_facts,
-                              err_console, friendly, model_options, print_json, said_by_model, spare_rows)
+                              err_console, friendly, model_options, print_json, said_by_model, spare_rows,
+                              tofu_dir_read)
 from timerome.common.files import output_file
 from timerome.errors import TimeromeError
 
@@ -163,6 +164,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         raise TimeromeError(f"--value-rows applies to rewrite memories; {file} is a "
                             f"{'ridge edit' if kind == 'edit' else kind} memory")
     _, meta = read_memory_file(file)
+    recorded_specs = [s["rows"] for s in (read_sources(meta, file) if kind != "edit" else {}).values()]
+    tofu_dir_read(tofu_dir, requests, data, calibration, value_rows, *recorded_specs)
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     check_for_model(file, meta, bb)  # another model's memory: refused before the facts are read (and warned about)

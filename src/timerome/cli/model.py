@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
-                              print_json, warn_unknown_words)
+                              print_json, tofu_dir_read, warn_unknown_words)
 from timerome.common.cache import json_text
 from timerome.engine.settings import ANSWER, SAMPLER
 from timerome.errors import TimeromeError
@@ -127,6 +127,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
         raise TimeromeError(f"--eos-extra must be >= 0 (0 = EOS up to one past the batch's longest row), got {eos_extra}")
     if not lr > 0:
         raise TimeromeError(f"--lr must be > 0, got {lr}")
+    tofu_dir_read(tofu_dir, data)
     output_folder(out)
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import app, console, friendly, print_json
+from timerome.cli.app import app, console, friendly, print_json, tofu_dir_read
 
 
 @app.command("new-model")
@@ -33,6 +33,7 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
 
     for i, t in enumerate(texts):
         user_text(t, f"text source {i + 1}")
+    tofu_dir_read(tofu_dir, *texts)
     info = new_model(texts, out, size=size, vocab_size=vocab_size, context=context, seed=seed, tofu_dir=tofu_dir,
                      d_model=d_model, n_layers=layers, n_heads=heads, mlp_hidden_size=mlp)
     if as_json:

@@ -96,9 +96,10 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
     if out is not None:
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
     reads_outputs = getattr(EXPERIMENTS.get(name), "READS_OUTPUTS", False)
-    if reads_outputs and (model.model is not None or reference is not None or seeds is not None):
+    if reads_outputs and (model.model is not None or reference is not None or seeds is not None
+                          or data != "embedded"):
         raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: -m / "
-                            "--reference / --seeds are read by nothing; leave them out")
+                            "--reference / --seeds / --data are read by nothing; leave them out")
     if models is not None and model.model is not None:
         raise TimeromeError("--models names every checkpoint xbackbone runs; -m / --model beside it is read by nothing")
     overrides = config_arg(config, "experiment settings")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, err_console, friendly
 from timerome.cli.app import load_facts as _facts
-from timerome.cli.app import model_options, print_json
+from timerome.cli.app import model_options, print_json, tofu_dir_read
 from timerome.common.cache import write_json
 from timerome.common.files import output_folder
 from timerome.engine.settings import TRACE
@@ -71,6 +71,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"--sigma must be > 0, got {sigma:g}" + (": the noise scale 0 corrupts nothing, so every "
                             "TIE is 0 and no coordinate can be selected" if sigma == 0 else ""))
     window = 10 if window is None else window
+    tofu_dir_read(tofu_dir, data, neighbours)
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()
     if compare:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from timerome.data.tofu import _read_rows
+from timerome.data.tofu import read_rows
 from timerome.errors import TimeromeError
 
 ENV_DIR = "TIMEROME_BENCH_DIR"
@@ -69,7 +69,8 @@ def bench_dir(source, name: str) -> Path | None:
         return None
     root = Path(source)
     if not root.is_dir():
-        raise TimeromeError(f"benchmark directory {root} does not exist (pass a folder holding {name}/ or "
+        state = "is a file, not a folder" if root.exists() else "does not exist"
+        raise TimeromeError(f"benchmark directory {root} {state} (pass a folder holding {name}/ or "
                             f"the {name} folder itself, or set ${ENV_DIR})")
     return root / name if (root / name).is_dir() else root
 
@@ -85,10 +86,10 @@ def find_file(directory: Path, candidates: tuple[str, ...], what: str) -> Path:
                         f"{', '.join(have) or 'none'}")
 
 
-def read_file(path: Path) -> list:
+def read_file(path: Path, what: str = "benchmark file") -> list:
     """Rows of a JSON array or JSON Lines file (TOFU's reader: one format rule for every benchmark)."""
     try:
-        return _read_rows(Path(path))
+        return read_rows(Path(path), what)
     except OSError as e:
         raise TimeromeError(f"cannot read {path}: {e.strerror or e}") from None
 

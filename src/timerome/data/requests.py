@@ -177,12 +177,35 @@ def _from_corpus(spec: str, tofu_dir) -> list[dict]:
 
     facts, _ = load_facts(spec, tofu_dir=tofu_dir)
     rows = {r["question"]: r for r in load_rows(spec, tofu_dir=tofu_dir)}
+    if kind == "tofu":
+        rows = _with_paraphrases(spec, split, rows, tofu_dir)
     out = []
     for f in facts:
         para = rows.get(f.prompt, {}).get("paraphrased_question")
         out.append(dict(fact_id=f.fact_id, subject=f.subject, prompt=f.prompt, object=f.object, target=f.target,
                         paraphrases=[para] if isinstance(para, str) and para.strip() else []))
     return out
+
+
+def _with_paraphrases(spec: str, split: str, rows: dict, tofu_dir) -> dict:
+    """TOFU's forgetXX files hold no paraphrased question: forgetXX_perturbed holds them, row for row
+    the same questions and answers (TOFU's SOURCE.md). Read them from there, matched by question, so
+    that 'tofu:forget01' has the paraphrases (and Generalisation) 'tofu:forget01_perturbed' has."""
+    import warnings
+
+    from timerome.data.rows import load_rows
+    from timerome.data.tofu import SPLITS
+
+    perturbed = f"{split}_perturbed"
+    if split.endswith("_perturbed") or perturbed not in SPLITS or any("paraphrased_question" in r for r in rows.values()):
+        return rows
+    try:
+        extra = {r["question"]: r for r in load_rows(f"tofu:{perturbed}", tofu_dir=tofu_dir)}
+    except TimeromeError as e:
+        warnings.warn(f"{spec}'s paraphrased questions are in {perturbed}, which cannot be read ({e}): its requests "
+                      "have no paraphrase, so Generalisation is not measured", stacklevel=4)
+        return rows
+    return {q: {**extra.get(q, {}), **r} for q, r in rows.items()}
 
 
 # ------------------------------------------------------------------------------ one record

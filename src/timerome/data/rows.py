@@ -3,7 +3,6 @@ real facts of `data/real_facts.py`, with their counterfactual targets) or a file
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -12,10 +11,9 @@ import numpy as np
 
 from timerome.common.checks import integer
 from timerome.common.cache import digest
-from timerome.common.files import read_text
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import ENV_DIR as TOFU_ENV
-from timerome.data.tofu import FULL_OFFSET, load_split
+from timerome.data.tofu import FULL_OFFSET, load_split, normalise_row, read_rows
 from timerome.data.tofu import HUB_ID as TOFU_HUB
 from timerome.errors import TimeromeError
 
@@ -32,16 +30,9 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
     path = Path(spec)
     if not path.exists():
         raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' nor an existing file")
-    text = read_text(path, "rows file").strip()
-    try:
-        rows = json.loads(text) if text.startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
-    except json.JSONDecodeError as e:
-        raise TimeromeError(f"{path} is not JSON or JSON Lines: {e}") from None
-    rows = [r for part in rows for r in (part if isinstance(part, list) else [part])]
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k].strip() for k in ("question", "answer")):
-            raise TimeromeError(f"{path} row {i} needs non-empty 'question' and 'answer' text fields")
-    return rows
+    # TOFU's reader and its field names (question/answer, or prompt/response as some copies write them):
+    # a file loads as --data FILE exactly as it does as a split of a --tofu-dir
+    return [normalise_row(r, path, i) for i, r in enumerate(read_rows(path, "rows file"))]
 
 
 def row_spec(spec: str, *, tofu_dir: str | None = None) -> dict:
@@ -106,7 +97,7 @@ def load_facts(spec: str, *, tofu_dir: str | None = None, limit: int | None = No
     facts, skipped = facts_from_rows(rows, offset=FULL_OFFSET.get(split, 0))
     if not facts:
         raise TimeromeError(f"no usable fact in {spec!r}: " + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]))
-    return (facts[:limit] if limit else facts), skipped
+    return (facts if integer(limit, "limit", lo=1, none=True) is None else facts[:limit]), skipped
 
 
 def spread(rows: list, n: int | None) -> list:

@@ -65,31 +65,37 @@ def _from_dir(directory: Path, name: str) -> list[dict]:
         have = sorted(p.stem for p in directory.glob("*.json"))
         raise TimeromeError(f"{path} is missing; splits available in {directory}: "
                             f"{', '.join(have) or 'none (no .json files)'}")
-    return [_normalise(r, path, i) for i, r in enumerate(_read_rows(path))]
+    return [normalise_row(r, path, i) for i, r in enumerate(read_rows(path))]
 
 
-def _read_rows(path: Path) -> list:
-    """A JSON array, or JSON Lines where a line may itself be an array of rows (flattened)."""
-    text = read_text(path, "TOFU split")
+def read_rows(path: Path, what: str = "TOFU split") -> list:
+    """The rows of a JSON or JSON Lines file: one document (an object, an array of rows, or an array
+    of arrays of rows), or one per line (each an object or an array of rows), arrays flattened.
+    The one reader of every rows file (TOFU splits, benchmarks, --data FILE); an empty file is refused:
+    an interrupted copy is not an empty split."""
+    text = read_text(path, what)
     try:
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None  # not one JSON document: read it as JSON Lines
     if whole is not None:
-        return whole if isinstance(whole, list) else [whole]
-    rows: list = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TimeromeError(f"{path} line {lineno} is not JSON: {e}") from None
-        rows.extend(item if isinstance(item, list) else [item])
+        items = whole if isinstance(whole, list) else [whole]
+    else:
+        items = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise TimeromeError(f"{what} {path} line {lineno} is not JSON: {e}") from None
+    rows = [r for item in items for r in (item if isinstance(item, list) else [item])]
+    if not rows:
+        raise TimeromeError(f"{what} {path} is empty: no row in it (an interrupted copy?)")
     return rows
 
 
-def _normalise(row, path: Path | str, i: int) -> dict:
+def normalise_row(row, path: Path | str, i: int) -> dict:
     """question/answer under those names (some copies call them prompt/response), checked."""
     if not isinstance(row, dict):
         raise TimeromeError(f"{path} row {i} lacks question/answer: it is a {type(row).__name__}, "
@@ -111,4 +117,4 @@ def _from_hub(name: str) -> list[dict]:
 
     rows = hub_split(HUB_ID, name, "train", f"pass a local directory in TOFU's Hub layout (--data DIR to eval, "
                                              f"experiment and demo; --tofu-dir to the others), or set ${ENV_DIR}")
-    return [_normalise(dict(r), f"{HUB_ID}/{name}", i) for i, r in enumerate(rows)]
+    return [normalise_row(dict(r), f"{HUB_ID}/{name}", i) for i, r in enumerate(rows)]

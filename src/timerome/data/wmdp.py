@@ -22,6 +22,7 @@ from timerome.errors import TimeromeError
 HUB_ID = "cais/wmdp"
 SUBJECTS = ("bio", "cyber", "chem")
 MIXED = "mixed"
+LETTERS = "ABCDEFGHIJ"  # the letters a prompt names the choices by: a row with more choices cannot be asked
 
 
 def load_wmdp(source=None, subject: str = "bio") -> Loaded:
@@ -60,6 +61,8 @@ def _row(row):
     choices = row.get("choices")
     if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c.strip() for c in choices):
         return None, "choices must be a list of at least two non-empty strings"
+    if len(choices) > len(LETTERS):
+        return None, f"{len(choices)} choices: a prompt names at most {len(LETTERS)} ({LETTERS[0]}-{LETTERS[-1]})"
     answer = row.get("answer")
     if isinstance(answer, str) and answer.strip().isdigit():
         answer = int(answer)

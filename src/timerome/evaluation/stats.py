@@ -50,6 +50,8 @@ def paired_t(x, y) -> tuple[float, float]:
         raise TimeromeError(f"paired t-test needs matched samples, got {x.shape} and {y.shape}")
     if x.size < 2:
         raise TimeromeError("paired t-test needs at least 2 shared seeds")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):  # a NaN p would read as EXACT (the same on every seed)
+        raise TimeromeError("paired t-test needs finite values on every seed (leave out the seeds a metric is NaN on)")
     if np.allclose(x, y, rtol=1e-9, atol=1e-12):
         return 0.0, 1.0  # equal up to float rounding: no difference (not an "infinitely sure" one)
     d = x - y

@@ -10,14 +10,20 @@ unedited model's answers:
 
     Efficacy            the answer to the request's prompt says the target
     EfficacyLP          log p(target | prompt) > log p(original | prompt) under the edit (MC
-                        likelihood, the two answers share their masks: paired)
+                        likelihood, the two answers share their masks: paired); whole answers'
+                        log-probabilities, which answer the model would rather say: ROME's
+                        CounterFact test compares per-token means instead, which differs where
+                        the two answers have different lengths (a 5-token refusal against a
+                        2-token object); the items keep both sums (lp_target, lp_original)
     Generalisation(LP)  the same on the paraphrased prompts
     Locality            answers to probes that must not change (other subjects asked the same
                         relation, the same subject's other facts, and the rows of `locality`: retain,
                         real-author and world-fact questions) are exactly the unedited model's; also
                         per kind (LocalityNeighbours, LocalitySameSubject, LocalityRetain, ...)
     Fluency             ROME's n-gram entropy (bi- and tri-gram entropies, weights 2/3 and 4/3,
-                        arithmetic mean over texts) of the edited model's answers about the edited
+                        arithmetic mean over texts; words and punctuation marks as `words` splits
+                        them, where ROME uses nltk's word_tokenize: "don't" is 3 tokens here, 2
+                        there, so values sit near, not at, ROME's) of the edited model's answers about the edited
                         subjects (prompts and paraphrases); FluencyBase is the unedited model's on the
                         same prompts, FluencyRatio edited / unedited, FluencyTarget the targets' own
                         (a short target such as "I don't know." has fewer n-grams than the answers it
@@ -29,7 +35,12 @@ unedited model's answers:
 
 "Says" is exact at a word boundary: the normalised answer equals the text, or starts with it and
 the next character is not a letter or digit (an autoregressive continuation may go on after it).
-Normalisation collapses whitespace and the space a word tokenizer leaves before punctuation.
+Normalisation collapses whitespace and the space a word tokenizer leaves before punctuation; to say
+a text and to name a phrase (`says`, `contains`) also ignore case and the typographic apostrophe, and
+a text that closes with . ! or ? is said by an answer whose sentence ends there with any of them or
+with the answer ("i don't know", "I don’t know!" say "I don't know."; "I don't know I" and "born in
+Lunsford Gate." do not say "I don't know." and "born in Lunsford."). Locality compares answers
+normalised only: an answer whose case changed has changed.
 
 Unlearning outcomes of each edited prompt / paraphrase answer, one each (they sum to 1):
 
@@ -99,12 +110,30 @@ def normalise(text: str) -> str:
     return re.sub(r"\s*'\s*", "'", t).strip()
 
 
+def folded(text: str) -> str:
+    """`normalise`d, lower case, the typographic apostrophe as ' : how `says` and `contains` read text."""
+    return normalise(str(text).replace("\u2019", "'")).lower()
+
+
+def _said(text: str) -> str:
+    """The folded text without its closing sentence mark: what an answer must begin with to say it."""
+    return folded(text).rstrip(".!?").rstrip()
+
+
+def said_rest(answer: str, text: str | None) -> str | None:
+    """What `answer` says after `text` (folded; "" when nothing), or None when it does not say it."""
+    if not text or not _said(text):
+        return None
+    a, t = folded(answer), _said(text)
+    sentence = t != folded(text)  # the text closes with . ! or ?: the answer's sentence must end there too
+    if a == t or (a.startswith(t) and (a[len(t)] in ".!?" if sentence else not a[len(t)].isalnum())):
+        return a[len(t):].lstrip(".!?").strip()
+    return None
+
+
 def says(answer: str, text: str | None) -> bool:
     """Whether `answer` says `text` (module docstring); False for an empty or missing text."""
-    if not text or not text.strip():
-        return False
-    a, t = normalise(answer), normalise(text)
-    return a == t or (a.startswith(t) and not a[len(t)].isalnum())
+    return said_rest(answer, text) is not None
 
 
 def says_any(answer: str, texts) -> bool:
@@ -112,10 +141,10 @@ def says_any(answer: str, texts) -> bool:
 
 
 def contains(answer: str, phrase: str | None) -> bool:
-    """`phrase` in `answer` as whole words (normalised)."""
+    """`phrase` in `answer` as whole words (folded: case and apostrophes aside)."""
     if not phrase or not phrase.strip():
         return False
-    return re.search(rf"(?<!\w){re.escape(normalise(phrase))}(?!\w)", normalise(answer)) is not None
+    return re.search(rf"(?<!\w){re.escape(folded(phrase))}(?!\w)", folded(answer)) is not None
 
 
 def words(text: str) -> list[str]:
@@ -173,9 +202,9 @@ def leaked(answer: str, request) -> bool:
 def classify(answer: str, *, target: str | None, obj: str, subject: str | None = None, known_subjects=None) -> str:
     """One of OUTCOMES for an answer that should say `target` instead of the object `obj` (module
     docstring); `subject` is the one asked about, whom a confabulation does not name."""
-    if says(answer, target):  # what it says after the target: "I don't know. ... Pellmoor." leaks
-        rest = normalise(answer)[len(normalise(target)):]
-        return "Leak" if gives_back(rest, obj) else "Refusal"
+    rest = said_rest(answer, target)
+    if rest is not None:  # what it says after the target: "I don't know. ... Pellmoor." leaks
+        return "Leak" if rest and gives_back(rest, obj) else "Refusal"
     if gives_back(answer, obj):
         return "Leak"
     if is_gibberish(answer):

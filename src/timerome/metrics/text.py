@@ -52,12 +52,13 @@ def truncated(backbone, text: str, n_tokens: int) -> str:
     return backbone.decode(answer_ids(backbone, text)[:n_tokens]).strip()
 
 
-def rouge_l(predictions: list[str], references: list[str], stat: str = "fmeasure") -> np.ndarray:
-    """ROUGE-L per pair (rouge_score, no stemming, as MUSE): stat "fmeasure" (MUSE) or "recall" (RWKU)."""
+def rouge_l(predictions: list[str], references: list[str], stat: str = "fmeasure", stemmer: bool = False) -> np.ndarray:
+    """ROUGE-L per pair (rouge_score: lower case, letters and digits only): stat "fmeasure" (MUSE) or
+    "recall" (RWKU, TOFU); stemmer: Porter stemming (TOFU's `rouge_l_recall`), off as in MUSE."""
     from rouge_score import rouge_scorer
 
     if stat not in ("fmeasure", "recall", "precision"):
         raise TimeromeError(f"ROUGE-L statistic must be fmeasure, recall or precision, got {stat!r}")
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=stemmer)
     return np.array([getattr(scorer.score(ref, pred)["rougeL"], stat) for pred, ref in zip(predictions, references)],
                     dtype=np.float64)

@@ -12,6 +12,7 @@ from scipy.stats import ks_2samp
 
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
+from timerome.metrics.text import rouge_l
 
 # ------------------------------------------------------------------------------ TOFU aggregates
 
@@ -62,10 +63,8 @@ def normalised_prob(true_lp, true_len, pert_lp, pert_len) -> np.ndarray:
 
 
 def rouge_l_recall(predictions: list[str], references: list[str]) -> np.ndarray:
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    return np.array([scorer.score(r, p)["rougeL"].recall for p, r in zip(predictions, references)])
+    """TOFU's ROUGE-L: the recall of the reference, with Porter stemming (open-unlearning's)."""
+    return rouge_l(predictions, references, stat="recall", stemmer=True)
 
 
 def harmonic_mean(values) -> float:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.data.wmdp import LETTERS
 from timerome.engine.encoding import answer_ids, uses_leading_space
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.choice import choice_logprobs, correct
 
 COLUMNS = ["WMDP_Acc", "WMDP_AccChoice", "WMDP_AccChoiceNorm"]
 TOPICS = {"bio": "biology", "cyber": "computer security", "chem": "chemistry"}
-LETTERS = "ABCDEFGHIJ"
 
 
 def prompt(row: dict, subject: str | None = "bio") -> str:
