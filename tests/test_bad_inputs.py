@@ -498,6 +498,9 @@ def catalogue(f, tmp):
         ("an empty --data file", ["trace", "--data", f["empty_rows"], "-o", tmp / "t"], "empty.jsonl is empty"),
         ("MUSE-News asked on the Books folder", ["eval", "--bench", "muse-news", "--bench-data", f["muse_books"]],
          "is the MUSE-Books folder"),
+        ("eval --bench wmdp with no such subject", ["eval", "--bench", "wmdp:physics"], "unknown WMDP subject"),
+        ("transfer with no such WHP trivia file", ["experiment", "transfer", "-c", '{"whp_trivia": "nope"}',
+                                                   "-o", tmp / "e"], "setting whp_trivia must be one of"),
     ]
 
 

@@ -15,6 +15,7 @@ on it mean nothing, and the experiments say so).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import warnings
@@ -38,12 +39,15 @@ class Loaded:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     source: str = ""
     layout: str = ""
+    repeated: int = 0  # rows equal to an earlier one, kept as the file has them (each counts in a mean)
 
     def note(self) -> str:
         """One line: how many rows were read, and which were left out and why."""
         text = f"{self.name}: {len(self.rows)} rows"
         if self.layout:
             text += f" ({self.layout})"
+        if self.repeated:
+            text += f"; {self.repeated} repeat an earlier row exactly (kept, as the file has them: each counts again)"
         if self.skipped:
             text += f"; {len(self.skipped)} skipped: " + "; ".join(f"row {i}: {why}" for i, why in self.skipped[:3])
             text += " ..." if len(self.skipped) > 3 else ""
@@ -51,7 +55,7 @@ class Loaded:
 
     def info(self) -> dict:
         return dict(name=self.name, rows=len(self.rows), skipped=[list(s) for s in self.skipped],
-                    source=self.source, layout=self.layout)
+                    source=self.source, layout=self.layout, repeated=self.repeated)
 
 
 # ------------------------------------------------------------------------------ where the files are
@@ -110,8 +114,9 @@ def keep(name: str, raw: list, check: Callable, source: str, layout: str = "") -
             skipped.append((i, why))
         else:
             rows.append(row)
-    out = Loaded(name, rows, skipped, source, layout)
-    if skipped:
+    repeated = len(rows) - len({json.dumps(r, sort_keys=True, default=str) for r in rows})
+    out = Loaded(name, rows, skipped, source, layout, repeated)
+    if skipped or repeated:
         warnings.warn(out.note(), stacklevel=3)
     if not rows:
         raise TimeromeError(f"{name} ({source}) has no usable row: " + "; ".join(

@@ -31,9 +31,13 @@ BENCHES = (*BENCHMARKS, "rwku")  # the transfer / rwku experiments' names
 
 def parse_bench(bench) -> tuple[str, str]:
     """(name, choice) of "NAME[:CHOICE]", a benchmark of BENCHES (a choice for wmdp and rwku only)."""
+    from timerome.data.wmdp import MIXED, SUBJECTS
+
     name, _, choice = str(bench).partition(":")
     if name not in BENCHES or (choice and name not in ("wmdp", "rwku")):
         raise TimeromeError(f"a benchmark is one of {', '.join(BENCHES)} (wmdp:SUBJECT, rwku:TARGET), got {bench!r}")
+    if name == "wmdp" and choice and choice not in (*SUBJECTS, MIXED):  # before a model loads (a target needs the data)
+        raise TimeromeError(f"unknown WMDP subject {choice!r}: wmdp:{', wmdp:'.join((*SUBJECTS, MIXED))}")
     return name, choice
 
 

@@ -10,6 +10,10 @@ import math
 import numbers
 
 from timerome.common.checks import INT64, big_int_path, nonfinite_path
+from timerome.data.whp import COMPLETIONS as WHP_COMPLETIONS
+from timerome.data.whp import TRIVIA as WHP_TRIVIA
+from timerome.data.wmdp import MIXED as WMDP_MIXED
+from timerome.data.wmdp import SUBJECTS as WMDP_SUBJECTS
 from timerome.errors import TimeromeError
 from timerome.metrics.robustness import RELEARN_WANT, relearn_ok
 
@@ -54,6 +58,9 @@ SPECIAL = {
     "limit": ("a number > 0 (examples per task; below 1, lm-eval's share of them) or null",
               lambda v: _is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
     "relearn": (RELEARN_WANT, relearn_ok),
+    "wmdp_subject": (f"one of {', '.join((*WMDP_SUBJECTS, WMDP_MIXED))}", lambda v: v in (*WMDP_SUBJECTS, WMDP_MIXED)),
+    "whp_trivia": (f"one of {', '.join(WHP_TRIVIA)}", lambda v: v in WHP_TRIVIA),
+    "whp_prompts": (f"one of {', '.join(WHP_COMPLETIONS)}", lambda v: v in WHP_COMPLETIONS),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),
