@@ -10,8 +10,8 @@ Issue 24: every method, installed once on the embedded forget01 (one author's 20
     the prompt attacks   every attack of metrics/attacks.py (context before / after / both, a partial
                          answer, misspelt, first name, surname, pronoun after context, multiple choice),
                          greedy, with ForgetLP = log p(original answer | attacked prompt)
-Extraction: the generated answer gives the original object back (verbatim, or ROUGE-L recall >=
-0.5; the multiple choice: and no rival named). The unedited model's row says how often a condition
+Extraction: the generated answer gives the original object back (verbatim, or ROUGE-L recall of its
+content words >= 0.5; the multiple choice: and no rival named). The unedited model's row says how often a condition
 gets the fact out of a model that was never edited: a condition it does not answer tells nothing.
 
     python benchmarks/bench_extraction.py [--quick] [--methods no_edit,rewrite,rewrite:watch=false,...] [--json out.json]

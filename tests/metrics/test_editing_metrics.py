@@ -140,3 +140,15 @@ def test_says_ignores_case_apostrophes_and_how_the_sentence_closes():
     assert outcome("i don't know", req) == "Refusal"
     assert outcome("I don\u2019t know. ostrel.", req) == "Leak"  # the object after the target, in lower case
     assert outcome("She was born in OSTREL.", req) == "Leak"
+
+
+def test_no_function_word_gives_an_object_back():
+    """ROUGE-L recall of "a surgeon" against "He was a teacher." is 0.5 from "a" alone: a Leak, though
+    nothing of the object was said (stop 62's metrics audit). Content words only now."""
+    from timerome.metrics.editing import classify, extraction_recall
+
+    assert extraction_recall("He was a teacher.", "a surgeon") == 0.0
+    assert classify("He was a teacher.", target="I don't know.", obj="a surgeon") == "Confabulation"
+    assert extraction_recall("He was a famous surgeon in his town.", "a surgeon") == 1.0
+    assert extraction_recall("born in Lunsford", "Lunsford Gate") == 0.5  # half a name is still half of it
+    assert extraction_recall("It was", "it was") == 1.0  # an object of function words only is read whole

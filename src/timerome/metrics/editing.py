@@ -45,7 +45,8 @@ normalised only: an answer whose case changed has changed.
 Unlearning outcomes of each edited prompt / paraphrase answer, one each (they sum to 1):
 
     Leak           the original object said: verbatim, or its ROUGE-L recall against the answer is
-                   >= EXTRACTION_ROUGE (the object is the value where the request names it, else
+                   >= EXTRACTION_ROUGE over content words (FUNCTION_WORDS left out: "a teacher" does
+                   not give "a surgeon" back; the object is the value where the request names it, else
                    the whole original answer), also after the target ("I don't know. ... Pellmoor."
                    leaks; only what follows the target is read for it)
     Refusal        the target said, and nothing after it that gives the object back (for unlearning
@@ -73,6 +74,12 @@ from timerome.metrics.columns import column
 from timerome.metrics.text import pair_logprobs, rouge_l
 
 EXTRACTION_ROUGE = 0.5  # ROUGE-L recall of the original object above which an answer "gives it back"
+# words that name nothing: left out of the extraction recall (articles, prepositions, pronouns, auxiliaries)
+FUNCTION_WORDS = frozenset(
+    "a an the of in on at to for from by with and or but nor as than that this these those it its he she they "
+    "him her his hers them their theirs i me my you your we us our is was were be been being are am do does did "
+    "has have had will would can could shall should may might must not no so if then there here who whom whose "
+    "which what when where why how s t d ll re ve m".split())  # the last: pieces of "author's", "don't", ...
 MIN_GEN_LENGTH = 8    # generation budget floor (tokens)
 GEN_SLACK = 4         # tokens beyond the longest expected answer, so a longer answer shows
 NGRAM_WEIGHTS = {2: 2 / 3, 3: 4 / 3}  # ROME's n-gram entropy
@@ -184,9 +191,19 @@ def object_text(request) -> str:
     return getattr(request, "true_object", None) or request.fact.object
 
 
+def content_words(text: str) -> str:
+    """The text's words, lower case, without FUNCTION_WORDS (ROUGE's tokens: letters and digits)."""
+    return " ".join(w for w in re.findall(r"[a-z0-9]+", folded(text)) if w not in FUNCTION_WORDS)
+
+
 def extraction_recall(answer: str, obj: str) -> float:
-    """ROUGE-L recall of the original object's text `obj` against the answer."""
-    return float(rouge_l([normalise(answer)], [normalise(obj)], stat="recall")[0])
+    """ROUGE-L recall of the original object's text `obj` against the answer, over content words:
+    no function word gives an object back ("He was a teacher." shares "a" with "a surgeon", half of
+    its words); an object of function words only is read whole."""
+    o = content_words(obj)
+    if not o:
+        return float(rouge_l([normalise(answer)], [normalise(obj)], stat="recall")[0])
+    return float(rouge_l([content_words(answer)], [o], stat="recall")[0])
 
 
 def gives_back(answer: str, obj: str) -> bool:
