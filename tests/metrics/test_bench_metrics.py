@@ -114,6 +114,9 @@ def test_a_choice_with_all_the_probability_wins():
     assert choice.correct(lp, n, [1, 1], normalise=True).tolist() == [True, True]  # -4/8 beats -2/1
     with pytest.raises(TimeromeError, match="choice index 3 out of range"):
         choice.correct(lp, n, [3, 0])
+    # a NaN score: no choice equals the NaN maximum, so the item was 0/0 and the whole accuracy NaN
+    with pytest.raises(TimeromeError, match="items 1 have a choice whose log-probability is not finite"):
+        choice.correct([lp[0], np.array([-2.0, np.nan])], n, [1, 0])
     bb = Fake(favourite="yes")
     lp, ln = choice.choice_logprobs(bb, ["question ?", "question ?"], [["no", "yes", "maybe"], ["yes", "no"]], n_mc=2)
     assert choice.picks(lp, ln).tolist() == [1, 0]
@@ -138,6 +141,7 @@ def test_whp_trivia_and_familiarity_share():
     text_ = "Ron waved his WAND at Hermione's cat"
     assert whp.reference_share(text_, ["Ron", "wand", "Hermione", "Dumbledore"]) == 0.75
     assert whp.reference_share("Ronald", ["Ron"]) == 0.0  # whole words only
+    assert np.isnan(whp.reference_share("Ron", []))  # no words to find: not "unfamiliar" (0)
     summary = whp.summary({"trivia": res, "familiarity": {"share": [0.5, 1.0]}})
     assert summary["WHP_Acc"] == 0.5 and summary["WHP_Familiarity"] == 0.75
 

@@ -152,3 +152,13 @@ def test_no_function_word_gives_an_object_back():
     assert extraction_recall("He was a famous surgeon in his town.", "a surgeon") == 1.0
     assert extraction_recall("born in Lunsford", "Lunsford Gate") == 0.5  # half a name is still half of it
     assert extraction_recall("It was", "it was") == 1.0  # an object of function words only is read whole
+
+
+def test_generalisation_without_paraphrases_is_nan_with_a_note():
+    from timerome.backbones import load_backbone
+
+    req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
+                      true_object="Ostrel")
+    res = edit_scores(load_backbone(), [req], lp=False, gen_length=8)
+    assert math.isnan(res["metrics"]["Generalisation"])
+    assert "no request has a paraphrased prompt" in res["notes"]["Generalisation"]

@@ -55,5 +55,10 @@ def correct(lp, n_tokens, answers, normalise: bool = False) -> np.ndarray:
     for i, (l, a) in enumerate(zip(lp, answers)):
         if not 0 <= a < len(l):
             raise TimeromeError(f"item {i}: choice index {a} out of range ({len(l)} choices)")
-    best = [score == score.max() for score in _scores(lp, n_tokens, normalise)]
+    scores = _scores(lp, n_tokens, normalise)
+    broken = [i for i, s in enumerate(scores) if not np.isfinite(s).all()]
+    if broken:  # no choice equals a NaN maximum: the item would be 0/0, and the accuracy NaN
+        raise TimeromeError(f"items {', '.join(map(str, broken[:5]))} have a choice whose log-probability is not "
+                            "finite: no pick can be read (a broken model or edit?)")
+    best = [score == score.max() for score in scores]
     return np.array([b[a] / b.sum() for b, a in zip(best, answers)], dtype=np.float64)

@@ -361,6 +361,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
     metrics = _summary(requests, sets, items, lps, known_subjects)
     if edit is not None or baseline is not None:  # something to compare with the unedited answers
         metrics["Unchanged"] = float(changed_nothing({"items": items}))
+    if not sets["paraphrase"]:  # NaN, said: not a failure to generalise (Portability, of MQuAKE's requests only, is
+        # NaN wherever requests have no multi-hop probe: the usual case, its column says so)
+        notes.update(dict.fromkeys(("Generalisation", "GeneralisationLP"),
+                                   "no request has a paraphrased prompt, so nothing measures it"))
     if known_subjects is None:  # the column's narrower meaning needs the model's subjects (the embedded corpus's)
         notes["Confabulation"] = ("every fluent answer that is neither the target nor the original: without a list "
                                   "of the subjects this model knows (known_subjects; the embedded model has one), an "

@@ -34,9 +34,10 @@ def trivia(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int
 
 
 def reference_share(text: str, references: list[str]) -> float:
-    """Share of the reference words found in `text` (case-insensitive, whole words)."""
+    """Share of the reference words found in `text` (case-insensitive, whole words); NaN without any
+    (no words to find says nothing of familiarity: 0 would read as "unfamiliar")."""
     if not references:
-        return 0.0
+        return float("nan")
     found = [re.search(rf"(?<!\w){re.escape(w)}(?!\w)", text, flags=re.IGNORECASE) is not None for w in references]
     return float(np.mean(found))
 
