@@ -97,8 +97,11 @@ def object_span(answer: str, obj: str) -> tuple[int, int]:
     return start, start + len(obj)
 
 
-def _contains(text: str, phrase: str) -> bool:
-    """`phrase` in `text` as whole words (the plain test first: it is cheap and usually false)."""
+def has_words(text: str, phrase: str, ignore_case: bool = False) -> bool:
+    """`phrase` in `text` as whole words: no letter or digit touches it on either side (the one such
+    test: facts, RWKU subjects, WHP reference words, an edit's leak)."""
+    if ignore_case:
+        text, phrase = text.lower(), phrase.lower()
     return phrase in text and re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text) is not None
 
 
@@ -145,7 +148,7 @@ def block_subject(questions: Sequence[str]) -> str | None:
     candidates = list(dict.fromkeys(c for q in questions for c in name_candidates(q)))
     if not candidates:
         return None
-    counts = {c: sum(_contains(q, c) for q in questions) for c in candidates}
+    counts = {c: sum(has_words(q, c) for q in questions) for c in candidates}
     best = max(candidates, key=lambda c: (counts[c], len(c.split()), len(c)))  # ties: first seen
     return best if counts[best] >= max(2, math.ceil(len(questions) / 4)) else None
 
@@ -159,7 +162,7 @@ def _block_subjects(rows: Sequence[dict], offset: int, block: int) -> dict[int, 
 
 
 def _given_subject(question: str, authors: Iterable[str]) -> str | None:
-    found = [a for a in authors if a and _contains(question, a)]
+    found = [a for a in authors if a and has_words(question, a)]
     return max(found, key=len) if found else None
 
 

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from timerome.data.benchmark import Loaded, bench_dir, find_file, keep, read_file, text_fields
+from timerome.data.facts import has_words
 from timerome.errors import TimeromeError
 
 PROBES = ("forget_level1", "forget_level2", "forget_level3", "neighbor_level1", "neighbor_level2")
@@ -83,7 +84,7 @@ def subject_in(text: str, target: str) -> str | None:
     there (the later on ties: a surname over a first name), else None."""
     words = target.split()
     runs = [" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)]
-    found = [(len(r.split()), i, r) for i, r in enumerate(runs) if re.search(rf"(?<!\w){re.escape(r)}(?!\w)", text)]
+    found = [(len(r.split()), i, r) for i, r in enumerate(runs) if has_words(text, r)]
     return max(found)[2] if found else None
 
 

@@ -24,6 +24,7 @@ from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import fmt_cell, label, markdown, write_outputs
 from timerome.experiments.runner import Cell
 from timerome.metrics import muse, whp, wmdp
+from timerome.metrics.extraction import check_names
 
 NAME = "transfer"
 ORDER = 70
@@ -73,9 +74,7 @@ def options(cfg) -> dict:
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
-    unknown = sorted(set(cfg["benchmarks"]) - set(BENCHMARKS))
-    if unknown:
-        raise TimeromeError(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    check_names(cfg["benchmarks"], BENCHMARKS, "benchmark")
     if bench_source(cfg) == "hub" and "whp" in cfg["benchmarks"]:
         raise TimeromeError("WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR), "
                             "or leave whp out of the benchmarks setting")

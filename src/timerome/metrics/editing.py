@@ -65,6 +65,7 @@ from collections import Counter
 
 import numpy as np
 
+from timerome.data.facts import has_words
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import check_reached, edit_active, one_step
 from timerome.engine.sampler import continuations
@@ -151,7 +152,7 @@ def contains(answer: str, phrase: str | None) -> bool:
     """`phrase` in `answer` as whole words (folded: case and apostrophes aside)."""
     if not phrase or not phrase.strip():
         return False
-    return re.search(rf"(?<!\w){re.escape(folded(phrase))}(?!\w)", folded(answer)) is not None
+    return has_words(folded(answer), folded(phrase))
 
 
 def words(text: str) -> list[str]:

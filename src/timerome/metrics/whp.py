@@ -12,10 +12,9 @@ WHP_Familiarity the original asks GPT-4 to grade how much a completion of each p
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from timerome.data.facts import has_words
 from timerome.engine.sampler import continuations
 from timerome.engine.settings import LIKELIHOOD
 from timerome.metrics.choice import choice_logprobs, correct
@@ -38,7 +37,7 @@ def reference_share(text: str, references: list[str]) -> float:
     (no words to find says nothing of familiarity: 0 would read as "unfamiliar")."""
     if not references:
         return float("nan")
-    found = [re.search(rf"(?<!\w){re.escape(w)}(?!\w)", text, flags=re.IGNORECASE) is not None for w in references]
+    found = [has_words(text, w, ignore_case=True) for w in references]
     return float(np.mean(found))
 
 
