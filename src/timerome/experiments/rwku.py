@@ -91,6 +91,10 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                         + notes_markdown(notes[target]))
         panels.append((target, summaries[target], ["ForgetL1LP", "NeighbourL1LP", "ForgetL2LP", "NeighbourL2LP"]))
     head, sel = selectivity(summaries)
+    if cfg["rouge"]:
+        head += ("\nROUGE columns: ROUGE-L recall by rouge_score (lower case, punctuation dropped); RWKU's own "
+                 "scorer (the `rouge` package) keeps case and punctuation, so its numbers read lower: "
+                 "\"Stephen King\" against \"stephen king\" is 1 here, 0 there.\n")
     md = "\n".join([warnings_markdown(notes) + head] + sections)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, selectivity=sel, notes=notes, config=cfg,
                                               seeds=list(seeds)), md)
