@@ -148,8 +148,20 @@ def test_an_experiment_json_records_its_run(tmp_path):
 
     run = json.loads((tmp_path / "p" / "pareto.json").read_text())["run"]
     bb = load_backbone()
-    assert run == dict(model="timerome-default", fingerprint=bb.fingerprint(), seeds=[0], data="embedded", reference=None)
+    import torch
+
+    assert run == dict(model="timerome-default", fingerprint=bb.fingerprint(), seeds=[0], data="embedded", reference=None,
+                       threads=[torch.get_num_threads()])
     assert out["files"]["json"].endswith("pareto.json")
+    # cached cells computed under another thread count: a greedy answer may differ by that alone, said
+    cell = sorted((tmp_path / "p" / "cells").glob("*.json"))[0]
+    saved = json.loads(cell.read_text())
+    saved["result"]["cost"]["threads"] = torch.get_num_threads() + 1
+    cell.write_text(json.dumps(saved))
+    with pytest.warns(UserWarning, match="computed under .* CPU threads"):
+        run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False)
+    run = json.loads((tmp_path / "p" / "pareto.json").read_text())["run"]
+    assert run["threads"] == sorted({torch.get_num_threads(), torch.get_num_threads() + 1})
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
 
     run_experiment("xbackbone", seeds=[0], out_dir=tmp_path / "x", progress=False,

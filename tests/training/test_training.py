@@ -118,10 +118,40 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(fresh, tmp_path, lora_r
     assert log["resumed_at_epoch"] == 2 and log["loss"] == plain["loss"]
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit (LoRA: merged)
-    # another recipe never continues this state: it starts from epoch 0
-    other = train(load_backbone(fresh), rows, TrainConfig(epochs=1, lr=1e-3, batch_size=8), show_progress=False,
-                  checkpoint=state)
-    assert other["resumed_at_epoch"] == 0
+    # another recipe never continues this state, nor drops it without a word (it did, then overwrote it)
+    with pytest.raises(TimeromeError, match="holds the state of another training .*after its epoch 3"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=4, lr=3e-3, batch_size=8, eos_pad=True, lora_r=lora_r),
+              show_progress=False, checkpoint=state)
+
+
+def test_a_torn_state_and_another_tokenizers_state_are_refused(fresh, tmp_path):
+    """Files of two epochs (a crash between the two writes) were read as one state; a model of the same
+    size and seed with another tokenizer starts from the same weights, and resumed another's state."""
+    import shutil
+
+    from timerome.training.new_model import new_model
+
+    rows = load_rows("embedded:forget01")
+    cfg = TrainConfig(epochs=3, lr=3e-3, batch_size=8, eos_pad=True)
+    stops = {}
+
+    def stop_at(n):
+        def stop(epoch, log):
+            if epoch == n:
+                raise KeyboardInterrupt
+        return stop
+
+    for n in (1, 2):
+        stops[n] = tmp_path / f"state{n}"
+        with pytest.raises(Interrupted):
+            train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[n], on_epoch=stop_at(n))
+    shutil.copy(stops[1] / "state.json", stops[2] / "state.json")  # epoch 2's weights, epoch 1's record
+    with pytest.raises(TimeromeError, match="is torn: its weights are of epoch 2, its record of epoch 1"):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[2])
+    other = new_model(["embedded:forget01"], tmp_path / "other", size="tiny", vocab_size=600)  # same size and seed
+    assert (Path(other["out"]) / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
+    with pytest.raises(TimeromeError, match="holds the state of another training"):
+        train(load_backbone(other["out"]), rows, cfg, show_progress=False, checkpoint=stops[1])
 
 
 def test_eos_padding_needs_an_eos_token(fresh):

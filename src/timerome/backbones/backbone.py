@@ -343,6 +343,11 @@ class Backbone:
         restored with them by `WeightEdit.undo`)."""
         self._fingerprint = (self._weights_state(), fingerprint)
 
+    def weights_written(self) -> None:
+        """Say that the weights changed where torch does not count it (a write through `.data`, as
+        peft's adapter merge does): the next `fingerprint` is computed from the weights again."""
+        self._fingerprint = None
+
     def known_fingerprint(self) -> str | None:
         """The fingerprint if it is known for the parameters as they are now, else None (never computed here)."""
         fp = self._fingerprint

@@ -34,7 +34,7 @@ from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
-                                        resolve_data)
+                                        resolve_data, warn_mixed_threads)
 from timerome.experiments.settings import check_settings
 
 
@@ -176,7 +176,9 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                 cells = exp.cells(cfg, seeds, ctx)
                 about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
                              fingerprint=bb.fingerprint(), reference=ctx.reference_label)
-                per_model[column] = (cells, runner.run(cells, ctx, title=f"{name} {column}"), about)
+                done = runner.run(cells, ctx, title=f"{name} {column}")
+                about["threads"] = warn_mixed_threads(f"{name} {column}", done, bb)
+                per_model[column] = (cells, done, about)
                 del bb, ctx  # one model in memory at a time
             result = exp.report(cfg, seeds, per_model, out)
             record_run(result, dict(models={c: about for c, (_, _, about) in per_model.items()}, seeds=list(seeds),
@@ -192,11 +194,13 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                                 "none of its cells; leave it out")
         with runner.lock():  # the cells and the report: one run at a time in a folder
             results = runner.run(cells, ctx, title=name)
+            threads = warn_mixed_threads(name, results, bb)
             result = exp.report(cfg, seeds, cells, results, ctx, out)
             if not getattr(exp, "READS_OUTPUTS", False):  # the radar runs no model: its sources' runs are its record
                 record_run(result, dict(model=str(model) if model else bb.name, fingerprint=bb.fingerprint(),
                                         seeds=list(seeds), data=data_name(source),
-                                        reference=ctx.reference_label if uses_reference else None))
+                                        reference=ctx.reference_label if uses_reference else None,
+                                        threads=threads))
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
     return result

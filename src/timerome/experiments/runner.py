@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from timerome.backbones import Backbone, load_backbone
 from timerome.backbones.loading import checkpoint_files, model_place
@@ -252,10 +254,32 @@ def measurement_of(name: str) -> Measurement:
 
 
 def execute(cell: Cell, ctx: Context) -> dict:
-    """The result of one cell (JSON-able); it depends on the cell and the context's model and data only."""
+    """The result of one cell (JSON-able); it depends on the cell and the context's model and data only
+    (and, at the last bit of a float sum, on the CPU threads it ran on: recorded in its "cost")."""
     m = measurement_of(cell.measure)
     rows, task = ctx.data(cell.data)
-    return m.run(cell, ctx, rows, task)
+    result = m.run(cell, ctx, rows, task)
+    if isinstance(result, dict):
+        result.setdefault("cost", {})["threads"] = torch.get_num_threads()
+    return result
+
+
+def thread_counts(results) -> list[int]:
+    """The CPU thread counts `results` were computed under (`execute` records them), each once."""
+    return sorted({r["cost"]["threads"] for r in results
+                   if isinstance(r, dict) and isinstance(r.get("cost"), dict) and "threads" in r["cost"]})
+
+
+def warn_mixed_threads(name: str, results, backbone) -> list[int]:
+    """The thread counts of `results`, with a warning where a CPU run's cells mix several: a greedy
+    answer can flip with the thread count (float sums differ), so rows read against each other
+    may differ by that alone (docs/editing.md)."""
+    counts = thread_counts(results)
+    if len(counts) > 1 and str(getattr(backbone, "device", "cpu")).startswith("cpu"):
+        warnings.warn(f"the cells of {name} were computed under {' and '.join(map(str, counts))} CPU threads (cached "
+                      "cells from another run): a greedy answer can differ with the thread count alone; --fresh "
+                      "recomputes them all under one", stacklevel=3)
+    return counts
 
 
 def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:

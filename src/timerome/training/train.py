@@ -98,7 +98,10 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
     eos = _eos(backbone) if cfg.eos_pad else None
+    # the rows as the tokenizer reads them (two tokenizers of one size give one model the same start, not the
+    # same training), and the ids the padding writes
     recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],
+                         tokens=[[list(q), list(a)] for q, a in pairs], eos=eos, pad=pad_id(backbone),
                          start=backbone.cache_id())) if checkpoint is not None else ""
     gen = torch.Generator(device=backbone.device).manual_seed(cfg.seed)
     order_gen = torch.Generator().manual_seed(cfg.seed)
@@ -217,3 +220,4 @@ def merge_lora(backbone, peft_model) -> None:
     base = peft_model.unload()
     backbone.model = base.eval()
     backbone._modules = dict(base.named_modules())
+    backbone.weights_written()  # merge() writes through .data, which no tensor version counts

@@ -5,9 +5,11 @@
     <folder>/state.json          the epoch and step reached, the loss log, the schedule and the
                                  optimiser's settings, and the recipe digest
 
-The recipe digest (training config, rows, starting weights) must match for a state to be read:
-a state left by another run is never continued by mistake. Both files are written atomically,
-the tensors first, so a crash mid-write leaves the previous epoch's state readable.
+The recipe digest (training config, the rows as token ids, the tokenizer's end and pad ids, the
+starting weights) must match for a state to be read: a state left by another training is refused,
+never continued by mistake and never overwritten without a word (delete it to start another). Both
+files are written atomically, the tensors first, each naming the epoch: a crash between the two
+writes leaves files of two epochs, which are refused, not read as one.
 Resuming reproduces the uninterrupted run exactly (same weights, bit for bit).
 """
 
@@ -37,7 +39,7 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
             tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach()
     for name, g in generators.items():
         tensors[f"gen.{name}"] = g.get_state()
-    save_tensors(folder / TENSORS, tensors, metadata={"recipe": recipe})
+    save_tensors(folder / TENSORS, tensors, metadata={"recipe": recipe, "epoch": str(epoch), "step": str(step)})
     write_json(folder / META, dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"],
                                    optimizer_groups=opt_state["param_groups"], schedule=sched.state_dict(),
                                    n_params=len(params)))
@@ -56,12 +58,19 @@ def load_state(folder, *, recipe: str, model, params, opt, sched, generators: di
                             "over") from None
     if not isinstance(meta, dict):
         raise TimeromeError(f"the training state {meta_path} is not a JSON object; delete {folder} to start over")
-    if meta.get("recipe") != recipe:
-        return None
+    if meta.get("recipe") != recipe:  # another training's work: refused, never dropped without a word
+        raise TimeromeError(f"{folder} holds the state of another training (after its epoch {meta.get('epoch')}: "
+                            "other settings, rows, tokenizer or starting model): run that training again to resume "
+                            f"it, or delete {folder} to start this one")
     try:
-        t = read_tensors(tensor_path)[0]
+        t, header = read_tensors(tensor_path)
     except Exception as e:  # noqa: BLE001 - a damaged file: say which
         raise safetensors_error(tensor_path, e) from None
+    header = header or {}
+    if header.get("epoch") != str(meta.get("epoch")) or header.get("recipe") != recipe:
+        raise TimeromeError(f"the training state in {folder} is torn: its weights are of epoch {header.get('epoch')}, "
+                            f"its record of epoch {meta.get('epoch')} (a crash between the two writes?); delete "
+                            f"{folder} to start over")
     unfit = TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
     if t.get("gen.order") is None or meta.get("n_params") != len(params):
         raise unfit
