@@ -70,3 +70,24 @@ def test_mask_answers_draws_on_the_generators_device():
     cpu = torch.Generator().manual_seed(3)
     mask_answers(ids, ans, 99, cpu)
     assert torch.equal(g.get_state(), cpu.get_state())  # the same draws were taken from the generator
+
+
+def test_a_byte_level_tokenizer_is_known_by_its_pre_tokenizer_not_a_vocabulary_sample():
+    """uses_leading_space read "Ġ" in the vocabulary's first 2,000 entries, whose order is the Rust
+    map's: a byte-level BPE trained on text without spaces (few "Ġ" entries) gave True or False call
+    to call (stop 62's training audit)."""
+    from types import SimpleNamespace
+
+    from tokenizers import pre_tokenizers
+
+    from timerome.engine.encoding import uses_leading_space
+
+    vocab = {f"x{i}": i for i in range(5000)} | {"Ġ": 5000}  # the one "Ġ" entry after the first 2,000
+
+    def tokenizer(pre):
+        return SimpleNamespace(is_fast=True, get_vocab=lambda: vocab, backend_tokenizer=SimpleNamespace(pre_tokenizer=pre))
+
+    assert uses_leading_space(SimpleNamespace(tokenizer=tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False))))
+    assert not uses_leading_space(SimpleNamespace(tokenizer=tokenizer(pre_tokenizers.Metaspace())))
+    assert not uses_leading_space(SimpleNamespace(tokenizer=tokenizer(pre_tokenizers.WhitespaceSplit())))
+    assert not uses_leading_space(SimpleNamespace(tokenizer=tokenizer(None)))

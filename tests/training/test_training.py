@@ -250,3 +250,19 @@ def test_cli_train_eos_extra(tmp_path):
         res = runner.invoke(app, ["train", "--data", "embedded:forget01", "--epochs", "1", "--out",
                                   str(tmp_path / "bad"), *bad])
         assert res.exit_code != 0 and says in res.output and "Traceback" not in res.output, res.output
+
+
+def test_a_reference_model_is_keyed_by_the_tokenizer_not_its_size(fresh, tmp_path):
+    """_own_recipe named the tokenizer by its length: two models of one size and seed whose BPEs learnt
+    other texts shared one cached reference, the second scored against the first's tokenizer."""
+    from timerome.common.cache import digest
+    from timerome.training.from_scratch import _own_recipe
+    from timerome.training.new_model import new_model
+
+    other = load_backbone(new_model(["embedded:forget01"], tmp_path / "other", size="tiny", vocab_size=600)["out"])
+    mine = load_backbone(fresh)
+    rows = load_rows("embedded:retain_perturbed")[:4]
+    assert len(mine.tokenizer) == len(other.tokenizer) == 600  # what the recipe read: one value for both
+    a, b = (_own_recipe(bb, rows, None, 1)[0] for bb in (mine, other))
+    assert a["tokenizer"] != b["tokenizer"] and digest(a, 16) != digest(b, 16)
+    assert _own_recipe(load_backbone(fresh), rows, None, 1)[0] == a  # the same model: the same reference

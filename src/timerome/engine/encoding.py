@@ -29,9 +29,15 @@ DEFAULT_TARGET = EDIT.target  # what an edited model should say instead (the pap
 
 
 def uses_leading_space(backbone) -> bool:
-    """Byte-level BPE vocabularies mark a leading space with "Ġ"; word-level ones split on spaces."""
+    """Whether the tokenizer is byte-level (it marks a leading space "Ġ": an answer after a prompt then
+    starts with one); word-level and sentencepiece ones split or mark spaces otherwise. Read from
+    what its pre-tokenizer makes of " a": the vocabulary's first 2,000 entries, read before, come in
+    no fixed order, so a byte-level vocabulary with few "Ġ" entries (a model trained on text without
+    spaces) answered one way or the other from call to call."""
     tok = backbone.tokenizer
-    return bool(getattr(tok, "is_fast", False)) and "Ġ" in "".join(list(tok.get_vocab())[:2000])
+    pre = getattr(getattr(tok, "backend_tokenizer", None), "pre_tokenizer", None) \
+        if getattr(tok, "is_fast", False) else None
+    return pre is not None and any(piece.startswith("Ġ") for piece, _ in pre.pre_tokenize_str(" a"))
 
 
 def answer_ids(backbone, text: str, bpe: bool | None = None) -> list[int]:

@@ -92,7 +92,11 @@ def _own_recipe(model, retain_rows, train_config, epochs):
     tcfg = train_config or TrainConfig()
     if epochs:
         tcfg = TrainConfig(**{**tcfg.__dict__, "epochs": epochs})
-    recipe = dict(kind="reference", model_config=cfg, train=_recipe_train(tcfg), tokenizer=len(model.tokenizer),
+    # the tokenizer itself (its vocabulary, merges and specials), not its size: two BPEs of one size learnt from
+    # other texts gave one recipe, and the second model was handed the first one's reference
+    tok = getattr(model.tokenizer, "backend_tokenizer", None)
+    tokenizer = digest(tok.to_str(), 16) if tok is not None else digest(sorted(model.tokenizer.get_vocab().items()), 16)
+    recipe = dict(kind="reference", model_config=cfg, train=_recipe_train(tcfg), tokenizer=tokenizer,
                   rows=digest([(r["question"], r["answer"]) for r in retain_rows], 16), torch=torch.__version__)
     return recipe, model.tokenizer, list(retain_rows), tcfg
 
