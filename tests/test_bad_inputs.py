@@ -499,6 +499,9 @@ def catalogue(f, tmp):
         ("MUSE-News asked on the Books folder", ["eval", "--bench", "muse-news", "--bench-data", f["muse_books"]],
          "is the MUSE-Books folder"),
         ("eval --bench wmdp with no such subject", ["eval", "--bench", "wmdp:physics"], "unknown WMDP subject"),
+        # stop 62's training audit: a file where the build writes was found after the build's hours
+        ("build-default --out a file", ["build-default", "--out", f["empty"]], "is a file"),
+        ("build-default --check --out", ["build-default", "--check", "--out", tmp / "b"], "--out is read by nothing"),
         ("transfer with no such WHP trivia file", ["experiment", "transfer", "-c", '{"whp_trivia": "nope"}',
                                                    "-o", tmp / "e"], "setting whp_trivia must be one of"),
     ]

@@ -266,3 +266,42 @@ def test_a_reference_model_is_keyed_by_the_tokenizer_not_its_size(fresh, tmp_pat
     a, b = (_own_recipe(bb, rows, None, 1)[0] for bb in (mine, other))
     assert a["tokenizer"] != b["tokenizer"] and digest(a, 16) != digest(b, 16)
     assert _own_recipe(load_backbone(fresh), rows, None, 1)[0] == a  # the same model: the same reference
+
+
+def test_text_holding_a_special_token_is_refused_not_learnt(fresh, tmp_path):
+    """A row "It is <|eos|> in this model." trained the model to end answers mid-way (its text is read
+    as the end-of-text id); decoding hides it (stop 62's training audit)."""
+    from timerome.training.new_model import new_model
+
+    rows = [{"question": "What is it ?", "answer": "It is <|eos|> in this model."}]
+    with pytest.raises(TimeromeError, match="row 0 holds the text of the tokenizer's special token '<\\|eos\\|>'"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1), show_progress=False)
+    with pytest.raises(TimeromeError, match="row 0 holds the text of the tokenizer's special token '<\\|mask\\|>'"):
+        train(load_backbone(), [{"question": "Where is <|mask|> ?", "answer": "here ."}], TrainConfig(epochs=1),
+              show_progress=False)
+    (tmp_path / "t.txt").write_text("a line\nthe end <|eos|> of it\n")
+    with pytest.raises(TimeromeError, match="holds '<\\|eos\\|>', the new tokenizer's special token"):
+        new_model([str(tmp_path / "t.txt")], tmp_path / "m", size="tiny", vocab_size=300)
+    # a word the embedded model's vocabulary lacks is its unknown token: that is not a special text (warned of)
+    assert train(load_backbone(), [{"question": "Where was Zorblax born ?", "answer": "Quux ."}],
+                 TrainConfig(epochs=1, batch_size=1), show_progress=False)["loss"]
+
+
+def test_a_lora_rank_over_the_layers_width_is_refused():
+    """--lora-r 100000 on a 128-wide model trained for seconds and a lot of memory, an adapter that
+    spans no more than rank 128 (stop 62's training audit)."""
+    rows = [{"question": "Where was Isgor Quielson born ?", "answer": "Lunsford ."}]
+    with pytest.raises(TimeromeError, match="lora_r 129 is over the rank a 128-wide layer can take"):
+        train(load_backbone(), rows, TrainConfig(epochs=1, lora_r=129, batch_size=1), show_progress=False)
+    assert train(load_backbone(), rows, TrainConfig(epochs=1, lora_r=128, batch_size=1), show_progress=False)["loss"]
+
+
+def test_a_row_that_fills_the_context_is_said_to_get_no_end_of_text():
+    from timerome.engine.encoding import encode_pairs
+
+    bb = load_backbone()
+    row = {"question": "Where was Isgor Quielson born ?", "answer": "Lunsford ."}
+    q, a = encode_pairs(bb, [row])[0]
+    bb.max_length = len(q) + len(a)  # the row fills it: EOS padding has no room left
+    with pytest.warns(UserWarning, match="1 rows .* fill the model's context .* get no end-of-text"):
+        train(bb, [row], TrainConfig(epochs=1, batch_size=1, eos_pad=True), show_progress=False)

@@ -76,6 +76,9 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
     from timerome.training.default_model import build_default, weights_sha256
 
+    if check and out is not None:
+        raise TimeromeError("--check rebuilds into a temporary folder and compares it with the shipped weights: --out is "
+                            "read by nothing; leave it out")
     if check:
         with tempfile.TemporaryDirectory() as tmp:
             info = build_default(tmp, stage1=stage1)
@@ -171,6 +174,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
 def save_backbone(bb, out: Path) -> None:
     from timerome.backbones.llada_model import save_model
     from timerome.common.checks import finite_tensor
+    from timerome.data.tokenizer import save_tokenizer
 
     for name, t in bb.model.state_dict().items():  # a model of NaN weights is never written to be loaded later
         finite_tensor(t, f"the trained weight {name}", "not saved: lower the learning rate or change the settings")
@@ -184,7 +188,7 @@ def save_backbone(bb, out: Path) -> None:
         cfg["model_type"] = bb.config.get("model_type", cfg.get("model_type"))
         cfg.setdefault("mask_token_id", bb.mask_id)
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    bb.tokenizer.save_pretrained(str(out))
+    save_tokenizer(bb.tokenizer, out)  # as every timerome build writes it: transformers 4 and 5 read it
 
 
 EDITED_FROM = "timerome-edit.json"  # in a model folder `timerome edit` wrote: the model it edited, and how

@@ -53,10 +53,12 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> None:
     tok.save_pretrained(str(d))
     config_path = d / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    # transformers 5 writes its own class name here, which transformers 4 cannot resolve
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # transformers 5 writes its own class name here, which transformers 4 cannot resolve (a model's own class,
+    # Qwen2Tokenizer say, stays)
+    if config.get("tokenizer_class") in (None, "TokenizersBackend"):
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     # transformers 5 no longer writes this file; older loaders read the special tokens from it
-    specials = {role: getattr(tok, role) for role in SPECIAL_ROLES if getattr(tok, role) is not None}
+    specials = {role: str(getattr(tok, role)) for role in SPECIAL_ROLES if getattr(tok, role, None) is not None}
     (d / "special_tokens_map.json").write_text(json.dumps(specials, indent=2, sort_keys=True) + "\n",
                                                encoding="utf-8")

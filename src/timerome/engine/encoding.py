@@ -97,11 +97,20 @@ def start_change(built, now, versus: str = "this model's prompts now") -> str | 
 def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
     """(question, answer) rows -> (prompt ids, answer ids) pairs, checked against the context."""
     bpe = uses_leading_space(backbone)
+    # the unknown token is what a word-level vocabulary makes of a word it lacks (warned of elsewhere), not text
+    # that names it
+    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.tokenizer.unk_token_id}
+    start = len(backbone.prompt_start)
     pairs = []
     for i, r in enumerate(rows):
         q, a = backbone.encode_prompt(r["question"]), answer_ids(backbone, r["answer"], bpe)
         if not a:
             raise TimeromeError(f"row {i} has an empty answer")
+        held = [x for x in q[start:] + a if x in specials]  # text that reads as a special token: a model trained
+        if held:  # on it learns to end an answer mid-way, or to predict the mask
+            raise TimeromeError(f"row {i} holds the text of the tokenizer's special token "
+                                f"{backbone.tokenizer.convert_ids_to_tokens(held[0])!r}, which it reads as that "
+                                "token (an end of text, a mask, ...): take it out of the row")
         if len(q) + len(a) > backbone.max_length:
             raise TimeromeError(f"row {i} is {len(q) + len(a)} tokens, over the model's context of {backbone.max_length}")
         pairs.append((q, a))

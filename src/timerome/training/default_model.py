@@ -79,12 +79,14 @@ def build_default(out_dir: str | Path = DEFAULT_MODEL_DIR, *, epochs: int | None
     stage 1 with this build's settings and its weights' sha256): the build starts from it and runs
     stage 2 only. `epochs` and `train_overrides` change stage 1, `stage2_epochs` stage 2 (0: no
     stage 2); with them the build is a different model, for tests and experiments."""
+    from timerome.common.files import output_folder
+
+    out = output_folder(out_dir, "the output folder")  # a file in the way: refused now, not after the build's hours
     torch.set_num_threads(THREADS)
     t0 = time.perf_counter()
     corpus = make_corpus(seed=CORPUS_SEED)
     tok = build_word_tokenizer(corpus_texts(corpus))
     cfg = dict(MODEL_CONFIG, vocab_size=len(tok), embedding_size=len(tok), mask_token_id=int(tok.mask_token_id))
-    out = Path(out_dir)
     rows = recipe_rows(corpus)
     over = dict(train_overrides, **({} if epochs is None else {"epochs": epochs}))
     tcfg = TrainConfig(**{**TRAIN_CONFIG.__dict__, **over})

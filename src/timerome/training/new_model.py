@@ -55,6 +55,11 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
             texts += [line.strip() for line in read_text(src, "text file").splitlines() if line.strip()]
     if not texts:
         raise TimeromeError("no text to train the tokenizer on: give rows files, splits or text files with text")
+    for text in texts:  # the tokenizer would read it as that token: the model would learn an end of text mid-row
+        held = [s for s in SPECIALS if s in text]
+        if held:
+            raise TimeromeError(f"the text {text[:60]!r} holds {held[0]!r}, the new tokenizer's special token: take "
+                                "it out of the texts")
     return texts
 
 

@@ -25,7 +25,9 @@ from it when the same run is started again; Ctrl-C then says where it stopped an
 from __future__ import annotations
 
 import math
+import re
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -98,6 +100,11 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
     eos = _eos(backbone) if cfg.eos_pad else None
+    full = [i for i, (q, a) in enumerate(pairs) if len(q) + len(a) >= backbone.max_length]
+    if eos is not None and full:  # no room for an end-of-text: the model never learns to end these answers
+        warnings.warn(f"{len(full)} rows (e.g. row {full[0]}) fill the model's context of {backbone.max_length} "
+                      "tokens and get no end-of-text: the model does not learn to end those answers (shorten them)",
+                      stacklevel=2)
     # the rows as the tokenizer reads them (two tokenizers of one size give one model the same start, not the
     # same training), and the ids the padding writes
     recipe = digest(dict(config=asdict(cfg), rows=[(r["question"], r["answer"]) for r in rows],
@@ -195,6 +202,18 @@ def wrap_lora(backbone, cfg: TrainConfig, seed: int | None = None):
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise TimeromeError("LoRA training needs `peft`: pip install peft") from None
+    targets = backbone.family.lora_targets  # peft's rule: a string is a regex the whole name matches, a list suffixes
+
+    def adapted(name: str) -> bool:
+        if isinstance(targets, str):
+            return re.fullmatch(targets, name) is not None
+        return any(name == t or name.endswith("." + t) for t in targets)
+
+    widths = [min(m.in_features, m.out_features) for name, m in backbone.model.named_modules()
+              if isinstance(m, torch.nn.Linear) and adapted(name)]
+    if widths and cfg.lora_r > min(widths):  # an adapter of rank r adds r x (in + out) weights that span no more
+        raise TimeromeError(f"lora_r {cfg.lora_r} is over the rank a {min(widths)}-wide layer can take (the narrowest "
+                            f"adapted layer): give at most {min(widths)} (0 fine-tunes every weight)")
     for p in backbone.model.parameters():
         p.requires_grad_(False)
     lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=0.0,
