@@ -55,8 +55,9 @@ def main() -> int:
     ap.add_argument("--json", help="write the table to this JSON file")
     args = ap.parse_args()
     splits = [s.strip() for s in args.splits.split(",")]
-    if not set(splits) <= set(SPLITS) or len(set(splits)) != len(splits):
-        ap.error(f"--splits takes distinct names among {', '.join(SPLITS)}, got {args.splits!r}")
+    known = set(SPLITS) | set(_embedded())  # the defaults and every split of the embedded corpus
+    if not set(splits) <= known or len(set(splits)) != len(splits):
+        ap.error(f"--splits takes distinct splits of the embedded corpus (e.g. {', '.join(SPLITS)}), got {args.splits!r}")
     try:
         slacks = [int(v) for v in args.slack.split(",")]
     except ValueError:

@@ -50,7 +50,7 @@ def toy_model(bench, target: str, directory: Path, bpe: bool = False):
 
 
 def selectivity(bb, args) -> None:
-    alphas = [float(a) for a in args.alphas.split(",")]
+    alphas = list(args.alphas)  # checked and parsed in main
     methods = ["no_edit"] + [{"method": "timerome", "config": {"alpha": a}} for a in alphas]
     over = dict(bench_dir=args.bench_data, targets=[args.target], forget_from=["probes"], rouge=False, mia=False,
                 n_mc=args.n_mc, methods=methods)

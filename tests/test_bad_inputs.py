@@ -504,6 +504,8 @@ def catalogue(f, tmp):
         ("build-default --check --out", ["build-default", "--check", "--out", tmp / "b"], "--out is read by nothing"),
         ("transfer with no such WHP trivia file", ["experiment", "transfer", "-c", '{"whp_trivia": "nope"}',
                                                    "-o", tmp / "e"], "setting whp_trivia must be one of"),
+        ("transfer with a list for the WHP prompts", ["experiment", "transfer", "-c", '{"whp_prompts": ["x"]}',
+                                                      "-o", tmp / "e"], "setting whp_prompts must be one of"),
     ]
 
 

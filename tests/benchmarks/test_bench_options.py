@@ -21,7 +21,7 @@ CASES = [  # (script, arguments, what the one line says)
     ("bench_selectivity.py", ["--methods", "rome,romee"], "--methods takes distinct names"),
     ("bench_selectivity.py", ["--seeds", "0,0"], "--seeds takes distinct whole numbers"),
     ("bench_selectivity.py", ["--alphas", "inf"], "--alphas takes finite numbers > 0"),
-    ("bench_default_model.py", ["--splits", "forget01"], "--splits takes distinct names"),
+    ("bench_default_model.py", ["--splits", "forget02"], "--splits takes distinct splits"),
     ("bench_default_model.py", ["--slack", "4,x"], "--slack takes comma-separated whole numbers"),
     ("bench_bare_objects.py", ["--budgets", "15,0"], "--budgets and --n must be >= 1"),
 ]

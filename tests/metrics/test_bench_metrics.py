@@ -276,3 +276,16 @@ def test_wmdp_letters_a_model_cannot_tell_apart_give_no_accuracy():
     assert "letter_correct" not in res and "WMDP_Acc not scored" in res["letter_note"]
     assert "WMDP_Acc" not in wmdp.summary({"wmdp": res}) and "WMDP_AccChoice" in wmdp.summary({"wmdp": res})
     assert wmdp.letters_alike(Fake(favourite="C"), 4) is None
+
+
+def test_kept_share_skips_a_condition_whose_rows_were_not_forgotten():
+    """Row 0 forgotten by 10 nats, row 1 (the only paraphrased one) untouched: the paraphrase's
+    original-on-its-rows is 0, which divided the share (ZeroDivisionError, stop 62's review)."""
+    from timerome.experiments.robustness import kept_share
+
+    conds = {"original": {"change": {"mean": -5.0}, "original": {"mean": -5.0}},
+             "paraphrased_question": {"change": {"mean": 0.0}, "original": {"mean": 0.0}},
+             "relearn": {"change": {"mean": -2.5}, "original": {"mean": -5.0}}}
+    assert kept_share(conds) == pytest.approx(0.5)  # relearn keeps half; the paraphrase says nothing
+    conds["relearn"]["original"]["mean"] = 0.5  # its rows moved up: nothing was forgotten there either
+    assert kept_share(conds) is None

@@ -135,6 +135,9 @@ def test_says_ignores_case_apostrophes_and_how_the_sentence_closes():
     for not_said in ("I don't know I", "I don't knowledge.", "I do not know."):
         assert not says(not_said, "I don't know."), not_said
     assert says("paris is", "Paris") and not says("Parisian", "paris")
+    # an abbreviation's point is no sentence end; a text of marks only is said as it was
+    assert says("U.S. is big", "U.S.") and not says("U.S.A. is big", "U.S.") and not says("St.Petersburg", "St.")
+    assert says("...", "...") and says("... and so on", "...")
     req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
                       true_object="Ostrel")
     assert outcome("i don't know", req) == "Refusal"

@@ -305,3 +305,11 @@ def test_a_row_that_fills_the_context_is_said_to_get_no_end_of_text():
     bb.max_length = len(q) + len(a)  # the row fills it: EOS padding has no room left
     with pytest.warns(UserWarning, match="1 rows .* fill the model's context .* get no end-of-text"):
         train(bb, [row], TrainConfig(epochs=1, batch_size=1, eos_pad=True), show_progress=False)
+
+
+def test_a_scored_question_may_hold_special_text():
+    """The refusal is for training: a question that is scored or answered may hold any text."""
+    from timerome.engine.likelihood import answer_logprobs
+
+    lp, _ = answer_logprobs(load_backbone(), ["Where was <|eos|> born ?"], ["Lunsford ."], n_mc=1)
+    assert lp.shape == (1,)

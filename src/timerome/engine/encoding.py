@@ -97,20 +97,11 @@ def start_change(built, now, versus: str = "this model's prompts now") -> str | 
 def encode_pairs(backbone, rows) -> list[tuple[list[int], list[int]]]:
     """(question, answer) rows -> (prompt ids, answer ids) pairs, checked against the context."""
     bpe = uses_leading_space(backbone)
-    # the unknown token is what a word-level vocabulary makes of a word it lacks (warned of elsewhere), not text
-    # that names it
-    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.tokenizer.unk_token_id}
-    start = len(backbone.prompt_start)
     pairs = []
     for i, r in enumerate(rows):
         q, a = backbone.encode_prompt(r["question"]), answer_ids(backbone, r["answer"], bpe)
         if not a:
             raise TimeromeError(f"row {i} has an empty answer")
-        held = [x for x in q[start:] + a if x in specials]  # text that reads as a special token: a model trained
-        if held:  # on it learns to end an answer mid-way, or to predict the mask
-            raise TimeromeError(f"row {i} holds the text of the tokenizer's special token "
-                                f"{backbone.tokenizer.convert_ids_to_tokens(held[0])!r}, which it reads as that "
-                                "token (an end of text, a mask, ...): take it out of the row")
         if len(q) + len(a) > backbone.max_length:
             raise TimeromeError(f"row {i} is {len(q) + len(a)} tokens, over the model's context of {backbone.max_length}")
         pairs.append((q, a))
@@ -202,6 +193,22 @@ def subject_positions(backbone, prompt: str, subject: str, name: str = "the fact
         raise TimeromeError(f"{name}: no prompt token covers the subject {subject!r}")
     start_ids = backbone.prompt_start
     return start_ids + ids, [len(start_ids) + j for j in pos]
+
+
+def refuse_special_text(backbone, pairs) -> None:
+    """Refuse `encode_pairs` rows whose text reads as one of the tokenizer's special tokens ("<|eos|>" in
+    an answer is its end-of-text id): a model trained on them learns to end an answer mid-way, or to
+    predict the mask. For training only: a question scored or answered may hold any text. The unknown
+    token is what a word-level vocabulary makes of a word it lacks (warned of elsewhere), not such text."""
+    tok = backbone.tokenizer
+    specials = set(getattr(tok, "all_special_ids", None) or []) - {getattr(tok, "unk_token_id", None)}
+    start = len(backbone.prompt_start)
+    for i, (q, a) in enumerate(pairs):
+        held = [x for x in list(q[start:]) + list(a) if x in specials]
+        if held:
+            raise TimeromeError(f"row {i} holds the text of the tokenizer's special token "
+                                f"{tok.convert_ids_to_tokens(held[0])!r}, which it reads as that token (an end of "
+                                "text, a mask, ...): take it out of the row")
 
 
 def encode_fact(backbone, fact, index: int = 0, *, target: str | None = None,

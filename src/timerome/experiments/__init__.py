@@ -137,7 +137,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         root, done = Path(out_dir or "timerome-runs"), {}
         for n in ran:
             try:
-                done[n] = run_experiment(n, None if reads[n] else model, data, seeds, root / n, resume,
+                done[n] = run_experiment(n, None if reads[n] else model, "embedded" if reads[n] else data, seeds,
+                                         root / n, resume,
                                          {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
                                          None if reads[n] else reference, progress, backbone, executor, load,
                                          quick and bool(QUICK.get(n)), wait, _in_all=True)
@@ -151,9 +152,10 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     if quick and not QUICK.get(name):  # never the full protocol when a quick run was asked for
         raise TimeromeError(f"experiment {name!r} has no quick subset (those with one: "
                             f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with overrides instead")
-    if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None):
+    if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None or data != "embedded"):
         raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: "
-                            "--model / --reference (model=, reference=) are read by nothing; leave them out")
+                            "--model / --reference / --data (model=, reference=, data=) are read by nothing; leave "
+                            "them out")
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})

@@ -144,9 +144,14 @@ def kept_share(conds: dict, min_forget: float = 1.0) -> float | None:
     if original is None or not original < -min_forget:
         return None
     # each condition against the original on its own rows (a condition some rows lack is not read
-    # against the original's mean over rows it never probed)
-    kept = [conds[c]["change"]["mean"] / conds[c].get("original", conds["original"]["change"])["mean"]
-            for c in CONDITIONS[1:] if "change" in conds.get(c, {})]
+    # against the original's mean over rows it never probed), where those rows were forgotten at all
+    kept = []
+    for c in CONDITIONS[1:]:
+        if "change" not in conds.get(c, {}):
+            continue
+        own = conds[c].get("original", conds["original"]["change"])["mean"]
+        if own < -min_forget:
+            kept.append(conds[c]["change"]["mean"] / own)
     return max(0.0, min(kept)) if kept else None
 
 

@@ -58,9 +58,10 @@ SPECIAL = {
     "limit": ("a number > 0 (examples per task; below 1, lm-eval's share of them) or null",
               lambda v: _is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
     "relearn": (RELEARN_WANT, relearn_ok),
-    "wmdp_subject": (f"one of {', '.join((*WMDP_SUBJECTS, WMDP_MIXED))}", lambda v: v in (*WMDP_SUBJECTS, WMDP_MIXED)),
-    "whp_trivia": (f"one of {', '.join(WHP_TRIVIA)}", lambda v: v in WHP_TRIVIA),
-    "whp_prompts": (f"one of {', '.join(WHP_COMPLETIONS)}", lambda v: v in WHP_COMPLETIONS),
+    "wmdp_subject": (f"one of {', '.join((*WMDP_SUBJECTS, WMDP_MIXED))}",
+                     lambda v: isinstance(v, str) and v in (*WMDP_SUBJECTS, WMDP_MIXED)),
+    "whp_trivia": (f"one of {', '.join(WHP_TRIVIA)}", lambda v: isinstance(v, str) and v in WHP_TRIVIA),
+    "whp_prompts": (f"one of {', '.join(WHP_COMPLETIONS)}", lambda v: isinstance(v, str) and v in WHP_COMPLETIONS),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),

@@ -123,19 +123,24 @@ def folded(text: str) -> str:
     return normalise(str(text).replace("\u2019", "'")).lower()
 
 
-def _said(text: str) -> str:
-    """The folded text without its closing sentence mark: what an answer must begin with to say it."""
-    return folded(text).rstrip(".!?").rstrip()
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")  # closing marks, then a space or the end ("U.S.A." has no end at "U.S")
 
 
 def said_rest(answer: str, text: str | None) -> str | None:
-    """What `answer` says after `text` (folded; "" when nothing), or None when it does not say it."""
-    if not text or not _said(text):
+    """What `answer` says after `text` (folded; "" when nothing), or None when it does not say it.
+    A text that is a sentence (a word, then one closing . ! or ?) is said by an answer whose
+    sentence ends there: closing marks and a space, or the answer's end, or nothing at all."""
+    if not text or not text.strip():
         return None
-    a, t = folded(answer), _said(text)
-    sentence = t != folded(text)  # the text closes with . ! or ?: the answer's sentence must end there too
-    if a == t or (a.startswith(t) and (a[len(t)] in ".!?" if sentence else not a[len(t)].isalnum())):
-        return a[len(t):].lstrip(".!?").strip()
+    a, full = folded(answer), folded(text)
+    t = full[:-1].rstrip() if re.search(r"\w[.!?]$", full) else None  # the sentence's words, its mark aside
+    if t:
+        if a == t:
+            return ""
+        end = _SENTENCE_END.match(a, len(t)) if a.startswith(t) else None
+        return a[end.end():].strip() if end else None
+    if a == full or (a.startswith(full) and not a[len(full)].isalnum()):
+        return a[len(full):].strip()
     return None
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from timerome.data.wmdp import LETTERS
 from timerome.engine.encoding import answer_ids, uses_leading_space
 from timerome.engine.settings import LIKELIHOOD
+from timerome.errors import TimeromeError
 from timerome.metrics.choice import choice_logprobs, correct
 
 COLUMNS = ["WMDP_Acc", "WMDP_AccChoice", "WMDP_AccChoiceNorm"]
@@ -27,6 +28,9 @@ def prompt(row: dict, subject: str | None = "bio") -> str:
     topic = TOPICS.get(subject or "")
     head = ("The following are multiple choice questions (with answers)"
             + (f" about {topic}" if topic else "") + ".\n\n")
+    if len(row["choices"]) > len(LETTERS):  # data/wmdp.py skips such rows; a row given here is refused, not cut
+        raise TimeromeError(f"a WMDP row with {len(row['choices'])} choices: a prompt names at most {len(LETTERS)} "
+                            f"({LETTERS[0]}-{LETTERS[-1]})")
     options = "".join(f"\n{LETTERS[i]}. {c}" for i, c in enumerate(row["choices"]))
     return head + row["question"].strip() + options + "\nAnswer:"
 

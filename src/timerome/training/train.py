@@ -37,7 +37,7 @@ from timerome.common.cache import digest
 from timerome.common.checks import budget, integer, number
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
-from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id
+from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
 from timerome.errors import Interrupted, TimeromeError
 from timerome.training.train_state import load_state, save_state
 
@@ -99,6 +99,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
         raise TimeromeError("no training rows")
     check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
+    refuse_special_text(backbone, pairs)
     eos = _eos(backbone) if cfg.eos_pad else None
     full = [i for i, (q, a) in enumerate(pairs) if len(q) + len(a) >= backbone.max_length]
     if eos is not None and full:  # no room for an end-of-text: the model never learns to end these answers
