@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import load_backbone
+from timerome.common.threads import setting
 from timerome.data.rwku import load_rwku, passage_rows, target_folder, target_name
 from timerome.errors import script
 from timerome.experiments import run_experiment
@@ -127,7 +128,7 @@ def main() -> int:
                                                                                          Path(tmp), args.bpe)
         kind = args.model or f"toy, {'BPE' if args.bpe else 'word'} tokenizer, trained here"
         print(f"model: {kind}, {bb.n_layers} layers, built in {time.perf_counter() - t0:.1f}s")
-        print(f"device {bb.device}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+        print(setting(bb.device))
         for part in parts:
             {"selectivity": selectivity, "cost": cost}[part](bb, args)
     return 0

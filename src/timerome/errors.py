@@ -9,7 +9,6 @@ class Interrupted(TimeromeError):
     """Work stopped by the user (Ctrl-C); the message says what was kept and how to resume."""
 
 
-
 def script(main) -> int:
     """Run a script's `main()` as the CLI runs a command: a TimeromeError (a bad option, a missing
     folder, an unusable file) is one line on stderr and exit status 2, never a traceback."""

@@ -9,8 +9,8 @@ Conditions, each a log-likelihood in nats per forget row (TOFU perturbed schema)
                           question and answer shown once, then the question asked again
 A condition is the change from the unedited model, per row (edited - unedited; negative = the
 edit lowers it), and `weakening` = change(condition) - change(original), on the rows the
-condition has: how many nats of the edit's effect the condition takes back (the paper: within 2 nats under paraphrase, ~8 under
-in-context relearning).
+condition has: how many nats of the edit's effect the condition takes back (the paper: within 2
+nats under paraphrase, ~8 under in-context relearning).
 
 Any method can be scored: `condition_logprobs(backbone, rows, edit)` runs with `edit.active()`
 (None: the model as it is), so measure the unedited model first (before installing a

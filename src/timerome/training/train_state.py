@@ -46,7 +46,8 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
 
 
 def load_state(folder, *, recipe: str, model, params, opt, sched, generators: dict) -> dict | None:
-    """Restore a saved state into the objects (None when there is none, or it is another recipe's)."""
+    """Restore a saved state into the objects (None when there is none); a state of another recipe,
+    or one torn by a crash between its two writes, is refused (TimeromeError naming the folder)."""
     folder = Path(folder)
     meta_path, tensor_path = folder / META, folder / TENSORS
     if not (meta_path.is_file() and tensor_path.is_file()):
