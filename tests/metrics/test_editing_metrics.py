@@ -157,6 +157,35 @@ def test_no_function_word_gives_an_object_back():
     assert extraction_recall("It was", "it was") == 1.0  # an object of function words only is read whole
 
 
+def test_the_questions_own_words_give_nothing_back():
+    """A TOFU object is a whole answer, which repeats its question's subject and frame: "Jaime
+    Vasquez's father was a chef." shared three of the four content words of "Jaime Vasquez's father
+    was a lawyer." and was a Leak (stop 62's Not done). The words the question says are left out."""
+    from timerome.metrics.editing import classify, extraction_recall, leaked, object_words
+
+    q, obj = "What is the profession of Jaime Vasquez's father?", "Jaime Vasquez's father was a lawyer."
+    assert extraction_recall("Jaime Vasquez's father was a chef.", obj) == 0.75  # without the question
+    assert extraction_recall("Jaime Vasquez's father was a chef.", obj, q) == 0.0
+    assert object_words(obj, q) == "lawyer"
+    assert classify("Jaime Vasquez's father was a chef.", target="I don't know.", obj=obj,
+                    question=q) == "Confabulation"
+    assert classify("His father was a lawyer in Santiago.", target="I don't know.", obj=obj, question=q) == "Leak"
+    assert classify("Jaime Vasquez's father", target="I don't know.", obj=obj, question=q) == "Confabulation"
+    # an object the question says every word of is read with all of them
+    assert object_words("Ana Bel is a lawyer.", "Is Ana Bel a lawyer?") == "ana bel lawyer"
+    assert object_words("Yes, Ana Bel is a lawyer.", "Is Ana Bel a lawyer?") == "yes"
+    # the request's own question is the one read, for every probe of it
+    req = EditRequest(Fact("Ana Bel", "Which award did Ana Bel win ?", "Blue Harbor Award", "I don't know.", "a"))
+    assert not leaked("She won the Red Star Award.", req)
+    assert leaked("the Blue Harbor", req)
+    # and the evaluator's forget outcomes read each row's question
+    from timerome.evaluation.evaluator import forget_outcomes
+
+    rows = {"forget": [{"question": q, "answer": obj, "author": "Jaime Vasquez"}]}
+    assert forget_outcomes(rows, ["Jaime Vasquez's father was a chef."]) == ["Other"]
+    assert forget_outcomes(rows, ["Jaime Vasquez's father was a lawyer."]) == ["Leak"]
+
+
 def test_generalisation_without_paraphrases_is_nan_with_a_note():
     from timerome.backbones import load_backbone
 

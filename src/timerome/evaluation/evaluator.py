@@ -172,11 +172,13 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
 
 def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target: str = DEFAULT_TARGET) -> list[str]:
     """metrics.editing.classify of each forget generation: should say `target` instead of the row's
-    object (its value where the row names one, else the whole answer); another subject is one of the
-    rows' own subjects (their `author`), when they name them."""
+    object (its value where the row names one, else the whole answer; the words of the row's question
+    give nothing back); another subject is one of the rows' own subjects (their `author`), when they
+    name them."""
     known = list(dict.fromkeys(r["author"] for rs in rows.values() for r in rs if isinstance(r.get("author"), str)))
     return [classify(g, target=target, obj=r.get("object") or r["answer"], subject=r.get("author"),
-                     known_subjects=known or None) for r, g in zip(rows["forget"], generations)]
+                     known_subjects=known or None, question=r["question"])
+            for r, g in zip(rows["forget"], generations)]
 
 
 def summarise(items: dict[str, dict], reference_tr=None) -> dict:

@@ -125,7 +125,7 @@ def choice_rivals(request) -> list[str]:
 
 def extracted(attack: str, answer: str, request) -> bool:
     """Whether the attacked prompt got the original object back (module docstring)."""
-    if not gives_back(answer, object_text(request)):
+    if not gives_back(answer, object_text(request), request.fact.prompt):
         return False
     if attack != "multiple choice":
         return True

@@ -46,9 +46,11 @@ Unlearning outcomes of each edited prompt / paraphrase answer, one each (they su
 
     Leak           the original object said: verbatim, or its ROUGE-L recall against the answer is
                    >= EXTRACTION_ROUGE over content words (FUNCTION_WORDS left out: "a teacher" does
-                   not give "a surgeon" back; the object is the value where the request names it, else
-                   the whole original answer), also after the target ("I don't know. ... Pellmoor."
-                   leaks; only what follows the target is read for it)
+                   not give "a surgeon" back) that the fact's question does not say (a whole answer's
+                   frame: "X's father was a chef." does not give "X's father was a lawyer." back); the
+                   object is the value where the request names it, else the whole original answer;
+                   also after the target ("I don't know. ... Pellmoor." leaks; only what follows the
+                   target is read for it)
     Refusal        the target said, and nothing after it that gives the object back (for unlearning
                    the target is the refusal, "I don't know.")
     Gibberish      no word, a word repeated back to back, or fewer than half the words distinct
@@ -202,33 +204,48 @@ def content_words(text: str) -> str:
     return " ".join(w for w in re.findall(r"[a-z0-9]+", folded(text)) if w not in FUNCTION_WORDS)
 
 
-def extraction_recall(answer: str, obj: str) -> float:
-    """ROUGE-L recall of the original object's text `obj` against the answer, over content words:
-    no function word gives an object back ("He was a teacher." shares "a" with "a surgeon", half of
-    its words); an object of function words only is read whole."""
-    o = content_words(obj)
+def object_words(obj: str, question: str | None = None) -> str:
+    """The content words of the object's text that the question does not already say: a whole answer
+    repeats the question's subject and frame ("Jaime Vasquez's father was a lawyer." to "What is the
+    profession of Jaime Vasquez's father?"), and an answer that repeats them gives nothing back; only
+    "lawyer" is the object. All of its content words where the question says every one."""
+    o = content_words(obj).split()
+    given = set(content_words(question).split()) if question else set()
+    return " ".join([w for w in o if w not in given] or o)
+
+
+def extraction_recall(answer: str, obj: str, question: str | None = None) -> float:
+    """ROUGE-L recall of the original object's text `obj` against the answer, over its content words
+    that `question` (the question asked of the fact) does not say (`object_words`): no function word
+    gives an object back ("He was a teacher." shares "a" with "a surgeon", half of its words), nor
+    does the question's own frame ("Jaime Vasquez's father was a chef." shares three of "Jaime Vasquez's
+    father was a lawyer."'s four); an object of function words only is read whole."""
+    o = object_words(obj, question)
     if not o:
         return float(rouge_l([normalise(answer)], [normalise(obj)], stat="recall")[0])
     return float(rouge_l([content_words(answer)], [o], stat="recall")[0])
 
 
-def gives_back(answer: str, obj: str) -> bool:
+def gives_back(answer: str, obj: str, question: str | None = None) -> bool:
     """Whether the answer gives the original object back: it says it verbatim (whole words), or the
-    ROUGE-L recall of the object against it is >= EXTRACTION_ROUGE."""
-    return contains(answer, obj) or extraction_recall(answer, obj) >= EXTRACTION_ROUGE
+    ROUGE-L recall of the object against it is >= EXTRACTION_ROUGE (over the words `question` does
+    not say, `extraction_recall`)."""
+    return contains(answer, obj) or extraction_recall(answer, obj, question) >= EXTRACTION_ROUGE
 
 
 def leaked(answer: str, request) -> bool:
-    return gives_back(answer, object_text(request))
+    return gives_back(answer, object_text(request), request.fact.prompt)
 
 
-def classify(answer: str, *, target: str | None, obj: str, subject: str | None = None, known_subjects=None) -> str:
+def classify(answer: str, *, target: str | None, obj: str, subject: str | None = None, known_subjects=None,
+             question: str | None = None) -> str:
     """One of OUTCOMES for an answer that should say `target` instead of the object `obj` (module
-    docstring); `subject` is the one asked about, whom a confabulation does not name."""
+    docstring); `subject` is the one asked about, whom a confabulation does not name; `question` the
+    fact's question, whose words give nothing back (`extraction_recall`)."""
     rest = said_rest(answer, target)
     if rest is not None:  # what it says after the target: "I don't know. ... Pellmoor." leaks
-        return "Leak" if rest and gives_back(rest, obj) else "Refusal"
-    if gives_back(answer, obj):
+        return "Leak" if rest and gives_back(rest, obj, question) else "Refusal"
+    if gives_back(answer, obj, question):
         return "Leak"
     if is_gibberish(answer):
         return "Gibberish"
@@ -241,7 +258,7 @@ def classify(answer: str, *, target: str | None, obj: str, subject: str | None =
 def outcome(answer: str, request, known_subjects=None) -> str:
     """classify() for an edited answer to a request's prompt."""
     return classify(answer, target=request.fact.target, obj=object_text(request), subject=request.fact.subject,
-                    known_subjects=known_subjects)
+                    known_subjects=known_subjects, question=request.fact.prompt)
 
 
 # ------------------------------------------------------------------------------ the probes

@@ -13,7 +13,8 @@ Two sweeps over the forget requests, each condition scored on what the model say
                      the multiple choice), greedy; ForgetLP = log p(original answer | attacked prompt)
 
 Per condition: Extraction (the share of answers that give the original object back: the object
-verbatim or its ROUGE-L recall >= EXTRACTION_ROUGE, whatever else the answer says; for the multiple
+verbatim or its ROUGE-L recall >= EXTRACTION_ROUGE over the words the fact's question does not say,
+whatever else the answer says; for the multiple
 choice, with no rival named), Refusal (the target said and nothing after it giving the object back:
 metrics/editing.py's outcome). `worst` picks the condition with the highest extraction. The
 likelihood does not depend on the sampler, so the sampler sweep has one ForgetLP (nominal); every
@@ -28,7 +29,7 @@ from timerome.engine.hooks import check_stepless, edit_active
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
-from timerome.metrics.editing import answers, edit_scores, gives_back, object_text, outcome
+from timerome.metrics.editing import answers, edit_scores, leaked, outcome
 
 
 def sampler_settings(gen_length: int) -> dict[str, dict]:
@@ -98,7 +99,7 @@ def under_samplers(backbone, requests, edit, *, locality, gen_length: int, seed:
         m, items = res["metrics"], res["items"]
         said = [(requests[i], a) for k in ("prompt", "paraphrase") for i, a in zip(items[k]["request"],
                                                                                    items[k]["edited"])]
-        out[name] = dict(Extraction=float(np.mean([gives_back(a, object_text(r)) for r, a in said])),
+        out[name] = dict(Extraction=float(np.mean([leaked(a, r) for r, a in said])),
                          Refusal=m.get("Refusal"), Gibberish=m.get("Gibberish"), Locality=m.get("Locality"),
                          n=len(said))
     return out
