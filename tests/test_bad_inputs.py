@@ -586,6 +586,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
 
     from timerome.backbones import load_backbone as load
     from timerome.common.checks import FORWARD_LIMIT, budget, insisting
+    from timerome.data.requests import load_requests
+    from timerome.data.rows import load_facts, load_rows
     from timerome.data.task import forget_task
     from timerome.engine.likelihood import log_likelihood_batch
     from timerome.engine.sampler import generate
@@ -599,6 +601,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.tracing.causal_trace import trace
     from timerome.tracing.result import TraceResult
     from timerome.tracing.selection import select_coordinate
+    from timerome.memory.whitening import background_texts
+    from timerome.training.new_model import new_model
     from timerome.training.train import TrainConfig, train
 
     bb = load()
@@ -685,6 +689,14 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: load(123), "a checkpoint folder or a .gguf file"),
         (lambda: load(dtype=torch.int64), "floating-point"),
         (lambda: load_memory(files["mem"], load(dtype="bfloat16")), "another dtype"),
+        # stop 63: a TOFU folder that no row source reads (the command line refused it since stop 62)
+        (lambda: load_rows("embedded:forget01", tofu_dir=files["tofu"]), "tofu_dir="),
+        (lambda: load_facts("embedded:forget01", tofu_dir=files["tofu"]), "read only for 'tofu:SPLIT'"),
+        (lambda: load_requests("counterfactual:forget10", tofu_dir=files["tofu"]), "tofu_dir="),
+        (lambda: load_requests([{"prompt": "q", "target_new": "t", "subject": "q"}], tofu_dir=files["tofu"]),
+         "tofu_dir="),
+        (lambda: background_texts(bb, "embedded:retain_perturbed", tofu_dir=files["tofu"]), "tofu_dir="),
+        (lambda: new_model(["embedded:forget01"], tmp_path / "nm", tofu_dir=files["tofu"]), "tofu_dir="),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):
@@ -698,6 +710,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
             failures.append(f"case {i}: {type(e).__name__}: {e}")
     assert not failures, "\n".join(failures)
     assert bb.fingerprint() == load().fingerprint()  # nothing above changed the model
+    assert not (tmp_path / "nm").exists()  # new_model refused before it made its folder
     with insisting():  # the way to go on: a budget lets the work through
         budget("a test", 10 * FORWARD_LIMIT)
     with pytest.raises(TimeromeError, match="insist"):

@@ -254,11 +254,13 @@ def model_options(fn):
 
 def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     """Facts of a QA set; every row that gives no fact is shown, never dropped silently, and
-    subjects the model's vocabulary cannot read are named (they would all be one <unk>)."""
+    subjects the model's vocabulary cannot read are named (they would all be one <unk>). tofu_dir:
+    the command's --tofu-dir (read where `data` is a 'tofu:SPLIT')."""
     from timerome.data.rows import load_facts as load
+    from timerome.data.rows import tofu_folder
     from timerome.engine.encoding import unknown_words
 
-    facts, skipped = load(data, tofu_dir=tofu_dir, limit=limit)
+    facts, skipped = load(data, tofu_dir=tofu_folder(data, tofu_dir), limit=limit)
     unknown = [f for f in facts if backbone is not None and unknown_words(backbone, f.subject)]
     if unknown:
         words = dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject))
@@ -298,23 +300,22 @@ def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, 
     methods' retain rows): those `calibration_spec` names (`rows`: its rows, read already), minus
     every row stating an edited fact."""
     from timerome.data.facts import qa_rows
-    from timerome.data.rows import load_rows
+    from timerome.data.rows import load_rows, tofu_folder
     from timerome.data.task import ForgetTask
     from timerome.methods.codebook import calibration_rows
 
     calibration = calibration_spec(bb, method, source, calibration)
     task = ForgetTask(forget_rows=qa_rows(facts), facts=[],
-                      retain_rows=load_rows(calibration, tofu_dir=tofu_dir) if rows is None else rows)
+                      retain_rows=load_rows(calibration, tofu_dir=tofu_folder(calibration, tofu_dir))
+                      if rows is None else rows)
     return calibration, calibration_rows(task, {})
 
 
 def tofu_dir_read(tofu_dir, *specs) -> None:
-    """Refuse --tofu-dir where nothing reads it: none of `specs` (the row sources the command was
-    given, or a file records) is a 'tofu:SPLIT'. A misspelt or wrong folder taken without a word
-    leaves the user believing the command read it."""
-    if tofu_dir is not None and not any(isinstance(s, str) and s.startswith("tofu:") for s in specs):
-        raise TimeromeError(f"--tofu-dir {tofu_dir} is read only for 'tofu:SPLIT' rows, and nothing here names one: "
-                            "leave it out (or name the rows as tofu:SPLIT)")
+    """data.rows.tofu_dir_read for the command line's --tofu-dir."""
+    from timerome.data.rows import tofu_dir_read as refuse_unread
+
+    refuse_unread(tofu_dir, *specs, option="--tofu-dir")
 
 
 def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str):
@@ -324,8 +325,9 @@ def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str
 
     if requests is not None:
         from timerome.data.requests import load_requests
+        from timerome.data.rows import tofu_folder
 
-        reqs, notes = load_requests(requests, target=target, tofu_dir=tofu_dir)
+        reqs, notes = load_requests(requests, target=target, tofu_dir=tofu_folder(requests, tofu_dir))
         for n in notes:
             err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
         return [r.fact for r in reqs], requests

@@ -74,6 +74,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     as the evaluated one does.
     """
     from timerome.backbones import HOOK_POINTS
+    from timerome.data.rows import tofu_folder
     from timerome.data.task import ForgetTask
     from timerome.engine.coordinate import Coordinate
     from timerome.memory.base import sort_new_facts
@@ -143,7 +144,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
         err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(source)} repeat an earlier one and are "
                           f"left out: {escape(shown)}", soft_wrap=True)
-    texts = background_texts(bb, background, tofu_dir=tofu_dir) if background else None
+    texts = background_texts(bb, background, tofu_dir=tofu_folder(background, tofu_dir)) if background else None
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
@@ -260,7 +261,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     the calibration spec (`sources`), which `memory add` reads again.
     overrides: --config's settings (margin, inner, n_states, ...); one an option also sets is refused."""
     from timerome.data.facts import qa_rows
-    from timerome.data.rows import load_rows, row_source
+    from timerome.data.rows import load_rows, row_source, tofu_folder
     from timerome.data.task import ForgetTask
     from timerome.memory.rewrite_memory import target_ids
     from timerome.methods import method_config
@@ -269,8 +270,8 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     from timerome.methods.rewrite import build as build_rewrite
 
     spec = calibration_spec(bb, method, source, calibration)
-    rows = load_rows(spec, tofu_dir=tofu_dir)
-    read = row_source(spec, rows, tofu_dir=tofu_dir)  # recorded in the file, for `memory add` (cli/memory.py)
+    rows = load_rows(spec, tofu_dir=tofu_folder(spec, tofu_dir))
+    read = row_source(spec, rows, tofu_dir=tofu_folder(spec, tofu_dir))  # recorded in the file, for `memory add` (cli/memory.py)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
     if method == "codebook":
         over["step"] = coordinate.step

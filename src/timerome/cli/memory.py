@@ -147,7 +147,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     measured on --calibration). A fact without a target of its own gets the memory's target. A
     fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
     a new fact whose id another fact holds is added under a new id; a note names both."""
-    from timerome.data.rows import load_rows
+    from timerome.data.rows import load_rows, tofu_folder
     from timerome.memory.base import check_for_model, fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
@@ -203,7 +203,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
                                   f"measured on: the added facts' radii are measured on {escape(spec)} "
                                   "(--calibration to choose)", soft_wrap=True)
         if value_rows is not None:
-            values = load_rows(value_rows, tofu_dir=tofu_dir)
+            values = load_rows(value_rows, tofu_dir=tofu_folder(value_rows, tofu_dir))
             _other_rows(sources.get("value_rows"), value_rows, tofu_dir,
                         f"the token values of {file} were read", "the added facts' token values are read")
         memory = load_memory(file, bb, calibration=rows, value_rows=values)  # values: as its build read them

@@ -97,7 +97,11 @@ class EditRequest:
 def load_requests(spec, *, target: str | None = None, limit: int | None = None,
                   tofu_dir: str | None = None) -> tuple[list[EditRequest], list[str]]:
     """(requests, notes) from a file or a spec (module docstring); `target` fills the requests that
-    name none; notes say what was left out and why (never silently)."""
+    name none; notes say what was left out and why (never silently). tofu_dir: the TOFU folder of a
+    'tofu:SPLIT' spec (refused for any other)."""
+    from timerome.data.rows import tofu_dir_read
+
+    tofu_dir_read(tofu_dir, spec)
     if isinstance(spec, (list, tuple)):
         records, where = list(spec), "the given records"
     elif isinstance(spec, str) and spec.startswith(("counterfactual:", "embedded:", "tofu:")):

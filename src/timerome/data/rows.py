@@ -18,9 +18,33 @@ from timerome.data.tofu import HUB_ID as TOFU_HUB
 from timerome.errors import TimeromeError
 
 
+def reads_tofu(spec) -> bool:
+    """Whether a row source reads a TOFU folder: it is a 'tofu:SPLIT'."""
+    return isinstance(spec, str) and spec.startswith("tofu:")
+
+
+def tofu_folder(spec, tofu_dir):
+    """`tofu_dir` where `spec` reads it (`reads_tofu`), else None: for a caller that passes one folder
+    to each of several row sources (the forget set's and the calibration rows' may differ)."""
+    return tofu_dir if reads_tofu(spec) else None
+
+
+def tofu_dir_read(tofu_dir, *specs, option: str = "tofu_dir") -> None:
+    """Refuse a TOFU folder where nothing reads it: none of `specs` (the row sources given, or a file
+    records) is a 'tofu:SPLIT'. A misspelt or wrong folder taken without a word leaves the user
+    believing it was read. option: how the folder was given ("--tofu-dir" on the command line)."""
+    if tofu_dir is not None and not any(reads_tofu(s) for s in specs):
+        named = f"{option} {tofu_dir}" if option.startswith("-") else f"{option}={str(tofu_dir)!r}"
+        raise TimeromeError(f"{named} is read only for 'tofu:SPLIT' rows, and nothing here names one: "
+                            "leave it out (or name the rows as tofu:SPLIT)")
+
+
 def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
+    """The question/answer rows a spec names (module docstring); `tofu_dir` is the TOFU folder of a
+    'tofu:SPLIT' (else $TIMEROME_TOFU_DIR, else the Hub id), refused for any other spec."""
     from timerome.data import real_facts
 
+    tofu_dir_read(tofu_dir, spec)
     if spec == real_facts.NAME:
         return real_facts.real_rows()[0]
     if spec.startswith("embedded:"):

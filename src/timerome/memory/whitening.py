@@ -21,7 +21,7 @@ import torch
 
 from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
-from timerome.data.rows import load_rows
+from timerome.data.rows import load_rows, tofu_dir_read
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import pad_sequences, text_ids
 from timerome.engine.hooks import run_to
@@ -109,8 +109,9 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
     None: the embedded model's own training rows (other models must name a corpus);
     'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from `tofu_dir`, else $TIMEROME_TOFU_DIR); a path: a
     JSON/JSONL file of question/answer rows or a plain text file (one text per line); a list of
-    strings: used as is.
+    strings: used as is. tofu_dir is refused where `background` is no 'tofu:SPLIT'.
     """
+    tofu_dir_read(tofu_dir, background)
     if background is None:
         if getattr(backbone, "name", "") != "timerome-default":
             raise TimeromeError(

@@ -27,7 +27,7 @@ from timerome.common.cache import write_json
 from timerome.common.checks import integer, memory_budget
 from timerome.common.checks import seed as check_seed
 from timerome.common.files import output_folder, read_text
-from timerome.data.rows import load_rows
+from timerome.data.rows import load_rows, tofu_dir_read, tofu_folder
 from timerome.data.tokenizer import SPECIAL_ROLES, SPECIALS, save_tokenizer
 from timerome.errors import TimeromeError
 from timerome.training.default_model import corpus_texts
@@ -50,7 +50,7 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
     for src in sources:
         src = str(src)
         if src.startswith(("embedded:", "tofu:")) or Path(src).suffix in (".json", ".jsonl"):
-            rows = load_rows(src, tofu_dir=tofu_dir)
+            rows = load_rows(src, tofu_dir=tofu_folder(src, tofu_dir))
             if not rows:  # corpus_texts would still give the default target: a tokenizer learnt on one text
                 raise TimeromeError(f"{src} holds no rows: nothing to train the tokenizer on")
             texts += corpus_texts({"rows": rows})
@@ -116,7 +116,9 @@ def model_dims(size: str = "small", *, context: int = DEFAULT_CONTEXT, **overrid
 
 def new_model(sources, out, *, size: str = "small", vocab_size: int = DEFAULT_VOCAB, context: int = DEFAULT_CONTEXT,
               seed: int = 0, tofu_dir=None, **dims) -> dict:
-    """Write a fresh model + tokenizer to `out` (module docstring); returns what was built."""
+    """Write a fresh model + tokenizer to `out` (module docstring); returns what was built. tofu_dir:
+    the TOFU folder of the 'tofu:SPLIT' sources (refused where none is one)."""
+    tofu_dir_read(tofu_dir, *map(str, sources))
     out = output_folder(out)
     check_seed(seed, "seed")
     integer(vocab_size, "vocab_size", lo=1)
