@@ -56,9 +56,10 @@ from timerome.methods.registry import NO_EDIT
 from timerome.metrics.columns import split_columns
 from timerome.training.from_scratch import reference_model
 
-VERSION = 4  # bump when a cell's meaning changes: old cells stop matching (3: stop 58, Leak after a refusal, WMDP ties;
+VERSION = 5  # bump when a cell's meaning changes: old cells stop matching (3: stop 58, Leak after a refusal, WMDP ties;
 # 4: stop 62, tofu:forgetXX requests with their paraphrases, WMDP rows of over 10 choices skipped, the
-# outcomes' Leak over content words and saying a text case-folded)
+# outcomes' Leak over content words and saying a text case-folded; 5: stop 63, Leak over the words the
+# fact's question does not say)
 MEASURES: dict = {}  # name -> Measurement; `measurement` fills it
 DATA_KINDS: dict = {}  # kind -> (spec, context) -> (rows, ForgetTask); `data_kind` fills it
 LP_COLUMNS = split_columns("lp")      # {split: column}, declared with their metrics (metrics/tofu.py)
