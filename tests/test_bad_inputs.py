@@ -119,6 +119,10 @@ def files(tmp_path_factory):
     f["muse_books"] = d / "muse" / "books"  # the Books corpus folder, to be passed where News is asked for
     for part in ("knowmem", "verbmem", "privleak"):
         (f["muse_books"] / part).mkdir(parents=True)
+    f["wmdp_mixed"] = d / "bench_mixed"  # a benchmark folder whose WMDP is the mixed Bio+Cyber files only
+    (f["wmdp_mixed"] / "wmdp").mkdir(parents=True)
+    (f["wmdp_mixed"] / "wmdp" / "split_0.jsonl").write_text(
+        json.dumps({"question": "Which port does SSH use?", "choices": ["21", "22", "80", "443"], "answer": 1}) + "\n")
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
     f["fifo"] = d / "fifo.safetensors"  # a named pipe: nothing ever writes to it, so a read would block
@@ -499,6 +503,9 @@ def catalogue(f, tmp):
         ("MUSE-News asked on the Books folder", ["eval", "--bench", "muse-news", "--bench-data", f["muse_books"]],
          "is the MUSE-Books folder"),
         ("eval --bench wmdp with no such subject", ["eval", "--bench", "wmdp:physics"], "unknown WMDP subject"),
+        # stop 63: Chem asked where only the mixed Bio+Cyber files are (a score of no chem question)
+        ("wmdp:chem on the mixed files", ["eval", "--bench", "wmdp:chem", "--bench-data", f["wmdp_mixed"]],
+         "none of chem to score"),
         # stop 62's training audit: a file where the build writes was found after the build's hours
         ("build-default --out a file", ["build-default", "--out", f["empty"]], "is a file"),
         ("build-default --check --out", ["build-default", "--check", "--out", tmp / "b"], "--out is read by nothing"),

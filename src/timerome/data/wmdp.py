@@ -7,9 +7,9 @@ Official layout (`cais/wmdp`, one config per subject: wmdp-bio, wmdp-cyber, wmdp
 "test"): on the Hub through `datasets`, or locally as `wmdp-bio.jsonl` / `wmdp-bio.json` /
 `wmdp-bio/test.jsonl` in the WMDP folder. Mixed layout: `split_*.jsonl` files holding Bio and
 Cyber questions together with no subject label (the deduplicated copy in
-`magikarp01/tasks`); asked for a subject that only the mixed files can give, the loader reads
+`magikarp01/tasks`); asked for Bio or Cyber where only the mixed files are, the loader reads
 them and says so in `layout`, which every result built on them carries: a score on the mixed
-set is not a WMDP-Bio score.
+set is not a WMDP-Bio score. Chem, which they do not hold, is refused there.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from timerome.errors import TimeromeError
 HUB_ID = "cais/wmdp"
 SUBJECTS = ("bio", "cyber", "chem")
 MIXED = "mixed"
+MIXED_SUBJECTS = ("bio", "cyber")  # what the mixed files hold: a subject beyond them has no question there
 LETTERS = "ABCDEFGHIJ"  # the letters a prompt names the choices by: a row with more choices cannot be asked
 
 
@@ -48,6 +49,10 @@ def load_wmdp(source=None, subject: str = "bio") -> Loaded:
         want = "split_*.jsonl files" if subject == MIXED else f"wmdp-{subject}.jsonl (or split_*.jsonl)"
         have = sorted(p.name for p in root.iterdir())
         raise TimeromeError(f"WMDP: no {want} in {root}; files there: {', '.join(have) or 'none'}")
+    if subject not in MIXED_SUBJECTS + (MIXED,):
+        raise TimeromeError(f"WMDP: no wmdp-{subject} file in {root}, and its split_*.jsonl files hold "
+                            f"{'+'.join(s.capitalize() for s in MIXED_SUBJECTS)} questions only: none of "
+                            f"{subject} to score (give the folder of the official wmdp-{subject} file)")
     raw = [r for p in splits for r in read_file(p)]
     layout = (f"mixed Bio+Cyber questions without a subject label ({len(splits)} split files)"
               + ("" if subject == MIXED else f"; no wmdp-{subject} file, so NOT a WMDP-{subject} score"))
