@@ -366,7 +366,7 @@ def once_on(edit, backbone):
     added twice, a silently stronger edit."""
     on = edit.__dict__.setdefault("_applied_on", set())
     if id(backbone) in on:
-        raise TimeromeError(f"this {type(edit).__name__} is already applied to this model (an `applied` block "
+        raise TimeromeError(f"this {type(edit).__name__} is already applied to this model (a block applying it "
                             "inside another): applying it again would add its update twice; apply it once")
     on.add(id(backbone))
     try:

@@ -41,7 +41,7 @@ from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask
 from timerome.engine.hooks import Hooks, run_to
 from timerome.errors import TimeromeError
 from timerome.memory.whitening import background_texts, rows_to_texts
-from timerome.methods.registry import weight_edit
+from timerome.methods.registry import need_facts, weight_edit
 
 OBJECTIVES = ("target", "forget", "unlikelihood")
 
@@ -106,6 +106,8 @@ def default_layers(n_layers: int, lo: float, hi: float) -> list[int]:
 
 
 def check_layer(backbone, layer) -> int:
+    """A layer index of the model (negative counts from the end), as 0..n_layers-1; the one check of
+    a method's `layer` option (registry's option check has made it an integer)."""
     layer = int(layer)
     if not -backbone.n_layers <= layer < backbone.n_layers:
         raise TimeromeError(f"layer {layer} out of range: the model has {backbone.n_layers} layers")
@@ -117,9 +119,7 @@ def check_layer(backbone, layer) -> int:
 
 def encode_facts(backbone, facts, target: str | None = DEFAULT_TARGET) -> list:
     """Every fact as an EncodedFact with its target answer (encoding.encode_fact's conventions)."""
-    facts = list(facts)
-    if not facts:
-        raise TimeromeError("the forget set has no usable facts")
+    facts = need_facts(facts)
     bpe = uses_leading_space(backbone)
     return [encode_fact(backbone, f, i, target=target or DEFAULT_TARGET, bpe=bpe) for i, f in enumerate(facts)]
 

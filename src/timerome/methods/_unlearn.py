@@ -45,9 +45,10 @@ import torch.nn.functional as F
 
 from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
-from timerome.engine.hooks import Hooks
+from timerome.engine.hooks import Hooks, once_on
 from timerome.engine.hooks import edit as edit_hook
 from timerome.errors import TimeromeError
+from timerome.methods._locate import check_layer, down_projection
 from timerome.methods.registry import weight_edit
 from timerome.metrics import answer_logprobs
 from timerome.training.train import TrainConfig, mdlm_loss, merge_lora, wrap_lora
@@ -102,10 +103,22 @@ def mean_activation(backbone, pairs, site, which: str = "all") -> torch.Tensor:
     return token_activations(backbone, pairs, site, which).mean(0)
 
 
+class SteeringEdit:
+    """One steering edit (act_steer, rmu_like), for `once_on`: applied inside its own `with` block it
+    would add its shift twice."""
+
+
 def steering(backbone, site, fn: Callable[[torch.Tensor], torch.Tensor]):
     """A context factory for InferenceEdit: each call installs h -> fn(h) at the site for a `with`
-    block, at every forward (so at every denoising step), removed on leaving."""
-    return lambda: edit_hook(backbone, site, fn)
+    block, at every forward (so at every denoising step), removed on leaving; refused inside a block
+    of the same edit."""
+    owner = SteeringEdit()
+
+    @contextmanager
+    def context():
+        with once_on(owner, backbone), edit_hook(backbone, site, fn):
+            yield
+    return context
 
 
 def random_unit(dim: int, seed: int, device=None) -> torch.Tensor:
@@ -116,14 +129,9 @@ def random_unit(dim: int, seed: int, device=None) -> torch.Tensor:
 
 
 def parse_layer(backbone, layer, frac: float) -> int:
-    """A given layer (negative counts from the end) or round(frac * n_layers)."""
+    """A given layer (negative counts from the end; `_locate.check_layer`) or round(frac * n_layers)."""
     n = backbone.n_layers
-    if layer is None:
-        return min(n - 1, max(0, round(frac * n)))
-    layer = int(layer)
-    if not -n <= layer < n:
-        raise TimeromeError(f"layer {layer} out of range: the model has {n} layers")
-    return layer % n
+    return min(n - 1, max(0, round(frac * n))) if layer is None else check_layer(backbone, layer)
 
 
 # ------------------------------------------------------------------------------ training
@@ -135,7 +143,7 @@ class Run:
 
     backbone: object
     config: dict
-    masks: torch.Generator          # MDLM mask draws (on the backbone's device)
+    masks: torch.Generator          # MDLM mask draws (a CPU generator: the same masks on any device)
     pad: int
     reference: Callable | None = None   # () -> context manager yielding the frozen backbone
     state: dict = field(default_factory=dict)   # objectives keep things here (RMU's control vector)
@@ -219,7 +227,7 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     forget = encode_pairs(backbone, task.forget_rows)
     retain = encode_pairs(backbone, held if held_out else task.retain_rows) if task.retain_rows else []
     order = torch.Generator().manual_seed(seed)
-    run = Run(backbone, cfg, torch.Generator(device=backbone.device).manual_seed(seed + 1), pad_id(backbone),
+    run = Run(backbone, cfg, torch.Generator().manual_seed(seed + 1), pad_id(backbone),  # CPU: one draw on any device
               method=method)
     flags = {n: p.requires_grad for n, p in backbone.model.named_parameters()}
     info = {"steps_run": 0, "early_stopped": False, "safe": bool(cfg["safe"]), "retain_weight": w_retain,
@@ -337,11 +345,7 @@ def _select(backbone, trainable, lora: bool) -> list[torch.nn.Parameter]:
 
 def _wrap(backbone, cfg, seed: int):
     tcfg = TrainConfig(lora_r=int(cfg["lora_r"]), lora_alpha=cfg["lora_alpha"])
-    # peft initialises lora_A from the global RNG: seed it here, without disturbing the caller's
-    devices = [backbone.device] if backbone.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        return wrap_lora(backbone, tcfg)   # adapters trainable, base weights frozen
+    return wrap_lora(backbone, tcfg, seed=seed)   # adapters trainable (seeded), base weights frozen
 
 
 @contextmanager
@@ -368,6 +372,21 @@ RMU_DEFAULTS = dict(
 )
 
 
+def mlp_out_prefixes(backbone, layer: int) -> tuple[str, ...]:
+    """What RMU trains in a layer, as parameter-name prefixes: the MLP's down projection, as WMDP's
+    RMU updates (`_locate.down_projection`: LLaDA's ff_out, Llama / Qwen's down_proj, not their gate
+    and up projections); a mixture of experts has none (its output is a routed sum), so there every
+    MLP part the model names as a hook point of its own ("mlp_routed", "mlp_shared") is trained
+    whole: every expert, and the router that the routed part holds."""
+    try:
+        return (down_projection(backbone, layer).path + ".",)
+    except TimeromeError:
+        parts = [p for p in backbone.points if p.startswith("mlp_")]
+        if not parts:
+            raise
+        return tuple(backbone.module_path(layer, p) + "." for p in parts)
+
+
 def rmu_unlearn(backbone, task, config, seed, method: str, coefficient):
     """RMU: forget activations at (layer, resid) -> c * u, retain activations -> the frozen model's.
 
@@ -378,7 +397,7 @@ def rmu_unlearn(backbone, task, config, seed, method: str, coefficient):
     layer = parse_layer(backbone, config["layer"], 0.25)
     site = (layer, "resid")
     first = max(0, layer - int(config["update_layers"]) + 1)
-    prefixes = tuple(backbone.module_path(j, "mlp") + "." for j in range(first, layer + 1))
+    prefixes = tuple(p for j in range(first, layer + 1) for p in mlp_out_prefixes(backbone, j))
     u = random_unit(backbone.hidden_size, seed, backbone.device)                       # [H]
     retain_act_w = float(config["retain_act_w"])
 

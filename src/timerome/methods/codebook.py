@@ -29,7 +29,7 @@ from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, 
                                              CodebookMemory, calibration_residuals)
 from timerome.memory.whitening import rows_to_texts
 from timerome.metrics.editing import normalise
-from timerome.methods.registry import InferenceEdit, register
+from timerome.methods.registry import InferenceEdit, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, locate, trace_forget_set
 from timerome.tracing.selection import per_fact_best
@@ -148,8 +148,7 @@ def prepare(backbone, task, config) -> None:
 @register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare)
 def codebook(backbone, task, config, seed):
     """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
-    if not task.facts:
-        raise TimeromeError("the forget set has no usable facts")
+    need_facts(task.facts)
     with torch.no_grad():
         groups, info = coordinates(backbone, task, config)
         memories = [build(backbone, task, config, c, fs, seed) for c, fs in groups.items()]

@@ -1,7 +1,8 @@
 """random_layer: the TimeROME edit memory at a random (layer, module), a sanity check on tracing.
 
 Same memory, same hyperparameters; only the coordinate is drawn (uniformly over layers and hook
-points, from numpy's default_rng(seed)) instead of traced.
+points, from numpy's default_rng(seed)) instead of traced. `module` replaces the drawn point (the
+layer drawn is the same), `coordinate` replaces the draw.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def random_coordinate(n_layers: int, seed: int) -> tuple[int, str]:
 def random_layer(backbone, task, config, seed):
     """TimeROME's memory at a random (layer, module) coordinate drawn with the seed."""
     step = config.get("step")
-    coord = Coordinate.of(config["coordinate"] or random_coordinate(backbone.n_layers, seed),
-                          None if step is None else int(step)).on(backbone)
+    coord = Coordinate.of(config["coordinate"] or random_coordinate(backbone.n_layers, seed))
+    if config.get("module"):  # the point given, at the drawn (or given) layer, as timerome's `module` does
+        coord = Coordinate(coord.layer, config["module"])
+    coord = Coordinate.of(coord, None if step is None else int(step)).on(backbone)
     return memory_edit(backbone, task, config, coord, method="random_layer")

@@ -27,6 +27,7 @@ import importlib
 import numbers
 import pkgutil
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,7 @@ class WeightEdit(Edit):
 
     def undo(self) -> None:
         if self.snapshot is not None:
+            _unstack(self)
             self.backbone.model.load_state_dict(self.snapshot)
             self.snapshot = None
             if self.fingerprint is not None and self.backbone.parameter_tensors() == self.tensors:
@@ -203,15 +205,24 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
 
 # options that count something: a 0 would fail deep inside a method with a bare IndexError
 _COUNTS = {"grad_steps", "batch_size", "n_states", "check_every", "check_rows", "check_mc", "trace_facts",
-           "trace_steps", "trace_samples", "stats_samples", "preserve_texts", "n_background", "key_states"}
+           "trace_steps", "trace_samples", "stats_samples", "preserve_texts", "n_background", "key_states",
+           "update_layers"}
+# a layer or a denoising step: None (the method's own choice) or an integer index, never 1.9 or True read as 1
+_INDICES = {"layer", "step"}
 
 
 # options that scale a step or divide: 0 or below trains nothing or divides by zero (NPO's 2 / beta gave a
 # model of NaN weights), a negative learning rate ascends where the method descends
-_POSITIVE = {"lr", "fit_lr", "beta"}
-# weights and limits: below 0 they turn a penalty into a reward (SimNPO's gamma 0: its retain term alone)
-_NON_NEGATIVE = {"weight_decay", "grad_clip", "drift", "retain_w", "retain_act_w", "anchor", "ridge", "mom2_weight",
-                 "l2", "preserve", "gamma"}
+# A regulariser whose solve needs it (MEMIT's mom2_weight, AlphaEdit's l2: at 0 the update is unbounded
+# and retain LP fell by ~100 nats), a cap on a delta (clamp 0 changed nothing, below 0 flipped its sign
+# every step), a steering size (RMU's steer, Adaptive-RMU's scale)
+_POSITIVE = {"lr", "fit_lr", "beta", "mom2_weight", "l2", "clamp", "steer", "scale"}
+# weights and limits: below 0 they turn a penalty into a reward (SimNPO's gamma 0: its retain term alone);
+# a strength below 0 pushes the other way (ROME's ridge 0 is its own unregularised C^-1)
+_NON_NEGATIVE = {"weight_decay", "grad_clip", "drift", "retain_w", "retain_act_w", "anchor", "ridge", "preserve",
+                 "gamma", "alpha", "strength"}
+# fractions: AlphaEdit's null-space thresholds (at 1 or above every direction is kept, nothing preserved)
+_FRACTIONS = {"rel_threshold", "null_energy"}
 
 
 def _check_option(method: str, key: str, default, value) -> None:
@@ -231,6 +242,14 @@ def _check_option(method: str, key: str, default, value) -> None:
         bad("a number >= 0")
     if key == "eps" and not (_is_a(numbers.Real, value) and 0 < value < 1):
         bad("a number in (0, 1) (the least masking rate drawn)")
+    if key in _FRACTIONS and value is not None and not (_is_a(numbers.Real, value) and 0 < value < 1):
+        bad("a number in (0, 1)" + (" or null" if default is None else ""))
+    if key == "threshold" and not (_is_a(numbers.Real, value) and -1 <= value < 1):
+        bad("a cosine in [-1, 1) (at 1 or above no token is gated: an edit that does nothing)")
+    if key in _INDICES and value is not None and not _is_a(numbers.Integral, value):
+        bad("null or an integer index")
+    if key == "target" and not (isinstance(value, str) and value.strip()):
+        bad("a non-empty text (what the edited model should say)")
     if isinstance(default, bool) and not isinstance(value, bool):
         bad("true or false")
     if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):
@@ -274,6 +293,14 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     return edit
 
 
+def need_facts(facts) -> list:
+    """The facts a method edits, as a list; refused when there are none (every forget row gave none)."""
+    facts = list(facts)
+    if not facts:
+        raise TimeromeError("the forget set has no usable facts")
+    return facts
+
+
 @contextmanager
 def weight_edit(backbone, method: str = ""):
     """For weight-changing methods: snapshot the weights, yield the WeightEdit to return.
@@ -293,3 +320,28 @@ def weight_edit(backbone, method: str = ""):
     except BaseException:
         edit.undo()
         raise
+    _outstanding(backbone).append(weakref.ref(edit))
+
+
+def _outstanding(backbone) -> list:
+    """The model's weight edits not undone yet, in the order they were made (weak references: an edit
+    no one holds can no longer be undone, and is no longer in the way)."""
+    stack = backbone.__dict__.setdefault("_weight_edits", [])
+    stack[:] = [r for r in stack if r() is not None and r().snapshot is not None]
+    return stack
+
+
+def _unstack(edit: WeightEdit) -> None:
+    """Take `edit` off its model's outstanding weight edits, refused while a later one is outstanding:
+    its snapshot holds the weights before it, so undoing it first would drop the later edit, and
+    undoing the later one after would bring this one's weights back."""
+    stack = _outstanding(edit.backbone)
+    mine = [i for i, r in enumerate(stack) if r() is edit]
+    if not mine:  # undone on an error inside weight_edit, before it was stacked
+        return
+    later = [r().method or "a weight edit" for r in stack[mine[0] + 1:]]
+    if later:
+        raise TimeromeError(f"this {edit.method or 'weight'} edit was made before {', '.join(later)}, which "
+                            f"{'is' if len(later) == 1 else 'are'} not undone: undo the later edits first (each "
+                            "puts back the weights it found)")
+    del stack[mine[0]]

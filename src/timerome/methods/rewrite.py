@@ -35,14 +35,13 @@ from timerome.data.facts import Fact, qa_rows
 from timerome.data.rows import load_rows, row_source
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
-from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, refuse_causal,
                                             said_facts, target_ids, write_site)
 from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS, embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens, stating
-from timerome.methods.registry import InferenceEdit, register
+from timerome.methods.registry import InferenceEdit, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, locate
 
@@ -120,7 +119,9 @@ def gate_coordinate(backbone, task, config) -> tuple[Coordinate, dict]:
 
 
 def site_of(backbone, config) -> tuple[int, str]:
-    return write_site(backbone) if config.get("site") is None else tuple(config["site"])
+    """The write site: the config's `site` checked against the model (its layer, not the gate's below
+    it, named when out of range), else `write_site`."""
+    return write_site(backbone) if config.get("site") is None else Coordinate.of(config["site"]).on(backbone).site
 
 
 def build(backbone, task, config, coordinate, facts, seed: int = 0, said: bool = False) -> RewriteMemory:
@@ -173,8 +174,7 @@ def prepare(backbone, task, config) -> None:
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     refuse_causal(backbone)  # before the trace and the calibration, not after
-    if not task.facts:
-        raise TimeromeError("the forget set has no usable facts")
+    need_facts(task.facts)
     coordinate, info = gate_coordinate(backbone, task, config)
     with torch.no_grad():
         memory = build(backbone, task, config, coordinate, task.facts, seed)

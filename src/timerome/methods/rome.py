@@ -35,7 +35,8 @@ DEFAULTS = dict(
 @register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights")
 def rome(backbone, task, config, seed):
     """ROME on MDLMs: sequential rank-one updates of one MLP down projection, C^-1-weighted."""
-    layer = L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None else int(config["layer"])
+    layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
+             else L.check_layer(backbone, config["layer"]))
     proj = L.down_projection(backbone, layer)
     items = L.encode_facts(backbone, task.facts, config["target"])
     texts = spread(L.preserved_texts(backbone, task, config["stats_texts"]), config["stats_samples"])
