@@ -21,6 +21,7 @@ from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, de
                                          label, save_png, summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
+from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
 NAME = "npo_sweep"
@@ -28,7 +29,7 @@ ORDER = 100
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", methods=("npo", "simnpo"),
               lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8, grad_steps=None,
               extra=({"method": "npo", "lr": 1e-4},), unmitigated=({"method": "npo", "lr": 1e-4, "safe": False},),
-              compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": {"alpha": 2.0, "q": 4}}),
+              compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": paper_point(2.0, 4)}),
               collapse=5.0)
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 

@@ -8,11 +8,12 @@ from timerome.experiments.canonical import canonical_rows, data_spec
 from timerome.experiments.report import (by_row, label, markdown, plot_pareto, summarise, traced_coordinate,
                                          write_outputs)
 from timerome.experiments.runner import Cell
+from timerome.methods.timerome_edit import paper_point
 
 NAME = "pareto"
 ORDER = 50
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", q=EDIT.q,
-              alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point={"alpha": 2.0, "q": 4}, methods=None,
+              alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point=paper_point(2.0, 4), methods=None,
               retain_authors=None, splits=None)  # as canonical's
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 

@@ -23,6 +23,7 @@ from timerome.experiments.bench_report import (data_notes, group_summary, groupe
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import fmt_cell, label, markdown, write_outputs
 from timerome.experiments.runner import Cell
+from timerome.methods.timerome_edit import paper_point
 from timerome.metrics import muse, whp, wmdp
 from timerome.metrics.extraction import check_names
 
@@ -31,8 +32,8 @@ ORDER = 70
 BENCHMARKS = {"muse-books": ("muse", {"corpus": "books"}), "muse-news": ("muse", {"corpus": "news"}),
               "whp": ("whp", {}), "wmdp": ("wmdp", {})}
 PAPER_ROWS = [{"method": "no_edit"}, {"method": "alphaedit"}, {"method": "simnpo"}, {"method": "adaptive_rmu"},
-              {"method": "timerome", "config": {"alpha": 1.0, "q": 2}},
-              {"method": "timerome", "config": {"alpha": 2.0, "q": 4}}]
+              {"method": "timerome", "config": paper_point(1.0, 2)},
+              {"method": "timerome", "config": paper_point(2.0, 4)}]
 COLUMNS = {"muse": muse.COLUMNS, "whp": whp.COLUMNS, "wmdp": wmdp.COLUMNS}
 HEADLINE = {"muse": "VerbMemLP", "whp": "WHP_LP", "wmdp": "WMDP_Acc"}
 PLOTTED = {"muse": ["KnowMemLP", "VerbMemLP"], "whp": ["WHP_LP"], "wmdp": ["WMDP_Acc"]}

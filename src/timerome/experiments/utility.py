@@ -25,6 +25,7 @@ from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, 
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
 from timerome.integrations.lm_eval_model import TimeromeLM, evaluate_tasks, task_manager
+from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
 NAME = "utility"
@@ -32,8 +33,7 @@ ORDER = 110
 IN_ALL = False  # lm-eval and its tasks' data: run by name
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "openbookqa", "sciq",
          "lambada_openai", "truthfulqa_mc2", "mmlu", "gsm8k")
-CONFIG = dict(tasks=TASKS, method="timerome", points=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2},
-                                                      {"alpha": 2.0, "q": 4}),
+CONFIG = dict(tasks=TASKS, method="timerome", points=(paper_point(0.5, 2), paper_point(1.0, 2), paper_point(2.0, 4)),
               forget="forget01", n_mc=LIKELIHOOD.n_mc, limit=None, num_fewshot=None, include_path=None,
               greedy_tasks=("lambada_openai",), generation={})
 METRICS = ("acc_norm", "acc", "exact_match", "f1", "mcc")  # a task's headline: the first of these it reports

@@ -19,13 +19,14 @@ from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, de
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
+from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
 NAME = "xbackbone"
 ORDER = 120
 IN_ALL = False   # needs checkpoints: run by name with --models
 PER_MODEL = True
-PAPER_POINT = {"alpha": 2.0, "q": 4}  # the paper's TimeROME row, the same on every backbone
+PAPER_POINT = paper_point(2.0, 4)  # the paper's TimeROME row, the same on every backbone
 CONFIG = dict(models=None, references=None, n_mc=LIKELIHOOD.n_mc, n_retain=40, forget="forget01",
               methods=({"method": "no_edit"}, {"method": "alphaedit"}, {"method": "adaptive_rmu"},
                        {"method": "simnpo"}, {"method": "timerome", "config": PAPER_POINT}))

@@ -2,7 +2,7 @@
 
     from timerome.methods import install, available
     from timerome.data.task import forget_task
-    edit = install("timerome", backbone, forget_task(), {"alpha": 2.0, "q": 4}, seed=0)
+    edit = install("timerome", backbone, forget_task(), {"alpha": 1.5}, seed=0)
     with edit.active():
         ...                      # the edited model
     edit.undo()                  # weight-changing methods put the weights back

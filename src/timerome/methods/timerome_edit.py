@@ -17,6 +17,7 @@ processes) reads them back. `install` never includes them in its time.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -28,7 +29,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
 from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
-from timerome.methods.registry import InferenceEdit, register
+from timerome.methods.registry import InferenceEdit, need_facts, register
 from timerome.tracing.causal_trace import trace
 from timerome.tracing.result import TraceResult, meta_path
 from timerome.tracing.selection import select_coordinate
@@ -52,8 +53,19 @@ DEFAULTS = dict(
                           # of the largest mean effect at the last subject token among select_modules
 )
 TRACE_KINDS = ("tie", "positional")
-# the paper's four (alpha, q) operating points, then this toolkit's defaults
-CANONICAL = [dict(alpha=a, q=q) for a, q in ((0.25, 2), (0.5, 2), (1.0, 2), (2.0, 4))] + [{}]
+# the paper's four (alpha, q) operating points in the paper's memory (Eq. multifact: raw keys, an absolute
+# lambda; the paper gives no value of lambda, 1 is the plain ridge), then this toolkit's defaults
+PAPER_MEMORY = dict(key_metric="paper", lam_absolute=1.0)
+
+
+def paper_point(alpha: float, q: int) -> dict:
+    """The timerome config of one of the paper's operating points: (alpha, q) in the paper's memory
+    (PAPER_MEMORY), not this toolkit's whitened keys and relative lambda. Every experiment's paper
+    row is one of these."""
+    return dict(alpha=alpha, q=q, **PAPER_MEMORY)
+
+
+CANONICAL = [paper_point(a, q) for a, q in ((0.25, 2), (0.5, 2), (1.0, 2), (2.0, 4))] + [{}]
 
 
 def trace_forget_set(backbone, facts, config, progress: bool = False) -> TraceResult:
@@ -161,9 +173,13 @@ def build_memory(backbone, task, config, coordinate, facts=None) -> EditMemory:
 
 def memory_edit(backbone, task, config, coordinate, method="timerome", info=None) -> InferenceEdit:
     """Build the memory on every forget fact and wrap it as an inference-time Edit."""
-    if not task.facts:
-        raise TimeromeError("the forget set has no usable facts")
-    config = dict(config, q=min(int(config["q"]), len(task.facts)))  # TopQ cannot keep more than |F|
+    need_facts(task.facts)
+    asked = int(config["q"])
+    if asked > len(task.facts):  # TopQ cannot keep more than |F|: all of them is the dense update it asks for
+        warnings.warn(f"{method}: q={asked} is more than the {len(task.facts)} facts edited: TopQ keeps all of "
+                      f"them (q={len(task.facts)}, the dense update)", stacklevel=2)
+        config = dict(config, q=len(task.facts))
+        info = dict(info or {}, q_asked=asked)
     memory = build_memory(backbone, task, config, coordinate)
     c = memory.coordinate
     info = dict(info or {}, layer=c.layer, point=c.point, step=c.step, n_facts=len(memory), lam_abs=memory.lam_value)
