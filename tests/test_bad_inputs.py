@@ -123,6 +123,9 @@ def files(tmp_path_factory):
     (f["wmdp_mixed"] / "wmdp").mkdir(parents=True)
     (f["wmdp_mixed"] / "wmdp" / "split_0.jsonl").write_text(
         json.dumps({"question": "Which port does SSH use?", "choices": ["21", "22", "80", "443"], "answer": 1}) + "\n")
+    f["interrupted"] = d / "interrupted"  # a train --out whose earlier run was interrupted
+    (f["interrupted"] / "train-state").mkdir(parents=True)
+    (f["interrupted"] / "train-state" / "state.json").write_text("{}")
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
     f["fifo"] = d / "fifo.safetensors"  # a named pipe: nothing ever writes to it, so a read would block
@@ -503,6 +506,8 @@ def catalogue(f, tmp):
         ("MUSE-News asked on the Books folder", ["eval", "--bench", "muse-news", "--bench-data", f["muse_books"]],
          "is the MUSE-Books folder"),
         ("eval --bench wmdp with no such subject", ["eval", "--bench", "wmdp:physics"], "unknown WMDP subject"),
+        ("train --no-checkpoint over an interrupted run's state", ["train", "--no-checkpoint", "--out", f["interrupted"]],
+         "holds an interrupted run's state"),
         # stop 63: Chem asked where only the mixed Bio+Cyber files are (a score of no chem question)
         ("wmdp:chem on the mixed files", ["eval", "--bench", "wmdp:chem", "--bench-data", f["wmdp_mixed"]],
          "none of chem to score"),

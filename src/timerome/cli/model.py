@@ -138,6 +138,10 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     if source.is_dir() and Path(out).resolve() in (source.resolve(), *source.resolve().parents):
         raise TimeromeError(f"--out {out} would overwrite the model being trained ({source}): save the fine-tuned "
                             "checkpoint to another folder")
+    state = Path(out) / "train-state"
+    if not checkpoint and state.is_dir() and any(state.iterdir()):  # the end of this run would delete it
+        raise TimeromeError(f"{state} holds an interrupted run's state, which --no-checkpoint would neither resume "
+                            "nor keep: leave out --no-checkpoint to resume it, or delete that folder to start over")
     bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
     if eos_pad is None:  # the checkpoint's own recipe: the embedded default records EOS padding; other
@@ -149,7 +153,6 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
             recorded if recorded is not None else bb.family.name != "timerome")
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad,
                       eos_extra=eos_extra)
-    state = Path(out) / "train-state"
     try:
         log = run_train(bb, rows, cfg, checkpoint=state if checkpoint else None)
     except Interrupted as e:
