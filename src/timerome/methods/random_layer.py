@@ -1,13 +1,13 @@
 """random_layer: the TimeROME edit memory at a random (layer, module), a sanity check on tracing.
 
 Same memory, same hyperparameters; only the coordinate is drawn (uniformly over layers and hook
-points, from numpy's default_rng(seed)) instead of traced. `module` replaces the drawn point (the
+points, from a CPU torch.Generator seeded with the seed: layer, then point) instead of traced. `module` replaces the drawn point (the
 layer drawn is the same), `coordinate` replaces the draw.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from timerome.backbones import HOOK_POINTS
 from timerome.engine.coordinate import Coordinate
@@ -16,8 +16,9 @@ from timerome.methods.timerome_edit import DEFAULTS, memory_edit
 
 
 def random_coordinate(n_layers: int, seed: int) -> tuple[int, str]:
-    rng = np.random.default_rng(seed)
-    return int(rng.integers(n_layers)), HOOK_POINTS[int(rng.integers(len(HOOK_POINTS)))]
+    gen = torch.Generator().manual_seed(int(seed))
+    layer = int(torch.randint(n_layers, (1,), generator=gen))
+    return layer, HOOK_POINTS[int(torch.randint(len(HOOK_POINTS), (1,), generator=gen))]
 
 
 @register("random_layer", defaults={k: v for k, v in DEFAULTS.items() if not k.startswith(("trace", "select"))})
