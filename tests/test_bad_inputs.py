@@ -508,6 +508,13 @@ def catalogue(f, tmp):
         ("eval --bench wmdp with no such subject", ["eval", "--bench", "wmdp:physics"], "unknown WMDP subject"),
         ("train --no-checkpoint over an interrupted run's state", ["train", "--no-checkpoint", "--out", f["interrupted"]],
          "holds an interrupted run's state"),
+        # stop 63's tracing audit: --n-samples 0 ran ROME's 10; a negative --beta was refused after both traces
+        ("trace --positional --n-samples 0", ["trace", "--positional", "--n-samples", "0", "-o", tmp / "t"],
+         "n_samples must be"),
+        ("trace --beta below 0", ["trace", "--beta", "-1", "--neighbours", "embedded:forget05", "-o", tmp / "t"],
+         "--beta (the neighbour penalty) must be"),
+        ("trace --positional --batch-size under n_samples + 2", ["trace", "--positional", "--batch-size", "8",
+                                                                  "-o", tmp / "t"], "leaves no room for a restored row"),
         # stop 63: Chem asked where only the mixed Bio+Cyber files are (a score of no chem question)
         ("wmdp:chem on the mixed files", ["eval", "--bench", "wmdp:chem", "--bench-data", f["wmdp_mixed"]],
          "none of chem to score"),

@@ -175,6 +175,24 @@ def test_fast_equals_naive(bb, traced, readout):
         assert traced.stats["rows_run"] > 2 * (4 * (1 + 2 + 9 * 2) + 1 + 2)
 
 
+@pytest.mark.parametrize("family", ["dream", "llada", "mmada", "llada-moe", "diffullama"])
+def test_fast_equals_naive_on_every_family(tmp_path, family):
+    """A row may commit the mask token itself (the argmax does not exclude it, as in LLaDA's sampler):
+    that position stays masked and is read again. The engine stopped a fact's rows once its clean row
+    was done, so on a tiny Dream model it read 0.016 off the literal TIE (helper 45, stop 63)."""
+    model = load_backbone(make_tiny_checkpoint(family, tmp_path / family, layers=2, hidden=32))
+    with torch.no_grad():  # sharpened as `bb` is, so that the corrupted and patched runs diverge
+        for name, p in model.model.named_parameters():
+            if "norm" not in name:
+                p.mul_(5.0)
+    r = trace(model, FACTS, steps=3, n_samples=2, progress=False)
+    coords = [(l, k, m) for m in r.modules for l in range(model.n_layers) for k in range(3)]
+    tie, _ = naive_tie(model, FACTS, coords, steps=3, n_samples=2)
+    for c, (l, k, m) in enumerate(coords):
+        torch.testing.assert_close(r.tie[:, r.modules.index(m), l, k], tie[:, c], atol=1e-5, rtol=1e-4)
+    assert r.tie.abs().max() > 0.05  # not a vacuous match
+
+
 def test_chunked_batches_and_unshared_rows_give_the_same_tie(bb, traced):
     r = trace(bb, FACTS, batch_size=5, **FAST)
     torch.testing.assert_close(r.tie, traced.tie, atol=1e-5, rtol=1e-4)
@@ -548,6 +566,42 @@ def test_save_load_roundtrip(traced, tmp_path):
     assert (back.fact_ids, back.modules, back.layers, back.settings) == (
         traced.fact_ids, traced.modules, traced.layers, traced.settings)
     assert back.facts[0]["subject_positions"] == [2, 3]
+
+
+def test_a_saved_trace_must_agree_with_itself(traced, tmp_path):
+    """What selection reads is checked on load: `tie` set to 5 loaded and was chosen; repeated fact ids,
+    a facts list of another length, a non-number tau or sigma, and steps as a string were taken, the
+    last with "its settings say 3 steps, its tensors hold 3" (helper 45, stop 63)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = traced.save(tmp_path / "t" / "trace")
+    meta_file, good = path.with_suffix(".json"), json.loads(path.with_suffix(".json").read_text())
+
+    def edited(needle, meta=None, tensors=None):
+        meta_file.write_text(json.dumps(meta or good))
+        if tensors is not None:
+            save_file(tensors, str(path))
+        with pytest.raises(TimeromeError, match=needle):
+            TraceResult.load(path)
+        meta_file.write_text(json.dumps(good))
+        traced.save(path)
+
+    t = load_file(str(path))
+    edited("tensor tie is not its tie_full aggregated with its tau 1", tensors=dict(t, tie=t["tie"] + 5.0))
+    edited("fact_ids must be distinct ids", meta=dict(good, fact_ids=[good["fact_ids"][0]] * 2))
+    edited("facts must be a list of the 2 facts", meta=dict(good, facts=good["facts"][:1]))
+    for key, value, needle in (("tau", "abc", "settings.tau must be"), ("sigma", -5, "settings.sigma must be"),
+                               ("steps", "4", "settings.steps must be an integer"),
+                               ("readout", "best", "settings.readout must be one of decided, aligned")):
+        edited(needle, meta=dict(good, settings=dict(good["settings"], **{key: value})))
+    assert torch.equal(TraceResult.load(path).tie, traced.tie)  # and the file as saved loads
+
+
+def test_a_fact_traced_twice_is_refused(bb):
+    with pytest.raises(TimeromeError, match="are one fact .* trace each fact once"):
+        trace(bb, [FACTS[0], FACTS[1], FACTS[0]], **FAST)
 
 
 def test_subset_of_sites_matches_full_trace(bb, traced):

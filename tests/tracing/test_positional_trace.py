@@ -79,11 +79,30 @@ def test_causal_model_skips_tokens_before_the_subject_exactly(models):
     assert mdlm.stats["rows_skipped"] == 0  # bidirectional: the noise reaches every token
 
 
-def test_joins_change_no_number(models):
+def test_joins_change_no_number(models, monkeypatch):
+    import timerome.tracing.positional_trace as module
+
     bb = models["ar"]
     joined = positional_trace(bb, FACTS, n_samples=2, progress=False)
-    alone = positional_trace(bb, FACTS, n_samples=2, batch_size=2, progress=False)  # batch 2: no joins
+    monkeypatch.setattr(module, "rows_can_join", lambda backbone: False)
+    alone = positional_trace(bb, FACTS, n_samples=2, progress=False)  # every row from the embedding
     torch.testing.assert_close(joined.effect, alone.effect, atol=1e-4, rtol=0, equal_nan=True)  # batch rounding
+    assert alone.stats["rows_run"] > joined.stats["rows_run"] or joined.stats == alone.stats
+
+
+def test_the_batch_size_changes_no_number(models):
+    """A batch_size of at most n_samples + 1 stepped by 1 through slices of negative width: overlapping
+    chunks counted effects ~3 times, or none (helper 45, stop 63). Now refused; any other size gives
+    the same effects."""
+    bb = models["mdlm"]
+    big = positional_trace(bb, FACTS, n_samples=2, progress=False)
+    for batch_size in (4, 5, 7):  # 4 = n_samples + 2: one restored row per forward
+        small = positional_trace(bb, FACTS, n_samples=2, batch_size=batch_size, progress=False)
+        torch.testing.assert_close(small.effect, big.effect, atol=1e-7, rtol=1e-3, equal_nan=True)
+    assert float(big.effect.nan_to_num().abs().max()) > 1e-4  # not a vacuous match (the tiny model's effects are small)
+    for batch_size in (2, 3):
+        with pytest.raises(TimeromeError, match=f"batch_size {batch_size} leaves no room for a restored row"):
+            positional_trace(bb, FACTS, n_samples=2, batch_size=batch_size, progress=False)
 
 
 def test_categories_choice_file_and_figure(models, tmp_path):

@@ -68,6 +68,16 @@ def test_the_neighbour_penalty_is_refused_where_it_cannot_act():
     with pytest.raises(TimeromeError, match="every penalised score is <= 0"):  # a tie-break would name layer 0
         select_coordinate(result(tie), result(tie), beta=1.0)
     assert select_coordinate(result(tie), result(tie), beta=0.5).best.score == pytest.approx(1.0)
+    with pytest.raises(TimeromeError, match="beta .* must be a finite number >= 0"):  # rewarded the neighbours' sites
+        select_coordinate(result(tie), result(tie), beta=-1.0)
+    # the runner-up reads the same penalty: its own checks (a TypeError, an AttributeError, beta ignored before)
+    from timerome.tracing.selection import runner_up
+
+    best = select_coordinate(result(tie)).best
+    for bad, needle in (({"neighbours": result(tie), "beta": "x"}, "beta"), ({"neighbours": "x", "beta": 1.0},
+                        "must be the TraceResult"), ({"beta": 1.0}, "give their trace")):
+        with pytest.raises(TimeromeError, match=needle):
+            runner_up(result(tie), best, **bad)
 
 
 def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_error():

@@ -13,9 +13,11 @@ from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, err_co
 from timerome.cli.app import load_facts as _facts
 from timerome.cli.app import model_options, print_json, tofu_dir_read
 from timerome.common.cache import write_json
+from timerome.common.checks import number
 from timerome.common.files import output_folder
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
+from timerome.tracing.positional_trace import N_SAMPLES, WINDOW
 
 
 @app.command("trace")
@@ -26,8 +28,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               data: str = DataOpt, tofu_dir: Optional[str] = TofuOpt,
               n_facts: int = typer.Option(TRACE.n_facts, help="facts traced (the paper's validation set is 8)"),
               steps: Optional[int] = typer.Option(None, help=f"denoising steps K (default {TRACE.steps})"),
-              n_samples: Optional[int] = typer.Option(None, help="noise samples per fact (default: 5 for TIE, "
-                                                                  "ROME's 10 with --positional)"),
+              n_samples: Optional[int] = typer.Option(None, help=f"noise samples per fact (default: {TRACE.n_samples} "
+                                                                  f"for TIE, ROME's {N_SAMPLES} with --positional)"),
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
               tau: Optional[float] = typer.Option(None, help="temporal decay of the TIE aggregation (default 1)"),
               beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
@@ -38,7 +40,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
               window: Optional[int] = typer.Option(None, help="--positional: attn / mlp layers restored together "
-                                                               "(default ROME's 10)"),
+                                                               f"(default ROME's {WINDOW})"),
               compare: bool = typer.Option(False, "--compare", help="--positional on an MDLM: also trace TIE on the "
                                            "same facts and draw heatmap_compare.png"),
               seed: int = 0, batch_size: int = 256,
@@ -65,12 +67,13 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                                else " and its selection, which the positional trace does not read"))
     steps, tau, readout = (TRACE.steps if steps is None else steps, 1.0 if tau is None else tau,
                            "decided" if readout is None else readout)
+    number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
     if sigma is not None and sigma <= 0:  # the API runs 0 (every TIE 0, a check of the engine); a trace to read, not
         raise TimeromeError(f"--sigma must be > 0, got {sigma:g}" + (": the noise scale 0 corrupts nothing, so every "
                             "TIE is 0 and no coordinate can be selected" if sigma == 0 else ""))
-    window = 10 if window is None else window
+    window = WINDOW if window is None else window
     tofu_dir_read(tofu_dir, data, neighbours)
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()
@@ -83,9 +86,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         err_console.print(f"[yellow]note:[/] {escape(str(data))} gives {len(facts)} facts: all of them are traced "
                           f"(--n-facts {n_facts})", soft_wrap=True)
     if positional:
-        return _positional(bb, facts, out, n_samples or 10, sigma, window, seed, batch_size, per_fact, compare,
-                           steps, tau, readout, as_json)
-    n_samples = 5 if n_samples is None else n_samples
+        return _positional(bb, facts, out, N_SAMPLES if n_samples is None else n_samples, sigma, window, seed,
+                           batch_size, per_fact, compare, steps, tau, readout, as_json)
+    n_samples = TRACE.n_samples if n_samples is None else n_samples
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
               readout=readout)
     result = trace(bb, facts, **kw)

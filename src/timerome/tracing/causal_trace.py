@@ -103,6 +103,12 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
     same seed gives the same numbers on any device.
     """
     items = [encode_fact(backbone, f, i) for i, f in enumerate(facts)]
+    seen: dict[str, int] = {}
+    for i, it in enumerate(items):  # a fact given twice counts twice in the mean |TIE| and in sigma's std
+        if it.fact_id in seen:
+            raise TimeromeError(f"facts {seen[it.fact_id]} and {i} are one fact (id {it.fact_id!r}): trace each "
+                                "fact once")
+        seen[it.fact_id] = i
     if sigma is None:
         sig, rule = SIGMA_FACTOR * subject_embedding_std(backbone, items), "s3"
     else:
@@ -122,10 +128,14 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     backbone: default the embedded model (`timerome.load_backbone()`).
     facts: Fact-like objects or dicts with subject / prompt / object (and optional fact_id);
         default the first 8 facts of the embedded forget01 split (the validation subset).
-    steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule;
+    steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule
+        (3 x the std of the subject-token embeddings of the facts traced: ROME takes it over its
+        whole known-facts set, so here a fact's TIE depends on the facts traced with it; pass a
+        number for a fixed scale);
     tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
-    seed: seeds every noise draw; batch_size: most rows per forward (memory knob; results do not
-    depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
+    seed: seeds every noise draw, drawn fact by fact in the order given (another order gives other
+        draws to each fact); batch_size: most rows per forward (memory knob; results do not
+        depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
     screen_reveal: the engine's savings (`timerome.tracing.wavefront`; assemble_mlp: mlp splices above
     layer 0 summed from the block's own outputs, no packed row; screen_reveal: the sampler step's
     float32 screen, `sampler.reveal_masked`), on by default; off only to measure what they save.
@@ -185,6 +195,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
     settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    dtype=str(backbone.dtype).removeprefix("torch."), device=backbone.device.type,
                     prompt_start=list(backbone.prompt_start),
                     readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
     return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),

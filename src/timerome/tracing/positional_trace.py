@@ -216,7 +216,12 @@ def window_layers(layer: int, kind: str, n_layers: int, window: int) -> list[int
 def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed):
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise TimeromeError(f"window must be an integer >= 1, got {window!r}")
-    return check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
+    checked = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
+    if batch_size < n_samples + 2:  # every forward runs the clean and corrupted rows again, then restored ones
+        raise TimeromeError(f"batch_size {batch_size} leaves no room for a restored row: the positional trace runs "
+                            f"the clean row and the {n_samples} corrupted ones in every forward, so give at least "
+                            f"{n_samples + 2} (n_samples + 2)")
+    return checked
 
 
 @torch.no_grad()
@@ -242,7 +247,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
     T = max(len(it.prompt_ids) for it in items)
     effect = torch.full((len(items), len(modules), len(layers), T), torch.nan)
     clean_p, corrupted_p, infos = torch.zeros(len(items)), torch.zeros(len(items), n_samples), []
-    join = batch_size >= 3 and rows_can_join(backbone)
+    join = rows_can_join(backbone)
     stats = dict(rows_run=0, rows_skipped=0, forwards=0)
     with progress_bar("positional trace", total=len(items), enabled=progress) as bar:
         for f, (it, noise) in enumerate(zip(items, noises)):
@@ -307,13 +312,14 @@ def _trace_fact(backbone, item, noise, modules, layers, window, batch_size, join
     plan.sort(key=lambda r: r[5])
     effect = torch.zeros(len(modules), len(layers), P)
     n_base = N + 1
-    for start in range(0, len(plan), max(1, batch_size - n_base)):
-        chunk = plan[start:start + batch_size - n_base]
+    width = batch_size - n_base  # restored rows per forward (_check: at least 1)
+    for start in range(0, len(plan), width):
+        chunk = plan[start:start + width]
         p = _run_chunk(backbone, x, P, token, chunk, noise_rows, modules, rows, n_base)
         for (mi, li, t, s, _, _), pr in zip(chunk, p):
             effect[mi, li, t] += (pr - base_p[1 + s]) / N
     skipped = len(modules) * len(layers) * P * N - len(plan)
-    n_forwards = 1 + math.ceil(len(plan) / max(1, batch_size - n_base))
+    n_forwards = 1 + math.ceil(len(plan) / width)
     return effect, base_p[0], base_p[1:], dict(rows_run=n_base * n_forwards + len(plan), rows_skipped=skipped,
                                                 forwards=n_forwards)
 

@@ -14,7 +14,7 @@ from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, 
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.errors import TimeromeError
-from timerome.tracing.tie import later_steps
+from timerome.tracing.tie import READOUTS, aggregate, later_steps
 
 
 class TraceFile:
@@ -164,6 +164,9 @@ class TraceResult(TraceFile):
         except (SafetensorError, OSError, ValueError) as e:
             raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
         fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
+        if settings.get("readout") not in (None, *READOUTS):
+            raise TimeromeError(f"{meta_file}: settings.readout must be one of {', '.join(READOUTS)}, got "
+                                f"{shown(settings.get('readout'))} (was it edited by hand?)")
         _check_tensors(t, len(fact_ids), len(modules), len(layers), settings, path)
         return cls(t["tie"], t["tie_full"], t["clean_logp"], t["corrupted_logp"], fact_ids, tuple(modules), layers,
                    settings, list(meta.get("facts", [])), dict(meta.get("stats", {})))
@@ -197,10 +200,16 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     need(isinstance(layers, list) and bool(layers) and len(set(map(str, layers))) == len(layers)
          and all(isinstance(l, int) and not isinstance(l, bool) and 0 <= l < INT64 for l in layers),
          "layers", "a list of distinct layer indices >= 0")
+    need(len(set(ids)) == len(ids), "fact_ids", "distinct ids (a fact counted twice weighs twice in the mean)")
     need(isinstance(settings, dict), "settings", "an object")
-    need(isinstance(meta.get("facts", []), list), "facts", "a list")
+    facts = meta.get("facts", [])
+    need(isinstance(facts, list) and (not facts or len(facts) == len(ids)), "facts",
+         f"a list of the {len(ids)} facts its fact_ids name")
     need(isinstance(meta.get("stats", {}), dict), "stats", "an object")
     integer(settings.get("n_samples", 1), f"{where}: settings.n_samples", lo=1)
+    integer(settings.get("steps", 1), f"{where}: settings.steps", lo=1)
+    number(settings.get("tau", 0.0), f"{where}: settings.tau", lo=0)
+    number(settings.get("sigma", 0.0), f"{where}: settings.sigma", lo=0)
     return list(ids), list(modules), list(layers), dict(settings)
 
 
@@ -228,6 +237,12 @@ def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> N
     finite_tensor(t["tie_full"][..., later_steps(K)], f"{where}: tensor tie_full (where k' > k)")
     finite_tensor(t["clean_logp"], f"{where}: tensor clean_logp")
     finite_tensor(t["corrupted_logp"], f"{where}: tensor corrupted_logp")
+    if "tau" in settings:  # selection ranks `tie`: it must be what its own tie_full and tau give
+        agg = aggregate(t["tie_full"].double(), float(settings["tau"]))
+        if not torch.allclose(tie.double(), agg, rtol=1e-4, atol=1e-6):
+            raise TimeromeError(f"{where}: tensor tie is not its tie_full aggregated with its tau {settings['tau']:g} "
+                                f"(they differ by up to {float((tie.double() - agg).abs().max()):.3g}): one of them was "
+                                "edited; trace again")
 
 
 TRACE_FILES = ("trace.safetensors", "positional.safetensors")  # what `timerome trace` writes in its folder

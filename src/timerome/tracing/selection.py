@@ -70,18 +70,24 @@ def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor,
     return own - beta * other, own, other
 
 
-def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
-    """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
-    restricts the choice (the paper's m* = resid: modules=("resid",))."""
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-        raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
-    number(beta, "beta (the neighbour penalty)")
+def check_penalty(neighbours, beta) -> None:
+    """The neighbour penalty's arguments: beta a number >= 0 (a negative one would reward the sites
+    that matter for the neighbours), given only with the neighbours' TraceResult."""
+    number(beta, "beta (the neighbour penalty)", lo=0)
     if beta > 0 and neighbours is None:  # refused, not ignored (the CLI's --beta without --neighbours alike)
         raise TimeromeError(f"beta {beta:g} penalises the sites that matter for neighbour facts: give their trace "
                             "(neighbours=trace(backbone, neighbour_facts, ...))")
     if neighbours is not None and not hasattr(neighbours, "tie"):
         raise TimeromeError(f"neighbours must be the TraceResult of the neighbour facts (trace(backbone, facts, "
                             f"...)), got {type(neighbours).__name__}")
+
+
+def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
+    """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
+    restricts the choice (the paper's m* = resid: modules=("resid",))."""
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
+    check_penalty(neighbours, beta)
     result, neighbours = _restrict(result, neighbours, modules)
     score, own, other = objective(result, neighbours, beta)
     finite_tensor(score, "the trace's TIE (what selection ranks)",  # a NaN would sort first and be chosen
@@ -103,6 +109,7 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     the facts (paired: each fact's |TIE_bar| at the two cells; the neighbours' term alike, times beta).
     A margin under two standard errors is within the trace's noise: another seed, another order of
     the facts or other facts may choose the runner-up. None when no other cell exists."""
+    check_penalty(neighbours, beta)
     result, neighbours = _restrict(result, neighbours, modules)
     if not (isinstance(best, Candidate) and best.module in result.modules and best.layer in result.layers
             and 0 <= best.step < result.steps):

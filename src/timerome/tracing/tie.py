@@ -12,6 +12,11 @@ The trajectory of a fact z = (subject s, prompt, object o), with G = len(object 
     Why "decided" is the default: an MDLM is trained on masked positions only, so its logits at
     committed positions are untrained; with "aligned" a perfectly memorised fact's clean log p
     falls from 0 at x_0 to tens of nats below at x_K while the clean run commits exactly o.
+    What "decided" carries (our reading; the paper does not say which logits score a committed
+    position): a position the patched forward k itself commits keeps forward k's log-prob, so
+    TIE(l, k, m, k') for k' > k includes the splice's direct effect on the tokens it decides, not
+    only its effect through the later steps (an object of one token: TIE(k, k') is that direct effect
+    for every k' > k, and 0 at every later k). "aligned" reads every later forward anew.
 
 Three runs of that trajectory: clean; corrupted (e_i + sigma * eps_i on the subject embeddings at
 every forward, eps drawn once per noise sample); patched at (l, k, m) (the corrupted run with

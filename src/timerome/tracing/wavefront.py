@@ -568,10 +568,16 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                 site = np.concatenate([site, new_site])
                 at = np.concatenate([at, np.full(F * C * N, j)])
             at_step(j)
-            # a fact whose answer is all committed reads nothing more ("decided": every row of a fact
-            # reveals the same number of tokens per step, so its rows finish together)
+            # a fact whose answer is all committed, in its clean row and in every row of its own, reads
+            # nothing more ("decided"). Its rows reveal the same number of tokens per step, but a row can
+            # commit the mask token itself (the argmax does not exclude it, as LLaDA's sampler does not),
+            # which leaves that position masked, read and revealed again at the next step
             masked_clean = x_clean == mask_id
-            live = masked_clean.any(1).cpu().numpy() if readout == "decided" else np.ones(F, dtype=bool)
+            if readout == "decided":
+                still = (x == mask_id).any(1).cpu().numpy()                                   # [rows]
+                live = masked_clean.any(1).cpu().numpy() | (np.bincount(fact[still], minlength=F) > 0)
+            else:
+                live = np.ones(F, dtype=bool)
             if not live.any():  # nothing is read and nothing moves (the final step, always): every row keeps
                 lp_clean[:, j] = decided_clean.sum(-1).cpu()  # the log-probs it decided (`read_out` with no mask)
                 lp[:len(x), j] = decided.sum(-1).cpu()
