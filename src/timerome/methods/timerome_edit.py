@@ -30,6 +30,7 @@ from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditM
 from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
 from timerome.methods.registry import InferenceEdit, need_facts, register
+from timerome.tracing.causal_trace import ENGINE as TRACE_ENGINE
 from timerome.tracing.causal_trace import trace
 from timerome.tracing.result import TraceResult, meta_path
 from timerome.tracing.selection import select_coordinate
@@ -90,7 +91,7 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     fv = list(facts)[: int(config["trace_facts"])]
     if not fv:
         raise TimeromeError("no forget facts to trace")
-    key = digest(dict(kind=kind, model=backbone.cache_id(), settings=settings,
+    key = digest(dict(kind=kind, model=backbone.cache_id(), settings=settings, engine=TRACE_ENGINE,
                       facts=[(f.subject, f.prompt, f.object) for f in fv]))
     path = cache_dir() / "traces" / f"{key}.safetensors"
 

@@ -31,6 +31,8 @@ from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can
                                        trace_facts)
 
 VALIDATION_SIZE = 8  # the paper traces 8 validation facts
+ENGINE = 2  # in the cache key of a stored trace: bump when the same inputs give other numbers (2: stop 63,
+# rows that commit the mask token read on; the positional trace's small batches)
 SIGMA_FACTOR = 3.0   # "s3": sigma = 3 x std of the subject-token embeddings
 
 
