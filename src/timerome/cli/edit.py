@@ -270,8 +270,9 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     from timerome.methods.rewrite import build as build_rewrite
 
     spec = calibration_spec(bb, method, source, calibration)
-    rows = load_rows(spec, tofu_dir=tofu_folder(spec, tofu_dir))
-    read = row_source(spec, rows, tofu_dir=tofu_folder(spec, tofu_dir))  # recorded in the file, for `memory add` (cli/memory.py)
+    folder = tofu_folder(spec, tofu_dir)
+    rows = load_rows(spec, tofu_dir=folder)
+    read = row_source(spec, rows, tofu_dir=folder)  # recorded in the file, for `memory add` (cli/memory.py)
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
     if method == "codebook":
         over["step"] = coordinate.step

@@ -1,8 +1,8 @@
 """random_layer: the TimeROME edit memory at a random (layer, module), a sanity check on tracing.
 
 Same memory, same hyperparameters; only the coordinate is drawn (uniformly over layers and hook
-points, from a CPU torch.Generator seeded with the seed: layer, then point) instead of traced. `module` replaces the drawn point (the
-layer drawn is the same), `coordinate` replaces the draw.
+points, from a CPU torch.Generator seeded with the seed: layer, then point) instead of traced.
+`module` replaces the drawn point (the layer drawn is the same), `coordinate` replaces the draw.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Forget inputs' block output at `layer` is pushed toward c * u (u a fixed random unit vector from
 the seed, uniform [0, 1) entries normalised as in WMDP's code; c = `steer` fixed), while retain
-inputs' stays equal to the frozen model's (weight `retain_act_w`); only the MLP down projections of
-the `update_layers` layers up to `layer` are trained, as in WMDP (_unlearn.mlp_out_prefixes). Inputs are MDLM-noised (see _unlearn.rmu_unlearn). A fixed c is
-scale-dependent: the default suits the embedded model (block-output norms ~110-170); for other
-models use adaptive_rmu or set `steer`. Safe protocol as in _unlearn; `safe=False` removes it.
+inputs' stays equal to the frozen model's (weight `retain_act_w`); only the MLP down projections
+of the `update_layers` layers up to `layer` are trained, as in WMDP (_unlearn.mlp_out_prefixes).
+Inputs are MDLM-noised (see _unlearn.rmu_unlearn). A fixed c is scale-dependent: the default suits
+the embedded model (block-output norms ~110-170); for other models use adaptive_rmu or set `steer`.
+Safe protocol as in _unlearn; `safe=False` removes it.
 """
 
 from __future__ import annotations

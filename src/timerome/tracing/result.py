@@ -240,9 +240,9 @@ def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> N
     if "tau" in settings:  # selection ranks `tie`: it must be what its own tie_full and tau give
         agg = aggregate(t["tie_full"].double(), float(settings["tau"]))
         if not torch.allclose(tie.double(), agg, rtol=1e-4, atol=1e-6):
+            gap = float((tie.double() - agg).abs().max())
             raise TimeromeError(f"{where}: tensor tie is not its tie_full aggregated with its tau {settings['tau']:g} "
-                                f"(they differ by up to {float((tie.double() - agg).abs().max()):.3g}): one of them was "
-                                "edited; trace again")
+                                f"(they differ by up to {gap:.3g}): one of them was edited; trace again")
 
 
 TRACE_FILES = ("trace.safetensors", "positional.safetensors")  # what `timerome trace` writes in its folder
