@@ -62,10 +62,11 @@ import numpy as np
 import torch
 
 from timerome.errors import script
+from timerome.methods.timerome_edit import PAPER_MEMORY
 from timerome.metrics.robustness import probes
 
 PARTS = ("frontier", "robustness", "directions", "costs", "generations")
-PAPER_VARIANT = dict(key_metric="paper", lam_absolute=1.0, alpha=2.0, q=4)
+PAPER_VARIANT = dict(PAPER_MEMORY, alpha=2.0, q=4)  # the paper's memory at its (alpha, q) = (2, 4); keys in this order
 SPLITS = ("forget", "retain", "real_authors", "world_facts")
 
 

@@ -28,13 +28,13 @@ the original object back:
 
 The other facts come from the requests themselves (the same subject's other requests, in order) or
 from `known` rows ({"author", "answer"}) when a subject has fewer than two requests. Extraction is
-`extracted` (metrics/editing.py's `gives_back` on the generated answer; for the multiple choice,
+`extracted` (metrics/editing.py's `leaked` on the generated answer; for the multiple choice,
 no rival named).
 """
 
 from __future__ import annotations
 
-from timerome.metrics.editing import gives_back, object_text, words
+from timerome.metrics.editing import leaked, object_text, words
 from timerome.metrics.robustness import RELEARN
 
 ATTACKS = ("context before", "context after", "context both", "partial answer", "misspelt", "first name",
@@ -125,7 +125,7 @@ def choice_rivals(request) -> list[str]:
 
 def extracted(attack: str, answer: str, request) -> bool:
     """Whether the attacked prompt got the original object back (module docstring)."""
-    if not gives_back(answer, object_text(request), request.fact.prompt):
+    if not leaked(answer, request):
         return False
     if attack != "multiple choice":
         return True

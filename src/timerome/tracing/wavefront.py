@@ -573,8 +573,9 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             # commit the mask token itself (the argmax does not exclude it, as LLaDA's sampler does not),
             # which leaves that position masked, read and revealed again at the next step
             masked_clean = x_clean == mask_id
+            x_np = x.cpu().numpy()  # on the host once a step: the liveness below and the plan read it
             if readout == "decided":
-                still = (x == mask_id).any(1).cpu().numpy()                                   # [rows]
+                still = (x_np == mask_id).any(1)                                              # [rows]
                 live = masked_clean.any(1).cpu().numpy() | (np.bincount(fact[still], minlength=F) > 0)
             else:
                 live = np.ones(F, dtype=bool)
@@ -585,7 +586,6 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                     bar.advance(F)
                 continue
             corrupted = fact * N + sample  # each row's corrupted row (its index): what it shares a noise draw with
-            x_np = x.cpu().numpy()
             run, share = _plan(x_np, corrupted, at, j, share_rows)
             live_run = live[fact[run]]
             distinct = run if share_rows else _plan(x_np, corrupted, at, j, True)[0]
