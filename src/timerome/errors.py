@@ -5,6 +5,12 @@ class TimeromeError(Exception):
     """Bad input or an unusable model/data file, described in words a user can act on."""
 
 
+class NotApplicable(TimeromeError):
+    """A method that cannot act on this backbone at all (a locate-then-edit baseline on a mixture of
+    experts, which has no single down projection to rewrite): a fact about the pair, not a bad input.
+    The table measurements record it as an "n/a" cell (`experiments.runner.with_edit`)."""
+
+
 class Interrupted(TimeromeError):
     """Work stopped by the user (Ctrl-C); the message says what was kept and how to resume."""
 

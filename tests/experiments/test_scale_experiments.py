@@ -191,3 +191,31 @@ def test_robustness_radar_axis_is_one_minus_the_worst_case_extraction():
     assert entry["value"] == pytest.approx(0.95) and entry["comparator"] == pytest.approx(1.0)
     assert "vs rewrite" in entry["text"] and entry["higher_is_better"]
     assert extraction_radar({"timerome": s["timerome"], "no_edit": s["no_edit"]}) is None
+
+
+def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_path):
+    """AlphaEdit on a mixture of experts (no single down projection) is an n/a cell with its reason;
+    the run goes on to the other cells and checkpoints (it stopped at that cell before)."""
+    torch.set_num_threads(1)
+    models = [str(FIXTURES / f / "checkpoint") for f in ("llada-moe", "llada")]
+    methods = ({"method": "no_edit"}, {"method": "alphaedit", "config": {"grad_steps": 2, "stats_samples": 20}})
+    row = "alphaedit (grad_steps=2, stats_samples=20)"
+    res = run_experiment("xbackbone", seeds=(0,), out_dir=tmp_path, progress=False,
+                         overrides=dict(n_mc=2, n_retain=3, models=models, methods=methods))
+    moe, dense = res["summary"]["llada-moe/checkpoint"], res["summary"]["llada/checkpoint"]
+    assert "ForgetLP" in moe["no_edit"] and not moe.get(row)  # measured / n/a
+    assert np.isfinite(dense[row]["ForgetLP"]["mean"])       # the next checkpoint ran it
+    saved = json.loads((tmp_path / "xbackbone.json").read_text())["not_applicable"]
+    assert list(saved["llada-moe/checkpoint"]) == [row] and saved["llada/checkpoint"] == {}
+    assert "single down projection" in saved["llada-moe/checkpoint"][row]
+    md = (tmp_path / "xbackbone.md").read_text()
+    assert f"| {row} | n/a | n/a | " in md and f"llada-moe/checkpoint: n/a ({row})" in md
+    # the same class in a one-model table: canonical on the mixture of experts
+    res = run_experiment("canonical", model=models[0], seeds=(0,), out_dir=tmp_path / "c", progress=False,
+                         overrides=dict(n_mc=2, retain_authors=1, rouge=False, methods=methods))
+    md = (tmp_path / "c" / "canonical.md").read_text()
+    assert f"| {row} | n/a |" in md and f"n/a ({row}): the method cannot act on this model" in md
+    # a measurement that does not record n/a still refuses, in one line
+    with pytest.raises(TimeromeError, match="single down projection"):
+        run_experiment("editing", model=models[0], seeds=(0,), out_dir=tmp_path / "e", progress=False,
+                       overrides=dict(methods=[{"method": "alphaedit", "config": {"grad_steps": 2}}]))

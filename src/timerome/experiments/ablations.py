@@ -18,8 +18,8 @@ trace alone.
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD, TRACE
-from timerome.experiments.report import (by_row, coordinate_note, markdown, plot_canonical, summarise,
-                                         traced_coordinate, write_outputs)
+from timerome.experiments.report import (by_row, coordinate_note, markdown, not_applicable_rows, plot_canonical,
+                                         summarise, traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "ablations"
@@ -71,7 +71,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)}{positional_note(results)} Traj columns: "
                   "log-likelihood read "
                   f"along the greedy denoising trajectory ({cfg['traj_steps']} steps max), the only place a "
-                  "one-step edit exists.")
+                  "one-step edit exists.", not_applicable=not_applicable_rows(cells, results))
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=traced_coordinate(results)), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
     files["heatmap_compare"] = compare_figure(cfg, cells, ctx, out_dir)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, plot_canonical,
-                                         reference_note, summarise, traced_coordinate, unchanged_rows, utility_note,
-                                         write_outputs)
+from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, not_applicable_rows,
+                                         plot_canonical, reference_note, summarise, traced_coordinate, unchanged_rows,
+                                         utility_note, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import available, get_method, method_config
 
@@ -49,15 +49,18 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
-    forget_items = len(next(r for c, r in zip(cells, results) if c.measure == "full")["items"]["forget"]["lp"])
+    first = next((r for c, r in zip(cells, results) if c.measure == "full" and r.get("items")), None)  # not an n/a
+    forget_items = len(first["items"]["forget"]["lp"]) if first else 0
     reference = ctx.reference_label if any(c.measure == "reference" for c in cells) else None
     note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
                                 reference_note(cells) or f"KS p (Forget Quality) against {reference}.",
                                 utility_note(cells, results)) if x)
     unchanged = unchanged_rows(cells, results)
-    md = markdown(summary, COLUMNS, "Canonical forget01", note, unchanged=unchanged)
+    not_applicable = not_applicable_rows(cells, results)
+    md = markdown(summary, COLUMNS, "Canonical forget01", note, unchanged=unchanged, not_applicable=not_applicable)
     infos = {c.row: r.get("info", {}) for c, r in zip(cells, results) if c.measure == "full"}
     files = write_outputs(out_dir, NAME, dict(summary=summary, info=infos, coordinate=traced_coordinate(results),
-                                              unchanged=unchanged, config=cfg, seeds=list(seeds), reference=reference), md)
+                                              unchanged=unchanged, not_applicable=not_applicable, config=cfg,
+                                              seeds=list(seeds), reference=reference), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results))

@@ -18,7 +18,8 @@ import numpy as np
 
 from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, delta_text, figure, fmt_cell, fmt_cost,
-                                         label, save_png, summarise, write_outputs)
+                                         label, not_applicable_note, not_applicable_rows, save_png, summarise,
+                                         write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
 from timerome.methods.timerome_edit import paper_point
@@ -107,7 +108,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     sweep = [r for r in summary if kinds.get(r) == "sweep"]
     fine = [r for r in sweep if not collapsed[r]]
     best = min(fine, key=d_flp) if fine else None
-    compare = [r for r in summary if kinds.get(r) == "compare"]
+    compare = [r for r in summary if kinds.get(r) == "compare" and "ForgetLP" in summary[r]]  # not an n/a row
     strongest = min(compare, key=d_flp) if compare else None
     head = ["configuration"] + COLUMNS + ["Δ ForgetLP (p)", "Δ RetainLP", "collapsed", "early-stopped", "kept step"]
     head += [header(c) for c in ACCOUNTING]
@@ -119,7 +120,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         lines.append("| " + " | ".join(
             [row] + [fmt_cell(cols.get(c)) for c in COLUMNS] + [delta_text(cols.get("ForgetLP", {})),
                f"{ret['delta']:+.2f}{ret['stars']}" if "delta" in ret else "–",
-               "–" if row == "no_edit" else f"{len(collapsed[row])}/{cols['ForgetLP']['n']}",
+               "–" if row == "no_edit" or "ForgetLP" not in cols else f"{len(collapsed[row])}/{cols['ForgetLP']['n']}",
                f"{sum(s for s, _, _ in st)}/{len(st)}" if st else "–",
                ", ".join(f"{'–' if k is None else k}/{n}" for _, k, n in st) if st else "–"]
             + [fmt_cost(cols.get(c)) for c in ACCOUNTING]) + " |")
@@ -132,7 +133,8 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     lines += ["", verdict, "", f"Δ: paired over seeds {list(seeds)} (stars: t-test vs no_edit). Training settings: "
               f"LoRA r={cfg['lora_r']}, the methods' other defaults (steps, batch, anchor, drift, checks: "
               "methods/_unlearn.py). Early-stopped: runs the safe protocol stopped; kept step / steps run per seed. "
-              + ACCOUNTING_NOTE, ""]
+              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if (na := not_applicable_rows(cells, results)) else ""),
+              ""]
     md = "\n".join(lines)
     radar = {}
     if best and strongest:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
-from timerome.experiments.report import (by_row, label, markdown, plot_pareto, summarise, traced_coordinate,
-                                         write_outputs)
+from timerome.experiments.report import (by_row, label, markdown, not_applicable_rows, plot_pareto, summarise,
+                                         traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods.timerome_edit import paper_point
 
@@ -39,7 +39,8 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
     coord = traced_coordinate(results)
     md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; coordinate layer "
-                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.")
+                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.",
+                  not_applicable=not_applicable_rows(cells, results))
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)
     files["png"] = plot_pareto(summary, [label(m, o) for m, o in sweep(cfg)], out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files)

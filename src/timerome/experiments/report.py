@@ -137,12 +137,30 @@ def unchanged_rows(cells, results) -> list[str]:
 
 UNCHANGED_MARK = " ∅"
 UNCHANGED_NOTE = "∅: the method changed no weight (it stopped before its first step): a silent no_edit."
+NOT_APPLICABLE = "n/a"
+
+
+def not_applicable_rows(cells, results) -> dict[str, str]:
+    """{row: why} of the rows whose method cannot act on the model (`runner.with_edit`'s "n/a" cells)."""
+    return {c.row: r["not_applicable"] for c, r in zip(cells, results)
+            if isinstance(r, dict) and r.get("not_applicable")}
+
+
+def not_applicable_note(rows: dict[str, str]) -> str:
+    """The tables' note on their n/a rows, one reason each (rows with the same reason named together)."""
+    by_reason: dict[str, list[str]] = {}
+    for row, why in rows.items():
+        by_reason.setdefault(why, []).append(row)
+    return " ".join(f"{NOT_APPLICABLE} ({', '.join(r)}): the method cannot act on this model: {why.rstrip('.')}."
+                    for why, r in by_reason.items())
 
 
 def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "ForgetLP",
-             unchanged=()) -> str:
+             unchanged=(), not_applicable: dict | None = None) -> str:
     """A table of the summary (the accounting columns appended where present); the last column is the
-    paired difference of column `delta` to no_edit; rows in `unchanged` are marked (UNCHANGED_NOTE)."""
+    paired difference of column `delta` to no_edit; rows in `unchanged` are marked (UNCHANGED_NOTE), rows
+    in `not_applicable` ({row: why}, `not_applicable_rows`) read n/a with their reason in the note."""
+    not_applicable = not_applicable or {}
     extra = [c for c in with_accounting(columns)[len(columns):] if any(c in cols for cols in summary.values())]
     columns = list(columns) + extra
     if any(c in columns for c in ACCOUNTING):
@@ -151,6 +169,8 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
     lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if unchanged:
         note = f"{note} {UNCHANGED_NOTE}".strip()
+    if not_applicable:
+        note = f"{note} {not_applicable_note(not_applicable)}".strip()
     entries = [(c, e) for cols in summary.values() for c, e in cols.items() if c in columns and isinstance(e, dict)]
     if "no_edit" not in summary:
         note = (f"{note} This run has no no_edit row (its methods left it out): no Δ and no paired test, "
@@ -161,6 +181,9 @@ def markdown(summary: dict, columns, title: str, note: str = "", delta: str = "F
         note = f"{note} {TWO_SEEDS_NOTE}".strip()
     for row, cols in summary.items():
         name = row + (UNCHANGED_MARK if row in unchanged else "")
+        if row in not_applicable and not cols:
+            lines.append("| " + " | ".join([name] + [NOT_APPLICABLE] * (len(columns) + 1)) + " |")
+            continue
         lines.append("| " + " | ".join([name] + [fmt_any(c, cols.get(c)) for c in columns]
                                         + [delta_text(cols.get(delta, {}))]) + " |")
     lines += ["", "Cells: mean ± std [bootstrap 95% CI] over seeds; stars: paired t vs no_edit on shared "
@@ -211,7 +234,8 @@ def plot_canonical(summary: dict, path) -> str:
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.axvline(0, color="grey", lw=0.8)
     ax.set_xlabel("change vs no_edit (nats); bars: mean, lines: bootstrap 95% CI")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no measured row beside no_edit (n/a rows): nothing to name
+        ax.legend(fontsize=8)
     return save_png(fig, path)
 
 

@@ -47,7 +47,7 @@ from timerome.common.progress import notify, progress_bar
 from timerome.data.task import ForgetTask
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD, TRACE
-from timerome.errors import Interrupted, TimeromeError
+from timerome.errors import Interrupted, NotApplicable, TimeromeError
 from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
 from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
@@ -79,6 +79,8 @@ class Measurement:
                                   # edit of one step (a method's `step` option) acts in it; else check_cells refuses one
     options: tuple | None = None  # the Cell.options it reads (check_cells refuses any other); None: not declared
     required: tuple = ()          # those of them a cell must give (they have no default)
+    not_applicable: bool = False  # a method that cannot act on the backbone (errors.NotApplicable) is an "n/a"
+                                  # cell, {"metrics": {}, "not_applicable": why}, not the end of the run
 
 
 def row_count(rows: dict) -> int:
@@ -234,16 +236,18 @@ def data_kind(name: str):
 
 
 def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False,
-                reads_steps: bool = False, options: tuple | None = None, required: tuple = ()):
+                reads_steps: bool = False, options: tuple | None = None, required: tuple = (),
+                not_applicable: bool = False):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
     forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, whether
     it reads denoising steps only (Measurement.reads_steps), the cell options it reads (a cell's
     other options are refused: a misspelt one would run the default silently) and those of them
-    without a default (a cell lacking one is refused before any work)."""
+    without a default (a cell lacking one is refused before any work), and whether a method that cannot
+    act on the backbone is a recorded "n/a" cell (Measurement.not_applicable) or an error."""
 
     def deco(fn):
         MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps,
-                                     None if options is None else tuple(options), tuple(required))
+                                     None if options is None else tuple(options), tuple(required), not_applicable)
         return fn
 
     return deco
@@ -287,9 +291,19 @@ def warn_mixed_threads(name: str, results, backbone) -> list[int]:
 def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
     """Install the cell's method, run measure(edit) -> result, undo; the result gets the compute
     accounting (install seconds, how far installing raised peak memory (exact on CUDA), the cell's
-    wall seconds: install + measurement + undo), the method's info and its full config."""
+    wall seconds: install + measurement + undo), the method's info and its full config.
+
+    A method that cannot act on this backbone at all (errors.NotApplicable: a locate-then-edit baseline
+    on a mixture of experts) gives, for a measurement that records it, the cell {"metrics": {},
+    "not_applicable": why}: the tables print "n/a" with the reason, and the other cells still run."""
     t0 = time.perf_counter()
-    edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
+    try:
+        edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
+    except NotApplicable as e:
+        if not measurement_of(cell.measure).not_applicable:
+            raise
+        return {"metrics": {}, "not_applicable": " ".join(str(e).split()),
+                "config": method_config(cell.method, cell.config)}
     try:
         res = measure(edit)
         res.setdefault("metrics", {}).update(install_seconds=edit.install_seconds,
@@ -307,7 +321,7 @@ def _full_forwards(cell, rows, task) -> float:
             + TRACE.steps * row_count(rows))
 
 
-@measurement("full", forwards=_full_forwards, options=("n_mc", "rouge"))
+@measurement("full", forwards=_full_forwards, options=("n_mc", "rouge"), not_applicable=True)
 def _full(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, lambda edit: evaluate(
         ctx.backbone, rows, n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed, edit=edit,
@@ -320,7 +334,7 @@ def _lps(lps: dict, cols: dict, edit, t0: float) -> dict:
             "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
 
 
-@measurement("lp", options=("n_mc",))
+@measurement("lp", options=("n_mc",), not_applicable=True)
 def _lp(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -331,7 +345,7 @@ def _lp(cell, ctx, rows, task) -> dict:
 
 
 @measurement("traj", forwards=lambda cell, rows, task: cell.options.get("steps", TRACE.steps) * row_count(rows),
-             reads_steps=True, options=("steps",))
+             reads_steps=True, options=("steps",), not_applicable=True)
 def _traj(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments.report import (ACCOUNTING_NOTE, by_row, coordinate_note, delta_text, fmt_any, label,
-                                         plot_scalability, summarise, traced_coordinate, with_accounting, write_outputs)
+                                         not_applicable_note, not_applicable_rows, plot_scalability, summarise,
+                                         traced_coordinate, with_accounting, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "scalability"
@@ -41,7 +42,8 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                          + f" | {delta_text(c.get('ForgetLP', {}))} |")
     lines += ["", f"{coordinate_note(results)} Forget LP over at most {cfg['n_eval_forget']} of the |F| facts; "
               "install = capture + solve (the trace and the background statistics are measured once, before). "
-              + ACCOUNTING_NOTE, ""]
+              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if (na := not_applicable_rows(cells, results)) else ""),
+              ""]
     md = "\n".join(lines)
     coord = traced_coordinate(results)
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)

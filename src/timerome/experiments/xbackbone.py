@@ -7,7 +7,9 @@ Every checkpoint runs the same cells (methods x seeds, `full` measurement withou
 forget and retain rows); TimeROME runs at one (alpha, lambda, q) everywhere. KS p (Forget Quality)
 needs, per checkpoint, a model that never saw the forget set: the `references` setting (one
 directory per model, null for none; "train" trains one for timerome's own architecture); the
-embedded model gets its own automatically. A checkpoint without a reference shows fLP only.
+embedded model gets its own automatically. A checkpoint without a reference shows fLP only. A method
+that cannot act on a checkpoint (AlphaEdit on a mixture of experts: no single down projection) reads
+n/a in that column, with the reason under the table; the other cells run.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, delta_text, fmt_cell, label,
-                                         plot_delta_bars, summarise, write_outputs)
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, delta_text, fmt_cell,
+                                         label, not_applicable_note, not_applicable_rows, plot_delta_bars, summarise,
+                                         write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
 from timerome.methods.timerome_edit import paper_point
@@ -69,30 +72,42 @@ def report(cfg, seeds, per_model: dict, out_dir) -> dict:
     rows = [row for row, _, _ in plan(cfg)]
     summary = {col: summarise(by_row(cells, results), COLUMNS) for col, (cells, results, _) in per_model.items()}
     models = {col: about for col, (_, _, about) in per_model.items()}
+    na = {col: not_applicable_rows(cells, results) for col, (cells, results, _) in per_model.items()}
     edit_row = next((r for r in reversed(rows) if r.startswith("timerome")), rows[-1])
     head = "| method | " + " | ".join(f"{c} fLP ↓ | {c} KS p ↑" for c in summary) + " |"
     lines = [f"## Cross-backbone ({len(summary)} checkpoints, {cfg['forget']})", "", head,
              "|" + "---|" * (1 + 2 * len(summary))]
+
+    def n_a(col, row) -> bool:  # the method could not act on that checkpoint: nothing was measured
+        return row in na[col] and not summary[col].get(row)
+
+    def pair(col, row):
+        if n_a(col, row):
+            return f"{NOT_APPLICABLE} | {NOT_APPLICABLE}"
+        s = summary[col].get(row, {})
+        return f"{fmt_cell(s.get('ForgetLP'), 1)} | {fmt_cell(s.get('ForgetQuality'), 2)}"
+
     for row in rows:
-        lines.append(f"| {row} | " + " | ".join(f"{fmt_cell(s.get(row, {}).get('ForgetLP'), 1)} | "
-                                                 f"{fmt_cell(s.get(row, {}).get('ForgetQuality'), 2)}"
-                                                 for s in summary.values()) + " |")
+        lines.append(f"| {row} | " + " | ".join(pair(col, row) for col in summary) + " |")
     lines.append(f"| Δ fLP vs no_edit ({edit_row}) | " + " | ".join(
-        f"{delta_text(s.get(edit_row, {}).get('ForgetLP', {}))} | " for s in summary.values()) + " |")
+        f"{NOT_APPLICABLE if n_a(col, edit_row) else delta_text(s.get(edit_row, {}).get('ForgetLP', {}))} | "
+        for col, s in summary.items()) + " |")
     lines += ["", f"### Compute per checkpoint ({' / '.join(header(c) for c in ACCOUNTING)})", "",
               "| method | " + " | ".join(summary) + " |", "|" + "---|" * (1 + len(summary))]
     for row in rows:
-        lines.append(f"| {row} | " + " | ".join(" / ".join(_mean(s.get(row, {}).get(c)) for c in ACCOUNTING)
-                                                 for s in summary.values()) + " |")
+        lines.append(f"| {row} | " + " | ".join(
+            NOT_APPLICABLE if n_a(col, row) else " / ".join(_mean(s.get(row, {}).get(c)) for c in ACCOUNTING)
+            for col, s in summary.items()) + " |")
     missing = [c for c, about in models.items() if not about["reference"]]
     lines += ["", f"Cells: mean ± std [bootstrap 95% CI] over seeds {list(seeds)}, n_mc={cfg['n_mc']}; stars: paired t "
               "vs no_edit (* p<0.05, ** p<0.01, *** p<1e-4; † the same difference on every seed). Every checkpoint "
               "runs the same method settings." + (f" No reference model (KS p '–') for: {', '.join(missing)}: pass "
                                                   "`references`, one per model." if missing else "")
-              + " " + ACCOUNTING_NOTE, ""]
+              + " " + ACCOUNTING_NOTE]
+    lines += [f"{col}: {not_applicable_note(rows_na)}" for col, rows_na in na.items() if rows_na] + [""]
     md = "\n".join(lines)
     files = write_outputs(out_dir, NAME, dict(summary=summary, models=models, rows=rows, config=cfg,
-                                              seeds=list(seeds)), md)
+                                              seeds=list(seeds), not_applicable=na), md)
     files["png"] = plot_xbackbone(summary, rows, Path(out_dir) / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, models=models)
 

@@ -39,7 +39,7 @@ from timerome.data.rows import spread
 from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
                                       text_ids, uses_leading_space)
 from timerome.engine.hooks import Hooks, run_to
-from timerome.errors import TimeromeError
+from timerome.errors import NotApplicable, TimeromeError
 from timerome.memory.whitening import background_texts, rows_to_texts
 from timerome.methods.registry import need_facts, weight_edit
 
@@ -93,7 +93,7 @@ def down_projection(backbone, layer: int) -> DownProj:
         o = seen[m][0] if seen[m] else None
         if o is not None and o.shape == out.shape and torch.equal(o, out):
             return DownProj(layer, name, m)
-    raise TimeromeError(f"no Linear inside {path} produces the MLP output of layer {layer} (a mixture of "
+    raise NotApplicable(f"no Linear inside {path} produces the MLP output of layer {layer} (a mixture of "
                         "experts?): the locate-then-edit baselines need a single down projection")
 
 
