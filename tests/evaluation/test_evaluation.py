@@ -170,6 +170,14 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     assert sorted(curve) == [0, 10, 20]
     assert curve[20]["ForgetLP"]["mean"] < curve[0]["ForgetLP"]["mean"] - 1.0   # forgets as facts arrive
     assert (tmp_path / "seq" / "sequential.png").exists()
+    # the insert order is the seed's torch permutation (a seeded torch.Generator, as every draw), recorded
+    from timerome.engine.encoding import fact_id
+    from timerome.experiments.data import resolve_data
+
+    cell = json.loads(next((tmp_path / "seq" / "cells").glob("*.json")).read_text())["result"]
+    facts = resolve_data(dict(forget="forget01", first=20, n_retain=3, n_world=1), "embedded", bb)[1].facts
+    want = torch.randperm(len(facts), generator=torch.Generator().manual_seed(0)).tolist()
+    assert cell["info"]["order"] == [fact_id(facts[i]) for i in want] != [fact_id(f) for f in facts]
 
     sca = run_experiment("scalability", seeds=(0,), out_dir=tmp_path / "sca", progress=False, backbone=bb,
                          overrides=dict(small, sizes=(1, 20), n_eval_forget=3, variants=({},)))

@@ -1,5 +1,7 @@
 """The experiments' registries: experiments found without a list, measurements with their cost."""
 
+import dataclasses
+
 import pytest
 
 from timerome import TimeromeError, load_backbone
@@ -31,6 +33,25 @@ def test_a_measurement_brings_its_own_cost_to_the_budget():
         MEASURES.pop("probe_cost", None)
     with pytest.raises(TimeromeError, match="unknown measurement"):
         measurement_of("no_such_measurement")
+
+
+def test_a_measurements_version_is_in_its_cells_keys_only():
+    """Bumping one measurement's version retires its cached cells and no other's (sequential: 1, since its
+    insert order came from torch's seeded generator); at 0 the key is as before versions existed."""
+    ctx = Context(backbone=load_backbone())
+    seq, full = Cell("sequential", "timerome"), Cell("full", "timerome")
+    assert seq.key(ctx)["measure_version"] == measurement_of("sequential").version == 1
+    assert measurement_of("full").version == 0 and "measure_version" not in full.key(ctx)
+    try:
+        @measurement("probe_version", version=2)
+        def probe(cell, ctx, rows, task):
+            return {}
+
+        a = Cell("probe_version").key(ctx)
+        MEASURES["probe_version"] = dataclasses.replace(MEASURES["probe_version"], version=3)
+        assert Cell("probe_version").key(ctx) != a
+    finally:
+        MEASURES.pop("probe_version", None)
 
 
 def test_the_cli_lists_the_experiments_the_registry_runs():

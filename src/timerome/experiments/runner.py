@@ -81,6 +81,8 @@ class Measurement:
     required: tuple = ()          # those of them a cell must give (they have no default)
     not_applicable: bool = False  # a method that cannot act on the backbone (errors.NotApplicable) is an "n/a"
                                   # cell, {"metrics": {}, "not_applicable": why}, not the end of the run
+    version: int = 0              # bump when this measurement's meaning changes (its cells' keys hold it when > 0;
+                                  # VERSION is the same for every measurement)
 
 
 def row_count(rows: dict) -> int:
@@ -113,6 +115,8 @@ class Cell:
                    options=self.options, v=VERSION, **context.tag)
         if m.uses_reference:
             key["reference"] = context.reference_tag
+        if m.version:  # absent at 0: the keys of the cells computed before measurements had versions still match
+            key["measure_version"] = m.version
         return key
 
 
@@ -237,17 +241,19 @@ def data_kind(name: str):
 
 def measurement(name: str, *, forwards=lp_forwards, uses_method: bool = True, uses_reference: bool = False,
                 reads_steps: bool = False, options: tuple | None = None, required: tuple = (),
-                not_applicable: bool = False):
+                not_applicable: bool = False, version: int = 0):
     """Register fn(cell, context, rows, task) -> result as the measurement `name`, with its cost
     forwards(cell, rows, task) (default: n_mc forwards per row), what its cells' keys hold, whether
     it reads denoising steps only (Measurement.reads_steps), the cell options it reads (a cell's
     other options are refused: a misspelt one would run the default silently) and those of them
     without a default (a cell lacking one is refused before any work), and whether a method that cannot
-    act on the backbone is a recorded "n/a" cell (Measurement.not_applicable) or an error."""
+    act on the backbone is a recorded "n/a" cell (Measurement.not_applicable) or an error; `version`: bump it
+    when the measurement's meaning changes (its old cached cells stop matching, the others' do not)."""
 
     def deco(fn):
         MEASURES[name] = Measurement(fn, forwards, uses_method, uses_reference, reads_steps,
-                                     None if options is None else tuple(options), tuple(required), not_applicable)
+                                     None if options is None else tuple(options), tuple(required), not_applicable,
+                                     int(version))
         return fn
 
     return deco

@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
+from timerome.engine.encoding import fact_id
 from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
@@ -27,7 +29,7 @@ def _forwards(cell, rows, task) -> float:
     return (len(task.facts) / every + 1) * n_mc * row_count(rows)
 
 
-@measurement("sequential", forwards=_forwards, options=("n_mc", "every"))
+@measurement("sequential", forwards=_forwards, options=("n_mc", "every"), version=1)  # 1: torch's seeded order
 def _sequential(cell, ctx, rows, task) -> dict:
     """Insert the task's facts one at a time (seeded order) into a TimeROME memory; lp after each."""
     bb = ctx.backbone
@@ -36,7 +38,7 @@ def _sequential(cell, ctx, rows, task) -> dict:
     coordinate, info = locate(bb, task, conf)
     memory = build_memory(bb, task, conf, coordinate, facts=[])  # empty; lambda scaled on all the facts
     edit = InferenceEdit(method="timerome", config=conf, context=lambda: memory.applied(bb), memory=memory)
-    order = np.random.default_rng(cell.seed).permutation(len(task.facts)).tolist()
+    order = torch.randperm(len(task.facts), generator=torch.Generator().manual_seed(cell.seed)).tolist()
     n_mc, every = cell.options.get("n_mc", LIKELIHOOD.n_mc), cell.options.get("every", 1)
 
     def point(k, secs, use_edit):
@@ -51,7 +53,8 @@ def _sequential(cell, ctx, rows, task) -> dict:
         secs = time.perf_counter() - t0
         if k % every == 0 or k == len(order):
             curve.append(point(k, secs, True))
-    return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point)}
+    return {"curve": curve, "info": dict(info, layer=memory.coordinate.layer, point=memory.coordinate.point,
+                                         order=[fact_id(task.facts[i]) for i in order])}
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
