@@ -81,7 +81,7 @@ def test_eos_extra_draws_each_rows_eos_count_from_its_own_generator(fresh, monke
     assert any(len(set(counts)) > 1 for counts in draws_a)  # per row, not per batch
     assert draws_plain == [None] * len(draws_plain) and plain != a
     with pytest.raises(TimeromeError, match=r"needs eos_pad \(--eos-pad\)"):
-        train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2), show_progress=False)
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2, eos_pad=False), show_progress=False)
 
 
 def test_training_with_eos_padding_learns_to_end_answers(fresh, tmp_path):
@@ -313,3 +313,26 @@ def test_a_scored_question_may_hold_special_text():
 
     lp, _ = answer_logprobs(load_backbone(), ["Where was <|eos|> born ?"], ["Lunsford ."], n_mc=1)
     assert lp.shape == (1,)
+
+
+def test_the_api_and_the_cli_pad_with_eos_by_the_same_default(fresh):
+    """TrainConfig(eos_pad=None), the default, is the checkpoint's recipe, as `timerome train` reads it: the
+    embedded default records EOS padding (on), a new-model checkpoint has an EOS (on), the TOFU-style
+    models of the embedded family without a record were trained without it (off). The API's default was
+    off before, so training the embedded default from Python dropped the padding it was built with."""
+    from dataclasses import replace
+
+    from timerome.training.train import recipe_eos_pad
+
+    assert TrainConfig().eos_pad is None
+    default, new = load_backbone(), load_backbone(fresh)
+    assert recipe_eos_pad(default) is True and recipe_eos_pad(new) is True
+    unrecorded = load_backbone()
+    unrecorded.info = dict(unrecorded.info, checkpoint=None)   # no build_info.json to read
+    assert recipe_eos_pad(unrecorded) is False
+    rows = [{"question": "Where was Isgor Quielson born ?", "answer": "Lunsford ."}]
+    log = train(default, rows, TrainConfig(epochs=1, batch_size=1), show_progress=False)
+    assert log["config"]["eos_pad"] is True   # resolved before the log (and a resumable state) records it
+    assert train(unrecorded, rows, TrainConfig(epochs=1, batch_size=1), show_progress=False)["config"]["eos_pad"] is False
+    with pytest.raises(TimeromeError, match="eos_pad .* must be True, False or None"):
+        train(new, rows, replace(TrainConfig(epochs=1), eos_pad="yes"), show_progress=False)

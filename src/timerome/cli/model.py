@@ -144,19 +144,13 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
                             "nor keep: leave out --no-checkpoint to resume it, or delete that folder to start over")
     bb = model.load()
     rows = load_rows(data, tofu_dir=tofu_dir)
-    if eos_pad is None:  # the checkpoint's own recipe: the embedded default records EOS padding; other
-        # models of its family (the TOFU fixture) were trained without it and cut their answers at "."
-        from timerome.training.default_model import trained_with_eos_padding
-
-        recorded = trained_with_eos_padding(source) if source.is_dir() else None
-        eos_pad = bb.tokenizer.eos_token_id is not None and (
-            recorded if recorded is not None else bb.family.name != "timerome")
     cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed, eos_pad=eos_pad,
-                      eos_extra=eos_extra)
+                      eos_extra=eos_extra)  # eos_pad None: the checkpoint's recipe (training.train.recipe_eos_pad)
     try:
         log = run_train(bb, rows, cfg, checkpoint=state if checkpoint else None)
     except Interrupted as e:
         raise Interrupted(f"{e}; run the same command again to resume from there") from None
+    eos_pad = log["config"]["eos_pad"]  # as the run resolved it
     save_backbone(bb, out)
     shutil.rmtree(state, ignore_errors=True)
     final = sum(log["loss"][-10:]) / max(1, len(log["loss"][-10:]))

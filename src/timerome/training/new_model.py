@@ -4,9 +4,9 @@ command read.
 
     info = new_model(["tofu:retain90", "my_rows.jsonl", "notes.txt"], "my-model", size="small")
     # then: timerome train --model my-model --data my_rows.jsonl --out my-model-trained
-    # or, in Python, with the EOS padding the command turns on for this tokenizer (the API's default
-    # is off: without it the model never learns to end an answer):
-    #     train(load_backbone("my-model"), rows, TrainConfig(eos_pad=True))
+    # or, in Python, with the same defaults (EOS padding on for this tokenizer: without it the model
+    # never learns to end an answer; `training.train.recipe_eos_pad`):
+    #     train(load_backbone("my-model"), rows)
 
 The weights are a seeded random initialisation (`llada_model.build_model`); the config carries the
 LLaDA release's keys (model_type "llada", LLaDAModelLM), so the official modelling code reads it

@@ -52,5 +52,5 @@ def trained_model(rows, directory: Path, epochs: int = 80, seed: int = 0, layers
     the MDLM objective on the question/answer rows."""
     texts = [r["question"] + " " + r["answer"] for r in rows] + list(extra_texts)
     bb = tiny_model(texts, directory, seed=seed, layers=layers, max_length=max_length, words=words)
-    train(bb, rows, TrainConfig(epochs=epochs, lr=3e-3, batch_size=8, seed=seed), show_progress=False)
+    train(bb, rows, TrainConfig(epochs=epochs, lr=3e-3, batch_size=8, seed=seed, eos_pad=False), show_progress=False)
     return bb

@@ -4,9 +4,10 @@ Objective (LLaDA SFT): mask each answer token with probability t ~ U(eps, 1), pr
 masked; loss = sum over masked tokens of CE / t, divided by the answer length, averaged over
 the batch. Full fine-tuning or LoRA through `peft`.
 
-EOS padding (`eos_pad`, LLaDA's SFT recipe; off by default in this API; `timerome train` turns it
-on for `timerome new-model` models and for the embedded default, which was built with it): every
-answer in a batch ends with EOS and is
+EOS padding (`eos_pad`, LLaDA's SFT recipe; by default, in this API and in `timerome train` alike,
+the checkpoint's own recipe, `recipe_eos_pad`: what its build_info.json records (the embedded default
+and `timerome new-model` models: on), else on where the tokenizer has an EOS, except for other models
+of the embedded model's family, trained without it): every answer in a batch ends with EOS and is
 padded with EOS to the batch's longest sequence; the EOS tokens are answer tokens, masked and
 learnt like the others, so the model learns to end its answer and fill the rest with EOS.
 Padded to the batch's longest sequence only, a row's EOS count follows its length, and a model can
@@ -28,7 +29,7 @@ import math
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,8 @@ class TrainConfig:
     lora_alpha: int | None = None
     grad_clip: float = 1.0
     seed: int = 0
-    eos_pad: bool = False    # LLaDA SFT: answers end in EOS, padded with EOS (module docstring)
+    eos_pad: bool | None = None  # LLaDA SFT: answers end in EOS, padded with EOS; None: the checkpoint's recipe
+                                 # (`recipe_eos_pad`; module docstring)
     eos_extra: int = 0       # eos_pad: 1..eos_extra + 1 EOS per row, drawn per row (module docstring)
 
 
@@ -70,11 +72,28 @@ def check_config(cfg: TrainConfig, n_rows: int) -> None:
     number(cfg.lora_alpha, "lora_alpha", lo=0, lo_open=True, none=True)
     number(cfg.grad_clip, "grad_clip (0: off)", lo=0, none=True)
     check_seed(cfg.seed, "seed (--seed)")
+    if cfg.eos_pad is not None and not isinstance(cfg.eos_pad, bool):
+        raise TimeromeError(f"eos_pad (--eos-pad) must be True, False or None (the checkpoint's recipe), got "
+                            f"{cfg.eos_pad!r}")
     integer(cfg.eos_extra, "eos_extra (--eos-extra)", lo=0)
-    if cfg.eos_extra and not cfg.eos_pad:
+    if cfg.eos_extra and cfg.eos_pad is False:  # None: the recipe decides (checked again once it has)
         raise TimeromeError("eos_extra (--eos-extra) pads answers with more end-of-text tokens: it needs eos_pad "
                             "(--eos-pad)")
     budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
+
+
+def recipe_eos_pad(backbone) -> bool:
+    """Whether training this backbone pads answers with EOS by default (TrainConfig.eos_pad None): what its
+    checkpoint's build_info.json records (`timerome build-default`, `new-model` and `train` write it); else
+    on when the tokenizer has an EOS, off for other models of the embedded model's family (the TOFU
+    fixture was trained without it and cuts its answers at ".")."""
+    from timerome.training.default_model import trained_with_eos_padding  # it builds on this module
+
+    if backbone.tokenizer.eos_token_id is None:
+        return False
+    source = backbone.info.get("checkpoint")
+    recorded = trained_with_eos_padding(source) if source else None
+    return recorded if recorded is not None else backbone.family.name != "timerome"
 
 
 def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
@@ -98,6 +117,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     if not rows:
         raise TimeromeError("no training rows")
     check_config(cfg, len(rows))
+    if cfg.eos_pad is None:  # the checkpoint's recipe, resolved before anything records the settings
+        cfg = replace(cfg, eos_pad=recipe_eos_pad(backbone))
+        check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
     refuse_special_text(backbone, pairs)
     eos = _eos(backbone) if cfg.eos_pad else None
