@@ -211,7 +211,7 @@ def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):
     embedded default's build_info.json records it) and not for a model of its family that records
     nothing (such as the TOFU fixture, trained without)."""
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
-    from timerome.training.default_model import trained_with_eos_padding
+    from timerome.training.train import trained_with_eos_padding
 
     assert trained_with_eos_padding(DEFAULT_MODEL_DIR) is True
     assert trained_with_eos_padding(tmp_path) is None

@@ -206,7 +206,7 @@ def record_source(out: Path, model, method: str, n_facts: int, facts: str, *, co
     # the training recipe of the weights it started from, where `timerome train -m OUT` reads its EOS padding
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
     from timerome.common.cache import write_json
-    from timerome.training.default_model import build_record
+    from timerome.training.train import build_record
 
     folder = Path(model.model) if model.model else DEFAULT_MODEL_DIR
     recipe = build_record(folder).get("train") if folder.is_dir() else None

@@ -22,7 +22,6 @@ Two stages, both recorded in `build_info.json`:
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
 from timerome.errors import TimeromeError
-from timerome.training.train import TrainConfig, train
+from timerome.training.train import TrainConfig, build_record, train
 
 MODEL_CONFIG = dict(
     model_type="timerome-llada", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4,
@@ -156,15 +155,6 @@ def _stage_info(cfg: TrainConfig, log: dict, t0: float, sha: str | None) -> dict
             "final_loss_last50": sum(last) / max(1, len(last)), "sha256": sha}
 
 
-def build_record(directory: str | Path) -> dict:
-    """A build folder's `build_info.json` as a dict; {} when it has none or it is not a record."""
-    try:
-        info = json.loads((Path(directory) / "build_info.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
 def stage1_record(directory: str | Path = DEFAULT_MODEL_DIR) -> dict:
     """Stage 1 as a build recorded it in `build_info.json` (its train settings, time, loss, sha256):
     `stages[0]`, or the whole record of a one-stage build; {} when there is none."""
@@ -178,10 +168,3 @@ def stage1_record(directory: str | Path = DEFAULT_MODEL_DIR) -> dict:
 def weights_sha256(directory: str | Path) -> str:
     return hashlib.sha256((Path(directory) / "model.safetensors").read_bytes()).hexdigest()
 
-
-def trained_with_eos_padding(directory: str | Path) -> bool | None:
-    """What a checkpoint's `build_info.json` records of its training's EOS padding (`timerome
-    build-default` writes it): True / False, or None when it records nothing."""
-    train = build_record(directory).get("train")
-    value = train.get("eos_pad") if isinstance(train, dict) else None
-    return value if isinstance(value, bool) else None

@@ -25,11 +25,13 @@ from it when the same run is started again; Ctrl-C then says where it stopped an
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -82,13 +84,29 @@ def check_config(cfg: TrainConfig, n_rows: int) -> None:
     budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
 
 
+def build_record(directory: str | Path) -> dict:
+    """A build folder's `build_info.json` as a dict; {} when it has none or it is not a record
+    (`timerome build-default` and `timerome train` write one)."""
+    try:
+        info = json.loads((Path(directory) / "build_info.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def trained_with_eos_padding(directory: str | Path) -> bool | None:
+    """What a checkpoint's `build_info.json` records of its training's EOS padding: True / False, or
+    None when it records nothing."""
+    train = build_record(directory).get("train")
+    value = train.get("eos_pad") if isinstance(train, dict) else None
+    return value if isinstance(value, bool) else None
+
+
 def recipe_eos_pad(backbone) -> bool:
     """Whether training this backbone pads answers with EOS by default (TrainConfig.eos_pad None): what its
     checkpoint's build_info.json records (`timerome build-default`, `new-model` and `train` write it); else
     on when the tokenizer has an EOS, off for other models of the embedded model's family (the TOFU
     fixture was trained without it and cuts its answers at ".")."""
-    from timerome.training.default_model import trained_with_eos_padding  # it builds on this module
-
     if backbone.tokenizer.eos_token_id is None:
         return False
     source = backbone.info.get("checkpoint")
