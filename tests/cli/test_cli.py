@@ -180,8 +180,12 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     sel = json.loads((tmp_path / "t" / "selection.json").read_text())
     assert sel["beta"] == 1.0 and sel["best"]["neighbour_abs_tie"] >= 0.0
     assert sel["runner_up"]["layer"] != sel["edit"]["layer"] and sel["runner_up"]["margin"] >= 0
-    plain = select_coordinate(TraceResult.load(tmp_path / "t" / "trace.safetensors"), modules=("resid",)).best
+    facts_trace = TraceResult.load(tmp_path / "t" / "trace.safetensors")
+    plain = select_coordinate(facts_trace, modules=("resid",)).best
     assert plain.layer != sel["edit"]["layer"]  # the penalty moves this choice: what the edit must follow
+    near = TraceResult.load(tmp_path / "t" / "neighbours.safetensors").settings  # the facts' sigma, said so
+    assert near["sigma"] == facts_trace.settings["sigma"] and near["sigma_rule"] == "from trace (s3)"
+    assert facts_trace.settings["sigma_rule"] == "s3"
     code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors", "--json")
     assert code == 0, out
     assert json.loads(out)["coordinate"]["layer"] == sel["edit"]["layer"]

@@ -138,6 +138,33 @@ def test_shapes_and_settings(bb, traced):
     assert torch.isnan(r.tie_full[..., ~later]).all() and not torch.isnan(r.tie_full[..., later]).any()
 
 
+def test_a_sigma_taken_from_another_trace_is_recorded_as_such(bb, traced, tmp_path):
+    """The neighbours' trace and --compare's TIE trace take sigma from the trace before them, and
+    recorded sigma_rule "fixed": given the trace itself they record "from trace (RULE)", with the
+    numbers of that sigma given as a number; a file saved with "fixed" still loads."""
+    import json
+    from dataclasses import replace
+
+    from timerome.tracing.positional_trace import positional_trace
+
+    taken = trace(bb, FACTS[1:], sigma=traced, **FAST)
+    given = trace(bb, FACTS[1:], sigma=traced.settings["sigma"], **FAST)
+    assert taken.settings["sigma"] == traced.settings["sigma"] and taken.settings["sigma_rule"] == "from trace (s3)"
+    assert given.settings["sigma_rule"] == "fixed" and torch.equal(taken.tie, given.tie)
+    assert torch.equal(taken.corrupted_logp, given.corrupted_logp)
+    pos = positional_trace(bb, FACTS, n_samples=2, window=3, progress=False)
+    compared = trace(bb, FACTS, sigma=pos, **FAST)
+    assert compared.settings["sigma_rule"] == "from positional trace (s3)"
+    assert compared.settings["sigma"] == pos.settings["sigma"]
+    path = taken.save(tmp_path / "neighbours")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text(json.dumps(dict(meta, settings=dict(meta["settings"], sigma_rule="fixed"))))
+    back = TraceResult.load(path)  # as files saved before
+    assert back.settings["sigma_rule"] == "fixed" and torch.equal(back.tie, taken.tie)
+    with pytest.raises(TimeromeError, match="noise scale of the trace given as sigma"):
+        trace(bb, FACTS[:1], sigma=replace(traced, settings={}), **FAST)
+
+
 def test_tie_vanishes_where_a_splice_cannot_act(traced):
     """The last layer's subject states feed only their own (prompt) logits; and a step that reveals
     nothing decides nothing: with K = 4, "born" (3 object tokens) reveals one token at steps 0-2 and

@@ -11,7 +11,7 @@ from timerome.engine.hooks import Hooks, capture
 from timerome.tracing.causal_trace import prepare
 from timerome.tracing.positional_trace import (CATEGORIES, PositionalTrace, category_positions, is_positional,
                                                positional_trace, select_positional, window_layers)
-from timerome.tracing.tie import add_at
+from timerome.tracing.tie import add_noise, subject_noise
 
 FACTS = [dict(subject="the author", prompt="where was the author born ?", object="city of books"),
          dict(subject="books", prompt="who did write books about sea ?", object="the author")]
@@ -39,7 +39,7 @@ def literal(bb, item, noise, module, layer, t, window):
         p_obj()
     out = 0.0
     for s in range(noise.shape[0]):
-        corrupt = {(None, "embed"): add_at(item.subject_pos, noise[s], bb)}
+        corrupt = {(None, "embed"): add_noise(subject_noise(noise[s:s + 1], item.subject_pos, x.shape[1], bb))}
         with Hooks(bb, edit=corrupt):
             base = p_obj()
         restore = {site: (lambda site: lambda h, _st: _put(h, clean[site][0], t))(site) for site in sites}

@@ -31,11 +31,12 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               n_samples: Optional[int] = typer.Option(None, help=f"noise samples per fact (default: {TRACE.n_samples} "
                                                                   f"for TIE, ROME's {N_SAMPLES} with --positional)"),
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
-              tau: Optional[float] = typer.Option(None, help="temporal decay of the TIE aggregation (default 1)"),
+              tau: Optional[float] = typer.Option(None, help="temporal decay of the TIE aggregation (default "
+                                                             f"{TRACE.tau:g})"),
               beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
-              readout: Optional[str] = typer.Option(None, help="'decided' (the default) or 'aligned' (see "
-                                                              "timerome.tracing.causal_trace)"),
+              readout: Optional[str] = typer.Option(None, help=f"'decided' or 'aligned' (default '{TRACE.readout}'; "
+                                                              "see timerome.tracing.tie)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
@@ -65,8 +66,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"{', '.join(unread)} {'sets' if len(unread) == 1 else 'set'} the TIE trace"
                             + (", which --positional runs only with --compare" if comparable
                                else " and its selection, which the positional trace does not read"))
-    steps, tau, readout = (TRACE.steps if steps is None else steps, 1.0 if tau is None else tau,
-                           "decided" if readout is None else readout)
+    steps, tau, readout = (TRACE.steps if steps is None else steps, TRACE.tau if tau is None else tau,
+                           TRACE.readout if readout is None else readout)
     number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
@@ -94,8 +95,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
-        # the same noise scale as the facts' trace: the penalty compares like with like
-        other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result.settings["sigma"]})
+        # the same noise scale as the facts' trace (sigma_rule "from trace (...)"): the penalty compares like with like
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result})
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     edit_modules = ("resid",) if "resid" in result.modules else None
@@ -165,7 +166,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     choices = {m: select_positional(result, (m,)) for m in result.modules}
     files["selection"] = str(out / "selection.json")
     if compare:
-        tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result.settings["sigma"], tau=tau, seed=seed,
+        tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
                     readout=readout)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))

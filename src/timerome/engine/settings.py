@@ -43,6 +43,8 @@ class TraceSettings:
     steps: int = 8              # denoising steps K of each traced trajectory
     n_samples: int = 5          # noise draws per fact (the corrupted runs)
     n_facts: int = 8            # facts traced (the paper's validation set)
+    tau: float = 1.0            # decay of the TIE aggregation's weights exp(-tau (k' - k)) (Eq. tie_agg)
+    readout: str = "decided"    # how log p(object | x_k) scores committed positions (tracing/tie.py: READOUTS)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from timerome.engine.encoding import encode_fact, fact_list
 from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.tracing.result import TraceResult
+from timerome.tracing.result import TraceFile, TraceResult
 from timerome.tracing.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tracing.tie import tie as tie_of
 from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile,
@@ -78,7 +78,10 @@ def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size,
     """The arguments every trace takes, checked (one line each); returns (modules, layers) normalised."""
     check_seed(seed, "seed")
     integer(n_samples, "n_samples", lo=1)
-    number(sigma, "sigma", lo=0, none=True)  # 0 corrupts nothing (every TIE 0: a check of the engine, never selected)
+    if isinstance(sigma, TraceFile):  # another trace's noise scale (`given_sigma`)
+        number(sigma.settings.get("sigma"), "sigma (the noise scale of the trace given as sigma)", lo=0)
+    else:  # 0 corrupts nothing (every TIE 0: a check of the engine, never selected)
+        number(sigma, "sigma", lo=0, none=True)
     if isinstance(modules, str):
         modules = (modules,)
     modules = tuple(modules)
@@ -98,8 +101,21 @@ def check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size,
     return modules, layers
 
 
-def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
+def given_sigma(sigma) -> tuple[float, str]:
+    """(sigma, its rule) of a noise scale given to a trace: a number, "fixed"; a trace result (a TraceResult
+    or PositionalTrace), its own sigma, "from trace (RULE)" or "from positional trace (RULE)", RULE the
+    rule that trace recorded (e.g. "s3": the scale of other facts, which the s3 rule would not give these)."""
+    if isinstance(sigma, TraceFile):
+        kind = "positional trace" if getattr(sigma, "KIND", None) == "positional" else "trace"
+        return float(sigma.settings["sigma"]), f"from {kind} ({sigma.settings.get('sigma_rule', 'not recorded')})"
+    return float(sigma), "fixed"
+
+
+def prepare(backbone, facts, *, n_samples: int, sigma, seed: int):
     """Tokenized facts, sigma, its rule, and each fact's noise [N, S, H] (float32, sigma applied).
+
+    sigma: None, the s3 rule (`SIGMA_FACTOR` x `subject_embedding_std` of these facts); a number or a
+    trace result (`given_sigma`).
 
     All noise comes from one CPU generator seeded with `seed`, drawn fact by fact in order, so the
     same seed gives the same numbers on any device.
@@ -114,15 +130,15 @@ def prepare(backbone, facts, *, n_samples: int, sigma: float | None, seed: int):
     if sigma is None:
         sig, rule = SIGMA_FACTOR * subject_embedding_std(backbone, items), "s3"
     else:
-        sig, rule = float(sigma), "fixed"
+        sig, rule = given_sigma(sigma)
     g = torch.Generator().manual_seed(int(seed))
     noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size, generator=g) for it in items]
     return items, sig, rule, noises
 
 
-def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma: float | None = None,
-          tau: float = 1.0, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
-          readout: str = "decided", progress: bool = True, share_rows: bool = True,
+def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma=None,
+          tau: float = TRACE.tau, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
+          readout: str = TRACE.readout, progress: bool = True, share_rows: bool = True,
           reuse_layers: bool = True, pack_splices: bool = True, assemble_mlp: bool = True, head: str = "auto",
           screen_reveal: bool = True, block_tokens: int | None = None) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
@@ -133,8 +149,10 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     steps: K denoising steps (one block of the object's length); sigma: noise scale, None = s3 rule
         (3 x the std of the subject-token embeddings of the facts traced: ROME takes it over its
         whole known-facts set, so here a fact's TIE depends on the facts traced with it; pass a
-        number for a fixed scale);
-    tau: temporal decay of the TIE aggregation; modules / layers: the sites traced (all by default);
+        number for a fixed scale, or another trace result to take its sigma, recorded as
+        sigma_rule "from trace (s3)": `given_sigma`);
+    tau: temporal decay of the TIE aggregation (default `TRACE.tau`); readout: "decided" or "aligned"
+        (`timerome.tracing.tie`; default `TRACE.readout`); modules / layers: the sites traced (all by default);
     seed: seeds every noise draw, drawn fact by fact in the order given (another order gives other
         draws to each fact); batch_size: most rows per forward (memory knob; results do not
         depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
@@ -204,8 +222,8 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)
 
 
-def naive_tie(backbone, facts, coords, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma: float | None = None,
-              tau: float = 1.0, seed: int = 0, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+def naive_tie(backbone, facts, coords, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma=None,
+              tau: float = TRACE.tau, seed: int = 0, readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition run literally (`tie.literal_tie`) with the same inputs `trace` would draw.
 
     coords: (layer, step, module) triples. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).

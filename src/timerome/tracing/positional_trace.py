@@ -45,7 +45,8 @@ from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.errors import TimeromeError
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
-from timerome.tracing.result import TraceFile, _check_meta, meta_path, module_names
+from timerome.tracing.result import TraceFile, _check_meta, check_stored, meta_path, module_names
+from timerome.tracing.tie import add_noise, subject_noise
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join
 
 WINDOW = 10  # ROME's window of restored attn / mlp layers
@@ -101,9 +102,10 @@ class PositionalTrace(TraceFile):
 
     @classmethod
     def load(cls, path: str | Path) -> "PositionalTrace":
-        """Read a saved positional trace, checked as a TIE trace is (`result._check_meta`): its JSON, its
-        facts' prompt lengths and subject positions, its tensors (float32 / float64, of the shapes the
-        JSON names, finite where a fact has tokens, probabilities in [0, 1])."""
+        """Read a saved positional trace, checked as a TIE trace is (`result._check_meta`,
+        `result.check_stored`): its JSON, its facts' prompt lengths and subject positions, its tensors
+        (float32 / float64, of the shapes the JSON names, finite where a fact has tokens, probabilities
+        in [0, 1])."""
         def build(t, meta):
             if not isinstance(meta, dict) or meta.get("kind") != cls.KIND:
                 raise TimeromeError(f"{path}: its kind is {meta.get('kind') if isinstance(meta, dict) else None!r}, "
@@ -119,20 +121,11 @@ class PositionalTrace(TraceFile):
 
 def _check_tensors(t: dict, fact_ids, modules, layers, facts, where) -> None:
     F, M, Ly = len(fact_ids), len(modules), len(layers)
-    missing = [k for k in ("effect", "clean_p", "corrupted_p") if k not in t]
-    if missing:
-        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a positional trace")
-    for name in ("effect", "clean_p", "corrupted_p"):
-        if t[name].dtype not in (torch.float32, torch.float64):
-            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a positional "
-                                "trace stores float32 (was the file converted?)")
-    effect, T = t["effect"], t["effect"].shape[-1] if t["effect"].dim() == 4 else -1
-    N = t["corrupted_p"].shape[-1] if t["corrupted_p"].dim() == 2 else -1
-    for name, shape in dict(effect=(F, M, Ly, T), clean_p=(F,), corrupted_p=(F, N)).items():
-        if tuple(t[name].shape) != shape or T < 1 or N < 1:
-            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} facts, "
-                                f"{M} modules and {Ly} layers, so it must be {shape} (the two files do not belong "
-                                "together, or one was edited)")
+    effect, corrupted = t.get("effect"), t.get("corrupted_p")
+    T = effect.shape[-1] if effect is not None and effect.dim() == 4 else -1
+    N = corrupted.shape[-1] if corrupted is not None and corrupted.dim() == 2 else -1
+    check_stored(t, dict(effect=(F, M, Ly, T), clean_p=(F,), corrupted_p=(F, N)), "positional trace",
+                 f"{F} facts, {M} modules and {Ly} layers", where)
     if len(facts) != F:
         raise TimeromeError(f"{where}: its JSON lists {len(facts)} facts' tokens for {F} fact ids (was it edited?)")
     for f, info in enumerate(facts):
@@ -225,14 +218,15 @@ def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_siz
 
 
 @torch.no_grad()
-def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, sigma: float | None = None,
+def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, sigma=None,
                      window: int = WINDOW, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 128,
                      progress: bool = True) -> PositionalTrace:
     """ROME's positional causal trace of `facts` (module docstring: what is computed).
 
     backbone: default the embedded model. facts: Fact-like objects or dicts (subject, prompt, object);
     default the embedded validation facts, as `tracing.trace`. n_samples: noise samples (ROME: 10);
-    sigma: noise scale, None = 3 x the subject tokens' embedding std; window: attn / mlp layers
+    sigma: noise scale, None = 3 x the subject tokens' embedding std (a number, or another trace result
+    to take its sigma: `causal_trace.given_sigma`); window: attn / mlp layers
     restored together (ROME: 10); modules / layers: what is traced (all by default); seed: every noise
     draw (the same draws as `tracing.trace` with this seed); batch_size: most rows per forward.
     """
@@ -289,15 +283,14 @@ def _trace_fact(backbone, item, noise, modules, layers, window, batch_size, join
     n_layers, N = backbone.n_layers, noise.shape[0]
     x, P = _inputs(backbone, item)
     token = int(item.object_ids[0])
-    subject = item.subject_pos.to(backbone.device)
     noise_rows = torch.zeros(N + 1, len(x), backbone.hidden_size, dtype=backbone.dtype, device=backbone.device)
-    noise_rows[1:, subject] = noise.to(device=backbone.device, dtype=backbone.dtype)
+    noise_rows[1:] = subject_noise(noise, item.subject_pos, len(x), backbone)  # row 0: the clean row
     sites = [(l, m) for m in modules for l in range(n_layers)]
     rows = Rows()
 
     # the clean row and the corrupted rows, every site kept: p, and which restorations change nothing
     rows.noise = noise_rows
-    with Hooks(backbone, edit={(None, "embed"): _add_noise(rows)}), Hooks(backbone, sites) as kept:
+    with Hooks(backbone, edit={(None, "embed"): add_noise(lambda: rows.noise)}), Hooks(backbone, sites) as kept:
         base_p = _object_p(backbone, x.expand(N + 1, -1), P, token)
     same = {s: (kept[s][0][1:, :P] == kept[s][0][:1, :P]).all(-1) for s in sites}  # [N, P] per site
     plan = []  # (module index, layer index, position, sample, restored sites, first block it computes)
@@ -324,14 +317,6 @@ def _trace_fact(backbone, item, noise, modules, layers, window, batch_size, join
                                                 forwards=n_forwards)
 
 
-def _add_noise(rows: Rows):
-    def fn(h, _state):  # h [B0, L, H]: the token embeddings of the rows that start at the embedding
-        h += rows.noise
-        return h
-
-    return fn
-
-
 def _run_chunk(backbone, x, P, token, chunk, noise_rows, modules, rows: Rows, n_base) -> torch.Tensor:
     """p(o_1) of each planned row of `chunk`: the clean and corrupted rows lead the batch, then the rows
     that start at the embedding (with their sample's noise), then, block by block, the joining ones."""
@@ -356,7 +341,7 @@ def _run_chunk(backbone, x, P, token, chunk, noise_rows, modules, rows: Rows, n_
     blocks = [backbone.module(i, "resid") for i in range(backbone.n_layers)] if rows.join else []
     # the joins first: at a block's output rows join before the resid restoration there acts on them
     with Hooks(backbone, edit=joiners(blocks, rows), raw=True), \
-            Hooks(backbone, edit={(None, "embed"): _add_noise(rows), **fns}):
+            Hooks(backbone, edit={(None, "embed"): add_noise(lambda: rows.noise), **fns}):
         p = _object_p(backbone, x.expand(B0, -1), P, token)
     rows.join = {}
     return p[torch.tensor([where[j] for j in range(len(chunk))], dtype=torch.long)]

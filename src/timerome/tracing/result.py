@@ -213,24 +213,32 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     return list(ids), list(modules), list(layers), dict(settings)
 
 
+def check_stored(t: dict, want: dict, what: str, named: str, where) -> None:
+    """The tensors of a saved trace, as its JSON implies them: each name of `want` present, float32 or
+    float64 (a trace stores float32), of the shape want[name] (a size below 1 is never right: -1 stands
+    for a size its tensors themselves lack). what: the kind of file, named: what its JSON names, both for
+    the messages. `TraceResult.load` and `PositionalTrace.load` check their tensors here, then their values."""
+    missing = [k for k in want if k not in t]
+    if missing:
+        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a {what}")
+    for name in want:
+        if t[name].dtype not in (torch.float32, torch.float64):
+            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a {what} "
+                                "stores float32 (was the file converted?)")
+    for name, shape in want.items():
+        if tuple(t[name].shape) != shape or min(shape) < 1:
+            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {named}, "
+                                f"so it must be {shape} (the two files do not belong together, or one was edited)")
+
+
 def _check_tensors(t: dict, F: int, M: int, Ly: int, settings: dict, where) -> None:
     """The four tensors, float32 / float64, of one consistent shape, the TIE finite where it is defined."""
-    missing = [k for k in ("tie", "tie_full", "clean_logp", "corrupted_logp") if k not in t]
-    if missing:
-        raise TimeromeError(f"{where} lacks the tensor(s) {', '.join(missing)} of a trace result")
-    for name in ("tie", "tie_full", "clean_logp", "corrupted_logp"):
-        if t[name].dtype not in (torch.float32, torch.float64):
-            raise TimeromeError(f"{where}: tensor {name} is {str(t[name].dtype).removeprefix('torch.')}; a trace "
-                                "stores float32 (was the file converted?)")
-    tie = t["tie"]
-    K = tie.shape[-1] if tie.dim() == 4 else -1
-    N = settings.get("n_samples", t["corrupted_logp"].shape[1] if t["corrupted_logp"].dim() == 3 else -1)
-    want = dict(tie=(F, M, Ly, K), tie_full=(F, M, Ly, K, K + 1), clean_logp=(F, K + 1), corrupted_logp=(F, N, K + 1))
-    for name, shape in want.items():
-        if tuple(t[name].shape) != shape or K < 1:
-            raise TimeromeError(f"{where}: tensor {name} has shape {tuple(t[name].shape)}, but its JSON names {F} "
-                                f"facts, {M} modules, {Ly} layers and {N} noise samples, so it must be {shape} (the "
-                                "two files do not belong together, or one was edited)")
+    tie, corrupted = t.get("tie"), t.get("corrupted_logp")
+    K = tie.shape[-1] if tie is not None and tie.dim() == 4 else -1
+    N = settings.get("n_samples", corrupted.shape[1] if corrupted is not None and corrupted.dim() == 3 else -1)
+    check_stored(t, dict(tie=(F, M, Ly, K), tie_full=(F, M, Ly, K, K + 1), clean_logp=(F, K + 1),
+                         corrupted_logp=(F, N, K + 1)),
+                 "trace result", f"{F} facts, {M} modules, {Ly} layers and {N} noise samples", where)
     if "steps" in settings and settings["steps"] != K:
         raise TimeromeError(f"{where}: its settings say {settings['steps']} steps, its tensors hold {K}")
     finite_tensor(tie, f"{where}: tensor tie")

@@ -174,7 +174,7 @@ def _check_compatible(result, neighbours) -> None:
         raise TimeromeError(f"the neighbour trace was made on another model (fingerprint {nfp} != {fp})")
     # the penalty compares like with like: the same noise scale (trace's default s3 rule gives each set of
     # facts its own), the same decay and read-out; the number of noise samples only changes the noise
-    for key, hint in (("sigma", "sigma=result.settings['sigma']"), ("tau", "the same tau"),
+    for key, hint in (("sigma", "sigma=result (its noise scale)"), ("tau", "the same tau"),
                       ("readout", "the same readout")):
         a, b = result.settings.get(key), neighbours.settings.get(key)
         differ = (abs(a - b) > 1e-6 * max(abs(a), abs(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float))

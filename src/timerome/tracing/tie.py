@@ -6,8 +6,8 @@ The trajectory of a fact z = (subject s, prompt, object o), with G = len(object 
     does (temperature 0, low-confidence remasking, one block of length G, `transfer_schedule`
     budgets); one extra scoring forward reads the final x_K, so k' = K exists (state.step = K).
     log p(o | x_k) = sum over the G object positions i of a log-prob of o_i from aligned logits:
-      readout="decided" (default): forward k's log_softmax(logits)[i, o_i] while i is masked in x_k;
-        once i is committed, the value from the forward that committed it, frozen from then on;
+      readout="decided" (default, `settings.TRACE.readout`): forward k's log_softmax(logits)[i, o_i] while i
+        is masked in x_k; once i is committed, the value from the forward that committed it, frozen from then on;
       readout="aligned": forward k's log_softmax(logits)[i, o_i] at every position, masked or not.
     Why "decided" is the default: an MDLM is trained on masked positions only, so its logits at
     committed positions are untrained; with "aligned" a perfectly memorised fact's clean log p
@@ -35,6 +35,7 @@ import torch
 
 from timerome.engine.hooks import Hooks, TraceState, capture, denoising_steps, patch
 from timerome.engine.sampler import denoise_step, transfer_schedule
+from timerome.engine.settings import TRACE
 
 REMASKING = "low_confidence"
 READOUTS = ("decided", "aligned")
@@ -115,7 +116,7 @@ def reveal_schedule(n_object: int, steps: int) -> list[int]:
     return transfer_schedule(torch.tensor([n_object]), steps)[0].tolist()
 
 
-def forwards_read(n_object: int, steps: int, readout: str = "decided") -> int:
+def forwards_read(n_object: int, steps: int, readout: str = TRACE.readout) -> int:
     """How many of the K + 1 forwards of a trajectory read anything: with "decided", those whose
     x_k still holds a masked object position (once every token is committed the log p is frozen,
     and the final scoring forward reads nothing); with "aligned", all of them."""
@@ -127,7 +128,7 @@ def forwards_read(n_object: int, steps: int, readout: str = "decided") -> int:
 
 @torch.no_grad()
 def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
-                   rows: int = 1, readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+                   rows: int = 1, readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
     the caller installed (`state`'s step, and that of every open `Hooks`, is set before every
     forward: `hooks.denoising_steps`).
@@ -155,14 +156,29 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
     return torch.stack(logps, 1).cpu(), torch.stack(xs).cpu()
 
 
-def add_at(positions: torch.Tensor, eps: torch.Tensor, backbone):
-    """Hook function adding eps [S, H] to the embeddings at token `positions` (Eq. corrupt)."""
-    eps = eps.to(device=backbone.device, dtype=backbone.dtype)
+# ------------------------------------------------------------------------------ the corruption (Eq. corrupt)
+
+
+def subject_noise(noise: torch.Tensor, positions: torch.Tensor, length: int, backbone) -> torch.Tensor:
+    """noise [N, S, H] (sigma applied, one row per noise sample) placed at the S subject token
+    `positions` of rows of `length` tokens: [N, length, H] in the backbone's dtype and on its
+    device, 0 at every other token (what `add_noise` adds to the embeddings)."""
+    out = torch.zeros(noise.shape[0], length, backbone.hidden_size, dtype=backbone.dtype, device=backbone.device)
+    out[:, positions.to(backbone.device)] = noise.to(device=backbone.device, dtype=backbone.dtype)
+    return out
+
+
+def add_noise(noise):
+    """The corruption as an edit of the embeddings, (None, "embed") in `hooks.Hooks`: h [B, L, H] += noise,
+    a tensor that broadcasts to h (rows of `subject_noise`, so h becomes e_i + sigma * eps_i at the subject
+    tokens and stays e_i elsewhere) or a callable giving the tensor of the forward in flight (the batched
+    traces set it before every forward). In place: the embedding's output is its own fresh tensor, read by
+    nothing before. The one noise hook of every trace (`literal_tie`, the wavefront, the positional trace)."""
+    current = noise if callable(noise) else (lambda: noise)
 
     def fn(h, _state):
-        out = h.clone()
-        out[:, positions] += eps
-        return out
+        h += current()
+        return h
 
     return fn
 
@@ -171,8 +187,8 @@ def add_at(positions: torch.Tensor, eps: torch.Tensor, backbone):
 
 
 @torch.no_grad()
-def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = 1.0,
-              readout: str = "decided") -> tuple[torch.Tensor, torch.Tensor]:
+def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = TRACE.tau,
+                readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition, run literally: one full single-row trajectory per (fact, coordinate, sample).
 
     items: encoded facts; noises: per fact [N, S, H] (sigma applied), as `tracing.prepare` makes
@@ -189,8 +205,10 @@ def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = 1.0
         with capture(backbone, sites, state, positions=pos) as store:
             run(state)
         corrupted, patched = [], [[] for _ in coords]
+        length = len(it.prompt_ids) + len(it.object_ids)
         for s in range(noise.shape[0]):
-            with Hooks(backbone, edit={(None, "embed"): add_at(pos, noise[s], backbone)}, state=state):
+            corrupt = add_noise(subject_noise(noise[s:s + 1], pos, length, backbone))
+            with Hooks(backbone, edit={(None, "embed"): corrupt}, state=state):
                 corrupted.append(run(state))
                 for c, (l, k, m) in enumerate(coords):
                     with patch(backbone, {(l, m): store[(l, m)][k]}, pos, state=state, at_step=k):

@@ -96,7 +96,8 @@ from timerome.engine.hooks import (Hooks, TraceState, denoising_steps, hidden_st
                                   with_hidden_states)
 from timerome.engine.likelihood import logits_at
 from timerome.engine.sampler import HeadRead, reveal_masked
-from timerome.tracing.tie import REMASKING, read_out, reveal_schedule
+from timerome.engine.settings import TRACE
+from timerome.tracing.tie import REMASKING, add_noise, read_out, reveal_schedule, subject_noise
 
 
 class Rows:
@@ -136,8 +137,10 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
                     h[lo:hi] = 0
             _copy(rows, ("fill", key), h, state, row, slot, src, pos, src_end, first)
 
-    def add_noise(h, state):  # h [B0, L, H]: token embeddings
-        h += rows.noise
+    corrupt = add_noise(lambda: rows.noise)
+
+    def embed(h, state):  # h [B0, L, H]: token embeddings, corrupted, then the packed rows of layer 0 filled
+        h = corrupt(h, state)
         fill((None, "embed"), h, state)
         return h
 
@@ -162,7 +165,7 @@ def _hook_fns(sites, rows: Rows, n_layers: int, packing: bool) -> dict:
     keys = set(sites)
     if packing:  # a packed row's attention and MLP outputs are set at every layer that packs
         keys |= {(l, p) for l, m in sites if m != "resid" for p in ("attn", "mlp")}
-    fns = {(None, "embed"): add_noise}
+    fns = {(None, "embed"): embed}
     fns.update({key: site_fn(key, index.get(key)) for key in sorted(keys, key=str)})
     return fns
 
@@ -480,7 +483,7 @@ def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = "decided", bar=None, *,
+def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = TRACE.readout, bar=None, *,
                 share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
                 assemble: bool = False, masked_head: bool = False, screen: bool = True,
                 block_tokens: int | None = None) -> tuple[list[dict], dict]:
@@ -521,7 +524,7 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
         P = len(it.prompt_ids)
         obj[f, P:] = it.object_ids.to(device)
         subject[f, it.subject_pos.to(device)] = True
-        table[f, 1:, it.subject_pos.to(device)] = noise.to(device=device, dtype=dtype)
+        table[f, 1:] = subject_noise(noise, it.subject_pos, L, backbone)
         budget[f] = torch.tensor(reveal_schedule(len(it.object_ids), K), device=device)
     table = table.view(F * (N + 1), L, -1)
     subject_np = subject.cpu().numpy()  # the rows' bookkeeping is in numpy (module docstring)
