@@ -17,7 +17,7 @@ from timerome.common.checks import number
 from timerome.common.files import output_folder
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.tracing.positional_trace import N_SAMPLES, WINDOW
+from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
 
 
 @app.command("trace")
@@ -44,7 +44,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                                                                f"(default ROME's {WINDOW})"),
               compare: bool = typer.Option(False, "--compare", help="--positional on an MDLM: also trace TIE on the "
                                            "same facts and draw heatmap_compare.png"),
-              seed: int = 0, batch_size: int = 256,
+              seed: int = 0,
+              batch_size: Optional[int] = typer.Option(None, help="most rows per forward, a memory knob (default "
+                                                                  f"{TRACE.batch_size}, {BATCH_SIZE} with --positional)"),
               as_json: bool = typer.Option(False, "--json", help="print the selection as JSON")):
     """Diffusion-time causal trace: TIE heatmaps and the selected (layer, step, module); with
     --positional, ROME's positional trace and the layer ROME would edit."""
@@ -90,8 +92,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         return _positional(bb, facts, out, N_SAMPLES if n_samples is None else n_samples, sigma, window, seed,
                            batch_size, per_fact, compare, steps, tau, readout, as_json)
     n_samples = TRACE.n_samples if n_samples is None else n_samples
-    kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, batch_size=batch_size,
-              readout=readout)
+    kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed,
+              batch_size=TRACE.batch_size if batch_size is None else batch_size, readout=readout)
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
@@ -156,7 +158,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
-                              batch_size=batch_size)
+                              batch_size=BATCH_SIZE if batch_size is None else batch_size)
     path = result.save(out / "positional.safetensors")
     files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
@@ -167,7 +169,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     files["selection"] = str(out / "selection.json")
     if compare:
         tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
-                    readout=readout)
+                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
         files.update(tie.files(tie_path, "tie_trace"))

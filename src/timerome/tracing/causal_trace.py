@@ -137,7 +137,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma, seed: int):
 
 
 def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma=None,
-          tau: float = TRACE.tau, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 256,
+          tau: float = TRACE.tau, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = TRACE.batch_size,
           readout: str = TRACE.readout, progress: bool = True, share_rows: bool = True,
           reuse_layers: bool = True, pack_splices: bool = True, assemble_mlp: bool = True, head: str = "auto",
           screen_reveal: bool = True, block_tokens: int | None = None) -> TraceResult:

@@ -50,6 +50,7 @@ from timerome.tracing.tie import add_noise, subject_noise
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join
 
 WINDOW = 10  # ROME's window of restored attn / mlp layers
+BATCH_SIZE = 128  # most rows per forward (a memory knob: the effects do not depend on it, tested)
 N_SAMPLES = 10  # ROME's noise samples per fact
 CATEGORIES = ("first subject token", "middle subject tokens", "last subject token", "first subsequent token",
               "further tokens", "last token")
@@ -219,7 +220,7 @@ def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_siz
 
 @torch.no_grad()
 def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, sigma=None,
-                     window: int = WINDOW, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = 128,
+                     window: int = WINDOW, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = BATCH_SIZE,
                      progress: bool = True) -> PositionalTrace:
     """ROME's positional causal trace of `facts` (module docstring: what is computed).
 
