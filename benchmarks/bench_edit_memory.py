@@ -769,28 +769,37 @@ def bench_install(args):
     t = CLOCK()
     stats = residual_stats(bb, coord, _background(bb))
     print(f"\n== install time on {bb.name} (background statistics, once: {CLOCK() - t:.2f} s; "
-          f"each row: fastest of 3) ==")
+          f"each row: fastest of 3, the batched and the one-sequence capture interleaved, so that both sides are "
+          f"warm and a drift of the machine's speed hits both) ==")
     print(f"{'|F|':>5}{'capture s':>11}{'solve s':>10}{'total s':>10}{'ms/fact':>9}{'capture x':>11}"
           f"{'unbatched s':>13}{'batching gain':>15}")
     facts = corpus_facts(400)
-    capture_facts(bb, facts[:8], coord)  # warm-up
+    capture_facts(bb, facts[:8], coord)  # warm-up, of both forms
+    capture_facts(bb, facts[:8], coord, batch_size=1)
     first = None
     for n in (1, 10, 40, 100, 400):
-        cap_s, solve_s = [], []
-        for _ in range(3):
+        cap_s, solve_s, one_s = [], [], []
+        for i in range(3):
+            if i % 2:  # the unbatched capture first every other round
+                one_s.append(_timed(lambda: capture_facts(bb, facts[:n], coord, batch_size=1)))
             t0 = CLOCK()
             cap = capture_facts(bb, facts[:n], coord)
             t1 = CLOCK()
             EditMemory(bb, coord, background=stats).add_vectors(cap.keys, cap.deltas, facts[:n])
             cap_s.append(t1 - t0)
             solve_s.append(CLOCK() - t1)
-        c, s = min(cap_s), min(solve_s)
+            if not i % 2:  # one forward per sequence
+                one_s.append(_timed(lambda: capture_facts(bb, facts[:n], coord, batch_size=1)))
+        c, s, one = min(cap_s), min(solve_s), min(one_s)
         first = first or c
-        t0 = CLOCK()
-        capture_facts(bb, facts[:n], coord, batch_size=1)  # one forward per sequence
-        one = CLOCK() - t0
         print(f"{n:>5}{c:>11.4f}{s:>10.4f}{c + s:>10.4f}{(c + s) / n * 1e3:>9.2f}{c / first:>10.1f}x"
               f"{one:>13.4f}{one / c:>14.1f}x")
+
+
+def _timed(run) -> float:
+    t0 = CLOCK()
+    run()
+    return CLOCK() - t0
 
 
 def _background(bb):

@@ -13,8 +13,8 @@ Prints, from one run:
   --full-naive); the subset's TIE values are checked against the fast trace's;
 - fast wall time and the speed-up, with and without layer reuse (splicing rows skip the blocks
   below their layer, taking them from their corrupted row), and how many block computations it saves;
-  packed splices, the masked head and the sampler's float32 screen, each against the trace without
-  it (the screen and the row tiles in interleaved pairs), with the TIE checked equal; the blocks
+  layer reuse, packed splices, the masked head, the assembled MLP and the sampler's float32 screen,
+  each against the trace without it in 6 interleaved pairs, with the TIE checked equal; the blocks
   run in tiles of the device's tokens per forward (`hooks.row_tiles`) against whole batches; and
   the read-out's argmax
   (`sampler.row_max` against torch's max(-1), on the trace's logits shape and on a 126,464-token
@@ -220,8 +220,10 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
     C = 3 * bb.n_layers
     plain, plain_s = _timed_trace(args, bb, facts, share_rows=False, reuse_layers=False, pack_splices=False,
                                   head="full")
-    unpacked, unpacked_s = _timed_trace(args, bb, facts, pack_splices=False)
-    full_head, full_head_s = _timed_trace(args, bb, facts, head="full")
+    # each saving against the trace without it in interleaved pairs (a single run against the rounds' median
+    # put one run's noise in the ratio): the medians of 6 pairs each
+    (_, packed_s), (unpacked, unpacked_s) = _interleaved(args, bb, facts, {}, dict(pack_splices=False))
+    (_, masked_s), (full_head, full_head_s) = _interleaved(args, bb, facts, {}, dict(head="full"))
     pack_err = float((unpacked.tie_full - fast.tie_full).nan_to_num().abs().max())
     head_err = float((full_head.tie_full - fast.tie_full).nan_to_num().abs().max())
     # the screen saves a few percent, the row tiles a few or none: each timed in interleaved pairs
@@ -236,7 +238,7 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
                                                           dict(block_tokens=0))
     tiles_equal = (torch.equal(untiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num())
                    and torch.equal(tiled.tie_full.nan_to_num(), fast.tie_full.nan_to_num()))
-    whole, whole_s = _timed_trace(args, bb, facts, reuse_layers=False)
+    (_, reused_s), (whole, whole_s) = _interleaved(args, bb, facts, {}, dict(reuse_layers=False))
     plain_err = float((plain.tie - fast.tie).abs().max())
     reuse_err = float((whole.tie_full - fast.tie_full).nan_to_num().abs().max())
 
@@ -268,20 +270,21 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"{whole.stats['forwards']} batched forwards, {blocks_off} row-blocks computed; "
           f"speed-up {naive_s / whole_s:.1f} x, cost {whole_s / floor_s:.2f} x the floor)")
     print(f"speed-up         {naive_s / fast_s:8.1f} x   (goal >= 5x)")
-    print(f"layer reuse      {whole_s / fast_s:8.2f} x   (splicing rows take blocks 0..l-1 from their corrupted "
+    print(f"layer reuse      {whole_s / reused_s:8.2f} x   (splicing rows take blocks 0..l-1 from their corrupted "
           f"row: {blocks_on} of {blocks_off} row-blocks computed ({1 - blocks_on / blocks_off:.0%} fewer) "
-          f"in {fast.stats['forwards']} forwards instead of {whole.stats['forwards']}; "
-          f"max |TIE with - without| = {reuse_err:.1e})")
-    print(f"packed splices   {unpacked_s / fast_s:8.2f} x   (attn / mlp splices run their layer at the subject tokens "
-          f"only: {unpacked.stats['block_rows']} row-blocks without, {blocks_on} with; max |TIE with - without| = "
-          f"{pack_err:.1e})")
+          f"in {fast.stats['forwards']} forwards instead of {whole.stats['forwards']}; {reused_s:.2f} s against "
+          f"{whole_s:.2f} s, medians of 6 interleaved pairs; max |TIE with - without| = {reuse_err:.1e})")
+    print(f"packed splices   {unpacked_s / packed_s:8.2f} x   (attn / mlp splices run their layer at the subject tokens "
+          f"only: {unpacked.stats['block_rows']} row-blocks without, {blocks_on} with; {packed_s:.2f} s against "
+          f"{unpacked_s:.2f} s, medians of 6 interleaved pairs; max |TIE with - without| = {pack_err:.1e})")
     print(f"assembled mlp    {unassembled_s / assembled_s:8.2f} x   (mlp splices above layer 0 summed from the "
           f"block's own outputs, no packed row: {unassembled.stats['block_rows']} row-blocks without, {blocks_on} "
           f"with; {assembled_s:.2f} s against {unassembled_s:.2f} s, medians of 6 interleaved pairs; TIE identical: "
           f"{'yes' if assemble_equal else 'NO'})")
-    print(f"masked head      {full_head_s / fast_s:8.2f} x   (the head at the positions read only: "
+    print(f"masked head      {full_head_s / masked_s:8.2f} x   (the head at the positions read only: "
           f"{full_head.stats['head_positions']} positions with the full head, {fast.stats['head_positions']} masked; "
-          f"max |TIE with - without| = {head_err:.1e})")
+          f"{masked_s:.2f} s against {full_head_s:.2f} s, medians of 6 interleaved pairs; max |TIE with - without| = "
+          f"{head_err:.1e})")
     print(f"float32 screen   {unscreened_s / screened_s:8.2f} x   (the sampler step orders each row's confidences by "
           f"a float32 sum with a proven error bound, the float64 softmax only where the bound cannot settle the row: "
           f"{screened_s:.2f} s against {unscreened_s:.2f} s with the float64 softmax everywhere, medians of 6 "
@@ -293,7 +296,9 @@ def _ablations(args, bb, facts, fast, fast_s, floor_s, out) -> bool:
           f"whole; TIE identical: {'yes' if tiles_equal else 'NO'})")
     out.update(untiled_seconds=untiled_s, tiled_seconds=tiled_s, tiles_identical=tiles_equal,
                unassembled_seconds=unassembled_s, assembled_seconds=assembled_s, assemble_identical=assemble_equal,
-               unassembled_block_rows=unassembled.stats["block_rows"])
+               unassembled_block_rows=unassembled.stats["block_rows"], packed_seconds=packed_s,
+               unpacked_seconds=unpacked_s, masked_head_seconds=masked_s, full_head_seconds=full_head_s,
+               reused_seconds=reused_s, no_reuse_seconds=whole_s)
     # the read-out's argmax: row_max against torch's max(-1) on the trace's logits shape and on
     # LLaDA-8B's vocabulary (interleaved medians; the same values and indices, checked)
     argmax = {}
