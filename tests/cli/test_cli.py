@@ -194,6 +194,12 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     assert code == 2 and "neighbour facts' trace" in out and "not there" in out, out
     code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)
     assert code == 2 and "--n-facts" in out, out
+    code, out = run("trace", "--out", tmp_path / "u", "--noise", "shuffled")
+    assert code == 2 and "--noise must be one of in_order, per_fact" in out and not (tmp_path / "u").exists(), out
+    code, out = run("trace", "--out", tmp_path / "p", "--n-facts", 2, "--n-samples", 2, "--steps", 4,
+                    "--noise", "per_fact")
+    assert code == 0, out
+    assert TraceResult.load(tmp_path / "p" / "trace.safetensors").settings["noise"] == "per_fact"
 
 
 def test_threads_option():

@@ -105,6 +105,19 @@ def test_the_batch_size_changes_no_number(models):
             positional_trace(bb, FACTS, n_samples=2, batch_size=batch_size, progress=False)
 
 
+def test_per_fact_noise_gives_a_fact_the_same_effects_in_any_company(models):
+    """noise "per_fact" (as `trace`'s): a fact's draws, so its effects, do not depend on the facts traced
+    before it; "in_order" draws the second fact's noise after the first's."""
+    bb = models["mdlm"]
+    both = positional_trace(bb, FACTS, n_samples=2, sigma=0.5, noise="per_fact", progress=False)
+    last = positional_trace(bb, FACTS[1:], n_samples=2, sigma=0.5, noise="per_fact", progress=False)
+    T = last.effect.shape[-1]
+    assert both.settings["noise"] == "per_fact" and torch.equal(both.corrupted_p[1], last.corrupted_p[0])
+    assert torch.equal(both.effect[1, ..., :T].nan_to_num(), last.effect[0].nan_to_num())
+    in_order = positional_trace(bb, FACTS, n_samples=2, sigma=0.5, progress=False)
+    assert not torch.equal(in_order.corrupted_p[1], last.corrupted_p[0])
+
+
 def test_categories_choice_file_and_figure(models, tmp_path):
     assert category_positions([2, 3, 4], 8) == [[2], [3], [4], [5], [6], [7]]
     assert category_positions([2], 4) == [[2], [], [2], [], [], [3]]

@@ -18,6 +18,7 @@ from timerome.common.files import output_folder
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
+from timerome.tracing.tie import NOISE_DRAWS
 
 
 @app.command("trace")
@@ -45,6 +46,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               compare: bool = typer.Option(False, "--compare", help="--positional on an MDLM: also trace TIE on the "
                                            "same facts and draw heatmap_compare.png"),
               seed: int = 0,
+              noise: str = typer.Option(TRACE.noise, help="how the noise is drawn: 'in_order' (one generator, fact "
+                                                          "after fact) or 'per_fact' (each fact its own, whatever it "
+                                                          "is traced with; timerome.tracing.tie.NOISE_DRAWS)"),
               batch_size: Optional[int] = typer.Option(None, help="most rows per forward, a memory knob (default "
                                                                   f"{TRACE.batch_size}, {BATCH_SIZE} with --positional)"),
               as_json: bool = typer.Option(False, "--json", help="print the selection as JSON")):
@@ -77,6 +81,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"--sigma must be > 0, got {sigma:g}" + (": the noise scale 0 corrupts nothing, so every "
                             "TIE is 0 and no coordinate can be selected" if sigma == 0 else ""))
     window = WINDOW if window is None else window
+    if noise not in NOISE_DRAWS:
+        raise TimeromeError(f"--noise must be one of {', '.join(NOISE_DRAWS)}, got {noise!r}")
     tofu_dir_read(tofu_dir, data, neighbours)
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()
@@ -90,9 +96,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                           f"(--n-facts {n_facts})", soft_wrap=True)
     if positional:
         return _positional(bb, facts, out, N_SAMPLES if n_samples is None else n_samples, sigma, window, seed,
-                           batch_size, per_fact, compare, steps, tau, readout, as_json)
+                           batch_size, per_fact, compare, steps, tau, readout, as_json, noise)
     n_samples = TRACE.n_samples if n_samples is None else n_samples
-    kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed,
+    kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, noise=noise,
               batch_size=TRACE.batch_size if batch_size is None else batch_size, readout=readout)
     result = trace(bb, facts, **kw)
     other = None
@@ -150,7 +156,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
 
 
 def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_fact, compare, steps, tau, readout,
-                as_json):
+                as_json, noise):
     """`timerome trace --positional`: ROME's trace, its figure, ROME's choice (the MLP at the last subject
     token) and the residual stream's, and with --compare the TIE of the same facts beside it."""
     from timerome.tracing.causal_trace import trace
@@ -158,7 +164,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     from timerome.tracing.positional_trace import CATEGORIES, positional_trace, select_positional
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
-                              batch_size=BATCH_SIZE if batch_size is None else batch_size)
+                              batch_size=BATCH_SIZE if batch_size is None else batch_size, noise=noise)
     path = result.save(out / "positional.safetensors")
     files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
@@ -169,7 +175,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     files["selection"] = str(out / "selection.json")
     if compare:
         tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
-                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size)
+                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size, noise=noise)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
         files.update(tie.files(tie_path, "tie_trace"))

@@ -11,6 +11,8 @@ the noise scale sigma and every noise draw, and checks the arguments.
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from timerome.backbones import HOOK_POINTS, load_backbone
@@ -25,7 +27,7 @@ from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.result import TraceFile, TraceResult
-from timerome.tracing.tie import READOUTS, REMASKING, aggregate, later_steps, literal_tie
+from timerome.tracing.tie import NOISE_DRAWS, READOUTS, REMASKING, aggregate, later_steps, literal_tie
 from timerome.tracing.tie import tie as tie_of
 from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile,
                                        trace_facts)
@@ -111,15 +113,25 @@ def given_sigma(sigma) -> tuple[float, str]:
     return float(sigma), "fixed"
 
 
-def prepare(backbone, facts, *, n_samples: int, sigma, seed: int):
+def fact_seed(seed: int, item) -> int:
+    """The seed of one fact's own noise generator (noise "per_fact"): a digest of the trace's seed, the
+    fact's prompt tokens and its subject's positions, cut to 63 bits."""
+    key = f"{int(seed)}|{item.prompt_ids.tolist()}|{item.subject_pos.tolist()}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
+
+
+def prepare(backbone, facts, *, n_samples: int, sigma, seed: int, noise: str = TRACE.noise):
     """Tokenized facts, sigma, its rule, and each fact's noise [N, S, H] (float32, sigma applied).
 
     sigma: None, the s3 rule (`SIGMA_FACTOR` x `subject_embedding_std` of these facts); a number or a
     trace result (`given_sigma`).
 
-    All noise comes from one CPU generator seeded with `seed`, drawn fact by fact in order, so the
-    same seed gives the same numbers on any device.
+    noise "in_order": all noise comes from one CPU generator seeded with `seed`, drawn fact by fact in
+    order; "per_fact": each fact from its own CPU generator (`fact_seed`), whatever its company. Either
+    way the same seed gives the same numbers on any device.
     """
+    if noise not in NOISE_DRAWS:
+        raise TimeromeError(f"unknown noise draw {noise!r}; choose one of {', '.join(NOISE_DRAWS)}")
     items = [encode_fact(backbone, f, i) for i, f in enumerate(facts)]
     seen: dict[str, int] = {}
     for i, it in enumerate(items):  # a fact given twice counts twice in the mean |TIE| and in sigma's std
@@ -131,8 +143,10 @@ def prepare(backbone, facts, *, n_samples: int, sigma, seed: int):
         sig, rule = SIGMA_FACTOR * subject_embedding_std(backbone, items), "s3"
     else:
         sig, rule = given_sigma(sigma)
-    g = torch.Generator().manual_seed(int(seed))
-    noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size, generator=g) for it in items]
+    shared = torch.Generator().manual_seed(int(seed))
+    noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size,
+                                generator=shared if noise == "in_order" else
+                                torch.Generator().manual_seed(fact_seed(seed, it))) for it in items]
     return items, sig, rule, noises
 
 
@@ -140,7 +154,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
           tau: float = TRACE.tau, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = TRACE.batch_size,
           readout: str = TRACE.readout, progress: bool = True, share_rows: bool = True,
           reuse_layers: bool = True, pack_splices: bool = True, assemble_mlp: bool = True, head: str = "auto",
-          screen_reveal: bool = True, block_tokens: int | None = None) -> TraceResult:
+          screen_reveal: bool = True, block_tokens: int | None = None, noise: str = TRACE.noise) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -154,7 +168,8 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     tau: temporal decay of the TIE aggregation (default `TRACE.tau`); readout: "decided" or "aligned"
         (`timerome.tracing.tie`; default `TRACE.readout`); modules / layers: the sites traced (all by default);
     seed: seeds every noise draw, drawn fact by fact in the order given (another order gives other
-        draws to each fact); batch_size: most rows per forward (memory knob; results do not
+        draws to each fact) with noise "in_order" (default), from each fact's own generator with
+        noise "per_fact" (`tie.NOISE_DRAWS`: a fact's draws then do not depend on its company); batch_size: most rows per forward (memory knob; results do not
         depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
     screen_reveal: the engine's savings (`timerome.tracing.wavefront`; assemble_mlp: mlp splices above
     layer 0 summed from the block's own outputs, no packed row; screen_reveal: the sampler step's
@@ -176,7 +191,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
                              seed)
     integer(block_tokens, "block_tokens (0: whole batches)", lo=0, none=True)
-    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []
@@ -214,7 +229,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
     settings = dict(sigma=sig, sigma_rule=rule, tau=float(tau), steps=K, n_samples=n_samples, seed=int(seed),
-                    model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
+                    noise=noise, model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
                     dtype=str(backbone.dtype).removeprefix("torch."), device=backbone.device.type,
                     prompt_start=list(backbone.prompt_start),
                     readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
@@ -223,10 +238,11 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
 
 
 def naive_tie(backbone, facts, coords, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma=None,
-              tau: float = TRACE.tau, seed: int = 0, readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
+              tau: float = TRACE.tau, seed: int = 0, readout: str = TRACE.readout,
+              noise: str = TRACE.noise) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition run literally (`tie.literal_tie`) with the same inputs `trace` would draw.
 
     coords: (layer, step, module) triples. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).
     """
-    items, _, _, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    items, _, _, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
     return literal_tie(backbone, items, noises, coords, steps=steps, tau=tau, readout=readout)

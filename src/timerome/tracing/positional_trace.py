@@ -43,6 +43,7 @@ from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.causal_trace import check_common, default_facts, prepare
 from timerome.tracing.result import TraceFile, _check_meta, check_stored, meta_path, module_names
@@ -221,7 +222,7 @@ def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_siz
 @torch.no_grad()
 def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, sigma=None,
                      window: int = WINDOW, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = BATCH_SIZE,
-                     progress: bool = True) -> PositionalTrace:
+                     progress: bool = True, noise: str = TRACE.noise) -> PositionalTrace:
     """ROME's positional causal trace of `facts` (module docstring: what is computed).
 
     backbone: default the embedded model. facts: Fact-like objects or dicts (subject, prompt, object);
@@ -229,7 +230,8 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
     sigma: noise scale, None = 3 x the subject tokens' embedding std (a number, or another trace result
     to take its sigma: `causal_trace.given_sigma`); window: attn / mlp layers
     restored together (ROME: 10); modules / layers: what is traced (all by default); seed: every noise
-    draw (the same draws as `tracing.trace` with this seed); batch_size: most rows per forward.
+    draw (the same draws as `tracing.trace` with this seed and `noise`: "in_order" or "per_fact",
+    `tie.NOISE_DRAWS`); batch_size: most rows per forward.
     """
     from timerome.backbones import load_backbone
 
@@ -238,15 +240,15 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
     model_arg(backbone, "positional_trace's backbone")
     facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed)
-    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed)
+    items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
     T = max(len(it.prompt_ids) for it in items)
     effect = torch.full((len(items), len(modules), len(layers), T), torch.nan)
     clean_p, corrupted_p, infos = torch.zeros(len(items)), torch.zeros(len(items), n_samples), []
     join = rows_can_join(backbone)
     stats = dict(rows_run=0, rows_skipped=0, forwards=0)
     with progress_bar("positional trace", total=len(items), enabled=progress) as bar:
-        for f, (it, noise) in enumerate(zip(items, noises)):
-            eff, cp, kp, st = _trace_fact(backbone, it, noise, modules, layers, window, batch_size, join)
+        for f, (it, draws) in enumerate(zip(items, noises)):
+            eff, cp, kp, st = _trace_fact(backbone, it, draws, modules, layers, window, batch_size, join)
             effect[f, :, :, :eff.shape[-1]] = eff
             clean_p[f], corrupted_p[f] = cp, kp
             for k, v in st.items():
@@ -255,7 +257,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             infos.append(dict(it.info(), prompt_length=P,
                               tokens=[backbone.decode([i]) for i in it.prompt_ids.tolist()]))
             bar.advance()
-    settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed),
+    settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed), noise=noise,
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
                     prompt_start=list(backbone.prompt_start),
                     causal=getattr(backbone, "causal", False),

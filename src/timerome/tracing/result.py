@@ -14,7 +14,7 @@ from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, 
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.errors import TimeromeError
-from timerome.tracing.tie import READOUTS, aggregate, later_steps
+from timerome.tracing.tie import NOISE_DRAWS, READOUTS, aggregate, later_steps
 
 
 class TraceFile:
@@ -210,6 +210,9 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     integer(settings.get("steps", 1), f"{where}: settings.steps", lo=1)
     number(settings.get("tau", 0.0), f"{where}: settings.tau", lo=0)
     number(settings.get("sigma", 0.0), f"{where}: settings.sigma", lo=0)
+    if settings.get("noise", NOISE_DRAWS[0]) not in NOISE_DRAWS:  # absent: a file saved before the choice existed
+        raise TimeromeError(f"{where}: settings.noise must be one of {', '.join(NOISE_DRAWS)}, got "
+                            f"{shown(settings.get('noise'))} (was it edited by hand?)")
     return list(ids), list(modules), list(layers), dict(settings)
 
 

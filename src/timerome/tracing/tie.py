@@ -39,6 +39,13 @@ from timerome.engine.settings import TRACE
 
 REMASKING = "low_confidence"
 READOUTS = ("decided", "aligned")
+# how the corruption's noise is drawn (`causal_trace.prepare`): "in_order", one generator seeded with the
+# trace's seed, drawn fact after fact (the default: the numbers every page shows), so a fact's draws depend
+# on the facts before it; "per_fact", each fact's own generator seeded by (seed, its prompt's tokens, its
+# subject's positions), as ROME re-seeds its noise for every fact: a fact gets the same draws whatever it
+# is traced with (with a fixed sigma, the same TIE up to float rounding; the s3 sigma still depends on the
+# facts traced). Beyond the paper, which does not say how its noise is drawn.
+NOISE_DRAWS = ("in_order", "per_fact")
 
 
 # ------------------------------------------------------------------------------ the definition
