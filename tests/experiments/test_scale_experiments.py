@@ -215,7 +215,17 @@ def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_pa
                          overrides=dict(n_mc=2, retain_authors=1, rouge=False, methods=methods))
     md = (tmp_path / "c" / "canonical.md").read_text()
     assert f"| {row} | n/a |" in md and f"n/a ({row}): the method cannot act on this model" in md
-    # a measurement that does not record n/a still refuses, in one line
-    with pytest.raises(TimeromeError, match="single down projection"):
-        run_experiment("editing", model=models[0], seeds=(0,), out_dir=tmp_path / "e", progress=False,
-                       overrides=dict(methods=[{"method": "alphaedit", "config": {"grad_steps": 2}}]))
+    assert res["not_applicable"] == {row: saved["llada-moe/checkpoint"][row]}
+    # editing and robustness (what `experiment all` runs next) too: n/a rows, the other rows measured
+    short = [{"method": "no_edit"}, {"method": "alphaedit", "config": {"grad_steps": 2, "stats_samples": 20}}]
+    res = run_experiment("editing", model=models[0], seeds=(0,), out_dir=tmp_path / "e", progress=False,
+                         overrides=dict(methods=short, sets={"f": "embedded:forget01"}, n_mc=2, n_retain=2, n_world=2))
+    assert list(res["not_applicable"]["f"]) == [row] and "Efficacy" in res["summary"]["f"]["no_edit"]
+    assert f"| {row} | n/a |" in (tmp_path / "e" / "editing.md").read_text()
+    res = run_experiment("robustness", model=models[0], seeds=(0,), out_dir=tmp_path / "r", progress=False,
+                         overrides=dict(methods=short, n_mc=2, eval_forget=2,
+                                        extraction=dict(settings=["nominal"], attacks=["first name"], n_retain=2,
+                                                        n_world=2)))
+    assert list(res["not_applicable"]) == [row] and "LP_original" in res["summary"]["no_edit"]
+    md = (tmp_path / "r" / "robustness.md").read_text()
+    assert md.count(f"| {row} | n/a |") == 3 and "single down projection" in md  # LP, extraction, per condition

@@ -315,7 +315,7 @@ def test_a_scored_question_may_hold_special_text():
     assert lp.shape == (1,)
 
 
-def test_the_api_and_the_cli_pad_with_eos_by_the_same_default(fresh):
+def test_the_api_pads_with_eos_by_the_checkpoints_recipe_as_the_cli_does(fresh):
     """TrainConfig(eos_pad=None), the default, is the checkpoint's recipe, as `timerome train` reads it: the
     embedded default records EOS padding (on), a new-model checkpoint has an EOS (on), the TOFU-style
     models of the embedded family without a record were trained without it (off). The API's default was
@@ -336,3 +336,23 @@ def test_the_api_and_the_cli_pad_with_eos_by_the_same_default(fresh):
     assert train(unrecorded, rows, TrainConfig(epochs=1, batch_size=1), show_progress=False)["config"]["eos_pad"] is False
     with pytest.raises(TimeromeError, match="eos_pad .* must be True, False or None"):
         train(new, rows, replace(TrainConfig(epochs=1), eos_pad="yes"), show_progress=False)
+
+
+def test_a_trained_reference_follows_the_models_recipe_and_its_cache_name_says_so(fresh):
+    """reference="train" (a model of the same architecture trained on the retain rows) pads with EOS as the
+    model's recipe does (a new-model checkpoint: on); the recipe's digest, its cache name, then holds
+    eos_pad, so no reference trained without it before answers for it; a recipe without EOS padding
+    keeps the name it had (review of stop 64: the unresolved default left the name and changed the model)."""
+    from timerome.experiments.runner import Context
+    from timerome.training.from_scratch import _own_recipe
+
+    rows = load_rows("embedded:retain90")[:4]
+    new = load_backbone(fresh)
+    recipe, _, _, tcfg = _own_recipe(new, rows, None, 1)
+    assert tcfg.eos_pad is True and recipe["train"]["eos_pad"] is True
+    off, _, _, tcfg_off = _own_recipe(new, rows, TrainConfig(eos_pad=False), 1)
+    assert tcfg_off.eos_pad is False and "eos_pad" not in off["train"]
+    assert Context(new, reference="train").reference_tag["eos_pad"] is True
+    unrecorded = load_backbone()
+    unrecorded.info = dict(unrecorded.info, checkpoint=None)  # the embedded family without a record: off
+    assert "eos_pad" not in Context(unrecorded, reference="train").reference_tag

@@ -67,15 +67,16 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
-    summary = summarise(by_row(cells, results), COLUMNS)
+    summary, na = summarise(by_row(cells, results), COLUMNS), not_applicable_rows(cells, results)
     md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)}{positional_note(results)} Traj columns: "
                   "log-likelihood read "
                   f"along the greedy denoising trajectory ({cfg['traj_steps']} steps max), the only place a "
-                  "one-step edit exists.", not_applicable=not_applicable_rows(cells, results))
-    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=traced_coordinate(results)), md)
+                  "one-step edit exists.", not_applicable=na)
+    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=traced_coordinate(results),
+                                              not_applicable=na), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
     files["heatmap_compare"] = compare_figure(cfg, cells, ctx, out_dir)
-    return dict(summary=summary, markdown=md, files=files)
+    return dict(summary=summary, markdown=md, files=files, not_applicable=na)
 
 
 def positional_note(results) -> str:

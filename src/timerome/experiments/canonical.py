@@ -63,4 +63,5 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                                               unchanged=unchanged, not_applicable=not_applicable, config=cfg,
                                               seeds=list(seeds), reference=reference), md)
     files["png"] = plot_canonical(summary, out_dir / f"{NAME}.png")
-    return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results))
+    return dict(summary=summary, markdown=md, files=files, coordinate=traced_coordinate(results),
+                not_applicable=not_applicable)

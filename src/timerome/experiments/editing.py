@@ -21,7 +21,8 @@ import time
 
 from timerome.data.requests import load_requests
 from timerome.engine.settings import EDIT, LIKELIHOOD
-from timerome.experiments.report import figure, label, markdown, save_png, summarise, unchanged_rows, write_outputs
+from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
+                                         unchanged_rows, write_outputs)
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
 from timerome.methods import available, method_config
 from timerome.metrics.editing import UNLEARNING_RATES, edit_scores
@@ -63,7 +64,7 @@ def requests_data(spec: dict, ctx):
 
 
 # edit_scores leaves out the likelihoods of a one-step edit, with a note
-@measurement("editing", reads_steps=True, options=("n_mc", "gen_length"))
+@measurement("editing", reads_steps=True, options=("n_mc", "gen_length"), not_applicable=True)
 def measure_editing(cell, ctx, rows, task) -> dict:
     opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
                 gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])
@@ -106,7 +107,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
-    summaries, parts = {}, []
+    summaries, parts, na = {}, [], {}
     for name in cfg["sets"]:
         per_seed: dict = {}
         for c, r in zip(cells, results):
@@ -116,17 +117,19 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         summaries[name] = summary
         unlearning = cfg["sets"][name].startswith("embedded:")
         cols = [c for c in COLUMNS if unlearning or c not in UNLEARNING_RATES]
-        n = len(next(r for c, r in zip(cells, results) if c.group == name)["items"]["prompt"]["prompt"])
+        first = next((r for c, r in zip(cells, results) if c.group == name and r.get("items")), None)  # not an n/a
+        n = len(first["items"]["prompt"]["prompt"]) if first else 0
         note = (f"{n} requests from {cfg['sets'][name]}" + (f", target {cfg['target']!r}" if unlearning else
                 ", each with its own new object") + f"; greedy answers, n_mc {cfg['n_mc']}. Unchanged = 1: the "
                 "method changed no answer at all.")
         group = [(c, r) for c, r in zip(cells, results) if c.group == name]
+        na[name] = not_applicable_rows(*zip(*group))
         parts.append(markdown(summary, cols, f"Editing: {name}", note, delta="Efficacy",
-                              unchanged=unchanged_rows(*zip(*group))) + notes_text(group))
+                              unchanged=unchanged_rows(*zip(*group)), not_applicable=na[name]) + notes_text(group))
     md = "\n".join(parts)
-    files = write_outputs(out_dir, NAME, dict(summary=summaries, config=cfg, seeds=list(seeds)), md)
+    files = write_outputs(out_dir, NAME, dict(summary=summaries, config=cfg, seeds=list(seeds), not_applicable=na), md)
     files["png"] = plot_editing(summaries, out_dir / f"{NAME}.png")
-    return dict(summary=summaries, markdown=md, files=files)
+    return dict(summary=summaries, markdown=md, files=files, not_applicable=na)
 
 
 def notes_text(group) -> str:
@@ -150,17 +153,20 @@ def plot_editing(summaries: dict, path) -> str:
     for ax, (name, summary) in zip(axes, summaries.items()):
         rows = list(summary)
         for j, col in enumerate(cols):
+            named = False  # the column's legend entry on its first bar (an n/a row draws none)
             for i, row in enumerate(rows):
                 e = summary[row].get(col)
                 if not e:
                     continue
                 y = i + (j - 1) * 0.27
                 ax.barh(y, e["mean"], height=0.25, color=("tab:green", "tab:olive", "tab:blue")[j],
-                        label=col if i == 0 else None)
+                        label=None if named else col)
+                named = True
                 ax.plot([e["lo"], e["hi"]], [y, y], color="black", lw=0.8)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         ax.set_xlim(0, 1.02)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("rate (bars: mean over seeds, lines: bootstrap 95% CI)", fontsize=8)
-        ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # no measured row (n/a rows only): nothing to name
+            ax.legend(fontsize=7, loc="lower right")
     return save_png(fig, path)

@@ -17,9 +17,9 @@ import itertools
 import numpy as np
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, by_row, delta_text, figure, fmt_cell, fmt_cost,
-                                         label, not_applicable_note, not_applicable_rows, save_png, summarise,
-                                         write_outputs)
+from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, delta_text, figure,
+                                         fmt_cell, fmt_cost, label, not_applicable_note, not_applicable_rows, save_png,
+                                         summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods import method_config
 from timerome.methods.timerome_edit import paper_point
@@ -93,20 +93,22 @@ def _ratio(summary, row, best, d_flp) -> str:
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     per_seed = by_row(cells, results)
     summary = summarise(per_seed, COLUMNS)
+    na = {row: why for row, why in not_applicable_rows(cells, results).items() if not summary.get(row)}
     kinds = {c.row: c.group for c in cells}
     stopped: dict = {}
     for c, r in zip(cells, results):
         info = r.get("info") or {}
         if "early_stopped" in info:
             stopped.setdefault(c.row, []).append((bool(info["early_stopped"]), info.get("kept_step"), info.get("steps_run")))
-    collapsed = {row: collapses(per_seed, row, float(cfg["collapse"])) for row in summary if row != "no_edit"}
+    collapsed = {row: collapses(per_seed, row, float(cfg["collapse"])) for row in summary
+                 if row != "no_edit" and row not in na}  # an n/a row measured nothing, so nothing collapsed
 
     def d_flp(row):
         e = summary[row].get("ForgetLP", {})
         return e["mean"] - summary["no_edit"]["ForgetLP"]["mean"] if e else float("nan")
 
     sweep = [r for r in summary if kinds.get(r) == "sweep"]
-    fine = [r for r in sweep if not collapsed[r]]
+    fine = [r for r in sweep if r not in na and not collapsed[r]]
     best = min(fine, key=d_flp) if fine else None
     compare = [r for r in summary if kinds.get(r) == "compare" and "ForgetLP" in summary[r]]  # not an n/a row
     strongest = min(compare, key=d_flp) if compare else None
@@ -115,6 +117,9 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     lines = [f"## Converged training-time baseline ({len(sweep)} LoRA configurations, safe protocol)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
+        if row in na:  # the method cannot act on this model: every cell n/a, the reason under the table
+            lines.append("| " + " | ".join([row] + [NOT_APPLICABLE] * (len(head) - 1)) + " |")
+            continue
         ret = cols.get("RetainLP", {})
         st = stopped.get(row, [])
         lines.append("| " + " | ".join(
@@ -124,7 +129,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                f"{sum(s for s, _, _ in st)}/{len(st)}" if st else "–",
                ", ".join(f"{'–' if k is None else k}/{n}" for _, k, n in st) if st else "–"]
             + [fmt_cost(cols.get(c)) for c in ACCOUNTING]) + " |")
-    n_collapsed = sum(bool(collapsed[r]) for r in sweep)
+    n_collapsed = sum(bool(collapsed.get(r)) for r in sweep)
     verdict = (f"{n_collapsed}/{len(sweep)} configurations collapse (RetainLP more than {cfg['collapse']:g} nats below "
                f"no_edit on some seed). Best Δ ForgetLP without collapse: "
                + (f"{best}, {d_flp(best):+.2f} nats" if best else "none") + "."
@@ -133,8 +138,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     lines += ["", verdict, "", f"Δ: paired over seeds {list(seeds)} (stars: t-test vs no_edit). Training settings: "
               f"LoRA r={cfg['lora_r']}, the methods' other defaults (steps, batch, anchor, drift, checks: "
               "methods/_unlearn.py). Early-stopped: runs the safe protocol stopped; kept step / steps run per seed. "
-              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if (na := not_applicable_rows(cells, results)) else ""),
-              ""]
+              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if na else ""), ""]
     md = "\n".join(lines)
     radar = {}
     if best and strongest:
@@ -146,10 +150,12 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                  "extra memory": dict(value=t["install_extra_mb"]["mean"], comparator=b["install_extra_mb"]["mean"],
                                       higher_is_better=False, text="extra peak MB while installing")}
     payload = dict(summary=summary, collapsed=collapsed, best=best, best_delta=d_flp(best) if best else None,
-                   compare=strongest, kinds=kinds, early_stopped=stopped, config=cfg, seeds=list(seeds), radar=radar)
+                   compare=strongest, kinds=kinds, early_stopped=stopped, not_applicable=na, config=cfg,
+                   seeds=list(seeds), radar=radar)
     files = write_outputs(out_dir, NAME, payload, md)
     files["png"] = plot_sweep(summary, kinds, collapsed, out_dir / f"{NAME}.png")
-    return dict(summary=summary, markdown=md, files=files, collapsed=collapsed, best=best, verdict=verdict)
+    return dict(summary=summary, markdown=md, files=files, collapsed=collapsed, best=best, verdict=verdict,
+                not_applicable=na)
 
 
 def plot_sweep(summary: dict, kinds: dict, collapsed: dict, path) -> str:

@@ -37,10 +37,9 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
-    coord = traced_coordinate(results)
+    coord, na = traced_coordinate(results), not_applicable_rows(cells, results)
     md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; coordinate layer "
-                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.",
-                  not_applicable=not_applicable_rows(cells, results))
-    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)
+                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.", not_applicable=na)
+    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord, not_applicable=na), md)
     files["png"] = plot_pareto(summary, [label(m, o) for m, o in sweep(cfg)], out_dir / f"{NAME}.png")
-    return dict(summary=summary, markdown=md, files=files)
+    return dict(summary=summary, markdown=md, files=files, not_applicable=na)

@@ -140,10 +140,11 @@ UNCHANGED_NOTE = "∅: the method changed no weight (it stopped before its first
 NOT_APPLICABLE = "n/a"
 
 
-def not_applicable_rows(cells, results) -> dict[str, str]:
-    """{row: why} of the rows whose method cannot act on the model (`runner.with_edit`'s "n/a" cells)."""
+def not_applicable_rows(cells, results, measures=None) -> dict[str, str]:
+    """{row: why} of the rows whose method cannot act on the model (`runner.with_edit`'s "n/a" cells), of the
+    cells that measure `measures` (None: any)."""
     return {c.row: r["not_applicable"] for c, r in zip(cells, results)
-            if isinstance(r, dict) and r.get("not_applicable")}
+            if isinstance(r, dict) and r.get("not_applicable") and (measures is None or c.measure in measures)}
 
 
 def not_applicable_note(rows: dict[str, str]) -> str:

@@ -27,7 +27,8 @@ from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
-from timerome.experiments.report import by_row, figure, label, markdown, save_png, summarise, write_outputs
+from timerome.experiments.report import (NOT_APPLICABLE, by_row, figure, label, markdown, not_applicable_note,
+                                         not_applicable_rows, save_png, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, row_count, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
@@ -48,7 +49,7 @@ EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "Worst
                       "LocalityWorst"]
 
 
-@measurement("robustness", options=("n_mc", "relearn"))
+@measurement("robustness", options=("n_mc", "relearn"), not_applicable=True)
 def measure_robustness(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def _extraction_forwards(cell, rows, task) -> float:
 
 
 @measurement("extraction", forwards=_extraction_forwards, options=("n_mc", "settings", "attacks"),
-             required=("settings", "attacks"))
+             required=("settings", "attacks"), not_applicable=True)
 def measure_extraction(cell, ctx, rows, task) -> dict:
     """Extraction under every sampler setting and prompt attack (metrics/extraction.py)."""
     reqs, loc = rows["requests"], rows["locality"]
@@ -121,8 +122,8 @@ def panel(cells, results) -> dict:
     condition's rows)."""
     base = {c.seed: r["items"] for c, r in zip(cells, results) if c.row == "no_edit" and c.measure == "robustness"}
     per_row: dict = {}
-    for c, r in zip(cells, results):
-        if c.measure == "robustness" and c.row != "no_edit" and c.seed in base:
+    for c, r in zip(cells, results):  # an n/a cell (a method that cannot act on the model) has no items
+        if c.measure == "robustness" and c.row != "no_edit" and c.seed in base and r.get("items"):
             per_row.setdefault(c.row, []).append(robustness(base[c.seed], r["items"]))
     out = {}
     for row, runs in per_row.items():
@@ -170,11 +171,12 @@ def extraction_radar(summary: dict) -> dict | None:
 
 def extraction_markdown(summary: dict, cells, results) -> str:
     """Per method: nominal and worst-case extraction [CI over seeds] and the condition that was worst
-    most often; then the mean extraction per condition."""
+    most often; then the mean extraction per condition. A method that cannot act on the model: n/a."""
     def f(e):
         return "–" if not e else f"{e['mean']:.2f}" + (f" [{e['lo']:.2f}, {e['hi']:.2f}]" if e["n"] > 1 else "")
 
-    mine = [(c, r) for c, r in zip(cells, results) if c.measure == "extraction"]
+    mine = [(c, r) for c, r in zip(cells, results) if c.measure == "extraction" and not r.get("not_applicable")]
+    na = not_applicable_rows(cells, results, measures=("extraction",))
     which: dict = {}
     for c, r in mine:
         w = which.setdefault(c.row, {"sampler": [], "attack": []})
@@ -188,6 +190,9 @@ def extraction_markdown(summary: dict, cells, results) -> str:
     lines = ["## Extraction: is the forgotten fact said, under any sampler setting or prompt attack?", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, cols in summary.items():
+        if row in na and not cols:
+            lines.append(f"| {row} | " + " | ".join([NOT_APPLICABLE] * (len(head) - 1)) + " |")
+            continue
         w = which.get(row, {})
         lines.append(f"| {row} | {f(cols.get('ExtractionNominal'))} | {f(cols.get('WorstSampler'))} | "
                      f"{mode(w.get('sampler', []))} | {f(cols.get('WorstAttack'))} | {mode(w.get('attack', []))} | "
@@ -203,12 +208,13 @@ def extraction_markdown(summary: dict, cells, results) -> str:
                   "| method | " + " | ".join(n for _, n in names) + " |", "|" + "---|" * (len(names) + 1)]
         for row in summary:
             lines.append(f"| {row} | " + " | ".join(
-                f"{np.mean(conds[n][row]):.2f}" if row in conds[n] else "–" for n in names) + " |")
+                f"{np.mean(conds[n][row]):.2f}" if row in conds[n] else NOT_APPLICABLE if row in na else "–"
+                for n in names) + " |")
     return "\n".join(lines + ["", "Extraction: the answer gives the original object back (verbatim or ROUGE-L recall "
                               ">= 0.5; the multiple choice: and no rival named); worst case: the highest over the "
                               "sampler settings and the prompt attacks; locality: retain / real-author / world-fact "
                               "answers equal to the unedited model's under the same setting (its lowest). [bootstrap "
-                              "95% CI over seeds]", ""])
+                              "95% CI over seeds]" + (f" {not_applicable_note(na)}" if na else ""), ""])
 
 
 def plot_extraction(summary: dict, path) -> str:
@@ -222,15 +228,17 @@ def plot_extraction(summary: dict, path) -> str:
             if not e:
                 continue
             y = i + (j - 0.5) * 0.36
-            ax.barh(y, e["mean"], height=0.34, color=colour, label=("nominal", "worst case")[j] if i == 0 else None)
+            ax.barh(y, e["mean"], height=0.34, color=colour,
+                    label=None if ("nominal", "worst case")[j] in ax.get_legend_handles_labels()[1] else
+                    ("nominal", "worst case")[j])
             ax.plot([e["lo"], e["hi"]], [y, y], color="black", lw=0.8)
             ax.text(min(e["hi"], 0.9) + 0.01, y, f"{e['mean']:.2f}", va="center", fontsize=6)  # zeros show too
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     ax.set_xlim(0, 1.02)
     ax.set_xlabel("extraction rate of the forgotten object (lines: bootstrap 95% CI over seeds)", fontsize=8)
     ax.set_title("nominal sampler vs worst sampler setting / prompt attack", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.subplots_adjust(left=0.18, right=0.8, bottom=0.62 / (1.1 + 0.34 * len(rows)) + 0.08)
+    if ax.get_legend_handles_labels()[0]:  # n/a rows only: nothing drawn, nothing to name
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_png(fig, path)
 
 
@@ -268,12 +276,13 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     cols = COLUMNS + ["install_seconds"]
     summary = summarise(by_row(cells, results, measures=("robustness",)), cols)
     p = panel(cells, results)
-    first = next((r for c, r in zip(cells, results) if c.measure == "robustness"), None)
+    first = next((r for c, r in zip(cells, results) if c.measure == "robustness" and r.get("items")), None)
     missing = first["items"]["missing"] if first else {}
     note = ("Rows lacking a paraphrase: " + ", ".join(f"{c} {n}" for c, n in missing.items() if n)) if any(
         missing.values()) else ""
+    na = not_applicable_rows(cells, results, measures=("robustness",))
     parts = [panel_markdown(p), markdown(summary, cols, "Forget log-probability per condition", note,
-                                         delta="LP_original")]
+                                         delta="LP_original", not_applicable=na)]
     extraction = summarise(by_row(cells, results, measures=("extraction",)), EXTRACTION_COLUMNS)
     if extraction:
         parts.append(extraction_markdown(extraction, cells, results))
@@ -281,9 +290,10 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     entry = extraction_radar(extraction) if extraction else None
     entry = entry or radar_entry(p)
     files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, extraction=extraction, config=cfg,
-                                              seeds=list(seeds), radar={"robustness": entry} if entry else {}), md)
+                                              seeds=list(seeds), radar={"robustness": entry} if entry else {},
+                                              not_applicable=na), md)
     files["png"] = plot_panels([("robustness", summary, COLUMNS)], Path(out_dir) / f"{NAME}.png",
                                ylabel="forget LP change vs no_edit (nats)")
     if extraction:
         files["extraction_png"] = plot_extraction(extraction, Path(out_dir) / f"{NAME}-extraction.png")
-    return dict(summary=summary, panel=p, extraction=extraction, markdown=md, files=files)
+    return dict(summary=summary, panel=p, extraction=extraction, markdown=md, files=files, not_applicable=na)

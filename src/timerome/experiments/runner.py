@@ -55,6 +55,7 @@ from timerome.methods import install, method_config
 from timerome.methods.registry import NO_EDIT
 from timerome.metrics.columns import split_columns
 from timerome.training.from_scratch import reference_model
+from timerome.training.train import recipe_eos_pad
 
 VERSION = 5  # bump when a cell's meaning changes: old cells stop matching (3: stop 58, Leak after a refusal, WMDP ties;
 # 4: stop 62, tofu:forgetXX requests with their paraphrases, WMDP rows of over 10 choices skipped, the
@@ -151,6 +152,8 @@ class Context:
         tag = dict(ref=str(ref), options=self.reference_options)
         if ref not in (None, "embedded", "train") and Path(str(ref)).exists():
             tag["files"] = checkpoint_files(Path(str(ref)))
+        if ref == "train" and recipe_eos_pad(self.backbone):  # trained with EOS padding since stop 64 (the
+            tag["eos_pad"] = True                              # model's recipe); absent: the keys of before
         return tag
 
     @property

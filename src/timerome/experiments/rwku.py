@@ -21,7 +21,7 @@ from timerome.experiments import bench_measures  # noqa: F401 - registers the rw
 from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown, plot_panels,
                                                warnings_markdown)
 from timerome.experiments.canonical import canonical_rows
-from timerome.experiments.report import label, markdown, write_outputs
+from timerome.experiments.report import label, markdown, not_applicable_rows, write_outputs
 from timerome.experiments.runner import Cell
 from timerome.experiments.transfer import bench_source
 from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
@@ -83,12 +83,12 @@ def selectivity(summaries: dict) -> tuple[str, dict]:
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     cols = COLUMNS + ["install_seconds"]
-    summaries, sections, panels, notes = {}, [], [], {}
+    summaries, sections, panels, notes, na = {}, [], [], {}, {}
     for target, (cs, rs) in grouped(cells, results).items():
         summaries[target] = group_summary(cs, rs, "rwku", cols)
-        notes[target] = data_notes(rs)
-        sections.append(markdown(summaries[target], cols, f"RWKU {target}", delta="ForgetL1LP")
-                        + notes_markdown(notes[target]))
+        notes[target], na[target] = data_notes(rs), not_applicable_rows(cs, rs)
+        sections.append(markdown(summaries[target], cols, f"RWKU {target}", delta="ForgetL1LP",
+                                 not_applicable=na[target]) + notes_markdown(notes[target]))
         panels.append((target, summaries[target], ["ForgetL1LP", "NeighbourL1LP", "ForgetL2LP", "NeighbourL2LP"]))
     head, sel = selectivity(summaries)
     if cfg["rouge"]:
@@ -97,6 +97,6 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                  "\"Stephen King\" against \"stephen king\" is 1 here, 0 there.\n")
     md = "\n".join([warnings_markdown(notes) + head] + sections)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, selectivity=sel, notes=notes, config=cfg,
-                                              seeds=list(seeds)), md)
+                                              seeds=list(seeds), not_applicable=na), md)
     files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png", ylabel="change vs no_edit (nats)")
-    return dict(summary=summaries, selectivity=sel, markdown=md, files=files)
+    return dict(summary=summaries, selectivity=sel, markdown=md, files=files, not_applicable=na)

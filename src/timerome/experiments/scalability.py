@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.experiments.report import (ACCOUNTING_NOTE, by_row, coordinate_note, delta_text, fmt_any, label,
-                                         not_applicable_note, not_applicable_rows, plot_scalability, summarise,
-                                         traced_coordinate, with_accounting, write_outputs)
+from timerome.experiments.report import (ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, coordinate_note, delta_text,
+                                         fmt_any, label, not_applicable_note, not_applicable_rows, plot_scalability,
+                                         summarise, traced_coordinate, with_accounting, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "scalability"
@@ -33,19 +33,19 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     for n in cfg["sizes"]:
         picked = [(c, r) for c, r in zip(cells, results) if c.group == n]
         summary[n] = summarise(by_row(*zip(*picked)), COLUMNS)
-    shown = with_accounting(COLUMNS)
+    shown, na = with_accounting(COLUMNS), not_applicable_rows(cells, results)
     lines = ["## Scalability", "", "| abs F | method | ForgetLP | RetainLP | RealAuth | install s | wall s | extra MB "
              "| Δ ForgetLP (p) |", "|---|---|---|---|---|---|---|---|---|"]
     for n, rows_n in summary.items():
         for row, c in rows_n.items():
-            lines.append(f"| {n} | {row} | " + " | ".join(fmt_any(k, c.get(k)) for k in shown)
-                         + f" | {delta_text(c.get('ForgetLP', {}))} |")
+            cells_shown = ([NOT_APPLICABLE] * (len(shown) + 1) if row in na and not c else
+                           [fmt_any(k, c.get(k)) for k in shown] + [delta_text(c.get("ForgetLP", {}))])
+            lines.append(f"| {n} | {row} | " + " | ".join(cells_shown) + " |")
     lines += ["", f"{coordinate_note(results)} Forget LP over at most {cfg['n_eval_forget']} of the |F| facts; "
               "install = capture + solve (the trace and the background statistics are measured once, before). "
-              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if (na := not_applicable_rows(cells, results)) else ""),
-              ""]
+              + ACCOUNTING_NOTE + (" " + not_applicable_note(na) if na else ""), ""]
     md = "\n".join(lines)
     coord = traced_coordinate(results)
-    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord), md)
+    files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord, not_applicable=na), md)
     files["png"] = plot_scalability(summary, out_dir / f"{NAME}.png")
-    return dict(summary=summary, markdown=md, files=files)
+    return dict(summary=summary, markdown=md, files=files, not_applicable=na)

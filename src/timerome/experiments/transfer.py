@@ -21,7 +21,7 @@ from timerome.experiments import bench_measures  # noqa: F401 - registers the be
 from timerome.experiments.bench_report import (data_notes, group_summary, grouped, notes_markdown, plot_panels,
                                                warnings_markdown)
 from timerome.experiments.canonical import canonical_rows
-from timerome.experiments.report import fmt_cell, label, markdown, write_outputs
+from timerome.experiments.report import NOT_APPLICABLE, fmt_cell, label, markdown, not_applicable_rows, write_outputs
 from timerome.experiments.runner import Cell
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics import muse, whp, wmdp
@@ -89,8 +89,9 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     return out
 
 
-def paper_table(summaries: dict) -> str:
-    """The paper's layout: Bench | Method | knowmem | verbmem | WHP-logp | WMDP acc (transfer block)."""
+def paper_table(summaries: dict, na: dict | None = None) -> str:
+    """The paper's layout: Bench | Method | knowmem | verbmem | WHP-logp | WMDP acc (transfer block); na:
+    {group: {row: why}}, the methods that cannot act on the model (n/a, the reason under each group's table)."""
     lines = ["## Transfer table (paper layout, TOFU-built edit)", "",
              "| bench | method | knowmem LP ↓ | verbmem LP ↓ | WHP-logp ↓ | WMDP acc ↓ |",
              "|---|---|---|---|---|---|"]
@@ -99,6 +100,9 @@ def paper_table(summaries: dict) -> str:
         if block != "tofu":
             continue
         for row, cols in summary.items():
+            if row in (na or {}).get(group, {}) and not cols:
+                lines.append(f"| {bench} | {row} | " + " | ".join([NOT_APPLICABLE] * 4) + " |")
+                continue
             cells_ = [fmt_cell(cols.get(c)) for c in ("KnowMemLP", "VerbMemLP", "WHP_LP")]
             cells_.append(fmt_cell(cols.get("WMDP_Acc"), 3))
             lines.append(f"| {bench} | {row} | " + " | ".join(cells_) + " |")
@@ -106,17 +110,18 @@ def paper_table(summaries: dict) -> str:
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
-    summaries, sections, panels, notes = {}, [], [], {}
+    summaries, sections, panels, notes, na = {}, [], [], {}, {}
     for group, (cs, rs) in grouped(cells, results).items():
         kind = cs[0].measure
         cols = COLUMNS[kind] + ["install_seconds"]
         summaries[group] = group_summary(cs, rs, kind, cols)
         bench, block = group.split("|")
-        notes[group] = data_notes(rs)
-        sections.append(markdown(summaries[group], cols, f"{bench}: {BLOCKS[block]}", delta=HEADLINE[kind])
-                        + notes_markdown(notes[group]))
+        notes[group], na[group] = data_notes(rs), not_applicable_rows(cs, rs)
+        sections.append(markdown(summaries[group], cols, f"{bench}: {BLOCKS[block]}", delta=HEADLINE[kind],
+                                 not_applicable=na[group]) + notes_markdown(notes[group]))
         panels.append((f"{bench} ({block})", summaries[group], PLOTTED[kind]))
-    md = "\n".join([warnings_markdown(notes) + paper_table(summaries)] + sections)
-    files = write_outputs(out_dir, NAME, dict(summary=summaries, notes=notes, config=cfg, seeds=list(seeds)), md)
+    md = "\n".join([warnings_markdown(notes) + paper_table(summaries, na)] + sections)
+    files = write_outputs(out_dir, NAME, dict(summary=summaries, notes=notes, config=cfg, seeds=list(seeds),
+                                              not_applicable=na), md)
     files["png"] = plot_panels(panels, Path(out_dir) / f"{NAME}.png")
-    return dict(summary=summaries, markdown=md, files=files)
+    return dict(summary=summaries, markdown=md, files=files, not_applicable=na)

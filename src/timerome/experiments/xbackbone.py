@@ -109,7 +109,7 @@ def report(cfg, seeds, per_model: dict, out_dir) -> dict:
     files = write_outputs(out_dir, NAME, dict(summary=summary, models=models, rows=rows, config=cfg,
                                               seeds=list(seeds), not_applicable=na), md)
     files["png"] = plot_xbackbone(summary, rows, Path(out_dir) / f"{NAME}.png")
-    return dict(summary=summary, markdown=md, files=files, models=models)
+    return dict(summary=summary, markdown=md, files=files, models=models, not_applicable=na)
 
 
 def _mean(e: dict | None) -> str:
