@@ -228,4 +228,4 @@ def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_pa
                                                         n_world=2)))
     assert list(res["not_applicable"]) == [row] and "LP_original" in res["summary"]["no_edit"]
     md = (tmp_path / "r" / "robustness.md").read_text()
-    assert md.count(f"| {row} | n/a |") == 3 and "single down projection" in md  # LP, extraction, per condition
+    assert md.count(f"| {row} | n/a |") == 4 and "single down projection" in md  # panel, LP, extraction, per condition

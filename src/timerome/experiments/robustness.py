@@ -254,10 +254,13 @@ def radar_entry(p: dict) -> dict | None:
                 text=f"share of the forgetting kept under the weakest of paraphrase / relearning, {ours} vs {best}")
 
 
-def panel_markdown(p: dict) -> str:
+def panel_markdown(p: dict, not_applicable=()) -> str:
+    """The panel's table; the rows of `not_applicable` (methods that cannot act on the model) read n/a."""
     head = ["method"] + [f"Δ {c}" for c in CONDITIONS] + [f"weakening {c}" for c in CONDITIONS[1:]]
     lines = ["## Robustness panel: change of the forget log-probability vs the unedited model (nats)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [f"| {row} | " + " | ".join([NOT_APPLICABLE] * (len(head) - 1)) + " |"
+              for row in not_applicable if row not in p]
     for row, conds in p.items():
         def f(cond, what):
             e = conds.get(cond, {}).get(what)
@@ -281,7 +284,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     note = ("Rows lacking a paraphrase: " + ", ".join(f"{c} {n}" for c, n in missing.items() if n)) if any(
         missing.values()) else ""
     na = not_applicable_rows(cells, results, measures=("robustness",))
-    parts = [panel_markdown(p), markdown(summary, cols, "Forget log-probability per condition", note,
+    parts = [panel_markdown(p, na), markdown(summary, cols, "Forget log-probability per condition", note,
                                          delta="LP_original", not_applicable=na)]
     extraction = summarise(by_row(cells, results, measures=("extraction",)), EXTRACTION_COLUMNS)
     if extraction:
