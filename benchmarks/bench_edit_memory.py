@@ -779,27 +779,27 @@ def bench_install(args):
     first = None
     for n in (1, 10, 40, 100, 400):
         cap_s, solve_s, one_s = [], [], []
+
+        def one_sequence():  # the capture with one forward per sequence, timed
+            t0 = CLOCK()
+            capture_facts(bb, facts[:n], coord, batch_size=1)
+            one_s.append(CLOCK() - t0)
+
         for i in range(3):
             if i % 2:  # the unbatched capture first every other round
-                one_s.append(_timed(lambda: capture_facts(bb, facts[:n], coord, batch_size=1)))
+                one_sequence()
             t0 = CLOCK()
             cap = capture_facts(bb, facts[:n], coord)
             t1 = CLOCK()
             EditMemory(bb, coord, background=stats).add_vectors(cap.keys, cap.deltas, facts[:n])
             cap_s.append(t1 - t0)
             solve_s.append(CLOCK() - t1)
-            if not i % 2:  # one forward per sequence
-                one_s.append(_timed(lambda: capture_facts(bb, facts[:n], coord, batch_size=1)))
+            if not i % 2:
+                one_sequence()
         c, s, one = min(cap_s), min(solve_s), min(one_s)
         first = first or c
         print(f"{n:>5}{c:>11.4f}{s:>10.4f}{c + s:>10.4f}{(c + s) / n * 1e3:>9.2f}{c / first:>10.1f}x"
               f"{one:>13.4f}{one / c:>14.1f}x")
-
-
-def _timed(run) -> float:
-    t0 = CLOCK()
-    run()
-    return CLOCK() - t0
 
 
 def _background(bb):

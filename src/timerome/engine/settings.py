@@ -46,7 +46,7 @@ class TraceSettings:
     tau: float = 1.0            # decay of the TIE aggregation's weights exp(-tau (k' - k)) (Eq. tie_agg)
     readout: str = "decided"    # how log p(object | x_k) scores committed positions (tracing/tie.py: READOUTS)
     batch_size: int = 256       # most rows per forward (a memory knob: the numbers do not depend on it)
-    noise: str = "in_order"     # how the noise is drawn (tracing/causal_trace.py: NOISE_DRAWS)
+    noise: str = "in_order"     # how the noise is drawn (tracing/tie.py: NOISE_DRAWS)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.training.default_model import (CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows,
                                              stage1_record)
-from timerome.training.train import TrainConfig, recipe_eos_pad, train
+from timerome.training.train import TrainConfig, train, with_recipe
 
 
 def reference_model(model=None, *, source="embedded", forget: str = "forget01", epochs: int | None = None,
@@ -92,8 +92,7 @@ def _own_recipe(model, retain_rows, train_config, epochs):
     tcfg = train_config or TrainConfig()
     if epochs:
         tcfg = TrainConfig(**{**tcfg.__dict__, "epochs": epochs})
-    if tcfg.eos_pad is None:  # the model's own recipe, resolved here: the recipe's digest must say what is trained
-        tcfg = TrainConfig(**{**tcfg.__dict__, "eos_pad": recipe_eos_pad(model)})
+    tcfg = with_recipe(tcfg, model)  # resolved here: the recipe's digest must say what is trained
     # the tokenizer itself (its vocabulary, merges and specials), not its size: two BPEs of one size learnt from
     # other texts gave one recipe, and the second model was handed the first one's reference
     tok = getattr(model.tokenizer, "backend_tokenizer", None)

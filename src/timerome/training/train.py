@@ -78,7 +78,7 @@ def check_config(cfg: TrainConfig, n_rows: int) -> None:
         raise TimeromeError(f"eos_pad (--eos-pad) must be True, False or None (the checkpoint's recipe), got "
                             f"{cfg.eos_pad!r}")
     integer(cfg.eos_extra, "eos_extra (--eos-extra)", lo=0)
-    if cfg.eos_extra and cfg.eos_pad is False:  # None: the recipe decides (checked again once it has)
+    if cfg.eos_extra and cfg.eos_pad is False:  # None (unresolved): the recipe decides
         raise TimeromeError("eos_extra (--eos-extra) pads answers with more end-of-text tokens: it needs eos_pad "
                             "(--eos-pad)")
     budget(f"training {n_rows} rows for {cfg.epochs} epochs", cfg.epochs * n_rows, "one forward per row and epoch")
@@ -114,6 +114,11 @@ def recipe_eos_pad(backbone) -> bool:
     return recorded if recorded is not None else backbone.family.name != "timerome"
 
 
+def with_recipe(cfg: TrainConfig, backbone) -> TrainConfig:
+    """cfg with an eos_pad of None resolved to the checkpoint's recipe (`recipe_eos_pad`); as it is otherwise."""
+    return replace(cfg, eos_pad=recipe_eos_pad(backbone)) if cfg.eos_pad is None else cfg
+
+
 def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
               per_example: bool = False):
     """The masked-answer MDLM loss (nats per answer token, 1/t weighted)."""
@@ -131,13 +136,10 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     label: what the progress bar calls this training. checkpoint: a folder for the resumable
     state (None: none kept). on_epoch(epoch, log): called after each finished epoch (1-based).
     """
-    cfg = config or TrainConfig()
     if not rows:
         raise TimeromeError("no training rows")
+    cfg = with_recipe(config or TrainConfig(), backbone)  # resolved before anything records the settings
     check_config(cfg, len(rows))
-    if cfg.eos_pad is None:  # the checkpoint's recipe, resolved before anything records the settings
-        cfg = replace(cfg, eos_pad=recipe_eos_pad(backbone))
-        check_config(cfg, len(rows))
     pairs = encode_pairs(backbone, rows)
     refuse_special_text(backbone, pairs)
     eos = _eos(backbone) if cfg.eos_pad else None
