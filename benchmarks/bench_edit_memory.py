@@ -57,7 +57,9 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import LLADA_8B, random_backbone
+from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.common.cost import sync
+from timerome.engine.throughput import timing_clock
 from timerome.errors import script
 from timerome.memory.capture import capture_facts
 from timerome.memory.edit_memory import EditMemory, default_coordinate
@@ -80,6 +82,7 @@ def main() -> int:
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
                     help="timer: process CPU time (auto on CPU: other jobs' load is not counted) "
                          "or wall time (auto on GPU)")
+    ap.add_argument("--malloc", choices=MALLOC_CHOICES, default="kept", help=MALLOC_HELP)
     ap.add_argument("--stream-facts", type=int, default=10_000)
     ap.add_argument("--stream-hidden", type=int, default=1024)
     ap.add_argument("--scale-facts", type=int, default=10_000, help="scale: facts in the memory")
@@ -107,12 +110,8 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown parts {sorted(unknown)}")
     global CLOCK
-    cpu = args.clock == "cpu" or (args.clock == "auto" and not str(args.device).startswith("cuda"))
-    CLOCK = time.process_time if cpu else time.perf_counter
-    if args.threads or cpu:
-        torch.set_num_threads(args.threads or 1)
-    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
-          f"clock: {'process CPU time' if cpu else 'wall time'}")
+    CLOCK, label = timing_clock(args.clock, args.device, args.threads, args.malloc)
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {label}")
     for p in parts:
         globals()[f"bench_{p}"](args)
     return 0

@@ -39,6 +39,7 @@ import torch
 from timerome.backbones.tiny import random_backbone
 from timerome.common.cost import sync
 from timerome.engine.sampler import generate
+from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.engine.throughput import timing_clock
 from timerome.errors import script
 
@@ -69,6 +70,7 @@ def main() -> int:
     ap.add_argument("--n-retain", type=int, default=40, help="retain questions of the ROUGE part")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1 on CPU)")
+    ap.add_argument("--malloc", choices=MALLOC_CHOICES, default="kept", help=MALLOC_HELP)
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto")
     ap.add_argument("--json", default=None, help="write every figure to this JSON file")
     args = ap.parse_args()
@@ -78,7 +80,7 @@ def main() -> int:
     bad = (set(parts) - set(PARTS)) | {o for o in options + rouge_options if not _valid(o)}
     if bad:
         ap.error(f"unknown parts/options {sorted(bad)}")
-    clock, label = timing_clock(args.clock, args.device, args.threads)
+    clock, label = timing_clock(args.clock, args.device, args.threads, args.malloc)
     out = dict(clock=label, threads=torch.get_num_threads(), device=str(args.device), torch=torch.__version__)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {out['clock']}")
     if "speed" in parts:

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import random_backbone
+from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.common.cost import sync
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import default_max_tokens, log_likelihood_batch, pair_masks
@@ -62,6 +63,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each configuration (fastest kept)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--malloc", choices=MALLOC_CHOICES, default="kept", help=MALLOC_HELP)
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -73,7 +75,7 @@ def main() -> int:
         ap.error(f"--head takes auto, masked and/or full, got {args.head!r}")
     if any(m != "default" and not m.isdigit() for m in args.max_tokens.split(",")):
         ap.error(f"--max-tokens takes 'default' or whole numbers, got {args.max_tokens!r}")
-    clock, label = timing_clock(args.clock, args.device, args.threads)
+    clock, label = timing_clock(args.clock, args.device, args.threads, args.malloc)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, clock: {label}")
     out = {}
     for name in models:

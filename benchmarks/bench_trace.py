@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 
 from timerome.backbones import DEFAULT_MODEL_DIR, load_backbone
+from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.common.cost import sync
 from timerome.engine.encoding import encode_fact
 from timerome.engine.likelihood import default_max_tokens
@@ -67,7 +68,7 @@ from timerome.engine.throughput import (best_throughput, block_calls, floor_by_l
 from timerome.errors import script
 from timerome.tracing.causal_trace import naive_tie, trace
 
-CLOCK = time.perf_counter
+CLOCK, LABEL = time.perf_counter, "wall time"
 
 TINY_FACTS = [  # every word is in the tiny checkpoints' vocabulary
     ("the author", "where was the author born ?", "city of books"),
@@ -99,6 +100,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="2 x this many rounds, each a timed fast trace then the floor's best batch sizes timed again; the "
                          "multiple is the median of the rounds' ratios")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default 1 with the CPU clock)")
+    ap.add_argument("--malloc", choices=MALLOC_CHOICES, default="kept", help=MALLOC_HELP)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
                     help="process CPU time (auto on CPU) or wall time (auto on GPU)")
@@ -106,8 +108,8 @@ def main() -> int:
                     help="time only the fast trace against its floor (no naive loop, no switched-off variants)")
     ap.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = ap.parse_args()
-    global CLOCK
-    CLOCK, _ = timing_clock(args.clock, args.device, args.threads)
+    global CLOCK, LABEL
+    CLOCK, LABEL = timing_clock(args.clock, args.device, args.threads, args.malloc)
 
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         bb, facts = _model_and_facts(args, tmp)
@@ -119,7 +121,7 @@ def _bench(args, bb, facts) -> int:
     C = 3 * bb.n_layers
     dtype = str(bb.dtype).split(".")[-1]
     print(f"model {bb.name} ({bb.n_layers} layers, d={bb.hidden_size}, {dtype}) on {bb.device}, "
-          f"{torch.get_num_threads()} threads, clock {'CPU' if CLOCK is time.process_time else 'wall'}; "
+          f"{torch.get_num_threads()} threads, clock: {LABEL}; "
           f"{len(facts)} facts, K={K}, N={N} noise samples, {C} sites")
     items = [encode_fact(bb, f, i) for i, f in enumerate(facts)]
     lengths = sorted({len(it.prompt_ids) + len(it.object_ids) for it in items})

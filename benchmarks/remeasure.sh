@@ -61,6 +61,7 @@ run selectivity_costs   python "$B/bench_selectivity.py" --models embedded --see
 run gate                python "$B/bench_edit_memory.py" --parts gate
 run executors           python "$B/bench_executors.py"
 run threads             python "$B/bench_threads.py" --n-facts 8 --repeats 1 --busy 0,1
+run malloc              python "$B/bench_malloc.py" --pairs 4
 run fingerprint         python "$B/bench_fingerprint.py"
 # what the model says and the tables
 run default_model       python "$B/bench_default_model.py" --slack 4,24 --json default_model.json

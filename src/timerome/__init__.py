@@ -27,6 +27,7 @@ _LAZY = {
     "reference_truth_ratios": "timerome.evaluation.evaluator", "load_memory": "timerome.memory.memory_file",
     "evaluate_benchmark": "timerome.experiments.bench_eval", "load_benchmark": "timerome.experiments.bench_eval",
     "run_experiment": "timerome.experiments", "run_demo": "timerome.demo",
+    "keep_freed_memory": "timerome.common.allocator",
 }
 
 __all__ = ["Backbone", "load_backbone", "Coordinate", "TimeromeError", "Hooks", "Intervention", "TraceState",

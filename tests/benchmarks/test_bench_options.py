@@ -24,6 +24,8 @@ CASES = [  # (script, arguments, what the one line says)
     ("bench_default_model.py", ["--splits", "forget02"], "--splits takes distinct splits"),
     ("bench_default_model.py", ["--slack", "4,x"], "--slack takes comma-separated whole numbers"),
     ("bench_bare_objects.py", ["--budgets", "15,0"], "--budgets and --n must be >= 1"),
+    ("bench_malloc.py", ["--parts", "likelihood,sampling"], "--parts takes a comma-separated subset"),
+    ("bench_malloc.py", ["--pairs", "0"], "--pairs must be >= 1"),
 ]
 
 

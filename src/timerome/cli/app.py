@@ -176,12 +176,15 @@ def _options(threads: Optional[int] = typer.Option(
                                          "forwards than 1e8, or more memory than is free; also $TIMEROME_INSIST=1)")):
     import torch
 
+    from timerome.common import allocator
     from timerome.common.checks import set_insist
     from timerome.common.threads import choose_threads
 
     set_insist(insist)
     n, _ = choose_threads(threads)
     torch.set_num_threads(n)
+    if allocator.wanted():  # freed activations stay in the process between forwards (allocator.py)
+        allocator.keep_freed_memory()
     warnings.showwarning = _one_line_warning
 
 

@@ -207,12 +207,20 @@ def timed_block_calls(backbone, block_batches: dict, *, clock=time.perf_counter,
     return total
 
 
-def timing_clock(choice: str = "auto", device="cpu", threads: int | None = None):
-    """(timer, label) of a benchmark: "cpu" = process CPU time with `threads` torch threads (default
-    1: idle OpenMP threads spin, and other jobs on a shared machine are not counted), "wall" = wall
-    time; "auto" = CPU time on CPU, wall time on a GPU. Sets torch's thread count when asked to or
-    when timing CPU time."""
+def timing_clock(choice: str = "auto", device="cpu", threads: int | None = None, malloc: str = "kept"):
+    """(timer, label) of a benchmark, its process set up as the command line sets its own: "cpu" =
+    process CPU time with `threads` torch threads (default 1: idle OpenMP threads spin, and other jobs
+    on a shared machine are not counted), "wall" = wall time; "auto" = CPU time on CPU, wall time on a
+    GPU. Sets torch's thread count when asked to or when timing CPU time. malloc: "kept" keeps freed
+    memory in the process, as `timerome` does (`common/allocator.py`), "system" leaves glibc's own
+    trimming (a Python process's default, the API's)."""
+    from timerome.common.allocator import MALLOC_CHOICES, keep_freed_memory
+
+    if malloc not in MALLOC_CHOICES:
+        raise ValueError(f"malloc must be one of {MALLOC_CHOICES}, got {malloc!r}")
+    kept = malloc == "kept" and keep_freed_memory()
+    memory = "freed memory kept" if kept else "malloc as it is"
     cpu = choice == "cpu" or (choice == "auto" and not str(device).startswith("cuda"))
     if threads or cpu:
         torch.set_num_threads(threads or 1)
-    return (time.process_time, "process CPU time") if cpu else (time.perf_counter, "wall time")
+    return (time.process_time, f"process CPU time, {memory}") if cpu else (time.perf_counter, f"wall time, {memory}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from timerome.backbones import Backbone, load_backbone
+from timerome.common import allocator
 from timerome.common.progress import progress_bar
 from timerome.errors import TimeromeError
 from timerome.experiments.runner import Context, execute, local_executor
@@ -86,6 +87,8 @@ class CellWorker:
     def __init__(self, spec: ContextSpec, threads: int):
         # unpickling this class imported timerome.experiments, so every experiment's @measurement is here
         torch.set_num_threads(max(1, int(threads)))
+        if allocator.wanted():  # a worker process of timerome's own, set up as the command line sets its process
+            allocator.keep_freed_memory()
         self.ctx = spec.context()
 
     def run(self, i: int, cell) -> tuple[int, dict]:
