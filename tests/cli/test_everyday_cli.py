@@ -29,6 +29,23 @@ def memories(tmp_path_factory):
     return d
 
 
+def test_forget_is_edit_for_a_forget_set(memories, tmp_path):
+    """`timerome forget` (the unlearning field's word) builds what `timerome edit` builds from the same
+    forget set, takes every option of it but --requests, and refuses that one in one line."""
+    from safetensors.torch import load_file
+
+    code, stdout, out = run("forget", "--data", "embedded:forget01", "--out", tmp_path / "f.safetensors", "--json")
+    assert code == 0, out
+    assert json.loads(stdout)["n_facts"] == 20
+    mine, edits = load_file(tmp_path / "f.safetensors"), load_file(memories / "f1.safetensors")
+    assert mine.keys() == edits.keys() and all(torch.equal(mine[k], edits[k]) for k in mine)
+    code, _, out = run("forget", "--requests", "x.json")
+    assert code == 2 and "No such option: --requests" in out and len(out.strip().splitlines()) == 1, out
+    code, _, out = run("forget", "--help")
+    options = [line.split()[1] for line in out.splitlines() if line.startswith("│ --")]
+    assert code == 0 and "--method" in options and "--data" in options and "--requests" not in options
+
+
 def test_memory_show_reads_the_header_alone(memories):
     code, stdout, out = run("memory", "show", memories / "f1.safetensors", "--json")
     assert code == 0, out

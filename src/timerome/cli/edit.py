@@ -1,4 +1,5 @@
-"""`timerome edit`: build an edit from a forget set or from edit requests, and save it.
+"""`timerome edit` (and `timerome forget`, the same command for a forget set): build an edit from a
+forget set or from edit requests, and save it.
 
 A memory method (timerome, codebook, rewrite, random_layer) saves a memory file; a method that
 changes weights (rome, memit, alphaedit, unke, ga, npo, ...) saves the edited checkpoint as a model
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
+
+import inspect
 
 import typer
 from rich.markup import escape
@@ -200,6 +203,20 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
+
+
+# what an unlearning user looks for first: the same command, by the field's word, for a forget set
+def forget(*args, **kwargs):
+    return edit(*args, requests=None, **kwargs)
+
+
+_edit_signature = inspect.signature(edit)
+forget.__signature__ = _edit_signature.replace(  # typer reads it: edit's options, less --requests
+    parameters=[p for p in _edit_signature.parameters.values() if p.name != "requests"])
+forget.__annotations__ = {k: v for k, v in edit.__annotations__.items() if k != "requests"}
+app.command("forget", help="Make the model forget a forget set (--data, default embedded:forget01) with any method "
+                           "(--method: timerome by default, or ga, npo, rmu, ...) and save the edit: `timerome edit` "
+                           "without --requests, with the same options and defaults.")(forget)
 
 
 # the options each kind of method reads; any other given is refused, not ignored
