@@ -788,3 +788,47 @@ def test_per_fact_noise_gives_a_fact_the_same_tie_whatever_it_is_traced_with(bb,
         TraceResult.load(path)
     with pytest.raises(TimeromeError, match="unknown noise draw 'shuffled'"):
         trace(bb, order, noise="shuffled", **FAST)
+
+
+# an answer that repeats its subject ("the author"), and one that does not
+ECHO = [dict(fact_id="echo", subject="the author", prompt="where was the author born ?",
+             object="the author was born city of books"), FACTS[1]]
+
+
+@pytest.mark.parametrize("readout", ["decided", "aligned"])
+def test_read_positions_no_subject_leaves_the_repeated_name_out_of_log_p(bb, tmp_path, readout):
+    """read_positions "no_subject" sums log p(o | x_k) over the answer positions that do not repeat the
+    subject's tokens: the engine equals the literal definition under it; a fact without a repeat keeps
+    its TIE; one with a repeat changes. Recorded (settings, each fact's unscored positions), saved, read
+    back, checked on load; an unknown value refused."""
+    from timerome.tracing.causal_trace import prepare
+    from timerome.tracing.tie import scored_positions
+
+    items = prepare(bb, ECHO, n_samples=2, sigma=0.5, seed=0)[0]
+    assert scored_positions(items[0], "no_subject").tolist() == [False, False] + [True] * (len(items[0].object_ids) - 2)
+    assert scored_positions(items[1], "no_subject").all() and scored_positions(items[0], "all") is None
+    res = trace(bb, ECHO, sigma=0.5, readout=readout, read_positions="no_subject", **FAST)
+    coords = [(0, 0, "resid"), (1, 1, "attn"), (2, 2, "mlp"), (1, 0, "resid")]
+    literal, _ = naive_tie(bb, ECHO, coords, steps=4, n_samples=2, sigma=0.5, readout=readout,
+                           read_positions="no_subject")
+    fast = torch.stack([res.tie[:, res.modules.index(m), res.layers.index(l), k] for l, k, m in coords], 1)
+    torch.testing.assert_close(fast, literal, atol=1e-5, rtol=1e-5)
+    every = trace(bb, ECHO, sigma=0.5, readout=readout, **FAST)
+    torch.testing.assert_close(res.tie_full[1].nan_to_num(), every.tie_full[1].nan_to_num(), atol=1e-6, rtol=0)
+    if readout == "decided":  # (with "aligned" no splice moves this fact's log p on the tiny model: every TIE is 0)
+        assert (res.tie_full[0] - every.tie_full[0]).nan_to_num().abs().max() > 1e-3  # the name's positions counted
+    assert res.facts[0]["unscored_positions"] == [0, 1] and res.facts[1]["unscored_positions"] == []
+    assert res.settings["read_positions"] == "no_subject" and "read_positions" not in every.settings
+    path = res.save(tmp_path / "t.safetensors")
+    assert TraceResult.load(path).settings["read_positions"] == "no_subject"
+    meta = path.with_suffix(".json")
+    saved = json.loads(meta.read_text())
+    saved["settings"]["read_positions"] = "object"
+    meta.write_text(json.dumps(saved))
+    with pytest.raises(TimeromeError, match="settings.read_positions must be one of all, no_subject"):
+        TraceResult.load(path)
+    with pytest.raises(TimeromeError, match="unknown read_positions 'object'"):
+        trace(bb, ECHO, read_positions="object", **FAST)
+    # a neighbour penalty compares like with like
+    with pytest.raises(TimeromeError, match="read_positions"):
+        select_coordinate(res, every, beta=1.0)

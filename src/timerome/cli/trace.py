@@ -18,7 +18,7 @@ from timerome.common.files import output_folder
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
-from timerome.tracing.tie import NOISE_DRAWS
+from timerome.tracing.tie import NOISE_DRAWS, READ_POSITIONS
 
 
 @app.command("trace")
@@ -38,6 +38,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
               readout: Optional[str] = typer.Option(None, help=f"'decided' or 'aligned' (default '{TRACE.readout}'; "
                                                               "see timerome.tracing.tie)"),
+              read_positions: Optional[str] = typer.Option(
+                  None, help="answer positions log p(object) sums: 'all' (default) or 'no_subject', every one but "
+                             "where the answer repeats the subject's name (timerome.tracing.tie.READ_POSITIONS)"),
               per_fact: bool = typer.Option(False, help="also draw one heatmap per fact"),
               positional: bool = typer.Option(False, "--positional", help="ROME's positional causal trace (token x "
                                               "layer, one forward; any backbone, autoregressive ones too) instead of TIE"),
@@ -64,7 +67,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError("--compare draws the positional trace beside TIE: add --positional")
     if window is not None and not positional:
         raise TimeromeError("--window is the positional trace's: add --positional")
-    tie_only = {"--steps": steps, "--tau": tau, "--readout": readout}  # the TIE trace's: with --positional, --compare's
+    tie_only = {"--steps": steps, "--tau": tau, "--readout": readout, "--read-positions": read_positions}  # the TIE trace's: with --positional, --compare's
     unread = [k for k, v in ({"--beta": beta or None, "--neighbours": neighbours} if positional else {}).items()
               if v is not None] + [k for k, v in tie_only.items() if v is not None and positional and not compare]
     if unread:
@@ -83,6 +86,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     window = WINDOW if window is None else window
     if noise not in NOISE_DRAWS:
         raise TimeromeError(f"--noise must be one of {', '.join(NOISE_DRAWS)}, got {noise!r}")
+    read_positions = TRACE.read_positions if read_positions is None else read_positions
+    if read_positions not in READ_POSITIONS:
+        raise TimeromeError(f"--read-positions must be one of {', '.join(READ_POSITIONS)}, got {read_positions!r}")
     tofu_dir_read(tofu_dir, data, neighbours)
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
     bb = model.load()
@@ -96,10 +102,11 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                           f"(--n-facts {n_facts})", soft_wrap=True)
     if positional:
         return _positional(bb, facts, out, N_SAMPLES if n_samples is None else n_samples, sigma, window, seed,
-                           batch_size, per_fact, compare, steps, tau, readout, as_json, noise)
+                           batch_size, per_fact, compare, steps, tau, readout, as_json, noise, read_positions)
     n_samples = TRACE.n_samples if n_samples is None else n_samples
     kw = dict(steps=steps, n_samples=n_samples, sigma=sigma, tau=tau, seed=seed, noise=noise,
-              batch_size=TRACE.batch_size if batch_size is None else batch_size, readout=readout)
+              batch_size=TRACE.batch_size if batch_size is None else batch_size, readout=readout,
+              read_positions=read_positions)
     result = trace(bb, facts, **kw)
     other = None
     if neighbours:
@@ -156,7 +163,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
 
 
 def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_fact, compare, steps, tau, readout,
-                as_json, noise):
+                as_json, noise, read_positions):
     """`timerome trace --positional`: ROME's trace, its figure, ROME's choice (the MLP at the last subject
     token) and the residual stream's, and with --compare the TIE of the same facts beside it."""
     from timerome.tracing.causal_trace import trace
@@ -175,7 +182,8 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     files["selection"] = str(out / "selection.json")
     if compare:
         tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
-                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size, noise=noise)
+                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size, noise=noise,
+                    read_positions=read_positions)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
         files.update(tie.files(tie_path, "tie_trace"))

@@ -47,6 +47,7 @@ class TraceSettings:
     readout: str = "decided"    # how log p(object | x_k) scores committed positions (tracing/tie.py: READOUTS)
     batch_size: int = 256       # most rows per forward (a memory knob: the numbers do not depend on it)
     noise: str = "in_order"     # how the noise is drawn (tracing/tie.py: NOISE_DRAWS)
+    read_positions: str = "all"  # which answer positions log p(object | x_k) sums (tracing/tie.py: READ_POSITIONS)
 
 
 @dataclass(frozen=True)

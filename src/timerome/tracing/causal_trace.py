@@ -27,7 +27,8 @@ from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.result import TraceFile, TraceResult
-from timerome.tracing.tie import NOISE_DRAWS, READOUTS, REMASKING, aggregate, later_steps, literal_tie
+from timerome.tracing.tie import (NOISE_DRAWS, READ_POSITIONS, READOUTS, REMASKING, aggregate, later_steps, literal_tie,
+                                  scored_positions)
 from timerome.tracing.tie import tie as tie_of
 from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile,
                                        trace_facts)
@@ -60,12 +61,15 @@ def refuse_causal(backbone) -> None:
                             "timerome.tracing.positional_trace)")
 
 
-def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed,
+           read_positions=TRACE.read_positions):
     refuse_causal(backbone)
     integer(steps, "steps", lo=1)
     number(tau, "tau (the decay rate of the later steps' weights exp(-tau (k' - k)); 0: equal weights)", lo=0)
     if readout not in READOUTS:
         raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
+    if read_positions not in READ_POSITIONS:
+        raise TimeromeError(f"unknown read_positions {read_positions!r}; choose one of {', '.join(READ_POSITIONS)}")
     modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
     F, C = len(facts), len(modules) * len(layers)
     # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
@@ -154,7 +158,8 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
           tau: float = TRACE.tau, modules=HOOK_POINTS, layers=None, seed: int = 0, batch_size: int = TRACE.batch_size,
           readout: str = TRACE.readout, progress: bool = True, share_rows: bool = True,
           reuse_layers: bool = True, pack_splices: bool = True, assemble_mlp: bool = True, head: str = "auto",
-          screen_reveal: bool = True, block_tokens: int | None = None, noise: str = TRACE.noise) -> TraceResult:
+          screen_reveal: bool = True, block_tokens: int | None = None, noise: str = TRACE.noise,
+          read_positions: str = TRACE.read_positions) -> TraceResult:
     """Diffusion-time causal trace of `facts` on `backbone` (module docstring: the exact semantics).
 
     backbone: default the embedded model (`timerome.load_backbone()`).
@@ -170,7 +175,9 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     seed: seeds every noise draw, drawn fact by fact in the order given (another order gives other
         draws to each fact) with noise "in_order" (default), from each fact's own generator with
         noise "per_fact" (`tie.NOISE_DRAWS`: a fact's draws then do not depend on its company); batch_size: most rows per forward (memory knob; results do not
-        depend on it beyond float rounding). share_rows / reuse_layers / pack_splices / assemble_mlp /
+        depend on it beyond float rounding). read_positions: the answer positions log p(o | x_k) sums, "all"
+        (default) or "no_subject", every one but where the answer repeats the subject's tokens (`tie.READ_POSITIONS`;
+        each fact's info records the positions left out). share_rows / reuse_layers / pack_splices / assemble_mlp /
     screen_reveal: the engine's savings (`timerome.tracing.wavefront`; assemble_mlp: mlp splices above
     layer 0 summed from the block's own outputs, no packed row; screen_reveal: the sampler step's
     float32 screen, `sampler.reveal_masked`), on by default; off only to measure what they save.
@@ -189,9 +196,10 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     model_arg(backbone, "trace's backbone")
     facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
-                             seed)
+                             seed, read_positions)
     integer(block_tokens, "block_tokens (0: whole batches)", lo=0, none=True)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
+    scored = [scored_positions(it, read_positions) for it in items]
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []
@@ -211,7 +219,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
             per_fact, work = trace_facts(backbone, [items[i] for i in group], [noises[i] for i in group], sites, K,
                                          batch_size, readout, bar, share_rows=share_rows, reuse_layers=reuse_layers,
                                          pack=pack, assemble=assemble, masked_head=masked_head, screen=screen_reveal,
-                                         block_tokens=tokens)
+                                         block_tokens=tokens, scored=[scored[i] for i in group])
             for i, out in zip(group, per_fact):
                 outs[i] = out
             for k, v in work.items():  # counts add up; a dict of counts adds up key by key
@@ -219,12 +227,13 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
                     stats[k] = {n: stats.get(k, {}).get(n, 0) + v.get(n, 0) for n in {*stats.get(k, {}), *v}}
                 else:
                     stats[k] = stats.get(k, 0) + v
-    for it, out in zip(items, outs):
+    for it, out, keep in zip(items, outs, scored):
         tie = tie_of(out["patched"], out["corrupted"])  # [K, C, N, K+1] vs [N, K+1] -> [K, C, K+1]
         ties.append(tie.view(K, M, Ly, K + 1).permute(1, 2, 0, 3))
         clean.append(out["clean"])
         corrupted.append(out["corrupted"])
-        infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):])))
+        infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):]),
+                          **({} if keep is None else {"unscored_positions": (~keep).nonzero().flatten().tolist()})))
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
@@ -232,17 +241,19 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
                     noise=noise, model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
                     dtype=str(backbone.dtype).removeprefix("torch."), device=backbone.device.type,
                     prompt_start=list(backbone.prompt_start),
-                    readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)")
+                    readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)",
+                    **({} if read_positions == "all" else {"read_positions": read_positions}))
     return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)
 
 
 def naive_tie(backbone, facts, coords, *, steps: int = TRACE.steps, n_samples: int = TRACE.n_samples, sigma=None,
               tau: float = TRACE.tau, seed: int = 0, readout: str = TRACE.readout,
-              noise: str = TRACE.noise) -> tuple[torch.Tensor, torch.Tensor]:
+              noise: str = TRACE.noise, read_positions: str = TRACE.read_positions) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition run literally (`tie.literal_tie`) with the same inputs `trace` would draw.
 
     coords: (layer, step, module) triples. Returns (tie [F, n_coords], tie_full [F, n_coords, K + 1]).
     """
     items, _, _, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
-    return literal_tie(backbone, items, noises, coords, steps=steps, tau=tau, readout=readout)
+    return literal_tie(backbone, items, noises, coords, steps=steps, tau=tau, readout=readout,
+                       read_positions=read_positions)

@@ -14,7 +14,7 @@ from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, 
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.errors import TimeromeError
-from timerome.tracing.tie import NOISE_DRAWS, READOUTS, aggregate, later_steps
+from timerome.tracing.tie import NOISE_DRAWS, READ_POSITIONS, READOUTS, aggregate, later_steps
 
 
 class TraceFile:
@@ -213,6 +213,9 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     if settings.get("noise", NOISE_DRAWS[0]) not in NOISE_DRAWS:  # absent: a file saved before the choice existed
         raise TimeromeError(f"{where}: settings.noise must be one of {', '.join(NOISE_DRAWS)}, got "
                             f"{shown(settings.get('noise'))} (was it edited by hand?)")
+    if settings.get("read_positions", READ_POSITIONS[0]) not in READ_POSITIONS:  # absent: every position ("all")
+        raise TimeromeError(f"{where}: settings.read_positions must be one of {', '.join(READ_POSITIONS)}, got "
+                            f"{shown(settings.get('read_positions'))} (was it edited by hand?)")
     return list(ids), list(modules), list(layers), dict(settings)
 
 

@@ -19,6 +19,7 @@ import torch
 from timerome.common.checks import finite_tensor, number
 from timerome.engine.coordinate import Coordinate
 from timerome.errors import TimeromeError
+from timerome.tracing.tie import READ_POSITIONS
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,10 @@ def _check_compatible(result, neighbours) -> None:
     # the penalty compares like with like: the same noise scale (trace's default s3 rule gives each set of
     # facts its own), the same decay and read-out; the number of noise samples only changes the noise
     for key, hint in (("sigma", "sigma=result (its noise scale)"), ("tau", "the same tau"),
-                      ("readout", "the same readout")):
+                      ("readout", "the same readout"), ("read_positions", "the same read_positions")):
         a, b = result.settings.get(key), neighbours.settings.get(key)
+        if key == "read_positions":  # recorded only where it is not "all" (tie.READ_POSITIONS)
+            a, b = a or READ_POSITIONS[0], b or READ_POSITIONS[0]
         differ = (abs(a - b) > 1e-6 * max(abs(a), abs(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float))
                   else a != b)
         if a is not None and b is not None and differ:

@@ -9,6 +9,8 @@ The trajectory of a fact z = (subject s, prompt, object o), with G = len(object 
       readout="decided" (default, `settings.TRACE.readout`): forward k's log_softmax(logits)[i, o_i] while i
         is masked in x_k; once i is committed, the value from the forward that committed it, frozen from then on;
       readout="aligned": forward k's log_softmax(logits)[i, o_i] at every position, masked or not.
+    (read_positions="no_subject", beyond the paper: the sum leaves out the positions where the answer
+    repeats the subject's tokens, `scored_positions`; "all", the default, sums every position.)
     Why "decided" is the default: an MDLM is trained on masked positions only, so its logits at
     committed positions are untrained; with "aligned" a perfectly memorised fact's clean log p
     falls from 0 at x_0 to tens of nats below at x_K while the clean run commits exactly o.
@@ -36,6 +38,7 @@ import torch
 from timerome.engine.hooks import Hooks, TraceState, capture, denoising_steps, patch
 from timerome.engine.sampler import denoise_step, transfer_schedule
 from timerome.engine.settings import TRACE
+from timerome.errors import TimeromeError
 
 REMASKING = "low_confidence"
 READOUTS = ("decided", "aligned")
@@ -46,6 +49,13 @@ READOUTS = ("decided", "aligned")
 # is traced with (with a fixed sigma, the same TIE up to float rounding; the s3 sigma still depends on the
 # facts traced). Beyond the paper, which does not say how its noise is drawn.
 NOISE_DRAWS = ("in_order", "per_fact")
+# which answer positions log p(o | x_k) sums over: "all" (the default: every position of the answer, the
+# paper's log p of the object's tokens); "no_subject" leaves out the positions where the answer repeats the
+# subject's own tokens ("Isgor Quielson was born in Pellmoor ." scores "was born in Pellmoor ."), so that a
+# TIE is the model restoring the fact, not the name it echoes from the prompt (`scored_positions`). The
+# trajectory is the same either way: those positions are still denoised and revealed, only not summed.
+# Beyond the paper, which scores the object; docs/ar-contrast.md measures what the echo carries.
+READ_POSITIONS = ("all", "no_subject")
 
 
 # ------------------------------------------------------------------------------ the definition
@@ -98,14 +108,39 @@ def object_logprobs(gen_logits: torch.Tensor, object_ids: torch.Tensor, only: to
     return picked - logits.logsumexp(-1)
 
 
-def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, readout: str):
+def read_out(pos: torch.Tensor, masked: torch.Tensor, decided: torch.Tensor, readout: str,
+             scored: torch.Tensor | None = None):
     """log p(o | x_k) [B] from this forward's per-position log-probs pos [B, G].
 
     masked [B, G]: positions still masked in x_k. decided [B, G]: each position's log-prob from
-    the forward that last saw it masked. Returns (score [B], updated decided).
+    the forward that last saw it masked. scored [B, G] (bool, broadcastable): the positions summed
+    (`scored_positions`); None: all. Returns (score [B], updated decided).
     """
     decided = torch.where(masked, pos, decided)
-    return (pos if readout == "aligned" else decided).sum(-1), decided
+    return summed(pos if readout == "aligned" else decided, scored), decided
+
+
+def summed(values: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
+    """values [B, G] summed over the positions `scored` (bool, broadcastable; None: all of them)."""
+    return (values if scored is None else values.masked_fill(~scored, 0.0)).sum(-1)
+
+
+def scored_positions(item, read_positions: str = TRACE.read_positions) -> torch.Tensor | None:
+    """The answer positions log p(o | x_k) sums over (`READ_POSITIONS`), bool [G]; None for "all".
+    "no_subject": every answer position but those inside a repeat of the subject's tokens (the prompt's
+    tokens at the subject positions, the same ids in the same order). An answer that spells the subject
+    with other tokens has no repeat found, and then every position is scored."""
+    if read_positions not in READ_POSITIONS:
+        raise TimeromeError(f"unknown read_positions {read_positions!r}; choose one of {', '.join(READ_POSITIONS)}")
+    if read_positions == "all":
+        return None
+    subject = item.prompt_ids[item.subject_pos].tolist()
+    answer, S = item.object_ids.tolist(), len(subject)
+    keep = torch.ones(len(answer), dtype=torch.bool)
+    for start in range(len(answer) - S + 1):
+        if answer[start:start + S] == subject:
+            keep[start:start + S] = False
+    return keep
 
 
 def reveal(x_gen: torch.Tensor, gen_logits: torch.Tensor, n, mask_id: int) -> torch.Tensor:
@@ -135,10 +170,11 @@ def forwards_read(n_object: int, steps: int, readout: str = TRACE.readout) -> in
 
 @torch.no_grad()
 def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: TraceState | None = None,
-                   rows: int = 1, readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
+                   rows: int = 1, readout: str = TRACE.readout,
+                   scored: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise [prompt | mask * G] for `steps` steps plus one scoring forward, under whatever hooks
     the caller installed (`state`'s step, and that of every open `Hooks`, is set before every
-    forward: `hooks.denoising_steps`).
+    forward: `hooks.denoising_steps`). scored [G]: the answer positions summed (`scored_positions`).
 
     Returns (logp [rows, K + 1], xs [K + 1, rows, P + G]): log p(o | x_k) and the input x_k of forward k.
     """
@@ -156,7 +192,8 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
             xs.append(x.clone())
             gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
             masked = x[:, P:] == backbone.mask_id
-            score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout)
+            score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout,
+                                      None if scored is None else scored.to(backbone.device))
             logps.append(score)
             if k < steps:
                 x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
@@ -195,7 +232,8 @@ def add_noise(noise):
 
 @torch.no_grad()
 def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = TRACE.tau,
-                readout: str = TRACE.readout) -> tuple[torch.Tensor, torch.Tensor]:
+                readout: str = TRACE.readout,
+                read_positions: str = TRACE.read_positions) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition, run literally: one full single-row trajectory per (fact, coordinate, sample).
 
     items: encoded facts; noises: per fact [N, S, H] (sigma applied), as `tracing.prepare` makes
@@ -206,8 +244,9 @@ def literal_tie(backbone, items, noises, coords, *, steps: int, tau: float = TRA
     full = torch.full((len(items), len(coords), K + 1), torch.nan)
     for f, (it, noise) in enumerate(zip(items, noises)):
         pos = it.subject_pos.to(backbone.device)
+        scored = scored_positions(it, read_positions)
         run = lambda st: run_trajectory(backbone, it.prompt_ids, it.object_ids, steps=K, state=st,  # noqa: E731
-                                        readout=readout)[0][0]
+                                        readout=readout, scored=scored)[0][0]
         state = TraceState()
         with capture(backbone, sites, state, positions=pos) as store:
             run(state)

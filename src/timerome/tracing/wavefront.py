@@ -97,7 +97,7 @@ from timerome.engine.hooks import (Hooks, TraceState, denoising_steps, hidden_st
 from timerome.engine.likelihood import logits_at
 from timerome.engine.sampler import HeadRead, reveal_masked
 from timerome.engine.settings import TRACE
-from timerome.tracing.tie import REMASKING, add_noise, read_out, reveal_schedule, subject_noise
+from timerome.tracing.tie import REMASKING, add_noise, read_out, reveal_schedule, subject_noise, summed
 
 
 class Rows:
@@ -486,7 +486,7 @@ def group_facts(facts, n_rows: int, batch_size: int) -> list[list[int]]:
 def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, readout: str = TRACE.readout, bar=None, *,
                 share_rows: bool = True, reuse_layers: bool = True, pack: bool = False,
                 assemble: bool = False, masked_head: bool = False, screen: bool = True,
-                block_tokens: int | None = None) -> tuple[list[dict], dict]:
+                block_tokens: int | None = None, scored: list | None = None) -> tuple[list[dict], dict]:
     """All runs of F facts of one length L, in lock-step. noises: per fact [N, S, H] (sigma applied).
 
     Rows (besides each fact's clean run, which leads every forward): the F * N corrupted rows (row f * N + s:
@@ -502,7 +502,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
     vocabulary head runs at the positions read only (the caller checks `masked_head_applies`); screen:
     the sampler step orders confidences by its float32 screen (`sampler.reveal_masked`, same tokens);
     block_tokens: each block runs on tiles of at most that many tokens (`hooks.row_tiles`; the caller
-    checks `rows_can_tile`), None: whole batches.
+    checks `rows_can_tile`), None: whole batches. scored: per fact the answer positions log p sums
+    (`tie.scored_positions`, bool [G]; None, or None for a fact: all of them).
     Every per-position array spans the L positions; the prompt holds no mask, so "masked" means
     "an answer position not yet committed".
 
@@ -527,6 +528,13 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
         table[f, 1:] = subject_noise(noise, it.subject_pos, L, backbone)
         budget[f] = torch.tensor(reveal_schedule(len(it.object_ids), K), device=device)
     table = table.view(F * (N + 1), L, -1)
+    # the positions each fact's log p sums: None (all, the default: the sums are those of every position)
+    summed_at = None
+    if scored is not None and any(s is not None for s in scored):
+        summed_at = answer.clone()
+        for f, (it, keep) in enumerate(zip(facts, scored)):
+            if keep is not None:
+                summed_at[f, len(it.prompt_ids):] = keep.to(device)
     subject_np = subject.cpu().numpy()  # the rows' bookkeeping is in numpy (module docstring)
     # blocks a splice leaves to its corrupted row, in the floor: those below its layer, and its own layer
     # (resid: spliced at its output; attn / mlp: it changes only the subject tokens there, position by position)
@@ -583,8 +591,8 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
             else:
                 live = np.ones(F, dtype=bool)
             if not live.any():  # nothing is read and nothing moves (the final step, always): every row keeps
-                lp_clean[:, j] = decided_clean.sum(-1).cpu()  # the log-probs it decided (`read_out` with no mask)
-                lp[:len(x), j] = decided.sum(-1).cpu()
+                lp_clean[:, j] = summed(decided_clean, summed_at).cpu()  # the log-probs it decided (`read_out`, no mask)
+                lp[:len(x), j] = summed(decided, None if summed_at is None else summed_at[_tensor(fact, device)]).cpu()
                 if bar is not None:
                     bar.advance(F)
                 continue
@@ -640,10 +648,11 @@ def trace_facts(backbone, facts, noises, sites, steps: int, batch_size: int, rea
                         key = f"{L}x{part}"
                         stats["block_batches"][key] = stats["block_batches"].get(key, 0) + 1
                 stats["head_positions"] += picked.shape[0] if masked_head else read.numel()
-            score, decided_clean = read_out(pos_clean, masked_clean, decided_clean, readout)
+            score, decided_clean = read_out(pos_clean, masked_clean, decided_clean, readout, summed_at)
             lp_clean[:, j] = score.cpu()
             share_t = _tensor(share, x.device)
-            score, decided = read_out(pos_run[share_t], x == mask_id, decided, readout)
+            score, decided = read_out(pos_run[share_t], x == mask_id, decided, readout,
+                                      None if summed_at is None else summed_at[_tensor(fact, device)])
             lp[:len(x), j] = score.cpu()
             if j < K:
                 x = gen_run[share_t]
