@@ -778,16 +778,22 @@ def test_per_fact_noise_gives_a_fact_the_same_tie_whatever_it_is_traced_with(bb,
     # another seed, other draws
     assert not torch.equal(prepare(bb, order, n_samples=2, sigma=0.5, seed=4, noise="per_fact")[3][0],
                            prepare(bb, order, n_samples=2, sigma=0.5, seed=3, noise="per_fact")[3][0])
-    path = whole.save(tmp_path / "t.safetensors")
-    assert TraceResult.load(path).settings["noise"] == "per_fact"
-    meta = path.with_suffix(".json")
-    saved = json.loads(meta.read_text())
-    saved["settings"]["noise"] = "shuffled"
-    meta.write_text(json.dumps(saved))
-    with pytest.raises(TimeromeError, match="settings.noise must be one of in_order, per_fact"):
-        TraceResult.load(path)
+    _setting_saved_and_checked(whole, tmp_path, "noise", "per_fact", "shuffled", "in_order, per_fact")
     with pytest.raises(TimeromeError, match="unknown noise draw 'shuffled'"):
         trace(bb, order, noise="shuffled", **FAST)
+
+
+def _setting_saved_and_checked(result, tmp_path, key: str, value: str, bad: str, choices: str) -> None:
+    """settings[key] == value survives a save and a load; a file whose value was changed to `bad` is refused
+    on load, naming the choices."""
+    path = result.save(tmp_path / "t.safetensors")
+    assert TraceResult.load(path).settings[key] == value
+    meta = path.with_suffix(".json")
+    saved = json.loads(meta.read_text())
+    saved["settings"][key] = bad
+    meta.write_text(json.dumps(saved))
+    with pytest.raises(TimeromeError, match=f"settings.{key} must be one of {choices}"):
+        TraceResult.load(path)
 
 
 # an answer that repeats its subject ("the author"), and one that does not
@@ -819,14 +825,7 @@ def test_read_positions_no_subject_leaves_the_repeated_name_out_of_log_p(bb, tmp
         assert (res.tie_full[0] - every.tie_full[0]).nan_to_num().abs().max() > 1e-3  # the name's positions counted
     assert res.facts[0]["unscored_positions"] == [0, 1] and res.facts[1]["unscored_positions"] == []
     assert res.settings["read_positions"] == "no_subject" and "read_positions" not in every.settings
-    path = res.save(tmp_path / "t.safetensors")
-    assert TraceResult.load(path).settings["read_positions"] == "no_subject"
-    meta = path.with_suffix(".json")
-    saved = json.loads(meta.read_text())
-    saved["settings"]["read_positions"] = "object"
-    meta.write_text(json.dumps(saved))
-    with pytest.raises(TimeromeError, match="settings.read_positions must be one of all, no_subject"):
-        TraceResult.load(path)
+    _setting_saved_and_checked(res, tmp_path, "read_positions", "no_subject", "object", "all, no_subject")
     with pytest.raises(TimeromeError, match="unknown read_positions 'object'"):
         trace(bb, ECHO, read_positions="object", **FAST)
     # a neighbour penalty compares like with like
