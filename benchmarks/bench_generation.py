@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 from timerome.backbones.tiny import random_backbone
+from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.common.cost import sync
 from timerome.engine.sampler import generate
-from timerome.common.allocator import MALLOC_CHOICES, MALLOC_HELP
 from timerome.engine.throughput import timing_clock
 from timerome.errors import script
 

@@ -6,9 +6,11 @@ class TimeromeError(Exception):
 
 
 class NotApplicable(TimeromeError):
-    """A method that cannot act on this backbone at all (a locate-then-edit baseline on a mixture of
-    experts, which has no single down projection to rewrite): a fact about the pair, not a bad input.
-    The table measurements record it as an "n/a" cell (`experiments.runner.with_edit`)."""
+    """A method that cannot act on this backbone at all: a locate-then-edit baseline on a mixture of
+    experts, which has no single down projection to rewrite; a rewrite memory on a model that never
+    says the target's tokens surely enough on the calibration rows, so it has no value to write. A fact
+    about the pair, not a bad input. The table measurements record it as an "n/a" cell
+    (`experiments.runner.with_edit`); a command (`timerome edit`) says it in one line."""
 
 
 class Interrupted(TimeromeError):

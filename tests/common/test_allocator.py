@@ -93,3 +93,11 @@ def test_the_benchmark_compares_fresh_processes_and_the_results_are_the_same(tmp
     got = json.loads((tmp_path / "m.json").read_text())["summary"]["likelihood"]
     assert got["identical_results"] and len(got["kept_seconds"]) == len(got["system_seconds"]) == 1
     assert got["kept_page_faults"] * 4 < got["system_page_faults"], got
+
+
+def test_thresholds_outside_a_c_int_are_refused():
+    """mallopt takes a C int: 4 GiB would reach it as its low 32 bits, 0 (trim at every free), and say True."""
+    with pytest.raises(TimeromeError, match=r"trim_threshold .* must be an integer in \[0, 2147483647\], got 4294967296"):
+        allocator.keep_freed_memory(trim_threshold=4 << 30)
+    with pytest.raises(TimeromeError, match="mmap_threshold"):
+        allocator.keep_freed_memory(mmap_threshold=-1)

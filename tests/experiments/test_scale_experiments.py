@@ -211,11 +211,15 @@ def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_pa
     md = (tmp_path / "xbackbone.md").read_text()
     assert f"| {row} | n/a | n/a | " in md and f"llada-moe/checkpoint: n/a ({row})" in md
     # the same class in a one-model table: canonical on the mixture of experts
+    # and the rewrite memory on a model that never says its target's tokens surely (the fixture's random
+    # weights): no value to write, so n/a, not the end of `experiment all` (stop 65 found it stopping there)
     res = run_experiment("canonical", model=models[0], seeds=(0,), out_dir=tmp_path / "c", progress=False,
-                         overrides=dict(n_mc=2, retain_authors=1, rouge=False, methods=methods))
+                         overrides=dict(n_mc=2, retain_authors=1, rouge=False, methods=(*methods, {"method": "rewrite"})))
     md = (tmp_path / "c" / "canonical.md").read_text()
     assert f"| {row} | n/a |" in md and f"n/a ({row}): the method cannot act on this model" in md
-    assert res["not_applicable"] == {row: saved["llada-moe/checkpoint"][row]}
+    assert "| rewrite | n/a |" in md and "n/a (rewrite): the method cannot act on this model" in md
+    assert res["not_applicable"][row] == saved["llada-moe/checkpoint"][row] and set(res["not_applicable"]) == {row, "rewrite"}
+    assert "never says" in res["not_applicable"]["rewrite"]
     # editing and robustness (what `experiment all` runs next) too: n/a rows, the other rows measured
     short = [{"method": "no_edit"}, {"method": "alphaedit", "config": {"grad_steps": 2, "stats_samples": 20}}]
     res = run_experiment("editing", model=models[0], seeds=(0,), out_dir=tmp_path / "e", progress=False,

@@ -1,6 +1,7 @@
 """Diffusion-time causal tracing: definition-level checks on tiny random models, and one check on
 the embedded default model that the traced hot coordinate carries real signal."""
 
+import dataclasses
 import json
 import math
 
@@ -813,6 +814,13 @@ def test_read_positions_no_subject_leaves_the_repeated_name_out_of_log_p(bb, tmp
     items = prepare(bb, ECHO, n_samples=2, sigma=0.5, seed=0)[0]
     assert scored_positions(items[0], "no_subject").tolist() == [False, False] + [True] * (len(items[0].object_ids) - 2)
     assert scored_positions(items[1], "no_subject").all() and scored_positions(items[0], "all") is None
+    # an answer that is all the subject scores nothing; one naming it in other tokens leaves nothing out: both said
+    only = prepare(bb, [dict(ECHO[0], object="the author")], n_samples=1, sigma=0.5, seed=0)[0][0]
+    with pytest.warns(UserWarning, match="every token of its answer repeats the subject 'the author'"):
+        assert not scored_positions(only, "no_subject").any()
+    other = dataclasses.replace(only, object_ids=torch.tensor([5, 6, 7]))
+    with pytest.warns(UserWarning, match="names the subject 'the author' in other tokens"):
+        assert scored_positions(other, "no_subject").all()
     res = trace(bb, ECHO, sigma=0.5, readout=readout, read_positions="no_subject", **FAST)
     coords = [(0, 0, "resid"), (1, 1, "attn"), (2, 2, "mlp"), (1, 0, "resid")]
     literal, _ = naive_tie(bb, ECHO, coords, steps=4, n_samples=2, sigma=0.5, readout=readout,

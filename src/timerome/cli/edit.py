@@ -211,8 +211,11 @@ def forget(*args, **kwargs):
 
 
 _edit_signature = inspect.signature(edit)
+_FORGET_DATA = typer.Option(None, "--data", "-d", help="the forget set: 'embedded:SPLIT', 'tofu:SPLIT' (with "
+                            "--tofu-dir) or a JSON/JSONL file of question/answer rows (default: embedded:forget01)")
 forget.__signature__ = _edit_signature.replace(  # typer reads it: edit's options, less --requests
-    parameters=[p for p in _edit_signature.parameters.values() if p.name != "requests"])
+    parameters=[p.replace(default=_FORGET_DATA) if p.name == "data" else p
+                for p in _edit_signature.parameters.values() if p.name != "requests"])
 forget.__annotations__ = {k: v for k, v in edit.__annotations__.items() if k != "requests"}
 app.command("forget", help="Make the model forget a forget set (--data, default embedded:forget01) with any method "
                            "(--method: timerome by default, or ga, npo, rmu, ...) and save the edit: `timerome edit` "

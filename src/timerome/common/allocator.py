@@ -18,8 +18,9 @@ and unmapped as before, so what is kept is bounded by the heap's own peak. The c
 this at start, and so does each Ray worker an experiment starts ($TIMEROME_KEEP_MEMORY=0 leaves
 malloc as it is in both); the Python API does not change its caller's process unless asked: call
 `timerome.keep_freed_memory()`. Setting a threshold turns off glibc's own adjustment of them for
-the process, and lasts until the process ends. The benchmarks set their process up as the command
-line does (`--malloc system` for glibc's defaults; `throughput.timing_clock`).
+the process, and lasts until the process ends. The timing benchmarks (those with `--malloc`, through
+`throughput.timing_clock`) set their process up as the command line does (`--malloc system` for
+glibc's defaults).
 
 Other C libraries (macOS, musl) have no mallopt with these parameters: nothing is changed there,
 and the function says so by returning False.
@@ -32,13 +33,15 @@ import ctypes.util
 import os
 import platform
 
+from timerome.common.checks import integer
 from timerome.errors import TimeromeError
 
 ENV = "TIMEROME_KEEP_MEMORY"
 M_TRIM_THRESHOLD = -1   # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 32 << 20   # glibc's upper limit on a 64-bit system (HEAP_MAX_SIZE / 2); mallopt refuses more
+MMAP_THRESHOLD = 32 << 20   # the largest threshold glibc's own adjustment reaches on a 64-bit system
 TRIM_THRESHOLD = 1 << 30
+INT_MAX = 2**31 - 1         # mallopt takes a C int
 MALLOC_CHOICES = ("kept", "system")   # a benchmark's --malloc: as the command line runs, or glibc's defaults
 MALLOC_HELP = ("kept: keep freed memory in the process, as `timerome` does (common/allocator.py); "
                "system: glibc's own trimming, a Python process's default")
@@ -46,10 +49,15 @@ MALLOC_HELP = ("kept: keep freed memory in the process, as `timerome` does (comm
 
 def keep_freed_memory(*, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
     """Keep freed memory in this process (module docstring); True where glibc took both settings,
-    False where the C library is not glibc (nothing changed)."""
+    False where the C library is not glibc (nothing changed) or glibc refused one (the mmap threshold
+    is set first, so a refused trim threshold leaves it set). Each threshold is bytes, 0..2^31 - 1."""
+    for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
+        # a C int: ctypes would pass a larger value's low 32 bits (4 GiB would become 0, trimming at every free)
+        integer(value, f"{name} (bytes; glibc's mallopt takes a C int)", lo=0, hi=INT_MAX)
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and \
         bool(libc.mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
 

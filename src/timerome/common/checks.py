@@ -97,12 +97,15 @@ def _inside(v, lo, hi, lo_open, hi_open) -> bool:
 def _range(kind: str, lo, hi, lo_open, hi_open, none) -> str:
     if hi is not None and hi >= INT64 - 1:
         hi = None  # "below 2**63" says it
+    def num(v) -> str:  # a whole bound exactly (2147483647, not 2.14748e+09), any other as :g
+        return str(int(v)) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else f"{v:g}"
+
     if lo is not None and hi is not None:
-        text = f"{kind} in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        text = f"{kind} in {'(' if lo_open else '['}{num(lo)}, {num(hi)}{')' if hi_open else ']'}"
     elif lo is not None:
-        text = f"{kind} {'>' if lo_open else '>='} {lo:g}"
+        text = f"{kind} {'>' if lo_open else '>='} {num(lo)}"
     elif hi is not None:
-        text = f"{kind} {'<' if hi_open else '<='} {hi:g}"
+        text = f"{kind} {'<' if hi_open else '<='} {num(hi)}"
     else:
         text = kind
     return text + (" (or null)" if none else "")

@@ -84,10 +84,10 @@ class ContextSpec:
 class CellWorker:
     """One Ray actor: the context built once, then any number of cells."""
 
-    def __init__(self, spec: ContextSpec, threads: int):
+    def __init__(self, spec: ContextSpec, threads: int, keep_memory: bool = True):
         # unpickling this class imported timerome.experiments, so every experiment's @measurement is here
         torch.set_num_threads(max(1, int(threads)))
-        if allocator.wanted():  # a worker process of timerome's own, set up as the command line sets its process
+        if keep_memory:  # a worker process of timerome's own, set up as the command line sets its process
             allocator.keep_freed_memory()
         self.ctx = spec.context()
 
@@ -120,7 +120,8 @@ def ray_executor(address: str | None = None, *, cpus_per_cell: int = 1, max_work
         n = min(len(cells), slots, max_workers or slots)
         actor = ray.remote(num_gpus=1 if gpu else 0, num_cpus=0 if gpu else int(cpus_per_cell))(CellWorker)
         spec_ref = ray.put(spec)
-        workers = [actor.remote(spec_ref, 1 if gpu else int(cpus_per_cell)) for _ in range(n)]
+        keep = allocator.wanted()  # read here, in the driver: a bad $TIMEROME_KEEP_MEMORY is one line, not an actor's
+        workers = [actor.remote(spec_ref, 1 if gpu else int(cpus_per_cell), keep) for _ in range(n)]
         pending = {}
         queue = list(enumerate(cells))
         try:

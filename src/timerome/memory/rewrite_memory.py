@@ -79,7 +79,7 @@ from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.engine.sampler import continuations
 from timerome.engine.settings import ANSWER
-from timerome.errors import TimeromeError
+from timerome.errors import NotApplicable, TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts, id_list
 from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CalibrationSubset,
                                              CodebookMemory, _n_sequences, left_out_header, read_left_out,
@@ -285,7 +285,7 @@ class RewriteMemory(CodebookMemory):
             return False
         if missing:
             words = ", ".join(repr(self.backbone.tokenizer.convert_ids_to_tokens(t)) for t in missing[:5])
-            raise TimeromeError(f"the model never says {words} surely enough on the calibration rows (p >= "
+            raise NotApplicable(f"the model never says {words} surely enough on the calibration rows (p >= "
                                 f"{MIN_VALUE_CONFIDENCE} where it predicts it), so the rewrite memory has no value "
                                 "to write: add calibration rows whose answers contain it")
         self._value_ids = torch.cat([self._value_ids, torch.tensor(tokens, dtype=torch.long)])

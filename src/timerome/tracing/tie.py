@@ -33,6 +33,9 @@ at a time; `timerome.tracing.wavefront` computes the same numbers fast.
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import torch
 
 from timerome.engine.hooks import Hooks, TraceState, capture, denoising_steps, patch
@@ -128,8 +131,10 @@ def summed(values: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
 def scored_positions(item, read_positions: str = TRACE.read_positions) -> torch.Tensor | None:
     """The answer positions log p(o | x_k) sums over (`READ_POSITIONS`), bool [G]; None for "all".
     "no_subject": every answer position but those inside a repeat of the subject's tokens (the prompt's
-    tokens at the subject positions, the same ids in the same order). An answer that spells the subject
-    with other tokens has no repeat found, and then every position is scored."""
+    tokens at the subject positions, the same ids in the same order); indices count from the answer's
+    first token. An answer that spells the subject with other tokens has no repeat found: every position
+    is scored, with a warning where the subject's text is in the answer; an answer that is all the
+    subject scores nothing (its TIE is 0), with a warning."""
     if read_positions not in READ_POSITIONS:
         raise TimeromeError(f"unknown read_positions {read_positions!r}; choose one of {', '.join(READ_POSITIONS)}")
     if read_positions == "all":
@@ -140,6 +145,13 @@ def scored_positions(item, read_positions: str = TRACE.read_positions) -> torch.
     for start in range(len(answer) - S + 1):
         if answer[start:start + S] == subject:
             keep[start:start + S] = False
+    name = f"fact {item.fact_id!r}"
+    if keep.all() and re.search(rf"(?<!\w){re.escape(item.subject)}(?!\w)", item.object):  # the name, as words
+        warnings.warn(f"{name}: its answer names the subject {item.subject!r} in other tokens than its prompt "
+                      "does, so read_positions='no_subject' leaves nothing of it out", stacklevel=2)
+    elif not keep.any():
+        warnings.warn(f"{name}: every token of its answer repeats the subject {item.subject!r}, so "
+                      "read_positions='no_subject' scores nothing of it and its TIE is 0", stacklevel=2)
     return keep
 
 
@@ -185,6 +197,7 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
     x[:, :P] = prompt.to(backbone.device)
     budget = reveal_schedule(G, steps)
     decided = torch.zeros(rows, G, device=backbone.device)
+    scored = None if scored is None else scored.to(backbone.device)
     logps, xs = [], []
     with denoising_steps(backbone, state) as at_step:
         for k in range(steps + 1):
@@ -192,8 +205,7 @@ def run_trajectory(backbone, prompt_ids, object_ids, *, steps: int, state: Trace
             xs.append(x.clone())
             gen_logits = backbone.logits(x)[:, P:]  # [rows, G, V]
             masked = x[:, P:] == backbone.mask_id
-            score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout,
-                                      None if scored is None else scored.to(backbone.device))
+            score, decided = read_out(object_logprobs(gen_logits, obj), masked, decided, readout, scored)
             logps.append(score)
             if k < steps:
                 x[:, P:] = reveal(x[:, P:], gen_logits, budget[k], backbone.mask_id)
