@@ -204,7 +204,7 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     assert code == 2 and "--read-positions must be one of all, no_subject" in out and not (tmp_path / "u").exists(), out
     code, out = run("trace", "--out", tmp_path / "r", "--n-facts", 2, "--n-samples", 2, "--steps", 4,
                     "--read-positions", "no_subject")
-    assert code == 0, out
+    assert code == 0 and "the subject's repeat in each answer not scored" in " ".join(out.split()), out
     got = TraceResult.load(tmp_path / "r" / "trace.safetensors")
     assert got.settings["read_positions"] == "no_subject" and got.facts[0]["unscored_positions"] == [0, 1]
     code, out = run("trace", "--positional", "--out", tmp_path / "u", "--read-positions", "no_subject")

@@ -138,7 +138,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         print_json(dict(sel, files=files))
         return
     objective = "mean |TIE|" + (f" - {beta:g} x neighbours' mean |TIE|" if other is not None else "")
-    t = Table(title=f"top coordinates: {objective} over {len(result.fact_ids)} facts (nats)")
+    unscored = (", the subject's repeat in each answer not scored (--read-positions no_subject)"
+                if read_positions == "no_subject" else "")
+    t = Table(title=f"top coordinates: {objective} over {len(result.fact_ids)} facts (nats){unscored}")
     for c in ("rank", "layer", "step", "module", objective, ""):
         t.add_column(c)
     for i, c in enumerate(top[:5]):

@@ -81,8 +81,9 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
     s = result.settings
     penalty = (f" - {s['beta']:g} x neighbours' = {selected.score:.3g}"
                if fact is None and selected.neighbour_abs_tie and s.get("beta") else "")
+    unscored = ", the subject's repeat in the answer not scored" if s.get("read_positions") == "no_subject" else ""
     fig.suptitle(title or f"diffusion-time TIE, {what}  (sigma={s.get('sigma', float('nan')):.3g}, "
-                 f"tau={s.get('tau')}, {s.get('n_samples')} noise samples)\nbox: layer {selected.layer} "
+                 f"tau={s.get('tau')}, {s.get('n_samples')} noise samples{unscored})\nbox: layer {selected.layer} "
                  f"{selected.module} step {selected.step}, {'mean ' if fact is None else ''}|TIE| "
                  f"{selected.mean_abs_tie:.3g} nats{penalty}", fontsize=10)
     path = Path(path)
