@@ -67,7 +67,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError("--compare draws the positional trace beside TIE: add --positional")
     if window is not None and not positional:
         raise TimeromeError("--window is the positional trace's: add --positional")
-    tie_only = {"--steps": steps, "--tau": tau, "--readout": readout, "--read-positions": read_positions}  # the TIE trace's: with --positional, --compare's
+    # the TIE trace's: with --positional, --compare's
+    tie_only = {"--steps": steps, "--tau": tau, "--readout": readout, "--read-positions": read_positions}
     unread = [k for k, v in ({"--beta": beta or None, "--neighbours": neighbours} if positional else {}).items()
               if v is not None] + [k for k, v in tie_only.items() if v is not None and positional and not compare]
     if unread:

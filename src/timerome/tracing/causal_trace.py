@@ -27,7 +27,7 @@ from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.result import TraceFile, TraceResult
-from timerome.tracing.tie import (NOISE_DRAWS, READ_POSITIONS, READOUTS, REMASKING, aggregate, later_steps, literal_tie,
+from timerome.tracing.tie import (NOISE_DRAWS, READOUTS, REMASKING, aggregate, later_steps, literal_tie,
                                   scored_positions)
 from timerome.tracing.tie import tie as tie_of
 from timerome.tracing.wavefront import (group_facts, rows_can_assemble, rows_can_join, rows_can_pack, rows_can_tile,
@@ -61,15 +61,12 @@ def refuse_causal(backbone) -> None:
                             "timerome.tracing.positional_trace)")
 
 
-def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed,
-           read_positions=TRACE.read_positions):
+def _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout, seed):
     refuse_causal(backbone)
     integer(steps, "steps", lo=1)
     number(tau, "tau (the decay rate of the later steps' weights exp(-tau (k' - k)); 0: equal weights)", lo=0)
     if readout not in READOUTS:
         raise TimeromeError(f"unknown readout {readout!r}; choose one of {', '.join(READOUTS)}")
-    if read_positions not in READ_POSITIONS:
-        raise TimeromeError(f"unknown read_positions {read_positions!r}; choose one of {', '.join(READ_POSITIONS)}")
     modules, layers = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
     F, C = len(facts), len(modules) * len(layers)
     # a patched row at step k runs the K - k steps left: about N C K^2 / 2 rows per fact
@@ -196,10 +193,10 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
     model_arg(backbone, "trace's backbone")
     facts = default_facts() if facts is None else fact_list(facts)
     modules, layers = _check(backbone, facts, steps, n_samples, sigma, tau, modules, layers, batch_size, readout,
-                             seed, read_positions)
+                             seed)
     integer(block_tokens, "block_tokens (0: whole batches)", lo=0, none=True)
     items, sig, rule, noises = prepare(backbone, facts, n_samples=n_samples, sigma=sigma, seed=seed, noise=noise)
-    scored = [scored_positions(it, read_positions) for it in items]
+    scored = [scored_positions(it, read_positions) for it in items]  # refuses an unknown read_positions
     sites = [(l, m) for m in modules for l in layers]  # site c = module index * Ly + layer index
     M, Ly, K = len(modules), len(layers), steps
     ties, clean, corrupted, infos = [], [], [], []

@@ -175,11 +175,11 @@ def _check_compatible(result, neighbours) -> None:
         raise TimeromeError(f"the neighbour trace was made on another model (fingerprint {nfp} != {fp})")
     # the penalty compares like with like: the same noise scale (trace's default s3 rule gives each set of
     # facts its own), the same decay and read-out; the number of noise samples only changes the noise
-    for key, hint in (("sigma", "sigma=result (its noise scale)"), ("tau", "the same tau"),
-                      ("readout", "the same readout"), ("read_positions", "the same read_positions")):
-        a, b = result.settings.get(key), neighbours.settings.get(key)
-        if key == "read_positions":  # recorded only where it is not "all" (tie.READ_POSITIONS)
-            a, b = a or READ_POSITIONS[0], b or READ_POSITIONS[0]
+    # (each key's value where a file has none: read_positions is recorded only where it is not "all")
+    for key, hint, absent in (("sigma", "sigma=result (its noise scale)", None), ("tau", "the same tau", None),
+                              ("readout", "the same readout", None),
+                              ("read_positions", "the same read_positions", READ_POSITIONS[0])):
+        a, b = result.settings.get(key, absent), neighbours.settings.get(key, absent)
         differ = (abs(a - b) > 1e-6 * max(abs(a), abs(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float))
                   else a != b)
         if a is not None and b is not None and differ:
