@@ -11,6 +11,7 @@ from timerome import TimeromeError, load_backbone
 from timerome.data.rows import spread
 from timerome.data.task import forget_task
 from timerome.evaluation.evaluator import eval_rows, evaluate, lp_only, trajectory_logprobs
+from timerome.experiments.ablations import ECHO_ROW
 from timerome.methods import METHODS, ForgetTask, available, get_method, install, method_config, register, weight_edit
 
 
@@ -189,7 +190,9 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     abl = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
                          overrides=dict(small, traj_steps=4))
     rows = abl["summary"]
-    assert len(rows) == 8 and "ForgetTrajLP" in rows["no_edit"]  # with "AR positional"
+    assert len(rows) == 9 and "ForgetTrajLP" in rows["no_edit"]  # with "AR positional" and the no-echo trace
+    assert "ForgetLP" in rows[ECHO_ROW] and "ForgetTrajLP" in rows[ECHO_ROW]
+    assert "Traced without the subject's echo: layer " in abl["markdown"]
     one_step = next(r for r in rows if r.startswith("one step"))
     assert "ForgetLP" not in rows[one_step] and "ForgetTrajLP" in rows[one_step]
 

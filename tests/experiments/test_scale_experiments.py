@@ -106,6 +106,15 @@ def test_radar_draws_what_was_run_and_names_what_was_not(bb, runs, npo_run):
     base = abl["no_edit"]["ForgetLP"]["mean"]
     ours = base - abl["resid, all steps, traced layer (TimeROME)"]["ForgetLP"]["mean"]
     assert res["axes"]["ablations"]["value"] == pytest.approx(ours)
+    # the comparator is another design: the best of the other rows, never TimeROME traced with another read-out
+    from timerome.experiments.ablations import ECHO_ROW
+    from timerome.experiments.radar import ablation_axis
+
+    others = {r: base - c["ForgetLP"]["mean"] for r, c in abl.items()
+              if r not in ("no_edit", ECHO_ROW, "resid, all steps, traced layer (TimeROME)") and "ForgetLP" in c}
+    assert res["axes"]["ablations"]["comparator"] == pytest.approx(max(others.values()))
+    echo = dict(abl[ECHO_ROW], ForgetLP=dict(abl[ECHO_ROW]["ForgetLP"], mean=base - 1e6))  # it would win by far
+    assert ablation_axis(dict(summary={**abl, ECHO_ROW: echo}))["comparator"] == pytest.approx(max(others.values()))
     md = (runs / "radar" / "radar.md").read_text()
     assert "| utility | – |" in md and (runs / "radar" / "radar.png").stat().st_size > 1000
 

@@ -839,3 +839,47 @@ def test_read_positions_no_subject_leaves_the_repeated_name_out_of_log_p(bb, tmp
     # a neighbour penalty compares like with like
     with pytest.raises(TimeromeError, match="read_positions"):
         select_coordinate(res, every, beta=1.0)
+
+
+def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatch):
+    """The timerome method's own trace takes TIE's read-out (trace_read_positions): its trace is the API's
+    trace under it, and the edit is placed by it; at the default the trace's cache key and an experiment
+    cell's key are the ones from before the option (no "read_positions" in either), so results already
+    cached stay found; an unknown value, or the option with ROME's positional trace or through `timerome
+    edit --config`, is refused in one line."""
+    from timerome.data.facts import Fact
+    from timerome.data.task import ForgetTask
+    from timerome.experiments.runner import Cell, Context
+    from timerome.methods import install, method_config
+    from timerome.methods.timerome_edit import select, trace_forget_set
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    small = dict(trace_steps=4, trace_samples=2, trace_facts=2)
+    cfg = method_config("timerome", dict(small, trace_read_positions="no_subject"))
+    facts = [Fact(**f, target="sea rain") for f in ECHO]
+    res = trace_forget_set(bb, facts, cfg)
+    direct = trace(bb, ECHO, steps=4, n_samples=2, seed=0, read_positions="no_subject", progress=False)
+    assert res.settings["read_positions"] == "no_subject" and res.facts[0]["unscored_positions"] == [0, 1]
+    torch.testing.assert_close(res.tie_full.nan_to_num(), direct.tie_full.nan_to_num(), atol=0, rtol=0)
+    every = trace_forget_set(bb, facts, method_config("timerome", small))
+    assert "read_positions" not in every.settings
+    assert (res.tie_full[0] - every.tie_full[0]).nan_to_num().abs().max() > 1e-3
+    traces = sorted(p.name for p in (tmp_path / "cache" / "traces").glob("*.safetensors"))
+    assert len(traces) == 2  # one cached trace per read-out
+
+    task = ForgetTask(forget_rows=[], facts=facts, background=["the author was born in the city of books ."] * 4)
+    edit = install("timerome", bb, task, dict(small, trace_read_positions="no_subject"))
+    try:
+        assert edit.info["mean_abs_tie"] == pytest.approx(select(res).mean_abs_tie, abs=0, rel=1e-12)
+        assert edit.config["trace_read_positions"] == "no_subject"
+    finally:
+        edit.undo()
+
+    ctx = Context(backbone=bb, progress=False)
+    plain, other = (Cell("lp", "timerome", c).key(ctx)["config"] for c in ({}, {"trace_read_positions": "no_subject"}))
+    assert "trace_read_positions" not in plain and other["trace_read_positions"] == "no_subject"
+    assert {k: v for k, v in other.items() if k != "trace_read_positions"} == plain
+    with pytest.raises(TimeromeError, match="trace_read_positions must be 'all' or 'no_subject', got 'object'"):
+        method_config("timerome", {"trace_read_positions": "object"})
+    with pytest.raises(TimeromeError, match="ROME's positional trace"):
+        install("timerome", bb, task, dict(small, trace_kind="positional", trace_read_positions="no_subject"))

@@ -243,7 +243,7 @@ def _check_options(method: str, given: dict) -> None:
 # timerome's settings that choose its own trace, which `timerome edit` does not run (it edits at --trace's
 # best layer, --layer, or the model's default)
 TRACE_SETTINGS = ("trace_facts", "trace_steps", "trace_samples", "trace_modules", "select_modules", "trace_seed",
-                  "trace_kind")
+                  "trace_kind", "trace_read_positions")
 
 
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
@@ -252,8 +252,8 @@ def _timerome_config(overrides: dict, given: dict, target: str, default_target: 
     trace = [k for k in TRACE_SETTINGS if k in overrides]
     if trace:
         raise TimeromeError(f"--config {', '.join(trace)}: the method's own trace, which `timerome edit` does not "
-                            "run; trace with `timerome trace` (--n-facts, --steps, --n-samples, --seed) and pass "
-                            "--trace")
+                            "run; trace with `timerome trace` (--n-facts, --steps, --n-samples, --seed, "
+                            "--read-positions) and pass --trace")
     if "coordinate" in overrides:
         raise TimeromeError("--config coordinate: give the coordinate as --layer, --module and --step (or --trace)")
     overrides = {k: v for k, v in overrides.items() if v is not None}  # null: the default, as leaving it out

@@ -13,6 +13,10 @@ TimeROME rows are placed by (the paper's Figure "heatmap_compare"). On an autore
 TIE does not exist: only the rows that need no TIE trace are run (no_edit, AR positional, random,
 last layer), on the MC likelihood only (no denoising trajectory), and the figure is the positional
 trace alone.
+
+Beyond the paper, "TIE without the subject's echo": the same memory at the layer a TIE trace picks when
+log p(object) leaves out the answer positions that repeat the subject's tokens (trace_read_positions
+"no_subject", `tracing.tie.scored_positions`): whether the read-out, not the fact, places the edit.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
 
 AR_ROW = "AR positional (ROME's site: MLP at the last subject token)"
 AR_CONFIG = dict(trace_kind="positional", select_modules=["mlp"])
+ECHO_ROW = "resid, all steps, layer traced without the subject's echo (beyond the paper)"
 
 
 def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]]:
@@ -44,7 +49,8 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
         (f"one step only (k={cfg['one_step']})", "timerome", dict(base, step=cfg["one_step"])),
         ("random layer / module", "random_layer", {k: v for k, v in base.items() if not k.startswith("trace")}),
         (f"last layer {n_layers - 1} resid", "timerome", dict(base, coordinate=[n_layers - 1, "resid"])),
-        (AR_ROW, "timerome", dict(base, **AR_CONFIG)),
+        (AR_ROW, "timerome", dict({k: v for k, v in base.items() if k != "trace_read_positions"}, **AR_CONFIG)),
+        (ECHO_ROW, "timerome", dict(base, trace_read_positions="no_subject")),
     ]
     if causal:
         rows = [r for r in rows if r[1] != "timerome" or r[2].get("coordinate") or r[2].get("trace_kind") == "positional"]
@@ -68,7 +74,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary, na = summarise(by_row(cells, results), COLUMNS), not_applicable_rows(cells, results)
-    md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)}{positional_note(results)} Traj columns: "
+    md = markdown(summary, COLUMNS, "Ablations", f"{coordinate_note(results)}{positional_note(results)}"
+                  f"{echo_note(cells, results)} Traj columns: "
                   "log-likelihood read "
                   f"along the greedy denoising trajectory ({cfg['traj_steps']} steps max), the only place a "
                   "one-step edit exists.", not_applicable=na)
@@ -86,6 +93,16 @@ def positional_note(results) -> str:
         if info.get("coordinate_source") == "positional trace":
             return (f" AR positional coordinate: layer {info['layer']} {info['point']} (mean positional effect "
                     f"{info['positional_effect']:.3g} at the {info['category']}).")
+    return ""
+
+
+def echo_note(cells, results) -> str:
+    """Where the no-echo row's memory sat (its trace's choice), for the table's note."""
+    for cell, r in zip(cells, results):
+        info = (r or {}).get("info") or {}
+        if cell.row == ECHO_ROW and info.get("coordinate_source") == "traced":
+            return (f" Traced without the subject's echo: layer {info['layer']} {info['point']} (mean |TIE| "
+                    f"{info['mean_abs_tie']:.3g} at step {info['traced_step']}).")
     return ""
 
 

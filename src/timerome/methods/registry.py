@@ -41,6 +41,7 @@ from timerome.common.checks import shown
 from timerome.common.cost import measure
 from timerome.data.task import ForgetTask
 from timerome.errors import TimeromeError
+from timerome.tracing.tie import READ_POSITIONS
 
 
 @dataclass
@@ -122,6 +123,12 @@ class Method:
     doc: str
     prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
     deterministic: bool = False  # its install draws nothing at random: the seed it is given changes nothing
+    added: tuple = ()  # options added after results were cached: at their default they stay out of a cell's key
+
+    def keyed(self, config: dict) -> dict:
+        """config without the `added` options left at their defaults: what names a cached result, so
+        that a new option leaves the results computed before it where they are."""
+        return {k: v for k, v in config.items() if not (k in self.added and v == self.defaults[k])}
 
 
 METHODS: dict[str, Method] = {}
@@ -130,18 +137,23 @@ _loaded = False
 
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
-             kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False):
+             kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False,
+             added: tuple = ()):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True: its install
-    draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed)."""
+    draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed).
+    added: options (of `defaults`) added after results were cached; `Method.keyed`."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
+    undeclared = sorted(set(added) - set(defaults or {}))
+    if undeclared:
+        raise TimeromeError(f"method {name!r}: added options {undeclared} have no default")
 
     def deco(fn):
         if name in METHODS and METHODS[name].install is not fn:
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic)
+                               deterministic, tuple(added))
         return fn
 
     return deco
@@ -256,6 +268,8 @@ def _check_option(method: str, key: str, default, value) -> None:
         bad("a number")
     if key == "trace_kind" and value not in ("tie", "positional"):
         bad("'tie' or 'positional'")
+    if key == "trace_read_positions" and value not in READ_POSITIONS:
+        bad(" or ".join(map(repr, READ_POSITIONS)))
     if key == "layers" and value is not None and (
             not isinstance(value, (list, tuple)) or not value or not all(_is_a(numbers.Integral, v) for v in value)):
         bad("null or a non-empty list of layer indices")

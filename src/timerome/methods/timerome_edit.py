@@ -52,6 +52,7 @@ DEFAULTS = dict(
     select_modules=("resid",), trace_seed=0,
     trace_kind="tie",     # "tie": the diffusion-time trace; "positional": ROME's positional trace, the coordinate
                           # of the largest mean effect at the last subject token among select_modules
+    trace_read_positions=TRACE.read_positions,  # TIE's read-out: "all" (the paper) or "no_subject" (tie.py)
 )
 TRACE_KINDS = ("tie", "positional")
 # the paper's four (alpha, q) operating points in the paper's memory (Eq. multifact: raw keys, an absolute
@@ -73,6 +74,9 @@ def trace_forget_set(backbone, facts, config, progress: bool = False) -> TraceRe
     """TIE trace of the validation subset, cached on disk by its inputs."""
     settings = dict(steps=int(config["trace_steps"]), n_samples=int(config["trace_samples"]),
                     modules=tuple(config["trace_modules"]), seed=int(config["trace_seed"]))
+    read = config.get("trace_read_positions", TRACE.read_positions)
+    if read != TRACE.read_positions:  # named only where not the paper's, so that earlier cached traces stay found
+        settings["read_positions"] = read
     return _cached_trace("trace", backbone, facts, config, settings, trace, TraceResult.load, progress)
 
 
@@ -120,6 +124,10 @@ def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, 
         coord, info = Coordinate.of(config["coordinate"]), {"coordinate_source": "given"}
     elif kind == "positional":
         from timerome.tracing.positional_trace import select_positional
+
+        if config.get("trace_read_positions", TRACE.read_positions) != TRACE.read_positions:
+            raise TimeromeError("trace_read_positions chooses TIE's read-out; ROME's positional trace "
+                                "(trace_kind 'positional') reads the object at the answer as it is")
 
         t0 = time.perf_counter()
         result = positional_forget_set(backbone, task.validation_facts, config, progress)
@@ -194,7 +202,8 @@ def prepare(backbone, task, config) -> None:
     background_stats(backbone, coordinate, task, config)
 
 
-@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True)
+@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True,
+          added=("trace_read_positions",))
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
