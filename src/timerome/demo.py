@@ -119,8 +119,8 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
                                                                                      if k == "alpha"}))
                   for s in seeds for m, over in sweep]
         psum = summarise(by_row(pcells, runner.run(pcells, ctx, "pareto sweep")), ["ForgetLP", "RetainLP"])
-        files["pareto"] = plot_pareto(psum, [label("timerome", {"alpha": a}) for a in cfg["alphas"]],
-                                      out / "pareto.png")
+        files["pareto"] = plot_pareto(psum, {"TimeROME alpha sweep": [label("timerome", {"alpha": a})
+                                                                      for a in cfg["alphas"]]}, out / "pareto.png")
         clock.lap("pareto sweep")
     files.update(write_outputs(out, "demo", dict(summary=summary, coordinate=[coord.layer, coord.point], config=cfg,
                                                  phases=clock.phases), md))

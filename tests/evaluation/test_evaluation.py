@@ -147,6 +147,39 @@ def test_experiment_resumes_from_cached_cells(bb, tmp_path, monkeypatch):
     assert d["n"] == 2 and d["lo"] <= d["mean"] <= d["hi"] and "p" in d
 
 
+def test_pareto_sweeps_each_frontier_and_keeps_the_cached_one(bb, tmp_path, monkeypatch):
+    """frontiers: each timerome setting swept over alphas, its own rows and line; the default frontier's
+    cells are the ones from before the setting (found in the cache, not recomputed); the note says where
+    each other frontier put its memory; a frontier naming alpha or q, or none at all, is refused."""
+    from timerome import experiments
+    from timerome.experiments import runner
+
+    over = dict(n_mc=2, n_retain=3, n_world=2, alphas=(6.0,), paper_point=None, methods=["no_edit"])
+    experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path, overrides=over, progress=False, backbone=bb)
+    computed, execute = [], runner.execute
+
+    def counted(cell, ctx):
+        computed.append(cell.row)
+        return execute(cell, ctx)
+
+    monkeypatch.setattr(runner, "execute", counted)
+    other = {"coordinate": [bb.n_layers - 1, "resid"]}
+    res = experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path, progress=False, backbone=bb,
+                                     overrides=dict(over, frontiers=[{}, other]))
+    row = f"timerome (coordinate=[{bb.n_layers - 1}, 'resid'], alpha=6, q=0)"
+    assert computed == [row]  # the default frontier and no_edit came from the cache
+    assert res["summary"][row]["ForgetLP"]["mean"] != res["summary"]["timerome (alpha=6, q=0)"]["ForgetLP"]["mean"]
+    assert f"TimeROME alpha sweep (coordinate=[{bb.n_layers - 1}, 'resid']): layer {bb.n_layers - 1} resid." in \
+        res["markdown"]
+    for bad in ([{"alpha": 2.0}], [], [{}, {"q": 4}], ["resid"]):
+        with pytest.raises(TimeromeError, match="frontiers must be a non-empty list of timerome settings objects"):
+            experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path / "bad", progress=False, backbone=bb,
+                                       overrides=dict(over, frontiers=bad))
+    with pytest.raises(TimeromeError, match="no option alhpa"):
+        experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path / "bad", progress=False, backbone=bb,
+                                   overrides=dict(over, frontiers=[{"alhpa": 1}]))
+
+
 def test_unknown_experiment_and_setting_raise(bb, tmp_path):
     from timerome.experiments import run_experiment
 

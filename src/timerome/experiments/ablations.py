@@ -49,7 +49,8 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
         (f"one step only (k={cfg['one_step']})", "timerome", dict(base, step=cfg["one_step"])),
         ("random layer / module", "random_layer", {k: v for k, v in base.items() if not k.startswith("trace")}),
         (f"last layer {n_layers - 1} resid", "timerome", dict(base, coordinate=[n_layers - 1, "resid"])),
-        (AR_ROW, "timerome", dict({k: v for k, v in base.items() if k != "trace_read_positions"}, **AR_CONFIG)),
+        (AR_ROW, "timerome", dict({k: v for k, v in base.items() if k != "trace_read_positions"},  # TIE's read-out
+                                  **AR_CONFIG)),
         (ECHO_ROW, "timerome", dict(base, trace_read_positions="no_subject")),
     ]
     if causal:

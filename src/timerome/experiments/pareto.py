@@ -1,4 +1,11 @@
-"""pareto: TimeROME's alpha sweep, -ForgetLP vs RetainLP, against every other method (paper Figure "Pareto")."""
+"""pareto: TimeROME's alpha sweep, -ForgetLP vs RetainLP, against every other method (paper Figure "Pareto").
+
+`frontiers`: the timerome settings each swept over `alphas`, one line each ({}: the traced coordinate,
+the paper's figure). Beyond the paper, a frontier at another coordinate or trace read-out, e.g.
+`{"frontiers": [{}, {"coordinate": [0, "resid"]}, {"trace_read_positions": "no_subject"}]}`, asks
+whether the traced coordinate gives the best forget / retain trade-off, not only the most forgetting at
+one alpha. The sweep sets alpha and q; a frontier that names either is refused.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +21,24 @@ NAME = "pareto"
 ORDER = 50
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", q=EDIT.q,
               alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point=paper_point(2.0, 4), methods=None,
-              retain_authors=None, splits=None)  # as canonical's
+              retain_authors=None, splits=None,  # as canonical's
+              frontiers=({},))
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 
 
 def sweep(cfg) -> list[tuple[str, dict]]:
-    return [("timerome", {"alpha": a, "q": cfg["q"]}) for a in cfg["alphas"]]
+    return [("timerome", dict(f, alpha=a, q=cfg["q"])) for f in cfg["frontiers"] for a in cfg["alphas"]]
+
+
+def frontier_name(f: dict) -> str:
+    """A frontier's line in the figure and the note."""
+    return "TimeROME alpha sweep" + (" (" + ", ".join(f"{k}={v}" for k, v in f.items()) + ")" if f else "")
+
+
+def frontier_rows(cfg) -> dict[str, list[str]]:
+    """{frontier name: its rows, by alpha}."""
+    return {frontier_name(f): [label("timerome", dict(f, alpha=a, q=cfg["q"])) for a in cfg["alphas"]]
+            for f in cfg["frontiers"]}
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
@@ -39,7 +58,20 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
     coord, na = traced_coordinate(results), not_applicable_rows(cells, results)
     md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; coordinate layer "
-                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.", not_applicable=na)
+                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.{frontier_note(cfg, cells, results)}",
+                  not_applicable=na)
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord, not_applicable=na), md)
-    files["png"] = plot_pareto(summary, [label(m, o) for m, o in sweep(cfg)], out_dir / f"{NAME}.png")
+    files["png"] = plot_pareto(summary, frontier_rows(cfg), out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, not_applicable=na)
+
+
+def frontier_note(cfg, cells, results) -> str:
+    """Where each frontier beyond the first put its memory (the first cell of it that installed one)."""
+    rows = frontier_rows(cfg)
+    said = []
+    for name, mine in list(rows.items())[1:]:
+        info = next(((r or {}).get("info") or {} for c, r in zip(cells, results)
+                     if c.row in mine and ((r or {}).get("info") or {}).get("layer") is not None), None)
+        if info:
+            said.append(f"{name}: layer {info['layer']} {info['point']}")
+    return (" " + "; ".join(said) + ".") if said else ""

@@ -321,24 +321,30 @@ def plot_sequential(summary, path) -> str:
     return save_png(fig, path)
 
 
-def plot_pareto(summary: dict, frontier: list[str], path) -> str:
-    """-ForgetLP (right = more forgetting) vs RetainLP (up = more utility); CI ribbons/bars."""
+def plot_pareto(summary: dict, frontiers: dict[str, list[str]], path) -> str:
+    """-ForgetLP (right = more forgetting) vs RetainLP (up = more utility); CI ribbons/bars. frontiers:
+    {line name: its rows, in sweep order}, one line each; every other row is a point."""
     fig = figure(6.4, 4.6)
     ax = fig.subplots()
     both = {r for r, cols in summary.items() if "ForgetLP" in cols and "RetainLP" in cols}  # a point needs both
-    pts = [(summary[r]["ForgetLP"], summary[r]["RetainLP"], r) for r in frontier if r in both]
-    if pts:
+    colours = ["tab:purple", "tab:olive", "tab:cyan", "tab:brown", "tab:pink"]
+    for n, (name, rows) in enumerate(frontiers.items()):
+        pts = [(summary[r]["ForgetLP"], summary[r]["RetainLP"], r) for r in rows if r in both]
+        if not pts:
+            continue
+        colour = colours[n % len(colours)]
         x = [-f["mean"] for f, _, _ in pts]
-        ax.plot(x, [r["mean"] for _, r, _ in pts], "-o", color="tab:purple", label="TimeROME alpha sweep")
-        ax.fill_between(x, [r["lo"] for _, r, _ in pts], [r["hi"] for _, r, _ in pts], color="tab:purple", alpha=0.2)
+        ax.plot(x, [r["mean"] for _, r, _ in pts], "-o", color=colour, label=name)
+        ax.fill_between(x, [r["lo"] for _, r, _ in pts], [r["hi"] for _, r, _ in pts], color=colour, alpha=0.2)
         ax.errorbar(x, [r["mean"] for _, r, _ in pts], xerr=[[xi + f["hi"] for xi, (f, _, _) in zip(x, pts)],
                                                              [-f["lo"] - xi for xi, (f, _, _) in zip(x, pts)]],
-                    fmt="none", ecolor="tab:purple", alpha=0.6)
-        for xi, (_, r, name) in zip(x, pts):
-            ax.annotate("α=" + name.split("alpha=")[-1].split(",")[0].rstrip(")"), (xi, r["mean"]), fontsize=7,
+                    fmt="none", ecolor=colour, alpha=0.6)
+        for xi, (_, r, row) in zip(x, pts):
+            ax.annotate("α=" + row.split("alpha=")[-1].split(",")[0].rstrip(")"), (xi, r["mean"]), fontsize=7,
                         textcoords="offset points", xytext=(3, 3))
+    on_a_line = {r for rows in frontiers.values() for r in rows}
     for r, cols in summary.items():
-        if r in frontier or r not in both:
+        if r in on_a_line or r not in both:
             continue
         f, rt = cols["ForgetLP"], cols["RetainLP"]
         ax.errorbar([-f["mean"]], [rt["mean"]], xerr=[[f["hi"] - f["mean"]], [f["mean"] - f["lo"]]],

@@ -62,6 +62,9 @@ SPECIAL = {
                      lambda v: isinstance(v, str) and v in (*WMDP_SUBJECTS, WMDP_MIXED)),
     "whp_trivia": (f"one of {', '.join(WHP_TRIVIA)}", lambda v: isinstance(v, str) and v in WHP_TRIVIA),
     "whp_prompts": (f"one of {', '.join(WHP_COMPLETIONS)}", lambda v: isinstance(v, str) and v in WHP_COMPLETIONS),
+    "frontiers": ("a non-empty list of timerome settings objects without alpha or q (the sweep sets them)",
+                  lambda v: isinstance(v, (list, tuple)) and bool(v)
+                  and all(isinstance(f, dict) and not {"alpha", "q"} & set(f) for f in v)),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),
