@@ -91,6 +91,10 @@ run robustness_quick    timerome --threads 1 experiment robustness --quick -o ro
 run positional          timerome --threads 1 trace --positional --compare -o emb/
 run ablations           timerome --threads 1 experiment ablations -o abl/
 run ablations_seeds     timerome --threads 1 experiment ablations --seeds 0,1,2 -o ablations/
+run readout            bash -c 'for s in 0 1 2; do for r in all no_subject; do timerome --threads 1 trace --seed $s \
+    --read-positions $r -o readout/s$s-$r; done; done && for r in all no_subject; do timerome --threads 1 edit \
+    --trace readout/s0-$r -o readout/m-$r.safetensors && timerome --threads 1 eval --edit readout/m-$r.safetensors --json; done'
+run pareto_frontiers    timerome --threads 1 experiment pareto --methods no_edit -c '{"frontiers": [{}, {"coordinate": [0, "resid"]}]}' -o pareto-frontiers/
 run npo_sweep           timerome --threads 1 experiment npo_sweep --seeds 0,1,2 -o npo_sweep/
 run transfer_quick      timerome --threads 1 experiment transfer --quick --bench-data "$DATA" --seeds 0 -o transfer-quick
 run rwku_quick          timerome --threads 1 experiment rwku --quick --bench-data "$DATA" -o rwku-quick
