@@ -169,8 +169,18 @@ def test_pareto_sweeps_each_frontier_and_keeps_the_cached_one(bb, tmp_path, monk
     row = f"timerome (coordinate=[{bb.n_layers - 1}, 'resid'], alpha=6, q=0)"
     assert computed == [row]  # the default frontier and no_edit came from the cache
     assert res["summary"][row]["ForgetLP"]["mean"] != res["summary"]["timerome (alpha=6, q=0)"]["ForgetLP"]["mean"]
+    assert "coordinates: TimeROME alpha sweep: layer " in res["markdown"]
     assert f"TimeROME alpha sweep (coordinate=[{bb.n_layers - 1}, 'resid']): layer {bb.n_layers - 1} resid." in \
         res["markdown"]
+    for same in ([{}, {}], [{}, {"trace_read_positions": "all"}], [{"lam": 1}, {"lam": 1.0}]):
+        with pytest.raises(TimeromeError, match="frontiers 0 and 1 are the same settings"):
+            experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path / "bad", progress=False, backbone=bb,
+                                       overrides=dict(over, frontiers=same))
+    with pytest.raises(TimeromeError, match="a given coordinate skips that trace"):  # before any cell
+        experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path / "bad", progress=False, backbone=bb,
+                                   overrides=dict(over, frontiers=[{"coordinate": [0, "resid"],
+                                                                    "trace_read_positions": "no_subject"}]))
+    assert computed == [row]
     for bad in ([{"alpha": 2.0}], [], [{}, {"q": 4}], ["resid"]):
         with pytest.raises(TimeromeError, match="frontiers must be a non-empty list of timerome settings objects"):
             experiments.run_experiment("pareto", seeds=(0,), out_dir=tmp_path / "bad", progress=False, backbone=bb,
@@ -292,3 +302,25 @@ def test_a_memory_passed_as_it_is_is_evaluated_like_its_method():
     got = evaluate(bb, rows, n_mc=2, edit=memory, rouge=False)
     plain = evaluate(bb, rows, n_mc=2, rouge=False)
     assert got["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] and "install_seconds" not in got["cost"]
+
+
+def test_ablations_add_the_echo_row_only_where_a_tie_trace_places_timerome():
+    """The row traced without the subject's echo is added where TimeROME's own row is placed by a TIE trace
+    that reads the echo; the rows that no TIE trace places (a given coordinate, ROME's positional trace)
+    leave a user's read-out out, so every row's config is one the method accepts."""
+    from timerome.experiments.ablations import AR_ROW, ECHO_ROW, plan
+    from timerome.methods import method_config
+
+    def rows(config):
+        out = plan(dict(one_step=0, config=config), 4)
+        for _, method, over in out:
+            method_config(method, over)  # none refused
+        return {r: over for r, _, over in out}
+
+    assert rows({})[ECHO_ROW] == {"trace_read_positions": "no_subject"}
+    for config in ({"trace_kind": "positional"}, {"coordinate": [0, "resid"]},
+                   {"trace_read_positions": "no_subject"}):  # the echo row would refuse, or repeat TimeROME's
+        assert ECHO_ROW not in rows(config), config
+    mine = rows({"trace_read_positions": "no_subject"})
+    assert "trace_read_positions" not in mine[AR_ROW] and "trace_read_positions" not in mine["last layer 3 resid"]
+    assert mine["resid, all steps, traced layer (TimeROME)"] == {"trace_read_positions": "no_subject"}

@@ -844,14 +844,16 @@ def test_read_positions_no_subject_leaves_the_repeated_name_out_of_log_p(bb, tmp
 def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatch):
     """The timerome method's own trace takes TIE's read-out (trace_read_positions): its trace is the API's
     trace under it, and the edit is placed by it; at the default the trace's cache key and an experiment
-    cell's key are the ones from before the option (no "read_positions" in either), so results already
-    cached stay found; an unknown value, or the option with ROME's positional trace or through `timerome
-    edit --config`, is refused in one line."""
+    cell's key (timerome, codebook, rewrite) are the ones from before the option, so results already
+    cached stay found; an unknown value, or the option where no TIE trace reads it (ROME's positional
+    trace, a given coordinate), is refused in one line before any work."""
+    from timerome.common.cache import digest
     from timerome.data.facts import Fact
     from timerome.data.task import ForgetTask
     from timerome.experiments.runner import Cell, Context
     from timerome.methods import install, method_config
     from timerome.methods.timerome_edit import select, trace_forget_set
+    from timerome.tracing.causal_trace import ENGINE as TRACE_ENGINE
 
     monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
     small = dict(trace_steps=4, trace_samples=2, trace_facts=2)
@@ -862,10 +864,13 @@ def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatc
     assert res.settings["read_positions"] == "no_subject" and res.facts[0]["unscored_positions"] == [0, 1]
     torch.testing.assert_close(res.tie_full.nan_to_num(), direct.tie_full.nan_to_num(), atol=0, rtol=0)
     every = trace_forget_set(bb, facts, method_config("timerome", small))
-    assert "read_positions" not in every.settings
     assert (res.tie_full[0] - every.tie_full[0]).nan_to_num().abs().max() > 1e-3
-    traces = sorted(p.name for p in (tmp_path / "cache" / "traces").glob("*.safetensors"))
-    assert len(traces) == 2  # one cached trace per read-out
+    # the paper's read-out is cached under the key it had before the option (its settings as they were then)
+    before = dict(steps=4, n_samples=2, modules=("resid", "attn", "mlp"), seed=0)
+    old_key = digest(dict(kind="trace", model=bb.cache_id(), settings=before, engine=TRACE_ENGINE,
+                          facts=[(f.subject, f.prompt, f.object) for f in facts]))
+    traces = sorted(p.stem for p in (tmp_path / "cache" / "traces").glob("*.safetensors"))
+    assert len(traces) == 2 and old_key in traces  # one cached trace per read-out, the default's where it was
 
     task = ForgetTask(forget_rows=[], facts=facts, background=["the author was born in the city of books ."] * 4)
     edit = install("timerome", bb, task, dict(small, trace_read_positions="no_subject"))
@@ -876,10 +881,21 @@ def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatc
         edit.undo()
 
     ctx = Context(backbone=bb, progress=False)
-    plain, other = (Cell("lp", "timerome", c).key(ctx)["config"] for c in ({}, {"trace_read_positions": "no_subject"}))
-    assert "trace_read_positions" not in plain and other["trace_read_positions"] == "no_subject"
-    assert {k: v for k, v in other.items() if k != "trace_read_positions"} == plain
+    for method, traced in (("timerome", {}), ("codebook", {}), ("rewrite", {"coordinate": "traced"})):
+        plain, other = (Cell("lp", method, dict(traced, **c)).key(ctx)["config"]
+                        for c in ({}, {"trace_read_positions": "no_subject"}))
+        assert "trace_read_positions" not in plain and other["trace_read_positions"] == "no_subject", method
+        assert {k: v for k, v in other.items() if k != "trace_read_positions"} == plain
     with pytest.raises(TimeromeError, match="trace_read_positions must be 'all' or 'no_subject', got 'object'"):
         method_config("timerome", {"trace_read_positions": "object"})
+    # refused where no TIE trace reads it, before any work
+    for method, over in (("timerome", {"trace_kind": "positional"}), ("codebook", {"trace_kind": "positional"})):
+        with pytest.raises(TimeromeError, match=f"method '{method}': trace_read_positions chooses TIE's read-out; "
+                                                "ROME's positional trace"):
+            method_config(method, dict(over, trace_read_positions="no_subject"))
+    for method, over in (("timerome", {"coordinate": [0, "resid"]}), ("codebook", {"coordinate": [0, "resid"]}),
+                         ("rewrite", {}), ("rewrite", {"coordinate": [0, "resid"]})):
+        with pytest.raises(TimeromeError, match="a given coordinate skips that trace"):
+            method_config(method, dict(over, trace_read_positions="no_subject"))
     with pytest.raises(TimeromeError, match="ROME's positional trace"):
         install("timerome", bb, task, dict(small, trace_kind="positional", trace_read_positions="no_subject"))

@@ -41,6 +41,7 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
     """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
     an autoregressive backbone)."""
     base = dict(cfg["config"])
+    other_read = {k: v for k, v in base.items() if k != "trace_read_positions"}  # rows no TIE trace places
     rows = [
         ("no_edit", "no_edit", {}),
         ("resid, all steps, traced layer (TimeROME)", "timerome", base),
@@ -48,11 +49,13 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
         ("mlp at the traced layer", "timerome", dict(base, module="mlp")),
         (f"one step only (k={cfg['one_step']})", "timerome", dict(base, step=cfg["one_step"])),
         ("random layer / module", "random_layer", {k: v for k, v in base.items() if not k.startswith("trace")}),
-        (f"last layer {n_layers - 1} resid", "timerome", dict(base, coordinate=[n_layers - 1, "resid"])),
-        (AR_ROW, "timerome", dict({k: v for k, v in base.items() if k != "trace_read_positions"},  # TIE's read-out
-                                  **AR_CONFIG)),
-        (ECHO_ROW, "timerome", dict(base, trace_read_positions="no_subject")),
+        (f"last layer {n_layers - 1} resid", "timerome", dict(other_read, coordinate=[n_layers - 1, "resid"])),
+        (AR_ROW, "timerome", dict(other_read, **AR_CONFIG)),
     ]
+    # the echo row where TimeROME's own row is placed by a TIE trace that reads the subject's echo
+    if not base.get("coordinate") and base.get("trace_kind", "tie") == "tie" and \
+            base.get("trace_read_positions", TRACE.read_positions) != "no_subject":
+        rows.append((ECHO_ROW, "timerome", dict(base, trace_read_positions="no_subject")))
     if causal:
         rows = [r for r in rows if r[1] != "timerome" or r[2].get("coordinate") or r[2].get("trace_kind") == "positional"]
     return rows

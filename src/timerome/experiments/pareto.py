@@ -9,12 +9,15 @@ one alpha. The sweep sets alpha and q; a frontier that names either is refused.
 
 from __future__ import annotations
 
+import json
+
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
 from timerome.experiments.report import (by_row, label, markdown, not_applicable_rows, plot_pareto, summarise,
-                                         traced_coordinate, write_outputs)
+                                         write_outputs)
 from timerome.experiments.runner import Cell
+from timerome.methods.registry import keyed, method_config
 from timerome.methods.timerome_edit import paper_point
 
 NAME = "pareto"
@@ -32,11 +35,17 @@ def sweep(cfg) -> list[tuple[str, dict]]:
 
 def frontier_name(f: dict) -> str:
     """A frontier's line in the figure and the note."""
-    return "TimeROME alpha sweep" + (" (" + ", ".join(f"{k}={v}" for k, v in f.items()) + ")" if f else "")
+    return "TimeROME alpha sweep" + label("", f)
 
 
 def frontier_rows(cfg) -> dict[str, list[str]]:
-    """{frontier name: its rows, by alpha}."""
+    """{frontier name: its rows, by alpha}; two frontiers that are the same settings are refused."""
+    made = [(keyed(method_config("timerome", f)), label("timerome", f)) for f in cfg["frontiers"]]
+    for i, (config, row) in enumerate(made):  # the same cells, or the same rows in the tables
+        j = next((j for j, (c, r) in enumerate(made[:i]) if c == config or r == row), None)
+        if j is not None:
+            raise TimeromeError(f"experiment 'pareto': frontiers {j} and {i} are the same settings "
+                                f"({json.dumps(cfg['frontiers'][i])}): give each frontier once")
     return {frontier_name(f): [label("timerome", dict(f, alpha=a, q=cfg["q"])) for a in cfg["alphas"]]
             for f in cfg["frontiers"]}
 
@@ -49,29 +58,31 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
-    data = data_spec(cfg)
+    data, _ = data_spec(cfg), frontier_rows(cfg)  # each frontier once
     return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
             for seed in seeds for m, over in sweep(cfg) + others]
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
-    coord, na = traced_coordinate(results), not_applicable_rows(cells, results)
-    md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; coordinate layer "
-                  f"{coord[0] if coord else '?'} {coord[1] if coord else ''}.{frontier_note(cfg, cells, results)}",
-                  not_applicable=na)
+    rows, na = frontier_rows(cfg), not_applicable_rows(cells, results)
+    where = {name: placed(cells, results, mine) for name, mine in rows.items()}
+    coord = next(iter(where.values()))  # the first frontier's (the paper's figure: the traced coordinate)
+    if len(where) == 1:
+        note = f"coordinate layer {coord[0] if coord else '?'} {coord[1] if coord else ''}."
+    else:
+        note = "coordinates: " + "; ".join(f"{name}: layer {c[0]} {c[1]}" if c else f"{name}: not installed"
+                                           for name, c in where.items()) + "."
+    md = markdown(summary, COLUMNS, "Pareto sweep (alpha)", f"q={cfg['q']} for the sweep; {note}", not_applicable=na)
     files = write_outputs(out_dir, NAME, dict(summary=summary, config=cfg, coordinate=coord, not_applicable=na), md)
-    files["png"] = plot_pareto(summary, frontier_rows(cfg), out_dir / f"{NAME}.png")
+    files["png"] = plot_pareto(summary, rows, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, not_applicable=na)
 
 
-def frontier_note(cfg, cells, results) -> str:
-    """Where each frontier beyond the first put its memory (the first cell of it that installed one)."""
-    rows = frontier_rows(cfg)
-    said = []
-    for name, mine in list(rows.items())[1:]:
-        info = next(((r or {}).get("info") or {} for c, r in zip(cells, results)
-                     if c.row in mine and ((r or {}).get("info") or {}).get("layer") is not None), None)
-        if info:
-            said.append(f"{name}: layer {info['layer']} {info['point']}")
-    return (" " + "; ".join(said) + ".") if said else ""
+def placed(cells, results, rows) -> list | None:
+    """[layer, point] where the first cell of `rows` that installed a memory put it, else None."""
+    for cell, r in zip(cells, results):
+        info = (r or {}).get("info") or {}
+        if cell.row in rows and info.get("layer") is not None:
+            return [info["layer"], info["point"]]
+    return None

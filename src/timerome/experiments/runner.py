@@ -52,7 +52,7 @@ from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, refer
 from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
 from timerome.methods import install, method_config
-from timerome.methods.registry import NO_EDIT, get_method
+from timerome.methods.registry import NO_EDIT, keyed
 from timerome.metrics.columns import split_columns
 from timerome.training.from_scratch import reference_model
 from timerome.training.train import recipe_eos_pad
@@ -111,7 +111,7 @@ class Cell:
 
     def key(self, context: "Context") -> dict:
         m = measurement_of(self.measure)
-        full = get_method(self.method).keyed(method_config(self.method, self.config)) if m.uses_method else {}
+        full = keyed(method_config(self.method, self.config)) if m.uses_method else {}
         key = dict(measure=self.measure, method=self.method, config=full, seed=self.seed, data=self.data,
                    options=self.options, v=VERSION, **context.tag)
         if m.uses_reference:

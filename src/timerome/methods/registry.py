@@ -40,6 +40,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.checks import shown
 from timerome.common.cost import measure
 from timerome.data.task import ForgetTask
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.tie import READ_POSITIONS
 
@@ -123,12 +124,17 @@ class Method:
     doc: str
     prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
     deterministic: bool = False  # its install draws nothing at random: the seed it is given changes nothing
-    added: tuple = ()  # options added after results were cached: at their default they stay out of a cell's key
+    check: Callable | None = None  # (config) -> None: refuses settings that contradict each other, before any work
 
-    def keyed(self, config: dict) -> dict:
-        """config without the `added` options left at their defaults: what names a cached result, so
-        that a new option leaves the results computed before it where they are."""
-        return {k: v for k, v in config.items() if not (k in self.added and v == self.defaults[k])}
+
+# options added to methods after results were cached, each with the value that gives the results from before
+# it: at that value an option stays out of what names a cached result (`keyed`), so those results stay found
+ADDED = {"trace_read_positions": TRACE.read_positions}
+
+
+def keyed(config: dict) -> dict:
+    """A method's config without the `ADDED` options at their earlier value: what names its cached results."""
+    return {k: v for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
 
 
 METHODS: dict[str, Method] = {}
@@ -138,22 +144,19 @@ _loaded = False
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False,
-             added: tuple = ()):
+             check: Callable | None = None):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True: its install
     draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed).
-    added: options (of `defaults`) added after results were cached; `Method.keyed`."""
+    check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
-    undeclared = sorted(set(added) - set(defaults or {}))
-    if undeclared:
-        raise TimeromeError(f"method {name!r}: added options {undeclared} have no default")
 
     def deco(fn):
         if name in METHODS and METHODS[name].install is not fn:
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic, tuple(added))
+                               deterministic, check)
         return fn
 
     return deco
@@ -212,6 +215,11 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
             raise TimeromeError(f"method {name!r}: select_modules {', '.join(map(str, outside))} "
                                 f"{'is' if len(outside) == 1 else 'are'} not traced (trace_modules "
                                 f"{', '.join(map(str, cfg['trace_modules']))}): select among the traced modules")
+    if m.check is not None:
+        try:
+            m.check(cfg)
+        except TimeromeError as e:
+            raise TimeromeError(f"method {name!r}: {e}") from None
     return cfg
 
 

@@ -115,6 +115,20 @@ def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | No
     return select_coordinate(result, neighbours, beta, modules=modules).best
 
 
+def check_read_out(config, traced: bool) -> None:
+    """Refuse a TIE read-out (trace_read_positions other than the paper's) that no trace would read: with
+    ROME's positional trace, or where the coordinate is given (`traced` False: no trace runs)."""
+    if config.get("trace_read_positions", TRACE.read_positions) == TRACE.read_positions:
+        return
+    if config.get("trace_kind", "tie") == "positional":
+        raise TimeromeError("trace_read_positions chooses TIE's read-out; ROME's positional trace (trace_kind "
+                            "'positional') reads the object at the answer as it is: leave one of them out")
+    if not traced:
+        raise TimeromeError("trace_read_positions chooses the read-out of the trace that places the memory, and a "
+                            "given coordinate skips that trace (`timerome edit` always gives one: trace with "
+                            "`timerome trace --read-positions` and pass --trace)")
+
+
 def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:
     """The coordinate where the edit acts (every step unless `step`), and what was done to find it."""
     kind = config.get("trace_kind", "tie")
@@ -124,10 +138,6 @@ def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, 
         coord, info = Coordinate.of(config["coordinate"]), {"coordinate_source": "given"}
     elif kind == "positional":
         from timerome.tracing.positional_trace import select_positional
-
-        if config.get("trace_read_positions", TRACE.read_positions) != TRACE.read_positions:
-            raise TimeromeError("trace_read_positions chooses TIE's read-out; ROME's positional trace "
-                                "(trace_kind 'positional') reads the object at the answer as it is")
 
         t0 = time.perf_counter()
         result = positional_forget_set(backbone, task.validation_facts, config, progress)
@@ -203,7 +213,7 @@ def prepare(backbone, task, config) -> None:
 
 
 @register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True,
-          added=("trace_read_positions",))
+          check=lambda config: check_read_out(config, traced=not config.get("coordinate")))
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
