@@ -41,16 +41,18 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
     """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
     an autoregressive backbone)."""
     base = dict(cfg["config"])
-    other_read = {k: v for k, v in base.items() if k != "trace_read_positions"}  # rows no TIE trace places
+    # the AR row is placed by ROME's positional trace: neither TIE's read-out nor a given coordinate applies
+    positional = {k: v for k, v in base.items() if k not in ("trace_read_positions", "coordinate")}
+    untraced = {k: v for k, v in base.items() if not k.startswith(("trace", "select"))}  # a given coordinate
     rows = [
         ("no_edit", "no_edit", {}),
         ("resid, all steps, traced layer (TimeROME)", "timerome", base),
         ("attn at the traced layer", "timerome", dict(base, module="attn")),
         ("mlp at the traced layer", "timerome", dict(base, module="mlp")),
         (f"one step only (k={cfg['one_step']})", "timerome", dict(base, step=cfg["one_step"])),
-        ("random layer / module", "random_layer", {k: v for k, v in base.items() if not k.startswith("trace")}),
-        (f"last layer {n_layers - 1} resid", "timerome", dict(other_read, coordinate=[n_layers - 1, "resid"])),
-        (AR_ROW, "timerome", dict(other_read, **AR_CONFIG)),
+        ("random layer / module", "random_layer", untraced),
+        (f"last layer {n_layers - 1} resid", "timerome", dict(untraced, coordinate=[n_layers - 1, "resid"])),
+        (AR_ROW, "timerome", dict(positional, **AR_CONFIG)),
     ]
     # the echo row where TimeROME's own row is placed by a TIE trace that reads the subject's echo
     if not base.get("coordinate") and base.get("trace_kind", "tie") == "tie" and \

@@ -6,7 +6,8 @@ trace_kind="positional", with ROME's positional trace (`positional_trace`: the A
 ablations' "AR positional" row; it runs on autoregressive backbones too, where TIE refuses), stage 2 picks
 the coordinate with the largest mean |TIE| among `select_modules` (the paper edits the residual
 stream, m* = resid, at every step, k* = -1), stage 3 builds the EditMemory on the whole forget set
-and the returned Edit installs its hook. A given `coordinate` skips stages 1-2.
+and the returned Edit installs its hook. A given `coordinate` skips stages 1-2, and the settings only
+the trace reads are then refused rather than ignored (`check_config`).
 
 The trace and the background statistics depend only on the model, the facts and their settings,
 so `prepare` computes them once and caches them on disk by those inputs (`timerome.common.cache`):
@@ -212,8 +213,30 @@ def prepare(backbone, task, config) -> None:
     background_stats(backbone, coordinate, task, config)
 
 
+def check_config(config) -> None:
+    """The trace settings choose where the memory goes, and a given coordinate skips the trace: one given
+    with settings that only the trace reads is refused (they would be ignored), as is a read-out no trace reads."""
+    check_read_out(config, traced=not config.get("coordinate"))
+    if config.get("coordinate"):
+        unread = [k for k in TRACE_OPTIONS if k != "trace_read_positions" and _differs(config.get(k, DEFAULTS[k]),
+                                                                                        DEFAULTS[k])]
+        if unread:
+            raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places "
+                                "the memory, and the given coordinate skips that trace: leave out one or the other")
+
+
+TRACE_OPTIONS = tuple(k for k in DEFAULTS if k.startswith(("trace", "select")))  # what only the trace reads
+
+
+def _differs(value, default) -> bool:
+    """value is not the default (a JSON list and the default's tuple alike compare by their items)."""
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(value) != list(default)
+    return value != default
+
+
 @register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True,
-          check=lambda config: check_read_out(config, traced=not config.get("coordinate")))
+          check=check_config)
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
