@@ -438,6 +438,8 @@ def catalogue(f, tmp):
          "timerome trace"),
         ("timerome: --config sets its trace's read-out", ["edit", "-c", '{"trace_read_positions": "no_subject"}',
                                                          "-o", out], "--read-positions"),
+        ("timerome: --config sets a coordinate and a trace setting",
+         ["edit", "-c", '{"coordinate": [0, "resid"], "trace_samples": 2}', "-o", out], "timerome trace"),
         ("timerome: --config with an unknown setting", ["edit", "-c", '{"alpah": 2}', "-o", out], "alpah"),
         # stop 58's audit: each of these ran (a model of NaN weights saved, a tie-break edited, options ignored)
         ("npo beta 0 (2 / beta)", ["edit", "--method", "npo", "-c", '{"beta": 0}', "-o", tmp / "w"],

@@ -330,6 +330,6 @@ def test_ablations_add_the_echo_row_only_where_a_tie_trace_places_timerome():
     from timerome import TimeromeError
 
     for over in ({"trace_samples": 2}, {"select_modules": ["attn"]}, {"trace_kind": "positional"}):
-        with pytest.raises(TimeromeError, match="the given coordinate skips that trace"):
+        with pytest.raises(TimeromeError, match="a given coordinate skips that trace"):
             method_config("timerome", dict(over, coordinate=[0, "resid"]))
     method_config("timerome", {"coordinate": [0, "resid"], "trace_modules": ["resid", "attn", "mlp"]})  # defaults

@@ -893,9 +893,16 @@ def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatc
         with pytest.raises(TimeromeError, match=f"method '{method}': trace_read_positions chooses TIE's read-out; "
                                                 "ROME's positional trace"):
             method_config(method, dict(over, trace_read_positions="no_subject"))
-    for method, over in (("timerome", {"coordinate": [0, "resid"]}), ("codebook", {"coordinate": [0, "resid"]}),
-                         ("rewrite", {}), ("rewrite", {"coordinate": [0, "resid"]})):
-        with pytest.raises(TimeromeError, match="a given coordinate skips that trace"):
-            method_config(method, dict(over, trace_read_positions="no_subject"))
+    given, gate = "a given coordinate skips that trace", "the rewrite memory traces its gate's coordinate only"
+    for method, over, why in (("timerome", {"coordinate": [0, "resid"]}, given),
+                              ("codebook", {"coordinate": [0, "resid"]}, given), ("rewrite", {}, gate),
+                              ("rewrite", {"coordinate": [0, "resid"]}, gate)):
+        for unread in ({"trace_read_positions": "no_subject"}, {"trace_samples": 2}, {"select_modules": ["attn"]}):
+            with pytest.raises(TimeromeError, match=f"method '{method}': {next(iter(unread))} chooses the trace "
+                                                    f"that places the memory, and {why}"):
+                method_config(method, dict(over, **unread))
+        if method != "timerome":  # their calibration seed: read with a coordinate too
+            method_config(method, dict(over, trace_seed=3))
+    method_config("rewrite", {"coordinate": "traced", "trace_read_positions": "no_subject", "trace_samples": 2})
     with pytest.raises(TimeromeError, match="ROME's positional trace"):
         install("timerome", bb, task, dict(small, trace_kind="positional", trace_read_positions="no_subject"))

@@ -93,6 +93,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     overrides = _config(config)
     g_max = None
     if overrides and method == "timerome":  # its settings as options, or the same through --config (not both)
+        _not_for_edit(overrides)  # what `edit` itself never reads, before the method's own checks
         method_config("timerome", overrides)  # unknown names and bad values, in the method's words
         given = dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q, key_metric=key_metric, module=module,
                      step=step)
@@ -246,9 +247,9 @@ TRACE_SETTINGS = ("trace_facts", "trace_steps", "trace_samples", "trace_modules"
                   "trace_kind", "trace_read_positions")
 
 
-def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
-    """The timerome method's --config settings merged with its options (`given`, None where not given;
-    target and g_max besides): a setting given both ways is refused, as are those `edit` does not use."""
+def _not_for_edit(overrides: dict) -> None:
+    """Refuse the timerome settings `timerome edit` does not read through --config: its own trace's and the
+    coordinate (options of their own)."""
     trace = [k for k in TRACE_SETTINGS if k in overrides]
     if trace:
         raise TimeromeError(f"--config {', '.join(trace)}: the method's own trace, which `timerome edit` does not "
@@ -256,6 +257,12 @@ def _timerome_config(overrides: dict, given: dict, target: str, default_target: 
                             "--read-positions) and pass --trace")
     if "coordinate" in overrides:
         raise TimeromeError("--config coordinate: give the coordinate as --layer, --module and --step (or --trace)")
+
+
+def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
+    """The timerome method's --config settings merged with its options (`given`, None where not given;
+    target and g_max besides): a setting given both ways is refused (`_not_for_edit` has refused those
+    `edit` does not use)."""
     overrides = {k: v for k, v in overrides.items() if v is not None}  # null: the default, as leaving it out
     both = [k for k, v in given.items() if v is not None and k in overrides]
     if "target" in overrides and target != default_target:

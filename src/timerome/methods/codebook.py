@@ -31,7 +31,7 @@ from timerome.memory.whitening import rows_to_texts
 from timerome.metrics.editing import normalise
 from timerome.methods.registry import InferenceEdit, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
-from timerome.methods.timerome_edit import background_stats, check_read_out, locate, trace_forget_set
+from timerome.methods.timerome_edit import background_stats, check_trace_settings, locate, trace_forget_set
 from timerome.tracing.selection import per_fact_best
 
 DEFAULTS = dict(
@@ -146,7 +146,8 @@ def prepare(backbone, task, config) -> None:
 
 
 @register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare,
-          check=lambda config: check_read_out(config, traced=not config.get("coordinate")))
+          check=lambda config: check_trace_settings(config, traced=not config.get("coordinate"),
+                                                    read_anyway=("trace_seed",)))
 def codebook(backbone, task, config, seed):
     """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
     need_facts(task.facts)

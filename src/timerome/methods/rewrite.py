@@ -43,7 +43,7 @@ from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens, stating
 from timerome.methods.registry import InferenceEdit, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
-from timerome.methods.timerome_edit import background_stats, check_read_out, locate
+from timerome.methods.timerome_edit import background_stats, check_trace_settings, locate
 
 DEFAULTS = dict(
     alpha=DEFAULT_ALPHA, margin=DEFAULT_MARGIN, inner=DEFAULT_INNER, n_states=DEFAULT_STATES,
@@ -170,8 +170,10 @@ def prepare(backbone, task, config) -> None:
     value_table(backbone, site_of(backbone, config), task, config)
 
 
-@register("rewrite", defaults=DEFAULTS, prepare=prepare,  # the gate is traced only where coordinate is "traced"
-          check=lambda config: check_read_out(config, traced=config.get("coordinate") == "traced"))
+@register("rewrite", defaults=DEFAULTS, prepare=prepare,
+          check=lambda config: check_trace_settings(
+              config, traced=config.get("coordinate") == "traced", read_anyway=("trace_seed",),
+              why='the rewrite memory traces its gate\'s coordinate only where coordinate is "traced"'))
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     refuse_causal(backbone)  # before the trace and the calibration, not after

@@ -7,7 +7,7 @@ ablations' "AR positional" row; it runs on autoregressive backbones too, where T
 the coordinate with the largest mean |TIE| among `select_modules` (the paper edits the residual
 stream, m* = resid, at every step, k* = -1), stage 3 builds the EditMemory on the whole forget set
 and the returned Edit installs its hook. A given `coordinate` skips stages 1-2, and the settings only
-the trace reads are then refused rather than ignored (`check_config`).
+the trace reads are then refused rather than ignored (`check_trace_settings`).
 
 The trace and the background statistics depend only on the model, the facts and their settings,
 so `prepare` computes them once and caches them on disk by those inputs (`timerome.common.cache`):
@@ -116,18 +116,33 @@ def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | No
     return select_coordinate(result, neighbours, beta, modules=modules).best
 
 
-def check_read_out(config, traced: bool) -> None:
-    """Refuse a TIE read-out (trace_read_positions other than the paper's) that no trace would read: with
-    ROME's positional trace, or where the coordinate is given (`traced` False: no trace runs)."""
-    if config.get("trace_read_positions", TRACE.read_positions) == TRACE.read_positions:
-        return
-    if config.get("trace_kind", "tie") == "positional":
+TRACE_OPTIONS = tuple(k for k in DEFAULTS if k.startswith(("trace", "select")))  # what only the trace reads
+
+
+def _differs(value, default) -> bool:
+    """value is not the default (a JSON list and the default's tuple alike compare by their items)."""
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(value) != list(default)
+    return value != default
+
+
+def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate skips that trace",
+                         read_anyway: tuple = ()) -> None:
+    """Refuse settings that no trace would read (they would be ignored): a TIE read-out (trace_read_positions
+    other than the paper's) with ROME's positional trace; and, where no trace runs (`traced` False, `why`),
+    any setting only the trace reads but those in `read_anyway` (the codebook's and rewrite's
+    trace_seed, their calibration seed)."""
+    if config.get("trace_kind", "tie") == "positional" and \
+            config.get("trace_read_positions", TRACE.read_positions) != TRACE.read_positions:
         raise TimeromeError("trace_read_positions chooses TIE's read-out; ROME's positional trace (trace_kind "
                             "'positional') reads the object at the answer as it is: leave one of them out")
-    if not traced:
-        raise TimeromeError("trace_read_positions chooses the read-out of the trace that places the memory, and a "
-                            "given coordinate skips that trace (`timerome edit` always gives one: trace with "
-                            "`timerome trace --read-positions` and pass --trace)")
+    if traced:
+        return
+    unread = [k for k in TRACE_OPTIONS if k not in read_anyway and _differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
+    if unread:
+        raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places the "
+                            f"memory, and {why}: leave out one or the other (`timerome edit` always gives a "
+                            "coordinate: trace with `timerome trace` and pass --trace)")
 
 
 def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:
@@ -213,30 +228,8 @@ def prepare(backbone, task, config) -> None:
     background_stats(backbone, coordinate, task, config)
 
 
-def check_config(config) -> None:
-    """The trace settings choose where the memory goes, and a given coordinate skips the trace: one given
-    with settings that only the trace reads is refused (they would be ignored), as is a read-out no trace reads."""
-    check_read_out(config, traced=not config.get("coordinate"))
-    if config.get("coordinate"):
-        unread = [k for k in TRACE_OPTIONS if k != "trace_read_positions" and _differs(config.get(k, DEFAULTS[k]),
-                                                                                        DEFAULTS[k])]
-        if unread:
-            raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places "
-                                "the memory, and the given coordinate skips that trace: leave out one or the other")
-
-
-TRACE_OPTIONS = tuple(k for k in DEFAULTS if k.startswith(("trace", "select")))  # what only the trace reads
-
-
-def _differs(value, default) -> bool:
-    """value is not the default (a JSON list and the default's tuple alike compare by their items)."""
-    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
-        return list(value) != list(default)
-    return value != default
-
-
 @register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True,
-          check=check_config)
+          check=lambda config: check_trace_settings(config, traced=not config.get("coordinate")))
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
