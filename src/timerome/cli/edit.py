@@ -8,10 +8,9 @@ folder, which every command then takes with -m.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Optional
-
-import inspect
 
 import typer
 from rich.markup import escape

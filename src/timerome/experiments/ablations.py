@@ -22,8 +22,8 @@ log p(object) leaves out the answer positions that repeat the subject's tokens (
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD, TRACE
-from timerome.experiments.report import (by_row, coordinate_note, markdown, not_applicable_rows, plot_canonical,
-                                         summarise, traced_coordinate, write_outputs)
+from timerome.experiments.report import (by_row, coordinate_note, installed_info, markdown, not_applicable_rows,
+                                         plot_canonical, summarise, traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
 
 NAME = "ablations"
@@ -104,12 +104,11 @@ def positional_note(results) -> str:
 
 def echo_note(cells, results) -> str:
     """Where the no-echo row's memory sat (its trace's choice), for the table's note."""
-    for cell, r in zip(cells, results):
-        info = (r or {}).get("info") or {}
-        if cell.row == ECHO_ROW and info.get("coordinate_source") == "traced":
-            return (f" Traced without the subject's echo: layer {info['layer']} {info['point']} (mean |TIE| "
-                    f"{info['mean_abs_tie']:.3g} at step {info['traced_step']}).")
-    return ""
+    info = installed_info(cells, results, {ECHO_ROW}) or {}
+    if info.get("coordinate_source") != "traced":
+        return ""
+    return (f" Traced without the subject's echo: layer {info['layer']} {info['point']} (mean |TIE| "
+            f"{info['mean_abs_tie']:.3g} at step {info['traced_step']}).")
 
 
 def compare_figure(cfg, cells, ctx, out_dir) -> str:

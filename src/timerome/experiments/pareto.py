@@ -14,8 +14,8 @@ import json
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
-from timerome.experiments.report import (by_row, label, markdown, not_applicable_rows, plot_pareto, summarise,
-                                         write_outputs)
+from timerome.experiments.report import (by_row, installed_info, label, markdown, not_applicable_rows, plot_pareto,
+                                         summarise, write_outputs)
 from timerome.experiments.runner import Cell
 from timerome.methods.registry import keyed, method_config
 from timerome.methods.timerome_edit import paper_point
@@ -58,7 +58,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
-    data, _ = data_spec(cfg), frontier_rows(cfg)  # each frontier once
+    frontier_rows(cfg)  # refuses a frontier given twice, before any cell
+    data = data_spec(cfg)
     return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
             for seed in seeds for m, over in sweep(cfg) + others]
 
@@ -81,8 +82,5 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
 
 def placed(cells, results, rows) -> list | None:
     """[layer, point] where the first cell of `rows` that installed a memory put it, else None."""
-    for cell, r in zip(cells, results):
-        info = (r or {}).get("info") or {}
-        if cell.row in rows and info.get("layer") is not None:
-            return [info["layer"], info["point"]]
-    return None
+    info = installed_info(cells, results, rows)
+    return None if info is None else [info["layer"], info["point"]]

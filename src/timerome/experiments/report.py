@@ -385,6 +385,15 @@ def merge_metrics(into: dict, new: dict) -> dict:
     return into
 
 
+def installed_info(cells, results, rows) -> dict | None:
+    """The info of the first cell among `rows` whose method installed a memory (its info names a layer)."""
+    for c, r in zip(cells, results):
+        info = (r or {}).get("info") or {}
+        if c.row in rows and info.get("layer") is not None:
+            return info
+    return None
+
+
 def traced_coordinate(results) -> list | None:
     """[layer, point] of the first result whose method traced its coordinate, else None."""
     for r in results:

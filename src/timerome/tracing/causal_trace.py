@@ -239,7 +239,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
                     dtype=str(backbone.dtype).removeprefix("torch."), device=backbone.device.type,
                     prompt_start=list(backbone.prompt_start),
                     readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)",
-                    **({} if read_positions == "all" else {"read_positions": read_positions}))
+                    **({} if read_positions == TRACE.read_positions else {"read_positions": read_positions}))
     return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)
 

@@ -13,6 +13,7 @@ from timerome.common.cache import read_tensors, save_tensors, through_link, writ
 from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
 from timerome.common.files import input_file, read_json
 from timerome.engine.encoding import start_change
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.tie import NOISE_DRAWS, READ_POSITIONS, READOUTS, aggregate, later_steps
 
@@ -213,7 +214,7 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     if settings.get("noise", NOISE_DRAWS[0]) not in NOISE_DRAWS:  # absent: a file saved before the choice existed
         raise TimeromeError(f"{where}: settings.noise must be one of {', '.join(NOISE_DRAWS)}, got "
                             f"{shown(settings.get('noise'))} (was it edited by hand?)")
-    if settings.get("read_positions", READ_POSITIONS[0]) not in READ_POSITIONS:  # absent: every position ("all")
+    if settings.get("read_positions", TRACE.read_positions) not in READ_POSITIONS:  # absent: the default
         raise TimeromeError(f"{where}: settings.read_positions must be one of {', '.join(READ_POSITIONS)}, got "
                             f"{shown(settings.get('read_positions'))} (was it edited by hand?)")
     return list(ids), list(modules), list(layers), dict(settings)

@@ -18,8 +18,8 @@ import torch
 
 from timerome.common.checks import finite_tensor, number
 from timerome.engine.coordinate import Coordinate
+from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.tracing.tie import READ_POSITIONS
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _check_compatible(result, neighbours) -> None:
     # (each key's value where a file has none: read_positions is recorded only where it is not "all")
     for key, hint, absent in (("sigma", "sigma=result (its noise scale)", None), ("tau", "the same tau", None),
                               ("readout", "the same readout", None),
-                              ("read_positions", "the same read_positions", READ_POSITIONS[0])):
+                              ("read_positions", "the same read_positions", TRACE.read_positions)):
         a, b = result.settings.get(key, absent), neighbours.settings.get(key, absent)
         differ = (abs(a - b) > 1e-6 * max(abs(a), abs(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float))
                   else a != b)
