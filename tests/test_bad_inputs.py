@@ -360,6 +360,11 @@ def catalogue(f, tmp):
         ("a one-step method in a likelihood experiment", ["experiment", "canonical", "-c", '{"methods": [{"method": '
                                                           '"timerome", "config": {"step": 1}}]}', "-o", tmp / "e"],
          "denoising step 1 only"),
+        # stop 67: TIE's steps with ROME's positional trace were accepted and read by nothing
+        ("TIE's steps with the positional trace", ["experiment", "canonical", "-c", '{"methods": [{"method": '
+                                                   '"timerome", "config": {"trace_kind": "positional", '
+                                                   '"trace_steps": 4}}]}', "-o", tmp / "e"],
+         "trace_steps sets TIE's denoising steps"),
         ("train --epochs 1e12", ["train", "--epochs", "1" + "0" * 12, "--out", tmp / "tr"], "--insist"),
         ("new-model --layers 1e9", ["new-model", "embedded:forget01", "--layers", "1000000000", "-o", tmp / "nm"],
          "--insist"),

@@ -321,8 +321,10 @@ def test_ablations_add_the_echo_row_only_where_a_tie_trace_places_timerome():
     for config in ({"trace_kind": "positional"}, {"coordinate": [0, "resid"]},
                    {"trace_read_positions": "no_subject"}):  # the echo row would refuse, or repeat TimeROME's
         assert ECHO_ROW not in rows(config), config
-    mine = rows({"trace_read_positions": "no_subject", "trace_samples": 2, "select_modules": ["resid", "attn"]})
-    assert "trace_read_positions" not in mine[AR_ROW] and mine[AR_ROW]["trace_samples"] == 2
+    mine = rows({"trace_read_positions": "no_subject", "trace_steps": 4, "trace_samples": 2,
+                 "select_modules": ["resid", "attn"]})
+    assert "trace_read_positions" not in mine[AR_ROW] and "trace_steps" not in mine[AR_ROW]
+    assert mine[AR_ROW]["trace_samples"] == 2
     assert mine["last layer 3 resid"] == {"coordinate": [3, "resid"]} == {**mine["random layer / module"],
                                                                           "coordinate": [3, "resid"]}
     assert mine["resid, all steps, traced layer (TimeROME)"]["trace_read_positions"] == "no_subject"

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats as sps
 
 from timerome import TimeromeError
@@ -67,6 +68,19 @@ def test_bootstrap_is_seeded_and_brackets_the_mean():
     assert math.isnan(cell([2.0]).std)  # undefined with one value: null in JSON, never a spread of 0
     with pytest.raises(TimeromeError):
         bootstrap_ci([])
+
+
+def test_bootstrap_draws_from_a_seeded_torch_generator():
+    """The resamples are drawn by torch.Generator(seed) (as every draw in timerome), the interval the
+    2.5th and 97.5th percentiles of their means; numpy's random state plays no part."""
+    x = np.array([0.5, -1.0, 2.0, 7.0, 3.0])
+    rows = torch.randint(0, 5, (2000, 5), generator=torch.Generator().manual_seed(11)).numpy()
+    means = x[rows].mean(axis=1)
+    np.random.seed(0)
+    got = bootstrap_ci(x, seed=11)
+    np.random.seed(1)
+    assert got == bootstrap_ci(x, seed=11) == (np.percentile(means, 2.5), np.percentile(means, 97.5))
+    assert bootstrap_ci(x, seed=12) != got
 
 
 def test_paired_t_matches_scipy():

@@ -846,10 +846,12 @@ def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatc
     trace under it, and the edit is placed by it; at the default the trace's cache key and an experiment
     cell's key (timerome, codebook, rewrite) are the ones from before the option, so results already
     cached stay found; an unknown value, or the option where no TIE trace reads it (ROME's positional
-    trace, a given coordinate), is refused in one line before any work."""
+    trace, a given coordinate), is refused in one line before any work, as are TIE's steps with the
+    positional trace."""
     from timerome.common.cache import digest
     from timerome.data.facts import Fact
     from timerome.data.task import ForgetTask
+    from timerome.engine.settings import TRACE
     from timerome.experiments.runner import Cell, Context
     from timerome.methods import install, method_config
     from timerome.methods.timerome_edit import select, trace_forget_set
@@ -893,6 +895,10 @@ def test_the_timerome_method_traces_with_read_positions(bb, tmp_path, monkeypatc
         with pytest.raises(TimeromeError, match=f"method '{method}': trace_read_positions chooses TIE's read-out; "
                                                 "ROME's positional trace"):
             method_config(method, dict(over, trace_read_positions="no_subject"))
+        with pytest.raises(TimeromeError, match=f"method '{method}': trace_steps sets TIE's denoising steps; "
+                                                "ROME's positional trace"):
+            method_config(method, dict(over, trace_steps=4))
+        method_config(method, dict(over, trace_steps=TRACE.steps, trace_samples=2))  # the default, and its own
     given, gate = "a given coordinate skips that trace", "the rewrite memory traces its gate's coordinate only"
     for method, over, why in (("timerome", {"coordinate": [0, "resid"]}, given),
                               ("codebook", {"coordinate": [0, "resid"]}, given), ("rewrite", {}, gate),

@@ -23,6 +23,9 @@ judged by what it says:
 
 from __future__ import annotations
 
+# The one draw in timerome not from a torch.Generator: the corpus is seeded Python random.Random streams,
+# as it was when the shipped embedded model was trained on it; another stream would give other authors
+# and facts, so that checkpoint, and every number measured on it, would no longer match its corpus.
 import random
 from typing import NamedTuple
 

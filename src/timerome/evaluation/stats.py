@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from scipy import stats as sps
 
 from timerome.errors import TimeromeError
@@ -26,12 +27,13 @@ class Cell:
 
 
 def bootstrap_ci(x, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap of the mean (the paper's rng.choice protocol, seeded)."""
+    """Percentile bootstrap of the mean: the paper's protocol (n_resamples samples of x drawn with
+    replacement, its rng.choice), the draws from a seeded torch.Generator as every draw in timerome."""
     x = np.asarray(x, dtype=np.float64)
     if x.size == 0:
         raise TimeromeError("bootstrap of an empty sample")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    rows = torch.randint(0, x.size, (n_resamples, x.size), generator=torch.Generator().manual_seed(seed))
+    means = x[rows.numpy()].mean(axis=1)
     a = (1 - level) / 2
     return float(np.percentile(means, 100 * a)), float(np.percentile(means, 100 * (1 - a)))
 

@@ -25,6 +25,7 @@ from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.experiments.report import (by_row, coordinate_note, installed_info, markdown, not_applicable_rows,
                                          plot_canonical, summarise, traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
+from timerome.methods.timerome_edit import TIE_ONLY
 
 NAME = "ablations"
 ORDER = 60
@@ -41,8 +42,8 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
     """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
     an autoregressive backbone)."""
     base = dict(cfg["config"])
-    # the AR row is placed by ROME's positional trace: neither TIE's read-out nor a given coordinate applies
-    positional = {k: v for k, v in base.items() if k not in ("trace_read_positions", "coordinate")}
+    # the AR row is placed by ROME's positional trace: neither TIE's own settings nor a given coordinate applies
+    positional = {k: v for k, v in base.items() if k not in (*TIE_ONLY, "coordinate")}
     untraced = {k: v for k, v in base.items() if not k.startswith(("trace", "select"))}  # a given coordinate
     rows = [
         ("no_edit", "no_edit", {}),

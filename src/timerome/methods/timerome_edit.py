@@ -117,6 +117,10 @@ def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | No
 
 
 TRACE_OPTIONS = tuple(k for k in DEFAULTS if k.startswith(("trace", "select")))  # what only the trace reads
+# what only TIE reads (ROME's positional trace reads trace_facts, trace_samples, trace_modules, trace_seed and
+# select_modules): each with what it chooses, for the refusal
+TIE_ONLY = {"trace_steps": "trace_steps sets TIE's denoising steps",
+            "trace_read_positions": "trace_read_positions chooses TIE's read-out"}
 
 
 def _differs(value, default) -> bool:
@@ -128,14 +132,16 @@ def _differs(value, default) -> bool:
 
 def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate skips that trace",
                          read_anyway: tuple = ()) -> None:
-    """Refuse settings that no trace would read (they would be ignored): a TIE read-out (trace_read_positions
-    other than the paper's) with ROME's positional trace; and, where no trace runs (`traced` False, `why`),
+    """Refuse settings that no trace would read (they would be ignored): TIE's own (TIE_ONLY: its steps,
+    its read-out) with ROME's positional trace; and, where no trace runs (`traced` False, `why`),
     any setting only the trace reads but those in `read_anyway` (the codebook's and rewrite's
     trace_seed, their calibration seed)."""
-    if config.get("trace_kind", "tie") == "positional" and \
-            config.get("trace_read_positions", TRACE.read_positions) != TRACE.read_positions:
-        raise TimeromeError("trace_read_positions chooses TIE's read-out; ROME's positional trace (trace_kind "
-                            "'positional') reads the object at the answer as it is: leave one of them out")
+    if config.get("trace_kind", "tie") == "positional":
+        tie = [k for k in TIE_ONLY if _differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
+        if tie:
+            raise TimeromeError(f"{' and '.join(TIE_ONLY[k] for k in tie)}; ROME's positional trace (trace_kind "
+                                "'positional') runs one forward per restored row and reads the object at the "
+                                "answer as it is: leave one of them out")
     if traced:
         return
     unread = [k for k in TRACE_OPTIONS if k not in read_anyway and _differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
