@@ -106,15 +106,19 @@ def test_radar_draws_what_was_run_and_names_what_was_not(bb, runs, npo_run):
     base = abl["no_edit"]["ForgetLP"]["mean"]
     ours = base - abl["resid, all steps, traced layer (TimeROME)"]["ForgetLP"]["mean"]
     assert res["axes"]["ablations"]["value"] == pytest.approx(ours)
-    # the comparator is another design: the best of the other rows, never TimeROME traced with another read-out
+    # the comparator is another design: the best of the other rows whose retain is not clearly lower, never
+    # TimeROME traced with another read-out
     from timerome.experiments.ablations import ECHO_ROW
     from timerome.experiments.radar import ablation_axis
 
+    ours_retain = abl["resid, all steps, traced layer (TimeROME)"]["RetainLP"]
     others = {r: base - c["ForgetLP"]["mean"] for r, c in abl.items()
-              if r not in ("no_edit", ECHO_ROW, "resid, all steps, traced layer (TimeROME)") and "ForgetLP" in c}
-    assert res["axes"]["ablations"]["comparator"] == pytest.approx(max(others.values()))
+              if r not in ("no_edit", ECHO_ROW, "resid, all steps, traced layer (TimeROME)") and "ForgetLP" in c
+              and not (base - c["ForgetLP"]["mean"] > ours and c["RetainLP"]["hi"] < ours_retain["lo"])}
+    assert res["axes"]["ablations"]["comparator"] == pytest.approx(max(others.values(), default=0.0))
     echo = dict(abl[ECHO_ROW], ForgetLP=dict(abl[ECHO_ROW]["ForgetLP"], mean=base - 1e6))  # it would win by far
-    assert ablation_axis(dict(summary={**abl, ECHO_ROW: echo}))["comparator"] == pytest.approx(max(others.values()))
+    assert ablation_axis(dict(summary={**abl, ECHO_ROW: echo}))["comparator"] == \
+        pytest.approx(max(others.values(), default=0.0))
     md = (runs / "radar" / "radar.md").read_text()
     assert "| utility | – |" in md and (runs / "radar" / "radar.png").stat().st_size > 1000
 
@@ -200,6 +204,51 @@ def test_robustness_radar_axis_is_one_minus_the_worst_case_extraction():
     assert entry["value"] == pytest.approx(0.95) and entry["comparator"] == pytest.approx(1.0)
     assert "vs rewrite" in entry["text"] and entry["higher_is_better"]
     assert extraction_radar({"timerome": s["timerome"], "no_edit": s["no_edit"]}) is None
+    # a method that gives nothing back because it breaks every answer (locality clearly below TimeROME's,
+    # bootstrap CIs apart) is set aside, and named; one whose locality overlaps ours stays a comparator
+    def loc(lo, hi):
+        return {"mean": (lo + hi) / 2, "lo": lo, "hi": hi}
+
+    s = {"timerome": {"WorstCase": {"mean": 0.25}, "LocalityWorst": loc(0.92, 0.96)},
+         "act_steer": {"WorstCase": {"mean": 0.0}, "LocalityWorst": loc(0.0, 0.0)},
+         "ga": {"WorstCase": {"mean": 0.9}, "LocalityWorst": loc(0.95, 1.0)},
+         "rome": {"WorstCase": {"mean": 0.3}, "LocalityWorst": loc(0.5, 0.93)}}
+    s["bad"] = {"WorstCase": {"mean": 0.8}, "LocalityWorst": loc(0.1, 0.2)}  # extracts more: we beat it on both
+    entry = extraction_radar(s)
+    assert entry["comparator"] == pytest.approx(0.7) and "vs rome" in entry["text"]
+    assert entry["text"].endswith("set aside for clearly lower LocalityWorst: act_steer (1, LocalityWorst 0)")
+    entry = extraction_radar({k: s[k] for k in ("timerome", "act_steer")})
+    assert entry["comparator"] == 0.0 and "vs no method with as high a LocalityWorst" in entry["text"]
+
+
+def test_radar_ablations_axis_sets_aside_a_design_that_over_forgets():
+    """The paper: TIE's coordinate beats the random layer, "which over-forgets". A design whose RetainLP
+    lies clearly below TimeROME's (bootstrap CIs apart) is no comparator however much it forgets; the
+    text names it with what it forgot and kept; a design within TimeROME's retain stays one."""
+    from timerome.experiments.radar import ABLATED, ablation_axis
+
+    def e(mean, lo=None, hi=None):
+        return {"mean": mean, "lo": mean if lo is None else lo, "hi": mean if hi is None else hi}
+
+    summary = {"no_edit": {"ForgetLP": e(-1.0), "RetainLP": e(-0.5)},
+               ABLATED: {"ForgetLP": e(-31.0), "RetainLP": e(-0.36, -0.38, -0.34)},
+               "random layer / module": {"ForgetLP": e(-41.0), "RetainLP": e(-1.07, -1.5, -0.6)},
+               "attn at the traced layer": {"ForgetLP": e(-2.0), "RetainLP": e(-0.35, -0.37, -0.30)},
+               "last layer 3 resid": {"ForgetLP": e(-7.0), "RetainLP": e(-0.43, -0.45, -0.37)}}
+    axis = ablation_axis({"summary": summary})
+    assert axis["value"] == pytest.approx(30.0) and axis["comparator"] == pytest.approx(6.0)
+    assert axis["text"].endswith("vs last layer 3 resid; set aside for clearly lower RetainLP: random layer / "
+                                 "module (40, RetainLP -1.07)")
+    summary["last layer 3 resid"]["RetainLP"] = e(-0.43, -0.45, -0.39)  # wholly below -0.38, but forgets less:
+    assert ablation_axis({"summary": summary})["comparator"] == pytest.approx(6.0)  # we beat it on both, it stays
+    summary["random layer / module"]["RetainLP"] = e(-0.4, -0.45, -0.3)  # within our retain: a fair comparator
+    assert ablation_axis({"summary": summary})["comparator"] == pytest.approx(40.0)
+    summary["random layer / module"].pop("RetainLP")  # unknown retain: nothing against it, it stays a comparator
+    assert ablation_axis({"summary": summary})["comparator"] == pytest.approx(40.0)
+    only = {k: summary[k] for k in ("no_edit", ABLATED)}
+    only["over"] = {"ForgetLP": e(-90.0), "RetainLP": e(-3.0)}
+    axis = ablation_axis({"summary": only})
+    assert axis["comparator"] == 0.0 and "vs no design keeping as much RetainLP" in axis["text"]
 
 
 def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_path):

@@ -101,6 +101,31 @@ TWO_SEEDS_NOTE = ("With 2 seeds a cell's bracket is the range of the two values,
                   "t test has 1 degree of freedom.")
 
 
+def clearly_below(entry: dict | None, reference: dict | None) -> bool:
+    """Whether a summarised column (`summarise`'s entry: mean, lo, hi) lies wholly below another's: the
+    upper end of its bootstrap CI under the lower end of the reference's (their means, with one seed).
+    False where either is missing or not a number (the JSON's null): nothing is known against it."""
+    ends = [e.get(k) if e else None for e in (entry, reference) for k in ("lo", "hi")]
+    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in ends):
+        return False
+    return entry["hi"] < reference["lo"]
+
+
+def best_comparable(scores: dict, ours: float, costs: dict, ours_cost: dict | None, cost_name: str) -> tuple:
+    """The radar's comparator: the best of rows {row: score} (higher is better) but those that beat our
+    score `ours` only by paying clearly more (`clearly_below` in their cost column, `costs` {row: entry},
+    higher is better: retain, locality): the paper's random layer, "which over-forgets". A row that
+    scores less and costs more stays (we beat it on both). (row or None, its score or 0.0, text naming
+    what was set aside)."""
+    aside = [r for r in scores if scores[r] > ours and clearly_below(costs.get(r), ours_cost)]
+    kept = {r: v for r, v in scores.items() if r not in aside}
+    best = max(kept, key=kept.get) if kept else None
+    note = ("; set aside for clearly lower " + cost_name + ": " +
+            ", ".join(f"{r} ({scores[r]:.3g}, {cost_name} {costs[r]['mean']:.3g})"
+                      for r in sorted(aside, key=scores.get, reverse=True))) if aside else ""
+    return best, (kept[best] if best is not None else 0.0), note
+
+
 def fmt_cell(e: dict | None, digits: int = 2) -> str:
     if not e:
         return "–"

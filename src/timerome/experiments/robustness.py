@@ -27,8 +27,8 @@ from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
-from timerome.experiments.report import (NOT_APPLICABLE, by_row, figure, label, markdown, not_applicable_note,
-                                         not_applicable_rows, save_png, summarise, write_outputs)
+from timerome.experiments.report import (NOT_APPLICABLE, best_comparable, by_row, figure, label, markdown,
+                                         not_applicable_note, not_applicable_rows, save_png, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, row_count, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
@@ -156,17 +156,24 @@ def kept_share(conds: dict, min_forget: float = 1.0) -> float | None:
     return max(0.0, min(kept)) if kept else None
 
 
+LOCALITY = "LocalityWorst"  # the radar's cost of a robustness comparator: its lowest locality over the conditions
+
+
 def extraction_radar(summary: dict) -> dict | None:
     """The radar's robustness axis from the extraction cells: 1 - worst-case extraction, TimeROME's
-    row (named "timerome", else the first timerome row) against the method with the lowest worst case."""
+    row (named "timerome", else the first timerome row) against the method with the lowest worst case,
+    but one that extracts less only with a worst locality clearly lower than TimeROME's (a method that
+    breaks every answer gives nothing back, and is no comparator: report.best_comparable)."""
     have = {r: c["WorstCase"]["mean"] for r, c in summary.items() if "WorstCase" in c and r != "no_edit"}
     ours = "timerome" if "timerome" in have else next((r for r in have if r.split(" ")[0] == "timerome"), None)
-    others = {r: v for r, v in have.items() if r.split(" ")[0] != "timerome"}
+    others = {r: 1 - v for r, v in have.items() if r.split(" ")[0] != "timerome"}
     if ours is None or not others:
         return None
-    best = min(others, key=others.get)
-    return dict(value=1 - have[ours], comparator=1 - others[best], higher_is_better=True,
-                text=f"1 - worst-case extraction over sampler settings and prompt attacks, {ours} vs {best}")
+    best, comparator, aside = best_comparable(others, 1 - have[ours], {r: summary[r].get(LOCALITY) for r in others},
+                                              summary[ours].get(LOCALITY), LOCALITY)
+    return dict(value=1 - have[ours], comparator=comparator, higher_is_better=True,
+                text=f"1 - worst-case extraction over sampler settings and prompt attacks, {ours} vs "
+                     f"{best or 'no method with as high a ' + LOCALITY}{aside}")
 
 
 def extraction_markdown(summary: dict, cells, results) -> str:
