@@ -360,6 +360,21 @@ def catalogue(f, tmp):
         ("a one-step method in a likelihood experiment", ["experiment", "canonical", "-c", '{"methods": [{"method": '
                                                           '"timerome", "config": {"step": 1}}]}', "-o", tmp / "e"],
          "denoising step 1 only"),
+        ("the same, the step inside its coordinate", ["experiment", "canonical", "-c", '{"methods": [{"method": '
+                                                      '"timerome", "config": {"coordinate": [1, "resid", 2]}}]}',
+                                                      "-o", tmp / "e"], "denoising step 2 only"),
+        # stop 67 (helper 51's audit): inputs a method read nothing of, accepted and silently dropped
+        ("--background with raw keys", ["edit", "--key-metric", "paper", "--background", "embedded:retain_perturbed",
+                                        "-o", out], "--key-metric paper keeps them raw"),
+        ("--background for a training method", ["forget", "--method", "ga", "--background",
+                                                "embedded:retain_perturbed", "-o", tmp / "ga"],
+         "--background is read by nothing here: ga"),
+        ("--calibration for a method that reads no rows", ["forget", "--method", "act_steer", "--calibration",
+                                                            "embedded:retain_perturbed", "-o", out],
+         "act_steer reads none"),
+        ("LoRA's alpha without LoRA", ["experiment", "canonical", "-c", '{"methods": [{"method": "ga", "config": '
+                                                                        '{"lora_alpha": 16}}]}', "-o", tmp / "e"],
+         "lora_alpha is read by nothing here: lora_r is 0"),
         # stop 67: TIE's steps with ROME's positional trace were accepted and read by nothing
         ("TIE's steps with the positional trace", ["experiment", "canonical", "-c", '{"methods": [{"method": '
                                                    '"timerome", "config": {"trace_kind": "positional", '

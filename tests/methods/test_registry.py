@@ -57,3 +57,57 @@ def test_the_defaults_and_the_canonical_rows_pass_the_checks():
         m = get_method(name)
         for row in m.canonical:
             method_config(name, dict(m.defaults, **row))  # every default and row value checked as if given
+
+
+# stop 67's audit (helper 51): options each method took where nothing read them, so a user's value was
+# silently dropped; every one is refused before any work, and the same option where it is read is accepted
+@pytest.mark.parametrize("method, unread, needle, read", [
+    ("timerome", {"lam": 2.0, "lam_absolute": 1.0}, "lam is read by nothing here: lam_absolute",
+     {"lam_absolute": 1.0}),
+    ("random_layer", {"lam": 2.0, "lam_absolute": 1.0}, "lam is read by nothing here", {"lam": 2.0}),
+    ("ga", {"lora_alpha": 16}, "lora_alpha is read by nothing here: lora_r is 0", {"lora_r": 4, "lora_alpha": 16}),
+    ("npo", {"safe": False, "anchor": 2.0, "drift": 3.0}, "anchor, drift are read by nothing here: safe is false",
+     {"safe": True, "anchor": 2.0, "drift": 3.0}),
+    ("simnpo", {"safe": False, "check_every": 2}, "check_every is read by nothing here", {"safe": False}),
+    ("alphaedit", {"null_energy": 0.9, "rel_threshold": 0.1}, "rel_threshold is read by nothing here: null_energy",
+     {"rel_threshold": 0.1}),
+    ("rome", {"objective": "forget", "target": "No."}, "target is read by nothing here: the objective pushes",
+     {"objective": "target", "target": "No."}),
+    ("memit", {"objective": "unlikelihood", "target": "No."}, "only objective 'target' writes a target",
+     {"objective": "unlikelihood"}),
+    ("timerome", {"coordinate": [1, "resid", 3], "step": 5}, "the coordinate's step 3 and step 5: give the "
+     "denoising step once", {"coordinate": [1, "resid", 3], "step": 3}),
+    ("random_layer", {"coordinate": "1:resid:3", "step": 0}, "the coordinate's step 3 and step 0",
+     {"coordinate": "1:resid", "step": 0}),
+    ("codebook", {"coordinate": [1, "resid", 2], "step": 1}, "give the denoising step once",
+     {"coordinate": [1, "resid", 2]}),
+    ("codebook", {"coordinates": "per_fact", "coordinate": [1, "resid"]}, "a given coordinate places them all",
+     {"coordinates": "per_fact"}),
+    ("codebook", {"coordinates": "per_fact", "trace_facts": 3}, "trace_facts is read by nothing",
+     {"coordinates": "traced", "trace_facts": 3}),
+    ("codebook", {"coordinates": "per_fact", "trace_kind": "positional"}, "not ROME's positional trace",
+     {"coordinates": "per_fact", "trace_steps": 4}),
+    ("rewrite", {"site": [3, "resid", 2]}, "its step 2 is read by nothing", {"site": [3, "resid"]}),
+])
+def test_an_option_nothing_would_read_is_refused(method, unread, needle, read):
+    with pytest.raises(TimeromeError, match=f"method '{method}': "):
+        method_config(method, unread)
+    with pytest.raises(TimeromeError) as e:
+        method_config(method, unread)
+    assert needle in str(e.value), str(e.value)
+    method_config(method, read)
+
+
+def test_a_module_keeps_the_given_coordinates_step():
+    """`module` replaces the point of a given coordinate; its layer and its step stay (the step was dropped,
+    so a one-step edit became an every-step one)."""
+    import timerome
+    from timerome.methods.timerome_edit import locate
+
+    bb = timerome.load_backbone()
+    task = timerome.forget_task("embedded", "forget01")
+    for config in ({"coordinate": [1, "resid", 3], "module": "mlp"}, {"coordinate": "1:attn:3", "module": "mlp"}):
+        coord, _ = locate(bb, task, method_config("timerome", config))
+        assert (coord.layer, coord.point, coord.step) == (1, "mlp", 3)
+    edit = timerome.methods.install("random_layer", bb, task, {"coordinate": [2, "resid", 1], "module": "attn"})
+    assert (edit.info["layer"], edit.info["point"], edit.info["step"]) == (2, "attn", 1)

@@ -122,6 +122,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     module = "resid" if module is None else module
     lam, q, key_metric = (DEFAULTS[k] if v is None else v
                           for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
+    _refuse_unread_inputs(method, overrides, key_metric, background, calibration)
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     tofu_dir_read(tofu_dir, requests, data, calibration, background)
@@ -258,6 +259,25 @@ def _not_for_edit(overrides: dict) -> None:
         raise TimeromeError("--config coordinate: give the coordinate as --layer, --module and --step (or --trace)")
 
 
+def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, background, calibration) -> None:
+    """--background and --calibration where the method, with these settings, reads no such texts or rows
+    (`Method.background`, `Method.retain`): refused before the model loads, never ignored."""
+    from timerome.methods import get_method, method_config
+    from timerome.methods.registry import reads_background
+
+    if background is not None:
+        if method == "timerome" and key_metric != "whitened":
+            raise TimeromeError("--background gives the texts that whiten the keys, and --key-metric paper keeps them "
+                                "raw: leave --background out")
+        if method != "timerome" and not reads_background(method, method_config(method, overrides)):
+            raise TimeromeError(f"--background is read by nothing here: {method} with these settings reads no "
+                                "background texts (the whitened memories do, and ROME-style key statistics without "
+                                "stats_texts): leave it out")
+    if calibration is not None and not get_method(method).retain:
+        raise TimeromeError(f"--calibration gives the rows an edit must leave alone, and {method} reads none: "
+                            "leave it out")
+
+
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
     """The timerome method's --config settings merged with its options (`given`, None where not given;
     target and g_max besides): a setting given both ways is refused (`_not_for_edit` has refused those
@@ -346,7 +366,9 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     from timerome.methods import get_method, install, method_config
 
     kind = get_method(method).kind
-    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts)
+    # the rows it must leave alone, where it reads any (a method that reads none needs none given)
+    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts) if get_method(method).retain else \
+        (None, [])
     over = dict(overrides)
     if alpha is not None:
         over["alpha"] = alpha

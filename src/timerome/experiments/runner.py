@@ -45,6 +45,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
 from timerome.common.progress import notify, progress_bar
 from timerome.data.task import ForgetTask
+from timerome.engine.coordinate import Coordinate
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import Interrupted, NotApplicable, TimeromeError
@@ -407,7 +408,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
             if ok is not None and not ok(value):
                 raise TimeromeError(f"{c.row or c.method}: option {key} must be {want}, got {value!r}")
         check_seed(c.seed, f"{c.row or c.method}: seed")
-        step = c.key(ctx)["config"].get("step")  # method_config: an unknown method or option, a bad value
+        config = c.key(ctx)["config"]  # method_config: an unknown method or option, a bad value
+        step = config.get("step")
+        if step is None and config.get("coordinate") not in (None, "traced"):  # [layer, point, step]: the same
+            step = Coordinate.of(config["coordinate"]).step
         if not m.reads_steps:
             refuse_one_step(step, f"{c.row or c.method}: the edit", f"the {c.measure!r} measurement reads",
                             "leave step out (every step), or measure it where answers or trajectories are read "

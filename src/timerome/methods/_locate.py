@@ -189,6 +189,12 @@ class KeyStates:
 # ------------------------------------------------------------------------------ key statistic C
 
 
+def own_statistics(config) -> bool:
+    """Whether the key statistic is read from the task's background texts: where `stats_texts` does not
+    name its own (`preserved_texts`)."""
+    return config.get("stats_texts") is None
+
+
 def preserved_texts(backbone, task, source=None) -> list[str]:
     """Texts whose keys are to be preserved: `source` (a text/JSON file, a split name or a list),
     else the task's background when it is texts (precomputed ResidualStats hold no keys of the

@@ -31,7 +31,7 @@ DEFAULTS = dict(
 )
 
 
-@register("alphaedit", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("alphaedit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
 def alphaedit(backbone, task, config, seed):
     """AlphaEdit on MDLMs: MEMIT's spread with updates projected on the preserved keys' null space."""
     null = {}

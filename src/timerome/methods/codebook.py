@@ -29,9 +29,9 @@ from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, 
                                              CodebookMemory, calibration_residuals)
 from timerome.memory.whitening import rows_to_texts
 from timerome.metrics.editing import normalise
-from timerome.methods.registry import InferenceEdit, need_facts, register
+from timerome.methods.registry import InferenceEdit, differs, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
-from timerome.methods.timerome_edit import background_stats, check_trace_settings, locate, trace_forget_set
+from timerome.methods.timerome_edit import background_stats, check_step, check_trace_settings, locate, trace_forget_set
 from timerome.tracing.selection import per_fact_best
 
 DEFAULTS = dict(
@@ -145,9 +145,27 @@ def prepare(backbone, task, config) -> None:
         calibration_tokens(backbone, coord, task, config)
 
 
-@register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare,
-          check=lambda config: check_trace_settings(config, traced=not config.get("coordinate"),
-                                                    read_anyway=("trace_seed",)))
+def check_config(config) -> None:
+    """The codebook's `check`: the coordinates mode against the trace it needs (each fact's own layer is
+    read from one TIE trace of every fact: a given coordinate, another fact count or ROME's positional
+    trace would go unread), trace settings no trace reads, a step given twice."""
+    mode = config.get("coordinates", "traced")
+    if mode not in COORDINATES:
+        raise TimeromeError(f"coordinates must be one of {', '.join(COORDINATES)}, got {mode!r}")
+    if mode == "per_fact":
+        if config.get("coordinate"):
+            raise TimeromeError('coordinates "per_fact" traces each fact\'s own layer, and a given coordinate '
+                                "places them all: leave out one or the other")
+        if config.get("trace_kind", "tie") != "tie":
+            raise TimeromeError('coordinates "per_fact" reads each fact\'s layer from a TIE trace, not ROME\'s '
+                                "positional trace: leave trace_kind out")
+        if differs(config.get("trace_facts", PAPER["trace_facts"]), PAPER["trace_facts"]):
+            raise TimeromeError('coordinates "per_fact" traces every fact: trace_facts is read by nothing')
+    check_trace_settings(config, traced=not config.get("coordinate"), read_anyway=("trace_seed",))
+    check_step(config)
+
+
+@register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, check=check_config, background=True)
 def codebook(backbone, task, config, seed):
     """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
     need_facts(task.facts)

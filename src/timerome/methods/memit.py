@@ -30,7 +30,7 @@ DEFAULTS = dict(
 )
 
 
-@register("memit", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("memit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
 def memit(backbone, task, config, seed):
     """MEMIT on MDLMs: all forget facts in one least-squares update spread over an MLP band."""
     n = len(task.facts)

@@ -125,6 +125,10 @@ class Method:
     prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
     deterministic: bool = False  # its install draws nothing at random: the seed it is given changes nothing
     check: Callable | None = None  # (config) -> None: refuses settings that contradict each other, before any work
+    # what its install reads of a task beside the facts: the background texts (a bool, or config -> bool: under
+    # which settings), the retain rows (the rows to leave alone); the command line refuses what goes unread
+    background: Callable | bool = False
+    retain: bool = True
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -144,10 +148,12 @@ _loaded = False
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False,
-             check: Callable | None = None):
+             check: Callable | None = None, background: Callable | bool = False, retain: bool = True):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True: its install
     draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed).
-    check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it."""
+    check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it.
+    background: whether the install reads the task's background texts (config -> bool where it depends on
+    the settings); retain False: it reads no retain rows (`reads`)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
 
@@ -156,7 +162,7 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic, check)
+                               deterministic, check, background, retain)
         return fn
 
     return deco
@@ -180,6 +186,12 @@ def available() -> list[str]:
     return sorted(names, key=lambda n: (n != "no_edit", names.index(n)))
 
 
+def reads_background(name: str, config: dict) -> bool:
+    """Whether method `name` under `config` (a `method_config`) reads the task's background texts."""
+    b = get_method(name).background
+    return bool(b(config) if callable(b) else b)
+
+
 def get_method(name: str) -> Method:
     _load_all()
     if name not in METHODS:
@@ -192,6 +204,38 @@ def get_method(name: str) -> Method:
 RENAMED = {"steps": ("grad_steps", "gradient steps; `steps` means denoising steps"),
            "alpha": ("retain_act_w", "the retain-activation weight; `alpha` means an edit's strength"),
            "lam": ("mom2_weight", "MEMIT's background weight; `lam` means the ridge memory's lambda")}
+
+
+def differs(value, default) -> bool:
+    """value is not the default (a JSON list and the default's tuple alike compare by their items)."""
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(value) != list(default)
+    return value != default
+
+
+# options a method reads only under another option's value: (options, unread(config), why). Any method with
+# such an option obeys its rule: given a value other than its default where nothing would read it, it is
+# refused (`method_config`), never silently ignored
+UNREAD_WHEN = (
+    (("lam",), lambda c: c.get("lam_absolute") is not None,
+     "lam_absolute gives the ridge lambda (the paper's absolute one): give the lambda once"),
+    (("lora_alpha",), lambda c: not c.get("lora_r"),
+     "lora_r is 0: the weights train whole, there is no LoRA adapter to scale"),
+    (("anchor", "drift", "check_every", "check_mc"), lambda c: c.get("safe") is False,
+     "safe is false: no retain anchor and no early-stop check"),
+    (("rel_threshold",), lambda c: c.get("null_energy") is not None,
+     "null_energy chooses the null space: rel_threshold is the other rule"),
+    (("target",), lambda c: c.get("objective", "target") != "target",
+     "the objective pushes the original answer down; only objective 'target' writes a target"),
+)
+
+
+def _refuse_unread(cfg: dict, defaults: dict) -> None:
+    for keys, unread, why in UNREAD_WHEN:
+        given = [k for k in keys if k in defaults and differs(cfg[k], defaults[k])]
+        if given and unread(cfg):
+            raise TimeromeError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read by nothing here: "
+                                f"{why} (leave {'it' if len(given) == 1 else 'them'} out)")
 
 
 def method_config(name: str, overrides: dict | None = None) -> dict:
@@ -215,11 +259,12 @@ def method_config(name: str, overrides: dict | None = None) -> dict:
             raise TimeromeError(f"method {name!r}: select_modules {', '.join(map(str, outside))} "
                                 f"{'is' if len(outside) == 1 else 'are'} not traced (trace_modules "
                                 f"{', '.join(map(str, cfg['trace_modules']))}): select among the traced modules")
-    if m.check is not None:
-        try:
+    try:
+        _refuse_unread(cfg, m.defaults)
+        if m.check is not None:
             m.check(cfg)
-        except TimeromeError as e:
-            raise TimeromeError(f"method {name!r}: {e}") from None
+    except TimeromeError as e:
+        raise TimeromeError(f"method {name!r}: {e}") from None
     return cfg
 
 

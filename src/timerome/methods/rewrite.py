@@ -35,6 +35,7 @@ from timerome.data.facts import Fact, qa_rows
 from timerome.data.rows import load_rows, row_source
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
+from timerome.errors import TimeromeError
 from timerome.memory.codebook_memory import DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES
 from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE_PADS, RewriteMemory, refuse_causal,
                                             said_facts, target_ids, write_site)
@@ -170,10 +171,17 @@ def prepare(backbone, task, config) -> None:
     value_table(backbone, site_of(backbone, config), task, config)
 
 
-@register("rewrite", defaults=DEFAULTS, prepare=prepare,
-          check=lambda config: check_trace_settings(
-              config, traced=config.get("coordinate") == "traced", read_anyway=("trace_seed",),
-              why='the rewrite memory traces its gate\'s coordinate only where coordinate is "traced"'))
+def check_config(config) -> None:
+    """The rewrite memory's `check`: trace settings no trace reads, and a step in `site` (the values are
+    written at every step the gate opens: a site is [layer, point])."""
+    check_trace_settings(config, traced=config.get("coordinate") == "traced", read_anyway=("trace_seed",),
+                         why='the rewrite memory traces its gate\'s coordinate only where coordinate is "traced"')
+    if config.get("site") is not None and Coordinate.of(config["site"]).step is not None:
+        raise TimeromeError(f"site is where the values are written, [layer, point]; its step "
+                            f"{Coordinate.of(config['site']).step} is read by nothing (the gate decides the steps)")
+
+
+@register("rewrite", defaults=DEFAULTS, prepare=prepare, check=check_config, background=True)
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     refuse_causal(backbone)  # before the trace and the calibration, not after

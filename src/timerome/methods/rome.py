@@ -32,7 +32,7 @@ DEFAULTS = dict(
 )
 
 
-@register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
 def rome(backbone, task, config, seed):
     """ROME on MDLMs: sequential rank-one updates of one MLP down projection, C^-1-weighted."""
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None

@@ -17,6 +17,7 @@ processes) reads them back. `install` never includes them in its time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 
@@ -30,7 +31,7 @@ from timerome.errors import TimeromeError
 from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
 from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
-from timerome.methods.registry import InferenceEdit, need_facts, register
+from timerome.methods.registry import InferenceEdit, differs, need_facts, register
 from timerome.tracing.causal_trace import ENGINE as TRACE_ENGINE
 from timerome.tracing.causal_trace import trace
 from timerome.tracing.result import TraceResult, meta_path
@@ -123,13 +124,6 @@ TIE_ONLY = {"trace_steps": "trace_steps sets TIE's denoising steps",
             "trace_read_positions": "trace_read_positions chooses TIE's read-out"}
 
 
-def _differs(value, default) -> bool:
-    """value is not the default (a JSON list and the default's tuple alike compare by their items)."""
-    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
-        return list(value) != list(default)
-    return value != default
-
-
 def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate skips that trace",
                          read_anyway: tuple = ()) -> None:
     """Refuse settings that no trace would read (they would be ignored): TIE's own (TIE_ONLY: its steps,
@@ -137,18 +131,35 @@ def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate
     any setting only the trace reads but those in `read_anyway` (the codebook's and rewrite's
     trace_seed, their calibration seed)."""
     if config.get("trace_kind", "tie") == "positional":
-        tie = [k for k in TIE_ONLY if _differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
+        tie = [k for k in TIE_ONLY if differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
         if tie:
             raise TimeromeError(f"{' and '.join(TIE_ONLY[k] for k in tie)}; ROME's positional trace (trace_kind "
                                 "'positional') runs one forward per restored row and reads the object at the "
                                 "answer as it is: leave one of them out")
     if traced:
         return
-    unread = [k for k in TRACE_OPTIONS if k not in read_anyway and _differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
+    unread = [k for k in TRACE_OPTIONS if k not in read_anyway and differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
     if unread:
         raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places the "
                             f"memory, and {why}: leave out one or the other (`timerome edit` always gives a "
                             "coordinate: trace with `timerome trace` and pass --trace)")
+
+
+def check_step(config) -> None:
+    """Refuse a step given twice, inside `coordinate` ([layer, point, step]) and as `step`, unless the same:
+    one of them would be read, the other not."""
+    given = config.get("coordinate")
+    if given is None or given == "traced" or config.get("step") is None:
+        return
+    inside = Coordinate.of(given).step
+    if inside is not None and inside != Coordinate(0, "resid", config["step"]).step:
+        raise TimeromeError(f"the coordinate's step {inside} and step {config['step']}: give the denoising step once")
+
+
+def check_config(config) -> None:
+    """The timerome method's `check`: trace settings no trace reads, a step given twice."""
+    check_trace_settings(config, traced=not config.get("coordinate"))
+    check_step(config)
 
 
 def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:
@@ -173,8 +184,8 @@ def locate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, 
         coord = best.edit_coordinate
         info = {"coordinate_source": "traced", "trace_seconds": time.perf_counter() - t0,
                 "traced_step": best.step, "mean_abs_tie": best.mean_abs_tie}
-    if config.get("module"):
-        coord = Coordinate(coord.layer, config["module"])
+    if config.get("module"):  # the point replaced; the layer and a given coordinate's step kept
+        coord = dataclasses.replace(coord, point=config["module"])
     step = config.get("step")
     return Coordinate.of(coord, None if step is None else int(step)).on(backbone), info
 
@@ -234,8 +245,13 @@ def prepare(backbone, task, config) -> None:
     background_stats(backbone, coordinate, task, config)
 
 
-@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True,
-          check=lambda config: check_trace_settings(config, traced=not config.get("coordinate")))
+def whitened(config) -> bool:
+    """Whether the memory's keys are whitened: then, and only then, it reads background texts."""
+    return config["key_metric"] == "whitened"
+
+
+@register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True, check=check_config,
+          background=whitened)
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)

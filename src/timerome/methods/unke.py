@@ -40,7 +40,7 @@ DEFAULTS = dict(
 )
 
 
-@register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
 def unke(backbone, task, config, seed):
     """UnKE on MDLMs: optimise one block's output for the forget facts, then fit the block to it."""
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
