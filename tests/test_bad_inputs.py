@@ -355,6 +355,9 @@ def catalogue(f, tmp):
         # stop 61: a seed given to a method that draws nothing was read by nothing (the same file for any seed)
         ("edit --seed for timerome (its build draws nothing)", ["edit", "--seed", "3", "-o", out],
          "timerome trace --seed"),
+        ("edit --seed for random_layer at a given coordinate (it draws nothing then)",
+         ["edit", "--method", "random_layer", "-c", '{"coordinate": [1, "resid"]}', "--seed", "3", "-o", out],
+         "draws nothing at random when it builds with these settings"),
         # stop 46: a method's step option in an experiment whose measurement reads likelihoods (it failed at the
         # first forward of that cell, after the cells before it had run)
         ("a one-step method in a likelihood experiment", ["experiment", "canonical", "-c", '{"methods": [{"method": '

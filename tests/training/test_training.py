@@ -82,6 +82,9 @@ def test_eos_extra_draws_each_rows_eos_count_from_its_own_generator(fresh, monke
     assert draws_plain == [None] * len(draws_plain) and plain != a
     with pytest.raises(TimeromeError, match=r"needs eos_pad \(--eos-pad\)"):
         train(load_backbone(fresh), rows, TrainConfig(epochs=1, eos_extra=2, eos_pad=False), show_progress=False)
+    # likewise a LoRA scale without LoRA (read by nothing), before any work
+    with pytest.raises(TimeromeError, match=r"lora_alpha scales LoRA adapters, and lora_r \(--lora-r\) is 0"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, lora_alpha=16), show_progress=False)
 
 
 def test_training_with_eos_padding_learns_to_end_answers(fresh, tmp_path):

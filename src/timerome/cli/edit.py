@@ -83,6 +83,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     from timerome.memory.edit_memory import default_coordinate
     from timerome.memory.whitening import background_texts
     from timerome.methods import available, get_method, method_config
+    from timerome.methods.registry import draws_nothing
     from timerome.methods.timerome_edit import build_memory, select
     from timerome.tracing.positional_trace import PositionalTrace, is_positional, select_positional
     from timerome.tracing.result import TraceResult, trace_path
@@ -104,8 +105,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
             raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
                                 "(leave --target out, or use a method with one: timerome methods)")
-    if seed is not None and get_method(method).deterministic:  # refused, not ignored
-        raise TimeromeError(f"--method {method} draws nothing at random when it builds, so --seed would change nothing"
+    if seed is not None and draws_nothing(method, method_config(method, overrides)):  # refused, not ignored
+        raise TimeromeError(f"--method {method} draws nothing at random when it builds with these settings, so --seed "
+                            "would change nothing"
                             + (" (the noise of its trace is `timerome trace --seed`; pass the trace with --trace)"
                                if method == "timerome" else "") + ": leave --seed out")
     seed = 0 if seed is None else seed

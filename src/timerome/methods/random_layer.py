@@ -24,7 +24,7 @@ def random_coordinate(n_layers: int, seed: int) -> tuple[int, str]:
 
 
 @register("random_layer", defaults={k: v for k, v in DEFAULTS.items() if not k.startswith(("trace", "select"))},
-          check=check_step, background=whitened)
+          check=check_step, background=whitened, deterministic=lambda config: config["coordinate"] is not None)
 def random_layer(backbone, task, config, seed):
     """TimeROME's memory at a random (layer, module) coordinate drawn with the seed."""
     step = config.get("step")

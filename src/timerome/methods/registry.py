@@ -123,7 +123,8 @@ class Method:
     kind: str         # "inference" or "weights"
     doc: str
     prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
-    deterministic: bool = False  # its install draws nothing at random: the seed it is given changes nothing
+    deterministic: Callable | bool = False  # its install draws nothing at random (config -> bool where it depends on
+                                            # the settings): the seed it is given changes nothing (`draws_nothing`)
     check: Callable | None = None  # (config) -> None: refuses settings that contradict each other, before any work
     # what its install reads of a task beside the facts: the background texts (a bool, or config -> bool: under
     # which settings), the retain rows (the rows to leave alone); the command line refuses what goes unread
@@ -147,10 +148,11 @@ _loaded = False
 
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
-             kind: str = "inference", prepare: Callable | None = None, deterministic: bool = False,
+             kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
              check: Callable | None = None, background: Callable | bool = False, retain: bool = True):
-    """Decorator: add a method under `name` (see the module docstring). deterministic=True: its install
-    draws nothing at random, so the seed it is given changes nothing (the CLI says so for --seed).
+    """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
+    bool: under which settings): its install draws nothing at random, so the seed it is given changes
+    nothing (the CLI says so for --seed).
     check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it.
     background: whether the install reads the task's background texts (config -> bool where it depends on
     the settings); retain False: it reads no retain rows (`reads`)."""
@@ -184,6 +186,12 @@ def available() -> list[str]:
     _load_all()
     names = list(METHODS)
     return sorted(names, key=lambda n: (n != "no_edit", names.index(n)))
+
+
+def draws_nothing(name: str, config: dict) -> bool:
+    """Whether method `name` under `config` (a `method_config`) draws nothing at random as it installs."""
+    d = get_method(name).deterministic
+    return bool(d(config) if callable(d) else d)
 
 
 def reads_background(name: str, config: dict) -> bool:

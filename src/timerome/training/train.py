@@ -72,6 +72,9 @@ def check_config(cfg: TrainConfig, n_rows: int) -> None:
     number(cfg.eps, "eps (the smallest masking probability)", lo=0, hi=1, lo_open=True)
     integer(cfg.lora_r, "lora_r (--lora-r)", lo=0)
     number(cfg.lora_alpha, "lora_alpha", lo=0, lo_open=True, none=True)
+    if cfg.lora_alpha is not None and not cfg.lora_r:  # read by nothing: refused, as a method's lora_alpha is
+        raise TimeromeError("lora_alpha scales LoRA adapters, and lora_r (--lora-r) is 0: the weights train whole "
+                            "(leave lora_alpha out, or give lora_r)")
     number(cfg.grad_clip, "grad_clip (0: off)", lo=0, none=True)
     check_seed(cfg.seed, "seed (--seed)")
     if cfg.eos_pad is not None and not isinstance(cfg.eos_pad, bool):
