@@ -413,3 +413,25 @@ def test_the_hooks_matrices_hold_the_keys_half_of_the_current_entries(bb, task, 
         assert mem.n_entries > cm._CDIST_PAIRWISE and torch.equal(m["keys_aug"], cm.keys_half(keys))
         assert torch.equal(m["keys"], keys) and m["keys"].data_ptr() == m["keys_aug"].data_ptr()
         assert torch.equal(m["radius"], (mem.margin * mem._reach).float())
+
+
+def test_per_fact_coordinates_come_from_one_trace_of_every_fact(bb, task, tmp_path, monkeypatch):
+    """coordinates "per_fact": each fact at its own best traced layer, read from one TIE trace of every
+    forget fact (the validation subset's trace, which placed none of them, is no longer run first); a
+    step given applies to every group."""
+    import timerome.methods.codebook as C
+    from timerome.methods import method_config
+    from timerome.tracing.selection import per_fact_best
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = C.trace_forget_set
+    monkeypatch.setattr(C, "trace_forget_set", lambda bb, facts, config, progress=False:
+                        calls.append(len(facts[:config["trace_facts"]])) or real(bb, facts, config, progress))
+    config = method_config("codebook", {"coordinates": "per_fact", "trace_steps": 4, "trace_samples": 2, "step": 1})
+    groups, info = C.coordinates(bb, task, config)
+    assert calls == [len(task.facts)] and info["coordinate_source"] == "per-fact trace"
+    best = per_fact_best(real(bb, task.facts, dict(config, trace_facts=len(task.facts))).only(("resid",)))
+    placed = {f.fact_id: (c.layer, c.point, c.step) for c, fs in groups.items() for f in fs}
+    assert placed == {f.fact_id: (b.layer, b.module, 1) for f, b in zip(task.facts, best)}
+    assert sum(info["per_fact_layers"].values()) == len(task.facts)

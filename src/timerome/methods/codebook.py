@@ -100,17 +100,19 @@ def coordinates(backbone, task, config, progress: bool = False) -> tuple[dict, d
     mode = config.get("coordinates", "traced")
     if mode not in COORDINATES:
         raise TimeromeError(f"coordinates must be one of {', '.join(COORDINATES)}, got {mode!r}")
-    coord, info = locate(backbone, task, config, progress)
     if mode == "traced" or config.get("coordinate"):
+        coord, info = locate(backbone, task, config, progress)
         return {coord: list(task.facts)}, info
+    # one TIE trace of every fact places each (the validation subset's trace would place none of them)
     t0 = time.perf_counter()
     result = trace_forget_set(backbone, task.facts, dict(config, trace_facts=len(task.facts)), progress)
     best = per_fact_best(result.only(tuple(config["select_modules"])))
+    step = config.get("step")
     groups: dict = {}
     for fact, cand in zip(task.facts, best):
-        c = Coordinate.of(cand.edit_coordinate, coord.step).on(backbone)
+        c = Coordinate.of(cand.edit_coordinate, None if step is None else int(step)).on(backbone)
         groups.setdefault(c, []).append(fact)
-    info = dict(info, per_fact_seconds=time.perf_counter() - t0,
+    info = dict(coordinate_source="per-fact trace", per_fact_seconds=time.perf_counter() - t0,
                 per_fact_layers={f"{c.layer}:{c.point}": len(fs) for c, fs in groups.items()})
     return groups, info
 
