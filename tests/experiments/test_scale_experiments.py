@@ -114,7 +114,8 @@ def test_radar_draws_what_was_run_and_names_what_was_not(bb, runs, npo_run):
     ours_retain = abl["resid, all steps, traced layer (TimeROME)"]["RetainLP"]
     others = {r: base - c["ForgetLP"]["mean"] for r, c in abl.items()
               if r not in ("no_edit", ECHO_ROW, "resid, all steps, traced layer (TimeROME)") and "ForgetLP" in c
-              and not (base - c["ForgetLP"]["mean"] > ours and c["RetainLP"]["hi"] < ours_retain["lo"])}
+              and not (base - c["ForgetLP"]["mean"] > ours and c["RetainLP"]["hi"] < ours_retain["lo"]
+                       and min(c["RetainLP"]["n"], ours_retain["n"]) > 1)}
     assert res["axes"]["ablations"]["comparator"] == pytest.approx(max(others.values(), default=0.0))
     echo = dict(abl[ECHO_ROW], ForgetLP=dict(abl[ECHO_ROW]["ForgetLP"], mean=base - 1e6))  # it would win by far
     assert ablation_axis(dict(summary={**abl, ECHO_ROW: echo}))["comparator"] == \
@@ -207,7 +208,7 @@ def test_robustness_radar_axis_is_one_minus_the_worst_case_extraction():
     # a method that gives nothing back because it breaks every answer (locality clearly below TimeROME's,
     # bootstrap CIs apart) is set aside, and named; one whose locality overlaps ours stays a comparator
     def loc(lo, hi):
-        return {"mean": (lo + hi) / 2, "lo": lo, "hi": hi}
+        return {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": 3}
 
     s = {"timerome": {"WorstCase": {"mean": 0.25}, "LocalityWorst": loc(0.92, 0.96)},
          "act_steer": {"WorstCase": {"mean": 0.0}, "LocalityWorst": loc(0.0, 0.0)},
@@ -227,8 +228,8 @@ def test_radar_ablations_axis_sets_aside_a_design_that_over_forgets():
     text names it with what it forgot and kept; a design within TimeROME's retain stays one."""
     from timerome.experiments.radar import ABLATED, ablation_axis
 
-    def e(mean, lo=None, hi=None):
-        return {"mean": mean, "lo": mean if lo is None else lo, "hi": mean if hi is None else hi}
+    def e(mean, lo=None, hi=None, n=3):
+        return {"mean": mean, "lo": mean if lo is None else lo, "hi": mean if hi is None else hi, "n": n}
 
     summary = {"no_edit": {"ForgetLP": e(-1.0), "RetainLP": e(-0.5)},
                ABLATED: {"ForgetLP": e(-31.0), "RetainLP": e(-0.36, -0.38, -0.34)},
@@ -249,6 +250,8 @@ def test_radar_ablations_axis_sets_aside_a_design_that_over_forgets():
     only["over"] = {"ForgetLP": e(-90.0), "RetainLP": e(-3.0)}
     axis = ablation_axis({"summary": only})
     assert axis["comparator"] == 0.0 and "vs no design keeping as much RetainLP" in axis["text"]
+    only["over"]["RetainLP"] = e(-3.0, n=1)  # one seed: a point, no interval to be apart by, nothing set aside
+    assert ablation_axis({"summary": only})["comparator"] == pytest.approx(89.0)
 
 
 def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_path):

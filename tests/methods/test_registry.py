@@ -111,3 +111,53 @@ def test_a_module_keeps_the_given_coordinates_step():
         assert (coord.layer, coord.point, coord.step) == (1, "mlp", 3)
     edit = timerome.methods.install("random_layer", bb, task, {"coordinate": [2, "resid", 1], "module": "attn"})
     assert (edit.info["layer"], edit.info["point"], edit.info["step"]) == (2, "attn", 1)
+
+
+def test_what_a_method_reads_of_a_task_depends_on_its_settings():
+    """reads_retain / reads_background / draws_nothing: the training loop reads retain rows for the safe
+    protocol or a retain term, never with neither; the ridge memory reads background texts only with
+    whitened keys; random_layer draws nothing at a given coordinate."""
+    from timerome.methods.registry import draws_nothing, reads_background, reads_retain
+
+    cfg = method_config
+    assert reads_retain("ga", cfg("ga")) and not reads_retain("ga", cfg("ga", {"safe": False}))
+    assert reads_retain("npo", cfg("npo", {"safe": False})) and not reads_retain("npo", cfg("npo", {"safe": False,
+                                                                                                 "retain_w": 0.0}))
+    assert reads_retain("rmu", cfg("rmu", {"safe": False})) and not reads_retain("act_steer", cfg("act_steer"))
+    assert reads_background("timerome", cfg("timerome")) and not reads_background("timerome", cfg(
+        "timerome", {"key_metric": "paper"}))
+    assert reads_background("rome", cfg("rome")) and not reads_background("rome", cfg("rome", {"stats_texts": "x"}))
+    assert not reads_background("ga", cfg("ga")) and reads_background("codebook", cfg("codebook"))
+    assert draws_nothing("random_layer", cfg("random_layer", {"coordinate": [1, "resid"]}))
+    assert not draws_nothing("random_layer", cfg("random_layer")) and draws_nothing("timerome", cfg("timerome"))
+
+
+def test_a_cached_result_of_module_with_a_stepped_coordinate_is_not_served_for_the_new_edit():
+    """`module` beside a coordinate with a step kept that step only since stop 67 (every step before): the
+    key of such a config is marked, so results cached for it before are recomputed; every other key is
+    as it was."""
+    from timerome.methods.registry import keyed
+
+    before = method_config("timerome", {"coordinate": [1, "resid", 3], "module": "mlp"})
+    assert keyed(before)["module_keeps_step"] is True
+    for same in ({"coordinate": [1, "resid"], "module": "mlp"}, {"coordinate": [1, "resid", 3]}, {"module": "attn"},
+                 {}):
+        assert "module_keeps_step" not in keyed(method_config("timerome", same)), same
+        full = method_config("timerome", same)
+        assert keyed(full) == {k: v for k, v in full.items() if k != "trace_read_positions"}  # ADDED, at its default
+
+
+def test_a_given_coordinate_refuses_the_trace_settings_before_their_kind():
+    """With a coordinate no trace runs at all: the refusal says so, whatever kind of trace was asked for."""
+    with pytest.raises(TimeromeError, match="trace_steps, trace_kind choose the trace that places the memory, and "
+                                            "a given coordinate skips that trace"):
+        method_config("timerome", {"coordinate": [1, "resid"], "trace_kind": "positional", "trace_steps": 4})
+
+
+def test_the_ablations_refuse_a_base_coordinate_with_a_step():
+    from timerome.experiments.ablations import plan
+
+    with pytest.raises(TimeromeError, match=r"ablations: the config's coordinate \[1, 'resid', 2\] has a step, and "
+                                            r"the ablations compare the steps themselves \(every step against step 0"):
+        plan(dict(one_step=0, config={"coordinate": [1, "resid", 2]}), 4)
+    assert plan(dict(one_step=0, config={"coordinate": [1, "resid"]}), 4)  # [layer, point]: every row plans

@@ -68,7 +68,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          config: Optional[str] = typer.Option(None, "--config", "-c", help="method settings to override, inline JSON "
                                               "or a JSON file (`timerome methods` lists each method's)"),
          seed: Optional[int] = typer.Option(None, help="seed of the method's random draws (default 0; refused for "
-                                                       "the methods that draw nothing: timerome, act_steer)"),
+                                                       "the methods that draw nothing: timerome, act_steer, "
+                                                       "random_layer at a given coordinate)"),
          as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
     """Build an edit from a forget set or edit requests and save it (a memory file, or the edited model).
 
@@ -100,8 +101,13 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
         alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
         target, g_max = got["target"], got["g_max"]
-    if method != "timerome":  # its settings, in the method's words, before the model loads
-        method_config(method, overrides)
+    if method == "codebook" and overrides.get("coordinates", "traced") != "traced":
+        raise TimeromeError("timerome edit builds one codebook memory at one coordinate (--layer or --trace); "
+                            "--config coordinates \"per_fact\" builds one per traced layer: use the API's "
+                            "install(\"codebook\", ...) or an experiment's config")
+    if method != "timerome":  # its settings, in the method's words, before the model loads (a target included)
+        method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
+                      and "target" not in overrides else overrides)
         if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
             raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
                                 "(leave --target out, or use a method with one: timerome methods)")
@@ -154,8 +160,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
-    if calibration is not None and method == "timerome":
-        raise TimeromeError("--calibration applies to the codebook / rewrite memories and the training-time methods")
     if trace_file is not None:
         trace_file = trace_path(trace_file)  # a folder `timerome trace` wrote: the trace in it
     if trace_file is not None and is_positional(trace_file):
@@ -264,20 +268,21 @@ def _not_for_edit(overrides: dict) -> None:
 def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, background, calibration) -> None:
     """--background and --calibration where the method, with these settings, reads no such texts or rows
     (`Method.background`, `Method.retain`): refused before the model loads, never ignored."""
-    from timerome.methods import get_method, method_config
-    from timerome.methods.registry import reads_background
+    from timerome.methods import method_config
+    from timerome.methods.registry import reads_background, reads_retain
 
-    if background is not None:
-        if method == "timerome" and key_metric != "whitened":
-            raise TimeromeError("--background gives the texts that whiten the keys, and --key-metric paper keeps them "
-                                "raw: leave --background out")
-        if method != "timerome" and not reads_background(method, method_config(method, overrides)):
-            raise TimeromeError(f"--background is read by nothing here: {method} with these settings reads no "
-                                "background texts (the whitened memories do, and ROME-style key statistics without "
-                                "stats_texts): leave it out")
-    if calibration is not None and not get_method(method).retain:
-        raise TimeromeError(f"--calibration gives the rows an edit must leave alone, and {method} reads none: "
+    config = method_config(method, {"key_metric": key_metric} if method == "timerome" else overrides)
+    if background is not None and not reads_background(method, config):
+        raise TimeromeError("--background gives the texts that whiten the keys, and --key-metric paper keeps them "
+                            "raw: leave --background out" if method == "timerome" else
+                            f"--background is read by nothing here: {method} with these settings reads no background "
+                            "texts (the whitened memories do, and ROME-style key statistics without stats_texts): "
                             "leave it out")
+    # the ridge memory `edit` builds whitens on --background alone (no rows); the others, where they read rows
+    if calibration is not None and (method == "timerome" or not reads_retain(method, config)):
+        raise TimeromeError(f"--calibration gives the rows an edit must leave alone, and {method} here reads none "
+                            "(the codebook and rewrite memories, ROME-style statistics off the embedded model and "
+                            "the training-time methods' retain terms do): leave it out")
 
 
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
@@ -366,17 +371,18 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     from timerome.data.facts import qa_rows
     from timerome.data.task import ForgetTask
     from timerome.methods import get_method, install, method_config
+    from timerome.methods.registry import reads_retain
 
     kind = get_method(method).kind
-    # the rows it must leave alone, where it reads any (a method that reads none needs none given)
-    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts) if get_method(method).retain else \
-        (None, [])
     over = dict(overrides)
     if alpha is not None:
         over["alpha"] = alpha
     if "target" in get_method(method).defaults:
         over.setdefault("target", target)
     config = method_config(method, over)
+    # the rows it must leave alone, where it reads any (a method that reads none needs none given)
+    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts) if reads_retain(method, config) \
+        else (None, [])
     forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     edit = install(method, bb, task, config, seed=seed)

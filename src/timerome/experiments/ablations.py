@@ -21,7 +21,9 @@ log p(object) leaves out the answer positions that repeat the subject's tokens (
 
 from __future__ import annotations
 
+from timerome.engine.coordinate import Coordinate
 from timerome.engine.settings import LIKELIHOOD, TRACE
+from timerome.errors import TimeromeError
 from timerome.experiments.report import (by_row, coordinate_note, installed_info, markdown, not_applicable_rows,
                                          plot_canonical, summarise, traced_coordinate, write_outputs)
 from timerome.experiments.runner import Cell
@@ -42,6 +44,10 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
     """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
     an autoregressive backbone)."""
     base = dict(cfg["config"])
+    if base.get("coordinate") not in (None, "traced") and Coordinate.of(base["coordinate"]).step is not None:
+        raise TimeromeError(f"ablations: the config's coordinate {base['coordinate']} has a step, and the ablations "
+                            f"compare the steps themselves (every step against step {cfg['one_step']} only): give "
+                            "the coordinate as [layer, point]")
     # the AR row is placed by ROME's positional trace: neither TIE's own settings nor a given coordinate applies
     positional = {k: v for k, v in base.items() if k not in (*TIE_ONLY, "coordinate")}
     untraced = {k: v for k, v in base.items() if not k.startswith(("trace", "select"))}  # a given coordinate

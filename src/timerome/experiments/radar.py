@@ -60,7 +60,8 @@ def _number(x) -> bool:
 
 
 def ablation_axis(saved: dict) -> dict | None:
-    """-Δ ForgetLP of the paper's design against the best other design of the ablations."""
+    """-Δ ForgetLP of the paper's design against the best other design of the ablations, but one that
+    forgets more only with a clearly lower RetainLP (`report.best_comparable`, named in the text)."""
     s = saved.get("summary", {})
     base = s.get("no_edit", {}).get("ForgetLP")
     if base is None or ABLATED not in s:

@@ -102,11 +102,13 @@ TWO_SEEDS_NOTE = ("With 2 seeds a cell's bracket is the range of the two values,
 
 
 def clearly_below(entry: dict | None, reference: dict | None) -> bool:
-    """Whether a summarised column (`summarise`'s entry: mean, lo, hi) lies wholly below another's: the
-    upper end of its bootstrap CI under the lower end of the reference's (their means, with one seed).
-    False where either is missing or not a number (the JSON's null): nothing is known against it."""
+    """Whether a summarised column (`summarise`'s entry: mean, lo, hi, n) lies wholly below another's: the
+    upper end of its bootstrap CI under the lower end of the reference's. False where either is missing, not
+    a number (the JSON's null) or of one seed (a point, no spread to be apart by): nothing is known."""
     ends = [e.get(k) if e else None for e in (entry, reference) for k in ("lo", "hi")]
     if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in ends):
+        return False
+    if min(entry.get("n", 1), reference.get("n", 1)) < 2:
         return False
     return entry["hi"] < reference["lo"]
 

@@ -12,7 +12,8 @@ said (issue 24, metrics/extraction.py): the forget requests (`extraction.request
 SOURCE:forget) answered under every sampler setting and every prompt attack; the table gives the
 nominal and the worst-case extraction rate per method (bootstrap CIs over seeds), the figure nominal
 versus worst case, and the radar's robustness axis is 1 - worst-case extraction, TimeROME against
-the method with the lowest worst case (the kept share of the forgetting when no extraction cell ran).
+the method with the lowest worst case, but one that is lower only with a clearly lower worst locality
+(`extraction_radar`; the kept share of the forgetting when no extraction cell ran).
 """
 
 from __future__ import annotations

@@ -258,6 +258,12 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     return edit
 
 
+def reads_retain(config) -> bool:
+    """Whether `unlearn` reads the retain rows under `config`: the safe protocol's anchor and early-stop
+    check, or a retain term (retain_w > 0); rmu's objective always does (`rmu_unlearn`)."""
+    return bool(config["safe"]) or float(config.get("retain_w") or 0) > 0
+
+
 def needs_retain(objective) -> bool:
     return bool(getattr(objective, "needs_retain", False))
 

@@ -97,10 +97,7 @@ def calibration_seed(config) -> int:
 
 def coordinates(backbone, task, config, progress: bool = False) -> tuple[dict, dict]:
     """{Coordinate: [facts]} and what was done to find them."""
-    mode = config.get("coordinates", "traced")
-    if mode not in COORDINATES:
-        raise TimeromeError(f"coordinates must be one of {', '.join(COORDINATES)}, got {mode!r}")
-    if mode == "traced" or config.get("coordinate"):
+    if config.get("coordinates", "traced") == "traced":  # `check_config` has refused any other mode but per_fact
         coord, info = locate(backbone, task, config, progress)
         return {coord: list(task.facts)}, info
     # one TIE trace of every fact places each (the validation subset's trace would place none of them)

@@ -15,7 +15,7 @@ from timerome.methods.registry import register
 DEFAULTS = dict(U.TRAIN_DEFAULTS, lr=3e-4)
 
 
-@register("ga", defaults=DEFAULTS, canonical=[{}, U.UNMITIGATED], kind="weights")
+@register("ga", defaults=DEFAULTS, canonical=[{}, U.UNMITIGATED], kind="weights", retain=U.reads_retain)
 def ga(backbone, task, config, seed):
     """Gradient ascent on the forget set's MDLM loss (safe protocol by default)."""
     return U.unlearn(backbone, task, config, seed, "ga", U.ascent)

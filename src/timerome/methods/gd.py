@@ -13,7 +13,7 @@ from timerome.methods.registry import register
 DEFAULTS = dict(U.TRAIN_DEFAULTS, lr=3e-4, retain_w=1.0)   # lr as ga
 
 
-@register("gd", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("gd", defaults=DEFAULTS, canonical=[{}], kind="weights", retain=U.reads_retain)
 def gd(backbone, task, config, seed):
     """Gradient difference: forget ascent + retain descent on the MDLM loss (safe by default)."""
     return U.unlearn(backbone, task, config, seed, "gd", U.ascent, retain_w=config["retain_w"])

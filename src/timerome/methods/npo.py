@@ -15,7 +15,7 @@ from timerome.methods.registry import register
 DEFAULTS = dict(U.TRAIN_DEFAULTS, lr=3e-4, beta=0.1, retain_w=1.0)   # lr as ga
 
 
-@register("npo", defaults=DEFAULTS, canonical=[{}, U.UNMITIGATED], kind="weights")
+@register("npo", defaults=DEFAULTS, canonical=[{}, U.UNMITIGATED], kind="weights", retain=U.reads_retain)
 def npo(backbone, task, config, seed):
     """NPO against a frozen copy of the model, on MDLM sequence log-likelihood estimates."""
     beta = float(config["beta"])

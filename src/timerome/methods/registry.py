@@ -126,10 +126,10 @@ class Method:
     deterministic: Callable | bool = False  # its install draws nothing at random (config -> bool where it depends on
                                             # the settings): the seed it is given changes nothing (`draws_nothing`)
     check: Callable | None = None  # (config) -> None: refuses settings that contradict each other, before any work
-    # what its install reads of a task beside the facts: the background texts (a bool, or config -> bool: under
-    # which settings), the retain rows (the rows to leave alone); the command line refuses what goes unread
+    # what its install reads of a task beside the facts, a bool or config -> bool (under which settings): the
+    # background texts, the retain rows (the rows to leave alone); the command line refuses what goes unread
     background: Callable | bool = False
-    retain: bool = True
+    retain: Callable | bool = True
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -138,8 +138,20 @@ ADDED = {"trace_read_positions": TRACE.read_positions}
 
 
 def keyed(config: dict) -> dict:
-    """A method's config without the `ADDED` options at their earlier value: what names its cached results."""
-    return {k: v for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
+    """A method's config without the `ADDED` options at their earlier value: what names its cached results.
+    A `module` beside a coordinate with a step is marked: it keeps that step since stop 67 (it edited every
+    step before), so results cached for it then are not served for the edit it names now."""
+    out = {k: v for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
+    coordinate = out.get("coordinate")
+    if out.get("module") and coordinate not in (None, "traced") and _step_of(coordinate) is not None:
+        out["module_keeps_step"] = True
+    return out
+
+
+def _step_of(coordinate):
+    from timerome.engine.coordinate import Coordinate
+
+    return Coordinate.of(coordinate).step
 
 
 METHODS: dict[str, Method] = {}
@@ -149,13 +161,13 @@ _loaded = False
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
-             check: Callable | None = None, background: Callable | bool = False, retain: bool = True):
+             check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool = True):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
     bool: under which settings): its install draws nothing at random, so the seed it is given changes
     nothing (the CLI says so for --seed).
     check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it.
-    background: whether the install reads the task's background texts (config -> bool where it depends on
-    the settings); retain False: it reads no retain rows (`reads`)."""
+    background, retain: whether the install reads the task's background texts, its retain rows (a bool, or
+    config -> bool where it depends on the settings: `reads_background`, `reads_retain`)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
 
@@ -198,6 +210,14 @@ def reads_background(name: str, config: dict) -> bool:
     """Whether method `name` under `config` (a `method_config`) reads the task's background texts."""
     b = get_method(name).background
     return bool(b(config) if callable(b) else b)
+
+
+def reads_retain(name: str, config: dict) -> bool:
+    """Whether method `name` under `config` (a `method_config`) reads the task's retain rows (on some model:
+    ROME-style statistics and the whitened memories fall back on them where given no texts, off the
+    embedded model)."""
+    r = get_method(name).retain
+    return bool(r(config) if callable(r) else r)
 
 
 def get_method(name: str) -> Method:

@@ -16,7 +16,7 @@ from timerome.methods.registry import register
 DEFAULTS = dict(U.TRAIN_DEFAULTS, lr=1e-3, beta=4.5, gamma=0.125, delta=0.0, retain_w=1.0)
 
 
-@register("simnpo", defaults=DEFAULTS, canonical=[{}], kind="weights")
+@register("simnpo", defaults=DEFAULTS, canonical=[{}], kind="weights", retain=U.reads_retain)
 def simnpo(backbone, task, config, seed):
     """SimNPO: reference-free, length-normalised NPO on the MDLM loss (open-unlearning defaults)."""
     beta, gamma, delta = float(config["beta"]), float(config["gamma"]), float(config["delta"])

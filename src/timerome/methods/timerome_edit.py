@@ -126,23 +126,23 @@ TIE_ONLY = {"trace_steps": "trace_steps sets TIE's denoising steps",
 
 def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate skips that trace",
                          read_anyway: tuple = ()) -> None:
-    """Refuse settings that no trace would read (they would be ignored): TIE's own (TIE_ONLY: its steps,
-    its read-out) with ROME's positional trace; and, where no trace runs (`traced` False, `why`),
-    any setting only the trace reads but those in `read_anyway` (the codebook's and rewrite's
-    trace_seed, their calibration seed)."""
+    """Refuse settings that no trace would read (they would be ignored): where no trace runs (`traced`
+    False, `why`), any setting only the trace reads but those in `read_anyway` (the codebook's and
+    rewrite's trace_seed, their calibration seed); else TIE's own (TIE_ONLY: its steps, its read-out)
+    with ROME's positional trace."""
+    if not traced:
+        unread = [k for k in TRACE_OPTIONS if k not in read_anyway and differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
+        if unread:
+            raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places "
+                                f"the memory, and {why}: leave out one or the other (`timerome edit` always gives a "
+                                "coordinate: trace with `timerome trace` and pass --trace)")
+        return
     if config.get("trace_kind", "tie") == "positional":
         tie = [k for k in TIE_ONLY if differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
         if tie:
             raise TimeromeError(f"{' and '.join(TIE_ONLY[k] for k in tie)}; ROME's positional trace (trace_kind "
                                 "'positional') runs one forward per restored row and reads the object at the "
                                 "answer as it is: leave one of them out")
-    if traced:
-        return
-    unread = [k for k in TRACE_OPTIONS if k not in read_anyway and differs(config.get(k, DEFAULTS[k]), DEFAULTS[k])]
-    if unread:
-        raise TimeromeError(f"{', '.join(unread)} choose{'s' if len(unread) == 1 else ''} the trace that places the "
-                            f"memory, and {why}: leave out one or the other (`timerome edit` always gives a "
-                            "coordinate: trace with `timerome trace` and pass --trace)")
 
 
 def check_step(config) -> None:
