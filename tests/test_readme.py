@@ -1,5 +1,6 @@
-"""The README's Python tour runs as a user would copy it: the block under "## Python tour", as it
-stands in the README, in a fresh process and an empty folder."""
+"""The documentation's runnable Python runs as a user would copy it: the README's "Python tour" and
+the usage blocks of docs/fast-sampling.md and docs/selectivity.md, as they stand, each in a fresh
+process and an empty folder. (The other blocks in docs/ are signatures or fragments of a session.)"""
 
 import os
 import re
@@ -7,28 +8,43 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def python_block(section: str) -> str:
-    """The first ```python block under the README heading `section`."""
-    text = README.read_text()
-    start = text.index(f"\n{section}\n")
+def python_block(path: Path, section: str | None = None) -> str:
+    """The first ```python block of `path` (under the heading `section`, where given)."""
+    text = path.read_text()
+    start = text.index(f"\n{section}\n") if section else 0
     found = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert found, f"no python block under {section!r} in the README"
+    assert found, f"no python block in {path.name}" + (f" under {section!r}" if section else "")
     return found.group(1)
 
 
-def test_the_readme_python_tour_runs(tmp_path):
-    code = python_block("## Python tour")
-    (tmp_path / "tour.py").write_text(code)
-    env = dict(os.environ, TIMEROME_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+def run_block(code: str, folder: Path) -> subprocess.CompletedProcess:
+    (folder / "snippet.py").write_text(code)
+    env = dict(os.environ, TIMEROME_CACHE=str(folder / "cache"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                MPLBACKEND="Agg")
-    done = subprocess.run([sys.executable, "tour.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "snippet.py"], cwd=folder, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_the_readme_python_tour_runs(tmp_path):
+    done = run_block(python_block(ROOT / "README.md", "## Python tour"), tmp_path)
     for name in ("heatmap.png", "trace.safetensors", "api-forget.safetensors"):  # what it says it writes
         assert (tmp_path / name).is_file(), name
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Backbone(") and "Efficacy" in done.stdout and "ForgetLP" in done.stdout
     assert lines[-1] == "torch.Size([1, 6, 128])"  # the hooks' kept residual: one prompt, its tokens, hidden
+
+
+@pytest.mark.parametrize("doc, writes", [("fast-sampling.md", None), ("selectivity.md", "forget.safetensors")])
+def test_a_docs_usage_block_runs(tmp_path, doc, writes):
+    done = run_block(python_block(ROOT / "docs" / doc), tmp_path)
+    if writes:
+        assert (tmp_path / writes).is_file()
+    else:
+        assert "Isgor Quielson" in done.stdout  # the prompt, decoded with its answer
