@@ -163,7 +163,7 @@ def test_the_radar_names_each_source_run_and_warns_when_they_differ():
 def test_an_experiment_json_records_its_run(tmp_path):
     from timerome.experiments import run_experiment
 
-    cfg = {"n_mc": 1, "n_retain": 2, "n_world": 1, "alphas": [1.0], "methods": ["no_edit"], "splits": ["forget", "retain"]}
+    cfg = {"n_mc": 1, "n_retain": 2, "alphas": [1.0], "methods": ["no_edit"], "splits": ["forget", "retain"]}
     out = run_experiment("pareto", seeds=[0], out_dir=tmp_path / "p", overrides=cfg, progress=False)
     import json
 

@@ -123,6 +123,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.engine.sampler import check_fast_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
+    from timerome.experiments.data import refuse_unread_sizes
     from timerome.experiments.runner import Context
     from timerome.methods import InferenceEdit
 
@@ -147,6 +148,12 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
+    if splits is not None:  # a size of a split it leaves out is read by nothing
+        refuse_unread_sizes([s.strip() for s in splits.split(",") if s.strip()],
+                            {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain),
+                                                            ("--retain-authors", "retain_authors", retain_authors),
+                                                            ("--n-world", "n_world", n_world)) if v is not None},
+                            "eval")
     n_retain = N_RETAIN if n_retain is None else n_retain
     n_world = N_WORLD if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
@@ -330,7 +337,10 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
     from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, parse_bench
 
-    parse_bench(bench)  # the name, and the options below, before the model loads
+    name, _ = parse_bench(bench)  # the name, and the options below, before the model loads
+    if name == "wmdp" and not rouge:  # refused, not ignored
+        raise TimeromeError("--no-rouge: WMDP is scored by its choices' likelihoods and generates nothing, so "
+                            "nothing reads it; leave it out")
     if limit is not None and limit < 1:
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
     if n_mc < 1:

@@ -47,10 +47,12 @@ def describe(path) -> dict:
 @friendly
 def show(file: Path = typer.Argument(..., help="an edit memory file"),
          all_facts: bool = typer.Option(False, "--all", help="list every fact (default: the first 20)"),
-         as_json: bool = typer.Option(False, "--json", help="print the description as JSON")):
+         as_json: bool = typer.Option(False, "--json", help="print the description as JSON (every fact)")):
     """The coordinate, hyper-parameters, facts and backbone fingerprint of a saved memory."""
     from timerome.data.rows import where_rows
 
+    if all_facts and as_json:  # refused, not ignored
+        raise TimeromeError("--json lists every fact already: --all shortens nothing there; leave it out")
     d = describe(file)
     if as_json:
         print_json(d)

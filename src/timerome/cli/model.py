@@ -244,7 +244,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
              temperature: float = SAMPLER.temperature,
              remasking: Optional[str] = typer.Option(None, help=f"which masked positions a step reveals (default "
                                                                  f"{SAMPLER.remasking})"),
-             seed: int = 0,
+             seed: Optional[int] = typer.Option(None, help="seed of the sampler's draws (default 0; read only with "
+                                                           "--temperature above 0 or --remasking random)"),
              edit: Optional[Path] = typer.Option(None, "--edit", help="an edit memory file: answer with and without it"),
              as_json: bool = typer.Option(False, "--json", help="print the answers as JSON"),
              cache: Optional[str] = typer.Option(None, help="approximate KV cache: prefix or dual (default: exact)"),
@@ -261,6 +262,11 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     denoising = {"--steps": steps, "--block-length": block_length, "--remasking": remasking}  # none for an AR model
     steps, block_length = (gen_length if steps is None else steps), (gen_length if block_length is None else block_length)
     remasking = SAMPLER.remasking if remasking is None else remasking
+    if seed is not None and temperature == 0 and remasking != "random":  # refused, not ignored
+        raise TimeromeError(f"--seed {seed}: at temperature 0 with {remasking} remasking the sampler draws nothing "
+                            "(the same answer for any seed); give --temperature above 0 or --remasking random, or "
+                            "leave --seed out")
+    seed = 0 if seed is None else seed
     cache = None if cache in (None, "none") else cache
     blank = [str(i + 1) for i, p in enumerate(prompt) if not p.strip()]
     if blank:  # the sampler generates from no prompt (ids of none); a blank argument is a slip

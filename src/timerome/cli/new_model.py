@@ -16,7 +16,8 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
                                                               "'tofu:SPLIT' (with --tofu-dir), JSON/JSONL rows files "
                                                               "or text files (one text a line)"),
                   out: Path = typer.Option(..., "--out", "-o", help="new folder for the model (Hugging Face layout)"),
-                  size: str = typer.Option("small", help="tiny, small (the embedded model's), base or large"),
+                  size: Optional[str] = typer.Option(None, help="tiny, small (the embedded model's; the default), "
+                                                                "base or large"),
                   vocab_size: int = typer.Option(4096, help="BPE vocabulary size (at most; a small corpus gives fewer)"),
                   context: int = typer.Option(256, help="longest sequence in tokens"),
                   d_model: Optional[int] = typer.Option(None, help="hidden size (overrides --size)"),

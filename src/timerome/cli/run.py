@@ -97,15 +97,18 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
         output_folder(out, "--out")  # a file in the way, refused before minutes of work
     reads_outputs = getattr(EXPERIMENTS.get(name), "READS_OUTPUTS", False)
     if reads_outputs and (model.model is not None or reference is not None or seeds is not None
-                          or data != "embedded"):
-        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: -m / "
-                            "--reference / --seeds / --data are read by nothing; leave them out")
+                          or data != "embedded" or fresh or executor != "local" or ray_address is not None):
+        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and computes no cell: -m / "
+                            "--reference / --seeds / --data / --fresh / --executor / --ray-address are read by "
+                            "nothing; leave them out")
     if models is not None and model.model is not None:
         raise TimeromeError("--models names every checkpoint xbackbone runs; -m / --model beside it is read by nothing")
     overrides = config_arg(config, "experiment settings")
     for flag, text, key in (("--methods", methods, "methods"), ("--models", models, "models")):
         if text is None:
             continue
+        if key in overrides:  # the option replaced the setting unread (unchecked, too)
+            raise TimeromeError(f"{flag} and -c's {key!r} both give the {key}: give them once")
         names = [m.strip() for m in text.split(",") if m.strip()]
         if not names:
             raise TimeromeError(f"{flag} is empty: give comma-separated names, or leave it out for the experiment's own")
@@ -117,6 +120,8 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
                                 "benchmark")
         if not bench_data.is_dir():
             raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        if "bench_dir" in overrides:
+            raise TimeromeError("--bench-data and -c's 'bench_dir' both give the benchmark folder: give it once")
         overrides["bench_dir"] = str(bench_data)
     shrunk = ", ".join(n for n, q in QUICK.items() if q)  # the experiments with a --quick subset
     if name != "all":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
+from timerome.experiments.data import SIZED, refuse_unread_sizes
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, not_applicable_rows,
                                          plot_canonical, reference_note, summarise, traced_coordinate, unchanged_rows,
                                          utility_note, write_outputs)
@@ -30,7 +31,11 @@ def canonical_rows(methods=None) -> list[tuple[str, dict]]:
     return out
 
 
-def data_spec(cfg) -> dict:
+def data_spec(cfg, name: str = "canonical") -> dict:
+    """The cells' data spec from the settings (canonical's, and pareto's alike); a size of a split that
+    `splits` leaves out is refused (`refuse_unread_sizes`)."""
+    refuse_unread_sizes(cfg.get("splits"), {k: k for k in SIZED if cfg.get(k) is not None and cfg[k] != CONFIG[k]},
+                        f"experiment {name!r}")
     spec = dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
     # only when set: the cache keys of runs without them stay as they were
     return spec | {k: cfg[k] for k in ("retain_authors", "splits") if cfg.get(k) is not None}

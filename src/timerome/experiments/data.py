@@ -19,6 +19,20 @@ from timerome.evaluation.evaluator import fits
 
 SPEC_KEYS = {"forget", "first", "last", "eval_forget", "n_retain", "n_world", "retain_authors", "splits", "validation"}
 EVAL_SPLITS = ("forget", "retain", "real_authors", "world_facts")
+SIZED = {"n_retain": ("retain",), "retain_authors": ("retain",), "n_world": ("real_authors", "world_facts")}
+
+
+def refuse_unread_sizes(splits, given: dict, where: str) -> None:
+    """Refuse sizes of evaluation splits that `splits` leaves out (read by nothing): `given` {the size's
+    name as the user wrote it: its SIZED key}, where: who took them ("experiment 'canonical'", "eval")."""
+    if splits is None:
+        return
+    unread = [shown for shown, key in given.items() if not set(SIZED[key]) & set(splits)]
+    if unread:
+        it = "it" if len(unread) == 1 else "them"
+        raise TimeromeError(f"{where}: {', '.join(unread)} size{'s' if len(unread) == 1 else ''} a split the "
+                            f"evaluation leaves out (splits: {', '.join(splits)}), so nothing reads {it}: leave {it} "
+                            "out, or add the split")
 
 
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
@@ -36,6 +50,8 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     splits = spec.get("splits")
     if splits is not None and (isinstance(splits, (str, bytes)) or not set(splits) <= set(EVAL_SPLITS)):
         raise TimeromeError(f"the data spec's splits must be a list of {', '.join(EVAL_SPLITS)}, got {splits!r}")
+    if spec.get("retain_authors") is not None:  # present only where given (n_retain and n_world always are)
+        refuse_unread_sizes(splits, {"retain_authors": "retain_authors"}, "the data spec")
     forget = spec.get("forget", "forget01")
     rows = load_split(forget, source)
     lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from timerome.data.requests import load_requests
+from timerome.data.requests import load_requests, refuse_unfilled_target
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
                                          unchanged_rows, write_outputs)
@@ -50,7 +50,7 @@ def requests_data(spec: dict, ctx):
     from timerome.data.tofu import _embedded
     from timerome.metrics.editing import locality_rows
 
-    reqs, notes = load_requests(spec["requests"], target=spec.get("target"))
+    reqs, notes = load_requests(spec["requests"], target=spec.get("target"), must_fill=False)  # cells checked it
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
     locality = locality_rows(ctx.source, spec.get("n_retain", 40), spec.get("n_world", 20))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
@@ -96,6 +96,7 @@ def plan(cfg) -> list[tuple[str, dict]]:
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
+    refuse_unfilled_target(list(cfg["sets"].values()), cfg["target"], "experiment 'editing'")
     out = []
     for name, spec in cfg["sets"].items():
         data = dict(kind="requests", requests=spec, target=cfg["target"], n_retain=cfg["n_retain"],

@@ -59,7 +59,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
     frontier_rows(cfg)  # refuses a frontier given twice, before any cell
-    data = data_spec(cfg)
+    data = data_spec(cfg, "pareto")
     return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
             for seed in seeds for m, over in sweep(cfg) + others]
 

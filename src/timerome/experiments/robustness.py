@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.data.requests import refuse_unfilled_target
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.stats import cell as stat_cell
@@ -108,6 +109,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
         ex = {**EXTRACTION, **ex}
         kind = "embedded" if getattr(ctx, "source", "embedded") == "embedded" else "tofu"
         spec = ex["requests"] or f"{kind}:{cfg['forget']}"
+        refuse_unfilled_target([spec], ex["target"], "experiment 'robustness', extraction")
         data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"],
                     n_world=ex["n_world"])
         opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),

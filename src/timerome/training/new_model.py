@@ -114,10 +114,17 @@ def model_dims(size: str = "small", *, context: int = DEFAULT_CONTEXT, **overrid
     return dims
 
 
-def new_model(sources, out, *, size: str = "small", vocab_size: int = DEFAULT_VOCAB, context: int = DEFAULT_CONTEXT,
-              seed: int = 0, tofu_dir=None, **dims) -> dict:
-    """Write a fresh model + tokenizer to `out` (module docstring); returns what was built. tofu_dir:
-    the TOFU folder of the 'tofu:SPLIT' sources (refused where none is one)."""
+def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAULT_VOCAB,
+              context: int = DEFAULT_CONTEXT, seed: int = 0, tofu_dir=None, **dims) -> dict:
+    """Write a fresh model + tokenizer to `out` (module docstring); returns what was built. size: one of
+    SIZES (default "small"), each of `dims` given replacing its dimension (a size beside all four is read
+    by nothing, and refused). tofu_dir: the TOFU folder of the 'tofu:SPLIT' sources (refused where none
+    is one)."""
+    given = [k for k, v in dims.items() if v is not None]
+    if size is not None and len(given) == 4:  # d_model, n_layers, n_heads, mlp_hidden_size
+        raise TimeromeError(f"size {size!r} is read by nothing: {', '.join(given)} give every dimension "
+                            "(leave the size out)")
+    size = "small" if size is None else size
     tofu_dir_read(tofu_dir, *map(str, sources))
     out = output_folder(out)
     check_seed(seed, "seed")
@@ -137,7 +144,8 @@ def new_model(sources, out, *, size: str = "small", vocab_size: int = DEFAULT_VO
     save_model(model, out)
     n_params = sum(p.numel() for p in model.parameters())
     info = dict(command="timerome new-model", sources=[str(s) for s in sources], n_texts=len(texts),
-                texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(), size=size,
+                texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(),
+                size=size if len(given) < 4 else None,  # None: every dimension given (`dims`)
                 vocab_size=len(tok), context=context, seed=seed, parameters=n_params,
                 dims={k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "mlp_hidden_size")},
                 train_hint="train it with EOS padding (timerome train does this for a model with an EOS token)")
