@@ -208,6 +208,23 @@ def test_a_data_spec_refuses_a_key_it_does_not_read():
     assert len(rows["retain"]) == 2 and set(rows) == {"forget", "retain"}
 
 
+def test_a_split_size_or_a_reference_no_split_reads_is_refused_or_left_out():
+    """Stop 67 (helper 53's audit): retain_authors where the splits leave retain out is refused by the data
+    spec (n_retain and n_world, always in a spec, by the experiments that take them: test_bad_inputs); the
+    canonical table builds no reference cell where its splits leave forget out (the reference model was
+    trained, then its cell failed with an internal KeyError on the missing split)."""
+    from timerome.experiments.canonical import CONFIG, cells
+
+    ctx = Context(backbone=load_backbone())
+    with pytest.raises(TimeromeError, match="the data spec: retain_authors sizes a split the evaluation leaves out"):
+        ctx.data({"forget": "forget01", "retain_authors": 2, "splits": ["forget"]})
+    assert ctx.auto_reference() is not None  # the embedded model's: reference cells where forget is scored
+    made = {tuple(s) if s else None: [c.measure for c in cells(dict(CONFIG, splits=s, methods=["no_edit"]), [0], ctx)]
+            for s in (None, ["forget", "retain"], ["retain", "world_facts"])}
+    assert made == {None: ["reference", "full"], ("forget", "retain"): ["reference", "full"],
+                    ("retain", "world_facts"): ["full"]}
+
+
 def test_a_cell_option_its_measurement_does_not_read_is_refused():
     """Cell("lp", options={"nmc": 2}) ran at the default n_mc, silently (stop 60's audit)."""
     ctx = Context(backbone=load_backbone())

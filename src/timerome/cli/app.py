@@ -321,16 +321,18 @@ def tofu_dir_read(tofu_dir, *specs) -> None:
     refuse_unread(tofu_dir, *specs, option="--tofu-dir")
 
 
-def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str):
+def edit_facts(bb, requests: str | None, data: str | None, tofu_dir, target: str, target_given: bool = False):
     """(facts, source spec) to edit: from --requests (each with its own target, `target` for the
-    others; the reader's notes are printed), or from --data (every fact gets `target`)."""
+    others; the reader's notes are printed; a target the user gave, refused where every request names
+    its own), or from --data (every fact gets `target`)."""
     from dataclasses import replace
 
     if requests is not None:
         from timerome.data.requests import load_requests
         from timerome.data.rows import tofu_folder
 
-        reqs, notes = load_requests(requests, target=target, tofu_dir=tofu_folder(requests, tofu_dir))
+        reqs, notes = load_requests(requests, target=target, tofu_dir=tofu_folder(requests, tofu_dir),
+                                    must_fill=target_given)
         for n in notes:
             err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
         return [r.fact for r in reqs], requests

@@ -233,7 +233,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 0:
             raise TimeromeError(f"{name} must be >= 0, got {value}")
-    reqs, notes = load_requests(requests, target=target)
+    reqs, notes = load_requests(requests, target=target, must_fill=target != EDIT.target)  # --target given
     recorded = edited_from(model.model)  # what an edited model's folder says it came from, read before any load
     if edit is None and base is not None and model_place(base) == model_place(model.model):
         raise TimeromeError(f"--base {base} is the model being scored (there is no --edit): its locality would be 1 "

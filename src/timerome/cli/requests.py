@@ -27,7 +27,7 @@ def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / 
 
     if out is not None:
         output_file(out, example="requests.json", inputs={"requests file": source})
-    reqs, notes = load_requests(source, target=target, limit=limit)
+    reqs, notes = load_requests(source, target=target, limit=limit, must_fill=target is not None)
     for n in notes:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     if out is not None:

@@ -45,7 +45,6 @@ from pathlib import Path
 
 from timerome.common.files import read_text
 from timerome.data.facts import Fact, target_conflict
-from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 
 FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
@@ -96,12 +95,11 @@ class EditRequest:
 
 
 def load_requests(spec, *, target: str | None = None, limit: int | None = None,
-                  tofu_dir: str | None = None, must_fill: bool = True) -> tuple[list[EditRequest], list[str]]:
+                  tofu_dir: str | None = None, must_fill: bool = False) -> tuple[list[EditRequest], list[str]]:
     """(requests, notes) from a file or a spec (module docstring); `target` fills the requests that
-    name none (another than the default, where every request names its own, is refused: read by
-    nothing; must_fill False: taken, for a caller that gives one target to several sources and has
-    checked it with `refuse_unfilled_target`); notes say what was left out and why (never silently).
-    tofu_dir: the TOFU folder of a 'tofu:SPLIT' spec (refused for any other)."""
+    name none (must_fill: a target the user gave, refused where every request names its own, as read
+    by nothing); notes say what was left out and why (never silently). tofu_dir: the TOFU folder of a
+    'tofu:SPLIT' spec (refused for any other)."""
     from timerome.data.rows import tofu_dir_read
 
     tofu_dir_read(tofu_dir, spec)
@@ -130,7 +128,7 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise TimeromeError(f"{where}: fact id {dup!r} names two requests; every request needs its own id")
-    if must_fill and target and target != EDIT.target and all(r.fact.target for r in requests):  # not ignored
+    if must_fill and target and all(r.fact.target for r in requests):  # refused, not ignored
         raise TimeromeError(f"{where}: the target {target!r} fills requests that name no target, and every request "
                             "here names its own: leave the target out")
     requests = [r.with_target(target) for r in requests]
@@ -138,16 +136,6 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     if conflict:
         raise TimeromeError(f"{where}: {conflict}")
     return requests, _grouped(notes)
-
-
-def refuse_unfilled_target(specs, target: str | None, where: str, tofu_dir: str | None = None) -> None:
-    """Refuse a target other than the default that no request of `specs` reads (each names its own):
-    one target given to several request sources is read where any of them names none."""
-    if not target or target == EDIT.target:
-        return
-    if all(r.fact.target for spec in specs for r in load_requests(spec, tofu_dir=tofu_dir)[0]):
-        raise TimeromeError(f"{where}: the target {target!r} fills requests that name no target, and every request "
-                            f"of {', '.join(map(str, specs))} names its own: leave the target out")
 
 
 def _grouped(notes: list[str]) -> list[str]:

@@ -10,9 +10,11 @@ import warnings
 
 from timerome.data.benchmark import UNKNOWN_WARNING, unknown_share
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
+from timerome.data.requests import load_requests
 from timerome.data.rows import spread
 from timerome.data.task import ForgetTask, shared_rows
 from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
+from timerome.engine.settings import EDIT
 from timerome.errors import TimeromeError
 from timerome.evaluation.evaluator import fits
 
@@ -20,6 +22,16 @@ from timerome.evaluation.evaluator import fits
 SPEC_KEYS = {"forget", "first", "last", "eval_forget", "n_retain", "n_world", "retain_authors", "splits", "validation"}
 EVAL_SPLITS = ("forget", "retain", "real_authors", "world_facts")
 SIZED = {"n_retain": ("retain",), "retain_authors": ("retain",), "n_world": ("real_authors", "world_facts")}
+
+
+def refuse_unfilled_target(specs, target: str | None, where: str) -> None:
+    """Refuse a target other than the default that no request of `specs` reads (each names its own):
+    one target given to several request sources is read where any of them names none."""
+    if not target or target == EDIT.target:
+        return
+    if all(r.fact.target for spec in specs for r in load_requests(spec)[0]):
+        raise TimeromeError(f"{where}: the target {target!r} fills requests that name no target, and every request "
+                            f"of {', '.join(map(str, specs))} names its own: leave the target out")
 
 
 def refuse_unread_sizes(splits, given: dict, where: str) -> None:

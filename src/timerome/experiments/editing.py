@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import time
 
-from timerome.data.requests import load_requests, refuse_unfilled_target
+from timerome.data.requests import load_requests
 from timerome.engine.settings import EDIT, LIKELIHOOD
+from timerome.experiments.data import refuse_unfilled_target
 from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
                                          unchanged_rows, write_outputs)
 from timerome.experiments.runner import Cell, data_kind, measurement, with_edit
@@ -50,7 +51,7 @@ def requests_data(spec: dict, ctx):
     from timerome.data.tofu import _embedded
     from timerome.metrics.editing import locality_rows
 
-    reqs, notes = load_requests(spec["requests"], target=spec.get("target"), must_fill=False)  # cells checked it
+    reqs, notes = load_requests(spec["requests"], target=spec.get("target"))  # `cells` checked the target
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
     locality = locality_rows(ctx.source, spec.get("n_retain", 40), spec.get("n_world", 20))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.data.requests import refuse_unfilled_target
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
+from timerome.experiments.data import refuse_unfilled_target
 from timerome.experiments.report import (NOT_APPLICABLE, best_comparable, by_row, figure, label, markdown,
                                          not_applicable_note, not_applicable_rows, save_png, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, row_count, with_edit

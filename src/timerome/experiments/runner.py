@@ -373,6 +373,9 @@ def _reference_forwards(cell, rows, task) -> float:
 @measurement("reference", uses_method=False, uses_reference=True, forwards=_reference_forwards, options=("n_mc",))
 def _reference(cell, ctx, rows, task) -> dict:
     n_mc = cell.options.get("n_mc", LIKELIHOOD.n_mc)
+    if "forget" not in rows:  # before the reference model is trained or loaded, not after
+        raise TimeromeError("a reference cell scores the forget split's truth ratios, and its data spec's splits leave "
+                            "forget out")
     return {"tr": reference_truth_ratios(ctx.reference_backbone(), rows["forget"], n_mc=n_mc, seed=cell.seed)}
 
 
