@@ -369,6 +369,12 @@ def catalogue(f, tmp):
         # stop 67 (helper 53's audit): options and settings other options left unread, accepted and dropped
         ("requests --target where every request names its own", ["requests", "counterfactual:forget10", "--target",
                                                                    "ZZZ"], "every request here names its own"),
+        ("edit -c's target where every request names its own", ["edit", "--method", "rome", "--requests",
+                                                                 "counterfactual:forget10", "-c", '{"target": "ZZZ"}',
+                                                                 "-o", tmp / "rome2"], "every request here names its own"),
+        ("eval --requests --target where every request names its own", ["eval", "--requests", "counterfactual:forget10",
+                                                                         "--target", "ZZZ"], "names its own"),
+        ("an empty requests --target", ["requests", "embedded:forget01", "--target", ""], "the target is empty"),
         ("an editing set's target no request reads", ["experiment", "editing", "--quick", "-c",
                                                       '{"sets": {"cf": "counterfactual:forget10"}, "target": "ZZZ"}',
                                                       "-o", tmp / "e"], "every request of counterfactual:forget10"),

@@ -223,6 +223,9 @@ def test_a_split_size_or_a_reference_no_split_reads_is_refused_or_left_out():
             for s in (None, ["forget", "retain"], ["retain", "world_facts"])}
     assert made == {None: ["reference", "full"], ("forget", "retain"): ["reference", "full"],
                     ("retain", "world_facts"): ["full"]}
+    lp = Cell("lp", "no_edit", options={"n_mc": 2}, data={"n_retain": 2, "splits": ["retain"]})
+    with pytest.raises(TimeromeError, match="a reference cell scores the forget split's truth ratios"):  # before any
+        check_cells([lp, Cell("reference", options={"n_mc": 2}, data={"splits": ["retain"]})], ctx)
 
 
 def test_a_cell_option_its_measurement_does_not_read_is_refused():

@@ -150,7 +150,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     # before minutes of work, and never over a file the user gave
     output_folder(out, "--out", inputs=given) if weights else output_file(out, inputs=given)
     bb = model.load()
-    facts, source = edit_facts(bb, requests, data, tofu_dir, target, target_given=target != DEFAULTS["target"])
+    facts, source = edit_facts(bb, requests, data, tofu_dir, target,
+                               target_given=target != DEFAULTS["target"] or "target" in overrides)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
     if repeated:
         shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")

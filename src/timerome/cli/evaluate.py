@@ -148,12 +148,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
-    if splits is not None:  # a size of a split it leaves out is read by nothing
-        refuse_unread_sizes([s.strip() for s in splits.split(",") if s.strip()],
-                            {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain),
-                                                            ("--retain-authors", "retain_authors", retain_authors),
-                                                            ("--n-world", "n_world", n_world)) if v is not None},
-                            "eval")
+    sized = {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain), ("--retain-authors",
+             "retain_authors", retain_authors), ("--n-world", "n_world", n_world)) if v is not None}  # given
     n_retain = N_RETAIN if n_retain is None else n_retain
     n_world = N_WORLD if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
@@ -174,6 +170,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
+    refuse_unread_sizes(spec.get("splits"), sized, "eval")  # a size of a split it leaves out: read by nothing
     if reference is not None and "forget" not in spec.get("splits", ["forget"]):
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)

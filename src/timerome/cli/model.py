@@ -262,17 +262,17 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     denoising = {"--steps": steps, "--block-length": block_length, "--remasking": remasking}  # none for an AR model
     steps, block_length = (gen_length if steps is None else steps), (gen_length if block_length is None else block_length)
     remasking = SAMPLER.remasking if remasking is None else remasking
-    if seed is not None and temperature == 0 and remasking != "random":  # refused, not ignored
-        raise TimeromeError(f"--seed {seed}: at temperature 0 with {remasking} remasking the sampler draws nothing "
-                            "(the same answer for any seed); give --temperature above 0 or --remasking random, or "
-                            "leave --seed out")
-    seed = 0 if seed is None else seed
     cache = None if cache in (None, "none") else cache
     blank = [str(i + 1) for i, p in enumerate(prompt) if not p.strip()]
     if blank:  # the sampler generates from no prompt (ids of none); a blank argument is a slip
         raise TimeromeError(f"prompt {', '.join(blank)} is blank: give the question to answer")
     check_options(steps, gen_length, block_length, temperature, remasking=remasking)  # before a model loads
     check_fast_options(cache, threshold, refresh_every, remasking)
+    if seed is not None and temperature == 0 and remasking != "random":  # refused, not ignored
+        raise TimeromeError(f"--seed {seed}: at temperature 0 with {remasking} remasking the sampler draws nothing "
+                            "(the same answer for any seed); give --temperature above 0 (or, on a diffusion model, "
+                            "--remasking random), or leave --seed out")
+    seed = 0 if seed is None else seed
     bb = model.load()
     given = [k for k, v in denoising.items() if v is not None]
     if bb.causal and given:

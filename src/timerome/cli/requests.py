@@ -11,6 +11,7 @@ from rich.table import Table
 
 from timerome.cli.app import app, console, err_console, friendly, print_json
 from timerome.common.files import output_file
+from timerome.engine.settings import EDIT
 
 
 @app.command("requests")
@@ -27,7 +28,7 @@ def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / 
 
     if out is not None:
         output_file(out, example="requests.json", inputs={"requests file": source})
-    reqs, notes = load_requests(source, target=target, limit=limit, must_fill=target is not None)
+    reqs, notes = load_requests(source, target=target, limit=limit, must_fill=target not in (None, EDIT.target))
     for n in notes:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     if out is not None:

@@ -103,6 +103,8 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     from timerome.data.rows import tofu_dir_read
 
     tofu_dir_read(tofu_dir, spec)
+    if target is not None and not (isinstance(target, str) and target.strip()):  # "" filled nothing, silently
+        raise TimeromeError(f"the target is empty: give the text the edited model should say, got {target!r}")
     if isinstance(spec, (list, tuple)):
         records, where = list(spec), "the given records"
     elif isinstance(spec, str) and spec.startswith(("counterfactual:", "embedded:", "tofu:")):

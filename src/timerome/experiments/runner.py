@@ -420,6 +420,9 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
                             "leave step out (every step), or measure it where answers or trajectories are read "
                             "(the editing experiment, the ablations' Traj columns, lm-eval's generative tasks)")
         rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
+        if c.measure == "reference" and "forget" not in rows:  # the reference cell scores the forget split
+            raise TimeromeError(f"{c.row or 'reference'}: a reference cell scores the forget split's truth ratios, "
+                                "and its data spec's splits leave forget out")
         if m.uses_reference and ctx.auto_reference() is None:
             raise TimeromeError("no reference model for Forget Quality: pass --reference DIR (a model trained "
                                 "without the forget set)")

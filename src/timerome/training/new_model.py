@@ -120,10 +120,10 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     SIZES (default "small"), each of `dims` given replacing its dimension (a size beside all four is read
     by nothing, and refused). tofu_dir: the TOFU folder of the 'tofu:SPLIT' sources (refused where none
     is one)."""
-    given = [k for k, v in dims.items() if v is not None]
-    if size is not None and len(given) == 4:  # d_model, n_layers, n_heads, mlp_hidden_size
-        raise TimeromeError(f"size {size!r} is read by nothing: {', '.join(given)} give every dimension "
-                            "(leave the size out)")
+    given = [k for k in ("d_model", "n_layers", "n_heads", "mlp_hidden_size") if dims.get(k) is not None]
+    if size is not None and size in SIZES and len(given) == 4:
+        raise TimeromeError(f"size {size!r} is read by nothing: every dimension is given ({', '.join(given)}; "
+                            "--d-model, --layers, --heads, --mlp): leave the size out")
     size = "small" if size is None else size
     tofu_dir_read(tofu_dir, *map(str, sources))
     out = output_folder(out)
