@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 
 from timerome.engine.settings import LIKELIHOOD
+from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, delta_text, figure,
                                          fmt_cell, fmt_cost, label, not_applicable_note, not_applicable_rows, save_png,
                                          summarise, write_outputs)
@@ -36,7 +37,13 @@ COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 
 
 def configurations(cfg) -> list[tuple[str, dict]]:
-    """(method, overrides) of the sweep: the grid, then `extra`; all LoRA, all safe."""
+    """(method, overrides) of the sweep: the grid, then `extra`; all LoRA, all safe. An empty axis
+    empties the grid, leaving the others read by nothing: refused."""
+    empty = [k for k in ("methods", "lr", "beta", "retain_w") if not cfg[k]]
+    if empty:
+        raise TimeromeError(f"experiment 'npo_sweep': {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty, "
+                            "so the grid has no configuration and its other axes are read by nothing: give each a "
+                            "value (`extra` takes configurations outside the grid)")
     base = {"lora_r": int(cfg["lora_r"]), "safe": True} | ({"grad_steps": int(cfg["grad_steps"])} if cfg["grad_steps"] else {})
     grid = [(m, dict(base, lr=lr, beta=beta, retain_w=w))
             for m, lr, beta, w in itertools.product(cfg["methods"], cfg["lr"], cfg["beta"], cfg["retain_w"])]

@@ -55,6 +55,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     if lacking:  # the frontier is ForgetLP against RetainLP
         raise TimeromeError(f"experiment 'pareto' draws ForgetLP against RetainLP: its splits need "
                             f"{' and '.join(lacking)} (got {list(cfg['splits'])})")
+    if not cfg["alphas"]:  # no frontier: q and frontiers would be read by nothing (an empty frontiers is refused)
+        raise TimeromeError("experiment 'pareto': alphas is empty, so there is no frontier to draw: give at least one")
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
