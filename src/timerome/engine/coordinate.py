@@ -95,3 +95,9 @@ class Coordinate:
 
     def __str__(self) -> str:
         return f"layer {self.layer} {self.point} (" + ("every step)" if self.step is None else f"step {self.step} only)")
+
+
+def given_step(coordinate) -> int | None:
+    """The denoising step a config's `coordinate` names (None: every step, no coordinate, or "traced", the
+    rewrite memory's word for a traced gate)."""
+    return None if coordinate in (None, "traced") else Coordinate.of(coordinate).step

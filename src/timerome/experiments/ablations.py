@@ -21,7 +21,7 @@ log p(object) leaves out the answer positions that repeat the subject's tokens (
 
 from __future__ import annotations
 
-from timerome.engine.coordinate import Coordinate
+from timerome.engine.coordinate import given_step
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (by_row, coordinate_note, installed_info, markdown, not_applicable_rows,
@@ -44,7 +44,7 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
     """(row, method, config overrides) of the design-space ablations (those needing no TIE trace on
     an autoregressive backbone)."""
     base = dict(cfg["config"])
-    if base.get("coordinate") not in (None, "traced") and Coordinate.of(base["coordinate"]).step is not None:
+    if given_step(base.get("coordinate")) is not None:
         raise TimeromeError(f"ablations: the config's coordinate {base['coordinate']} has a step, and the ablations "
                             f"compare the steps themselves (every step against step {cfg['one_step']} only): give "
                             "the coordinate as [layer, point]")

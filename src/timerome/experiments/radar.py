@@ -28,7 +28,7 @@ import numpy as np
 
 from timerome.errors import TimeromeError
 from timerome.experiments.ablations import ECHO_ROW
-from timerome.experiments.report import best_comparable, figure, save_png, write_outputs
+from timerome.experiments.report import best_comparable, figure, finite_number, save_png, write_outputs
 
 NAME = "radar"
 ORDER = 130  # where it stands in listings and in `all` (radar last: it reads the others' outputs)
@@ -54,11 +54,6 @@ def share(value: float, comparator: float, higher_is_better: bool) -> float:
     return a / (a + b) if higher_is_better else b / (a + b)
 
 
-def _number(x) -> bool:
-    """A finite number (not null, which is how the experiments' JSON writes a NaN)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
-
-
 def ablation_axis(saved: dict) -> dict | None:
     """-Δ ForgetLP of the paper's design against the best other design of the ablations, but one that
     forgets more only with a clearly lower RetainLP (`report.best_comparable`, named in the text)."""
@@ -68,7 +63,7 @@ def ablation_axis(saved: dict) -> dict | None:
         return None
     # a mean the JSON holds as null (not a number: standard JSON has no NaN) is no design to compare
     drop = {r: base["mean"] - c["ForgetLP"]["mean"] for r, c in s.items()
-            if r != "no_edit" and _number(c.get("ForgetLP", {}).get("mean")) and _number(base.get("mean"))}
+            if r != "no_edit" and finite_number(c.get("ForgetLP", {}).get("mean")) and finite_number(base.get("mean"))}
     if ABLATED not in drop:
         return None
     others = {r: v for r, v in drop.items() if r != ABLATED and r not in VARIANTS}
@@ -95,7 +90,7 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         entry = ablation_axis(saved) if source == "ablations" else (saved.get("radar") or {}).get(axis)
         if entry is None:
             missing[axis] = f"{path} has no {axis!r} entry"
-        elif not (_number(entry.get("value")) and _number(entry.get("comparator"))):
+        elif not (finite_number(entry.get("value")) and finite_number(entry.get("comparator"))):
             missing[axis] = f"{path}'s {axis!r} entry has no number (null: it was not a finite value)"
         else:
             found[axis] = dict(entry, source=str(path), run=saved.get("run"),

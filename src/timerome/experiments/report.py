@@ -101,12 +101,16 @@ TWO_SEEDS_NOTE = ("With 2 seeds a cell's bracket is the range of the two values,
                   "t test has 1 degree of freedom.")
 
 
+def finite_number(x) -> bool:
+    """A finite number (not null, which is how the experiments' JSON writes a NaN, nor a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
 def clearly_below(entry: dict | None, reference: dict | None) -> bool:
     """Whether a summarised column (`summarise`'s entry: mean, lo, hi, n) lies wholly below another's: the
     upper end of its bootstrap CI under the lower end of the reference's. False where either is missing, not
     a number (the JSON's null) or of one seed (a point, no spread to be apart by): nothing is known."""
-    ends = [e.get(k) if e else None for e in (entry, reference) for k in ("lo", "hi")]
-    if not all(isinstance(x, (int, float)) and np.isfinite(x) for x in ends):
+    if not all(finite_number(e.get(k) if e else None) for e in (entry, reference) for k in ("lo", "hi")):
         return False
     if min(entry.get("n", 1), reference.get("n", 1)) < 2:
         return False

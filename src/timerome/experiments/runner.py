@@ -45,7 +45,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
 from timerome.common.progress import notify, progress_bar
 from timerome.data.task import ForgetTask
-from timerome.engine.coordinate import Coordinate
+from timerome.engine.coordinate import given_step
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import Interrupted, NotApplicable, TimeromeError
@@ -413,8 +413,8 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
         check_seed(c.seed, f"{c.row or c.method}: seed")
         config = c.key(ctx)["config"]  # method_config: an unknown method or option, a bad value
         step = config.get("step")
-        if step is None and config.get("coordinate") not in (None, "traced"):  # [layer, point, step]: the same
-            step = Coordinate.of(config["coordinate"]).step
+        if step is None:  # [layer, point, step]: the same
+            step = given_step(config.get("coordinate"))
         if not m.reads_steps:
             refuse_one_step(step, f"{c.row or c.method}: the edit", f"the {c.measure!r} measurement reads",
                             "leave step out (every step), or measure it where answers or trajectories are read "

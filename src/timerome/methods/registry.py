@@ -40,6 +40,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.checks import shown
 from timerome.common.cost import measure
 from timerome.data.task import ForgetTask
+from timerome.engine.coordinate import given_step
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.tie import READ_POSITIONS
@@ -142,16 +143,9 @@ def keyed(config: dict) -> dict:
     A `module` beside a coordinate with a step is marked: it keeps that step since stop 67 (it edited every
     step before), so results cached for it then are not served for the edit it names now."""
     out = {k: v for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
-    coordinate = out.get("coordinate")
-    if out.get("module") and coordinate not in (None, "traced") and _step_of(coordinate) is not None:
+    if out.get("module") and given_step(out.get("coordinate")) is not None:
         out["module_keeps_step"] = True
     return out
-
-
-def _step_of(coordinate):
-    from timerome.engine.coordinate import Coordinate
-
-    return Coordinate.of(coordinate).step
 
 
 METHODS: dict[str, Method] = {}
@@ -200,24 +194,25 @@ def available() -> list[str]:
     return sorted(names, key=lambda n: (n != "no_edit", names.index(n)))
 
 
+def _holds(flag, config: dict) -> bool:
+    """A `Method` flag under `config` (a `method_config`): a bool, or config -> bool."""
+    return bool(flag(config) if callable(flag) else flag)
+
+
 def draws_nothing(name: str, config: dict) -> bool:
-    """Whether method `name` under `config` (a `method_config`) draws nothing at random as it installs."""
-    d = get_method(name).deterministic
-    return bool(d(config) if callable(d) else d)
+    """Whether method `name` under `config` draws nothing at random as it installs."""
+    return _holds(get_method(name).deterministic, config)
 
 
 def reads_background(name: str, config: dict) -> bool:
-    """Whether method `name` under `config` (a `method_config`) reads the task's background texts."""
-    b = get_method(name).background
-    return bool(b(config) if callable(b) else b)
+    """Whether method `name` under `config` reads the task's background texts."""
+    return _holds(get_method(name).background, config)
 
 
 def reads_retain(name: str, config: dict) -> bool:
-    """Whether method `name` under `config` (a `method_config`) reads the task's retain rows (on some model:
-    ROME-style statistics and the whitened memories fall back on them where given no texts, off the
-    embedded model)."""
-    r = get_method(name).retain
-    return bool(r(config) if callable(r) else r)
+    """Whether method `name` under `config` reads the task's retain rows (on some model: ROME-style
+    statistics and the whitened memories fall back on them where given no texts, off the embedded model)."""
+    return _holds(get_method(name).retain, config)
 
 
 def get_method(name: str) -> Method:

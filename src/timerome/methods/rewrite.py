@@ -176,9 +176,10 @@ def check_config(config) -> None:
     written at every step the gate opens: a site is [layer, point])."""
     check_trace_settings(config, traced=config.get("coordinate") == "traced", read_anyway=("trace_seed",),
                          why='the rewrite memory traces its gate\'s coordinate only where coordinate is "traced"')
-    if config.get("site") is not None and Coordinate.of(config["site"]).step is not None:
-        raise TimeromeError(f"site is where the values are written, [layer, point]; its step "
-                            f"{Coordinate.of(config['site']).step} is read by nothing (the gate decides the steps)")
+    step = None if config.get("site") is None else Coordinate.of(config["site"]).step
+    if step is not None:
+        raise TimeromeError(f"site is where the values are written, [layer, point]; its step {step} is read by "
+                            "nothing (the gate decides the steps)")
 
 
 @register("rewrite", defaults=DEFAULTS, prepare=prepare, check=check_config, background=True)

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from timerome.common.cache import cache_dir, cached_tensors, digest, made_once
-from timerome.engine.coordinate import Coordinate
+from timerome.engine.coordinate import Coordinate, given_step
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import EDIT, TRACE
 from timerome.errors import TimeromeError
@@ -148,12 +148,9 @@ def check_trace_settings(config, *, traced: bool, why: str = "a given coordinate
 def check_step(config) -> None:
     """Refuse a step given twice, inside `coordinate` ([layer, point, step]) and as `step`, unless the same:
     one of them would be read, the other not."""
-    given = config.get("coordinate")
-    if given is None or given == "traced" or config.get("step") is None:
-        return
-    inside = Coordinate.of(given).step
-    if inside is not None and inside != Coordinate(0, "resid", config["step"]).step:
-        raise TimeromeError(f"the coordinate's step {inside} and step {config['step']}: give the denoising step once")
+    inside, step = given_step(config.get("coordinate")), config.get("step")
+    if inside is not None and step is not None and inside != Coordinate(0, "resid", step).step:  # -1: every step
+        raise TimeromeError(f"the coordinate's step {inside} and step {step}: give the denoising step once")
 
 
 def check_config(config) -> None:

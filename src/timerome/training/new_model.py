@@ -39,6 +39,7 @@ SIZES = {
     "base": (256, 6, 8, 768),
     "large": (512, 8, 8, 1536),
 }
+DIMS = ("d_model", "n_layers", "n_heads", "mlp_hidden_size")  # what a size sets, each in SIZES' order
 DEFAULT_VOCAB = 4096
 DEFAULT_CONTEXT = 256  # TOFU answers run to ~150 tokens
 
@@ -99,8 +100,7 @@ def model_dims(size: str = "small", *, context: int = DEFAULT_CONTEXT, **overrid
     """d_model, n_layers, n_heads and mlp_hidden_size of `size` with `override`, checked."""
     if size not in SIZES:
         raise TimeromeError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
-    d, n_layers, n_heads, mlp = SIZES[size]
-    dims = dict(d_model=d, n_layers=n_layers, n_heads=n_heads, mlp_hidden_size=mlp)
+    dims = dict(zip(DIMS, SIZES[size]))
     for key, value in override.items():
         if key not in dims:
             raise TimeromeError(f"no size setting {key!r}; settings: {', '.join(dims)}")
@@ -120,8 +120,8 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     SIZES (default "small"), each of `dims` given replacing its dimension (a size beside all four is read
     by nothing, and refused). tofu_dir: the TOFU folder of the 'tofu:SPLIT' sources (refused where none
     is one)."""
-    given = [k for k in ("d_model", "n_layers", "n_heads", "mlp_hidden_size") if dims.get(k) is not None]
-    if size is not None and size in SIZES and len(given) == 4:
+    given = [k for k in DIMS if dims.get(k) is not None]
+    if size is not None and size in SIZES and len(given) == len(DIMS):
         raise TimeromeError(f"size {size!r} is read by nothing: every dimension is given ({', '.join(given)}; "
                             "--d-model, --layers, --heads, --mlp): leave the size out")
     size = "small" if size is None else size
@@ -145,9 +145,9 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     n_params = sum(p.numel() for p in model.parameters())
     info = dict(command="timerome new-model", sources=[str(s) for s in sources], n_texts=len(texts),
                 texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(),
-                size=size if len(given) < 4 else None,  # None: every dimension given (`dims`)
+                size=size if len(given) < len(DIMS) else None,  # None: every dimension given (`dims`)
                 vocab_size=len(tok), context=context, seed=seed, parameters=n_params,
-                dims={k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "mlp_hidden_size")},
+                dims={k: cfg[k] for k in DIMS},
                 train_hint="train it with EOS padding (timerome train does this for a model with an EOS token)")
     write_json(out / "new_model.json", info)
     return dict(info, out=str(out))
