@@ -369,20 +369,21 @@ def catalogue(f, tmp):
         # stop 67 (helper 53's audit): options and settings other options left unread, accepted and dropped
         ("requests --target where every request names its own", ["requests", "counterfactual:forget10", "--target",
                                                                    "ZZZ"], "every request here names its own"),
-        ("edit -c's target where every request names its own", ["edit", "--method", "rome", "--requests",
-                                                                 "counterfactual:forget10", "-c", '{"target": "ZZZ"}',
-                                                                 "-o", tmp / "rome2"], "every request here names its own"),
+        ("edit -c's target where every request names its own (before the model loads)",
+         ["edit", "--method", "rome", "--requests", "counterfactual:forget10", "-c", '{"target": "ZZZ"}', "-m",
+          tmp / "no-model", "-o", tmp / "rome2"], "every request here names its own"),
         ("eval --requests --target where every request names its own", ["eval", "--requests", "counterfactual:forget10",
                                                                          "--target", "ZZZ"], "names its own"),
         ("an empty requests --target", ["requests", "embedded:forget01", "--target", ""], "the target is empty"),
-        ("an editing set's target no request reads", ["experiment", "editing", "--quick", "-c",
-                                                      '{"sets": {"cf": "counterfactual:forget10"}, "target": "ZZZ"}',
-                                                      "-o", tmp / "e"], "every request of counterfactual:forget10"),
+        ("an editing set's target no request reads (before the model loads)",
+         ["experiment", "editing", "--quick", "-m", tmp / "no-model", "-c",
+          '{"sets": {"cf": "counterfactual:forget10"}, "target": "ZZZ"}', "-o", tmp / "e"],
+         "every request of counterfactual:forget10"),
         ("eval --n-retain beside --splits without retain", ["eval", "--splits", "forget", "--n-retain", "5"],
          "--n-retain sizes a split the evaluation leaves out"),
         ("a size of a split an experiment leaves out", ["experiment", "canonical", "-c",
                                                         '{"splits": ["forget"], "n_retain": 3}', "-o", tmp / "e"],
-         "n_retain sizes a split the evaluation leaves out"),
+         "nothing reads n_retain (the splits leave out retain)"),
         ("experiment --methods beside -c's methods", ["experiment", "canonical", "--methods", "no_edit", "-c",
                                                       '{"methods": ["nope"]}', "-o", tmp / "e"],
          "--methods and -c's 'methods' both give"),
@@ -398,6 +399,41 @@ def catalogue(f, tmp):
                                                      "64", "--layers", "2", "--heads", "4", "--mlp", "128", "-o",
                                                      tmp / "nm"], "size 'large' is read by nothing"),
         ("eval --bench wmdp --no-rouge", ["eval", "--bench", "wmdp", "--no-rouge"], "WMDP is scored by its choices"),
+        # stop 68 (helper 53's list, left at stop 67): experiment settings their own settings leave unread
+        ("a benchmark's size where the benchmarks leave it out", ["experiment", "transfer", "-c",
+                                                                 '{"benchmarks": ["wmdp"], "n_trivia": 4}', "-o",
+                                                                 tmp / "e"], "nothing reads n_trivia"),
+        ("a generation length with rouge off", ["experiment", "transfer", "-c", '{"rouge": false, "completion_tokens": '
+                                                '8, "benchmarks": ["whp"]}', "-o", tmp / "e"],
+         "completion_tokens (rouge is false)"),
+        ("rouge for WMDP alone (it generates nothing)", ["experiment", "transfer", "-c",
+                                                         '{"benchmarks": ["wmdp"], "rouge": false}', "-o", tmp / "e"],
+         "nothing reads rouge"),
+        ("rwku --quick with an answer length (its quick subset turns rouge off)",
+         ["experiment", "rwku", "--quick", "-c", '{"answer_tokens": 8}', "-o", tmp / "e"], "rouge is false, as --quick sets it"),
+        ("rwku's n_passages without passages", ["experiment", "rwku", "-c", '{"forget_from": ["probes"], '
+                                                '"n_passages": 4}', "-o", tmp / "e"], "forget_from has no passages"),
+        ("the reference's training beside a given reference", ["experiment", "canonical", "--reference", f["tiny"],
+                                                               "-c", '{"reference": {"epochs": 3}}', "-o", tmp / "e"],
+         "a given reference model is trained already"),
+        ("xbackbone -m beside the models setting", ["experiment", "xbackbone", "-m", f["tiny"], "-c",
+                                                    json.dumps({"models": [str(f["tiny"])]}), "-o", tmp / "e"],
+         "the model (-m / model=) beside it is read by nothing"),
+        ("xbackbone --reference beside the references setting",
+         ["experiment", "xbackbone", "--models", str(f["tiny"]), "--reference", f["tiny"], "-c",
+          json.dumps({"references": [str(f["tiny"])]}), "-o", tmp / "e"], "--reference (reference=) beside it"),
+        ("edit --target beside -c's target (the first filled the requests, the second the method)",
+         ["edit", "--method", "rome", "--target", "A", "-c", '{"target": "B"}', "-o", tmp / "rome3"],
+         "--target and -c's 'target' both give the target"),
+        ("robustness: an extraction target no request reads (before the model loads)",
+         ["experiment", "robustness", "-m", tmp / "no-model", "-c", '{"extraction": {"requests": '
+          '"counterfactual:forget10", "target": "ZZZ"}}', "-o", tmp / "e"], "extraction: the target 'ZZZ'"),
+        ("pareto: splits without retain (before the model loads)",
+         ["experiment", "pareto", "-m", tmp / "no-model", "-c", '{"splits": ["forget"]}', "-o", tmp / "e"],
+         "its splits need retain"),
+        ("the ablations' trajectory settings on an autoregressive model",
+         ["experiment", "ablations", "-m", f["tiny_ar"], "-c", '{"traj_steps": 16}', "-o", tmp / "e"],
+         "traj_steps sets the denoising-trajectory rows"),
         # stop 67 (helper 51's audit): inputs a method read nothing of, accepted and silently dropped
         ("--background with raw keys", ["edit", "--key-metric", "paper", "--background", "embedded:retain_perturbed",
                                         "-o", out], "--key-metric paper keeps them raw"),
@@ -681,7 +717,8 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.engine.sampler import generate
     from timerome.errors import TimeromeError
     from timerome.evaluation.evaluator import eval_rows, evaluate
-    from timerome.experiments import run_experiment
+    from timerome.experiments import Context, run_experiment
+    from timerome.experiments.bench_eval import evaluate_benchmark
     from timerome.memory.edit_memory import EditMemory
     from timerome.memory.memory_file import load_memory
     from timerome.methods import install
@@ -785,6 +822,12 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
          "tofu_dir="),
         (lambda: background_texts(bb, "embedded:retain_perturbed", tofu_dir=files["tofu"]), "tofu_dir="),
         (lambda: new_model(["embedded:forget01"], tmp_path / "nm", tofu_dir=files["tofu"]), "tofu_dir="),
+        # stop 68: what the command line refused and the API took
+        (lambda: run_experiment("radar", resume=False, out_dir=tmp_path / "r", progress=False), "resume=False"),
+        (lambda: evaluate_benchmark(bb, "wmdp", rouge=False), "WMDP is scored by its choices"),
+        (lambda: Context(bb).data({"splits": ["forget"], "n_retain": 5}), "n_retain sizes a split"),
+        (lambda: run_experiment("transfer", overrides={"benchmarks": ["wmdp"], "n_trivia": 4}, backbone=bb,
+                                out_dir=tmp_path / "t", progress=False), "nothing reads n_trivia"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

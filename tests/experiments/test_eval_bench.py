@@ -45,12 +45,14 @@ def saved(bb, tmp_path_factory):
 @needs_bench
 def test_a_saved_memory_reads_the_transfer_experiments_numbers(bb, saved, tmp_path):
     over = dict(bench_dir=str(BENCH), benchmarks=["whp", "wmdp"], own=False, rouge=False, n_mc=2, n_trivia=4,
-                n_completions=4, n_wmdp=4, methods=["no_edit", TIMEROME_AT_LAYER_1])
+                n_wmdp=4, methods=["no_edit", TIMEROME_AT_LAYER_1])
     res = run_experiment("transfer", seeds=(0,), out_dir=tmp_path / "t", overrides=over, progress=False, backbone=bb)
     for bench, group, col, split in (("whp", "whp|tofu", "WHP_LP", "trivia"),
                                      ("wmdp", "wmdp|tofu", "WMDP_AccChoice", "wmdp")):
-        plain = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=False)
-        edited = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=False, edit=saved)
+        rouge = bench == "wmdp"  # WMDP generates nothing either way, and refuses rouge=False
+        plain = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=rouge)
+        edited = timerome.evaluate_benchmark(bb, bench, bench_data=BENCH, limit=4, n_mc=2, rouge=rouge,
+                                             edit=saved)
         assert plain["metrics"][col] == res["summary"][group]["no_edit"][col]["mean"]
         assert edited["metrics"][col] == res["summary"][group][ROW][col]["mean"]
         assert plain["n_items"][split] == 4
@@ -69,7 +71,7 @@ def test_a_saved_memory_reads_the_transfer_experiments_numbers(bb, saved, tmp_pa
     again = timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=4, n_mc=2, rouge=False)
     assert again["metrics"] == whp_plain["metrics"]
     # what the data held is said (the embedded vocabulary does not know these words; WMDP's letters)
-    wmdp = timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=4, n_mc=2, rouge=False)
+    wmdp = timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=4, n_mc=2)
     assert "WMDP_Acc" not in wmdp["metrics"] and any("WMDP_Acc not scored" in n for n in wmdp["notes"])
     assert any("its numbers mean nothing" in n for n in wmdp["notes"])
 

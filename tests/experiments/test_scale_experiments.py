@@ -39,7 +39,7 @@ def test_cells_sharing_a_key_are_computed_once(bb, tmp_path, monkeypatch):
         return real(cell, ctx)
 
     monkeypatch.setattr(runner_module, "execute", counted)
-    data = dict(n_retain=2, n_world=1, splits=["forget"])
+    data = dict(splits=["forget"])
     cells = [Cell("lp", "no_edit", seed=0, data=data, options=dict(n_mc=2), row=r) for r in ("a", "b")]
     out = Runner(tmp_path, progress=False).run(cells, Context(bb, progress=False))
     assert calls == ["a"] and out[0] == out[1]

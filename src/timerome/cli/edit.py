@@ -105,6 +105,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError("timerome edit builds one codebook memory at one coordinate (--layer or --trace); "
                             "--config coordinates \"per_fact\" builds one per traced layer: use the API's "
                             "install(\"codebook\", ...) or an experiment's config")
+    if method != "timerome" and "target" in overrides:  # one target: -c's fills the requests that name none, too
+        if target != DEFAULTS["target"]:
+            raise TimeromeError("--target and -c's 'target' both give the target: give it once")
+        target = overrides["target"]
     if method != "timerome":  # its settings, in the method's words, before the model loads (a target included)
         method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
                       and "target" not in overrides else overrides)
@@ -149,9 +153,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
              "model folder (-m, or the embedded model's)": model.model or DEFAULT_MODEL_DIR}
     # before minutes of work, and never over a file the user gave
     output_folder(out, "--out", inputs=given) if weights else output_file(out, inputs=given)
+    target_given = target != DEFAULTS["target"] or "target" in overrides
+    # requests need no model: their target is checked before it loads (--data's subjects are checked against it)
+    read = edit_facts(None, requests, data, tofu_dir, target, target_given) if requests is not None else None
     bb = model.load()
-    facts, source = edit_facts(bb, requests, data, tofu_dir, target,
-                               target_given=target != DEFAULTS["target"] or "target" in overrides)
+    facts, source = read or edit_facts(bb, requests, data, tofu_dir, target, target_given)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
     if repeated:
         shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")

@@ -123,7 +123,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     from timerome.engine.sampler import check_fast_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
-    from timerome.experiments.data import refuse_unread_sizes
+    from timerome.experiments.data import refuse_unread_sizes, without_unread_sizes
     from timerome.experiments.runner import Context
     from timerome.methods import InferenceEdit
 
@@ -171,6 +171,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
     refuse_unread_sizes(spec.get("splits"), sized, "eval")  # a size of a split it leaves out: read by nothing
+    spec = without_unread_sizes(spec)  # the default sizes of the splits left out go too
     if reference is not None and "forget" not in spec.get("splits", ["forget"]):
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
@@ -332,12 +333,9 @@ def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
-    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, parse_bench
+    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, refuse_unread_rouge
 
-    name, _ = parse_bench(bench)  # the name, and the options below, before the model loads
-    if name == "wmdp" and not rouge:  # refused, not ignored
-        raise TimeromeError("--no-rouge: WMDP is scored by its choices' likelihoods and generates nothing, so "
-                            "nothing reads it; leave it out")
+    refuse_unread_rouge(bench, rouge, "--no-rouge")  # the name, and the options below, before the model loads
     if limit is not None and limit < 1:
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
     if n_mc < 1:

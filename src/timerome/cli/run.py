@@ -136,7 +136,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
     seed_list = parse_seeds("0,1,2" if seeds is None else seeds)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
-                            reference=reference, backbone=None if models else model.load(), executor=run_on,
+                            reference=reference, executor=run_on,
                             load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick,
                             wait=not no_wait)
     results = result if name == "all" else {name: result}

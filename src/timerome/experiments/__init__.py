@@ -6,7 +6,9 @@ Each experiment is one file of this package (found by `_discover`, no list to ex
 ORDER (its place in listings and in "all"), CONFIG (its settings, every one overridable), `cells(cfg, seeds, ctx)`
 (what to measure) and `report(cfg, seeds, cells, results, ctx, out_dir)` (tables and figures:
 <name>.json, <name>.md, <name>.png). `runner.Runner` computes the cells, each one cached by its
-inputs, so a rerun computes only what it has not seen.
+inputs, so a rerun computes only what it has not seen. Optional: UNREAD_WHEN ({setting: rule(cfg) -> why
+nothing reads it, or None}: a given setting that other settings leave unread is refused, `settings.py`) and
+`check(cfg, source)` (checks that need no model, run before it loads).
 
 An experiment with PER_MODEL = True (xbackbone) runs its cells once per checkpoint of its `models`
 setting, one model in memory at a time, and its report takes {column: (cells, results, a description of the model)}.
@@ -35,7 +37,7 @@ from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
                                         resolve_data, warn_mixed_threads)
-from timerome.experiments.settings import check_settings
+from timerome.experiments.settings import check_settings, refuse_unread_settings
 
 
 
@@ -83,7 +85,17 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})
     check_settings(name, cfg, CONFIGS[name])
+    refuse_unread_settings(name, cfg, overrides or {}, getattr(EXPERIMENTS[name], "UNREAD_WHEN", {}),
+                           QUICK[name] if quick else None)
     return cfg
+
+
+def check_before_load(name: str, cfg: dict, source) -> None:
+    """An experiment's own checks of its settings that need no model (`check(cfg, source)`, where it has one:
+    the request files its target fills, the splits its figure reads), before a model loads."""
+    check = getattr(EXPERIMENTS[name], "check", None)
+    if check is not None:
+        check(cfg, source)
 
 
 def data_name(source) -> str:
@@ -134,13 +146,21 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                               quick and bool(QUICK.get(n)))
         check_seeds(seeds)
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
+        for n in ran:  # and what each checks without a model, before the one model they share loads
+            if not reads[n]:
+                check_before_load(n, experiment_config(n, {k: v for k, v in (overrides or {}).items()
+                                                           if k in CONFIGS[n]}, quick and bool(QUICK.get(n))),
+                                  resolve_source(data))
+        if backbone is None:
+            backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
         for n in ran:
             try:
                 done[n] = run_experiment(n, None if reads[n] else model, "embedded" if reads[n] else data, seeds,
-                                         root / n, resume,
+                                         root / n, resume or reads[n],
                                          {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
-                                         None if reads[n] else reference, progress, backbone, executor, load,
+                                         None if reads[n] else reference, progress, backbone,
+                                         local_executor if reads[n] else executor, load,
                                          quick and bool(QUICK.get(n)), wait, _in_all=True)
             except Interrupted as e:  # the part's own folder is not what the user gave
                 raise Interrupted(f"{e}. That is {n}'s part of `experiment all`: rerun `experiment all` with the "
@@ -152,15 +172,23 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
     if quick and not QUICK.get(name):  # never the full protocol when a quick run was asked for
         raise TimeromeError(f"experiment {name!r} has no quick subset (those with one: "
                             f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with overrides instead")
-    if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None or data != "embedded"):
-        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and runs no model: "
-                            "--model / --reference / --data (model=, reference=, data=) are read by nothing; leave "
-                            "them out")
+    if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None or data != "embedded"
+                                                 or not resume or executor is not local_executor):
+        raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and computes no cell: "
+                            "--model / --reference / --data / --fresh / --executor (model=, reference=, data=, "
+                            "resume=False, executor=) are read by nothing; leave them out")
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
+    check_before_load(name, cfg, source)
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
+        if not _in_all and cfg.get("models") and model is not None:
+            raise TimeromeError(f"experiment {name!r}: the models setting names every checkpoint it runs; the model "
+                                "(-m / model=) beside it is read by nothing: leave it out, or add it to models")
+        if cfg.get("references") and reference is not None:
+            raise TimeromeError(f"experiment {name!r}: the references setting gives each model its reference; "
+                                "--reference (reference=) beside it is read by nothing: give it once")
         paths = list(cfg.get("models") or [model])
         refs = list(cfg.get("references") or [reference] * len(paths))
         if reference is not None and not cfg.get("references") and len(paths) > 1:
@@ -176,6 +204,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                 ctx = Context(bb, source, reference=ref, reference_options=ref_options, model_path=path,
                               progress=progress)
                 cells = exp.cells(cfg, seeds, ctx)
+                ctx.refuse_unread_reference_options(any(measurement_of(c.measure).uses_reference for c in cells),
+                                                    f"experiment {name!r} ({column})")
                 about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
                              fingerprint=bb.fingerprint(), reference=ctx.reference_label)
                 done = runner.run(cells, ctx, title=f"{name} {column}")
@@ -194,6 +224,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         if reference is not None and not _in_all and cells and not uses_reference:
             raise TimeromeError(f"experiment {name!r} computes no Forget Quality: --reference (reference=) is read by "
                                 "none of its cells; leave it out")
+        ctx.refuse_unread_reference_options(uses_reference, f"experiment {name!r}")
         with runner.lock():  # the cells and the report: one run at a time in a folder
             results = runner.run(cells, ctx, title=name)
             threads = warn_mixed_threads(name, results, bb)

@@ -76,6 +76,11 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     traj_data = dict(forget=cfg["forget"], n_retain=min(20, cfg["n_retain"]), splits=["forget", "retain"])
     out = []
     causal = getattr(ctx.backbone, "causal", False)
+    unread = [k for k in ("one_step", "traj_steps") if cfg[k] != CONFIG[k]]  # given (not the default)
+    if causal and unread:  # the one-step row and the trajectory columns read a denoising trajectory
+        raise TimeromeError(f"ablations: {', '.join(unread)} set{'s' if len(unread) == 1 else ''} the denoising-"
+                            f"trajectory rows, which an autoregressive model ({ctx.backbone.family.name}) has none "
+                            f"of: leave {'it' if len(unread) == 1 else 'them'} out")
     for seed in seeds:
         for row, method, over in plan(cfg, ctx.backbone.n_layers, causal):
             if "step" not in over:  # an MC likelihood has no denoising step for a one-step edit to act at

@@ -41,6 +41,14 @@ def parse_bench(bench) -> tuple[str, str]:
     return name, choice
 
 
+def refuse_unread_rouge(bench, rouge: bool, flag: str) -> None:
+    """Refuse rouge off (`flag`: how the caller wrote it) for a benchmark that generates nothing (WMDP)."""
+    name, _ = parse_bench(bench)
+    if not rouge and name == "wmdp":
+        raise TimeromeError(f"{flag}: WMDP is scored by its choices' likelihoods and generates nothing, so nothing "
+                            "reads it; leave it out")
+
+
 def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None) -> dict:
     """The rows `evaluate_benchmark` scores: bench one of BENCHES, "wmdp:SUBJECT" or "rwku:TARGET"
     (default wmdp:bio, the first RWKU target); bench_data the folder holding muse/, whp/, wmdp/,
@@ -85,6 +93,7 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
             raise TimeromeError("bench must be a benchmark's name or the rows load_benchmark returned")
         if bench_data is not None or limit is not None:
             raise TimeromeError("bench_data and limit choose rows to load; these rows are loaded already")
+    refuse_unread_rouge(bench["bench"] if isinstance(bench, dict) else bench, rouge, "rouge=False")
     rows = bench if isinstance(bench, dict) else load_benchmark(backbone, bench, bench_data=bench_data, limit=limit)
     if isinstance(edit, (str, os.PathLike)):
         edit = load_memory(edit, backbone)

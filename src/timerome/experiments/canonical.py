@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.experiments.data import SIZED, refuse_unread_sizes
+from timerome.experiments.data import SIZES_UNREAD_WHEN, without_unread_sizes
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, not_applicable_rows,
                                          plot_canonical, reference_note, summarise, traced_coordinate, unchanged_rows,
                                          utility_note, write_outputs)
@@ -16,6 +16,7 @@ ORDER = 10  # where it stands in listings and in `all`
 # model trained on a TOFU subset saw; or a list of indices / names); splits: which evaluation splits (null: all)
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None,
               retain_authors=None, splits=None)
+UNREAD_WHEN = SIZES_UNREAD_WHEN
 
 
 def canonical_rows(methods=None) -> list[tuple[str, dict]]:
@@ -31,14 +32,12 @@ def canonical_rows(methods=None) -> list[tuple[str, dict]]:
     return out
 
 
-def data_spec(cfg, name: str = "canonical") -> dict:
+def data_spec(cfg) -> dict:
     """The cells' data spec from the settings (canonical's, and pareto's alike); a size of a split that
-    `splits` leaves out is refused (`refuse_unread_sizes`)."""
-    refuse_unread_sizes(cfg.get("splits"), {k: k for k in SIZED if cfg.get(k) is not None and cfg[k] != CONFIG[k]},
-                        f"experiment {name!r}")
+    `splits` leaves out is refused when given (UNREAD_WHEN) and left out at its default."""
     spec = dict(forget=cfg["forget"], n_retain=cfg["n_retain"], n_world=cfg["n_world"])
-    # only when set: the cache keys of runs without them stay as they were
-    return spec | {k: cfg[k] for k in ("retain_authors", "splits") if cfg.get(k) is not None}
+    # only when set: the cache keys of runs without them stay as they were; the default sizes of splits left out go
+    return without_unread_sizes(spec | {k: cfg[k] for k in ("retain_authors", "splits") if cfg.get(k) is not None})
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

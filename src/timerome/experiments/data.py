@@ -47,6 +47,24 @@ def refuse_unread_sizes(splits, given: dict, where: str) -> None:
                             "out, or add the split")
 
 
+def _size_read(key: str):
+    return lambda cfg: (None if cfg.get("splits") is None or set(SIZED[key]) & set(cfg["splits"]) else
+                        f"the splits leave out {' and '.join(SIZED[key])}")
+
+
+# an experiment's UNREAD_WHEN for the sizes of its data spec (canonical, pareto: experiments.settings)
+SIZES_UNREAD_WHEN = {key: _size_read(key) for key in SIZED}
+
+
+def without_unread_sizes(spec: dict) -> dict:
+    """`spec` less the sizes (SIZED) of splits its `splits` leave out: for callers that fill every size with
+    its default, whose spec `resolve_data` would otherwise refuse as given and read by nothing."""
+    splits = spec.get("splits")
+    if splits is None:
+        return dict(spec)
+    return {k: v for k, v in spec.items() if k not in SIZED or set(SIZED[k]) & set(splits)}
+
+
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     """(evaluation rows by split, ForgetTask) of a data spec; rows that do not fit the context go.
 
@@ -62,8 +80,8 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     splits = spec.get("splits")
     if splits is not None and (isinstance(splits, (str, bytes)) or not set(splits) <= set(EVAL_SPLITS)):
         raise TimeromeError(f"the data spec's splits must be a list of {', '.join(EVAL_SPLITS)}, got {splits!r}")
-    if spec.get("retain_authors") is not None:  # present only where given (n_retain and n_world always are)
-        refuse_unread_sizes(splits, {"retain_authors": "retain_authors"}, "the data spec")
+    # a size is in the spec where it was given (callers that fill defaults drop the unread: without_unread_sizes)
+    refuse_unread_sizes(splits, {k: k for k in SIZED if spec.get(k) is not None}, "the data spec")
     forget = spec.get("forget", "forget01")
     rows = load_split(forget, source)
     lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)

@@ -96,8 +96,12 @@ def plan(cfg) -> list[tuple[str, dict]]:
     return out
 
 
-def cells(cfg, seeds, ctx) -> list[Cell]:
+def check(cfg, source) -> None:
+    """Before a model loads: a target no set's requests read (each names its own) is refused."""
     refuse_unfilled_target(list(cfg["sets"].values()), cfg["target"], "experiment 'editing'")
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
     out = []
     for name, spec in cfg["sets"].items():
         data = dict(kind="requests", requests=spec, target=cfg["target"], n_retain=cfg["n_retain"],

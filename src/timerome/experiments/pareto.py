@@ -14,6 +14,7 @@ import json
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
+from timerome.experiments.data import SIZES_UNREAD_WHEN
 from timerome.experiments.report import (by_row, installed_info, label, markdown, not_applicable_rows, plot_pareto,
                                          summarise, write_outputs)
 from timerome.experiments.runner import Cell
@@ -26,6 +27,7 @@ CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", 
               alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point=paper_point(2.0, 4), methods=None,
               retain_authors=None, splits=None,  # as canonical's
               frontiers=({},))
+UNREAD_WHEN = SIZES_UNREAD_WHEN
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact"]
 
 
@@ -50,18 +52,22 @@ def frontier_rows(cfg) -> dict[str, list[str]]:
             for f in cfg["frontiers"]}
 
 
-def cells(cfg, seeds, ctx) -> list[Cell]:
+def check(cfg, source) -> None:
+    """Before a model loads: the splits the frontier reads, a sweep with no point, a frontier given twice."""
     lacking = [k for k in ("forget", "retain") if cfg.get("splits") is not None and k not in cfg["splits"]]
     if lacking:  # the frontier is ForgetLP against RetainLP
         raise TimeromeError(f"experiment 'pareto' draws ForgetLP against RetainLP: its splits need "
                             f"{' and '.join(lacking)} (got {list(cfg['splits'])})")
     if not cfg["alphas"]:  # no frontier: q and frontiers would be read by nothing (an empty frontiers is refused)
         raise TimeromeError("experiment 'pareto': alphas is empty, so there is no frontier to draw: give at least one")
+    frontier_rows(cfg)  # refuses a frontier given twice
+
+
+def cells(cfg, seeds, ctx) -> list[Cell]:
     others = [(m, o) for m, o in canonical_rows(cfg.get("methods")) if m != "timerome"]
     if cfg.get("paper_point"):
         others.append(("timerome", dict(cfg["paper_point"])))
-    frontier_rows(cfg)  # refuses a frontier given twice, before any cell
-    data = data_spec(cfg, "pareto")
+    data = data_spec(cfg)
     return [Cell("lp", m, over, seed, data, dict(n_mc=cfg["n_mc"]), row=label(m, over))
             for seed in seeds for m, over in sweep(cfg) + others]
 

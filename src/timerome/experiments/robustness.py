@@ -99,6 +99,22 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
+def extraction_requests(cfg, source) -> str | None:
+    """The extraction cells' requests: the setting's, or the forget split's of the data source (None: no cells)."""
+    ex = cfg.get("extraction")
+    if not ex:
+        return None
+    return {**EXTRACTION, **ex}["requests"] or f"{'embedded' if source == 'embedded' else 'tofu'}:{cfg['forget']}"
+
+
+def check(cfg, source) -> None:
+    """Before a model loads: an extraction target no request reads (each names its own) is refused."""
+    spec = extraction_requests(cfg, source)
+    if spec is not None:
+        refuse_unfilled_target([spec], {**EXTRACTION, **cfg["extraction"]}["target"],
+                               "experiment 'robustness', extraction")
+
+
 def cells(cfg, seeds, ctx) -> list[Cell]:
     data = dict(forget=cfg["forget"], eval_forget=cfg["eval_forget"], splits=["forget"])
     opts = dict(n_mc=cfg["n_mc"], relearn=cfg["relearn"])
@@ -106,10 +122,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
            for seed in seeds for m, over in canonical_rows(cfg["methods"])]
     ex = cfg.get("extraction")
     if ex:
-        ex = {**EXTRACTION, **ex}
-        kind = "embedded" if getattr(ctx, "source", "embedded") == "embedded" else "tofu"
-        spec = ex["requests"] or f"{kind}:{cfg['forget']}"
-        refuse_unfilled_target([spec], ex["target"], "experiment 'robustness', extraction")
+        ex, spec = {**EXTRACTION, **ex}, extraction_requests(cfg, getattr(ctx, "source", "embedded"))
         data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"],
                     n_world=ex["n_world"])
         opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),

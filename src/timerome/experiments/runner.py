@@ -192,6 +192,22 @@ class Context:
             return "embedded"
         return None
 
+    def refuse_unread_reference_options(self, uses_reference: bool, where: str) -> None:
+        """Refuse reference_options (the reference setting: how the reference model is trained) that no
+        reference reads: the embedded recipe reads them all, reference="train" its epochs, and a given model
+        or a run with no Forget Quality none."""
+        if not self.reference_options:
+            return
+        ref = self.auto_reference() if uses_reference else None
+        reads = set(self.reference_options) if ref == "embedded" else {"epochs"} if ref == "train" else set()
+        unread = [k for k in self.reference_options if k not in reads]
+        if unread:
+            why = ("no cell scores Forget Quality" if not uses_reference else
+                   "a given reference model is trained already" if ref is not None and ref != "train" else
+                   "reference='train' reads only epochs" if ref == "train" else "there is no reference model")
+            raise TimeromeError(f"{where}: the reference setting's {', '.join(unread)} train the reference model, "
+                                f"and {why}: leave {'it' if len(unread) == 1 else 'them'} out")
+
     def data(self, spec: dict) -> tuple[dict, ForgetTask]:
         key = digest(spec)
         if key not in self._data:

@@ -23,6 +23,7 @@ from timerome.experiments.bench_report import (data_notes, deltas, group_summary
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import label, markdown, not_applicable_rows, write_outputs
 from timerome.experiments.runner import Cell
+from timerome.experiments.settings import needs
 from timerome.experiments.transfer import bench_source
 from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
 
@@ -30,6 +31,8 @@ NAME = "rwku"
 ORDER = 80
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
               rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=0.4, mia_groups=8)
+UNREAD_WHEN = {"answer_tokens": needs("rouge"), "mia_k": needs("mia"), "mia_groups": needs("mia"),
+               "n_passages": lambda cfg: None if "passages" in cfg["forget_from"] else "forget_from has no passages"}
 QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
              n_passages=4)
 PAIRS = (("ForgetL1LP", "NeighbourL1LP"), ("ForgetL2LP", "NeighbourL2LP"))

@@ -126,3 +126,37 @@ def _fits(key: str, default, value) -> bool:
     return isinstance(value, type(default))
 
 
+# ------------------------------------------------------------------------------ a setting read by nothing
+# An experiment may declare UNREAD_WHEN = {setting: rule}, rule(cfg) -> why nothing reads the setting under
+# these settings, or None; a setting the user gave (an override) that a rule finds unread is refused.
+
+def needs(flag: str):
+    """Read only while the true/false setting `flag` is true (rouge, mia, privleak)."""
+    return lambda cfg: None if cfg.get(flag) else f"{flag} is false"
+
+
+def needs_benchmark(*names: str):
+    """Read only where the benchmarks setting has one of `names`."""
+    return lambda cfg: None if set(names) & set(cfg.get("benchmarks") or ()) else \
+        f"the benchmarks setting leaves out {' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]}"
+
+
+def all_of(*rules):
+    """Read only where every rule reads it: the first reason that it is not."""
+    return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)
+
+
+def refuse_unread_settings(name: str, cfg: dict, given, rules: dict, quick: dict | None = None) -> None:
+    """Refuse the settings of `given` (the overrides) that `rules` (an experiment's UNREAD_WHEN) find read by
+    nothing under cfg, before any work; quick: the --quick subset in force, named where it set the reason."""
+    unread = [(key, why) for key in given if key in rules for why in [rules[key](cfg)] if why]
+    if not unread:
+        return
+    def because(why: str) -> str:  # where --quick's subset set what makes it unread, say so
+        set_by_quick = any(k not in given and k in why.split() for k in quick or {})
+        return f"{why}, as --quick sets it" if set_by_quick else why
+
+    said = "; ".join(f"{key} ({because(why)})" for key, why in unread)
+    it = "it" if len(unread) == 1 else "them"
+    raise TimeromeError(f"experiment {name!r}: nothing reads {said}: leave {it} out")
+

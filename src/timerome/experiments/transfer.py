@@ -23,6 +23,7 @@ from timerome.experiments.bench_report import (data_notes, group_summary, groupe
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import NOT_APPLICABLE, fmt_cell, label, markdown, not_applicable_rows, write_outputs
 from timerome.experiments.runner import Cell
+from timerome.experiments.settings import all_of, needs, needs_benchmark
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics import muse, whp, wmdp
 from timerome.metrics.extraction import check_names
@@ -44,6 +45,16 @@ CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", bench_dir=None, benchmark
               knowmem_tokens=muse.KNOWMEM_TOKENS, verbmem_tokens=muse.VERBMEM_TOKENS,
               completion_tokens=whp.COMPLETION_TOKENS, rouge=True, privleak=True, privleak_reference=None,
               mia_k=0.4, mia_groups=8, choice_text=True)
+# what reads each benchmark's settings: its benchmark, and ROUGE's generations / the privacy-leak test
+_MUSE = needs_benchmark("muse-books", "muse-news")
+_WHP = needs_benchmark("whp")
+UNREAD_WHEN = {**dict.fromkeys(("n_knowmem", "n_verbmem", "verbmem_tokens", "privleak"), _MUSE),
+               "knowmem_tokens": all_of(_MUSE, needs("rouge")),
+               **dict.fromkeys(("n_privleak", "privleak_reference", "mia_k", "mia_groups"), all_of(_MUSE, needs("privleak"))),
+               **dict.fromkeys(("n_trivia", "whp_trivia"), _WHP),
+               **dict.fromkeys(("n_completions", "whp_prompts", "completion_tokens"), all_of(_WHP, needs("rouge"))),
+               **dict.fromkeys(("n_wmdp", "wmdp_subject", "choice_text"), needs_benchmark("wmdp")),
+               "rouge": needs_benchmark("muse-books", "muse-news", "whp")}  # WMDP generates nothing
 QUICK = dict(n_mc=4, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_completions=6, n_wmdp=16,
              knowmem_tokens=8, verbmem_tokens=16, completion_tokens=8, mia_groups=4)
 
