@@ -156,3 +156,23 @@ def test_rwku_timerome_lowers_forget_probes_more_than_neighbours(rwku_bb, tmp_pa
     assert 0 <= s["no_edit"]["MIA_AUC"]["mean"] <= 1 and np.isfinite(s["no_edit"]["ForgetMIA_LP"]["mean"])
     md = res["markdown"]
     assert "Forget vs neighbour drop" in md and "own forget set: 18 rows" in md
+
+
+@needs_bench
+def test_whp_with_rouge_off_reads_no_completion_prompts(tmp_path):
+    """Stop 68 (helper 55): with rouge off nothing generates WHP's completions, so they are not loaded (the file
+    had to exist, yet choosing another was refused as unread); with rouge on the spec is as before."""
+    import shutil
+
+    from timerome.backbones import load_backbone
+    from timerome.experiments import Context, experiment_config
+    from timerome.experiments.transfer import data_spec
+
+    (tmp_path / "whp").mkdir()
+    shutil.copy(BENCH / "whp" / "hp_trivia_1239.jsonl", tmp_path / "whp")  # no completion prompts at all
+    off = data_spec(experiment_config("transfer", {"rouge": False, "bench_dir": str(tmp_path)}), "whp", "none")
+    assert off["completions"] is False and "prompts" not in off and "n_completions" not in off
+    rows, _ = Context(load_backbone(), progress=False).data(off)
+    assert set(rows["splits"]) == {"trivia"} and len(rows["splits"]["trivia"]) > 0
+    on = data_spec(experiment_config("transfer", {"bench_dir": str(tmp_path)}), "whp", "none")
+    assert on["prompts"] == "evaluation_prompts" and "completions" not in on

@@ -280,3 +280,26 @@ def test_an_interrupted_all_names_the_folder_the_user_gave(tmp_path, monkeypatch
     with pytest.raises(Interrupted, match=rf"canonical's part of `experiment all`: rerun `experiment all` with the "
                                           rf"same -o \({tmp_path / 'all'}\)"):
         run_experiment("all", seeds=[0], out_dir=tmp_path / "all", progress=False, overrides={"n_mc": 1})
+
+
+def test_experiment_all_refuses_a_shared_setting_only_where_no_part_reads_it(tmp_path):
+    """Stop 68 (helper 55): `all` hands each part the settings it has, and a setting one part leaves unread may be
+    read by another (mia_k: rwku's with mia off, transfer's privacy-leak test): refused only where every part
+    that has it leaves it unread; settings of the parts outside all (utility, xbackbone) are refused."""
+    from timerome.experiments import run_experiment
+
+    class Loaded(Exception):
+        pass
+
+    def load(path):  # every check passed: the one shared model would load now
+        raise Loaded
+
+    for over in ({"mia": False, "mia_k": 0.3}, {"benchmarks": ["wmdp"], "rouge": False},
+                 {"splits": ["forget", "retain"], "n_world": 20}):
+        with pytest.raises(Loaded):
+            run_experiment("all", overrides=over, load=load, out_dir=tmp_path, progress=False)
+    with pytest.raises(TimeromeError, match=r"nothing reads mia_k \(transfer: privleak is false; rwku: mia is false\)"):
+        run_experiment("all", overrides={"mia": False, "privleak": False, "mia_k": 0.3}, load=load, out_dir=tmp_path)
+    with pytest.raises(TimeromeError, match="xbackbone is not part of all"):
+        run_experiment("all", overrides={"references": ["x"]}, load=load, out_dir=tmp_path)
+

@@ -147,6 +147,21 @@ def test_a_cached_result_of_module_with_a_stepped_coordinate_is_not_served_for_t
         assert keyed(full) == {k: v for k, v in full.items() if k != "trace_read_positions"}  # ADDED, at its default
 
 
+def test_an_unsafe_training_method_that_reads_retain_rows_has_a_new_key():
+    """Without the safe protocol the retain term reads every retain row since stop 68 (the early-stop check's
+    rows were held out for a check that never ran): those configs' keys are marked, so their cached results
+    are recomputed; GA (no retain term) and every safe config keep their keys; check_rows is refused there."""
+    from timerome.methods.registry import keyed
+
+    for name, over in (("npo", {"safe": False}), ("gd", {"safe": False}), ("simnpo", {"safe": False, "lr": 1e-3}),
+                       ("rmu", {"safe": False})):
+        assert keyed(method_config(name, over))["retain_reads_all_rows"] is True, name
+    for name, over in (("ga", {"safe": False}), ("npo", {}), ("npo", {"safe": False, "retain_w": 0.0}), ("rmu", {})):
+        assert "retain_reads_all_rows" not in keyed(method_config(name, over)), (name, over)
+    with pytest.raises(TimeromeError, match="check_rows is read by nothing here: safe is false"):
+        method_config("npo", {"safe": False, "check_rows": 5})
+
+
 def test_a_given_coordinate_refuses_the_trace_settings_before_their_kind():
     """With a coordinate no trace runs at all: the refusal says so, whatever kind of trace was asked for."""
     with pytest.raises(TimeromeError, match="trace_steps, trace_kind choose the trace that places the memory, and "

@@ -154,6 +154,12 @@ def test_safe_protocol_prevents_the_collapse(bb, task, rows, base):
     assert not unsafe.info["early_stopped"] and unsafe.info["steps_run"] == 30
     assert torch.equal(_probe(bb, rows), base["logits"])
     assert safe.info["check_rows_held_out"]  # forget01's task has hundreds of retain rows to spare
+    assert not unsafe.info["check_rows_held_out"]  # no check runs: the retain term would read every row
+    assert unsafe.info["retain_rows_trained"] == 0  # GA has no retain term; safe, the anchor reads the rest
+    assert safe.info["retain_rows_trained"] == len(task.retain_rows) - 20
+    plain = install("npo", bb, task, {"safe": False, "grad_steps": 1}, seed=0)  # NPO's own retain term: every row
+    plain.undo()                                  # (stop 67 held out the 20 rows of a check that never runs)
+    assert plain.info["retain_rows_trained"] == len(task.retain_rows) and not plain.info["check_rows_held_out"]
     assert all(p.grad is None for p in bb.model.parameters())  # no stale gradients left behind
 
 

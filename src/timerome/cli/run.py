@@ -133,7 +133,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
         full = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True) and not QUICK.get(n)]
         err_console.print(f"[yellow]note:[/] --quick shrinks only {shrunk}; {', '.join(full)} run their full "
                           "protocol", soft_wrap=True)
-    seed_list = parse_seeds("0,1,2" if seeds is None else seeds)
+    seed_list = None if seeds is None else parse_seeds(seeds)  # None: the experiment's own (0, 1, 2)
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
                             reference=reference, executor=run_on,

@@ -37,7 +37,7 @@ from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
                                         resolve_data, warn_mixed_threads)
-from timerome.experiments.settings import check_settings, refuse_unread_settings
+from timerome.experiments.settings import check_settings, refuse_unread_settings, unread_settings
 
 
 
@@ -74,9 +74,11 @@ def resolve_source(data):
     return str(data)
 
 
-def experiment_config(name: str, overrides: dict | None = None, quick: bool = False) -> dict:
+def experiment_config(name: str, overrides: dict | None = None, quick: bool = False, *,
+                      check_unread: bool = True) -> dict:
     """CONFIGS[name] (with the experiment's QUICK subset when quick) updated with overrides; an
-    unknown setting is refused by name."""
+    unknown setting is refused by name, and a given one that the others leave unread (UNREAD_WHEN) too
+    (check_unread=False: `all` judges that over every part)."""
     if name not in EXPERIMENTS:
         raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
     cfg = dict(CONFIGS[name], **(QUICK[name] if quick else {}))
@@ -85,8 +87,9 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})
     check_settings(name, cfg, CONFIGS[name])
-    refuse_unread_settings(name, cfg, overrides or {}, getattr(EXPERIMENTS[name], "UNREAD_WHEN", {}),
-                           QUICK[name] if quick else None)
+    if check_unread:
+        refuse_unread_settings(name, unread_settings(cfg, overrides or {}, getattr(EXPERIMENTS[name], "UNREAD_WHEN",
+                                                                                     {}), QUICK[name] if quick else None))
     return cfg
 
 
@@ -114,13 +117,14 @@ def record_run(result: dict, run: dict) -> None:
         write_json(path, dict(saved, run=run))
 
 
-def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_dir=None, resume: bool = True,
+def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=None, resume: bool = True,
                    overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
                    executor=local_executor, load=load_backbone, quick: bool = False,
                    wait: bool | float = True, *, _in_all: bool = False) -> dict:
     """Run one experiment (or "all") and write <out_dir>/<name>.{json,md,png}; returns the summary.
 
     model: checkpoint directory (None: the embedded model). data: "embedded", "tofu" or a TOFU dir.
+    seeds: the seeds of the cells (None: 0, 1, 2).
     overrides: settings of CONFIGS[name] to change (e.g. {"n_mc": 8}). reference: the model that never
     saw the forget set, for Forget Quality (None: trained automatically for the embedded model).
     executor: who computes the cells (runner.local_executor, executors.ray_executor(...)).
@@ -137,26 +141,37 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
         raise TimeromeError(f"executor must be 'local', 'ray' or an executor (executors.ray_executor(...)), got "
                             f"{type(executor).__name__}")
     if name == "all":  # each experiment gets the settings it has; a setting none has is refused
-        unknown = sorted(set(overrides or {}) - {k for c in CONFIGS.values() for k in c})
-        if unknown:
-            raise TimeromeError(f"no experiment has the setting {', '.join(unknown)}")
+        overrides = dict(overrides or {})
         ran = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True)]
-        for n in ran:  # every experiment's settings before the first cell: a bad one fails now, not hours in
-            experiment_config(n, {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
-                              quick and bool(QUICK.get(n)))
-        check_seeds(seeds)
+        unknown = sorted(set(overrides) - {k for n in ran for k in CONFIGS[n]})
+        if unknown:
+            elsewhere = sorted({n for n in EXPERIMENTS if n not in ran and set(unknown) & set(CONFIGS[n])})
+            raise TimeromeError(f"no experiment of all has the setting {', '.join(unknown)}"
+                                + (f" ({' and '.join(elsewhere)} {'is' if len(elsewhere) == 1 else 'are'} not part "
+                                   "of all: run it by name)" if elsewhere else ""))
+        own = {n: {k: v for k, v in overrides.items() if k in CONFIGS[n]} for n in ran}
+        quick_of = {n: quick and bool(QUICK.get(n)) for n in ran}
+        # every experiment's settings before the first cell: a bad one fails now, not hours in
+        cfgs = {n: experiment_config(n, own[n], quick_of[n], check_unread=False) for n in ran}
+        unread = {n: unread_settings(cfgs[n], own[n], getattr(EXPERIMENTS[n], "UNREAD_WHEN", {}),
+                                     QUICK[n] if quick_of[n] else None) for n in ran}
+        for key in overrides:  # one setting is shared by the parts that have it: refused only if none reads it
+            having = [n for n in ran if key in own[n]]
+            if having and all(key in unread[n] for n in having):
+                raise TimeromeError(f"experiment 'all': nothing reads {key} ("
+                                    + "; ".join(f"{n}: {unread[n][key]}" for n in having) + "): leave it out")
+        check_seeds((0, 1, 2) if seeds is None else seeds)
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
         for n in ran:  # and what each checks without a model, before the one model they share loads
             if not reads[n]:
-                check_before_load(n, experiment_config(n, {k: v for k, v in (overrides or {}).items()
-                                                           if k in CONFIGS[n]}, quick and bool(QUICK.get(n))),
-                                  resolve_source(data))
+                check_before_load(n, cfgs[n], resolve_source(data))
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
         for n in ran:
             try:
-                done[n] = run_experiment(n, None if reads[n] else model, "embedded" if reads[n] else data, seeds,
+                done[n] = run_experiment(n, None if reads[n] else model, "embedded" if reads[n] else data,
+                                         None if reads[n] else seeds,
                                          root / n, resume or reads[n],
                                          {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
                                          None if reads[n] else reference, progress, backbone,
@@ -166,17 +181,17 @@ def run_experiment(name: str, model=None, data="embedded", seeds=(0, 1, 2), out_
                 raise Interrupted(f"{e}. That is {n}'s part of `experiment all`: rerun `experiment all` with the "
                                   f"same -o ({root}); the experiments done before it are cached too") from None
         return done
-    cfg = experiment_config(name, overrides, quick)
-    seeds = check_seeds(seeds)
+    cfg = experiment_config(name, overrides, quick, check_unread=not _in_all)
+    given_seeds, seeds = seeds is not None, check_seeds((0, 1, 2) if seeds is None else seeds)
     exp = EXPERIMENTS[name]
     if quick and not QUICK.get(name):  # never the full protocol when a quick run was asked for
         raise TimeromeError(f"experiment {name!r} has no quick subset (those with one: "
                             f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with overrides instead")
     if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None or data != "embedded"
-                                                 or not resume or executor is not local_executor):
+                                                 or not resume or executor is not local_executor or given_seeds):
         raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and computes no cell: "
-                            "--model / --reference / --data / --fresh / --executor (model=, reference=, data=, "
-                            "resume=False, executor=) are read by nothing; leave them out")
+                            "--model / --reference / --data / --fresh / --executor / --seeds (model=, reference=, "
+                            "data=, resume=False, executor=, seeds=) are read by nothing; leave them out")
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})

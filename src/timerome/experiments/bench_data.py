@@ -118,10 +118,11 @@ def muse_data(spec, ctx):
 @data_kind("whp")
 def whp_data(spec, ctx):
     src = spec.get("dir")
-    loaded = {"trivia": load_trivia(src, spec.get("trivia", "hp_trivia_1239")),
-              "completions": load_completions(src, spec.get("prompts", "evaluation_prompts"))}
+    loaded = {"trivia": load_trivia(src, spec.get("trivia", "hp_trivia_1239"))}
     loaded["trivia"].rows = spread(loaded["trivia"].rows, spec.get("n_trivia"))
-    loaded["completions"].rows = spread(loaded["completions"].rows, spec.get("n_completions"))
+    if spec.get("completions", True):  # false: nothing generates them (rouge off), so they are not read
+        loaded["completions"] = load_completions(src, spec.get("prompts", "evaluation_prompts"))
+        loaded["completions"].rows = spread(loaded["completions"].rows, spec.get("n_completions"))
     forget = _with_subjects([{"question": r["question"], "answer": r["true_answer"]} for r in loaded["trivia"].rows])
     return _bundle(spec, ctx, loaded, forget)
 

@@ -65,6 +65,10 @@ SPECIAL = {
     "frontiers": ("a non-empty list of timerome settings objects without alpha or q (the sweep sets them)",
                   lambda v: isinstance(v, (list, tuple)) and bool(v)
                   and all(isinstance(f, dict) and not {"alpha", "q"} & set(f) for f in v)),
+    "privleak_reference": ("an object {\"books\": AUC, \"news\": AUC} (either or both; the retrained model's "
+                           "privacy-leak AUC, a number in [0, 1])",
+                           lambda v: isinstance(v, dict) and set(v) <= {"books", "news"}
+                           and all(_is_real(x) and 0 <= x <= 1 for x in v.values())),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),
@@ -146,17 +150,21 @@ def all_of(*rules):
     return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)
 
 
-def refuse_unread_settings(name: str, cfg: dict, given, rules: dict, quick: dict | None = None) -> None:
-    """Refuse the settings of `given` (the overrides) that `rules` (an experiment's UNREAD_WHEN) find read by
-    nothing under cfg, before any work; quick: the --quick subset in force, named where it set the reason."""
-    unread = [(key, why) for key in given if key in rules for why in [rules[key](cfg)] if why]
-    if not unread:
-        return
-    def because(why: str) -> str:  # where --quick's subset set what makes it unread, say so
-        set_by_quick = any(k not in given and k in why.split() for k in quick or {})
-        return f"{why}, as --quick sets it" if set_by_quick else why
+def unread_settings(cfg: dict, given, rules: dict, quick: dict | None = None) -> dict[str, str]:
+    """{setting of `given` (the overrides): why nothing reads it under cfg} by `rules` (an experiment's
+    UNREAD_WHEN); quick: the --quick subset in force, named where it set the reason."""
+    out = {}
+    for key in given:
+        why = rules[key](cfg) if key in rules else None
+        if why:
+            set_by_quick = any(k not in given and k in why.split() for k in quick or {})
+            out[key] = f"{why}, as --quick sets it" if set_by_quick else why
+    return out
 
-    said = "; ".join(f"{key} ({because(why)})" for key, why in unread)
-    it = "it" if len(unread) == 1 else "them"
-    raise TimeromeError(f"experiment {name!r}: nothing reads {said}: leave {it} out")
 
+def refuse_unread_settings(name: str, unread: dict[str, str]) -> None:
+    """Refuse the settings `unread_settings` found read by nothing, before any work."""
+    if unread:
+        it = "it" if len(unread) == 1 else "them"
+        raise TimeromeError(f"experiment {name!r}: nothing reads "
+                            + "; ".join(f"{key} ({why})" for key, why in unread.items()) + f": leave {it} out")

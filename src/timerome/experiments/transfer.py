@@ -50,7 +50,10 @@ _MUSE = needs_benchmark("muse-books", "muse-news")
 _WHP = needs_benchmark("whp")
 UNREAD_WHEN = {**dict.fromkeys(("n_knowmem", "n_verbmem", "verbmem_tokens", "privleak"), _MUSE),
                "knowmem_tokens": all_of(_MUSE, needs("rouge")),
-               **dict.fromkeys(("n_privleak", "privleak_reference", "mia_k", "mia_groups"), all_of(_MUSE, needs("privleak"))),
+               **dict.fromkeys(("n_privleak", "mia_k", "mia_groups"), all_of(_MUSE, needs("privleak"))),
+               "privleak_reference": all_of(_MUSE, needs("privleak"), lambda cfg: next(
+                   (f"the benchmarks setting leaves out muse-{corpus}" for corpus in cfg["privleak_reference"] or {}
+                    if f"muse-{corpus}" not in cfg["benchmarks"]), None)),
                **dict.fromkeys(("n_trivia", "whp_trivia"), _WHP),
                **dict.fromkeys(("n_completions", "whp_prompts", "completion_tokens"), all_of(_WHP, needs("rouge"))),
                **dict.fromkeys(("n_wmdp", "wmdp_subject", "choice_text"), needs_benchmark("wmdp")),
@@ -72,8 +75,11 @@ def data_spec(cfg, bench: str, block: str) -> dict:
         spec.update(n_knowmem=cfg["n_knowmem"], n_verbmem=cfg["n_verbmem"], n_privleak=cfg["n_privleak"],
                     privleak=cfg["privleak"])
     elif kind == "whp":
-        spec.update(trivia=cfg["whp_trivia"], prompts=cfg["whp_prompts"], n_trivia=cfg["n_trivia"],
-                    n_completions=cfg["n_completions"])
+        spec.update(trivia=cfg["whp_trivia"], n_trivia=cfg["n_trivia"])
+        if cfg["rouge"]:  # the completions are generated: with rouge off nothing reads them, so none is loaded
+            spec.update(prompts=cfg["whp_prompts"], n_completions=cfg["n_completions"])
+        else:
+            spec.update(completions=False)
     else:
         spec.update(subject=cfg["wmdp_subject"], n_wmdp=cfg["n_wmdp"])
     return spec

@@ -21,8 +21,9 @@ dropped by more than `drift` nats, training stops and the trainable weights go b
 check that was within the limit (which costs one copy of the trainable weights; with LoRA only the
 adapters). The check rows are left out of the anchor's batches when at least as many retain rows
 remain, so the check sees drift on rows the anchor did not fit. `safe=False` is the unmitigated
-setting: no anchor, no early stop (gradient clipping stays: it is the trainers' default, as in
-open-unlearning's HF Trainer, not a mitigation).
+setting: no anchor, no early stop, so no check rows either: the method's own retain term reads every
+retain row (gradient clipping stays: it is the trainers' default, as in open-unlearning's HF Trainer,
+not a mitigation).
 
 Full fine-tuning by default; `lora_r > 0` trains LoRA adapters through peft (train._wrap_lora) and
 merges them on the way out, so the Backbone's module paths (and the WeightEdit snapshot's keys)
@@ -218,9 +219,10 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
     w_retain = float(retain_w) + (float(cfg["anchor"]) if cfg["safe"] else 0.0)
     if (w_retain > 0 or cfg["safe"] or needs_retain(objective)) and not task.retain_rows:
         raise TimeromeError(f"{method} needs retain rows (the retain anchor / early stop); the task has none")
-    check = spread(task.retain_rows, int(cfg["check_rows"]))
     # the early-stop check measures drift on retain rows the anchor does not train on, when there
-    # are enough rows to spare them: drift on rows being trained on would look smaller than it is
+    # are enough rows to spare them: drift on rows being trained on would look smaller than it is.
+    # Without the safe protocol there is no check, and the retain term reads every retain row
+    check = spread(task.retain_rows, int(cfg["check_rows"])) if cfg["safe"] else []
     checked = {id(r) for r in check}
     held = [r for r in task.retain_rows if id(r) not in checked]
     held_out = len(held) >= len(check) > 0
@@ -231,7 +233,8 @@ def unlearn(backbone, task, config: dict, seed: int, method: str, objective: Cal
               method=method)
     flags = {n: p.requires_grad for n, p in backbone.model.named_parameters()}
     info = {"steps_run": 0, "early_stopped": False, "safe": bool(cfg["safe"]), "retain_weight": w_retain,
-            "check_rows_held_out": held_out}
+            "check_rows_held_out": held_out, "retain_rows_trained": len(retain) if w_retain > 0 or
+            needs_retain(objective) else 0}
 
     with weight_edit(backbone, method) as edit:
         peft_model = None

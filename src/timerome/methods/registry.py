@@ -141,10 +141,15 @@ ADDED = {"trace_read_positions": TRACE.read_positions}
 def keyed(config: dict) -> dict:
     """A method's config without the `ADDED` options at their earlier value: what names its cached results.
     A `module` beside a coordinate with a step is marked: it keeps that step since stop 67 (it edited every
-    step before), so results cached for it then are not served for the edit it names now."""
+    step before), so results cached for it then are not served for the edit it names now. So is a training
+    method's retain term without the safe protocol: it reads every retain row since stop 68 (the early-stop
+    check's rows, for a check that never ran, were held out before)."""
     out = {k: v for k, v in config.items() if not (k in ADDED and v == ADDED[k])}
     if out.get("module") and given_step(out.get("coordinate")) is not None:
         out["module_keeps_step"] = True
+    if out.get("safe") is False and "check_rows" in out and (float(out.get("retain_w") or 0) > 0
+                                                             or "retain_act_w" in out):
+        out["retain_reads_all_rows"] = True  # since stop 68: without the safe protocol no check holds rows out
     return out
 
 
@@ -244,7 +249,7 @@ UNREAD_WHEN = (
      "lam_absolute gives the ridge lambda (the paper's absolute one): give the lambda once"),
     (("lora_alpha",), lambda c: not c.get("lora_r"),
      "lora_r is 0: the weights train whole, there is no LoRA adapter to scale"),
-    (("anchor", "drift", "check_every", "check_mc"), lambda c: c.get("safe") is False,
+    (("anchor", "drift", "check_every", "check_rows", "check_mc"), lambda c: c.get("safe") is False,
      "safe is false: no retain anchor and no early-stop check"),
     (("rel_threshold",), lambda c: c.get("null_energy") is not None,
      "null_energy chooses the null space: rel_threshold is the other rule"),
