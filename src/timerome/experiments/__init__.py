@@ -173,10 +173,9 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
                 done[n] = run_experiment(n, None if reads[n] else model, "embedded" if reads[n] else data,
                                          None if reads[n] else seeds,
                                          root / n, resume or reads[n],
-                                         {k: v for k, v in (overrides or {}).items() if k in CONFIGS[n]},
-                                         None if reads[n] else reference, progress, backbone,
-                                         local_executor if reads[n] else executor, load,
-                                         quick and bool(QUICK.get(n)), wait, _in_all=True)
+                                         own[n], None if reads[n] else reference, progress, backbone,
+                                         local_executor if reads[n] else executor, load, quick_of[n], wait,
+                                         _in_all=True)
             except Interrupted as e:  # the part's own folder is not what the user gave
                 raise Interrupted(f"{e}. That is {n}'s part of `experiment all`: rerun `experiment all` with the "
                                   f"same -o ({root}); the experiments done before it are cached too") from None

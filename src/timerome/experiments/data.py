@@ -34,22 +34,23 @@ def refuse_unfilled_target(specs, target: str | None, where: str) -> None:
                             f"of {', '.join(map(str, specs))} names its own: leave the target out")
 
 
+def _size_read(key: str):
+    """rule(cfg) -> why nothing reads the size `key` (SIZED) under cfg's splits, or None: one rule for every caller."""
+    return lambda cfg: (None if cfg.get("splits") is None or set(SIZED[key]) & set(cfg["splits"]) else
+                        f"the splits leave out {' and '.join(SIZED[key])}")
+
+
 def refuse_unread_sizes(splits, given: dict, where: str) -> None:
     """Refuse sizes of evaluation splits that `splits` leaves out (read by nothing): `given` {the size's
     name as the user wrote it: its SIZED key}, where: who took them ("experiment 'canonical'", "eval")."""
     if splits is None:
         return
-    unread = [shown for shown, key in given.items() if not set(SIZED[key]) & set(splits)]
+    unread = [shown for shown, key in given.items() if _size_read(key)({"splits": splits})]
     if unread:
         it = "it" if len(unread) == 1 else "them"
         raise TimeromeError(f"{where}: {', '.join(unread)} size{'s' if len(unread) == 1 else ''} a split the "
                             f"evaluation leaves out (splits: {', '.join(splits)}), so nothing reads {it}: leave {it} "
                             "out, or add the split")
-
-
-def _size_read(key: str):
-    return lambda cfg: (None if cfg.get("splits") is None or set(SIZED[key]) & set(cfg["splits"]) else
-                        f"the splits leave out {' and '.join(SIZED[key])}")
 
 
 # an experiment's UNREAD_WHEN for the sizes of its data spec (canonical, pareto: experiments.settings)
@@ -59,10 +60,7 @@ SIZES_UNREAD_WHEN = {key: _size_read(key) for key in SIZED}
 def without_unread_sizes(spec: dict) -> dict:
     """`spec` less the sizes (SIZED) of splits its `splits` leave out: for callers that fill every size with
     its default, whose spec `resolve_data` would otherwise refuse as given and read by nothing."""
-    splits = spec.get("splits")
-    if splits is None:
-        return dict(spec)
-    return {k: v for k, v in spec.items() if k not in SIZED or set(SIZED[k]) & set(splits)}
+    return {k: v for k, v in spec.items() if k not in SIZED or not _size_read(k)(spec)}
 
 
 def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
