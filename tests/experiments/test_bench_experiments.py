@@ -13,6 +13,7 @@ from timerome.data.rwku import load_rwku, passage_rows
 from timerome.data.tofu import load_split
 from timerome.data.whp import load_trivia
 from timerome.data.wmdp import load_wmdp
+from timerome.errors import TimeromeError
 from timerome.experiments import QUICK, experiment_config, run_experiment
 from timerome.metrics.rwku import qa_rows
 from timerome.training.small_model import tiny_model, trained_model
@@ -176,3 +177,12 @@ def test_whp_with_rouge_off_reads_no_completion_prompts(tmp_path):
     assert set(rows["splits"]) == {"trivia"} and len(rows["splits"]["trivia"]) > 0
     on = data_spec(experiment_config("transfer", {"bench_dir": str(tmp_path)}), "whp", "none")
     assert on["prompts"] == "evaluation_prompts" and "completions" not in on
+    # the API and `timerome eval --bench whp --no-rouge` alike (helper 56)
+    import timerome
+
+    bb = load_backbone()
+    scored = timerome.evaluate_benchmark(bb, "whp", bench_data=tmp_path, limit=2, n_mc=1, rouge=False)
+    assert "WHP_LP" in scored["metrics"] and scored["n_items"] == {"trivia": 2}
+    rows = timerome.load_benchmark(bb, "whp", bench_data=tmp_path, limit=2, rouge=False)
+    with pytest.raises(TimeromeError, match="loaded with rouge=False"):
+        timerome.evaluate_benchmark(bb, rows)

@@ -303,3 +303,20 @@ def test_experiment_all_refuses_a_shared_setting_only_where_no_part_reads_it(tmp
     with pytest.raises(TimeromeError, match="xbackbone is not part of all"):
         run_experiment("all", overrides={"references": ["x"]}, load=load, out_dir=tmp_path)
 
+
+def test_experiment_all_hands_each_part_only_the_settings_it_reads(tmp_path, monkeypatch):
+    """Helper 56: a shared setting one part leaves unread (mia_k with transfer's privleak off) went into that
+    part's cells' keys all the same, recomputing its cached cells for a value it never read."""
+    import timerome.experiments as experiments
+
+    real, given = experiments.run_experiment, {}
+
+    def part(name, *args, **kwargs):  # what `all` hands each part
+        given[name] = args[5] if len(args) > 5 else kwargs.get("overrides")
+        return {}
+
+    monkeypatch.setattr(experiments, "run_experiment", part)
+    real("all", overrides={"privleak": False, "mia_k": 0.3}, backbone=object(), out_dir=tmp_path, progress=False,
+         seeds=iter((0, 1)))  # a one-shot iterator is read once
+    assert given["transfer"] == {"privleak": False} and given["rwku"] == {"mia_k": 0.3}
+

@@ -343,7 +343,7 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     if bench_data is not None and not bench_data.is_dir():
         raise TimeromeError(f"--bench-data {bench_data} is not a folder")
     bb = model.load()
-    rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit)
+    rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit, rouge=rouge)
     memory = None
     if edit is not None:
         memory = _saved_memory(bb, edit, [bb.encode_prompt(r[k]) for split in rows["splits"].values() for r in split[:2]

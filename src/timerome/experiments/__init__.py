@@ -160,7 +160,11 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
             if having and all(key in unread[n] for n in having):
                 raise TimeromeError(f"experiment 'all': nothing reads {key} ("
                                     + "; ".join(f"{n}: {unread[n][key]}" for n in having) + "): leave it out")
-        check_seeds((0, 1, 2) if seeds is None else seeds)
+        for n in ran:  # a part gets only what it reads: a value it leaves unread would only change its cells' keys
+            if unread[n]:
+                own[n] = {k: v for k, v in own[n].items() if k not in unread[n]}
+                cfgs[n] = experiment_config(n, own[n], quick_of[n], check_unread=False)
+        seeds = None if seeds is None else check_seeds(seeds)  # an iterator is read once, here
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
         for n in ran:  # and what each checks without a model, before the one model they share loads
             if not reads[n]:

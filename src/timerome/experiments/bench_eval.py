@@ -49,12 +49,16 @@ def refuse_unread_rouge(bench, rouge: bool, flag: str) -> None:
                             "reads it; leave it out")
 
 
-def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None) -> dict:
+def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None, rouge: bool = True) -> dict:
     """The rows `evaluate_benchmark` scores: bench one of BENCHES, "wmdp:SUBJECT" or "rwku:TARGET"
     (default wmdp:bio, the first RWKU target); bench_data the folder holding muse/, whp/, wmdp/,
     rwku/ (None: $TIMEROME_BENCH_DIR, else the Hub for MUSE and WMDP); limit: at most so many rows of
-    each scored split (None: all, the full protocol). {"splits", "info", "spec", "bench"}."""
+    each scored split (None: all, the full protocol); rouge=False: only what is scored without generating
+    (WHP's completion prompts are not loaded). {"splits", "info", "spec", "bench"}."""
     name, choice = parse_bench(bench)
+    if not isinstance(rouge, bool):  # "no" would read as true
+        raise TimeromeError(f"rouge must be True or False, got {rouge!r}")
+    refuse_unread_rouge(bench, rouge, "rouge=False")
     integer(limit, "the row limit", lo=1, none=True)
     if bench_data is not None and not Path(bench_data).is_dir():
         raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
@@ -67,7 +71,8 @@ def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None =
             raise TimeromeError("WHP is read from a local folder only: pass its folder (--bench-data DIR) or set "
                                 f"${ENV_DIR}")
         sizes = dict.fromkeys(("n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp"), limit)
-        cfg = dict(CONFIG, bench_dir=None if folder == "hub" else folder, **sizes, wmdp_subject=choice or CONFIG["wmdp_subject"])
+        cfg = dict(CONFIG, bench_dir=None if folder == "hub" else folder, **sizes, rouge=rouge,
+                   wmdp_subject=choice or CONFIG["wmdp_subject"])
         spec = {k: v for k, v in data_spec(cfg, name, "none").items() if k != "forget"}
     with warnings.catch_warnings():  # what the data holds is said once, in the result's notes
         warnings.simplefilter("ignore")
@@ -94,7 +99,11 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
         if bench_data is not None or limit is not None:
             raise TimeromeError("bench_data and limit choose rows to load; these rows are loaded already")
     refuse_unread_rouge(bench["bench"] if isinstance(bench, dict) else bench, rouge, "rouge=False")
-    rows = bench if isinstance(bench, dict) else load_benchmark(backbone, bench, bench_data=bench_data, limit=limit)
+    if isinstance(bench, dict) and rouge and bench["spec"].get("completions") is False:
+        raise TimeromeError("these rows were loaded with rouge=False (no WHP completion prompts), so there is nothing "
+                            "to generate: pass rouge=False here too, or load them with rouge=True")
+    rows = bench if isinstance(bench, dict) else load_benchmark(backbone, bench, bench_data=bench_data, limit=limit,
+                                                                rouge=rouge)
     if isinstance(edit, (str, os.PathLike)):
         edit = load_memory(edit, backbone)
     if edit is None:
