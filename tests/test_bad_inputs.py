@@ -413,9 +413,9 @@ def catalogue(f, tmp):
          ["experiment", "rwku", "--quick", "-c", '{"answer_tokens": 8}', "-o", tmp / "e"], "rouge is false, as --quick sets it"),
         ("rwku's n_passages without passages", ["experiment", "rwku", "-c", '{"forget_from": ["probes"], '
                                                 '"n_passages": 4}', "-o", tmp / "e"], "forget_from has no passages"),
-        ("the reference's training beside a given reference", ["experiment", "canonical", "--reference", f["tiny"],
-                                                               "-c", '{"reference": {"epochs": 3}}', "-o", tmp / "e"],
-         "a given reference model is trained already"),
+        ("the reference's training beside a given reference (before the model loads)",
+         ["experiment", "canonical", "-m", tmp / "no-model", "--reference", f["tiny"], "-c",
+          '{"reference": {"epochs": 3}}', "-o", tmp / "e"], "a given reference model is trained already"),
         ("xbackbone -m beside the models setting", ["experiment", "xbackbone", "-m", f["tiny"], "-c",
                                                     json.dumps({"models": [str(f["tiny"])]}), "-o", tmp / "e"],
          "the model (-m / model=) beside it is read by nothing"),

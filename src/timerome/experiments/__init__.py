@@ -36,7 +36,7 @@ from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
-                                        resolve_data, warn_mixed_threads)
+                                        refuse_unread_reference_options, resolve_data, warn_mixed_threads)
 from timerome.experiments.settings import check_settings, refuse_unread_settings, unread_settings
 
 
@@ -93,12 +93,15 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     return cfg
 
 
-def check_before_load(name: str, cfg: dict, source) -> None:
+def check_before_load(name: str, cfg: dict, source, reference=None) -> None:
     """An experiment's own checks of its settings that need no model (`check(cfg, source)`, where it has one:
-    the request files its target fills, the splits its figure reads), before a model loads."""
+    the request files its target fills, the splits its figure reads), before a model loads; and a given
+    reference's training settings (a given reference reads what it reads whatever the cells)."""
     check = getattr(EXPERIMENTS[name], "check", None)
     if check is not None:
         check(cfg, source)
+    if reference is not None:
+        refuse_unread_reference_options(dict(cfg.get("reference") or {}), reference, True, f"experiment {name!r}")
 
 
 def data_name(source) -> str:
@@ -168,7 +171,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
         for n in ran:  # and what each checks without a model, before the one model they share loads
             if not reads[n]:
-                check_before_load(n, cfgs[n], resolve_source(data))
+                check_before_load(n, cfgs[n], resolve_source(data), reference)
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
@@ -198,7 +201,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
-    check_before_load(name, cfg, source)
+    check_before_load(name, cfg, source, reference)
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
         if not _in_all and cfg.get("models") and model is not None:

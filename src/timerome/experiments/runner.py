@@ -193,20 +193,9 @@ class Context:
         return None
 
     def refuse_unread_reference_options(self, uses_reference: bool, where: str) -> None:
-        """Refuse reference_options (the reference setting: how the reference model is trained) that no
-        reference reads: the embedded recipe reads them all, reference="train" its epochs, and a given model
-        or a run with no Forget Quality none."""
-        if not self.reference_options:
-            return
-        ref = self.auto_reference() if uses_reference else None
-        reads = set(self.reference_options) if ref == "embedded" else {"epochs"} if ref == "train" else set()
-        unread = [k for k in self.reference_options if k not in reads]
-        if unread:
-            why = ("no cell scores Forget Quality" if not uses_reference else
-                   "a given reference model is trained already" if ref is not None and ref != "train" else
-                   "reference='train' reads only epochs" if ref == "train" else "there is no reference model")
-            raise TimeromeError(f"{where}: the reference setting's {', '.join(unread)} train the reference model, "
-                                f"and {why}: leave {'it' if len(unread) == 1 else 'them'} out")
+        """`refuse_unread_reference_options` for this run's reference."""
+        refuse_unread_reference_options(self.reference_options, self.auto_reference() if uses_reference else None,
+                                        uses_reference, where)
 
     def data(self, spec: dict) -> tuple[dict, ForgetTask]:
         key = digest(spec)
@@ -244,6 +233,23 @@ class Context:
             else:
                 self._reference = load_backbone(ref, dtype=self.backbone.dtype, device=self.backbone.device)
         return self._reference
+
+
+def refuse_unread_reference_options(options: dict, ref, uses_reference: bool, where: str) -> None:
+    """Refuse reference options (the reference setting: how the reference model is trained) that the reference
+    `ref` (None, "embedded", "train", a folder or a Backbone) does not read: the embedded recipe reads them all,
+    "train" its epochs, a given model, none, or a run with no Forget Quality (uses_reference False)."""
+    if not options:
+        return
+    ref = ref if uses_reference else None
+    reads = set(options) if ref == "embedded" else {"epochs"} if ref == "train" else set()
+    unread = [k for k in options if k not in reads]
+    if unread:
+        why = ("no cell scores Forget Quality" if not uses_reference else
+               "a given reference model is trained already" if ref is not None and ref != "train" else
+               "reference='train' reads only epochs" if ref == "train" else "there is no reference model")
+        raise TimeromeError(f"{where}: the reference setting's {', '.join(unread)} train the reference model, "
+                            f"and {why}: leave {'it' if len(unread) == 1 else 'them'} out")
 
 
 # ------------------------------------------------------------------------------ one cell
