@@ -110,9 +110,9 @@ def extraction_requests(cfg, source) -> str | None:
 def check(cfg, source) -> None:
     """Before a model loads: an extraction target no request reads (each names its own) is refused."""
     spec = extraction_requests(cfg, source)
-    if spec is not None:
-        refuse_unfilled_target([spec], {**EXTRACTION, **cfg["extraction"]}["target"],
-                               "experiment 'robustness', extraction")
+    if spec is not None:  # there are extraction cells: cfg["extraction"] is their settings
+        target = {**EXTRACTION, **cfg["extraction"]}["target"]
+        refuse_unfilled_target([spec], target, "experiment 'robustness', extraction")
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

@@ -141,8 +141,9 @@ def needs(flag: str):
 
 def needs_benchmark(*names: str):
     """Read only where the benchmarks setting has one of `names`."""
-    return lambda cfg: None if set(names) & set(cfg.get("benchmarks") or ()) else \
-        f"the benchmarks setting leaves out {' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]}"
+    listed = " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return lambda cfg: (None if set(names) & set(cfg.get("benchmarks") or ()) else
+                        f"the benchmarks setting leaves out {listed}")
 
 
 def all_of(*rules):
