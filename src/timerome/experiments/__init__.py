@@ -169,9 +169,10 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
                 cfgs[n] = experiment_config(n, own[n], quick_of[n], check_unread=False)
         seeds = None if seeds is None else check_seeds(seeds)  # an iterator is read once, here
         reads = {n: getattr(EXPERIMENTS[n], "READS_OUTPUTS", False) for n in ran}  # no model of their own
-        for n in ran:  # and what each checks without a model, before the one model they share loads
-            if not reads[n]:
-                check_before_load(n, cfgs[n], resolve_source(data), reference)
+        source = resolve_source(data)
+        for n in ran:  # and what each checks without a model, before the one model they share loads (once: the
+            if not reads[n]:  # parts, run with these settings, do not check again)
+                check_before_load(n, cfgs[n], source, reference)
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
@@ -201,7 +202,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     out = Path(out_dir) if out_dir else Path("timerome-runs") / name
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
-    check_before_load(name, cfg, source, reference)
+    if not _in_all:  # `all` checked each part before its one model loaded
+        check_before_load(name, cfg, source, reference)
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
         if not _in_all and cfg.get("models") and model is not None:

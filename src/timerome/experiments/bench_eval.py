@@ -98,7 +98,8 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
             raise TimeromeError("bench must be a benchmark's name or the rows load_benchmark returned")
         if bench_data is not None or limit is not None:
             raise TimeromeError("bench_data and limit choose rows to load; these rows are loaded already")
-    refuse_unread_rouge(bench["bench"] if isinstance(bench, dict) else bench, rouge, "rouge=False")
+    if isinstance(bench, dict):  # a name is checked as load_benchmark loads it
+        refuse_unread_rouge(bench["bench"], rouge, "rouge=False")
     if isinstance(bench, dict) and rouge and bench["spec"].get("completions") is False:
         raise TimeromeError("these rows were loaded with rouge=False (no WHP completion prompts), so there is nothing "
                             "to generate: pass rouge=False here too, or load them with rouge=True")

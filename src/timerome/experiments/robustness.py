@@ -99,20 +99,21 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
     return with_edit(cell, ctx, task, measure)
 
 
-def extraction_requests(cfg, source) -> str | None:
-    """The extraction cells' requests: the setting's, or the forget split's of the data source (None: no cells)."""
-    ex = cfg.get("extraction")
-    if not ex:
+def extraction(cfg, source) -> tuple[dict, str] | None:
+    """(the extraction cells' settings over EXTRACTION's, their requests: the setting's, or the forget split's of
+    the data source), or None where there are no extraction cells."""
+    if not cfg.get("extraction"):
         return None
-    return {**EXTRACTION, **ex}["requests"] or f"{'embedded' if source == 'embedded' else 'tofu'}:{cfg['forget']}"
+    ex = {**EXTRACTION, **cfg["extraction"]}
+    return ex, ex["requests"] or f"{'embedded' if source == 'embedded' else 'tofu'}:{cfg['forget']}"
 
 
 def check(cfg, source) -> None:
     """Before a model loads: an extraction target no request reads (each names its own) is refused."""
-    spec = extraction_requests(cfg, source)
-    if spec is not None:  # there are extraction cells: cfg["extraction"] is their settings
-        target = {**EXTRACTION, **cfg["extraction"]}["target"]
-        refuse_unfilled_target([spec], target, "experiment 'robustness', extraction")
+    found = extraction(cfg, source)
+    if found is not None:
+        ex, spec = found
+        refuse_unfilled_target([spec], ex["target"], "experiment 'robustness', extraction")
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
@@ -120,9 +121,9 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     opts = dict(n_mc=cfg["n_mc"], relearn=cfg["relearn"])
     out = [Cell("robustness", m, over, seed, data, opts, row=label(m, over))
            for seed in seeds for m, over in canonical_rows(cfg["methods"])]
-    ex = cfg.get("extraction")
-    if ex:
-        ex, spec = {**EXTRACTION, **ex}, extraction_requests(cfg, getattr(ctx, "source", "embedded"))
+    found = extraction(cfg, getattr(ctx, "source", "embedded"))
+    if found is not None:
+        ex, spec = found
         data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"],
                     n_world=ex["n_world"])
         opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),

@@ -194,8 +194,7 @@ class Context:
 
     def refuse_unread_reference_options(self, uses_reference: bool, where: str) -> None:
         """`refuse_unread_reference_options` for this run's reference."""
-        refuse_unread_reference_options(self.reference_options, self.auto_reference() if uses_reference else None,
-                                        uses_reference, where)
+        refuse_unread_reference_options(self.reference_options, self.auto_reference(), uses_reference, where)
 
     def data(self, spec: dict) -> tuple[dict, ForgetTask]:
         key = digest(spec)
