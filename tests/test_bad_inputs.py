@@ -125,7 +125,7 @@ def files(tmp_path_factory):
         json.dumps({"question": "Which port does SSH use?", "choices": ["21", "22", "80", "443"], "answer": 1}) + "\n")
     f["interrupted"] = d / "interrupted"  # a train --out whose earlier run was interrupted
     (f["interrupted"] / "train-state").mkdir(parents=True)
-    (f["interrupted"] / "train-state" / "state.json").write_text("{}")
+    (f["interrupted"] / "train-state" / "state.safetensors").write_text("{}")
     f["outdir"] = d / "outdir"
     f["outdir"].mkdir()
     f["fifo"] = d / "fifo.safetensors"  # a named pipe: nothing ever writes to it, so a read would block

@@ -189,7 +189,19 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors", "--json")
     assert code == 0, out
     assert json.loads(out)["coordinate"]["layer"] == sel["edit"]["layer"]
-    (tmp_path / "t" / "neighbours.safetensors").unlink()
+    # a neighbours' trace of another run in its place (the new one written, the trace not yet: an interrupted
+    # run over an earlier one), each half of it whole: refused, not selected against
+    near_files = [tmp_path / "t" / f"neighbours.{x}" for x in ("safetensors", "json")]
+    kept = [f.read_bytes() for f in near_files]
+    other = TraceResult.load(tmp_path / "t" / "neighbours.safetensors")
+    other.tie = other.tie * 2
+    other.tie_full = other.tie_full * 2
+    other.save(tmp_path / "t" / "neighbours.safetensors")
+    code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors")
+    assert code == 2 and "against another neighbour trace" in out, out
+    for f, b in zip(near_files, kept):
+        f.write_bytes(b)
+    near_files[0].unlink()
     code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors")
     assert code == 2 and "neighbour facts' trace" in out and "not there" in out, out
     code, out = run("trace", "--out", tmp_path / "u", "--n-facts", 0)

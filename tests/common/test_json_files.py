@@ -152,7 +152,8 @@ def test_a_write_through_a_symbolic_link_changes_its_target_and_keeps_the_link(t
 
 def test_a_pair_written_through_a_link_stays_together_and_a_memory_locks_its_target(tmp_path):
     """A trace's tensors followed a link while its JSON replaced the file beside the link, so the target's
-    pair no longer matched; two memory changes through a link and through its target took two locks."""
+    pair no longer matched; read back through the link, its JSON was looked for beside the link, not its
+    target; two memory changes through a link and through its target took two locks."""
     import torch
 
     from timerome.memory.memory_file import lock_path
@@ -163,5 +164,7 @@ def test_a_pair_written_through_a_link_stays_together_and_a_memory_locks_its_tar
     TraceFile.write(target, {"x": torch.zeros(1)}, {"n": 1})
     link.symlink_to(target)
     assert TraceFile.write(link, {"x": torch.ones(1)}, {"n": 2}) == target
-    assert json.loads((tmp_path / "real" / "t.json").read_text()) == {"n": 2} and not (tmp_path / "t.json").exists()
+    written = json.loads((tmp_path / "real" / "t.json").read_text())
+    assert written["n"] == 2 and written["pair"] == TraceFile.read(link, "pair", lambda t, m: m["pair"])
+    assert not (tmp_path / "t.json").exists()
     assert lock_path(link) == lock_path(target)

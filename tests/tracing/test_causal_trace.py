@@ -628,6 +628,41 @@ def test_a_saved_trace_must_agree_with_itself(traced, tmp_path):
     assert torch.equal(TraceResult.load(path).tie, traced.tie)  # and the file as saved loads
 
 
+def test_the_halves_of_two_saves_are_refused(bb, traced, tmp_path):
+    """A trace is two files, each written atomically but not the two together: a run interrupted between
+    the writes over an earlier trace left the new tensors beside the old JSON, which loaded (the same
+    facts: the same shapes) with the old settings. Both halves name a stamp of the tensors now; the JSON
+    stays editable by hand, and a pair saved before stamps loads as it is."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from timerome.tracing.positional_trace import PositionalTrace, positional_trace
+
+    path = traced.save(tmp_path / "trace")
+    old_json = path.with_suffix(".json").read_text()
+    later = TraceResult(traced.tie * 2, traced.tie_full * 2, traced.clean_logp, traced.corrupted_logp,
+                        traced.fact_ids, traced.modules, traced.layers, dict(traced.settings, tau=2.0))
+    later.save(tmp_path / "later")
+    (tmp_path / "later.safetensors").replace(path)  # the new tensors written, the JSON not yet
+    with pytest.raises(TimeromeError, match="are of two different saves .*interrupted between its two writes"):
+        TraceResult.load(path)
+    traced.save(path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text(json.dumps(dict(meta, fact_ids=["a", "b"])))  # edited by hand: read
+    assert TraceResult.load(path).fact_ids == ["a", "b"]
+    save_file(load_file(str(path)), str(path))  # no stamp in the header (saved before stamps): read as it is
+    path.with_suffix(".json").write_text(old_json)
+    assert torch.equal(TraceResult.load(path).tie, traced.tie)
+    pos = positional_trace(bb, FACTS, n_samples=2)
+    ppath = pos.save(tmp_path / "pos")
+    pos.effect = pos.effect * 0.5
+    pos.save(tmp_path / "pos2")
+    (tmp_path / "pos2.safetensors").replace(ppath)
+    with pytest.raises(TimeromeError, match="two different saves .*positional trace"):
+        PositionalTrace.load(ppath)
+
+
 def test_a_fact_traced_twice_is_refused(bb):
     with pytest.raises(TimeromeError, match="are one fact .* trace each fact once"):
         trace(bb, [FACTS[0], FACTS[1], FACTS[0]], **FAST)

@@ -127,34 +127,65 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(fresh, tmp_path, lora_r
               show_progress=False, checkpoint=state)
 
 
-def test_a_torn_state_and_another_tokenizers_state_are_refused(fresh, tmp_path):
-    """Files of two epochs (a crash between the two writes) were read as one state; a model of the same
-    size and seed with another tokenizer starts from the same weights, and resumed another's state."""
-    import shutil
+def test_an_interrupt_at_any_point_of_a_save_leaves_one_epochs_state(fresh, tmp_path, monkeypatch):
+    """A Ctrl-C that landed between the state's two writes (it was two files: weights, then record)
+    left them of two epochs, and the resume refused the torn state (CI met it once). The state is one
+    file now: an interrupt just after epoch 2's file is written reports epoch 2, and resumes there."""
+    from timerome.training import train_state
 
+    rows = load_rows("embedded:forget01")
+    cfg = TrainConfig(epochs=3, lr=3e-3, batch_size=8, eos_pad=True)
+    plain = train(load_backbone(fresh), rows, cfg, show_progress=False)
+    real = train_state.save_tensors
+
+    def written_then_interrupted(path, tensors, metadata=None):
+        real(path, tensors, metadata)
+        if json.loads(metadata["record"])["epoch"] == 2:
+            raise KeyboardInterrupt  # inside save_state, after its write: the old layout's record was not yet written
+
+    monkeypatch.setattr(train_state, "save_tensors", written_then_interrupted)
+    state = tmp_path / "state"
+    with pytest.raises(Interrupted, match=rf"after epoch 2 of 3 is saved in {state}"):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=state)
+    assert sorted(f.name for f in state.iterdir()) == ["state.safetensors"]
+    monkeypatch.setattr(train_state, "save_tensors", real)
+    log = train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=state)
+    assert log["resumed_at_epoch"] == 2 and log["loss"] == plain["loss"]
+
+
+def test_an_unreadable_state_and_another_tokenizers_state_are_refused(fresh, tmp_path):
+    """A state with no record, a record that is not JSON, the earlier two-file layout: each one line
+    naming the folder. A model of the same size and seed with another tokenizer starts from the same
+    weights, and resumed another's state."""
+    from timerome.common.cache import read_tensors, save_tensors
     from timerome.training.new_model import new_model
 
     rows = load_rows("embedded:forget01")
     cfg = TrainConfig(epochs=3, lr=3e-3, batch_size=8, eos_pad=True)
-    stops = {}
 
-    def stop_at(n):
-        def stop(epoch, log):
-            if epoch == n:
-                raise KeyboardInterrupt
-        return stop
+    def stop_at_one(epoch, log):
+        if epoch == 1:
+            raise KeyboardInterrupt
 
-    for n in (1, 2):
-        stops[n] = tmp_path / f"state{n}"
-        with pytest.raises(Interrupted):
-            train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[n], on_epoch=stop_at(n))
-    shutil.copy(stops[1] / "state.json", stops[2] / "state.json")  # epoch 2's weights, epoch 1's record
-    with pytest.raises(TimeromeError, match="is torn: its weights are of epoch 2, its record of epoch 1"):
-        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[2])
+    state = tmp_path / "state"
+    with pytest.raises(Interrupted):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=state, on_epoch=stop_at_one)
     other = new_model(["embedded:forget01"], tmp_path / "other", size="tiny", vocab_size=600)  # same size and seed
     assert (Path(other["out"]) / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
     with pytest.raises(TimeromeError, match="holds the state of another training"):
-        train(load_backbone(other["out"]), rows, cfg, show_progress=False, checkpoint=stops[1])
+        train(load_backbone(other["out"]), rows, cfg, show_progress=False, checkpoint=state)
+    tensors, _ = read_tensors(state / "state.safetensors")
+    for metadata, message in ((None, "has no record of its epoch"), ({"record": "{epoch"}, "has an unreadable record"),
+                              ({"record": "[1]"}, "has no record of its epoch")):
+        bad = tmp_path / f"bad{len(message)}{metadata is None}"
+        save_tensors(bad / "state.safetensors", tensors, metadata)
+        with pytest.raises(TimeromeError, match=f"{bad}.*{message}.*delete {bad} to start over"):
+            train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=bad)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "state.json").write_text("{}")
+    with pytest.raises(TimeromeError, match="earlier version's layout"):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=earlier)
 
 
 def test_eos_padding_needs_an_eos_token(fresh):
@@ -173,7 +204,7 @@ def test_cli_train_logs_progress_lines_and_resumes_after_ctrl_c(fresh, tmp_path)
     cmd = [sys.executable, "-m", "timerome", "--threads", "1", "train", "--model", str(fresh), "--data",
            "embedded:forget01", "--out", str(out), "--epochs", "120", "--batch-size", "1", "--lr", "1e-3"]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = out / "train-state" / "state.json"
+    state = out / "train-state" / "state.safetensors"
     t0 = time.time()
     while not state.exists() and time.time() - t0 < 120 and p.poll() is None:
         time.sleep(0.1)
@@ -185,7 +216,7 @@ def test_cli_train_logs_progress_lines_and_resumes_after_ctrl_c(fresh, tmp_path)
     assert last.startswith("interrupted: training stopped; its state after epoch") and "run the same command" in last
     assert not (out / "model.safetensors").exists()
     assert " elapsed" in err  # plain progress lines, not a silent log
-    saved = json.loads(state.read_text())["epoch"]
+    saved = int(last.split("after epoch ", 1)[1].split(" ", 1)[0])
     done = subprocess.run(cmd + ["--json"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-1500:]
@@ -193,6 +224,34 @@ def test_cli_train_logs_progress_lines_and_resumes_after_ctrl_c(fresh, tmp_path)
     summary = json.loads(done.stdout)
     assert summary["resumed_at_epoch"] == saved and summary["eos_pad"] is True
     assert (out / "model.safetensors").exists() and not (out / "train-state").exists()
+
+
+def test_cli_train_stopped_while_saving_resumes_from_its_last_state(fresh, tmp_path, monkeypatch):
+    """The state was deleted before the model's recipe was written: a Ctrl-C between the two left a model
+    without build_info.json (its EOS padding then forgotten by the next fine-tune) and no state to go
+    on from. The state goes last now: the same command finishes from it, without training again."""
+    import timerome.common.cache as cache
+
+    out = tmp_path / "trained"
+    cmd = ["--threads", "1", "train", "--model", str(fresh), "--data", "embedded:forget01", "--out", str(out),
+           "--epochs", "2", "--batch-size", "8", "--json"]
+    real = cache.write_json
+
+    def stopped(path, obj):
+        if Path(path).name == "build_info.json":  # the model saved, its record not yet
+            raise KeyboardInterrupt
+        return real(path, obj)
+
+    monkeypatch.setattr(cache, "write_json", stopped)
+    res = runner.invoke(app, cmd)
+    assert res.exit_code == 130, res.output
+    assert (out / "train-state" / "state.safetensors").exists() and not (out / "build_info.json").exists()
+    monkeypatch.setattr(cache, "write_json", real)
+    res = runner.invoke(app, cmd)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["resumed_at_epoch"] == 2 and "resuming after epoch 2 of 2" in res.stderr
+    assert json.loads((out / "build_info.json").read_text())["train"]["eos_pad"] is True
+    assert not (out / "train-state").exists()
 
 
 def test_cli_new_model_then_train(tmp_path):

@@ -152,13 +152,15 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
         raise Interrupted(f"{e}; run the same command again to resume from there") from None
     eos_pad = log["config"]["eos_pad"]  # as the run resolved it
     save_backbone(bb, out)
-    shutil.rmtree(state, ignore_errors=True)
     final = sum(log["loss"][-10:]) / max(1, len(log["loss"][-10:]))
     # the recipe, where the next `timerome train -m OUT` reads its EOS padding default (trained_with_eos_padding):
     # without it a model trained from the embedded default was fine-tuned again without the padding it learnt
     write_json(Path(out) / "build_info.json", dict(train=dict(
         eos_pad=eos_pad, eos_extra=eos_extra, epochs=epochs, lr=lr, batch_size=batch_size, lora_r=lora_r, seed=seed,
         rows=len(rows), data=str(data), started_from=str(source), final_loss=final, seconds=log["seconds"])))
+    # the state goes last: a run stopped before this point is run again from the last epoch's state, not from nothing
+    # (it went before the record, and a Ctrl-C between the two left a model without its recipe and no state)
+    shutil.rmtree(state, ignore_errors=True)
     if as_json:
         print_json(dict(out=str(out), rows=len(rows), epochs=epochs, seconds=log["seconds"], final_loss=final,
                         eos_pad=eos_pad, eos_extra=eos_extra, resumed_at_epoch=log["resumed_at_epoch"], loss=log["loss"]))

@@ -59,6 +59,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     --positional, ROME's positional trace and the layer ROME would edit."""
     from timerome.tracing.causal_trace import refuse_causal, trace
     from timerome.tracing.heatmaps import plot_heatmaps, plot_per_fact
+    from timerome.tracing.result import pair_stamp
     from timerome.tracing.selection import per_fact_best, runner_up, select_coordinate
 
     if n_facts < 1:
@@ -118,15 +119,16 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     edit_modules = ("resid",) if "resid" in result.modules else None
     chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
+    files = {}
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
+        # (written first, its stamp in the trace's settings: a run stopped between the two leaves a pair refused)
+        files.update(other.files(other.save(out / "neighbours.safetensors"), "neighbours"))
         result.settings = dict(result.settings, beta=float(beta), neighbours=str(neighbours),
-                               neighbours_file="neighbours.safetensors")
+                               neighbours_file="neighbours.safetensors", neighbours_pair=pair_stamp(other.tensors()))
     path = result.save(out / "trace.safetensors")
     # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
     files = dict(result.files(path),  # heatmap.png: the name the demo writes
-                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))
-    if penalised:
-        files.update(other.files(other.save(out / "neighbours.safetensors"), "neighbours"))
+                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)), **files)
     if per_fact:
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")

@@ -3,6 +3,7 @@ what it shares with the positional trace's result (facts by index or id, the mod
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,10 +61,13 @@ class TraceFile:
     @staticmethod
     def write(path, tensors: dict, meta: dict, kind: str | None = None) -> Path:
         """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given);
-        through a link, both beside its target (the pair stays together)."""
+        through a link, both beside its target (the pair stays together). Both name one stamp, a hash of
+        the tensors (`pair_stamp`): each file is written atomically, but not the two together, and an
+        interruption between the writes over an earlier trace left new tensors beside the old JSON."""
         path = through_link(_tensor_path(path))
-        save_tensors(path, tensors, metadata={"format": "pt", **({"kind": kind} if kind else {})})
-        write_json(meta_path(path), {**({"kind": kind} if kind else {}), **meta})
+        stamp = pair_stamp(tensors)
+        save_tensors(path, tensors, metadata={"format": "pt", "pair": stamp, **({"kind": kind} if kind else {})})
+        write_json(meta_path(path), {**({"kind": kind} if kind else {}), **meta, "pair": stamp})
         return path
 
     @staticmethod
@@ -81,8 +85,13 @@ class TraceFile:
         path, meta_file = _pair(path, what)
         try:
             meta = read_json(meta_file, f"the {what}'s JSON")  # strict: no NaN, one clear error
-            return build(read_tensors(path)[0], meta)
+            tensors, header = read_tensors(path)
         except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+            raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
+        refuse_torn_pair(header, meta, path, meta_file, what)
+        try:
+            return build(tensors, meta)
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
 
 
@@ -140,16 +149,25 @@ class TraceResult(TraceFile):
             raise TimeromeError(f"{path} chose its coordinate with beta {beta:g} against the neighbour facts' trace "
                                 f"{other}, which is not there: keep the two together (as `timerome trace` wrote them), "
                                 "or trace again")
-        return TraceResult.load(other), float(beta)
+        neighbours = TraceResult.load(other)
+        recorded = self.settings.get("neighbours_pair")  # the stamp of the neighbours' trace it was selected with
+        if recorded is not None and recorded != read_json(meta_path(other), "the neighbours' trace's JSON").get("pair"):
+            raise TimeromeError(f"{path} chose its coordinate against another neighbour trace than {other} (a run "
+                                "interrupted between writing the two, or a file copied in from another run): trace "
+                                "again")
+        return neighbours, float(beta)
 
     # ------------------------------------------------------------------ the file
 
+    def tensors(self) -> dict:
+        """The tensors a saved trace holds (its `pair_stamp` is a hash of them)."""
+        return dict(tie=self.tie, tie_full=self.tie_full, clean_logp=self.clean_logp, corrupted_logp=self.corrupted_logp)
+
     def save(self, path: str | Path) -> Path:
         """Tensors to PATH (.safetensors), settings and facts to the same name with .json."""
-        return self.write(path, dict(tie=self.tie, tie_full=self.tie_full, clean_logp=self.clean_logp,
-                                     corrupted_logp=self.corrupted_logp),
-                          dict(fact_ids=self.fact_ids, modules=list(self.modules), layers=self.layers,
-                               settings=self.settings, facts=self.facts, stats=self.stats))
+        return self.write(path, self.tensors(), dict(fact_ids=self.fact_ids, modules=list(self.modules),
+                                                     layers=self.layers, settings=self.settings, facts=self.facts,
+                                                     stats=self.stats))
 
     @classmethod
     def load(cls, path: str | Path) -> "TraceResult":
@@ -161,9 +179,10 @@ class TraceResult(TraceFile):
         path, meta_file = _pair(path, "trace result")
         meta = read_json(meta_file, "the trace's JSON")
         try:
-            t = read_tensors(path)[0]
+            t, header = read_tensors(path)
         except (SafetensorError, OSError, ValueError) as e:
             raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
+        refuse_torn_pair(header, meta, path, meta_file, "trace result")
         fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
         if settings.get("readout") not in (None, *READOUTS):
             raise TimeromeError(f"{meta_file}: settings.readout must be one of {', '.join(READOUTS)}, got "
@@ -283,11 +302,31 @@ def meta_path(path) -> Path:
     return Path(path).with_suffix(".json")
 
 
+def pair_stamp(tensors: dict) -> str:
+    """A hash of a trace's tensors (names, dtypes, shapes, bytes): the stamp its two files both name, so
+    that the halves of one save are known for one (and the JSON stays editable by hand)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def refuse_torn_pair(header: dict, meta, path, meta_file, what: str) -> None:
+    """Refuse tensors whose stamp is not the one the JSON beside them names (a save interrupted between
+    its two writes over an earlier one); a pair saved before stamps were written is taken as it is."""
+    stamp = header.get("pair")
+    if stamp is not None and isinstance(meta, dict) and meta.get("pair") != stamp:
+        raise TimeromeError(f"{path} and {meta_file.name} are of two different saves (their stamps differ: a run "
+                            f"interrupted between its two writes over an earlier {what}?): trace again")
+
+
 def _pair(path, what: str) -> tuple[Path, Path]:
     """(tensors, JSON) of the saved trace at path (`trace_path`), both there and the tensors a regular
     file (a pipe's read would block); else one TimeromeError naming `what`."""
     path = trace_path(path)
-    meta_file = meta_path(path)
+    meta_file = meta_path(through_link(path))  # beside a link's target, where `write` puts it
     if not path.exists():
         raise TimeromeError(f"no {what} at {path}: the file does not exist")
     if not meta_file.exists():

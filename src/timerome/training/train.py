@@ -42,7 +42,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
 from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
 from timerome.errors import Interrupted, TimeromeError
-from timerome.training.train_state import load_state, save_state
+from timerome.training.train_state import load_state, save_state, saved_epoch
 
 
 @dataclass
@@ -184,7 +184,6 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
             notify(f"{label}: resuming after epoch {first} of {cfg.epochs}, from the state saved in {checkpoint}")
     model.train()
     t0 = time.perf_counter()
-    saved_epochs = first
     try:
         with progress_bar(label, total=total, enabled=show_progress, completed=first * steps_per_epoch) as bar:
             for epoch in range(first, cfg.epochs):
@@ -207,13 +206,13 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                     bar.advance(description=f"{label} epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
                 if checkpoint is not None:
                     save_state(checkpoint, epoch=epoch + 1, step=(epoch + 1) * steps_per_epoch, log=log, **state)
-                    saved_epochs = epoch + 1
                 if on_epoch is not None:
                     on_epoch(epoch + 1, log)
     except KeyboardInterrupt:
-        if checkpoint is None or not saved_epochs:
+        saved = saved_epoch(checkpoint) if checkpoint is not None else None  # the file's: the interrupt may land
+        if not saved:  # after the next epoch's state was written
             raise
-        raise Interrupted(f"{label} stopped; its state after epoch {saved_epochs} of {cfg.epochs} is saved in "
+        raise Interrupted(f"{label} stopped; its state after epoch {saved} of {cfg.epochs} is saved in "
                           f"{checkpoint}") from None
     finally:
         model.eval()

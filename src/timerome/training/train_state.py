@@ -1,15 +1,18 @@
 """A resumable training state: what `train.train` writes after each epoch and reads to go on.
 
     <folder>/state.safetensors   the trained parameters, the optimiser's moments, the random
-                                 generators' states (tensors; never a pickle)
-    <folder>/state.json          the epoch and step reached, the loss log, the schedule and the
-                                 optimiser's settings, and the recipe digest
+                                 generators' states (tensors; never a pickle), and in its metadata
+                                 the record: the epoch and step reached, the loss log, the schedule
+                                 and the optimiser's settings, the recipe digest (JSON)
+
+One file, written atomically (a new version is renamed into place): an interruption or a crash at
+any moment leaves the state of one epoch or of the next, never parts of two. (It was two files, the
+tensors and a JSON record, written one after the other; a Ctrl-C between the two writes left them of
+two epochs, refused on resume, so the interrupted run's work was lost.)
 
 The recipe digest (training config, the rows as token ids, the tokenizer's end and pad ids, the
 starting weights) must match for a state to be read: a state left by another training is refused,
-never continued by mistake and never overwritten without a word (delete it to start another). Both
-files are written atomically, the tensors first, each naming the epoch: a crash between the two
-writes leaves files of two epochs, which are refused, not read as one.
+never continued by mistake and never overwritten without a word (delete it to start another).
 Resuming reproduces the uninterrupted run exactly (same weights, bit for bit).
 """
 
@@ -20,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors, write_json
+from timerome.common.cache import read_tensors, save_tensors
 from timerome.common.checks import finite_tensor
 from timerome.common.files import safetensors_error
 from timerome.errors import TimeromeError
 
-TENSORS, META = "state.safetensors", "state.json"
+STATE = "state.safetensors"
 
 
 def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, params, opt, sched,
@@ -39,39 +42,47 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
             tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach()
     for name, g in generators.items():
         tensors[f"gen.{name}"] = g.get_state()
-    save_tensors(folder / TENSORS, tensors, metadata={"recipe": recipe, "epoch": str(epoch), "step": str(step)})
-    write_json(folder / META, dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"],
-                                   optimizer_groups=opt_state["param_groups"], schedule=sched.state_dict(),
-                                   n_params=len(params)))
+    record = dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"], optimizer_groups=opt_state["param_groups"],
+                  schedule=sched.state_dict(), n_params=len(params))
+    save_tensors(folder / STATE, tensors, metadata={"record": json.dumps(record)})
+
+
+def saved_epoch(folder) -> int | None:
+    """The epoch of the state in `folder` (None when there is none, or it is unreadable): what an
+    interrupted run reports as saved, read from the file, since an interruption may land after the
+    next epoch's state was written."""
+    try:
+        return int(json.loads(read_tensors(Path(folder) / STATE)[1]["record"])["epoch"])
+    except Exception:  # noqa: BLE001 - no state, or a damaged one: load_state says which when it is read
+        return None
 
 
 def load_state(folder, *, recipe: str, model, params, opt, sched, generators: dict) -> dict | None:
-    """Restore a saved state into the objects (None when there is none); a state of another recipe,
-    or one torn by a crash between its two writes, is refused (TimeromeError naming the folder)."""
+    """Restore a saved state into the objects (None when there is none); a damaged state, or one of
+    another recipe, is refused (TimeromeError naming the folder)."""
     folder = Path(folder)
-    meta_path, tensor_path = folder / META, folder / TENSORS
-    if not (meta_path.is_file() and tensor_path.is_file()):
+    tensor_path = folder / STATE
+    if not tensor_path.is_file():
+        if (folder / "state.json").is_file():  # the two-file layout of earlier versions
+            raise TimeromeError(f"{folder} holds a training state in an earlier version's layout, which this version "
+                                f"does not read; delete {folder} to start over")
         return None
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TimeromeError(f"the training state {meta_path} is unreadable ({e}); delete {folder} to start "
-                            "over") from None
-    if not isinstance(meta, dict):
-        raise TimeromeError(f"the training state {meta_path} is not a JSON object; delete {folder} to start over")
-    if meta.get("recipe") != recipe:  # another training's work: refused, never dropped without a word
-        raise TimeromeError(f"{folder} holds the state of another training (after its epoch {meta.get('epoch')}: "
-                            "other settings, rows, tokenizer or starting model): run that training again to resume "
-                            f"it, or delete {folder} to start this one")
     try:
         t, header = read_tensors(tensor_path)
     except Exception as e:  # noqa: BLE001 - a damaged file: say which
         raise safetensors_error(tensor_path, e) from None
-    header = header or {}
-    if header.get("epoch") != str(meta.get("epoch")) or header.get("recipe") != recipe:
-        raise TimeromeError(f"the training state in {folder} is torn: its weights are of epoch {header.get('epoch')}, "
-                            f"its record of epoch {meta.get('epoch')} (a crash between the two writes?); delete "
-                            f"{folder} to start over")
+    try:
+        meta = json.loads(header.get("record", "null"))
+    except ValueError as e:
+        raise TimeromeError(f"the training state {tensor_path} has an unreadable record ({e}); delete {folder} to "
+                            "start over") from None
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the training state {tensor_path} has no record of its epoch (a state an earlier "
+                            f"timerome wrote, or not a training state); delete {folder} to start over")
+    if meta.get("recipe") != recipe:  # another training's work: refused, never dropped without a word
+        raise TimeromeError(f"{folder} holds the state of another training (after its epoch {meta.get('epoch')}: "
+                            "other settings, rows, tokenizer or starting model): run that training again to resume "
+                            f"it, or delete {folder} to start this one")
     unfit = TimeromeError(f"the training state in {folder} does not fit this run; delete {folder} to start over")
     if t.get("gen.order") is None or meta.get("n_params") != len(params):
         raise unfit
