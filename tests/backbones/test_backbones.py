@@ -446,6 +446,20 @@ def test_remote_code_runs_only_when_asked(tmp_path):
         load_backbone(broken, trust_remote_code=True)
 
 
+def test_trust_remote_code_on_a_family_without_remote_code_is_said(tmp_path, capsys):
+    """The permission was dropped without a word where the family has no official remote code (the
+    embedded default, an AR Llama): the run went on in timerome's implementation as if it had been read."""
+    load_backbone(None, trust_remote_code=True)
+    note = " ".join(capsys.readouterr().err.split())
+    assert "trust_remote_code (--trust-remote-code) changes nothing for the embedded default" in note
+    assert "timerome's own implementation runs" in note
+    load_backbone(None)
+    assert "trust_remote_code" not in capsys.readouterr().err
+    d = _with_remote_code(make_tiny_checkpoint("llada", tmp_path / "remote", layers=2), "mmada")
+    load_backbone(d, trust_remote_code=True)  # a family with remote code: no note
+    assert "changes nothing" not in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------ autoregressive families
 
 AR_NAMES = ["llama", "qwen2", "gpt2"]

@@ -16,6 +16,7 @@ from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.common.checks import memory_budget
 from timerome.common.files import read_json, safetensors_error
+from timerome.common.progress import notify
 from timerome.errors import TimeromeError
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
@@ -97,6 +98,11 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     if device.type != "cpu":
         memory_budget(what, n_bytes, device)
     remote = bool(trust_remote_code and fam.needs_remote_code)
+    if trust_remote_code and not remote:  # said, not silently dropped: the permission is read by nothing here
+        notify(f"trust_remote_code (--trust-remote-code) changes nothing for "
+               f"{'the embedded default' if ckpt == DEFAULT_MODEL_DIR else ckpt.name}: the {fam.name} family has no "
+               f"official remote code; {'timerome' if fam.loader == 'timerome' else 'transformers'}'s own "
+               "implementation runs")
     flags = {"refused": [], "unknown": [], "implemented": []}
     if not remote:  # the official code, when it runs, reads its own flags
         flags = check_config(fam.config_spec, config)
