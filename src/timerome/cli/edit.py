@@ -92,10 +92,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if method not in available():
         raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
     overrides = _config(config)
-    g_max = None
+    g_max, checked = None, None  # checked: the method's config as -c gives it, once checked
     if overrides and method == "timerome":  # its settings as options, or the same through --config (not both)
         _not_for_edit(overrides)  # what `edit` itself never reads, before the method's own checks
-        method_config("timerome", overrides)  # unknown names and bad values, in the method's words
+        checked = method_config("timerome", overrides)  # unknown names and bad values, in the method's words
         given = dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q, key_metric=key_metric, module=module,
                      step=step)
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
@@ -110,12 +110,12 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
             raise TimeromeError("--target and -c's 'target' both give the target: give it once")
         target = overrides["target"]
     if method != "timerome":  # its settings, in the method's words, before the model loads (a target included)
-        method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
-                      and "target" not in overrides else overrides)
+        checked = method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
+                                and "target" not in overrides else overrides)
         if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
             raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
                                 "(leave --target out, or use a method with one: timerome methods)")
-    if seed is not None and draws_nothing(method, method_config(method, overrides)):  # refused, not ignored
+    if seed is not None and draws_nothing(method, method_config(method, {}) if checked is None else checked):
         raise TimeromeError(f"--method {method} draws nothing at random when it builds with these settings, so --seed "
                             "would change nothing"
                             + (" (the noise of its trace is `timerome trace --seed`; pass the trace with --trace)"

@@ -104,6 +104,11 @@ def check_before_load(name: str, cfg: dict, source, reference=None) -> None:
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), reference, True, f"experiment {name!r}")
 
 
+def uses_reference(cells) -> bool:
+    """Whether any of the cells scores Forget Quality (reads the reference model)."""
+    return any(measurement_of(c.measure).uses_reference for c in cells)
+
+
 def data_name(source) -> str:
     """A data source as a run record names it (`resolve_source`: None is TOFU from the Hub)."""
     return "tofu (the Hub)" if source is None else str(source)
@@ -227,8 +232,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
                 ctx = Context(bb, source, reference=ref, reference_options=ref_options, model_path=path,
                               progress=progress)
                 cells = exp.cells(cfg, seeds, ctx)
-                ctx.refuse_unread_reference_options(any(measurement_of(c.measure).uses_reference for c in cells),
-                                                    f"experiment {name!r} ({column})")
+                ctx.refuse_unread_reference_options(uses_reference(cells), f"experiment {name!r} ({column})")
                 about = dict(checkpoint=str(path) if path else bb.name, family=bb.family.name, layers=bb.n_layers,
                              fingerprint=bb.fingerprint(), reference=ctx.reference_label)
                 done = runner.run(cells, ctx, title=f"{name} {column}")
@@ -243,11 +247,11 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
         ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
                       progress=progress)
         cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work
-        uses_reference = any(measurement_of(c.measure).uses_reference for c in cells)
-        if reference is not None and not _in_all and cells and not uses_reference:
+        scores_fq = uses_reference(cells)
+        if reference is not None and not _in_all and cells and not scores_fq:
             raise TimeromeError(f"experiment {name!r} computes no Forget Quality: --reference (reference=) is read by "
                                 "none of its cells; leave it out")
-        ctx.refuse_unread_reference_options(uses_reference, f"experiment {name!r}")
+        ctx.refuse_unread_reference_options(scores_fq, f"experiment {name!r}")
         with runner.lock():  # the cells and the report: one run at a time in a folder
             results = runner.run(cells, ctx, title=name)
             threads = warn_mixed_threads(name, results, bb)
@@ -255,7 +259,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
             if not getattr(exp, "READS_OUTPUTS", False):  # the radar runs no model: its sources' runs are its record
                 record_run(result, dict(model=str(model) if model else bb.name, fingerprint=bb.fingerprint(),
                                         seeds=list(seeds), data=data_name(source),
-                                        reference=ctx.reference_label if uses_reference else None,
+                                        reference=ctx.reference_label if scores_fq else None,
                                         threads=threads))
     result["seconds"] = time.perf_counter() - t0
     result["out_dir"] = str(out)
