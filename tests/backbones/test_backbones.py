@@ -458,6 +458,16 @@ def test_trust_remote_code_on_a_family_without_remote_code_is_said(tmp_path, cap
     d = _with_remote_code(make_tiny_checkpoint("llada", tmp_path / "remote", layers=2), "mmada")
     load_backbone(d, trust_remote_code=True)  # a family with remote code: no note
     assert "changes nothing" not in capsys.readouterr().err
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+
+    own = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "own-tokenizer")  # the family has none, its tokenizer has
+    (own / "tokenization_remote.py").write_text("from transformers import PreTrainedTokenizerFast\n\n\n"
+                                                "class RemoteTok(PreTrainedTokenizerFast):\n    pass\n")
+    tok_cfg = json.loads((own / "tokenizer_config.json").read_text())
+    tok_cfg["auto_map"] = {"AutoTokenizer": [None, "tokenization_remote.RemoteTok"]}
+    (own / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    bb = load_backbone(own, trust_remote_code=True)
+    assert type(bb.tokenizer).__name__ == "RemoteTok" and "changes nothing" not in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ autoregressive families

@@ -98,17 +98,17 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     if device.type != "cpu":
         memory_budget(what, n_bytes, device)
     remote = bool(trust_remote_code and fam.needs_remote_code)
-    if trust_remote_code and not remote:  # said, not silently dropped: the permission is read by nothing here
-        notify(f"trust_remote_code (--trust-remote-code) changes nothing for "
-               f"{'the embedded default' if ckpt == DEFAULT_MODEL_DIR else ckpt.name}: the {fam.name} family has no "
-               f"official remote code; {'timerome' if fam.loader == 'timerome' else 'transformers'}'s own "
-               "implementation runs")
     flags = {"refused": [], "unknown": [], "implemented": []}
     if not remote:  # the official code, when it runs, reads its own flags
         flags = check_config(fam.config_spec, config)
         if flags["refused"]:
             raise RefusedConfig(flags["refused"], {"family": fam.name, "evidence": evidence, "checkpoint": str(ckpt)})
     tokenizer, tok_info = tokenizer_once()
+    if trust_remote_code and not remote and not tok_info["remote_code"]:  # said, not dropped without a word
+        notify(f"trust_remote_code (--trust-remote-code) changes nothing for "
+               f"{'the embedded default' if ckpt == DEFAULT_MODEL_DIR else ckpt.name}: neither the {fam.name} "
+               f"family nor its tokenizer has remote code; {'timerome' if fam.loader == 'timerome' else 'transformers'}"
+               "'s own implementation runs")
     # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
     mask_id = _mask_id(config, tokenizer, fam)
     if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):

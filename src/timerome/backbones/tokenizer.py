@@ -89,7 +89,8 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
             f" (it holds no tokenizer file: none of {', '.join(files)})" if not have else "") + f": {why}") from None
     finally:
         hf_logging.set_verbosity(level)
-    return tok, {"class": type(tok).__name__, "how": how, "release_class": remote or tok_cfg.get("tokenizer_class")}
+    return tok, {"class": type(tok).__name__, "how": how, "release_class": remote or tok_cfg.get("tokenizer_class"),
+                 "remote_code": bool(remote and trust_remote_code)}
 
 
 def _standard_class(ckpt: Path, remote: str) -> tuple[str, tuple[str, ...]]:
