@@ -265,6 +265,16 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert code == 2 and "autoregressive" in text and "--positional" in text  # TIE refuses in one line
     code, text = run("generate", "-m", d, "--cache", "dual", "the author")
     assert code == 2 and "autoregressive" in text
+    # the seed draws only the likelihood's masks, which an AR model has none of: said, and measured (same numbers)
+    got = {}
+    for seed in (0, 3):
+        code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1,
+                         "--n-mc", 2, "--seed", seed, "--json")
+        assert code == 0, text
+        got[seed] = json.loads(text)
+    assert got[0]["metrics"] == got[3]["metrics"] and got[0]["answers"] == got[3]["answers"]
+    assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
+    assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])
 
 
 def test_an_option_given_twice_is_found_and_a_repeatable_options_value_is_not():

@@ -63,12 +63,14 @@ def print_notes(metrics: dict, columns: dict, lines=()) -> None:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
 
 
-def exact_likelihood(bb, n_mc: int) -> list[str]:
-    """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), or none."""
+def exact_likelihood(bb, n_mc: int, seed: int = 0) -> list[str]:
+    """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), and a --seed
+    other than 0 nothing either (the seed draws only the likelihood's masks: the answers are greedy), or none."""
     if not getattr(bb, "causal", False):
         return []
     return [f"{bb.name} is autoregressive: its likelihood is exact (one forward per answer, no masks), so --n-mc "
-            f"{n_mc} changes nothing"]
+            + (f"{n_mc} changes nothing" if not seed else
+               f"{n_mc} and --seed {seed} (which draws only those masks; the answers are greedy) change nothing")]
 
 
 @app.command("eval")
@@ -196,7 +198,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         bb.kv_cache()  # a family without the cache fails before any work
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
                       progress=True, sampler=sampler)
-    exact = exact_likelihood(bb, n_mc)
+    exact = exact_likelihood(bb, n_mc, seed)
     notes = dict(result["notes"], **({"n_mc": exact[0]} if exact else {}))
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
                    n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=notes,
@@ -263,7 +265,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                                lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
-    exact = exact_likelihood(bb, n_mc)
+    exact = exact_likelihood(bb, n_mc, seed)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=unedited,
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
@@ -351,7 +353,7 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
-                   notes=result["notes"] + exact_likelihood(bb, n_mc), seconds=result["seconds"], n_mc=n_mc, seed=seed,
+                   notes=result["notes"] + exact_likelihood(bb, n_mc, seed), seconds=result["seconds"], n_mc=n_mc, seed=seed,
                    rouge=rouge)
     if as_json:
         print_json(summary)
