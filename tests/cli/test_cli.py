@@ -201,6 +201,11 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     assert code == 2 and "against another neighbour trace" in out, out
     for f, b in zip(near_files, kept):
         f.write_bytes(b)
+    linked = tmp_path / "linked"  # the trace given through a link: its neighbours are found beside its target
+    linked.mkdir()
+    (linked / "trace.safetensors").symlink_to(tmp_path / "t" / "trace.safetensors")
+    code, out = run("edit", "--trace", linked / "trace.safetensors", "-o", tmp_path / "m2.safetensors", "--json")
+    assert code == 0 and json.loads(out)["coordinate"]["layer"] == sel["edit"]["layer"], out
     near_files[0].unlink()
     code, out = run("edit", "--trace", tmp_path / "t", "-o", tmp_path / "m.safetensors")
     assert code == 2 and "neighbour facts' trace" in out and "not there" in out, out

@@ -661,6 +661,36 @@ def test_the_halves_of_two_saves_are_refused(bb, traced, tmp_path):
     (tmp_path / "pos2.safetensors").replace(ppath)
     with pytest.raises(TimeromeError, match="two different saves .*positional trace"):
         PositionalTrace.load(ppath)
+    # through a link, each half is found beside the target: a positional trace is known for one (it was read as a
+    # TIE trace, its read-out refused as "edited by hand")
+    from timerome.tracing.positional_trace import is_positional
+
+    pos.save(tmp_path / "pos")
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "linked.safetensors"
+    link.symlink_to(ppath)
+    assert is_positional(link) and torch.equal(PositionalTrace.load(link).effect, pos.effect)
+
+
+def test_a_torn_cached_trace_is_traced_again(bb, tmp_path, monkeypatch):
+    """The method's own trace is cached as a pair; one whose halves are of two saves said "trace again",
+    which a user cannot do for a cache entry: it is traced again, and the pair rewritten whole."""
+    from timerome.data.facts import Fact
+    from timerome.methods import method_config
+    from timerome.methods.timerome_edit import trace_forget_set
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    cfg = method_config("timerome", dict(trace_steps=4, trace_samples=2, trace_facts=2))
+    facts = [Fact(**f, target="sea rain") for f in FACTS]
+    first = trace_forget_set(bb, facts, cfg)
+    path = next((tmp_path / "cache" / "traces").glob("*.safetensors"))
+    TraceResult(first.tie * 2, first.tie_full * 2, first.clean_logp, first.corrupted_logp, first.fact_ids,
+                first.modules, first.layers, first.settings).save(tmp_path / "other")
+    (tmp_path / "other.safetensors").replace(path)  # the tensors of another save beside the entry's JSON
+    with pytest.raises(TimeromeError, match="two different saves"):
+        TraceResult.load(path)
+    again = trace_forget_set(bb, facts, cfg)
+    assert torch.equal(again.tie, first.tie) and torch.equal(TraceResult.load(path).tie, first.tie)
 
 
 def test_a_fact_traced_twice_is_refused(bb):

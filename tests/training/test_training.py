@@ -181,11 +181,54 @@ def test_an_unreadable_state_and_another_tokenizers_state_are_refused(fresh, tmp
         save_tensors(bad / "state.safetensors", tensors, metadata)
         with pytest.raises(TimeromeError, match=f"{bad}.*{message}.*delete {bad} to start over"):
             train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=bad)
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    (earlier / "state.json").write_text("{}")
-    with pytest.raises(TimeromeError, match="earlier version's layout"):
-        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=earlier)
+
+
+def test_a_state_an_earlier_version_wrote_is_resumed(fresh, tmp_path):
+    """Earlier versions wrote the state as two files: the tensors (their header naming the epoch and
+    recipe), then state.json (the record). Such a state, of hours of training, is resumed (the first
+    version of the one-file layout refused it), its files of two epochs are refused as torn, and the
+    next epoch's save leaves one file."""
+    import shutil
+
+    from timerome.common.cache import read_tensors, save_tensors
+    from timerome.training.train_state import saved_epoch
+
+    rows = load_rows("embedded:forget01")
+    cfg = TrainConfig(epochs=3, lr=3e-3, batch_size=8, eos_pad=True)
+    plain = train(load_backbone(fresh), rows, cfg, show_progress=False)
+    stops = {}
+    for n in (1, 2):  # one-file states after epochs 1 and 2, rewritten in the earlier layout
+        stops[n] = tmp_path / f"state{n}"
+
+        def stop(epoch, log, n=n):
+            if epoch == n:
+                raise KeyboardInterrupt
+
+        with pytest.raises(Interrupted):
+            train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[n], on_epoch=stop)
+        tensors, header = read_tensors(stops[n] / "state.safetensors")
+        record = json.loads(header["record"])
+        save_tensors(stops[n] / "state.safetensors", tensors,
+                     {"recipe": record["recipe"], "epoch": str(record["epoch"]), "step": str(record["step"])})
+        (stops[n] / "state.json").write_text(json.dumps(record))
+        assert saved_epoch(stops[n]) == n
+    torn = shutil.copytree(stops[2], tmp_path / "torn")
+    shutil.copy(stops[1] / "state.json", torn / "state.json")  # epoch 2's weights, epoch 1's record
+    with pytest.raises(TimeromeError, match="is torn: its weights are of epoch 2, its record of epoch 1"):
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=torn)
+    assert saved_epoch(torn) is None
+    log = train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[2])
+    assert log["resumed_at_epoch"] == 2 and log["loss"] == plain["loss"]
+
+    def stop_at_two(epoch, log):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="after epoch 2 of 3"):  # resumed from epoch 1's earlier-layout state
+        train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[1], on_epoch=stop_at_two)
+    assert sorted(f.name for f in stops[1].iterdir()) == ["state.safetensors"]  # one file now
+    log = train(load_backbone(fresh), rows, cfg, show_progress=False, checkpoint=stops[1])
+    assert log["resumed_at_epoch"] == 2 and log["loss"] == plain["loss"]
 
 
 def test_eos_padding_needs_an_eos_token(fresh):

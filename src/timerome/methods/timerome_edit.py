@@ -34,7 +34,7 @@ from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, backgrou
 from timerome.methods.registry import InferenceEdit, differs, need_facts, register
 from timerome.tracing.causal_trace import ENGINE as TRACE_ENGINE
 from timerome.tracing.causal_trace import trace
-from timerome.tracing.result import TraceResult, meta_path
+from timerome.tracing.result import TornPair, TraceResult, meta_path
 from timerome.tracing.selection import select_coordinate
 
 # The one table of defaults: EditMemory's, the CLI's and the experiments' are these.
@@ -106,9 +106,14 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
         result.save(path)
         return result
 
+    def cached():  # None where not there, or where its two files are of two saves (one is traced again)
+        try:
+            return load(path) if path.is_file() and meta_path(path).is_file() else None
+        except TornPair:
+            return None
+
     # one process traces, another waits for it
-    return made_once(path, f"the cached trace {path.stem}",
-                     lambda: load(path) if path.is_file() and meta_path(path).is_file() else None, traced)
+    return made_once(path, f"the cached trace {path.stem}", cached, traced)
 
 
 def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | None = None, beta: float = 0.0):

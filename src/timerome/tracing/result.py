@@ -144,14 +144,14 @@ class TraceResult(TraceFile):
             raise TimeromeError(f"{path}: settings.neighbours_file must be the name of a .safetensors file beside it, "
                                 f"got {shown(name)} (was its JSON edited by hand?)")
         number(beta, f"{path}: settings.beta (was its JSON edited by hand?)", lo=0)
-        other = Path(path).parent / name
+        other = through_link(trace_path(path)).parent / name  # beside the trace's file (a link's target)
         if not other.exists():
             raise TimeromeError(f"{path} chose its coordinate with beta {beta:g} against the neighbour facts' trace "
                                 f"{other}, which is not there: keep the two together (as `timerome trace` wrote them), "
                                 "or trace again")
         neighbours = TraceResult.load(other)
         recorded = self.settings.get("neighbours_pair")  # the stamp of the neighbours' trace it was selected with
-        if recorded is not None and recorded != read_json(meta_path(other), "the neighbours' trace's JSON").get("pair"):
+        if recorded is not None and recorded != pair_stamp(neighbours.tensors()):
             raise TimeromeError(f"{path} chose its coordinate against another neighbour trace than {other} (a run "
                                 "interrupted between writing the two, or a file copied in from another run): trace "
                                 "again")
@@ -298,8 +298,8 @@ def trace_path(path) -> Path:
 
 def meta_path(path) -> Path:
     """The .json beside a trace's .safetensors (`trace_path`'s answer): the half of the pair that holds
-    the fact ids, modules, layers and settings."""
-    return Path(path).with_suffix(".json")
+    the fact ids, modules, layers and settings; beside a link's target, where `write` puts it."""
+    return through_link(path).with_suffix(".json")
 
 
 def pair_stamp(tensors: dict) -> str:
@@ -313,12 +313,16 @@ def pair_stamp(tensors: dict) -> str:
     return h.hexdigest()[:16]
 
 
+class TornPair(TimeromeError):
+    """The two files of a saved trace are of two different saves."""
+
+
 def refuse_torn_pair(header: dict, meta, path, meta_file, what: str) -> None:
     """Refuse tensors whose stamp is not the one the JSON beside them names (a save interrupted between
     its two writes over an earlier one); a pair saved before stamps were written is taken as it is."""
     stamp = header.get("pair")
     if stamp is not None and isinstance(meta, dict) and meta.get("pair") != stamp:
-        raise TimeromeError(f"{path} and {meta_file.name} are of two different saves (their stamps differ: a run "
+        raise TornPair(f"{path} and {meta_file.name} are of two different saves (their stamps differ: a run "
                             f"interrupted between its two writes over an earlier {what}?): trace again")
 
 
@@ -326,7 +330,7 @@ def _pair(path, what: str) -> tuple[Path, Path]:
     """(tensors, JSON) of the saved trace at path (`trace_path`), both there and the tensors a regular
     file (a pipe's read would block); else one TimeromeError naming `what`."""
     path = trace_path(path)
-    meta_file = meta_path(through_link(path))  # beside a link's target, where `write` puts it
+    meta_file = meta_path(path)
     if not path.exists():
         raise TimeromeError(f"no {what} at {path}: the file does not exist")
     if not meta_file.exists():

@@ -8,7 +8,8 @@
 One file, written atomically (a new version is renamed into place): an interruption or a crash at
 any moment leaves the state of one epoch or of the next, never parts of two. (It was two files, the
 tensors and a JSON record, written one after the other; a Ctrl-C between the two writes left them of
-two epochs, refused on resume, so the interrupted run's work was lost.)
+two epochs, refused on resume, so the interrupted run's work was lost. Such a state is still read
+where its two files are of one epoch, and written as one file at its next epoch.)
 
 The recipe digest (training config, the rows as token ids, the tokenizer's end and pad ids, the
 starting weights) must match for a state to be read: a state left by another training is refused,
@@ -23,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors
+from timerome.common.cache import header_metadata, read_tensors, save_tensors
 from timerome.common.checks import finite_tensor
 from timerome.common.files import safetensors_error
 from timerome.errors import TimeromeError
 
 STATE = "state.safetensors"
+EARLIER = "state.json"  # the record, before it moved into the tensors' header (read, then removed)
 
 
 def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, params, opt, sched,
@@ -45,40 +47,64 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
     record = dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"], optimizer_groups=opt_state["param_groups"],
                   schedule=sched.state_dict(), n_params=len(params))
     save_tensors(folder / STATE, tensors, metadata={"record": json.dumps(record)})
+    (folder / EARLIER).unlink(missing_ok=True)  # an earlier layout's record, resumed from: this file holds it now
 
 
 def saved_epoch(folder) -> int | None:
     """The epoch of the state in `folder` (None when there is none, or it is unreadable): what an
-    interrupted run reports as saved, read from the file, since an interruption may land after the
-    next epoch's state was written."""
+    interrupted run reports as saved, read from the file (its header only: the tensors may be several
+    times the model), since an interruption may land after the next epoch's state was written."""
     try:
-        return int(json.loads(read_tensors(Path(folder) / STATE)[1]["record"])["epoch"])
+        return int(_record(Path(folder), header_metadata(Path(folder) / STATE))["epoch"])
     except Exception:  # noqa: BLE001 - no state, or a damaged one: load_state says which when it is read
         return None
 
 
+def _record(folder: Path, header: dict) -> dict:
+    """The record of the state in `folder` whose tensors' header is `header`: in the header, or for a state
+    an earlier timerome wrote (two files: the tensors, their header naming the epoch and recipe, then
+    state.json), the JSON file, read where the two are of one epoch (a crash between its writes left them
+    of two). A TimeromeError naming the folder where there is none to read."""
+    tensor_path = folder / STATE
+    if "record" in header:
+        try:
+            meta = json.loads(header["record"])
+        except ValueError as e:
+            raise TimeromeError(f"the training state {tensor_path} has an unreadable record ({e}); delete {folder} "
+                                "to start over") from None
+    elif (folder / EARLIER).is_file():
+        try:
+            meta = json.loads((folder / EARLIER).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TimeromeError(f"the training state {folder / EARLIER} is unreadable ({e}); delete {folder} to "
+                                "start over") from None
+        if isinstance(meta, dict) and (header.get("epoch") != str(meta.get("epoch"))
+                                       or header.get("recipe") != meta.get("recipe")):
+            raise TimeromeError(f"the training state in {folder} is torn: its weights are of epoch "
+                                f"{header.get('epoch')}, its record of epoch {meta.get('epoch')} (an earlier timerome "
+                                f"wrote them as two files, and a run stopped between the two writes); delete {folder} "
+                                "to start over")
+    else:
+        meta = None
+    if not isinstance(meta, dict):
+        raise TimeromeError(f"the training state {tensor_path} has no record of its epoch (not a training state?); "
+                            f"delete {folder} to start over")
+    return meta
+
+
 def load_state(folder, *, recipe: str, model, params, opt, sched, generators: dict) -> dict | None:
     """Restore a saved state into the objects (None when there is none); a damaged state, or one of
-    another recipe, is refused (TimeromeError naming the folder)."""
+    another recipe, is refused (TimeromeError naming the folder). A state an earlier timerome wrote (two
+    files) is read too, and saved in this layout at the next epoch."""
     folder = Path(folder)
     tensor_path = folder / STATE
     if not tensor_path.is_file():
-        if (folder / "state.json").is_file():  # the two-file layout of earlier versions
-            raise TimeromeError(f"{folder} holds a training state in an earlier version's layout, which this version "
-                                f"does not read; delete {folder} to start over")
         return None
     try:
         t, header = read_tensors(tensor_path)
     except Exception as e:  # noqa: BLE001 - a damaged file: say which
         raise safetensors_error(tensor_path, e) from None
-    try:
-        meta = json.loads(header.get("record", "null"))
-    except ValueError as e:
-        raise TimeromeError(f"the training state {tensor_path} has an unreadable record ({e}); delete {folder} to "
-                            "start over") from None
-    if not isinstance(meta, dict):
-        raise TimeromeError(f"the training state {tensor_path} has no record of its epoch (a state an earlier "
-                            f"timerome wrote, or not a training state); delete {folder} to start over")
+    meta = _record(folder, header)
     if meta.get("recipe") != recipe:  # another training's work: refused, never dropped without a word
         raise TimeromeError(f"{folder} holds the state of another training (after its epoch {meta.get('epoch')}: "
                             "other settings, rows, tokenizer or starting model): run that training again to resume "
