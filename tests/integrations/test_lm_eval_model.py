@@ -359,3 +359,18 @@ def test_utility_experiment_tabulates_operating_points_next_to_no_edit(bb, tasks
     assert res["within_noise"]["timerome (alpha=0, q=0)"] == 1
     saved = json.loads((tmp_path / "utility.json").read_text())
     assert saved["radar"]["utility"]["comparator"] == pytest.approx(s["no_edit"]["tr_mc"]["mean"])
+
+
+def test_utility_says_generation_settings_no_request_read(bb, tasks, tmp_path):
+    """`generation` configures generate_until only; with log-likelihood tasks alone it was read by nothing, without
+    a word (which requests a task makes, lm-eval alone knows: said after the run, in the report)."""
+    from timerome.experiments import run_experiment
+
+    over = dict(tasks=["tr_mc"], include_path=str(tasks), n_mc=2, points=(), generation={"gen_length": 8},
+                greedy_tasks=())
+    with pytest.warns(UserWarning, match=r"the generation settings \(gen_length\) were read by no request: tr_mc asks"):
+        run_experiment("utility", seeds=(0,), out_dir=tmp_path / "mc", overrides=over, progress=False, backbone=bb)
+    assert "Note: the generation settings (gen_length)" in (tmp_path / "mc" / "utility.md").read_text()
+    over["tasks"] = ["tr_mc", "tr_gen"]  # a generative task reads them: nothing said
+    run_experiment("utility", seeds=(0,), out_dir=tmp_path / "gen", overrides=over, progress=False, backbone=bb)
+    assert "Note: the generation settings" not in (tmp_path / "gen" / "utility.md").read_text()

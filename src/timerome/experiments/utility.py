@@ -14,6 +14,7 @@ JSON file) runs offline through `include_path`. Every task needs lm-eval: pip in
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,8 @@ def _lm_eval(cell, ctx, rows, task) -> dict:
         metric, value, se = headline(entry)
         scores = {k: v for k, v in entry.items() if isinstance(v, (int, float))}
         return {"metrics": {o["task"]: value}, "metric": metric, "stderr": se, "scores": scores,
-                "n_samples": res.get("n-samples", {}).get(o["task"]), "cost": {"eval_seconds": time.perf_counter() - t0}}
+                "n_samples": res.get("n-samples", {}).get(o["task"]), "generated": lm.generated,
+                "cost": {"eval_seconds": time.perf_counter() - t0}}
 
     return with_edit(cell, ctx, task, measure)
 
@@ -138,12 +140,28 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
               f"t vs no_edit over seeds (the seed moves the Monte-Carlo masks). Within noise: |Δ| <= 1.96 sqrt(se² + "
               f"se_no_edit²) with lm-eval's per-item standard errors (conservative: the items are paired). "
               f"n_mc={cfg['n_mc']}; limit={cfg['limit']}; the edit is built on {cfg['forget']}. {ACCOUNTING_NOTE}", ""]
+    unread = unread_generation(cfg, tasks, results)
+    if unread:
+        warnings.warn(unread, stacklevel=2)
+        lines += [f"Note: {unread}.", ""]
     md = "\n".join(lines)
     radar = {"utility": utility_axis(summary, tasks)} if len(summary) > 1 else {}
     files = write_outputs(out_dir, NAME, dict(summary=summary, metric=metric, within_noise=noise, tasks=tasks,
                                               config=cfg, seeds=list(seeds), radar=radar), md)
     files["png"] = plot_utility(summary, tasks, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, within_noise=noise)
+
+
+def unread_generation(cfg, tasks, results) -> str | None:
+    """Why the `generation` settings given were read by nothing (every request of every task a log-likelihood,
+    which only lm-eval knows before the run: said after it, in the report), or None. Cells computed before
+    the count was recorded say nothing."""
+    counts = [r.get("generated") for r in results]
+    if not cfg.get("generation") or not counts or any(n is None or n > 0 for n in counts):
+        return None
+    return (f"the generation settings ({', '.join(cfg['generation'])}) were read by no request: "
+            f"{', '.join(tasks)} {'asks' if len(tasks) == 1 else 'ask'} only log-likelihoods (leave them out, or "
+            "add a generative task)")
 
 
 def within_noise(summary: dict, stderr: dict, tasks) -> dict:

@@ -133,6 +133,7 @@ class TimeromeLM(LM):
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
                         cfg_scale=float(cfg_scale), cache=cache, threshold=threshold, refresh_every=refresh_every)
         self.check_greedy = bool(check_greedy)
+        self.generated = 0  # generate_until requests answered: the generation settings above are read by these only
         self.edit, self.edit_info = self._edit(edit, method, installed, data, forget, options)
 
     # ---------------------------------------------------------------- the edit
@@ -253,6 +254,7 @@ class TimeromeLM(LM):
                 text = self._generate(context, dict(kwargs or {}), state)
                 out.append(text)
                 self.cache_hook.add_partial("generate_until", r.args, text)
+                self.generated += 1
                 bar.advance()
         return out
 
