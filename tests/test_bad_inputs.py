@@ -446,7 +446,7 @@ def catalogue(f, tmp):
          "its splits need retain"),
         ("the ablations' trajectory settings on an autoregressive model",
          ["experiment", "ablations", "-m", f["tiny_ar"], "-c", '{"traj_steps": 16}', "-o", tmp / "e"],
-         "traj_steps sets the denoising-trajectory rows"),
+         "traj_steps sets the trajectory columns' denoising steps, which an autoregressive model"),
         # stop 67 (helper 51's audit): inputs a method read nothing of, accepted and silently dropped
         ("--background with raw keys", ["edit", "--key-metric", "paper", "--background", "embedded:retain_perturbed",
                                         "-o", out], "--key-metric paper keeps them raw"),

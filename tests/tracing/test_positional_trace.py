@@ -220,6 +220,31 @@ def test_ablations_on_an_autoregressive_model_run_the_rows_without_tie(tmp_path)
     assert "AR positional coordinate" in res["markdown"]
 
 
+def test_the_ablations_trajectory_settings_on_an_autoregressive_checkpoint_are_refused_before_it_loads(tmp_path):
+    """one_step / traj_steps set rows an AR model has no denoising trajectory for: refused once the model had
+    loaded, and only where they differed from the defaults. A checkpoint that is surely autoregressive (a causal
+    family, no mask token anywhere) is refused before it loads, a default given included; one with a mask
+    token is left to the loaded model."""
+    from timerome.backbones.loading import surely_causal
+    from timerome.experiments import run_experiment
+
+    d = make_tiny_checkpoint("llama", tmp_path / "ar")
+    assert surely_causal(d) and not surely_causal(None) and not surely_causal(tmp_path / "nothing")
+    assert not surely_causal(make_tiny_checkpoint("llada", tmp_path / "mdlm", layers=2))
+
+    def never(path):
+        raise AssertionError("the model loaded before the refusal")
+
+    for over, says in ((dict(one_step=0), "one_step sets the one-step row"),
+                       (dict(traj_steps=8, one_step=1), "traj_steps sets the trajectory columns' denoising steps")):
+        with pytest.raises(TimeromeError, match=f"ablations: .*{says}.*which an autoregressive model .* has none of"):
+            run_experiment("ablations", model=str(d), seeds=(0,), out_dir=tmp_path / "abl", progress=False,
+                           overrides=over, load=never)
+    with pytest.raises(TimeromeError, match="ablations: one_step sets the one-step row"):  # and in experiment all
+        run_experiment("all", model=str(d), seeds=(0,), out_dir=tmp_path / "all", progress=False,
+                       overrides=dict(one_step=0), load=never)
+
+
 def test_the_rewrite_memory_refuses_an_autoregressive_model_before_any_work(models, monkeypatch):
     """It writes masked answer positions, which an AR model never has: built, it changed nothing
     (every answer and likelihood the same on SmolLM2), so the build and a saved one's load are refused."""

@@ -64,6 +64,29 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
             f"({type(e).__name__}); download the checkpoint and pass its directory") from None
 
 
+def surely_causal(path_or_hub_id) -> bool:
+    """Whether the model is, before any weight loads, certainly autoregressive: a local checkpoint (a folder, or a
+    .gguf file: converted now, once, as the load would) whose config.json detects as a causal family and which
+    declares no mask token anywhere (no masked diffusion family loads without one, whatever --family says).
+    False where unsure (a Hub id included): the loaded model then decides."""
+    if path_or_hub_id in (None, "", "default", "embedded") or not isinstance(path_or_hub_id, (str, os.PathLike)):
+        return False
+    try:
+        p = Path(path_or_hub_id).expanduser()
+        if not (p.is_dir() or (p.is_file() and p.suffix.lower() == ".gguf")):
+            return False
+        p = resolve_checkpoint(p)
+        config = read_config(p)
+        if config.get("mask_token_id") is not None:
+            return False
+        tokenizer = load_tokenizer(p, config, False)[0]
+        if getattr(tokenizer, "mask_token_id", None) is not None:
+            return False
+        return detect_family(config, None, mask_declared=lambda: False)[0].causal
+    except Exception:  # noqa: BLE001 - any doubt: the load says what is wrong, and the model decides
+        return False
+
+
 def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None = None, *,
                   dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
                   trust_remote_code: bool = False) -> Backbone:

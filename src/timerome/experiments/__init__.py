@@ -31,6 +31,7 @@ import warnings
 from pathlib import Path
 
 from timerome.backbones import load_backbone
+from timerome.backbones.loading import surely_causal
 from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
@@ -93,15 +94,23 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     return cfg
 
 
-def check_before_load(name: str, cfg: dict, source, reference=None) -> None:
+def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(), model=None, backbone=None) -> None:
     """An experiment's own checks of its settings that need no model (`check(cfg, source)`, where it has one:
-    the request files its target fills, the splits its figure reads), before a model loads; and a given
-    reference's training settings (a given reference reads what it reads whatever the cells)."""
+    the request files its target fills, the splits its figure reads), before a model loads; a given
+    reference's training settings (a given reference reads what it reads whatever the cells); and the
+    settings given (`given`) that an autoregressive model leaves unread (the experiment's UNREAD_ON_CAUSAL),
+    where the model (`backbone`, else the checkpoint `model` as `surely_causal` reads it) is one."""
     check = getattr(EXPERIMENTS[name], "check", None)
     if check is not None:
         check(cfg, source)
     if reference is not None:
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), reference, True, f"experiment {name!r}")
+    on_causal = getattr(EXPERIMENTS[name], "UNREAD_ON_CAUSAL", {})
+    unread = [k for k in given if k in on_causal]
+    if unread and (getattr(backbone, "causal", False) if backbone is not None else surely_causal(model)):
+        it = "it" if len(unread) == 1 else "them"
+        raise TimeromeError(f"{name}: {'; '.join(on_causal[k] for k in unread)}, which an autoregressive model "
+                            f"({backbone.name if backbone is not None else model}) has none of: leave {it} out")
 
 
 def uses_reference(cells) -> bool:
@@ -177,7 +186,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
         source = resolve_source(data)
         for n in ran:  # and what each checks without a model, before the one model they share loads (once: the
             if not reads[n]:  # parts, run with these settings, do not check again)
-                check_before_load(n, cfgs[n], source, reference)
+                check_before_load(n, cfgs[n], source, reference, given=own[n], model=model, backbone=backbone)
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
@@ -208,7 +217,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
     if not _in_all:  # `all` checked each part before its one model loaded
-        check_before_load(name, cfg, source, reference)
+        check_before_load(name, cfg, source, reference, given=overrides or {}, model=model, backbone=backbone)
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
         if not _in_all and cfg.get("models") and model is not None:

@@ -33,6 +33,10 @@ NAME = "ablations"
 ORDER = 60
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", traj_steps=TRACE.steps, one_step=0, config={})
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
+# settings of the rows an autoregressive model has no denoising trajectory for: refused there when given, before the
+# model loads where its checkpoint says so (experiments.check_before_load), else once it is loaded (cells)
+UNREAD_ON_CAUSAL = {"one_step": "one_step sets the one-step row, read along a denoising trajectory",
+                    "traj_steps": "traj_steps sets the trajectory columns' denoising steps"}
 
 
 AR_ROW = "AR positional (ROME's site: MLP at the last subject token)"
@@ -76,11 +80,10 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
     traj_data = dict(forget=cfg["forget"], n_retain=min(20, cfg["n_retain"]), splits=["forget", "retain"])
     out = []
     causal = getattr(ctx.backbone, "causal", False)
-    unread = [k for k in ("one_step", "traj_steps") if cfg[k] != CONFIG[k]]  # given (not the default)
+    unread = [k for k in UNREAD_ON_CAUSAL if cfg[k] != CONFIG[k]]  # not the default (a checkpoint read as unsure)
     if causal and unread:  # the one-step row and the trajectory columns read a denoising trajectory
-        raise TimeromeError(f"ablations: {', '.join(unread)} set{'s' if len(unread) == 1 else ''} the denoising-"
-                            f"trajectory rows, which an autoregressive model ({ctx.backbone.family.name}) has none "
-                            f"of: leave {'it' if len(unread) == 1 else 'them'} out")
+        raise TimeromeError(f"ablations: {'; '.join(UNREAD_ON_CAUSAL[k] for k in unread)}, which an autoregressive "
+                            f"model ({ctx.backbone.name}) has none of: leave {'it' if len(unread) == 1 else 'them'} out")
     for seed in seeds:
         for row, method, over in plan(cfg, ctx.backbone.n_layers, causal):
             if "step" not in over:  # an MC likelihood has no denoising step for a one-step edit to act at
