@@ -416,6 +416,13 @@ def catalogue(f, tmp):
         ("the reference's training beside a given reference (before the model loads)",
          ["experiment", "canonical", "-m", tmp / "no-model", "--reference", f["tiny"], "-c",
           '{"reference": {"epochs": 3}}', "-o", tmp / "e"], "a given reference model is trained already"),
+        ("the reference's training where there is no reference (another model; before it loads)",
+         ["experiment", "canonical", "-m", tmp / "no-model", "-c", '{"reference": {"epochs": 3}}', "-o", tmp / "e"],
+         "the reference setting's epochs train the reference model, and there is no reference model"),
+        ("the reference's training where the splits leave out forget (no Forget Quality; before the model loads)",
+         ["experiment", "canonical", "-m", tmp / "no-model", "--reference", f["tiny"], "-c",
+          '{"reference": {"epochs": 3}, "splits": ["retain"]}', "-o", tmp / "e"],
+         "nothing reads reference (the splits leave out forget"),
         ("xbackbone -m beside the models setting", ["experiment", "xbackbone", "-m", f["tiny"], "-c",
                                                     json.dumps({"models": [str(f["tiny"])]}), "-o", tmp / "e"],
          "the model (-m / model=) beside it is read by nothing"),
@@ -842,6 +849,9 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: Context(bb).data({"splits": ["forget"], "n_retain": 5}), "n_retain sizes a split"),
         (lambda: run_experiment("transfer", overrides={"benchmarks": ["wmdp"], "n_trivia": 4}, backbone=bb,
                                 out_dir=tmp_path / "t", progress=False), "nothing reads n_trivia"),
+        # stop 69: the reference's training where there is none, before the model loads (the load would fail)
+        (lambda: run_experiment("canonical", model=str(tmp_path / "no-model"), overrides={"reference": {"epochs": 3}},
+                                out_dir=tmp_path / "c", progress=False), "and there is no reference model"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

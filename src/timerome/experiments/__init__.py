@@ -36,8 +36,9 @@ from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
-from timerome.experiments.runner import (Cell, Context, Runner, execute, local_executor, measurement_of,
-                                        refuse_unread_reference_options, resolve_data, warn_mixed_threads)
+from timerome.experiments.runner import (Cell, Context, Runner, auto_reference, execute, local_executor,
+                                        measurement_of, refuse_unread_reference_options, resolve_data,
+                                        warn_mixed_threads)
 from timerome.experiments.settings import check_settings, refuse_unread_settings, unread_settings
 
 
@@ -103,8 +104,11 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
     check = getattr(EXPERIMENTS[name], "check", None)
     if check is not None:
         check(cfg, source)
-    if reference is not None:
-        refuse_unread_reference_options(dict(cfg.get("reference") or {}), reference, True, f"experiment {name!r}")
+    # the reference the run will have: a given one reads what it reads whatever the cells, and without one (a model
+    # or data other than the embedded ones) nothing reads the reference setting
+    ref = auto_reference(reference, model, source, getattr(backbone, "name", "timerome-default"))
+    if ref != "embedded":
+        refuse_unread_reference_options(dict(cfg.get("reference") or {}), ref, True, f"experiment {name!r}")
     on_causal = getattr(EXPERIMENTS[name], "UNREAD_ON_CAUSAL", {})
     unread = [k for k in given if k in on_causal]
     if unread and (getattr(backbone, "causal", False) if backbone is not None else surely_causal(model)):

@@ -16,7 +16,10 @@ ORDER = 10  # where it stands in listings and in `all`
 # model trained on a TOFU subset saw; or a list of indices / names); splits: which evaluation splits (null: all)
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None,
               retain_authors=None, splits=None)
-UNREAD_WHEN = SIZES_UNREAD_WHEN
+# the reference setting trains the model Forget Quality compares with, which needs the forget split's truth ratios
+UNREAD_WHEN = dict(SIZES_UNREAD_WHEN, reference=lambda cfg: (
+    None if cfg.get("splits") is None or "forget" in cfg["splits"] else
+    "the splits leave out forget, whose truth ratios Forget Quality compares (no cell scores it)"))
 
 
 def canonical_rows(methods=None) -> list[tuple[str, dict]]:

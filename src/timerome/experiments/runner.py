@@ -186,11 +186,7 @@ class Context:
 
     def auto_reference(self):
         """The reference to use: the given one, or the embedded recipe's for the embedded model."""
-        if self.reference is not None:
-            return self.reference
-        if self.model_path is None and self.source == "embedded" and self.backbone.name == "timerome-default":
-            return "embedded"
-        return None
+        return auto_reference(self.reference, self.model_path, self.source, self.backbone.name)
 
     def refuse_unread_reference_options(self, uses_reference: bool, where: str) -> None:
         """`refuse_unread_reference_options` for this run's reference."""
@@ -232,6 +228,15 @@ class Context:
             else:
                 self._reference = load_backbone(ref, dtype=self.backbone.dtype, device=self.backbone.device)
         return self._reference
+
+
+def auto_reference(reference, model_path, source, model_name: str = "timerome-default"):
+    """The reference a run has: the given one, else the embedded recipe's for the embedded model on the embedded
+    data ("embedded"), else none. model_name: the loaded model's (before it loads, a model_path of None is the
+    embedded default)."""
+    if reference is not None:
+        return reference
+    return "embedded" if model_path is None and source == "embedded" and model_name == "timerome-default" else None
 
 
 def refuse_unread_reference_options(options: dict, ref, uses_reference: bool, where: str) -> None:
