@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,14 @@ def test_utility_says_generation_settings_no_request_read(bb, tasks, tmp_path):
     over["tasks"] = ["tr_mc", "tr_gen"]  # a generative task reads them: nothing said
     run_experiment("utility", seeds=(0,), out_dir=tmp_path / "gen", overrides=over, progress=False, backbone=bb)
     assert "Note: the generation settings" not in (tmp_path / "gen" / "utility.md").read_text()
+    # every request reads the likelihood's batch: nothing said; an unknown name is refused before any work (it was
+    # taken, and read by nothing where an edit was installed)
+    over = dict(over, tasks=["tr_mc"], generation={"mc_batch": 4})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_experiment("utility", seeds=(0,), out_dir=tmp_path / "batch", overrides=over, progress=False, backbone=bb)
+    for gen, says in (({"bogus": 1}, "the generation setting has no 'bogus'; it takes steps, gen_length"),
+                      ({"n_mc": 2}, "has no 'n_mc'")):
+        with pytest.raises(TimeromeError, match=says):
+            run_experiment("utility", seeds=(0,), out_dir=tmp_path / "bad", overrides=dict(over, generation=gen),
+                           progress=False, load=lambda path: pytest.fail("loaded"))

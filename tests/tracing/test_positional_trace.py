@@ -243,6 +243,12 @@ def test_the_ablations_trajectory_settings_on_an_autoregressive_checkpoint_are_r
     with pytest.raises(TimeromeError, match="ablations: one_step sets the one-step row"):  # and in experiment all
         run_experiment("all", model=str(d), seeds=(0,), out_dir=tmp_path / "all", progress=False,
                        overrides=dict(one_step=0), load=never)
+    # a model the checkpoint alone cannot tell (a Hub id, a load= alias): the loaded model decides, in the same
+    # words, a default given included (it was compared with the defaults there, so one_step 0 ran)
+    for model in ("org/some-hub-model", None):
+        with pytest.raises(TimeromeError, match="ablations: one_step sets the one-step row, .* which an autoregressive"):
+            run_experiment("ablations", model=model, seeds=(0,), out_dir=tmp_path / "abl2", progress=False,
+                           overrides=dict(one_step=0), load=lambda path: timerome.load_backbone(d))
 
 
 def test_the_rewrite_memory_refuses_an_autoregressive_model_before_any_work(models, monkeypatch):

@@ -7,8 +7,10 @@ ORDER (its place in listings and in "all"), CONFIG (its settings, every one over
 (what to measure) and `report(cfg, seeds, cells, results, ctx, out_dir)` (tables and figures:
 <name>.json, <name>.md, <name>.png). `runner.Runner` computes the cells, each one cached by its
 inputs, so a rerun computes only what it has not seen. Optional: UNREAD_WHEN ({setting: rule(cfg) -> why
-nothing reads it, or None}: a given setting that other settings leave unread is refused, `settings.py`) and
-`check(cfg, source)` (checks that need no model, run before it loads).
+nothing reads it, or None}: a given setting that other settings leave unread is refused, `settings.py`),
+UNREAD_ON_CAUSAL ({setting: what it sets}: given on an autoregressive model, refused, before it loads where
+its checkpoint is surely one, `refuse_unread_on_causal`) and `check(cfg, source)` (checks that need no model,
+run before it loads).
 
 An experiment with PER_MODEL = True (xbackbone) runs its cells once per checkpoint of its `models`
 setting, one model in memory at a time, and its report takes {column: (cells, results, a description of the model)}.
@@ -31,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from timerome.backbones import load_backbone
-from timerome.backbones.loading import surely_causal
+from timerome.backbones.loading import model_place, surely_causal
 from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
@@ -109,12 +111,21 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
     ref = auto_reference(reference, model, source, getattr(backbone, "name", "timerome-default"))
     if ref != "embedded":
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), ref, True, f"experiment {name!r}")
+    refuse_unread_on_causal(name, given, model, backbone)
+
+
+def refuse_unread_on_causal(name: str, given, model=None, backbone=None) -> None:
+    """Refuse the settings given (`given`: the overrides) that an autoregressive model leaves unread (the
+    experiment's UNREAD_ON_CAUSAL) where the model is one: the loaded `backbone`, else, before the load, the
+    checkpoint `model` where `surely_causal` is sure (the loaded model decides the rest). The same words both
+    times; a default given is refused too."""
     on_causal = getattr(EXPERIMENTS[name], "UNREAD_ON_CAUSAL", {})
     unread = [k for k in given if k in on_causal]
     if unread and (getattr(backbone, "causal", False) if backbone is not None else surely_causal(model)):
         it = "it" if len(unread) == 1 else "them"
         raise TimeromeError(f"{name}: {'; '.join(on_causal[k] for k in unread)}, which an autoregressive model "
-                            f"({backbone.name if backbone is not None else model}) has none of: leave {it} out")
+                            f"({model_place(model) if model is not None else backbone.name}) has none of: "
+                            f"leave {it} out")
 
 
 def uses_reference(cells) -> bool:
@@ -257,6 +268,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
                                     data=data_name(source)))
     else:
         bb = backbone if backbone is not None else load(model)
+        refuse_unread_on_causal(name, overrides or {}, model, bb)  # where the checkpoint alone could not tell
         ctx = Context(bb, source, reference=reference, reference_options=ref_options, model_path=model,
                       progress=progress)
         cells = exp.cells(cfg, seeds, ctx)  # an unknown method or setting fails here, before any work

@@ -34,7 +34,7 @@ ORDER = 60
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", traj_steps=TRACE.steps, one_step=0, config={})
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
 # settings of the rows an autoregressive model has no denoising trajectory for: refused there when given, before the
-# model loads where its checkpoint says so (experiments.check_before_load), else once it is loaded (cells)
+# model loads where its checkpoint says so, else once it is loaded (experiments.refuse_unread_on_causal)
 UNREAD_ON_CAUSAL = {"one_step": "one_step sets the one-step row, read along a denoising trajectory",
                     "traj_steps": "traj_steps sets the trajectory columns' denoising steps"}
 
@@ -79,11 +79,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
                    splits=["forget", "retain", "real_authors"])
     traj_data = dict(forget=cfg["forget"], n_retain=min(20, cfg["n_retain"]), splits=["forget", "retain"])
     out = []
-    causal = getattr(ctx.backbone, "causal", False)
-    unread = [k for k in UNREAD_ON_CAUSAL if cfg[k] != CONFIG[k]]  # not the default (a checkpoint read as unsure)
-    if causal and unread:  # the one-step row and the trajectory columns read a denoising trajectory
-        raise TimeromeError(f"ablations: {'; '.join(UNREAD_ON_CAUSAL[k] for k in unread)}, which an autoregressive "
-                            f"model ({ctx.backbone.name}) has none of: leave {'it' if len(unread) == 1 else 'them'} out")
+    causal = getattr(ctx.backbone, "causal", False)  # its given one_step / traj_steps: refused by run_experiment
     for seed in seeds:
         for row, method, over in plan(cfg, ctx.backbone.n_layers, causal):
             if "step" not in over:  # an MC likelihood has no denoising step for a one-step edit to act at

@@ -25,7 +25,8 @@ from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, fmt_cost, label, merge_metrics,
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
-from timerome.integrations.lm_eval_model import TimeromeLM, evaluate_tasks, task_manager
+from timerome.integrations.lm_eval_model import (GENERATION_OPTIONS, REQUEST_OPTIONS, TimeromeLM, evaluate_tasks,
+                                                 task_manager)
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
@@ -44,6 +45,20 @@ def plan(cfg) -> list[tuple[str, str, dict]]:
     """(row, method, overrides): no_edit, then each operating point."""
     return [("no_edit", "no_edit", {})] + [(label(cfg["method"], dict(p)), cfg["method"], dict(p))
                                            for p in cfg["points"]]
+
+
+def check(cfg, source) -> None:
+    """Before a model loads: the generation setting holds only TimeromeLM's generate_until settings and those
+    every request reads (an unknown name was taken, and read by nothing where an edit was installed)."""
+    gen = cfg.get("generation")
+    if not isinstance(gen, dict):
+        raise TimeromeError(f"utility: the generation setting must be an object of TimeromeLM's settings, got "
+                            f"{type(gen).__name__}")
+    unknown = [k for k in gen if k not in GENERATION_OPTIONS + REQUEST_OPTIONS]
+    if unknown:
+        raise TimeromeError(f"utility: the generation setting has no {', '.join(map(repr, unknown))}; it takes "
+                            f"{', '.join(GENERATION_OPTIONS)} (generate_until's) and {', '.join(REQUEST_OPTIONS)} "
+                            "(every request's)")
 
 
 def _include(cfg) -> tuple[str | None, str | None]:
@@ -156,10 +171,11 @@ def unread_generation(cfg, tasks, results) -> str | None:
     """Why the `generation` settings given were read by nothing (every request of every task a log-likelihood,
     which only lm-eval knows before the run: said after it, in the report), or None. Cells computed before
     the count was recorded say nothing."""
-    counts = [r.get("generated") for r in results]
-    if not cfg.get("generation") or not counts or any(n is None or n > 0 for n in counts):
+    counts, given = [r.get("generated") for r in results], [k for k in cfg.get("generation") or {}
+                                                              if k in GENERATION_OPTIONS]
+    if not given or not counts or any(n is None or n > 0 for n in counts):
         return None
-    return (f"the generation settings ({', '.join(cfg['generation'])}) were read by no request: "
+    return (f"the generation settings ({', '.join(given)}) were read by no request: "
             f"{', '.join(tasks)} {'asks' if len(tasks) == 1 else 'ask'} only log-likelihoods (leave them out, or "
             "add a generative task)")
 

@@ -66,6 +66,11 @@ except ImportError:
     LM, register_model = object, None
 
 NAME = "timerome"
+# TimeromeLM's settings of generate_until alone, and those every request reads (its likelihood's batch, the context
+# it cuts to): what the utility experiment's `generation` setting may pass
+GENERATION_OPTIONS = ("steps", "gen_length", "block_length", "remasking", "cfg_scale", "cache", "threshold",
+                      "refresh_every")
+REQUEST_OPTIONS = ("mc_batch", "max_tokens")
 INSTALL_HINT = "lm-evaluation-harness is not installed: pip install 'timerome[eval]'"
 
 
