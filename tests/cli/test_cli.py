@@ -228,6 +228,26 @@ def test_trace_with_a_neighbour_penalty_and_the_edit_at_its_coordinate(tmp_path)
     assert code == 2 and "--read-positions sets the TIE trace" in out, out
 
 
+def test_a_trace_stopped_before_its_selection_leaves_no_earlier_selection(tmp_path, monkeypatch):
+    """selection.json is written last: a trace stopped after its tensors over an earlier run's --out left that
+    run's selection beside the new trace, as if it were this one's. It goes before the new files are written."""
+    import timerome.tracing.heatmaps as heatmaps
+    from timerome.tracing.result import TraceResult
+
+    args = ("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 2, "--steps", 4)
+    code, out = run(*args)
+    assert code == 0 and (tmp_path / "t" / "selection.json").exists(), out
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heatmaps, "plot_heatmaps", stopped)  # the trace is written, its figure and selection not
+    code, out = run(*args[:-2], "--steps", 3)
+    assert code == 130, out
+    assert TraceResult.load(tmp_path / "t" / "trace.safetensors").steps == 3  # the new trace, with no old selection
+    assert not (tmp_path / "t" / "selection.json").exists()
+
+
 def test_threads_option():
     import torch
 

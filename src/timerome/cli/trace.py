@@ -120,6 +120,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
     files = {}
+    _drop_earlier_selection(out)
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
         # (written first, its stamp in the trace's settings: a run stopped between the two leaves a pair refused)
         files.update(other.files(other.save(out / "neighbours.safetensors"), "neighbours"))
@@ -177,6 +178,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=BATCH_SIZE if batch_size is None else batch_size, noise=noise)
+    _drop_earlier_selection(out)
     path = result.save(out / "positional.safetensors")
     files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
@@ -214,3 +216,12 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
         console.print(f"{m}: largest effect at the last token at layer {result.layers[int(row.nan_to_num(-1).argmax())]} "
                       f"({float(row.nan_to_num(-1).max()):.3f})", soft_wrap=True)
     console.print(f"wrote {', '.join(files.values())}", soft_wrap=True)
+
+
+def _drop_earlier_selection(out: Path) -> None:
+    """Remove an earlier run's selection.json from --out before this run's files are written (it is written last:
+    a run stopped in between left the earlier selection beside the new trace, as if it were this trace's)."""
+    try:
+        (out / "selection.json").unlink(missing_ok=True)
+    except OSError as e:
+        raise TimeromeError(f"{out / 'selection.json'} (an earlier run's selection) cannot be replaced: {e}") from None
