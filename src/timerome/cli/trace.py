@@ -119,17 +119,17 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     edit_modules = ("resid",) if "resid" in result.modules else None
     chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
-    files = {}
+    near = {}  # the neighbours' files
     _drop_earlier_selection(out)
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
         # (written first, its stamp in the trace's settings: a run stopped between the two leaves a pair refused)
-        files.update(other.files(other.save(out / "neighbours.safetensors"), "neighbours"))
+        near = other.files(other.save(out / "neighbours.safetensors"), "neighbours")
         result.settings = dict(result.settings, beta=float(beta), neighbours=str(neighbours),
                                neighbours_file="neighbours.safetensors", neighbours_pair=pair_stamp(other.tensors()))
     path = result.save(out / "trace.safetensors")
     # every file written: the trace is the pair (tensors, JSON) that `timerome edit --trace` reads
     files = dict(result.files(path),  # heatmap.png: the name the demo writes
-                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)), **files)
+                 heatmaps=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)), **near)
     if per_fact:
         plot_per_fact(result, out / "per_fact")
         files["per_fact"] = str(out / "per_fact")

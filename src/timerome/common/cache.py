@@ -197,11 +197,10 @@ def read_tensors(path) -> tuple[dict, dict]:
 
 def header_metadata(path) -> dict:
     """The metadata of a safetensors file, read from its header alone (not the tensors, which may be GBs)."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    return dict(meta or {})
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return dict(f.metadata() or {})
 
 
 def cached_tensors(kind: str, key, make, *, enabled: bool = True) -> dict:

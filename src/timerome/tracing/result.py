@@ -78,17 +78,24 @@ class TraceFile:
         return {key: str(path), f"{key}_meta": str(meta_path(path))}
 
     @staticmethod
-    def read(path, what: str, build):
-        """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
+    def halves(path, what: str, json_what: str | None = None) -> tuple[Path, Path, object, dict]:
+        """(the tensors' path, the JSON's path, the JSON, the tensors) of the trace saved at `path`, known for the
+        halves of one save (`refuse_torn_pair`); any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
 
         path, meta_file = _pair(path, what)
+        meta = read_json(meta_file, json_what or f"the {what}'s JSON")  # strict: no NaN, one clear error
         try:
-            meta = read_json(meta_file, f"the {what}'s JSON")  # strict: no NaN, one clear error
             tensors, header = read_tensors(path)
         except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
             raise TimeromeError(f"{path} is not a readable {what} ({type(e).__name__}: {str(e)[:120]})") from None
         refuse_torn_pair(header, meta, path, meta_file, what)
+        return path, meta_file, meta, tensors
+
+    @staticmethod
+    def read(path, what: str, build):
+        """build(tensors, meta) of the file at `path`; any unreadable part is one TimeromeError naming `what`."""
+        path, _, meta, tensors = TraceFile.halves(path, what)
         try:
             return build(tensors, meta)
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -174,15 +181,7 @@ class TraceResult(TraceFile):
         """Read a saved trace, checked before anything selects from it: its JSON (an object with
         fact_ids, modules, layers and settings of their types, no NaN), its tensors (float32 or
         float64, of the shapes those name, every TIE finite)."""
-        from safetensors import SafetensorError
-
-        path, meta_file = _pair(path, "trace result")
-        meta = read_json(meta_file, "the trace's JSON")
-        try:
-            t, header = read_tensors(path)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise TimeromeError(f"{path} is not a readable trace result ({type(e).__name__}: {str(e)[:120]})") from None
-        refuse_torn_pair(header, meta, path, meta_file, "trace result")
+        path, meta_file, meta, t = cls.halves(path, "trace result", "the trace's JSON")
         fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
         if settings.get("readout") not in (None, *READOUTS):
             raise TimeromeError(f"{meta_file}: settings.readout must be one of {', '.join(READOUTS)}, got "
@@ -323,7 +322,7 @@ def refuse_torn_pair(header: dict, meta, path, meta_file, what: str) -> None:
     stamp = header.get("pair")
     if stamp is not None and isinstance(meta, dict) and meta.get("pair") != stamp:
         raise TornPair(f"{path} and {meta_file.name} are of two different saves (their stamps differ: a run "
-                            f"interrupted between its two writes over an earlier {what}?): trace again")
+                       f"interrupted between its two writes over an earlier {what}?): trace again")
 
 
 def _pair(path, what: str) -> tuple[Path, Path]:
