@@ -248,6 +248,49 @@ def test_a_trace_stopped_before_its_selection_leaves_no_earlier_selection(tmp_pa
     assert not (tmp_path / "t" / "selection.json").exists()
 
 
+def test_a_trace_leaves_no_earlier_runs_files_in_its_folder(tmp_path, monkeypatch):
+    """Every file `timerome trace` writes in --out is one run's: a run stopped before its heatmaps left the
+    earlier ones; fewer facts left earlier per-fact heatmaps; a positional run over a TIE one left two traces
+    (`edit --trace` on the folder then asked which); a run without --neighbours left the earlier neighbours'
+    trace. Files this command does not write, and a link's target, are kept."""
+    import timerome.tracing.heatmaps as heatmaps
+
+    t = tmp_path / "t"
+    code, out = run("trace", "--out", t, "--n-facts", 3, "--n-samples", 1, "--steps", 3, "--per-fact",
+                    "--neighbours", "embedded:retain90", "--beta", "0.5")
+    assert code == 0, out
+    assert sorted(p.name for p in (t / "per_fact").iterdir()) == [f"heatmap-{i}.png" for i in range(3)]
+    assert (t / "neighbours.safetensors").exists()
+    (t / "notes.txt").write_text("mine")
+    (t / "per_fact" / "mine.png").write_bytes(b"x")
+    elsewhere = tmp_path / "kept.png"
+    elsewhere.write_bytes(b"target")
+    (t / "heatmap_compare.png").symlink_to(elsewhere)  # a name this run does not write, as a link
+
+    code, out = run("trace", "--out", t, "--n-facts", 2, "--n-samples", 1, "--steps", 3, "--per-fact")
+    assert code == 0, out
+    assert sorted(p.name for p in (t / "per_fact").iterdir()) == ["heatmap-0.png", "heatmap-1.png", "mine.png"]
+    assert not (t / "neighbours.safetensors").exists() and not (t / "neighbours.json").exists()
+    assert not (t / "heatmap_compare.png").is_symlink() and elsewhere.read_bytes() == b"target"
+    assert (t / "notes.txt").read_text() == "mine"
+
+    code, out = run("trace", "--positional", "--out", t, "--n-facts", 2, "--n-samples", 1)
+    assert code == 0, out
+    assert not (t / "trace.safetensors").exists() and not (t / "trace.json").exists()
+    assert not (t / "per_fact").exists() or not any((t / "per_fact").glob("heatmap-*.png"))
+    code, out = run("edit", "--trace", t, "--module", "mlp", "--out", tmp_path / "m.safetensors")
+    assert code == 0, out  # one trace in the folder: no question which
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heatmaps, "plot_heatmaps", stopped)  # the trace is written, its figure not
+    code, out = run("trace", "--out", t, "--n-facts", 2, "--n-samples", 1, "--steps", 3)
+    assert code == 130, out
+    assert not (t / "heatmap.png").exists() and not (t / "positional.safetensors").exists()
+    assert (t / "trace.safetensors").exists()
+
+
 def test_threads_option():
     import torch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -120,7 +121,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
     near = {}  # the neighbours' files
-    _drop_earlier_selection(out)
+    _drop_earlier_outputs(out, _writes("trace", len(result.fact_ids), per_fact, neighbours=penalised))
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
         # (written first, its stamp in the trace's settings: a run stopped between the two leaves a pair refused)
         near = other.files(other.save(out / "neighbours.safetensors"), "neighbours")
@@ -178,7 +179,7 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=BATCH_SIZE if batch_size is None else batch_size, noise=noise)
-    _drop_earlier_selection(out)
+    _drop_earlier_outputs(out, _writes("positional", len(result.fact_ids), per_fact, compare=compare))
     path = result.save(out / "positional.safetensors")
     files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
@@ -218,10 +219,41 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     console.print(f"wrote {', '.join(files.values())}", soft_wrap=True)
 
 
-def _drop_earlier_selection(out: Path) -> None:
-    """Remove an earlier run's selection.json from --out before this run's files are written (it is written last:
-    a run stopped in between left the earlier selection beside the new trace, as if it were this trace's)."""
-    try:
-        (out / "selection.json").unlink(missing_ok=True)
-    except OSError as e:
-        raise TimeromeError(f"{out / 'selection.json'} (an earlier run's selection) cannot be replaced: {e}") from None
+# every file `timerome trace` writes in its --out: a run's files are one set, never mixed with an earlier run's
+OUTPUT_FILES = ("trace.safetensors", "trace.json", "positional.safetensors", "positional.json",
+                "neighbours.safetensors", "neighbours.json", "heatmap.png", "heatmap_compare.png", "selection.json")
+PER_FACT = re.compile(r"heatmap-\d+\.png")  # per_fact/heatmap-<index>.png
+
+
+def _writes(kind: str, n_facts: int, per_fact: bool, *, neighbours: bool = False, compare: bool = False) -> set[str]:
+    """The files (relative to --out) a run of `timerome trace` writes: `kind` "trace" or "positional"."""
+    names = {f"{kind}.safetensors", f"{kind}.json", "heatmap.png", "selection.json"}
+    if neighbours:
+        names |= {"neighbours.safetensors", "neighbours.json"}
+    if compare:
+        names |= {"trace.safetensors", "trace.json", "heatmap_compare.png"}
+    if per_fact:
+        names |= {f"per_fact/heatmap-{i}.png" for i in range(n_facts)}
+    return names
+
+
+def _drop_earlier_outputs(out: Path, writes: set[str]) -> None:
+    """Remove an earlier run's files from --out before this run's are written: a run stopped between its
+    writes left the earlier selection or heatmaps beside the new trace, as if they were this trace's; a
+    TIE run over a positional one (or back) left two traces for `edit --trace` to choose between; a run
+    without --neighbours left the earlier neighbours' trace; fewer facts left earlier per-fact heatmaps.
+    Only the names this command writes are removed, never other files; a symbolic link under a name this
+    run writes (`writes`, paths relative to --out) is kept, as the write goes through it to its target,
+    and any other link is removed, never its target."""
+    old = [out / n for n in OUTPUT_FILES]
+    if (out / "per_fact").is_dir():
+        old += [f for f in (out / "per_fact").iterdir() if PER_FACT.fullmatch(f.name)]
+    for f in old:
+        try:
+            if f.is_symlink():
+                if f.relative_to(out).as_posix() not in writes:
+                    f.unlink()
+            elif f.is_file():
+                f.unlink()
+        except OSError as e:
+            raise TimeromeError(f"{f} (an earlier run's file) cannot be replaced: {e}") from None
