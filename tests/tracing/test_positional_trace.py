@@ -1,10 +1,14 @@
 """ROME's positional causal trace: the batched computation equals the definition run literally, on
 an MDLM and on an autoregressive model; its figure, its choice, its file, and the method option."""
 
+import functools
+
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import timerome
+import timerome.cli
 from timerome import TimeromeError
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.engine.hooks import Hooks, capture
@@ -220,6 +224,11 @@ def test_ablations_on_an_autoregressive_model_run_the_rows_without_tie(tmp_path)
     assert "AR positional coordinate" in res["markdown"]
 
 
+def cli(*args):
+    res = CliRunner().invoke(timerome.cli.app, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
 def test_the_ablations_trajectory_settings_on_an_autoregressive_checkpoint_are_refused_before_it_loads(tmp_path):
     """one_step / traj_steps set rows an AR model has no denoising trajectory for: refused once the model had
     loaded, and only where they differed from the defaults. A checkpoint that is surely autoregressive (a causal
@@ -231,6 +240,19 @@ def test_the_ablations_trajectory_settings_on_an_autoregressive_checkpoint_are_r
     d = make_tiny_checkpoint("llama", tmp_path / "ar")
     assert surely_causal(d) and not surely_causal(None) and not surely_causal(tmp_path / "nothing")
     assert not surely_causal(make_tiny_checkpoint("llada", tmp_path / "mdlm", layers=2))
+    # a family forced on it (--family, family=) is what the load uses: a masked diffusion family is no AR model,
+    # and the load's own refusal (no mask token) is the reason given, not "autoregressive" (as it was)
+    assert surely_causal(d, "llama") and not surely_causal(d, "diffullama")
+    with pytest.raises(TimeromeError) as e:
+        run_experiment("ablations", model=str(d), seeds=(0,), out_dir=tmp_path / "forced", progress=False,
+                       overrides=dict(one_step=0), load=functools.partial(timerome.load_backbone, family="diffullama"))
+    assert "autoregressive" not in str(e.value) and "mask" in str(e.value), e.value
+    code, out = cli("experiment", "ablations", "-m", d, "--family", "diffullama", "-c", '{"one_step": 0}',
+                    "--seeds", "0", "-o", tmp_path / "forced-cli")
+    assert code == 2 and "autoregressive" not in out and "mask" in out, out
+    code, out = cli("experiment", "ablations", "-m", d, "-c", '{"one_step": 0}', "--seeds", "0", "-o",
+                    tmp_path / "cli")  # detected: refused before the load, as before
+    assert code == 2 and "which an autoregressive model" in out, out
 
     def never(path):
         raise AssertionError("the model loaded before the refusal")

@@ -64,11 +64,12 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
             f"({type(e).__name__}); download the checkpoint and pass its directory") from None
 
 
-def surely_causal(path_or_hub_id) -> bool:
+def surely_causal(path_or_hub_id, family: str | None = None) -> bool:
     """Whether the model is, before any weight loads, certainly autoregressive: a local checkpoint (a folder, or a
-    .gguf file: converted now, once, as the load would) whose config.json detects as a causal family and which
-    declares no mask token anywhere (no masked diffusion family loads without one, whatever --family says).
-    False where unsure (a Hub id included): the loaded model then decides."""
+    .gguf file: converted now, once, as the load would) whose config.json detects as a causal family (`family`
+    where the load is given one: --family, load_backbone's family=) and which declares no mask token anywhere
+    (no masked diffusion family loads without one, whatever --family says). False where unsure (a Hub id, a
+    family that does not fit the config, included): the loaded model, or the load's own refusal, then decides."""
     if path_or_hub_id in (None, "", "default", "embedded") or not isinstance(path_or_hub_id, (str, os.PathLike)):
         return False
     try:
@@ -82,7 +83,7 @@ def surely_causal(path_or_hub_id) -> bool:
         tokenizer = load_tokenizer(p, config, False)[0]
         if getattr(tokenizer, "mask_token_id", None) is not None:
             return False
-        return detect_family(config, None, mask_declared=lambda: False)[0].causal
+        return detect_family(config, family, mask_declared=lambda: False)[0].causal
     except Exception:  # noqa: BLE001 - any doubt: the load says what is wrong, and the model decides
         return False
 

@@ -227,10 +227,17 @@ class ModelChoice:
     dtype: str | None = None
 
     def load(self):
+        return self.loader()(self.model)
+
+    def loader(self):
+        """checkpoint -> Backbone with these options (how xbackbone's models load): a functools.partial of
+        load_backbone, so that a check before the load knows the family it forces (`experiments.loader_family`)."""
+        import functools
+
         from timerome.backbones import load_backbone
 
-        return load_backbone(self.model, self.family, dtype=self.dtype, device=self.device,
-                             trust_remote_code=self.trust_remote_code)
+        return functools.partial(load_backbone, family=self.family, dtype=self.dtype, device=self.device,
+                                 trust_remote_code=self.trust_remote_code)
 
 
 _MODEL_OPTIONS = (("model", Optional[str], ModelOpt), ("family", Optional[str], FamilyOpt),

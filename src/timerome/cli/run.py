@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -137,7 +136,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
     run_on = make_executor(executor, ray_address)
     result = run_experiment(name, model.model, data, seed_list, out, resume=not fresh, overrides=overrides,
                             reference=reference, executor=run_on,
-                            load=lambda path: dataclasses.replace(model, model=path).load(), quick=quick,
+                            load=model.loader(), quick=quick,
                             wait=not no_wait)
     results = result if name == "all" else {name: result}
     if as_json:

@@ -25,6 +25,7 @@ comes from one trace (trace_seed 0), cached by its inputs and shared by every Ti
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import pkgutil
@@ -97,12 +98,13 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     return cfg
 
 
-def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(), model=None, backbone=None) -> None:
+def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(), model=None, backbone=None,
+                      load=load_backbone) -> None:
     """An experiment's own checks of its settings that need no model (`check(cfg, source)`, where it has one:
     the request files its target fills, the splits its figure reads), before a model loads; a given
     reference's training settings (a given reference reads what it reads whatever the cells); and the
     settings given (`given`) that an autoregressive model leaves unread (the experiment's UNREAD_ON_CAUSAL),
-    where the model (`backbone`, else the checkpoint `model` as `surely_causal` reads it) is one."""
+    where the model (`backbone`, else the checkpoint `model` as `load` would load it) is one."""
     check = getattr(EXPERIMENTS[name], "check", None)
     if check is not None:
         check(cfg, source)
@@ -111,17 +113,33 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
     ref = auto_reference(reference, model, source, getattr(backbone, "name", "timerome-default"))
     if ref != "embedded":
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), ref, True, f"experiment {name!r}")
-    refuse_unread_on_causal(name, given, model, backbone)
+    refuse_unread_on_causal(name, given, model, backbone, load)
 
 
-def refuse_unread_on_causal(name: str, given, model=None, backbone=None) -> None:
+def loader_family(load) -> str | None:
+    """The family `load` forces on a checkpoint, where it says so before it runs: the `family` keyword of a
+    functools.partial of load_backbone (the command line's loader: --family); None (detected from the config)
+    for any other loader. (A loader of the caller's own that forces a masked diffusion family on a checkpoint
+    with no mask token fails its load anyway; only the reason given would differ.)"""
+    if isinstance(load, functools.partial) and load.func is load_backbone:
+        return load.keywords.get("family")
+    return None
+
+
+def refuse_unread_on_causal(name: str, given, model=None, backbone=None, load=load_backbone) -> None:
     """Refuse the settings given (`given`: the overrides) that an autoregressive model leaves unread (the
     experiment's UNREAD_ON_CAUSAL) where the model is one: the loaded `backbone`, else, before the load, the
-    checkpoint `model` where `surely_causal` is sure (the loaded model decides the rest). The same words both
-    times; a default given is refused too."""
+    checkpoint `model` where `surely_causal` is sure of it as `load` loads it (its family: `loader_family`; the
+    loaded model decides the rest). The same words both times; a default given is refused too."""
     on_causal = getattr(EXPERIMENTS[name], "UNREAD_ON_CAUSAL", {})
     unread = [k for k in given if k in on_causal]
-    if unread and (getattr(backbone, "causal", False) if backbone is not None else surely_causal(model)):
+    if not unread:
+        return
+    if backbone is not None:
+        causal = getattr(backbone, "causal", False)
+    else:
+        causal = surely_causal(model, loader_family(load))
+    if causal:
         it = "it" if len(unread) == 1 else "them"
         raise TimeromeError(f"{name}: {'; '.join(on_causal[k] for k in unread)}, which an autoregressive model "
                             f"({model_place(model) if model is not None else backbone.name}) has none of: "
@@ -201,7 +219,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
         source = resolve_source(data)
         for n in ran:  # and what each checks without a model, before the one model they share loads (once: the
             if not reads[n]:  # parts, run with these settings, do not check again)
-                check_before_load(n, cfgs[n], source, reference, given=own[n], model=model, backbone=backbone)
+                check_before_load(n, cfgs[n], source, reference, given=own[n], model=model, backbone=backbone,
+                                  load=load)
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}
@@ -232,7 +251,8 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     runner = Runner(out, resume=resume, progress=progress, executor=executor, wait=wait)
     source, ref_options = resolve_source(data), dict(cfg.get("reference") or {})
     if not _in_all:  # `all` checked each part before its one model loaded
-        check_before_load(name, cfg, source, reference, given=overrides or {}, model=model, backbone=backbone)
+        check_before_load(name, cfg, source, reference, given=overrides or {}, model=model, backbone=backbone,
+                          load=load)
     t0 = time.perf_counter()
     if getattr(exp, "PER_MODEL", False):
         if not _in_all and cfg.get("models") and model is not None:
