@@ -28,6 +28,7 @@ from rich.table import Table
 
 from timerome.backbones import load_backbone
 from timerome.common.checks import seeds as check_seeds
+from timerome.common.files import drop_earlier
 from timerome.experiments import resolve_source
 from timerome.experiments.report import (by_row, delta_text, fmt_cell, label, markdown, plot_pareto, reference_note,
                                          summarise, write_outputs)
@@ -41,6 +42,9 @@ DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20,
             reference_batch=32, alphas=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0), seeds=(0, 1, 2))
 
 
+# every file the demo writes in its folder (the cells' cache beside them is the Runner's)
+OUTPUT_FILES = ("trace.safetensors", "trace.json", "heatmap.png", "heatmap-fact0.png", "pareto.png", "demo.json",
+                "demo.md")
 DEMO_COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "WorldFact", "ForgetTR", "RetainTR", "ForgetQuality",
                 "ModelUtility", "ForgetROUGE", "RetainROUGE", "Refusal", "Leak", "install_seconds"]
 
@@ -93,7 +97,8 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
          + ", ".join(f"{k} {len(v)}" for k, v in rows.items()))
     clock.lap("load")
     edit_cfg = {"trace_facts": cfg["trace_facts"]}
-    files, coord = _trace_and_plot(bb, task, edit_cfg, out, progress)
+    writes = {n for n in OUTPUT_FILES if n != "pareto.png" or cfg["alphas"]}
+    files, coord = _trace_and_plot(bb, task, edit_cfg, out, progress, writes)
     _say(f"selected coordinate: {coord} (the largest mean |TIE| in the residual stream)")
     clock.lap("trace + select")
 
@@ -133,10 +138,13 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
                 coordinate=[coord.layer, coord.point], phases=clock.phases)
 
 
-def _trace_and_plot(bb, task, edit_cfg, out: Path, progress: bool):
+def _trace_and_plot(bb, task, edit_cfg, out: Path, progress: bool, writes: set):
     """The method's own trace (cached), saved with its heatmaps; the box is the edited coordinate."""
     conf = method_config("timerome", edit_cfg)
     result = trace_forget_set(bb, task.validation_facts, conf, progress=progress)
+    # an earlier demo's outputs go before this one's are written: a demo stopped after its trace left the
+    # earlier table and plots beside the new trace, as if they were this run's (its cells stay cached)
+    drop_earlier(out, [out / n for n in OUTPUT_FILES], writes)
     path = result.save(out / "trace.safetensors")
     chosen = select(result, conf["select_modules"])
     files = dict(result.files(path), heatmap=str(plot_heatmaps(result, out / "heatmap.png", selected=chosen)))

@@ -34,6 +34,29 @@ def test_reduced_demo_end_to_end(tmp_path, monkeypatch):
     assert json.loads((out / "demo.json").read_text())["coordinate"] == res["coordinate"]
 
 
+def test_a_demo_stopped_after_its_trace_leaves_no_earlier_demos_table(tmp_path, monkeypatch):
+    """A demo over an earlier one's folder, stopped after its new trace: the earlier table and plots went on
+    beside the new trace as if they were this run's. They go before the new files are written; other files
+    (the cells' cache, a user's own) stay."""
+    import timerome.demo as demo
+
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    out.mkdir()
+    for name in ("demo.md", "demo.json", "pareto.png", "heatmap-fact0.png"):
+        (out / name).write_text("an earlier demo's")
+    (out / "mine.txt").write_text("kept")
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "plot_heatmaps", stopped)  # the trace is written, its figures not
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_demo(out, quick=True, progress=False)
+    assert (out / "trace.safetensors").exists() and (out / "mine.txt").read_text() == "kept"
+    assert not any((out / n).exists() for n in ("demo.md", "demo.json", "pareto.png", "heatmap-fact0.png"))
+
+
 @pytest.fixture(scope="module")
 def tofu_model(tmp_path_factory):
     if not (TOFU_DIR / "forget01.json").exists():

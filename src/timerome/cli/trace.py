@@ -15,7 +15,7 @@ from timerome.cli.app import load_facts as _facts
 from timerome.cli.app import model_options, print_json, tofu_dir_read
 from timerome.common.cache import write_json
 from timerome.common.checks import number
-from timerome.common.files import output_folder
+from timerome.common.files import drop_earlier, output_folder
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
@@ -238,22 +238,12 @@ def _writes(kind: str, n_facts: int, per_fact: bool, *, neighbours: bool = False
 
 
 def _drop_earlier_outputs(out: Path, writes: set[str]) -> None:
-    """Remove an earlier run's files from --out before this run's are written: a run stopped between its
-    writes left the earlier selection or heatmaps beside the new trace, as if they were this trace's; a
-    TIE run over a positional one (or back) left two traces for `edit --trace` to choose between; a run
-    without --neighbours left the earlier neighbours' trace; fewer facts left earlier per-fact heatmaps.
-    Only the names this command writes are removed, never other files; a symbolic link under a name this
-    run writes (`writes`, paths relative to --out) is kept, as the write goes through it to its target,
-    and any other link is removed, never its target."""
+    """Remove an earlier run's files from --out (`common.files.drop_earlier`: only the names this command
+    writes): a run stopped between its writes left the earlier selection or heatmaps beside the new trace,
+    as if they were this trace's; a TIE run over a positional one (or back) left two traces for
+    `edit --trace` to choose between; a run without --neighbours left the earlier neighbours' trace; fewer
+    facts left earlier per-fact heatmaps."""
     old = [out / n for n in OUTPUT_FILES]
     if (out / "per_fact").is_dir():
         old += [f for f in (out / "per_fact").iterdir() if PER_FACT.fullmatch(f.name)]
-    for f in old:
-        try:
-            if f.is_symlink():
-                if f.relative_to(out).as_posix() not in writes:
-                    f.unlink()
-            elif f.is_file():
-                f.unlink()
-        except OSError as e:
-            raise TimeromeError(f"{f} (an earlier run's file) cannot be replaced: {e}") from None
+    drop_earlier(out, old, writes)

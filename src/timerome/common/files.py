@@ -143,3 +143,23 @@ def _writable(folder: Path, what: str, target: Path) -> None:
         existing = existing.parent
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise TimeromeError(f"{what} {target}: {existing} is not writable; choose another place")
+
+
+def drop_earlier(folder, earlier, writes=()) -> None:
+    """Remove an earlier run's files from an output folder before this run's are written, so that the folder
+    never holds files of two runs as if they were one (a run stopped between its writes, or one that writes
+    fewer files than the last): `earlier` the files (paths) a run of this command may write there, `writes`
+    the ones this run writes (relative to `folder`, "/"-separated). Only those names are removed, never other
+    files; a symbolic link under a name this run writes is kept, as the write goes through it to its target,
+    and any other link is removed, never its target."""
+    folder = Path(folder)
+    for f in earlier:
+        f = Path(f)
+        try:
+            if f.is_symlink():
+                if f.relative_to(folder).as_posix() not in writes:
+                    f.unlink()
+            elif f.is_file():
+                f.unlink()
+        except OSError as e:
+            raise TimeromeError(f"{f} (an earlier run's file) cannot be replaced: {e}") from None
