@@ -156,6 +156,9 @@ def files(tmp_path_factory):
     f["req_two_targets"].write_text(json.dumps([dict(born, target="I don't know."), dict(born, target="Nowhere.")]))
     f["req_one"] = d / "one.json"
     f["req_one"].write_text(json.dumps([dict(born, target="Nowhere.")]))
+    f["req_other"] = d / "other.json"  # a subject that is none of the embedded corpus's
+    f["req_other"].write_text(json.dumps([dict(subject="Pellmoor", prompt="Where is Pellmoor ?", object="Kalvor",
+                                               target="Nowhere.")]))
     from timerome.backbones.tiny import make_tiny_checkpoint
 
     f["tiny"] = make_tiny_checkpoint("timerome", d / "tiny")  # a model other than the embedded one
@@ -323,9 +326,9 @@ def catalogue(f, tmp):
         ("eval --requests --n-world -1", ["eval", "--requests", "embedded:forget01", "--n-world", "-1"],
          "--n-world must be >= 0"),
         ("eval --requests --n-world on a model without those locality rows (it was ignored)",
-         ["eval", "-m", f["tiny"], "--requests", f["req_one"], "--n-world", "3"], "has none here"),
+         ["eval", "-m", f["tiny"], "--requests", f["req_other"], "--n-world", "3"], "not " + str(f["tiny"])),
         ("eval --requests --n-retain at its default value, given, on a model without those rows (it passed as not given)",
-         ["eval", "-m", f["tiny"], "--requests", f["req_one"], "--n-retain", "40"], "--n-retain size"),
+         ["eval", "-m", f["tiny"], "--requests", f["req_other"], "--n-retain", "40"], "--n-retain size"),
         ("new-model size", ["new-model", "embedded:forget01", "--size", "huge", "-o", tmp / "nm"], "huge"),
         ("new-model odd heads", ["new-model", "embedded:forget01", "--d-model", "30", "--heads", "4", "-o",
                                  tmp / "nm"], "heads"),

@@ -291,6 +291,17 @@ def test_a_trace_leaves_no_earlier_runs_files_in_its_folder(tmp_path, monkeypatc
     assert (t / "trace.safetensors").exists()
 
 
+def test_an_exact_tie_with_the_runner_up_is_said_to_be_one(tmp_path):
+    """Two cells that restore the same (here both give the clean answer back) were said to "lead by 0.000
+    (standard error 0.000)", with no note that the cells' order, not the trace, chose (review 59)."""
+    code, out = run("trace", "--read-positions", "no_subject", "-o", tmp_path / "t", "--n-facts", 2,
+                    "--n-samples", 1)
+    assert code == 0, out
+    sel = json.loads((tmp_path / "t" / "selection.json").read_text())["runner_up"]
+    assert sel["margin"] == 0 and sel["tie"] and sel["within_noise"]
+    assert "ties with the runner-up" in out and "leads the runner-up" not in out, out
+
+
 def test_threads_option():
     import torch
 

@@ -251,5 +251,36 @@ def test_eval_requests_sizes_each_locality_set_by_its_own_option():
 
     bb = load_backbone()
     sizes = lambda loc: {k: len(v) for k, v in loc.items()}  # noqa: E731
-    assert sizes(_probe_rows(bb, "embedded:forget01", 5, 20)[0]) == {"retain": 5, "real_authors": 20, "world_facts": 20}
-    assert sizes(_probe_rows(bb, "embedded:forget01", 40, 3)[0]) == {"retain": 40, "real_authors": 3, "world_facts": 3}
+    reqs = load_requests("embedded:forget01", target="I don't know.")[0]
+    assert sizes(_probe_rows(bb, "embedded:forget01", reqs, None, 5, 20)[0]) == {"retain": 5, "real_authors": 20,
+                                                                               "world_facts": 20}
+    assert sizes(_probe_rows(bb, "embedded:forget01", reqs, None, 40, 3)[0]) == {"retain": 40, "real_authors": 3,
+                                                                               "world_facts": 3}
+
+
+def test_eval_requests_probes_do_not_depend_on_how_the_requests_or_the_model_are_named(tmp_path):
+    """The locality rows and known subjects (Locality, Confabulation) were chosen by the model's name and by whether
+    --requests was typed as a spec: a file written by `timerome requests counterfactual:forget10` scored an edited
+    copy of the embedded model with no retain rows and every other answer a confabulation (review 59: Locality
+    0.74 / Confabulation 0.40 against 0.78 / 0.03 for the spec). One rule now (metrics.editing.embedded_probes):
+    the model or its lineage, or the requests' subjects; the summary says which."""
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.cli.evaluate import _probe_rows
+
+    tiny = load_backbone(make_tiny_checkpoint("timerome", tmp_path / "tiny"))  # not named timerome-default
+    path = tmp_path / "cf.json"
+    assert run("requests", "counterfactual:forget10", "-o", path)[0] == 0
+    from_file, from_spec = load_requests(str(path))[0], load_requests("counterfactual:forget10")[0]
+    a, b = _probe_rows(tiny, str(path), from_file, None, 4, 2), _probe_rows(tiny, "counterfactual:forget10",
+                                                                             from_spec, None, 4, 2)
+    assert a[0] == b[0] and a[1] == b[1] and len(a[0]["retain"]) == 4 and a[1]
+    other = load_requests([dict(subject="Pellmoor", prompt="Where is Pellmoor ?", object="Kalvor", target="x")])[0]
+    assert _probe_rows(tiny, "other.json", other, None, 4, 2)[:2] == ({}, None)  # none of the corpus's
+    edited = _probe_rows(tiny, "other.json", other, {"source_model": None, "method": "rome"}, 4, 2)
+    assert len(edited[0]["retain"]) == 4 and edited[1] and "edited from the embedded" in edited[2]
+    code, out = run("eval", "-m", tmp_path / "tiny", "--requests", path, "--n-retain", 2, "--n-world", 1,
+                    "--n-mc", 1, "--gen-length", 4, "--json")
+    assert code == 0, out
+    summary = json.loads(out[out.index("{"):])
+    assert summary["n_locality"] == {"retain": 2, "real_authors": 1, "world_facts": 1}
+    assert any("every subject of the requests" in n for n in summary["notes"]), summary["notes"]

@@ -98,7 +98,10 @@ def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_err
     assert second["margin_se"] == pytest.approx(float(d.std() / 2), rel=1e-6) and second["within_noise"]
     tie[:, 0, 0, 1] = torch.tensor([1.0, 1.1, 0.9, 1.0])   # far behind on every fact
     far = runner_up(result(tie), best, modules=("resid",))
-    assert far["margin"] == pytest.approx(3.0) and not far["within_noise"]
+    assert far["margin"] == pytest.approx(3.0) and not far["within_noise"] and not far["tie"]
+    tie[:, 0, 0, 1] = tie[:, 0, 1, 2]                     # an exact tie on every fact: no spread, and no lead
+    even = runner_up(result(tie), best, modules=("resid",))
+    assert even["margin"] == 0 and even["margin_se"] == 0 and even["tie"] and even["within_noise"]
     nt = torch.zeros(3, 2, 3, 4)                           # the neighbours' term joins the spread, times beta
     nt[:, 0, 1, 2] = torch.tensor([1.0, 3.0, 2.0])          # at the best cell
     nt[:, 0, 0, 1] = torch.tensor([4.0, 4.0, 2.5])          # at the runner-up

@@ -239,10 +239,13 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         raise TimeromeError(f"--base {base} is the model being scored (there is no --edit): its locality would be 1 "
                             "by construction; give the unedited model, or leave --base out")
     bb = model.load()
-    locality, known = _probe_rows(bb, requests, n_retain, n_world)
-    if known is None and sized:  # refused, not ignored: only the embedded model has these rows here
-        raise TimeromeError(f"{' and '.join(sized)} size the embedded model's retain / real-author / world-fact "
-                            f"locality rows; {model.model} has none here (its requests' own probes measure locality)")
+    locality, known, probes = _probe_rows(bb, requests, reqs, recorded, n_retain, n_world)
+    if known is None and sized:  # refused, not ignored: only the embedded corpus has these rows here
+        raise TimeromeError(f"{' and '.join(sized)} size the embedded corpus's retain / real-author / world-fact "
+                            f"locality rows, which probe only the embedded model, a model edited from it, or "
+                            f"requests about its subjects; not {model.model} on {requests} (the requests' own "
+                            "probes measure locality)")
+    notes = notes + [probes]
     for n in notes:  # after every refusal: a note never precedes an error
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
@@ -317,19 +320,23 @@ def held_requests_notes(memory, reqs, name: str) -> list[str]:
     return out
 
 
-def _probe_rows(bb, requests: str, n_retain: int, n_world: int):
-    """({name: rows whose answers must not change}, the subjects the model knows or None): on the
-    embedded model, its retain split (n_retain rows), n_world real-author and n_world world-fact
-    rows, and its corpus's subjects; else nothing beyond the requests' own probes."""
+def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
+    """({name: rows whose answers must not change}, the subjects the model knows or None, in words which):
+    the embedded corpus's retain split (n_retain rows), n_world real-author and n_world world-fact rows and
+    its subjects where the model or the requests are of it (`metrics.editing.embedded_probes`); else nothing beyond the
+    requests' own probes."""
     from timerome.data.corpus import known_subjects
     from timerome.data.tofu import _embedded
-    from timerome.metrics.editing import locality_rows
+    from timerome.metrics.editing import embedded_probes, locality_rows
 
-    embedded = bb.name == "timerome-default" or requests.startswith(("embedded:", "counterfactual:"))
-    if not embedded:
-        return {}, None
-    return locality_rows("embedded", n_retain, n_world), known_subjects(_embedded())
-
+    edited = recorded is not None and recorded.get("source_model") in (None, "default", "embedded")
+    why = embedded_probes(bb, requests, reqs, edited_from_embedded=edited)
+    if why is None:
+        return {}, None, ("Locality reads the requests' own probes only, and Confabulation counts every other "
+                          "answer (neither the model nor the requests are the embedded corpus's)")
+    return (locality_rows("embedded", n_retain, n_world), known_subjects(_embedded()),
+            f"Locality also reads the embedded corpus's retain / real-author / world-fact rows, and Confabulation "
+            f"only answers naming another of its subjects ({why})")
 
 
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:

@@ -157,7 +157,12 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     if second is not None:
         lead = (f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
                 f"({second['score']:.3f}), by {second['margin']:.3f}")
-        if second["margin_se"] != second["margin_se"]:
+        if second["tie"]:
+            err_console.print(f"[yellow]note:[/] layer {chosen.layer} {chosen.module} ties with the runner-up, layer "
+                              f"{second['layer']} {second['module']} step {second['step']} (both {second['score']:.3f}):"
+                              " the order of the cells chose it, not the trace; trace more facts or more "
+                              "--n-samples to tell them apart", soft_wrap=True)
+        elif second["margin_se"] != second["margin_se"]:
             console.print(f"{lead} (one fact: no spread to compare it with)")
         elif second["within_noise"]:
             err_console.print(f"[yellow]note:[/] {lead}, within the trace's noise (standard error "

@@ -49,7 +49,7 @@ def requests_data(spec: dict, ctx):
     from timerome.data.corpus import known_subjects
     from timerome.data.task import requests_task
     from timerome.data.tofu import _embedded
-    from timerome.metrics.editing import locality_rows
+    from timerome.metrics.editing import embedded_probes, locality_rows
 
     reqs, notes = load_requests(spec["requests"], target=spec.get("target"))  # `cells` checked the target
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
@@ -59,8 +59,9 @@ def requests_data(spec: dict, ctx):
     spare = [r for r in load_split("retain_perturbed", ctx.source) if r["question"] not in probes]
     known = [r for r in load_split("train" if embedded else "retain_perturbed", ctx.source)
              if r["question"] not in probes]
+    # the subjects a confabulation names: the embedded corpus's where it probes this model (one rule with eval)
     rows = {"requests": reqs, "locality": locality, "notes": notes,
-            "known": known_subjects(_embedded()) if embedded else None}
+            "known": known_subjects(_embedded()) if embedded_probes(ctx.backbone, spec["requests"], reqs) else None}
     return rows, requests_task(reqs, retain_rows=spare, known_rows=known)
 
 

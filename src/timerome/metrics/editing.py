@@ -294,6 +294,28 @@ def locality_rows(source="embedded", n_retain: int | None = 40, n_world: int | N
     return {k: v for k, v in out.items() if v}
 
 
+def embedded_probes(backbone, spec, requests, *, edited_from_embedded: bool = False) -> str | None:
+    """Why the embedded corpus's locality rows and subjects (`locality_rows("embedded")`, `known_subjects`)
+    probe this model on these requests, in words, or None: the model is the embedded default or was edited
+    from it (`edited_from_embedded`: an edited folder's record says so), or the requests are the corpus's (an
+    embedded: / counterfactual: spec, or requests whose every subject is one of its subjects, e.g. a file
+    `timerome requests` wrote). One rule for the CLI and the experiments, whatever the requests or the model
+    are named."""
+    from timerome.data.corpus import known_subjects
+    from timerome.data.tofu import _embedded
+
+    if getattr(backbone, "name", None) == "timerome-default":
+        return "the embedded model"
+    if edited_from_embedded:
+        return "a model edited from the embedded one"
+    if isinstance(spec, str) and spec.startswith(("embedded:", "counterfactual:")):
+        return f"the requests {spec} are its facts"
+    subjects = set(known_subjects(_embedded()))
+    if requests and all(r.fact.subject in subjects for r in requests):
+        return "every subject of the requests is one of its subjects"
+    return None
+
+
 def default_gen_length(backbone, requests, locality=None) -> int:
     """Room for the longest target / original / probe answer, plus GEN_SLACK (at least MIN_GEN_LENGTH)."""
     texts = [t for r in requests for t in (r.fact.target, r.fact.object) if t]

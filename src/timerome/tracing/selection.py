@@ -109,7 +109,8 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     those), and how far `best` leads it: the objective's difference, with its standard error over
     the facts (paired: each fact's |TIE_bar| at the two cells; the neighbours' term alike, times beta).
     A margin under two standard errors is within the trace's noise: another seed, another order of
-    the facts or other facts may choose the runner-up. None when no other cell exists."""
+    the facts or other facts may choose the runner-up; a margin of 0 is a tie (`tie`, and within the
+    noise whatever the spread: the cells' order chose). None when no other cell exists."""
     check_penalty(neighbours, beta)
     result, neighbours = _restrict(result, neighbours, modules)
     if not (isinstance(best, Candidate) and best.module in result.modules and best.layer in result.layers
@@ -134,8 +135,9 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     if neighbours is not None and beta > 0:
         var += (beta * se(at(neighbours.tie, best) - at(neighbours.tie, second))) ** 2
     margin, margin_se = best.score - second.score, var ** 0.5
-    return dict(second.as_dict(), margin=margin, margin_se=margin_se,
-                within_noise=bool(margin_se == margin_se and margin < 2 * margin_se))
+    # an exact tie (both cells restore the same: e.g. both give back the clean answer) is no lead, with any spread
+    return dict(second.as_dict(), margin=margin, margin_se=margin_se, tie=bool(margin <= 0),
+                within_noise=bool(margin <= 0 or (margin_se == margin_se and margin < 2 * margin_se)))
 
 
 def _restrict(result, neighbours, modules):
