@@ -253,6 +253,27 @@ def test_text_prompt_on_the_embedded_model():
     assert torch.equal(generate(bb, text, **kw), generate(bb, bb.encode(text), **kw))
 
 
+def test_a_text_with_words_the_vocabulary_does_not_know_is_said_in_the_api_as_on_the_cli():
+    """The API read such words as <|unk|> silently where the CLI warned (generate) or refused (an answer):
+    log_likelihood scored "zzzqqq" as the unknown token's likelihood, -34.9 nats (review 59)."""
+    import warnings
+
+    from timerome import load_backbone, log_likelihood
+
+    bb = load_backbone()
+    kw = dict(steps=4, gen_length=8, block_length=8)
+    with pytest.warns(UserWarning, match=r"does not know \('Zxqwv'\)"):
+        generate(bb, "Where was Zxqwv born ?", **kw)
+    with pytest.warns(UserWarning, match="'Zxqwv'"):
+        log_likelihood(bb, "Where was Zxqwv born ?", "Pellmoor", n_mc=2)
+    with pytest.raises(TimeromeError, match=r"the answer .*'zzzqqq'.* cannot encode"):
+        log_likelihood(bb, "Where was Isgor Quielson born ?", "zzzqqq", n_mc=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # known words: nothing said
+        generate(bb, "Where was Isgor Quielson born ?", **kw)
+        log_likelihood(bb, "Where was Isgor Quielson born ?", "Isgor Quielson was born in Pellmoor .", n_mc=2)
+
+
 @pytest.mark.parametrize("remasking", ["low_confidence", "margin"])
 def test_reveal_from_the_masked_positions_logits_alone(remasking):
     """`reveal_masked` (the trace engine's step: logits at the masked positions only) commits what

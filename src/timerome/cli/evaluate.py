@@ -245,7 +245,6 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                             f"locality rows, which probe only the embedded model, a model edited from it, or "
                             f"requests about its subjects; not {model.model} on {requests} (the requests' own "
                             "probes measure locality)")
-    notes = notes + [probes]
     for n in notes:  # after every refusal: a note never precedes an error
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
@@ -273,7 +272,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
                    metrics=result["metrics"],
-                   notes=notes + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
+                   notes=notes + [probes] + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
                    + ([UNCHANGED] if result["metrics"].get("Unchanged") == 1 else []),
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
@@ -288,6 +287,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
     print_notes(result["metrics"], result["notes"], exact)
+    err_console.print(f"[yellow]note:[/] {escape(probes)}", soft_wrap=True)  # which probes Locality read
     if result["metrics"].get("Unchanged") == 1:
         err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
     shown = Table(title="first answers")

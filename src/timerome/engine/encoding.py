@@ -58,6 +58,20 @@ def unknown_words(bb, text: str) -> list[str]:
         return ["?"] if unk in bb.encode(text) else []
 
 
+def prompt_text_ids(backbone, text: str, what: str = "the prompt") -> list[int]:
+    """`Backbone.encode_prompt(text)` for a text the Python API was given, with a warning (as the CLI's) where
+    the vocabulary reads words of it as its unknown token: the model is then asked something else."""
+    ids = backbone.encode_prompt(text)
+    words = unknown_words(backbone, text)
+    if words:
+        import warnings
+
+        warnings.warn(f"{what} ({text!r:.80}) has words the model's vocabulary does not know "
+                      f"({', '.join(repr(w) for w in list(dict.fromkeys(words))[:6])}): each is read as its "
+                      "unknown token", stacklevel=3)
+    return ids
+
+
 def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list[int]:
     """answer_ids, refusing an empty text or one with words the vocabulary cannot encode."""
     if not isinstance(text, str) or not text.strip():

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 
 from timerome.common.checks import budget, integer
 from timerome.common.progress import progress_bar
-from timerome.engine.encoding import answer_ids as encode_answer, encode_pairs
+from timerome.engine.encoding import encode_pairs, known_answer_ids, prompt_text_ids
 from timerome.engine.hooks import Hooks, answer_region
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
@@ -266,7 +266,9 @@ def _as_ids(ids, what: str, backbone) -> torch.Tensor:
     """Token ids as a flat CPU LongTensor; a text is encoded as the start of a sequence (a prompt) or as
     an answer that follows it (encoding.py), as `answer_logprobs` encodes them."""
     if isinstance(ids, str):
-        ids = backbone.encode_prompt(ids) if what.startswith("prompt") else encode_answer(backbone, ids)
+        # a text answer with words the vocabulary reads as its unknown token is refused: it scored another answer
+        ids = prompt_text_ids(backbone, ids, f"the {what}") if what.startswith("prompt") else \
+            known_answer_ids(backbone, ids, f"the {what}")
     elif isinstance(ids, bytes):
         raise TimeromeError(f"the {what} must be a string or token ids, got bytes {ids!r:.60}")
     elif torch.is_tensor(ids) and ids.is_meta:

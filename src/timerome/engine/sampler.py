@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer, number
 from timerome.common.progress import progress_bar
-from timerome.engine.encoding import fit, pad_id
+from timerome.engine.encoding import fit, pad_id, prompt_text_ids
 from timerome.engine.hooks import answer_region, denoising_steps, refuse_unreached_open
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
@@ -352,7 +352,7 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
         if not prompt_ids.strip():
             raise TimeromeError("the prompt text is blank: give a question (an unconditional generation takes an "
                                 "empty id tensor, torch.zeros(1, 0, dtype=torch.long))")
-        prompt_ids = backbone.encode_prompt(prompt_ids)
+        prompt_ids = prompt_text_ids(backbone, prompt_ids)  # words it does not know: warned
     if torch.is_tensor(prompt_ids) and prompt_ids.is_meta:
         raise TimeromeError(f"prompt_ids is on the meta device (a shape without token ids): it cannot be moved to "
                             f"the model's device ({device}); give the ids themselves")
