@@ -302,6 +302,18 @@ def test_an_exact_tie_with_the_runner_up_is_said_to_be_one(tmp_path):
     assert "ties with the runner-up" in out and "leads the runner-up" not in out, out
 
 
+def test_eval_sizes_above_the_rows_there_are_are_said(tmp_path):
+    """--n-world 1000 evaluated the 50 rows there are and said nothing (trace --n-facts says so; review 59)."""
+    from timerome.cli.evaluate import fewer_rows
+
+    code, out = run("eval", "--splits", "real_authors", "--n-world", 1000, "--no-rouge", "--n-mc", 1)
+    assert code == 0 and "--n-world 1000: there are fewer rows (real_authors 50)" in out, out
+    code, out = run("eval", "--splits", "real_authors", "--n-world", 10, "--no-rouge", "--n-mc", 1)
+    assert code == 0 and "fewer rows" not in out, out
+    assert fewer_rows({"--n-retain": 5, "--n-world": 60}, {"retain": 5, "real_authors": 50, "world_facts": 70}) == [
+        "--n-world 60: there are fewer rows (real_authors 50): all of them are evaluated"]
+
+
 def test_threads_option():
     import torch
 

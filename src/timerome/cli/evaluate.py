@@ -63,6 +63,18 @@ def print_notes(metrics: dict, columns: dict, lines=()) -> None:
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
 
 
+def fewer_rows(given: dict, counts: dict) -> list[str]:
+    """Notes for the sizes given (`given`: {flag: value}) above the rows there are (`counts`: {split: rows
+    evaluated}): a size is cut to its split's rows, said, not silently (as `trace --n-facts` says it)."""
+    splits = {"--n-retain": ("retain",), "--n-world": ("real_authors", "world_facts")}
+    out = []
+    for flag, value in given.items():
+        short = [f"{k} {counts[k]}" for k in splits.get(flag, ()) if k in counts and counts[k] < value]
+        if short:
+            out.append(f"{flag} {value}: there are fewer rows ({', '.join(short)}): all of them are evaluated")
+    return out
+
+
 def exact_likelihood(bb, n_mc: int, seed: int = 0) -> list[str]:
     """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), and a --seed
     other than 0 nothing either (the seed draws only the likelihood's masks: the answers are greedy), or none."""
@@ -199,7 +211,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
                       progress=True, sampler=sampler)
     exact = exact_likelihood(bb, n_mc, seed)
-    notes = dict(result["notes"], **({"n_mc": exact[0]} if exact else {}))
+    fewer = fewer_rows({f: v for f, v in (("--n-retain", n_retain), ("--n-world", n_world)) if f in sized},
+                       {k: len(v) for k, v in rows.items()})
+    notes = dict(result["notes"], **({"n_mc": exact[0]} if exact else {}), **({"sizes": fewer} if fewer else {}))
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, data=dict(spec, source=data),
                    n_items={k: len(v) for k, v in rows.items()}, metrics=result["metrics"], notes=notes,
                    seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed,
@@ -213,7 +227,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
                   + f"; {summary['seconds']:.1f}s", soft_wrap=True)
-    print_notes(result["metrics"], result["notes"], exact)
+    print_notes(result["metrics"], result["notes"], exact + fewer)
 
 
 def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
@@ -268,11 +282,13 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
     exact = exact_likelihood(bb, n_mc, seed)
+    fewer = fewer_rows({f: v for f, v in (("--n-retain", n_retain), ("--n-world", n_world)) if f in sized},
+                       {k: len(v) for k, v in locality.items()})
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=unedited,
                    requests=requests, n_requests=len(reqs), n_locality={k: len(v) for k, v in locality.items()},
                    gen_length=result["gen_length"],
                    metrics=result["metrics"],
-                   notes=notes + [probes] + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
+                   notes=notes + [probes] + fewer + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
                    + ([UNCHANGED] if result["metrics"].get("Unchanged") == 1 else []),
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
@@ -287,7 +303,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
     print_notes(result["metrics"], result["notes"], exact)
-    err_console.print(f"[yellow]note:[/] {escape(probes)}", soft_wrap=True)  # which probes Locality read
+    for n in [probes] + fewer:  # which probes Locality read, and sizes above the rows there are
+        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     if result["metrics"].get("Unchanged") == 1:
         err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
     shown = Table(title="first answers")
