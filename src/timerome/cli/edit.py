@@ -121,9 +121,6 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                             + (" (the noise of its trace is `timerome trace --seed`; pass the trace with --trace)"
                                if method == "timerome" else "") + ": leave --seed out")
     seed = 0 if seed is None else seed
-    if alpha is not None and alpha <= 0:
-        err_console.print(f"[yellow]warning:[/] --alpha {alpha:g}: " + ("the memory will change nothing" if alpha == 0
-                          else "a negative alpha pushes away from the target, the reverse of the edit"), soft_wrap=True)
     _check_options(method, {"--lam": lam, "--lam-absolute": lam_absolute, "--q": q, "--key-metric": key_metric,
                             "--layer": layer, "--module": module, "--trace": trace_file, "--step": step})
     if lam is not None and lam_absolute is not None:
@@ -209,6 +206,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                           f"{1 + DEFAULTS['lam']:g} at the default --lam {DEFAULTS['lam']:g}, which is relative to "
                           "that norm), so the memory changes (almost) nothing", soft_wrap=True)
     memory.save(out)
+    _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     if as_json:
         print_json(dict(file=str(out), n_facts=len(memory), coordinate=memory.coordinate.as_dict(),
                         key_metric=memory.key_metric, alpha=memory.alpha, lam=memory.lam, lam_value=memory.lam_value,
@@ -217,6 +215,12 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
+
+
+def _zero_alpha(alpha) -> None:
+    """--alpha 0 builds a memory that changes nothing: said once it is written (a negative alpha is refused)."""
+    if alpha is not None and alpha == 0:
+        err_console.print("[yellow]warning:[/] --alpha 0: the memory will change nothing", soft_wrap=True)
 
 
 # what an unlearning user looks for first: the same command, by the field's word, for a forget set
@@ -360,6 +364,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     if len(rows) - len(memory.calibration_left_out) != len(spare):
         raise RuntimeError("timerome edit: the calibration rows left out do not account for the rows spared")
     memory.save(out)
+    _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     if as_json:
         print_json(dict(file=str(out), method=method, n_facts=len(memory), n_entries=memory.n_entries,
                         coordinate=memory.coordinate.as_dict(), alpha=memory.alpha, margin=memory.margin,
@@ -410,6 +415,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         if isinstance(memory, list):
             raise TimeromeError(f"{method} built {len(memory)} memories (one per coordinate); save needs one")
         memory.save(out)
+        _zero_alpha(alpha)
         what, name = f"{method} memory of {len(memory)} facts at {memory.coordinate}", "memory file"
         try_it = _try_it(model, out, facts)
     if as_json:

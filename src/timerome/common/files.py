@@ -24,7 +24,11 @@ def input_file(path, what: str = "file", stream: bool = False) -> Path:
     """A file timerome will read: a missing path and a directory are each one clear error. stream: it
     is read once from start to end (text), so a pipe or terminal does too (`/dev/stdin`); else (tensor
     files, read by seeking or mapping) only a regular file does, where a pipe would block or fail."""
+    if isinstance(path, str) and not path.strip():  # Path("") is ".", which read as "is a directory"
+        raise TimeromeError(f"{what}: the path is empty: give a file")
     p = Path(path)
+    if p == Path("."):  # "" made a Path early (a CLI option, a spec) is "." too
+        raise TimeromeError(f"{what}: the path is empty (or '.', the current folder): give a file")
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file")
     if not p.exists():
@@ -113,7 +117,11 @@ def not_an_input(path, inputs: dict | None, what: str = "--out") -> None:
 def output_file(path, what: str = "--out", example: str = "forget.safetensors", inputs: dict | None = None) -> Path:
     """A file timerome will write: refused up front if it is a directory (the message suggests
     DIR/example), its folder cannot be made, or it is one of the command's `inputs` ({flag: path})."""
+    if isinstance(path, str) and not path.strip():  # Path("") is "."
+        raise TimeromeError(f"{what}: the path is empty: give one")
     p = Path(path)
+    if p == Path("."):  # "" made a Path early is "." too
+        raise TimeromeError(f"{what}: the path is empty (or '.', the current folder): give a file name, e.g. {example}")
     not_an_input(p, inputs, what)
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file name, e.g. {p / example}")
@@ -127,6 +135,8 @@ def output_file(path, what: str = "--out", example: str = "forget.safetensors", 
 def output_folder(path, what: str = "--out", inputs: dict | None = None) -> Path:
     """A folder timerome will write into: refused up front if it is a file, cannot be made, or is one of
     the command's `inputs` ({flag: path}: the model's own folder)."""
+    if isinstance(path, str) and not path.strip():  # Path("") is "."
+        raise TimeromeError(f"{what}: the path is empty: give one")
     p = Path(path)
     not_an_input(p, inputs, what)
     if p.exists() and not p.is_dir():

@@ -292,7 +292,11 @@ def trace_path(path) -> Path:
         if len(found) > 1:
             raise TimeromeError(f"{p} holds {' and '.join(f.name for f in found)}: give the one to use")
         return found[0]
-    return _tensor_path(p)
+    tensors = _tensor_path(p)
+    if tensors != p and p.is_file() and not tensors.exists():  # a .json or a bare name given: say it, not the other
+        raise TimeromeError(f"{p} is not a trace: a trace is a .safetensors file with its .json beside it, and "
+                            f"there is no {tensors.name} beside {p.name}")
+    return tensors
 
 
 def meta_path(path) -> Path:
