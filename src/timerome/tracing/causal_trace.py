@@ -114,6 +114,15 @@ def given_sigma(sigma) -> tuple[float, str]:
     return float(sigma), "fixed"
 
 
+def refuse_overflowing_noise(corrupted: torch.Tensor, sigma: float, rule: str, clean: torch.Tensor) -> None:
+    """Refuse a trace whose corrupted run read non-finite values where the clean run did not: the noise (sigma
+    `sigma`) overflowed the model, and every TIE would be NaN; tracing again cannot help, a smaller sigma can."""
+    if bool(torch.isfinite(clean).all()) and not bool(torch.isfinite(corrupted).all()):
+        raise TimeromeError(f"the noise overflows the model: the corrupted run's read-outs are not finite at sigma "
+                            f"{sigma:g} ({rule}); give a smaller sigma (--sigma; the default s3 rule is 3 x the "
+                            "subject embeddings' standard deviation)")
+
+
 def fact_seed(seed: int, item) -> int:
     """The seed of one fact's own noise generator (noise "per_fact"): a digest of the trace's seed, the
     fact's prompt tokens and its subject's positions, cut to 63 bits."""
@@ -231,6 +240,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
         corrupted.append(out["corrupted"])
         infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):]),
                           **({} if keep is None else {"unscored_positions": (~keep).nonzero().flatten().tolist()})))
+    refuse_overflowing_noise(torch.stack(corrupted), sig, rule, torch.stack(clean))
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
