@@ -50,25 +50,3 @@ def test_a_conversion_says_one_line_and_keeps_transformers_bar_off_stderr(tmp_pa
     for _ in reader.tqdm(range(3), desc="after"):  # the module's own bar again
         pass
     assert "after" in capfd.readouterr().err
-
-
-def test_a_files_digest_is_read_once_per_process_and_again_when_the_file_changes(tmp_path, monkeypatch):
-    """The GGUF's digest names its cached folder; a check before the load and the load itself both ask for it,
-    so an unchanged file (same inode, size, modification time) is read once, and a changed one again."""
-    import builtins
-    import hashlib
-    import os
-
-    from timerome.backbones import gguf
-
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF" + b"a" * 100)
-    opened = []
-    real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
-    first = gguf.file_digest(f)
-    assert first == hashlib.sha256(f.read_bytes()).hexdigest()[:16]
-    assert gguf.file_digest(f) == first and opened.count(str(f)) == 1  # read once (read_bytes is not open)
-    f.write_bytes(b"GGUF" + b"b" * 100)  # the same size: the modification time tells
-    os.utime(f, ns=(os.stat(f).st_atime_ns, os.stat(f).st_mtime_ns + 10**9))
-    assert gguf.file_digest(f) == hashlib.sha256(f.read_bytes()).hexdigest()[:16] != first

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -29,21 +28,12 @@ _DROP = ("quantization_config", "_name_or_path", "_model_name_or_path", "transfo
          "output_attentions", "output_hidden_states", "dtype", "torch_dtype")
 
 
-_DIGESTS: dict[tuple, str] = {}  # (file, device, inode, size, mtime) -> digest: one read of a file per process
-
-
 def file_digest(path: Path) -> str:
-    """The file's SHA-256 (16 hex digits); a file unchanged since this process last read it (same inode, size
-    and modification time) is not read again (a check before the load and the load itself both name it)."""
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _DIGESTS[key] = h.hexdigest()[:16]
-    return _DIGESTS[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def gguf_folder(path: str | Path) -> Path:
