@@ -155,3 +155,17 @@ def test_the_command_line_takes_a_gguf_file(tmp_path):
                                    "--gen-length", "2"])
     assert res.exit_code == 0, res.output
     assert '" Paris.' in res.output
+
+
+def test_a_written_out_end_of_text_is_no_unknown_word(smol):
+    """SmolLM2's unknown token is <|endoftext|>, also its end of text: "Paris<|endoftext|>" was refused as an
+    answer with an unknown word, and a prompt starting with it warned (review 60)."""
+    import warnings
+
+    from timerome import log_likelihood
+    from timerome.engine.encoding import unknown_words
+
+    assert unknown_words(smol, "Paris<|endoftext|>") == [] and unknown_words(smol, "Zxqwv Plorp") == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert log_likelihood(smol, "<|endoftext|>The capital of France is", "Paris<|endoftext|>") < 0

@@ -1,6 +1,7 @@
 """The command line: each command runs on the embedded model, bad input is one line and exit 2."""
 
 import json
+import shutil
 
 from typer.testing import CliRunner
 
@@ -289,6 +290,25 @@ def test_a_trace_leaves_no_earlier_runs_files_in_its_folder(tmp_path, monkeypatc
     assert code == 130, out
     assert not (t / "heatmap.png").exists() and not (t / "positional.safetensors").exists()
     assert (t / "trace.safetensors").exists()
+    monkeypatch.undo()
+
+    # an input given in --out under a name the command writes is refused before any work, never removed (review 60)
+    from timerome.data import load_split
+
+    (t / "neighbours.json").write_text(json.dumps(load_split("retain_perturbed", "embedded")[:3]))
+    code, out = run("trace", "--out", t, "--n-facts", 1, "--n-samples", 1, "--steps", 2, "--neighbours",
+                    t / "neighbours.json")
+    assert code == 2 and "--neighbours" in out and "give another --out" in out, out
+    assert len(json.loads((t / "neighbours.json").read_text())) == 3
+    # a per_fact that is a link: its target's files are not ours to clear
+    (t / "neighbours.json").unlink()
+    shutil.rmtree(t / "per_fact", ignore_errors=True)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "heatmap-7.png").write_bytes(b"theirs")
+    (t / "per_fact").symlink_to(target)
+    code, out = run("trace", "--out", t, "--n-facts", 1, "--n-samples", 1, "--steps", 2)
+    assert code == 0 and (target / "heatmap-7.png").read_bytes() == b"theirs", out
 
 
 def test_an_exact_tie_with_the_runner_up_is_said_to_be_one(tmp_path):

@@ -278,6 +278,17 @@ def test_eval_requests_probes_do_not_depend_on_how_the_requests_or_the_model_are
     assert _probe_rows(tiny, "other.json", other, None, 4, 2)[:2] == ({}, None)  # none of the corpus's
     edited = _probe_rows(tiny, "other.json", other, {"source_model": None, "method": "rome"}, 4, 2)
     assert len(edited[0]["retain"]) == 4 and edited[1] and "edited from the embedded" in edited[2]
+    # the embedded model's folder named by its path (what `edit -m PATH` records), and a chain of edits (review 60)
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.cli.model import EDITED_FROM
+
+    assert _probe_rows(tiny, "other.json", other, {"source_model": str(DEFAULT_MODEL_DIR)}, 4, 2)[1]
+    first = tmp_path / "first-edit"
+    first.mkdir()
+    (first / EDITED_FROM).write_text(json.dumps({"source_model": None, "method": "rome"}))
+    assert _probe_rows(tiny, "other.json", other, {"source_model": str(first)}, 4, 2)[1]
+    (first / EDITED_FROM).write_text(json.dumps({"source_model": str(first), "method": "rome"}))  # a loop: no
+    assert _probe_rows(tiny, "other.json", other, {"source_model": str(first)}, 4, 2)[1] is None
     code, out = run("eval", "-m", tmp_path / "tiny", "--requests", path, "--n-retain", 2, "--n-world", 1,
                     "--n-mc", 1, "--gen-length", 4, "--json")
     assert code == 0, out

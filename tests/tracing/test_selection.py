@@ -102,6 +102,9 @@ def test_the_runner_up_is_another_layer_and_its_margin_has_a_paired_standard_err
     tie[:, 0, 0, 1] = tie[:, 0, 1, 2]                     # an exact tie on every fact: no spread, and no lead
     even = runner_up(result(tie), best, modules=("resid",))
     assert even["margin"] == 0 and even["margin_se"] == 0 and even["tie"] and even["within_noise"]
+    tie[:, 0, 0, 1] += 1.0                                 # the runner-up ahead of the `best` given: no tie
+    behind = runner_up(result(tie), best, modules=("resid",))
+    assert behind["margin"] == pytest.approx(-1.0) and not behind["tie"]
     nt = torch.zeros(3, 2, 3, 4)                           # the neighbours' term joins the spread, times beta
     nt[:, 0, 1, 2] = torch.tensor([1.0, 3.0, 2.0])          # at the best cell
     nt[:, 0, 0, 1] = torch.tensor([4.0, 4.0, 2.5])          # at the runner-up

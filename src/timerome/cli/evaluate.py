@@ -346,14 +346,34 @@ def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
     from timerome.data.tofu import _embedded
     from timerome.metrics.editing import embedded_probes, locality_rows
 
-    edited = recorded is not None and recorded.get("source_model") in (None, "default", "embedded")
-    why = embedded_probes(bb, requests, reqs, edited_from_embedded=edited)
+    why = embedded_probes(bb, requests, reqs, edited_from_embedded=_edited_from_embedded(recorded))
     if why is None:
         return {}, None, ("Locality reads the requests' own probes only, and Confabulation counts every other "
                           "answer (neither the model nor the requests are the embedded corpus's)")
     return (locality_rows("embedded", n_retain, n_world), known_subjects(_embedded()),
             f"Locality also reads the embedded corpus's retain / real-author / world-fact rows, and Confabulation "
             f"only answers naming another of its subjects ({why})")
+
+
+def _edited_from_embedded(recorded) -> bool:
+    """Whether an edited model's record (EDITED_FROM) leads back to the embedded model: its source is the embedded
+    model (None, or its folder by any path), or an edited model whose own record does (a chain of edits)."""
+    from timerome.backbones.loading import model_place
+    from timerome.cli.model import edited_from
+
+    seen = set()
+    while recorded is not None:
+        source = recorded.get("source_model")
+        if source in (None, "default", "embedded") or model_place(source) == model_place(None):
+            return True
+        if source in seen or not Path(source).is_dir():
+            return False
+        seen.add(source)
+        try:
+            recorded = edited_from(source)
+        except TimeromeError:  # an unreadable record further back: not known to be the embedded model's
+            return False
+    return False
 
 
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:

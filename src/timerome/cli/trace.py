@@ -15,7 +15,7 @@ from timerome.cli.app import load_facts as _facts
 from timerome.cli.app import model_options, print_json, tofu_dir_read
 from timerome.common.cache import write_json
 from timerome.common.checks import number
-from timerome.common.files import drop_earlier, output_folder
+from timerome.common.files import drop_earlier, output_folder, refuse_inputs_among
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
 from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
@@ -94,6 +94,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         raise TimeromeError(f"--read-positions must be one of {', '.join(READ_POSITIONS)}, got {read_positions!r}")
     tofu_dir_read(tofu_dir, data, neighbours)
     output_folder(out)  # a bad folder refused before minutes of tracing (it is made when the results are written)
+    inputs = {"--data": data, "--neighbours": neighbours}
+    refuse_inputs_among(_earlier_outputs(out), inputs)  # a file this run writes or removes there: refused now
     bb = model.load()
     if compare:
         refuse_causal(bb)  # before the positional trace: TIE cannot follow
@@ -121,7 +123,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     chosen = select_coordinate(result, other, beta, modules=edit_modules).best
     penalised = other is not None and beta > 0
     near = {}  # the neighbours' files
-    _drop_earlier_outputs(out, _writes("trace", len(result.fact_ids), per_fact, neighbours=penalised))
+    _drop_earlier_outputs(out, _writes("trace", len(result.fact_ids), per_fact, neighbours=penalised), inputs)
     if penalised:  # `timerome edit --trace` selects as this did: the neighbours' trace beside it, named in its settings
         # (written first, its stamp in the trace's settings: a run stopped between the two leaves a pair refused)
         near = other.files(other.save(out / "neighbours.safetensors"), "neighbours")
@@ -184,7 +186,8 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
 
     result = positional_trace(bb, facts, n_samples=n_samples, sigma=sigma, window=window, seed=seed,
                               batch_size=BATCH_SIZE if batch_size is None else batch_size, noise=noise)
-    _drop_earlier_outputs(out, _writes("positional", len(result.fact_ids), per_fact, compare=compare))
+    _drop_earlier_outputs(out, _writes("positional", len(result.fact_ids), per_fact, compare=compare))  # inputs:
+    # refused before the load
     path = result.save(out / "positional.safetensors")
     files = dict(result.files(path), heatmaps=str(plot_positional(result, out / "heatmap.png")))
     if per_fact:
@@ -242,13 +245,19 @@ def _writes(kind: str, n_facts: int, per_fact: bool, *, neighbours: bool = False
     return names
 
 
-def _drop_earlier_outputs(out: Path, writes: set[str]) -> None:
+def _earlier_outputs(out: Path) -> list[Path]:
+    """The files of --out an earlier run of `timerome trace` wrote (what `_drop_earlier_outputs` removes); a
+    per_fact that is a symbolic link is left alone (its target is not ours to clear)."""
+    old = [out / n for n in OUTPUT_FILES]
+    if (out / "per_fact").is_dir() and not (out / "per_fact").is_symlink():
+        old += [f for f in (out / "per_fact").iterdir() if PER_FACT.fullmatch(f.name)]
+    return old
+
+
+def _drop_earlier_outputs(out: Path, writes: set[str], inputs: dict | None = None) -> None:
     """Remove an earlier run's files from --out (`common.files.drop_earlier`: only the names this command
     writes): a run stopped between its writes left the earlier selection or heatmaps beside the new trace,
     as if they were this trace's; a TIE run over a positional one (or back) left two traces for
     `edit --trace` to choose between; a run without --neighbours left the earlier neighbours' trace; fewer
     facts left earlier per-fact heatmaps."""
-    old = [out / n for n in OUTPUT_FILES]
-    if (out / "per_fact").is_dir():
-        old += [f for f in (out / "per_fact").iterdir() if PER_FACT.fullmatch(f.name)]
-    drop_earlier(out, old, writes)
+    drop_earlier(out, _earlier_outputs(out), writes, inputs)

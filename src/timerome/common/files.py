@@ -155,16 +155,38 @@ def _writable(folder: Path, what: str, target: Path) -> None:
         raise TimeromeError(f"{what} {target}: {existing} is not writable; choose another place")
 
 
-def drop_earlier(folder, earlier, writes=()) -> None:
+def refuse_inputs_among(files, inputs: dict | None, what: str = "--out") -> None:
+    """Refuse where one of `files` (what a run writes or removes in its output folder) is one of the command's
+    inputs ({flag: path}, None where not given, a spec that is no file skipped): the run would delete or replace
+    the file the user gave."""
+    for f in files:
+        f = Path(f)
+        if not (f.exists() or f.is_symlink()):
+            continue
+        for flag, given in (inputs or {}).items():
+            if given is None or not Path(str(given)).is_file():
+                continue
+            try:
+                same = os.path.samefile(f, str(given))
+            except OSError:
+                continue
+            if same:
+                raise TimeromeError(f"{flag} {given} is {f.name} in {what} {f.parent}, a file this command writes "
+                                    f"there (an earlier run's is removed): give another {what}, or move the file")
+
+
+def drop_earlier(folder, earlier, writes=(), inputs: dict | None = None) -> None:
     """Remove an earlier run's files from an output folder before this run's are written, so that the folder
     never holds files of two runs as if they were one (a run stopped between its writes, or one that writes
     fewer files than the last): `earlier` the files (paths) a run of this command may write there, `writes`
     the ones this run writes (relative to `folder`, "/"-separated). Only those names are removed, never other
     files; a symbolic link under a name this run writes is kept, as the write goes through it to its target,
-    and any other link is removed, never its target."""
+    and any other link is removed, never its target. `inputs` ({flag: path}): refused, not removed, where one
+    of them is among `earlier` (`refuse_inputs_among`)."""
     folder = Path(folder)
+    earlier = [Path(f) for f in earlier]
+    refuse_inputs_among(earlier, inputs)  # never an input the user gave, whatever its name
     for f in earlier:
-        f = Path(f)
         try:
             if f.is_symlink():
                 if f.relative_to(folder).as_posix() not in writes:

@@ -51,11 +51,13 @@ def unknown_words(bb, text: str) -> list[str]:
     unk = getattr(bb.tokenizer, "unk_token_id", None)
     if unk is None:
         return []
-    try:
+    own = getattr(bb.tokenizer, "unk_token", None)  # the token's own text, e.g. a byte-level BPE's <|endoftext|>,
+    try:  # which such vocabularies also use as end of text: written out, it is known, not unknown
         enc = bb.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return [text[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
+        return [text[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
+                if i == unk and text[a:b].strip() != own]
     except (NotImplementedError, ValueError, TypeError):  # no offsets: say only that there are some
-        return ["?"] if unk in bb.encode(text) else []
+        return ["?"] if unk in bb.encode(text.replace(own, "") if own else text) else []
 
 
 def prompt_text_ids(backbone, text: str, what: str = "the prompt") -> list[int]:
@@ -77,9 +79,9 @@ def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list
     if not isinstance(text, str) or not text.strip():
         raise TimeromeError(f"{what} is empty")
     ids = answer_ids(backbone, text, bpe)
-    unk = getattr(backbone.tokenizer, "unk_token_id", None)
-    if not ids or (unk is not None and unk in ids):
-        words = ", ".join(repr(w) for w in dict.fromkeys(unknown_words(backbone, text))) or "?"
+    unknown = unknown_words(backbone, text) if ids else []
+    if not ids or unknown:
+        words = ", ".join(repr(w) for w in dict.fromkeys(unknown)) or "?"
         raise TimeromeError(f"{what} ({text!r}) has words the model's vocabulary cannot encode ({words})")
     return ids
 

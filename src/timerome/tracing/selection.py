@@ -136,8 +136,8 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
         var += (beta * se(at(neighbours.tie, best) - at(neighbours.tie, second))) ** 2
     margin, margin_se = best.score - second.score, var ** 0.5
     # an exact tie (both cells restore the same: e.g. both give back the clean answer) is no lead, with any spread
-    return dict(second.as_dict(), margin=margin, margin_se=margin_se, tie=bool(margin <= 0),
-                within_noise=bool(margin <= 0 or (margin_se == margin_se and margin < 2 * margin_se)))
+    return dict(second.as_dict(), margin=margin, margin_se=margin_se, tie=bool(margin == 0),
+                within_noise=bool(margin == 0 or (margin_se == margin_se and margin < 2 * margin_se)))
 
 
 def _restrict(result, neighbours, modules):
