@@ -102,16 +102,24 @@ def not_an_input(path, inputs: dict | None, what: str = "--out") -> None:
     """Refuse an output that is one of the command's inputs ({flag: path}, None where not given): writing
     there would replace the file (or the model folder) the user gave."""
     p = Path(path)
+    flag = given_as(p, inputs)
+    if flag is not None:
+        raise TimeromeError(f"{what} {p} is the {flag} you gave: writing there would replace it; give another {what}")
+
+
+def given_as(path, inputs: dict | None) -> str | None:
+    """The flag of `inputs` ({flag: path}, None where not given) that names the file or folder at `path`, or
+    None (a spec that is no path, or nothing there, names nothing)."""
+    p = Path(path)
     for flag, given in (inputs or {}).items():
         if given is None or not Path(str(given)).exists() or not p.exists():
             continue
         try:
-            same = os.path.samefile(p, str(given))
+            if os.path.samefile(p, str(given)):
+                return flag
         except OSError:
             continue
-        if same:
-            raise TimeromeError(f"{what} {p} is the {flag} you gave: writing there would replace it; give another "
-                                f"{what}")
+    return None
 
 
 def output_file(path, what: str = "--out", example: str = "forget.safetensors", inputs: dict | None = None) -> Path:
@@ -159,20 +167,11 @@ def refuse_inputs_among(files, inputs: dict | None, what: str = "--out") -> None
     """Refuse where one of `files` (what a run writes or removes in its output folder) is one of the command's
     inputs ({flag: path}, None where not given, a spec that is no file skipped): the run would delete or replace
     the file the user gave."""
-    for f in files:
-        f = Path(f)
-        if not (f.exists() or f.is_symlink()):
-            continue
-        for flag, given in (inputs or {}).items():
-            if given is None or not Path(str(given)).is_file():
-                continue
-            try:
-                same = os.path.samefile(f, str(given))
-            except OSError:
-                continue
-            if same:
-                raise TimeromeError(f"{flag} {given} is {f.name} in {what} {f.parent}, a file this command writes "
-                                    f"there (an earlier run's is removed): give another {what}, or move the file")
+    for f in map(Path, files):
+        flag = given_as(f, inputs)
+        if flag is not None:
+            raise TimeromeError(f"{flag} {inputs[flag]} is {f.name} in {what} {f.parent}, a file this command writes "
+                                f"there (an earlier run's is removed): give another {what}, or move the file")
 
 
 def drop_earlier(folder, earlier, writes=(), inputs: dict | None = None) -> None:
