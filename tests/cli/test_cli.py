@@ -334,6 +334,27 @@ def test_eval_sizes_above_the_rows_there_are_are_said(tmp_path):
         "--n-world 60: there are fewer rows (real_authors 50): all of them are evaluated"]
 
 
+def test_subjects_the_vocabulary_does_not_know_are_said_once_by_the_cli_and_by_the_api(tmp_path):
+    """The CLI warned about such subjects on loading facts; the API's trace read them as <|unk|> silently (review
+    60). The trace says it now, and the CLI, which traces, says it once (the positional trace with --compare too)."""
+    import pytest
+
+    import timerome
+    from timerome.data.facts import Fact
+
+    rows = tmp_path / "unk.json"
+    rows.write_text(json.dumps([
+        {"question": "Where was Zzqxv Plorp born ?", "answer": "Pellmoor .", "subject": "Zzqxv Plorp"},
+        {"question": "Where was Isgor Quielson born ?", "answer": "Pellmoor .", "subject": "Isgor Quielson"}]))
+    for extra in ((), ("--positional", "--compare")):
+        code, out = run("trace", "--data", rows, "-o", tmp_path / "t", "--n-samples", 1, "--steps", 2, *extra)
+        assert code == 0 and out.count("facts have subjects with words") == 1 and "Zzqxv, Plorp" in out, out
+    bb = timerome.load_backbone()
+    with pytest.warns(UserWarning, match=r"1 of 1 facts have subjects .*\(Zzqxv, Plorp\)"):
+        timerome.trace(bb, [Fact("Zzqxv Plorp", "Where was Zzqxv Plorp born ?", "Pellmoor .")], steps=2,
+                       n_samples=1, progress=False)
+
+
 def test_threads_option():
     import torch
 

@@ -268,16 +268,11 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
     the command's --tofu-dir (read where `data` is a 'tofu:SPLIT')."""
     from timerome.data.rows import load_facts as load
     from timerome.data.rows import tofu_folder
-    from timerome.engine.encoding import unknown_words
+    from timerome.engine.encoding import warn_unknown_subjects
 
     facts, skipped = load(data, tofu_dir=tofu_folder(data, tofu_dir), limit=limit)
-    unknown = [f for f in facts if backbone is not None and unknown_words(backbone, f.subject)]
-    if unknown:
-        words = dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject))
-        err_console.print(f"[yellow]warning:[/] {len(unknown)} of {len(facts)} facts of {escape(data)} have subjects "
-                          f"with words the model's vocabulary does not know ({escape(', '.join(list(words)[:6]))}"
-                          f"{', ...' if len(words) > 6 else ''}): it reads them as {backbone.tokenizer.unk_token!r}, "
-                          "so those subjects look alike to it", soft_wrap=True)
+    if backbone is not None:
+        warn_unknown_subjects(backbone, facts)  # a Python warning: the trace's own is then the same one, shown once
     for i, why in skipped[:10]:
         err_console.print(f"[yellow]skipped row {i}:[/] {escape(why)}", soft_wrap=True)
     if len(skipped) > 10:

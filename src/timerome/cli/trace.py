@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -101,7 +102,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
         refuse_causal(bb)  # before the positional trace: TIE cannot follow
     if not positional:
         refuse_causal(bb)
-    facts = _facts(data, tofu_dir, n_facts, backbone=bb)
+    facts = _facts(data, tofu_dir, n_facts)  # subjects the vocabulary does not know: the trace itself warns
     if len(facts) < n_facts:  # never silently fewer than asked
         err_console.print(f"[yellow]note:[/] {escape(str(data))} gives {len(facts)} facts: all of them are traced "
                           f"(--n-facts {n_facts})", soft_wrap=True)
@@ -116,7 +117,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     other = None
     if neighbours:
         # the same noise scale as the facts' trace (sigma_rule "from trace (...)"): the penalty compares like with like
-        other = trace(bb, _facts(neighbours, tofu_dir, n_facts, backbone=bb), **{**kw, "sigma": result})
+        other = trace(bb, _facts(neighbours, tofu_dir, n_facts), **{**kw, "sigma": result})
     best, top = select_coordinate(result, other, beta)
     # what `timerome edit --trace` and the timerome method edit: the best residual-stream cell (m* = resid)
     edit_modules = ("resid",) if "resid" in result.modules else None
@@ -197,9 +198,11 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     choices = {m: select_positional(result, (m,)) for m in result.modules}
     files["selection"] = str(out / "selection.json")
     if compare:
-        tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
-                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size, noise=noise,
-                    read_positions=read_positions)
+        with warnings.catch_warnings():  # the same facts: their unknown subjects were said by the positional trace
+            warnings.filterwarnings("ignore", message=r".* facts have subjects with words")
+            tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
+                        readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size,
+                        noise=noise, read_positions=read_positions)
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
         files.update(tie.files(tie_path, "tie_trace"))

@@ -60,6 +60,20 @@ def unknown_words(bb, text: str) -> list[str]:
         return ["?"] if unk in bb.encode(text.replace(own, "") if own else text) else []
 
 
+def warn_unknown_subjects(backbone, facts) -> None:
+    """Warn where subjects of `facts` have words the vocabulary reads as its unknown token: they all look alike
+    to the model, so a trace or an edit reads one token for them. Said on loading facts (the CLI) and on tracing
+    them (the Python API): one line of code and one text, so Python shows it once per set of facts."""
+    import warnings
+
+    unknown = [f for f in facts if unknown_words(backbone, f.subject)]
+    if unknown:
+        words = list(dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject)))
+        warnings.warn(f"{len(unknown)} of {len(facts)} facts have subjects with words the model's vocabulary does not "
+                      f"know ({', '.join(words[:6])}{', ...' if len(words) > 6 else ''}): it reads them as "
+                      f"{backbone.tokenizer.unk_token!r}, so those subjects look alike to it", stacklevel=1)
+
+
 def prompt_text_ids(backbone, text: str, what: str = "the prompt") -> list[int]:
     """`Backbone.encode_prompt(text)` for a text the Python API was given, with a warning (as the CLI's) where
     the vocabulary reads words of it as its unknown token: the model is then asked something else."""

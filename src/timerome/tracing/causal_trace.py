@@ -22,7 +22,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.facts import facts_from_rows
 from timerome.data.tofu import load_split
-from timerome.engine.encoding import encode_fact, fact_list
+from timerome.engine.encoding import encode_fact, fact_list, warn_unknown_subjects
 from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -143,6 +143,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma, seed: int, noise: str = T
     if noise not in NOISE_DRAWS:
         raise TimeromeError(f"unknown noise draw {noise!r}; choose one of {', '.join(NOISE_DRAWS)}")
     items = [encode_fact(backbone, f, i) for i, f in enumerate(facts)]
+    warn_unknown_subjects(backbone, facts)  # read silently before: such subjects all trace as one token
     seen: dict[str, int] = {}
     for i, it in enumerate(items):  # a fact given twice counts twice in the mean |TIE| and in sigma's std
         if it.fact_id in seen:
