@@ -66,9 +66,10 @@ def warn_unknown_subjects(backbone, facts) -> None:
     them (the Python API): one line of code and one text, so Python shows it once per set of facts."""
     import warnings
 
-    unknown = [f for f in facts if unknown_words(backbone, f.subject)]
+    subjects = [fact_fields(f, i)[1] for i, f in enumerate(facts)]  # a Fact or a dict alike
+    unknown = [s for s in subjects if unknown_words(backbone, s)]
     if unknown:
-        words = list(dict.fromkeys(w for f in unknown[:20] for w in unknown_words(backbone, f.subject)))
+        words = list(dict.fromkeys(w for s in unknown[:20] for w in unknown_words(backbone, s)))
         warnings.warn(f"{len(unknown)} of {len(facts)} facts have subjects with words the model's vocabulary does not "
                       f"know ({', '.join(words[:6])}{', ...' if len(words) > 6 else ''}): it reads them as "
                       f"{backbone.tokenizer.unk_token!r}, so those subjects look alike to it", stacklevel=1)
