@@ -230,9 +230,6 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     console.print(f"wrote {', '.join(files.values())}", soft_wrap=True)
 
 
-# every file `timerome trace` writes in its --out: a run's files are one set, never mixed with an earlier run's
-OUTPUT_FILES = ("trace.safetensors", "trace.json", "positional.safetensors", "positional.json",
-                "neighbours.safetensors", "neighbours.json", "heatmap.png", "heatmap_compare.png", "selection.json")
 PER_FACT = re.compile(r"heatmap-\d+\.png")  # per_fact/heatmap-<index>.png
 
 
@@ -246,6 +243,11 @@ def _writes(kind: str, n_facts: int, per_fact: bool, *, neighbours: bool = False
     if per_fact:
         names |= {f"per_fact/heatmap-{i}.png" for i in range(n_facts)}
     return names
+
+
+# every file `timerome trace` writes in its --out but the per-fact heatmaps (PER_FACT), whatever the run: a run's
+# files are one set, never mixed with an earlier run's
+OUTPUT_FILES = tuple(sorted(_writes("trace", 0, False, neighbours=True) | _writes("positional", 0, False, compare=True)))
 
 
 def _earlier_outputs(out: Path) -> list[Path]:

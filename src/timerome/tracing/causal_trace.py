@@ -241,7 +241,8 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
         corrupted.append(out["corrupted"])
         infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):]),
                           **({} if keep is None else {"unscored_positions": (~keep).nonzero().flatten().tolist()})))
-    refuse_overflowing_noise(torch.stack(corrupted), sig, rule, torch.stack(clean))
+    clean, corrupted = torch.stack(clean), torch.stack(corrupted)
+    refuse_overflowing_noise(corrupted, sig, rule, clean)
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)
@@ -251,7 +252,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
                     prompt_start=list(backbone.prompt_start),
                     readout=readout, temperature=0.0, remasking=REMASKING, block_length="object length (one block)",
                     **({} if read_positions == TRACE.read_positions else {"read_positions": read_positions}))
-    return TraceResult(aggregate(tie_full, tau), tie_full, torch.stack(clean), torch.stack(corrupted),
+    return TraceResult(aggregate(tie_full, tau), tie_full, clean, corrupted,
                        [it.fact_id for it in items], modules, layers, settings, infos, stats)
 
 
