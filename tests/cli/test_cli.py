@@ -426,6 +426,22 @@ def test_an_option_given_twice_is_found_and_a_repeatable_options_value_is_not():
     assert repeated_option(ev, ["--n-mc=2", "--n-mc", "3"]) == "--n-mc"
 
 
+def test_an_empty_path_option_is_found_and_an_empty_text_option_is_not():
+    """typer turned `--out ""` into Path("") == Path("."): a folder option then wrote into the current folder."""
+    import typer
+
+    from timerome.cli.app import empty_path_option
+
+    cmd = typer.main.get_command(app)
+    trace, merge, ev = cmd.commands["trace"], cmd.commands["memory"].commands["merge"], cmd.commands["eval"]
+    assert empty_path_option(trace, ["--out", ""]) == "--out" and empty_path_option(trace, ["-o", " "]) == "-o"
+    assert empty_path_option(trace, ["--out="]) == "--out" and empty_path_option(trace, ["--out", "."]) is None
+    assert empty_path_option(trace, ["--data", "", "--out", "x"]) is None  # a text option: its own check says so
+    assert empty_path_option(trace, ["--", "--out", ""]) is None  # after --, a value
+    assert empty_path_option(merge, ["a", "b", "-o", ""]) == "-o"
+    assert empty_path_option(ev, ["--bench", "mmlu", "--edit", "", "--no-rouge"]) == "--edit"
+
+
 def test_eval_requests_notes_requests_the_memory_does_not_hold_or_holds_with_another_target():
     """eval --edit M --requests R said nothing when M held none of R, or held R's question with another target."""
     from types import SimpleNamespace as NS
@@ -470,3 +486,32 @@ def test_memory_merge_notes_one_relative_lambda_over_two_key_scales(tmp_path):
     assert run("edit", "--data", "embedded:forget05", "-o", b)[0] == 0
     code, out = run("memory", "merge", a, b, "-o", tmp_path / "ab.safetensors")
     assert code == 0 and "solves with lambda" in out and "join" in out, out
+
+
+def test_the_cli_says_each_warning_once_even_when_a_library_resets_pythons_filters(capsys):
+    """Python's once-per-place filter forgets what it said whenever the filters change (a library's
+    `warnings.catch_warnings`), so one run could print the same warning twice; the CLI's printer keeps what
+    it said. Another text, or another category, is still said."""
+    import warnings
+
+    from timerome.cli.app import OneLineWarnings
+
+    saved = warnings.showwarning
+    warnings.showwarning = OneLineWarnings()
+    try:
+        def say(text, category=UserWarning):
+            warnings.warn(text, category, stacklevel=1)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            say("2 of 2 facts have subjects   with words")
+            with warnings.catch_warnings():  # what a tokenizer's load does between two traces
+                warnings.simplefilter("ignore", FutureWarning)
+            say("2 of 2 facts have subjects with words")  # the same text (white space aside), the same place
+            say("another text")
+            say("another text", FutureWarning)
+    finally:
+        warnings.showwarning = saved
+    err = capsys.readouterr().err
+    assert err.count("facts have subjects with words") == 1 and err.count("another text") == 2, err
+    assert "(FutureWarning)" in err

@@ -335,3 +335,18 @@ def test_ablations_add_the_echo_row_only_where_a_tie_trace_places_timerome():
         with pytest.raises(TimeromeError, match="a given coordinate skips that trace"):
             method_config("timerome", dict(over, coordinate=[0, "resid"]))
     method_config("timerome", {"coordinate": [0, "resid"], "trace_modules": ["resid", "attn", "mlp"]})  # defaults
+
+
+def test_rows_the_vocabulary_cannot_read_are_said_by_the_api_as_by_the_cli(bb):
+    """The CLI warned where most of the evaluated rows' tokens were <|unk|>; the Python API's evaluate
+    scored such rows silently (review 60). Rows the vocabulary reads get no warning."""
+    import warnings
+
+    known = [dict(r) for r in eval_rows()["forget"][:2]]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        evaluate(bb, {"forget": known}, n_mc=1, rouge=False)
+    assert not [w for w in said if "unknown to the model's vocabulary" in str(w.message)]
+    unread = [dict(r, question="Qwxz blorf zzqx flurb ?", answer="Vrrzt plonk .") for r in known]
+    with pytest.warns(UserWarning, match=r"\d+% of the evaluated rows' tokens are unknown to the model's vocabulary"):
+        evaluate(bb, {"forget": unread}, n_mc=1, rouge=False)

@@ -9,6 +9,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from functools import wraps
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -54,37 +55,62 @@ class OneLineUsageErrors(TyperGroup):
         if twice:  # click keeps the last value without a word: the first one would be dropped silently
             raise clickx.UsageError(f"{twice} given twice: give it once (the second would replace the first "
                                     "without a word)", type(ctx)(cmd, info_name=name, parent=ctx))
+        empty = empty_path_option(cmd, rest) if cmd is not None else None
+        if empty:  # Path("") is ".": an empty --out would otherwise write into the current folder
+            raise clickx.UsageError(f"{empty}: the path is empty: give one", type(ctx)(cmd, info_name=name, parent=ctx))
         return name, cmd, rest
 
 
-def repeated_option(command, args) -> str | None:
-    """The first option of `command` that takes one value and appears twice in args (or a flag given both
-    ways, --rouge and --no-rouge), as written the second time; None when none does. Arguments after
-    `--` are values, not options, and so is the value after any option that takes one (a repeatable
-    option's too); the same flag twice changes nothing and passes."""
+def given_options(command, args):
+    """(name as written, option, its value or None for a flag) for each option of `command` in args, in
+    order. Arguments after `--` are values, not options, and so is the value after any option that takes
+    one: `--out --json` gives --out the value "--json"."""
     options = {}
     for p in getattr(command, "params", ()):
         if getattr(p, "param_type_name", "") == "option":
             options.update(dict.fromkeys([*p.opts, *p.secondary_opts], p))
-    seen: dict = {}  # id(option) -> its value's side: for a flag whether it was the "off" spelling
-    expects_value = False
+    pending = None  # (name, option) waiting for its value in the next argument
     for a in args:
-        if a == "--":
-            break
-        if expects_value:  # the value of the option before: never read as an option itself
-            expects_value = False
+        if pending is not None:
+            yield (*pending, a)
+            pending = None
             continue
-        name = a.split("=", 1)[0] if a.startswith("--") else a
+        if a == "--":
+            return
+        name, eq, value = a.partition("=") if a.startswith("--") else (a, "", "")
         p = options.get(name)
         if p is None:
             continue
-        expects_value = not p.is_flag and not p.count and "=" not in a
-        if p.multiple or p.count:  # repeating it is how it is used
+        if p.is_flag or p.count:
+            yield name, p, None
+        elif eq:
+            yield name, p, value
+        else:
+            pending = (name, p)
+
+
+def repeated_option(command, args) -> str | None:
+    """The first option of `command` that takes one value and appears twice in args (or a flag given both
+    ways, --rouge and --no-rouge), as written the second time; None when none does. A repeatable option
+    may repeat (it is how it is used); the same flag twice changes nothing and passes."""
+    seen: dict = {}  # id(option) -> its value's side: for a flag whether it was the "off" spelling
+    for name, p, _ in given_options(command, args):
+        if p.multiple or p.count:
             continue
         side = name in p.secondary_opts if p.is_flag else None
         if id(p) in seen and not (p.is_flag and seen[id(p)] == side):
             return name
         seen.setdefault(id(p), side)
+    return None
+
+
+def empty_path_option(command, args) -> str | None:
+    """The first option of `command` typed as a path that is given an empty value (`--out ""`, `--out=`), as
+    written; None when none is. The command would see Path(""), which is "." (the current folder)."""
+    for name, p, value in given_options(command, args):
+        descriptor = getattr(p, "type_descriptor", None)
+        if value is not None and not value.strip() and getattr(descriptor, "annotation", None) is Path:
+            return name
     return None
 
 
@@ -185,18 +211,28 @@ def _options(threads: Optional[int] = typer.Option(
     torch.set_num_threads(n)
     if allocator.wanted():  # freed activations stay in the process between forwards (allocator.py)
         allocator.keep_freed_memory()
-    warnings.showwarning = _one_line_warning
+    warnings.showwarning = OneLineWarnings()
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+class OneLineWarnings:
     """Python warnings on the command line as one yellow line (no source line: that is for developers;
-    TIMEROME_DEBUG=1 keeps Python's format)."""
-    if os.environ.get("TIMEROME_DEBUG"):
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
-        return
-    text = " ".join(str(message).split())
-    origin = "" if category is UserWarning else f" ({category.__name__})"
-    err_console.print(f"[yellow]warning:[/] {escape(text)}{origin}", soft_wrap=True)
+    TIMEROME_DEBUG=1 keeps Python's format), each text once per command: Python's own once-per-place
+    filter forgets what it said whenever a library changes the filters (`warnings.catch_warnings`), so
+    the same warning could come twice in one run."""
+
+    def __init__(self):
+        self.said: set[tuple[str, type]] = set()
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if os.environ.get("TIMEROME_DEBUG"):
+            sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+            return
+        text = " ".join(str(message).split())
+        if (text, category) in self.said:
+            return
+        self.said.add((text, category))
+        origin = "" if category is UserWarning else f" ({category.__name__})"
+        err_console.print(f"[yellow]warning:[/] {escape(text)}{origin}", soft_wrap=True)
 
 
 def print_json(obj) -> None:

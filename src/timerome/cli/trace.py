@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -198,11 +197,9 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
     choices = {m: select_positional(result, (m,)) for m in result.modules}
     files["selection"] = str(out / "selection.json")
     if compare:
-        with warnings.catch_warnings():  # the same facts: their unknown subjects were said by the positional trace
-            warnings.filterwarnings("ignore", message=r".* facts have subjects with words")
-            tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma
-                        readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size,
-                        noise=noise, read_positions=read_positions)
+        tie = trace(bb, facts, steps=steps, n_samples=n_samples, sigma=result, tau=tau, seed=seed,  # its sigma; its
+                    readout=readout, batch_size=TRACE.batch_size if batch_size is None else batch_size,  # warnings
+                    noise=noise, read_positions=read_positions)  # said by the positional trace are not said again
         tie_path = tie.save(out / "trace.safetensors")
         files["compare"] = str(plot_compare(result, tie, out / "heatmap_compare.png"))
         files.update(tie.files(tie_path, "tie_trace"))

@@ -172,6 +172,20 @@ def entity_subject(rows: list[dict], field_name: str = "question") -> list[str |
 UNKNOWN_WARNING = 0.05  # above this share of unknown tokens an evaluation's numbers mean little
 
 
+def warn_unknown_rows(backbone, rows: dict, per_split: int = 20) -> None:
+    """Warn where more than UNKNOWN_WARNING of the tokens of the rows to evaluate ({split: rows}, the first
+    `per_split` of each) are the model's unknown token: their scores then mean little. Said on loading the rows
+    (the CLI, an experiment) and on evaluating them (the Python API): one line of code and one text, so it is
+    said once for one set of rows."""
+    texts = [f"{r.get('question', '')} {r.get('answer', '')}" for v in rows.values() for r in list(v)[:per_split]
+             if isinstance(r, dict)]
+    share = unknown_share(backbone, texts)
+    if share > UNKNOWN_WARNING:
+        warnings.warn(f"{share:.0%} of the evaluated rows' tokens are unknown to the model's vocabulary "
+                      f"({backbone.vocab_size} tokens): their log-probabilities mean little; evaluate a model that "
+                      "was trained on this data (--model DIR)", stacklevel=1)
+
+
 def unknown_share(backbone, texts: list[str], limit: int = 200) -> float:
     """Share of tokens the model's tokenizer maps to its unknown token (0 for byte-level BPE),
     over the first `limit` texts."""

@@ -32,6 +32,7 @@ from timerome.common.checks import budget, integer, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.cost import measure
 from timerome.common.progress import progress_bar
+from timerome.data.benchmark import warn_unknown_rows
 from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
@@ -240,6 +241,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
             raise TimeromeError(f"reference_tr must be a non-empty list of finite truth ratios (the reference "
                                 f"model's, evaluation.reference_truth_ratios), got {shown(reference_tr)}")
     check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
+    warn_unknown_rows(backbone, rows)  # rows the vocabulary cannot read score as <|unk|>, as the CLI says
     items = {}
     ctx = edit_active(edit, backbone)
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:

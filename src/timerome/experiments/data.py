@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 
-from timerome.data.benchmark import UNKNOWN_WARNING, unknown_share
+from timerome.data.benchmark import warn_unknown_rows
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
 from timerome.data.requests import load_requests
 from timerome.data.rows import spread
@@ -105,11 +105,7 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
         warnings.warn(f"rows longer than the model's context of {backbone.max_length} tokens are not scored: "
                       + ", ".join(dropped), stacklevel=2)
     out = kept
-    share = unknown_share(backbone, [f"{r['question']} {r['answer']}" for v in out.values() for r in v[:20]])
-    if share > UNKNOWN_WARNING:
-        warnings.warn(f"{share:.0%} of the evaluated rows' tokens are unknown to the model's vocabulary "
-                      f"({backbone.vocab_size} tokens): their log-probabilities mean little; use a model that "
-                      "was trained on this data (--model DIR)", stacklevel=2)
+    warn_unknown_rows(backbone, out)
     if "forget" in out and not shown:
         raise TimeromeError(f"the {forget} split holds no row" + (f" from row {lo} to {hi}" if (lo, hi) != (0, len(rows))
                                                                    else "") + ": there is nothing to evaluate")
