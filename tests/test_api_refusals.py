@@ -185,3 +185,75 @@ def test_removing_facts_inside_applied_is_refused_and_remove_takes_ids_only(bb, 
     assert len(mem.remove([task.facts[0].fact_id])) == 2  # outside: as before
     with pytest.raises(TimeromeError):
         mem.remove(None)
+
+
+def test_selection_and_heatmaps_refuse_what_is_not_a_trace_and_heatmaps_read_a_saved_one(bb, task, tmp_path):
+    """select_coordinate("x") / (None), per_fact_best and runner_up of a non-trace raised AttributeError; plot_heatmaps
+    of a path did too, and now reads the saved trace (TraceResult.load)."""
+    from timerome.tracing.selection import per_fact_best, runner_up
+
+    r = timerome.trace(bb, task.facts[:2], steps=2, n_samples=1, seed=0, progress=False)
+    for bad in ("x", None):
+        with pytest.raises(TimeromeError, match="select_coordinate's result must be a TraceResult"):
+            timerome.select_coordinate(bad)
+    with pytest.raises(TimeromeError, match="per_fact_best's result must be a TraceResult.*TraceResult.load"):
+        per_fact_best("x")
+    with pytest.raises(TimeromeError, match="runner_up's result must be a TraceResult"):
+        runner_up([r], timerome.select_coordinate(r).best)
+    with pytest.raises(TimeromeError, match="no trace result at .*t3.safetensors"):
+        timerome.plot_heatmaps(tmp_path / "t3.safetensors", tmp_path / "x.png")
+    with pytest.raises(TimeromeError, match="plot_heatmaps's result must be a TraceResult"):
+        timerome.plot_heatmaps(5, tmp_path / "x.png")
+    saved = r.save(tmp_path / "t")
+    assert timerome.plot_heatmaps(str(saved), tmp_path / "h.png").read_bytes() == \
+        timerome.plot_heatmaps(r, tmp_path / "h2.png").read_bytes()
+
+
+def test_a_trace_saved_to_a_folder_is_refused_not_written_beside_it(bb, task, tmp_path):
+    r = timerome.trace(bb, task.facts[:1], steps=2, n_samples=1, seed=0, progress=False)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(TimeromeError, match="the trace file .*adir is a directory; pass a file name"):
+        r.save(tmp_path / "adir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # no adir.safetensors / adir.json beside it
+
+
+def test_reference_truth_ratios_wants_a_model_and_forget_rows(bb):
+    from timerome.evaluation.evaluator import eval_rows
+
+    rows = eval_rows("embedded")["forget"][:2]
+    with pytest.raises(TimeromeError, match="reference_truth_ratios's reference must be a model.*load_backbone"):
+        timerome.reference_truth_ratios("embedded", rows)
+    for bad in ([], "forget", {"forget": rows}):
+        with pytest.raises(TimeromeError, match="reference_truth_ratios's rows must be a non-empty list of forget"):
+            timerome.reference_truth_ratios(bb, bad)
+    no_pert = {k: v for k, v in rows[0].items() if k != "perturbed_answer"}
+    for bad in ({"q": 1}, no_pert, "a row"):
+        with pytest.raises(TimeromeError, match=r"reference_truth_ratios's rows\[1\] must be a row with 'question'"):
+            timerome.reference_truth_ratios(bb, [rows[0], bad])
+    with pytest.raises(TimeromeError, match="n_mc"):
+        timerome.reference_truth_ratios(bb, rows, n_mc=0)
+
+
+def test_log_likelihood_requests_and_requests_task_refuse_a_wrong_kind_of_argument():
+    with pytest.raises(TimeromeError, match="log_likelihood's backbone must be a model from timerome.load_backbone"):
+        timerome.log_likelihood(None, [1], [2])
+    with pytest.raises(TimeromeError, match="requests spec must be a file path, a corpus spec .* got int 5"):
+        timerome.load_requests(5)
+    with pytest.raises(TimeromeError, match="requests must be a list of edit requests: requests, notes = "
+                                            "load_requests\\(spec\\)"):
+        timerome.requests_task("counterfactual:forget10")
+    loaded = timerome.load_requests("counterfactual:forget10", limit=2)
+    with pytest.raises(TimeromeError, match="requests must be a list of edit requests"):
+        timerome.requests_task(loaded)  # the (requests, notes) pair, not the requests
+    assert len(timerome.requests_task(iter(loaded[0])).facts) == 2
+
+
+def test_an_edit_function_returning_another_shape_is_refused_naming_its_site(bb):
+    ids = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
+    for fn, got in ((lambda h, s: h[:, :2], r"a tensor of shape \(1, 2, "), (lambda h, s: 0.0, "got float")):
+        with pytest.raises(TimeromeError, match=f"the edit function at layer 1 resid must return a tensor of its "
+                                                f"input's shape \\(1, {ids.shape[1]}, {bb.hidden_size}\\).*{got}"):
+            with torch.no_grad(), timerome.Hooks(bb, edit={(1, "resid"): fn}):
+                bb.logits(ids)
+    with torch.no_grad(), timerome.Hooks(bb, edit={timerome.Coordinate(1, "resid"): lambda h, s: h * 1.0}):
+        bb.logits(ids)  # the same shape: taken

@@ -147,6 +147,7 @@ def files(tmp_path_factory):
     f["mem_l0"] = d / "l0.safetensors"
     assert runner.invoke(app, ["edit", "--layer", "0", "--out", str(f["mem_l0"])]).exit_code == 0
     f["alpha_huge"] = rewrite_header(mem, d / "alpha.safetensors", hyper__alpha=1e30)
+    f["alpha_neg"] = rewrite_header(mem, d / "alpha_neg.safetensors", hyper__alpha=-1.0)
     f["layer_neg"] = rewrite_header(mem, d / "layer.safetensors", coordinate__layer=-1)
     f["q_over"] = rewrite_header(mem, d / "q.safetensors", hyper__q=500)  # TopQ over more facts than it holds
     f["no_hyper"] = rewrite_header(mem, d / "nohyper.safetensors", hyper={})
@@ -333,6 +334,13 @@ def catalogue(f, tmp):
         ("a trace's .json that is no trace (the message named a .safetensors never given)",
          ["edit", "--trace", f["req_one"], "-o", out], "is not a trace"),
         ("an empty -o for a memory (read as '.': 'is a directory')", ["edit", "-o", ""], "-o: the path is empty"),
+        # stop 71: an overflowing memory was refused by generate and eval --edit only, and built without a word
+        ("an overflowing alpha under eval --requests (scored Gibberish 1)", ["eval", "--edit", f["alpha_huge"],
+                                                                             "--requests", f["req_one"]], "overflow"),
+        ("edit --alpha 1e30 (the file was written; generate refused it later)", ["edit", "--alpha", "1e30", "-o", out],
+         "overflow"),
+        ("a hand-edited negative alpha (it added the old answer back)", ["generate", "--edit", f["alpha_neg"], "Hi ?"],
+         "alpha must be a finite number >= 0"),
         # stop 71: an empty folder option arrived as Path('.') and wrote into the current folder
         ("an empty trace --out (the run wrote into the current folder)", ["trace", "--out", ""],
          "--out: the path is empty"),

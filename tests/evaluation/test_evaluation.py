@@ -350,3 +350,26 @@ def test_rows_the_vocabulary_cannot_read_are_said_by_the_api_as_by_the_cli(bb):
     unread = [dict(r, question="Qwxz blorf zzqx flurb ?", answer="Vrrzt plonk .") for r in known]
     with pytest.warns(UserWarning, match=r"\d+% of the evaluated rows' tokens are unknown to the model's vocabulary"):
         evaluate(bb, {"forget": unread}, n_mc=1, rouge=False)
+
+
+def test_evaluate_reads_what_the_edits_memory_should_say_and_refuses_an_empty_target(bb, task):
+    """evaluate classified every forget answer against "I don't know." whatever the edit's own target: a memory
+    saying "I know ." scored Refusal 0, Leak 0, Gibberish 0, Confabulation 0 (review 61)."""
+    from timerome.evaluation.evaluator import edit_targets
+    from timerome.memory.edit_memory import EditMemory
+
+    memory = EditMemory(bb, (1, "resid"), target="I know .").add(task.facts[:2])
+    rows = eval_rows()["forget"][:3]
+    asked = [r for r in rows if r["question"] in {f.prompt for f in task.facts[:2]}]
+    assert edit_targets(memory, rows) == ["I know ."] * 3 and edit_targets(None, rows) == ["I don't know."] * 3
+    assert asked  # the rows the facts ask get the memory's target too (a fact's own target would win)
+    for bad in ("", "  ", 5):
+        with pytest.raises(TimeromeError, match="target must be a non-empty text"):
+            evaluate(bb, {"forget": rows}, n_mc=1, rouge=False, target=bad)
+
+
+def test_an_undone_weight_edit_is_refused_not_scored_as_the_unedited_model(bb, task):
+    w = install("ga", bb, task, {"grad_steps": 1})
+    w.undo()
+    with pytest.raises(TimeromeError, match="this ga edit was undone"):
+        evaluate(bb, {"forget": eval_rows()["forget"][:2]}, n_mc=1, rouge=False, edit=w)

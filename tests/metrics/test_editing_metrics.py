@@ -3,6 +3,7 @@ edit_scores on the embedded model, with an edit that must move them and one that
 
 import math
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
@@ -54,6 +55,11 @@ def test_outcomes_partition_the_answers():
     assert classify("University of Cambridge", target="University of Cambridge", obj="University of Oxford") == "Refusal"
 
 
+# the requests' own probes only: these tests are about the scores, not about which rows probe the model (AUTO,
+# the default, adds the embedded corpus's 80 locality rows here: test_auto_probes_are_the_clis)
+scores = partial(edit_scores, locality=None, known_subjects=None)
+
+
 @pytest.fixture(scope="module")
 def bb():
     return timerome.load_backbone()
@@ -65,7 +71,7 @@ def reqs():
 
 
 def test_no_edit_changes_nothing_and_scores_the_unedited_model(bb, reqs):
-    res = edit_scores(bb, reqs, None, n_mc=2)
+    res = scores(bb, reqs, None, n_mc=2)
     m = res["metrics"]
     assert m["Locality"] == 1.0 and changed_nothing(res) and m["FluencyRatio"] == 1.0
     assert m["Efficacy"] == m["BaseEfficacy"] and "Unchanged" not in m  # nothing to compare with
@@ -95,8 +101,8 @@ class _Forced:
 
 
 def test_an_edit_that_breaks_everything_scores_so(bb, reqs):
-    base = edit_scores(bb, reqs, None, lp=False)
-    res = edit_scores(bb, reqs, _Forced(bb, bb.encode("Ostrel")[0]), baseline=base["baseline"], n_mc=2)
+    base = scores(bb, reqs, None, lp=False)
+    res = scores(bb, reqs, _Forced(bb, bb.encode("Ostrel")[0]), baseline=base["baseline"], n_mc=2)
     m = res["metrics"]
     assert m["Locality"] < 0.5 and not changed_nothing(res) and m["Efficacy"] == 0.0 and m["Unchanged"] == 0.0
     assert m["Gibberish"] > 0.5  # "Ostrel Ostrel Ostrel ..."
@@ -105,10 +111,10 @@ def test_an_edit_that_breaks_everything_scores_so(bb, reqs):
 def test_scores_refuse_requests_without_a_target_and_a_foreign_baseline(bb, reqs):
     bare = [EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "x", None, "z"), neighbours=(Probe("q ?"),))]
     with pytest.raises(TimeromeError, match="no target"):
-        edit_scores(bb, bare, None)
-    base = edit_scores(bb, reqs, None, lp=False)
+        scores(bb, bare, None)
+    base = scores(bb, reqs, None, lp=False)
     with pytest.raises(TimeromeError, match="other probes"):
-        edit_scores(bb, reqs[:2], None, baseline=base["baseline"])
+        scores(bb, reqs[:2], None, baseline=base["baseline"])
 
 
 def test_a_probe_over_the_context_is_refused_not_cut(bb, reqs):
@@ -121,10 +127,10 @@ def test_a_probe_over_the_context_is_refused_not_cut(bb, reqs):
     with_long = dataclasses.replace(r, neighbours=(*r.neighbours, Probe(long)))
     with pytest.raises(TimeromeError, match=r"request 0's neighbour probe is \d+ tokens, and with \d+ answer tokens "
                                             r"over the model's context of 512"):
-        edit_scores(bb, [with_long, *reqs[1:]], None, lp=False)
+        scores(bb, [with_long, *reqs[1:]], None, lp=False)
     with pytest.raises(TimeromeError, match="retain row 0 is"):
-        edit_scores(bb, reqs[:1], None, locality={"retain": [{"question": long, "answer": "x"}]}, lp=False)
-    edit_scores(bb, reqs[:1], None, lp=False, gen_length=8)  # the requests themselves fit
+        scores(bb, reqs[:1], None, locality={"retain": [{"question": long, "answer": "x"}]}, lp=False)
+    scores(bb, reqs[:1], None, lp=False, gen_length=8)  # the requests themselves fit
 
 
 def test_says_ignores_case_apostrophes_and_how_the_sentence_closes():
@@ -191,6 +197,32 @@ def test_generalisation_without_paraphrases_is_nan_with_a_note():
 
     req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
                       true_object="Ostrel")
-    res = edit_scores(load_backbone(), [req], lp=False, gen_length=8)
+    res = scores(load_backbone(), [req], lp=False, gen_length=8)
     assert math.isnan(res["metrics"]["Generalisation"])
     assert "no request has a paraphrased prompt" in res["notes"]["Generalisation"]
+
+
+def test_auto_probes_are_the_clis(bb, reqs, tiny_bb):
+    """edit_scores' defaults read no locality rows and no known subjects where `timerome eval --requests` read the
+    embedded corpus's: on one memory the API said Confabulation 0.875 where the CLI said 0.10 (review 61). AUTO now
+    resolves as the CLI does; None is the requests' own probes; a bad value is one line."""
+    from timerome.data.corpus import known_subjects
+    from timerome.data.tofu import _embedded
+    from timerome.metrics.editing import AUTO, _auto_probes, locality_rows
+
+    locality, known, probes = _auto_probes(bb, reqs, AUTO, AUTO)
+    assert locality == locality_rows("embedded") and known == known_subjects(_embedded())
+    assert "retain, real_authors, world_facts" in probes and "(the embedded model)" in probes
+    assert _auto_probes(bb, reqs, None, None) == (None, None, "the requests' own probes only")
+    other = [EditRequest(Fact("Pellmoor", "Where is Pellmoor ?", "Kalvor", "Nowhere ."))]
+    assert _auto_probes(tiny_bb, other, AUTO, AUTO)[:2] == (None, None)  # neither the model nor the subjects are the corpus's
+    for bad, match in (({"retain": "x"}, "locality must be"), ("all", "locality must be")):
+        with pytest.raises(TimeromeError, match=match):
+            _auto_probes(bb, reqs, bad, None)
+    with pytest.raises(TimeromeError, match="known_subjects must be a list"):
+        _auto_probes(bb, reqs, None, "Isgor")
+    for bad, match in ((dict(gen_length=0), "gen_length must be"), (dict(gen_length=2.5), "gen_length must be"),
+                       (dict(seed=-1), "seed must be"), (dict(n_mc=0), "n_mc must be"),
+                       (dict(sampler={"foo": 1}), "unknown option")):
+        with pytest.raises(TimeromeError, match=match):
+            scores(bb, reqs, None, **bad)

@@ -439,35 +439,3 @@ def warn_unknown_words(bb, text: str, what: str) -> None:
         shown = ", ".join(repr(w) for w in dict.fromkeys(words))
         err_console.print(f"[yellow]warning:[/] {escape(what)} has words the model's vocabulary does not know "
                           f"({escape(shown)}); the model reads each as {bb.tokenizer.unk_token!r}", soft_wrap=True)
-
-
-def check_edit_scale(bb, memory, prompts: list[list[int]], source) -> None:
-    """Refuse an edit memory whose update overflows on these prompts (e.g. a hand-edited alpha of
-    1e30: the answer would silently be empty); warn when it is over 100 times the residual it edits."""
-    import torch
-
-    from timerome.engine.hooks import run_to
-
-    if not hasattr(memory, "update") or type(memory).__name__ == "RewriteMemory":
-        return  # the rewrite memory writes bounded values (the model's own residuals), never a scaled delta
-    memory._check_ready()  # what applying it checks first (empty, q above its facts), before an update below
-    worst = 0.0
-    with torch.no_grad():
-        for ids in prompts:
-            h = run_to(bb, memory.coordinate.site, torch.tensor([ids], device=bb.device))
-            if not torch.isfinite(h).all():  # the model itself, before any edit: not the memory's fault
-                raise TimeromeError(f"the model's residual at {memory.coordinate} is already NaN or infinite on "
-                                    f"these prompts, before {source} acts: the model overflows in "
-                                    f"{str(bb.dtype).removeprefix('torch.')}; try --dtype float32")
-            # what the next layer's norm computes, in the model's dtype: an overflow there ruins the answer
-            if not torch.isfinite(memory.update(h).float().pow(2).mean(-1)).all():
-                raise TimeromeError(f"{source} makes the residual at {memory.coordinate} overflow (alpha "
-                                    f"{memory.alpha:g}): its alpha is far too large; rebuild it with a smaller "
-                                    "alpha (`timerome methods` lists the defaults)")
-            h = h.double()
-            change = memory.update(h) - h
-            worst = max(worst, float((change.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).max()))
-    if worst > 100:
-        err_console.print(f"[yellow]warning:[/] {escape(str(source))} changes the residual by up to {worst:.0f} "
-                          f"times its size (alpha {memory.alpha:g}): expect empty or meaningless answers",
-                          soft_wrap=True)

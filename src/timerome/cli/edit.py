@@ -20,6 +20,7 @@ from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibratio
                               tofu_dir_read)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
+from timerome.memory.scale import check_on_keys
 from timerome.methods.timerome_edit import DEFAULTS
 
 
@@ -205,6 +206,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                           f"squared norm: each fact keeps about 1/{1 + ratio:.3g} of its update (1/"
                           f"{1 + DEFAULTS['lam']:g} at the default --lam {DEFAULTS['lam']:g}, which is relative to "
                           "that norm), so the memory changes (almost) nothing", soft_wrap=True)
+    check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before the write
     memory.save(out)
     _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     if as_json:
@@ -363,6 +365,7 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     memory.calibration_left_out = [i for i, said in enumerate(stating(rows, forget)) if said]
     if len(rows) - len(memory.calibration_left_out) != len(spare):
         raise RuntimeError("timerome edit: the calibration rows left out do not account for the rows spared")
+    check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before the write
     memory.save(out)
     _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     if as_json:
@@ -414,6 +417,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
                                 f"evaluate it in place with `timerome experiment editing --methods {method}`")
         if isinstance(memory, list):
             raise TimeromeError(f"{method} built {len(memory)} memories (one per coordinate); save needs one")
+        check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before the write
         memory.save(out)
         _zero_alpha(alpha)
         what, name = f"{method} memory of {len(memory)} facts at {memory.coordinate}", "memory file"

@@ -10,10 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
+from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
                               print_json)
 from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
+from timerome.memory.scale import check_on_prompts
 
 
 def metric_table(metrics: dict, fmt: str) -> Table:
@@ -41,7 +42,7 @@ MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
 
 def _saved_memory(bb, edit, prompts, also: str = ""):
     """--edit's memory for these metrics: one of a single denoising step refused (they read likelihoods),
-    its update checked on `prompts` (`check_edit_scale`)."""
+    its update checked on `prompts` (`check_on_prompts`)."""
     from timerome.engine.hooks import refuse_one_step
     from timerome.memory.memory_file import load_memory
 
@@ -49,7 +50,7 @@ def _saved_memory(bb, edit, prompts, also: str = ""):
     refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
                     f"{also}read it along the trajectory (the ablations' Traj columns), or build it for every step "
                     "(edit without --step)")
-    check_edit_scale(bb, memory, prompts, edit)
+    check_on_prompts(bb, memory, prompts, edit)
     return memory
 
 
@@ -263,6 +264,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     memory = load_memory(edit, bb) if edit is not None else None
     if memory is not None:
+        check_on_prompts(bb, memory, [bb.encode_prompt(r.fact.prompt) for r in reqs[:4]], edit)  # as eval --edit does
         held = held_requests_notes(memory, reqs, str(edit))
         for n in held:
             err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
@@ -277,8 +279,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     if unedited is not None:
         other = load_backbone(unedited, recorded.get("family") if base is None and recorded else None,
                               dtype=model.dtype, device=str(bb.device), trust_remote_code=model.trust_remote_code)
-        baseline = edit_scores(other, reqs, None, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
-                               lp=False, progress=True)["baseline"]
+        baseline = edit_scores(other, reqs, None, locality=locality, known_subjects=known, gen_length=gen_length,
+                               n_mc=n_mc, seed=seed, lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
     exact = exact_likelihood(bb, n_mc, seed)

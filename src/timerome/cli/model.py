@@ -10,11 +10,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from timerome.cli.app import (ModelChoice, app, check_edit_scale, console, err_console, friendly, model_options,
+from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
                               print_json, tofu_dir_read, warn_unknown_words)
 from timerome.common.cache import json_text
 from timerome.engine.settings import ANSWER, SAMPLER
 from timerome.errors import TimeromeError
+from timerome.memory.scale import check_on_prompts
 
 
 @app.command()
@@ -297,7 +298,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         k = memory.coordinate.step
         if k is not None:
             refuse_unreached(k, steps, str(edit), "this run (--steps) takes", f"pass --steps {k + 1} or more")
-        check_edit_scale(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
+        check_on_prompts(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
         warn_unknown_words(bb, p, f"prompt {i + 1}")
     t = Table(show_lines=True)

@@ -43,6 +43,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from timerome.common.checks import shown
 from timerome.common.files import read_text
 from timerome.data.facts import Fact, target_conflict
 from timerome.errors import TimeromeError
@@ -102,6 +103,10 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     'tofu:SPLIT' spec (refused for any other)."""
     from timerome.data.rows import tofu_dir_read
 
+    if not isinstance(spec, (str, list, tuple)) and not hasattr(spec, "__fspath__"):  # Path(5) raised a TypeError
+        raise TimeromeError(f"the requests spec must be a file path, a corpus spec ('counterfactual:forget10', "
+                            f"'embedded:forget01', 'tofu:SPLIT') or a list of records, got {type(spec).__name__} "
+                            f"{shown(spec)}")
     tofu_dir_read(tofu_dir, spec)
     if target is not None and not (isinstance(target, str) and target.strip()):  # "" filled nothing, silently
         raise TimeromeError(f"the target is empty: give the text the edited model should say, got {target!r}")

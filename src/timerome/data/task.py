@@ -9,7 +9,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from timerome.data.facts import facts_from_rows
+from timerome.common.checks import shown
+from timerome.data.facts import Fact, facts_from_rows
 from timerome.data.tofu import FULL_OFFSET, load_split
 from timerome.errors import TimeromeError
 
@@ -59,6 +60,12 @@ def shared_rows(forget_rows, retain_rows) -> int:
 def requests_task(requests, *, retain_rows=(), background=None, known_rows=None) -> ForgetTask:
     """The task of edit requests (timerome.data.requests): their facts, each with its own target;
     the forget rows are the facts' (prompt, original answer), so gradient methods forget them."""
+    requests = list(requests) if hasattr(requests, "__iter__") and not isinstance(requests, (str, bytes)) else requests
+    if not isinstance(requests, list) or not all(isinstance(getattr(r, "fact", None), Fact) for r in requests):
+        # a spec string read letter by letter, or load_requests' (requests, notes) pair
+        raise TimeromeError(f"requests_task's requests must be a list of edit requests: requests, notes = "
+                            f"load_requests(spec), then requests_task(requests); got {type(requests).__name__} "
+                            f"{shown(requests)}")
     facts = [r.fact for r in requests]
     rows = [dict(question=f.prompt, answer=f.object, author=f.subject) for f in facts]
     return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background,

@@ -161,6 +161,16 @@ def site_key(site):
     return site
 
 
+def site_name(site) -> str:
+    """A site as a message names it: "layer 1 resid" for (1, "resid"), a Coordinate as it prints, a module by
+    its class."""
+    if isinstance(site, Coordinate):
+        return str(site)
+    if isinstance(site, (tuple, list)) and len(site) >= 2 and isinstance(site[1], str):
+        return f"layer {site[0]} {site[1]}" if site[0] is not None else site[1]
+    return f"module {type(site).__name__}" if isinstance(site, nn.Module) else repr(site)
+
+
 class Hooks(dict):
     """Install keep / edit hooks on backbone sites for a `with` block; a dict site -> kept tensors.
 
@@ -271,6 +281,10 @@ class Hooks(dict):
             new = fn(h, state)
             if new is None:
                 return None
+            if not isinstance(new, torch.Tensor) or new.shape != h.shape:  # a shape failed deep in the next layer
+                got = f"a tensor of shape {tuple(new.shape)}" if isinstance(new, torch.Tensor) else type(new).__name__
+                raise TimeromeError(f"the edit function at {site_name(site)} must return a tensor of its input's "
+                                    f"shape {tuple(h.shape)} (or None: unchanged), got {got}")
             return (new, *output[1:]) if isinstance(output, tuple) else new
 
         return hook

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, integer
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import encode_pairs, known_answer_ids, prompt_text_ids
@@ -89,6 +90,7 @@ def log_likelihood(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKELIHOOD.n
     """MC estimate of log p(answer | prompt) in nats (exact for a one-token answer). prompt_ids and answer_ids
     are token ids or texts: a text prompt starts the sequence (`Backbone.encode_prompt`), a text answer is
     encoded as it follows a prompt (`encoding.answer_ids`)."""
+    model_arg(backbone, "log_likelihood's backbone")
     return float(log_likelihood_samples(backbone, prompt_ids, answer_ids, n_mc=n_mc,
                                         batch_size=batch_size, generator=generator).mean())
 
@@ -99,6 +101,7 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKE
     when the answer is one token. One forward per stratum of batch_size rows, every drawn row run
     (`log_likelihood_batch` runs identical rows once); the head at the scored positions only where
     `masked_head_applies`."""
+    model_arg(backbone, "log_likelihood_samples's backbone")
     prompt, answer = _as_ids(prompt_ids, "prompt", backbone), _as_ids(answer_ids, "answer", backbone)
     _check_pair(backbone, prompt, answer)
     _check_mc(n_mc, batch_size)
@@ -128,6 +131,7 @@ def log_likelihood_batch(backbone, prompts: list[list[int]], answers: list[list[
     device = generator.device (defaults: 0 and the CPU, whatever the backbone's device). Rows identical to an earlier
     one (same prompt, answer and mask) are not run again: its score is reused (module docstring).
     """
+    model_arg(backbone, "log_likelihood_batch's backbone")
     if len(prompts) != len(answers):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(answers)} answers")
     batch_size = 16 if batch_size is None else batch_size
@@ -221,6 +225,7 @@ def exact_log_likelihood(backbone, prompt_ids, answer_ids) -> float:
     """E_{l ~ U{1..La}} E_{|S| = l} (La / l) sum_{i in S} log p(x_i | x with S masked), by
     enumerating all 2^La - 1 subsets (La <= MAX_EXACT): the value the MC estimator converges to.
     A causal model: the exact next-token log-likelihood (what `log_likelihood` returns too)."""
+    model_arg(backbone, "exact_log_likelihood's backbone")
     prompt, answer = _as_ids(prompt_ids, "prompt", backbone), _as_ids(answer_ids, "answer", backbone)
     _check_pair(backbone, prompt, answer)
     if _causal(backbone):

@@ -477,7 +477,11 @@ def check_options(steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_leng
         integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
     if gen_length % block_length:
         raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
-                            f"(--block-length) {block_length}")
+                            f"(--block-length) {block_length}" + (
+                                f": give block_length too (generate()'s steps and block_length default to LLaDA's "
+                                f"{SAMPLER.steps}, whatever gen_length; e.g. steps={gen_length}, "
+                                f"block_length={gen_length}, as the CLI sets them)" if block_length == SAMPLER.block_length
+                                and gen_length < block_length else ""))
     n_blocks = gen_length // block_length
     if steps % n_blocks:
         raise TimeromeError(f"steps (--steps) {steps} is not divisible by the number of blocks "

@@ -171,15 +171,25 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
     return out
 
 
-def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target: str = DEFAULT_TARGET) -> list[str]:
-    """metrics.editing.classify of each forget generation: should say `target` instead of the row's
-    object (its value where the row names one, else the whole answer; the words of the row's question
-    give nothing back); another subject is one of the rows' own subjects (their `author`), when they
-    name them."""
+def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target=DEFAULT_TARGET) -> list[str]:
+    """metrics.editing.classify of each forget generation: should say `target` (one text, or one per forget
+    row) instead of the row's object (its value where the row names one, else the whole answer; the words of
+    the row's question give nothing back); another subject is one of the rows' own subjects (their `author`),
+    when they name them."""
     known = list(dict.fromkeys(r["author"] for rs in rows.values() for r in rs if isinstance(r.get("author"), str)))
-    return [classify(g, target=target, obj=r.get("object") or r["answer"], subject=r.get("author"),
+    targets = [target] * len(rows["forget"]) if isinstance(target, str) else list(target)
+    return [classify(g, target=t, obj=r.get("object") or r["answer"], subject=r.get("author"),
                      known_subjects=known or None, question=r["question"])
-            for r, g in zip(rows["forget"], generations)]
+            for r, g, t in zip(rows["forget"], generations, targets)]
+
+
+def edit_targets(edit, forget_rows) -> list[str]:
+    """What each forget row's answer should say under `edit`: the target of the memory's fact that asks the
+    row's question, else the memory's own target, else DEFAULT_TARGET (an edit with no memory: a weight edit)."""
+    memory = getattr(edit, "memory", None) or (edit if hasattr(edit, "facts") else None)
+    default = getattr(memory, "target", None) or DEFAULT_TARGET
+    held = held_questions(memory)
+    return [held.get(r.get("question")) or default for r in forget_rows]
 
 
 def summarise(items: dict[str, dict], reference_tr=None) -> dict:
@@ -197,12 +207,13 @@ SAMPLER_OPTIONS = ("cache", "threshold", "refresh_every", "slack")
 
 def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, reference_tr=None,
              edit=None, truth_ratio: bool = True, rouge: bool = True, progress: bool = False,
-             sampler: dict | None = None, target: str = DEFAULT_TARGET) -> dict:
+             sampler: dict | None = None, target: str | None = None) -> dict:
     """Score every split of `rows` on backbone (with `edit` active when given).
 
     sampler: options of the generations behind the ROUGE columns (generate_answers), e.g.
     {"cache": "dual", "threshold": 0.9}; None: the exact reference sampler. target: what an
-    unlearnt forget answer should say; with rouge, each forget generation is classified as the
+    unlearnt forget answer should say (None: what the edit's memory says, `edit_targets`, else
+    DEFAULT_TARGET); with rouge, each forget generation is classified as the
     target said (Refusal), the answer given back (Leak, also after the target), Gibberish, or
     another fact said (Confabulation: naming another subject of the rows when they name their
     subjects), metrics/editing.py's outcomes, and their rates are columns.
@@ -240,6 +251,8 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
         if ref.ndim != 1 or not len(ref) or not np.isfinite(ref).all():
             raise TimeromeError(f"reference_tr must be a non-empty list of finite truth ratios (the reference "
                                 f"model's, evaluation.reference_truth_ratios), got {shown(reference_tr)}")
+    if target is not None and (not isinstance(target, str) or not target.strip()):
+        raise TimeromeError(f"target must be a non-empty text (what an unlearnt answer should say), got {shown(target)}")
     check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
     warn_unknown_rows(backbone, rows)  # rows the vocabulary cannot read score as <|unk|>, as the CLI says
     items = {}
@@ -250,7 +263,8 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
                                        rouge=rouge, sampler=sampler)
             bar.advance(description=f"evaluated {split}")
     if "generations" in items.get("forget", {}):
-        items["forget"]["outcome"] = forget_outcomes(rows, items["forget"]["generations"], target)
+        items["forget"]["outcome"] = forget_outcomes(rows, items["forget"]["generations"],
+                                                     edit_targets(edit, rows["forget"]) if target is None else target)
     metrics = summarise(items, reference_tr)
     c = {"eval_seconds": cost["seconds"], "eval_peak_memory_mb": cost["peak_mb"]}
     if hasattr(edit, "cost"):  # a method's Edit; a memory passed as it is has no install cost to report
@@ -408,5 +422,18 @@ def trajectory_logprobs(backbone, rows: list[dict], *, steps: int = TRACE.steps,
 
 
 def reference_truth_ratios(reference, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0) -> list[float]:
-    """Forget truth ratios of the reference model (the other sample of the KS test)."""
+    """Forget truth ratios of the reference model (the other sample of the KS test): rows are forget rows,
+    each with its question, answer and perturbed answers (eval_rows(source)['forget'])."""
+    model_arg(reference, "reference_truth_ratios's reference")
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise TimeromeError(f"reference_truth_ratios's rows must be a non-empty list of forget rows (e.g. "
+                            f"eval_rows(source)['forget']), got {shown(rows)}")
+    for i, r in enumerate(rows):
+        pert = r.get("perturbed_answer") if isinstance(r, dict) else None
+        if not (isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("question", "answer"))
+                and isinstance(pert, (list, tuple)) and pert and all(isinstance(p, str) for p in pert)):
+            raise TimeromeError(f"reference_truth_ratios's rows[{i}] must be a row with 'question' and 'answer' "
+                                f"strings and a non-empty 'perturbed_answer' list (what a truth ratio compares), "
+                                f"got {shown(r)}")
+    check_evaluation({"forget": list(rows)}, n_mc=n_mc, seed=seed, what="scoring the reference's truth ratios on")
     return score_split(reference, rows, n_mc=n_mc, seed=seed, rouge=False)["tr"]

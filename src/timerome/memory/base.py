@@ -37,6 +37,7 @@ from timerome.engine.encoding import fact_fields, fact_id, start_change
 from timerome.backbones.backbone import model_arg
 from timerome.engine.hooks import Hooks, TraceState, once_on
 from timerome.errors import TimeromeError
+from timerome.memory.scale import check_on_keys
 
 # format -> the memory class that writes it (older formats it reads too); filled as each class is defined
 KINDS: dict[str, type] = {}
@@ -112,6 +113,7 @@ class Memory:
         self._check_backbone(backbone)
         self._check_ready()
         self._prepare(backbone)
+        check_on_keys(self, backbone, f"this {self.WHAT}")  # an alpha that overflows the model: refused, not read
         with once_on(self, backbone), Hooks(backbone, edit=self._edits(), state=state, ids=self.READS_IDS) as hooks:
             yield hooks.state
 
@@ -129,6 +131,15 @@ class Memory:
         refuse_other_attention(f"this {self.WHAT}", self.causal, backbone)
 
     def _check_ready(self) -> None:
+        raise NotImplementedError
+
+    def scale_probe(self) -> torch.Tensor | None:
+        """Its keys [n, H], where the update acts most (scale.py checks the update there), or None where the
+        update is bounded by construction."""
+        raise NotImplementedError
+
+    def scale_state(self) -> tuple:
+        """What the update's scale depends on, so a check passed is not repeated (scale.py)."""
         raise NotImplementedError
 
     def _check_unapplied(self, instead: str) -> None:
@@ -151,7 +162,10 @@ class Memory:
     # ---------------------------------------------------------------- the file
 
     def save(self, path) -> Path:
-        """One safetensors file: `_tensors()` and a JSON header (see the module docstring)."""
+        """One safetensors file: `_tensors()` and a JSON header (see the module docstring). An empty memory
+        is refused (it edits nothing, and applying it is refused), as `timerome memory remove` refuses one."""
+        if len(self) == 0:
+            raise TimeromeError(f"this {self.WHAT} is empty: an empty memory edits nothing; add facts before saving it")
         tensors = {k: v.contiguous() for k, v in self._tensors().items()}
         meta = {"format": self.FORMAT, "fingerprint": self.fingerprint, "backbone": getattr(self.backbone, "name", ""),
                 "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "causal": self.causal,

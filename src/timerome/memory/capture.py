@@ -17,7 +17,8 @@ import torch
 
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
-from timerome.engine.encoding import DEFAULT_TARGET, encode_fact, fact_list, pad_sequences, uses_leading_space
+from timerome.engine.encoding import (DEFAULT_TARGET, encode_fact, fact_list, pad_sequences, uses_leading_space,
+                                      warn_unknown_subjects)
 from timerome.engine.hooks import run_to
 from timerome.errors import TimeromeError
 
@@ -45,6 +46,7 @@ def capture_facts(backbone, facts, coordinate, *, target: str | None = DEFAULT_T
     """
     facts = fact_list(facts)
     coord = Coordinate.of(coordinate).on(backbone)
+    warn_unknown_subjects(backbone, facts)  # every memory and method that reads facts' keys reads them here
     if batch_size < 1:
         raise TimeromeError(f"batch_size must be >= 1, got {batch_size}")
     seqs, pools = [], []  # pools[j]: two position lists whose means are taken on sequence j

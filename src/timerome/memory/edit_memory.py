@@ -129,6 +129,12 @@ class EditMemory(Memory):
     def __len__(self) -> int:
         return self.ridge.n
 
+    def scale_probe(self) -> torch.Tensor:
+        return self.ridge.U
+
+    def scale_state(self) -> tuple:
+        return self.alpha, self.q, self.g_max, self.ridge.version
+
     def __repr__(self) -> str:
         lam = f"lam_absolute={self.lam_absolute}" if self.lam_absolute is not None else f"lam={self.lam}"
         return (f"EditMemory({len(self)} facts at {self.coordinate}, key_metric={self.key_metric}, "
@@ -435,7 +441,7 @@ class EditMemory(Memory):
     # ---------------------------------------------------------------- checks
 
     def _check_hyper(self):
-        number(self.alpha, "alpha")
+        number(self.alpha, "alpha", lo=0)  # as the method and the CLI refuse it: a negative alpha adds the old answer
         integer(self.q, "q (--q: 0 = dense)", lo=0)
         number(self.g_max, "g_max", lo=0, lo_open=True, none=True)
         integer(self.batch_size, "batch_size", lo=1)

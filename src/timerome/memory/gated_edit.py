@@ -16,9 +16,11 @@ from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.backbones.backbone import model_arg
 from timerome.engine.hooks import Hooks, TraceState, once_on
+from timerome.common.checks import number
 from timerome.errors import TimeromeError
 from timerome.memory.base import math_dtype
 from timerome.memory.capture import capture_facts
+from timerome.memory.scale import check_on_keys
 
 
 def gated_delta(h: torch.Tensor, u: torch.Tensor, d: torch.Tensor, *, alpha: float = 1.0,
@@ -41,6 +43,7 @@ class GatedEdit:
             raise TimeromeError("the key or delta has NaN/inf values")
         if g_max <= 0 or eps <= 0:
             raise TimeromeError(f"g_max and eps must be > 0, got {g_max}, {eps}")
+        number(alpha, "alpha", lo=0)
         self.u, self.d = u.double().cpu(), d.double().cpu()
         self.coordinate = Coordinate.of(coordinate)
         self.alpha, self.g_max, self.eps = float(alpha), float(g_max), float(eps)
@@ -54,11 +57,21 @@ class GatedEdit:
     def delta(self, h: torch.Tensor) -> torch.Tensor:
         return gated_delta(h, self.u, self.d, alpha=self.alpha, g_max=self.g_max, eps=self.eps)
 
+    def scale_probe(self) -> torch.Tensor:
+        return self.u[None]
+
+    def scale_state(self) -> tuple:
+        return self.alpha, self.g_max
+
+    def _check_ready(self) -> None:  # built whole: nothing to wait for
+        pass
+
     @contextmanager
     def applied(self, backbone, state: TraceState | None = None):
         coord = self.coordinate.on(model_arg(backbone, "applied's backbone"))
         if backbone.hidden_size != len(self.u):
             raise TimeromeError(f"the edit has hidden size {len(self.u)}, the model {backbone.hidden_size}")
+        check_on_keys(self, backbone, "this gated edit")
         with once_on(self, backbone), Hooks(backbone, edit={coord: lambda h, _st: h + self.delta(h)},
                                             state=state) as hooks:
             yield hooks.state

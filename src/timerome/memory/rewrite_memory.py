@@ -74,7 +74,7 @@ from timerome.data.facts import Fact, fact_field
 from timerome.data.rows import load_rows, recorded_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, fact_id, fact_list, known_answer_ids,
-                                      mask_answers, pad_id, uses_leading_space)
+                                      mask_answers, pad_id, uses_leading_space, warn_unknown_subjects)
 from timerome.engine.hooks import Hooks
 from timerome.engine.likelihood import pair_generator
 from timerome.engine.sampler import continuations
@@ -200,6 +200,7 @@ class RewriteMemory(CodebookMemory):
         the model says inside an answer of its own holds that answer as its object (`said_facts`;
         said=True: the facts are so already, and the model is not asked again)."""
         self._check_off()
+        warn_unknown_subjects(self.backbone, fact_list(facts))  # read as <|unk|>, such subjects share keys
         facts = fact_list(facts) if said else said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
         bpe = uses_leading_space(self.backbone)
@@ -492,6 +493,9 @@ class RewriteMemory(CodebookMemory):
 
     def update(self, h):  # a codebook memory edits one site; this one needs a whole forward
         raise TimeromeError("a rewrite memory acts on whole forwards (gate, then values): use memory.applied(backbone)")
+
+    def scale_probe(self) -> None:  # it writes the model's own residuals (alpha 1: the value replaces h), no scaled delta
+        return None
 
     # ---------------------------------------------------------------- saving
 

@@ -99,8 +99,15 @@ class WeightEdit(Edit):
     snapshot: dict | None = None
     fingerprint: str | None = None
     tensors: tuple = ()  # `Backbone.parameter_tensors()` when the snapshot was taken
+    undone: bool = False
+
+    def active(self):
+        if self.undone:  # the weights are the unedited model's again: scores would be the unedited model's
+            raise TimeromeError(f"this {self.method} edit was undone: install it again to use it")
+        return nullcontext()
 
     def undo(self) -> None:
+        self.undone = True
         if self.snapshot is not None:
             _unstack(self)
             self.backbone.model.load_state_dict(self.snapshot)

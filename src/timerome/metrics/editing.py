@@ -71,6 +71,8 @@ from timerome.data.facts import has_words
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import check_reached, edit_active, one_step
 from timerome.engine.sampler import continuations
+from timerome.common.checks import integer, shown
+from timerome.common.checks import seed as check_seed
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -341,15 +343,24 @@ def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, bat
 # ------------------------------------------------------------------------------ the scores
 
 
-def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int | None = None, n_mc: int = LIKELIHOOD.n_mc,
-                seed: int = 0, known_subjects=None, baseline: dict | None = None, lp: bool = True,
+AUTO = "auto"  # edit_scores' locality / known_subjects: the embedded corpus's where it probes the model, as the CLI
+SAMPLER_KEYS = ("steps", "block_length", "temperature", "remasking", "cache", "threshold", "refresh_every")
+
+
+def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int | None = None, n_mc: int = LIKELIHOOD.n_mc,
+                seed: int = 0, known_subjects=AUTO, baseline: dict | None = None, lp: bool = True,
                 sampler: dict | None = None, progress: bool = False) -> dict:
     """The editing metrics of `edit` (a method's Edit, a memory, or None for the unedited model)
-    on `requests`: {"metrics", "items", "gen_length", "notes", "baseline"} (module docstring; notes:
-    {column: why it is absent}, e.g. the likelihood columns of an edit of one denoising step).
+    on `requests`: {"metrics", "items", "gen_length", "notes", "baseline", "probes"} (module docstring;
+    notes: {column: why it is absent}, e.g. the likelihood columns of an edit of one denoising step;
+    probes: which rows and subjects beyond the requests' own were read, in words).
 
     locality: {name: question/answer rows} whose answers must not change, e.g. {"retain": ...,
-    "real_authors": ..., "world_facts": ...} (LOCALITY_NAMES names their columns). baseline: the
+    "real_authors": ..., "world_facts": ...} (LOCALITY_NAMES names their columns); None: the requests'
+    own probes only. known_subjects: the subjects the model knows (Confabulation names one), or None.
+    AUTO (both defaults): what `timerome eval --requests` reads, the embedded corpus's locality rows
+    (`locality_rows("embedded")`) and subjects where they probe this model (`embedded_probes`), else
+    None. baseline: the
     unedited answers from an earlier call's result["baseline"] on the same probes and settings
     (sampler: `answers`' options, the same for both)
     (saves recomputing them for every method; with another model's answers, `backbone` is the
@@ -363,6 +374,14 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
     if missing:
         raise TimeromeError(f"requests {', '.join(missing[:3])} have no target: give each its own or a default "
                             "(load_requests(..., target=...), CLI --target)")
+    integer(gen_length, "gen_length", lo=1, none=True)
+    integer(n_mc, "n_mc", lo=1)
+    check_seed(seed, "seed")
+    unknown = sorted(set(sampler) - set(SAMPLER_KEYS)) if isinstance(sampler, dict) else None
+    if sampler is not None and unknown != []:
+        raise TimeromeError(f"sampler must be a dict of {', '.join(SAMPLER_KEYS)}, got "
+                            + (f"the unknown option(s) {', '.join(map(repr, unknown))}" if unknown else shown(sampler)))
+    locality, known_subjects, probes = _auto_probes(backbone, requests, locality, known_subjects)
     sets = probe_sets(requests, locality)
     G = gen_length or default_gen_length(backbone, requests, locality)
     opts = dict(sampler or {})
@@ -418,7 +437,38 @@ def edit_scores(backbone, requests, edit=None, *, locality=None, gen_length: int
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
     return {"metrics": metrics, "items": items, "gen_length": G, "notes": notes,
-            "baseline": {"key": key, "answers": plain}}
+            "baseline": {"key": key, "answers": plain}, "probes": probes}
+
+
+def _auto_probes(backbone, requests, locality, known_subjects) -> tuple:
+    """(locality, known_subjects, in words which probes beyond the requests' own are read): AUTO resolved by
+    `embedded_probes` as `timerome eval --requests` resolves it; a locality given checked."""
+    why = embedded_probes(backbone, None, requests) if AUTO in (_auto(locality), _auto(known_subjects)) else None
+    if _auto(locality) == AUTO:
+        locality = locality_rows("embedded") if why else None
+    if _auto(known_subjects) == AUTO:
+        from timerome.data.corpus import known_subjects as corpus_subjects
+        from timerome.data.tofu import _embedded
+
+        known_subjects = corpus_subjects(_embedded()) if why else None
+    if locality is not None and (not isinstance(locality, dict) or not all(
+            isinstance(rows, (list, tuple)) and all(isinstance(r, dict) and isinstance(r.get("question"), str)
+                                                    for r in rows) for rows in locality.values())):
+        raise TimeromeError(f"locality must be {{name: [rows with a 'question', ...]}} (e.g. locality_rows('embedded')),"
+                            f" None or {AUTO!r}, got {shown(locality)}")
+    if known_subjects is not None and (isinstance(known_subjects, str) or not all(
+            isinstance(k, str) for k in known_subjects)):
+        raise TimeromeError(f"known_subjects must be a list of subject names, None or {AUTO!r}, got "
+                            f"{shown(known_subjects)}")
+    said = [f"the rows of {', '.join(locality)}" if locality else "",
+            "the model's known subjects (Confabulation names one of them)" if known_subjects is not None else ""]
+    said = " and ".join(x for x in said if x)
+    return locality, known_subjects, (f"the requests' own probes and {said}" + (f" ({why})" if why else "")
+                                      if said else "the requests' own probes only")
+
+
+def _auto(value):
+    return value if isinstance(value, str) else None
 
 
 def _likelihoods(backbone, requests, sets, n_mc, seed) -> dict:

@@ -81,8 +81,8 @@ def sampler_baseline(backbone, requests, *, locality, gen_length: int, seed: int
     out = {}
     for name in check_names(settings or grid, SETTINGS, "sampler settings"):
         opts, g = _split(grid[name], gen_length)
-        out[name] = edit_scores(backbone, requests, None, locality=locality, gen_length=g, seed=seed, lp=False,
-                                sampler=opts)["baseline"]
+        out[name] = edit_scores(backbone, requests, None, locality=locality, known_subjects=None, gen_length=g,
+                                seed=seed, lp=False, sampler=opts)["baseline"]
     return out
 
 
@@ -94,8 +94,8 @@ def under_samplers(backbone, requests, edit, *, locality, gen_length: int, seed:
     out = {}
     for name in check_names(settings or grid, SETTINGS, "sampler settings"):
         opts, g = _split(grid[name], gen_length)
-        res = edit_scores(backbone, requests, edit, locality=locality, gen_length=g, seed=seed, lp=False,
-                          sampler=opts, baseline=(baseline or {}).get(name))
+        res = edit_scores(backbone, requests, edit, locality=locality, known_subjects=None, gen_length=g, seed=seed,
+                          lp=False, sampler=opts, baseline=(baseline or {}).get(name))
         m, items = res["metrics"], res["items"]
         said = [(requests[i], a) for k in ("prompt", "paraphrase") for i, a in zip(items[k]["request"],
                                                                                    items[k]["edited"])]

@@ -19,7 +19,7 @@ import torch
 
 from timerome.engine.coordinate import Coordinate
 from timerome.errors import TimeromeError
-from timerome.tracing.selection import _candidate, per_fact_best, select_coordinate
+from timerome.tracing.selection import _candidate, per_fact_best, select_coordinate, trace_arg
 
 TITLES = {"resid": "residual stream", "attn": "attention output", "mlp": "MLP output"}
 ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's figure colours per module
@@ -28,7 +28,8 @@ ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's fig
 def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
                   dpi: int = 110, selected=None) -> Path:
     """Write the heatmaps of the mean over facts (fact=None) or of one fact (index or id) to path;
-    `selected` (a selection.Candidate) is outlined, by default the selection's best.
+    `selected` (a selection.Candidate) is outlined, by default the selection's best. result: a
+    TraceResult, or the path of a saved one (`TraceResult.load`).
 
     The mean over facts has two rows: the signed mean TIE_bar (the paper's figure) and the mean
     |TIE_bar| that selection ranks (a cell whose facts disagree in sign is pale in the first and may
@@ -38,6 +39,7 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
+    result = trace_arg(result, "plot_heatmaps's result", load=True)
     if fact is None:
         data, what = result.mean(), f"mean over {len(result.fact_ids)} facts"
         ranked = result.tie.abs().mean(0)
@@ -118,7 +120,8 @@ def _cell(result, c: Coordinate, data, magnitude):
 
 
 def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path]:
-    """One PNG per fact, named heatmap-<index>.png, in directory."""
+    """One PNG per fact, named heatmap-<index>.png, in directory (result: a TraceResult or a saved one's path)."""
+    result = trace_arg(result, "plot_per_fact's result", load=True)
     d = Path(directory)
     if d.exists() and not d.is_dir():
         raise TimeromeError(f"{d} is a file; give a directory for the per-fact heatmaps")

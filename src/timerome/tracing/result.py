@@ -12,7 +12,7 @@ import torch
 
 from timerome.common.cache import read_tensors, save_tensors, through_link, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
-from timerome.common.files import input_file, read_json
+from timerome.common.files import input_file, output_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -63,7 +63,9 @@ class TraceFile:
         """tensors to PATH (.safetensors), meta to the same name with .json (with its `kind` when given);
         through a link, both beside its target (the pair stays together). Both name one stamp, a hash of
         the tensors (`pair_stamp`): each file is written atomically, but not the two together, and an
-        interruption between the writes over an earlier trace left new tensors beside the old JSON."""
+        interruption between the writes over an earlier trace left new tensors beside the old JSON. A folder
+        is refused (`output_file`): its name with .safetensors and .json was written beside it."""
+        output_file(path, "the trace file", "trace.safetensors")
         path = through_link(_tensor_path(path))
         stamp = pair_stamp(tensors)
         save_tensors(path, tensors, metadata={"format": "pt", "pair": stamp, **({"kind": kind} if kind else {})})

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from timerome.common.checks import finite_tensor, number
+from timerome.common.checks import finite_tensor, number, shown
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
+from timerome.tracing.result import TraceResult
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,19 @@ def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor,
     return own - beta * other, own, other
 
 
+def trace_arg(result, where: str = "result", *, load: bool = False) -> TraceResult:
+    """result if it is a TraceResult (load: a path to a saved one is read, `TraceResult.load`), else one
+    TimeromeError naming the argument: a path, None or a string failed deep inside with an AttributeError."""
+    if load and (isinstance(result, str) or hasattr(result, "__fspath__")):
+        return TraceResult.load(result)
+    if isinstance(result, TraceResult):
+        return result
+    path = isinstance(result, (str, bytes)) or hasattr(result, "__fspath__")
+    hint = " (a saved trace: TraceResult.load(path))" if path else ""
+    raise TimeromeError(f"{where} must be a TraceResult (timerome.trace(backbone, facts, ...)), got "
+                        f"{type(result).__name__} {shown(result)}{hint}")
+
+
 def check_penalty(neighbours, beta) -> None:
     """The neighbour penalty's arguments: beta a number >= 0 (a negative one would reward the sites
     that matter for the neighbours), given only with the neighbours' TraceResult."""
@@ -86,6 +100,7 @@ def check_penalty(neighbours, beta) -> None:
 def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
     """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
     restricts the choice (the paper's m* = resid: modules=("resid",))."""
+    trace_arg(result, "select_coordinate's result")
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
     check_penalty(neighbours, beta)
@@ -111,6 +126,7 @@ def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modul
     A margin under two standard errors is within the trace's noise: another seed, another order of
     the facts or other facts may choose the runner-up; a margin of 0 is a tie (`tie`, and within the
     noise whatever the spread: the cells' order chose). None when no other cell exists."""
+    trace_arg(result, "runner_up's result")
     check_penalty(neighbours, beta)
     result, neighbours = _restrict(result, neighbours, modules)
     if not (isinstance(best, Candidate) and best.module in result.modules and best.layer in result.layers
@@ -149,6 +165,7 @@ def _restrict(result, neighbours, modules):
 
 def per_fact_best(result) -> list[Candidate]:
     """For each fact, its argmax of |TIE_bar| (score = the signed TIE_bar there)."""
+    trace_arg(result, "per_fact_best's result")
     out = []
     for f in range(result.tie.shape[0]):
         tie = result.tie[f]  # [M, Ly, K]
