@@ -373,3 +373,23 @@ def test_an_undone_weight_edit_is_refused_not_scored_as_the_unedited_model(bb, t
     w.undo()
     with pytest.raises(TimeromeError, match="this ga edit was undone"):
         evaluate(bb, {"forget": eval_rows()["forget"][:2]}, n_mc=1, rouge=False, edit=w)
+
+
+def test_an_undo_refused_out_of_order_leaves_the_edit_usable_and_a_methods_target_is_read(bb, task):
+    """Review 63: `undo` marked a weight edit undone before refusing it out of order, so the edit, still in
+    place, could no longer be used; edits with no memory (rome, act_steer, ...) have their target in their
+    settings, which edit_targets read as "I don't know."."""
+    from timerome.evaluation.evaluator import edit_targets
+
+    first = install("ga", bb, task, {"grad_steps": 1})
+    second = install("ga", bb, task, {"grad_steps": 1})
+    try:
+        with pytest.raises(TimeromeError, match="undo"):
+            first.undo()
+        with first.active():
+            pass
+    finally:
+        second.undo()
+        first.undo()
+    rows = eval_rows()["forget"][:2]
+    assert edit_targets(type(first)(method="rome", config={"target": "Nobody knows ."}), rows) == ["Nobody knows ."] * 2

@@ -71,3 +71,27 @@ def test_an_empty_memory_is_not_saved(bb, facts, tmp_path):
     with pytest.raises(TimeromeError, match="this edit memory is empty: an empty memory edits nothing"):
         memory.save(tmp_path / "empty.safetensors")
     assert not (tmp_path / "empty.safetensors").exists()
+
+
+def test_the_prompt_check_reads_the_keys_too_and_keeps_no_float64_copy(bb, facts):
+    """Review 63: prompts that never reach a gated memory's radii passed the check, and `applied` then skipped
+    the keys'; the check's float64 pass left float64 copies of the hook's matrices in the memory's cache."""
+    from timerome.memory.scale import check_on_prompts
+
+    memory = timerome.EditMemory(bb, (1, "resid"), alpha=1e30).add(facts[:2])
+    with pytest.raises(TimeromeError, match="overflow"):
+        check_on_prompts(bb, memory, [], "m")  # no prompt at all: its keys still overflow
+    memory.alpha = 1.0
+    check_on_prompts(bb, memory, [bb.encode_prompt(facts[0].prompt)], "m")
+    assert memory._scale_checked == memory.scale_state()
+    with memory.applied(bb):
+        pass
+    assert [dtype for _, dtype in memory._cache] == [bb.dtype]
+
+
+def test_a_gated_edits_alpha_changed_later_is_checked_when_applied(bb, facts):
+    gated = timerome.GatedEdit.from_fact(bb, facts[0], (1, "resid"))
+    gated.alpha = -5.0
+    with pytest.raises(TimeromeError, match="alpha must be a finite number >= 0"):
+        with gated.applied(bb):
+            pass

@@ -200,13 +200,13 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                                             key_metric=key_metric, target=target, step=step, g_max=g_max))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
+    check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before any warning
     ratio = memory.lam_value / memory.ridge.scale_of(memory.ridge.U)
     if ratio > 1000:  # a fact's own coefficient is about 1 / (1 + ratio): the ridge term swamps the keys
         err_console.print(f"[yellow]warning:[/] lambda {memory.lam_value:.3g} is {ratio:.3g} times the keys' mean "
                           f"squared norm: each fact keeps about 1/{1 + ratio:.3g} of its update (1/"
                           f"{1 + DEFAULTS['lam']:g} at the default --lam {DEFAULTS['lam']:g}, which is relative to "
                           "that norm), so the memory changes (almost) nothing", soft_wrap=True)
-    check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before the write
     memory.save(out)
     _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     if as_json:

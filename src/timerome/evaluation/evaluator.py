@@ -185,9 +185,12 @@ def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target=
 
 def edit_targets(edit, forget_rows) -> list[str]:
     """What each forget row's answer should say under `edit`: the target of the memory's fact that asks the
-    row's question, else the memory's own target, else DEFAULT_TARGET (an edit with no memory: a weight edit)."""
+    row's question, else the memory's own target, else the method's `target` setting (rome, memit, act_steer, ...:
+    edits with no memory), else DEFAULT_TARGET."""
     memory = getattr(edit, "memory", None) or (edit if hasattr(edit, "facts") else None)
-    default = getattr(memory, "target", None) or DEFAULT_TARGET
+    config = getattr(edit, "config", None)
+    default = (getattr(memory, "target", None) or (config.get("target") if isinstance(config, dict) else None)
+               or DEFAULT_TARGET)
     held = held_questions(memory)
     return [held.get(r.get("question")) or default for r in forget_rows]
 
@@ -254,10 +257,10 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if target is not None and (not isinstance(target, str) or not target.strip()):
         raise TimeromeError(f"target must be a non-empty text (what an unlearnt answer should say), got {shown(target)}")
     check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
-    warn_unknown_rows(backbone, rows)  # rows the vocabulary cannot read score as <|unk|>, as the CLI says
     items = {}
     ctx = edit_active(edit, backbone)
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
+        warn_unknown_rows(backbone, rows)  # as the CLI says it; after the edit's refusals: never before an error
         for split, rs in rows.items():
             items[split] = score_split(backbone, rs, n_mc=n_mc, seed=seed, truth_ratio=truth_ratio,
                                        rouge=rouge, sampler=sampler)

@@ -46,9 +46,9 @@ def capture_facts(backbone, facts, coordinate, *, target: str | None = DEFAULT_T
     """
     facts = fact_list(facts)
     coord = Coordinate.of(coordinate).on(backbone)
-    warn_unknown_subjects(backbone, facts)  # every memory and method that reads facts' keys reads them here
     if batch_size < 1:
         raise TimeromeError(f"batch_size must be >= 1, got {batch_size}")
+    warn_unknown_subjects(backbone, facts)  # every memory and method that reads facts' keys reads them here
     seqs, pools = [], []  # pools[j]: two position lists whose means are taken on sequence j
     bpe = uses_leading_space(backbone)
     for i, f in enumerate(facts):

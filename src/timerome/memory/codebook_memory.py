@@ -46,6 +46,7 @@ import numbers
 import torch
 
 from timerome.common.cache import cached_tensors
+from timerome.common.checks import number
 from timerome.common.checks import seed as checked_seed
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list, warn_unknown_subjects
@@ -154,7 +155,7 @@ class CodebookMemory(Memory):
         facts = fact_list(facts)
         self._check_off()
         check_new_facts(self._facts, facts, self.target)
-        warn_unknown_subjects(self.backbone, facts)  # read as <|unk|>, such subjects share keys
+        warn_unknown_subjects(self.backbone, facts)  # read as <|unk|>, such subjects share keys (after the checks)
         keys, owner, slots = subject_keys(self.backbone, self.coordinate, facts, n_states=self.n_states,
                                           seed=self.seed, objects=self.object_keys, batch_size=self.batch_size)
         if self.values == "cloze":
@@ -444,8 +445,7 @@ class CodebookMemory(Memory):
         for name, v in (("alpha", self.alpha), ("margin", self.margin), ("inner", self.inner)):
             if isinstance(v, bool) or not (isinstance(v, numbers.Real) and math.isfinite(v)):
                 raise TimeromeError(f"{name} must be a finite number, got {v!r}")
-        if self.alpha < 0:  # as the methods and the CLI refuse it
-            raise TimeromeError(f"alpha must be a number >= 0, got {self.alpha!r}")
+        number(self.alpha, "alpha", lo=0)  # as the methods and the CLI refuse it
         if self.margin <= 0:
             raise TimeromeError(f"margin (the radius over the distance to the nearest calibration token) must be > 0, "
                                 f"got {self.margin!r}")

@@ -61,16 +61,18 @@ class GatedEdit:
         return self.u[None]
 
     def scale_state(self) -> tuple:
-        return self.alpha, self.g_max
+        return self.alpha, self.g_max, self.eps
 
-    def _check_ready(self) -> None:  # built whole: nothing to wait for
-        pass
+    def _check_ready(self) -> None:
+        """alpha may be changed at any time, as a memory's: applying it checks it."""
+        number(self.alpha, "alpha", lo=0)
 
     @contextmanager
     def applied(self, backbone, state: TraceState | None = None):
         coord = self.coordinate.on(model_arg(backbone, "applied's backbone"))
         if backbone.hidden_size != len(self.u):
             raise TimeromeError(f"the edit has hidden size {len(self.u)}, the model {backbone.hidden_size}")
+        self._check_ready()
         check_on_keys(self, backbone, "this gated edit")
         with once_on(self, backbone), Hooks(backbone, edit={coord: lambda h, _st: h + self.delta(h)},
                                             state=state) as hooks:

@@ -200,9 +200,9 @@ class RewriteMemory(CodebookMemory):
         the model says inside an answer of its own holds that answer as its object (`said_facts`;
         said=True: the facts are so already, and the model is not asked again)."""
         self._check_off()
-        warn_unknown_subjects(self.backbone, fact_list(facts))  # read as <|unk|>, such subjects share keys
         facts = fact_list(facts) if said else said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
+        warn_unknown_subjects(self.backbone, facts)  # read as <|unk|>, such subjects share keys (after the checks)
         bpe = uses_leading_space(self.backbone)
         targets = target_ids(self.backbone, facts, self.target)
         as_target = [_with_object(f, fact_field(f, "target") or self.target) for f in facts]

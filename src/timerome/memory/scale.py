@@ -8,8 +8,10 @@ and every metric read from them, silently).
                                                         (`applied`, so every API path is checked too)
 
 An edit takes part through two methods: `scale_probe()`, its keys [n, H] (None: its update is bounded by
-construction, e.g. a memory that writes the model's own residuals), and `update(h)` (or `delta(h)`). Each
-check records the edit's state (`scale_state()`) it passed at, so `applied` does not check it again.
+construction, e.g. a memory that writes the model's own residuals), and `update(h)` (or `delta(h)`). Both checks
+read its keys (prompts may never reach a gated memory's radii), so a check passed is one `applied` need not
+repeat: each records the edit's state (`scale_state()`) it passed at. The update is computed once, in the
+model's dtype, as the hook computes it (a float64 pass would keep float64 copies of the hook's matrices).
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ PROBE_KEYS = 64  # the keys `check_on_keys` reads: a cheap probe, whatever the m
 
 def check_on_prompts(backbone, edit, prompts, source) -> None:
     """Refuse `edit` where its update overflows on the residuals that `prompts` (token id lists) reach at its
-    site, or where the model's residual is not finite there before it acts; warn above SWAMPS times."""
+    site or at its own keys, or where the model's residual is not finite there before it acts; warn (once)
+    above SWAMPS times."""
     from timerome.engine.hooks import run_to
 
     if edit.scale_probe() is None:
         return
     edit._check_ready()  # what applying it checks first (empty, q above its facts), before an update below
-    worst = 0.0
+    worst = _worst_at_keys(edit, backbone, source)
     with torch.no_grad():
         for ids in prompts:
             h = run_to(backbone, edit.coordinate.site, torch.tensor([ids], device=backbone.device))
@@ -45,15 +48,17 @@ def check_on_prompts(backbone, edit, prompts, source) -> None:
 
 
 def check_on_keys(edit, backbone, source) -> None:
-    """`check_on_prompts` at the edit's own keys (the first PROBE_KEYS), in the model's dtype; nothing to do
-    where the edit passed a check in its present state."""
-    keys = edit.scale_probe()
-    if keys is None or getattr(edit, "_scale_checked", None) == edit.scale_state():
+    """The same at the edit's own keys alone (the first PROBE_KEYS), in the model's dtype; nothing to do where
+    the edit passed a check in its present state."""
+    if edit.scale_probe() is None or getattr(edit, "_scale_checked", None) == edit.scale_state():
         return
-    h = keys[:PROBE_KEYS].to(device=backbone.device, dtype=backbone.dtype)[None]
+    _say(edit, _worst_at_keys(edit, backbone, source), source)
+
+
+def _worst_at_keys(edit, backbone, source) -> float:
+    h = edit.scale_probe()[:PROBE_KEYS].to(device=backbone.device, dtype=backbone.dtype)[None]
     with torch.no_grad():
-        worst = _worst_change(edit, h, source)
-    _say(edit, worst, source)
+        return _worst_change(edit, h, source)
 
 
 def _updated(edit, h: torch.Tensor) -> torch.Tensor:
@@ -63,12 +68,13 @@ def _updated(edit, h: torch.Tensor) -> torch.Tensor:
 def _worst_change(edit, h: torch.Tensor, source) -> float:
     """The largest |change| / |h| of the edit's update over the rows of h [1, L, H]; an update whose squares
     overflow in the model's dtype (what the next layer's norm computes) is refused."""
-    if not torch.isfinite(_updated(edit, h).float().pow(2).mean(-1)).all():
+    new = _updated(edit, h)
+    if not torch.isfinite(new.float().pow(2).mean(-1)).all():
         raise TimeromeError(f"{source} makes the residual at {edit.coordinate} overflow (alpha {edit.alpha:g}): "
                             "its alpha is far too large; build it with a smaller alpha (`timerome methods` lists "
                             "the defaults)")
     h = h.double()
-    change = _updated(edit, h) - h
+    change = new.double() - h
     return float((change.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).max())
 
 

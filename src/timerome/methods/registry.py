@@ -107,13 +107,13 @@ class WeightEdit(Edit):
         return nullcontext()
 
     def undo(self) -> None:
-        self.undone = True
         if self.snapshot is not None:
-            _unstack(self)
+            _unstack(self)  # refused out of order: the edit is then still in place, and usable
             self.backbone.model.load_state_dict(self.snapshot)
             self.snapshot = None
             if self.fingerprint is not None and self.backbone.parameter_tensors() == self.tensors:
                 self.backbone.know_fingerprint(self.fingerprint)
+        self.undone = True
 
     def changed(self) -> bool:
         """Whether any weight differs from the snapshot (False: the method stopped before changing
