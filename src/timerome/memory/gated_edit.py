@@ -12,11 +12,11 @@ from contextlib import contextmanager
 
 import torch
 
+from timerome.common.checks import number
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.backbones.backbone import model_arg
 from timerome.engine.hooks import Hooks, TraceState, once_on
-from timerome.common.checks import number
 from timerome.errors import TimeromeError
 from timerome.memory.base import math_dtype
 from timerome.memory.capture import capture_facts

@@ -4,7 +4,7 @@ and every metric read from them, silently).
 
     check_on_prompts(backbone, edit, prompts, source)  at the residuals the prompts reach at its site (the CLI,
                                                         before it generates or evaluates)
-    check_on_keys(edit, source)                         at its own keys, the residuals it acts on most
+    check_on_keys(edit, backbone, source)               at its own keys, the residuals it acts on most
                                                         (`applied`, so every API path is checked too)
 
 An edit takes part through two methods: `scale_probe()`, its keys [n, H] (None: its update is bounded by
