@@ -195,6 +195,12 @@ def test_editing_experiment_tabulates_every_metric(tmp_path):
     assert summary["no_edit"]["Unchanged"]["mean"] == 1.0 and summary["rewrite"]["Unchanged"]["mean"] == 0.0
     md = (tmp_path / "editing.md").read_text()
     assert "Efficacy" in md and "LocalitySameSubject" in md and (tmp_path / "editing.png").stat().st_size > 1000
+    # --json carries every table and note of the report (it printed only the summary and the paths: review 64)
+    code, out = run("experiment", "editing", "--out", tmp_path, "--seeds", "0", "-c", config, "--json")
+    assert code == 0, out
+    printed, written = json.loads(out)["editing"], json.loads((tmp_path / "editing.json").read_text())
+    assert set(written) <= set(printed) and printed["summary"] == written["summary"] and printed["run"] == written["run"]
+    assert printed["out_dir"] == str(tmp_path) and printed["files"]["json"].endswith("editing.json")
 
 
 def test_editing_experiment_prints_what_it_did_not_compute_under_its_table(tmp_path):

@@ -133,6 +133,20 @@ def test_wmdp_prompt_and_letter_scoring():
     assert wmdp.summary({"wmdp": res})["WMDP_Acc"] == 0.5
 
 
+
+def test_wmdp_and_whp_trivia_say_their_progress(monkeypatch, capsys):
+    """`eval --bench wmdp` on SmolLM2 ran two minutes without a line (review 64): the choices' likelihoods had no bar."""
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")
+    row = {"question": "What is it?", "choices": ["a", "b"], "answer": 1}
+    wmdp.score(Fake(favourite="B"), [row], subject="bio", n_mc=2, progress=True)
+    whp.trivia(Fake(favourite="yes"), [{"question": "q ?", "true_answer": "yes", "false_answer": "no"}], n_mc=2,
+               progress=True)
+    err = capsys.readouterr().err
+    assert err.count("log-likelihood: 1/1 (100%)") == 3, err  # wmdp: letters, then texts; whp: the pairs
+    wmdp.score(Fake(favourite="B"), [row], subject="bio", n_mc=2)  # off by default (the API's)
+    assert capsys.readouterr().err == ""
+
+
 def test_whp_trivia_and_familiarity_share():
     rows = [{"question": "question ?", "true_answer": "yes", "false_answer": "no"},
             {"question": "question ?", "true_answer": "no", "false_answer": "yes"}]

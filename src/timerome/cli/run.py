@@ -60,7 +60,19 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
         result = run_demo(out, model.model, data, seeds=seed_list, reference=reference, quick=quick,
                           backbone=model.load())
     if as_json:
-        print_json({k: result.get(k) for k in ("summary", "coordinate", "files", "seconds", "phases", "out_dir")})
+        print_json({**_written(result),  # everything demo.md shows, then the paths
+                    **{k: result.get(k) for k in ("summary", "coordinate", "files", "seconds", "phases", "out_dir")}})
+
+
+def _written(result: dict) -> dict:
+    """The JSON an experiment wrote beside its report (every table and note the report shows), or {}."""
+    import json
+
+    path = (result.get("files") or {}).get("json")
+    if not path or not Path(path).is_file():
+        return {}
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    return saved if isinstance(saved, dict) else {}
 
 
 @app.command()
@@ -139,8 +151,8 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
                             load=model.loader(), quick=quick,
                             wait=not no_wait)
     results = result if name == "all" else {name: result}
-    if as_json:
-        print_json({n: {k: r.get(k) for k in ("summary", "coordinate", "files", "seconds", "out_dir")}
+    if as_json:  # everything the report shows: the JSON file it wrote (tables, notes, the run), then the paths
+        print_json({n: {**_written(r), **{k: r.get(k) for k in ("summary", "coordinate", "files", "seconds", "out_dir")}}
                     for n, r in results.items()})
         return
     for n, r in results.items():

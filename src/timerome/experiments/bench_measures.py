@@ -54,7 +54,7 @@ def _muse(bb, s, info, o, seed, progress) -> dict:
 
 
 def _whp(bb, s, info, o, seed, progress) -> dict:
-    items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed)}
+    items = {"trivia": WHP.trivia(bb, s["trivia"], n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed, progress=progress)}
     if o.get("rouge", True):
         items["familiarity"] = WHP.familiarity(bb, s["completions"], seed=seed, progress=progress,
                                                gen_length=o.get("completion_tokens", WHP.COMPLETION_TOKENS))
@@ -64,7 +64,8 @@ def _whp(bb, s, info, o, seed, progress) -> dict:
 def _wmdp(bb, s, info, o, seed, progress) -> dict:
     subject = info.get("subject")
     return {"wmdp": WMDP.score(bb, s["wmdp"], subject=None if subject == "mixed" else subject,
-                               n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed, choice_text=o.get("choice_text", True))}
+                               n_mc=o.get("n_mc", LIKELIHOOD.n_mc), seed=seed, choice_text=o.get("choice_text", True),
+                               progress=progress)}
 
 
 def _rwku(bb, s, info, o, seed, progress) -> dict:

@@ -69,7 +69,7 @@ def requests_data(spec: dict, ctx):
 @measurement("editing", reads_steps=True, options=("n_mc", "gen_length"), not_applicable=True)
 def measure_editing(cell, ctx, rows, task) -> dict:
     opts = dict(locality=rows["locality"], n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc), seed=cell.seed,
-                gen_length=cell.options.get("gen_length"), known_subjects=rows["known"])
+                gen_length=cell.options.get("gen_length"), known_subjects=rows["known"], progress=ctx.progress)
     key = ("baseline", cell.seed)
     if key not in rows:  # the unedited answers: once per request set and seed, shared by every method
         rows[key] = edit_scores(ctx.backbone, rows["requests"], None, lp=False, **opts)["baseline"]

@@ -22,13 +22,13 @@ from timerome.metrics.text import pair_logprobs
 
 
 def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n_mc: int = LIKELIHOOD.n_mc,
-                    seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(log p of each choice [C_i] per item, token counts [C_i] per item)."""
+                    seed: int = 0, progress: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(log p of each choice [C_i] per item, token counts [C_i] per item); progress: a bar over the pairs."""
     if len(prompts) != len(choices):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(choices)} choice lists")
     flat_p = [p for p, cs in zip(prompts, choices) for _ in cs]
     flat_c = [c for cs in choices for c in cs]
-    res = pair_logprobs(backbone, flat_p, flat_c, n_mc=n_mc, seed=seed)
+    res = pair_logprobs(backbone, flat_p, flat_c, n_mc=n_mc, seed=seed, progress=progress)
     lp, ln, at = [], [], 0
     for cs in choices:
         lp.append(res["lp"][at:at + len(cs)])

@@ -23,10 +23,11 @@ COLUMNS = ["WHP_LP", "WHP_Acc", "WHP_AccNorm", "WHP_Familiarity"]
 COMPLETION_TOKENS = 32
 
 
-def trivia(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0) -> dict:
+def trivia(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, progress: bool = False) -> dict:
     """Per question: lp of the true answer, lp of the false one, and whether the true one wins."""
     lp, ln = choice_logprobs(backbone, [r["question"] for r in rows],
-                             [[r["true_answer"], r["false_answer"]] for r in rows], n_mc=n_mc, seed=seed)
+                             [[r["true_answer"], r["false_answer"]] for r in rows], n_mc=n_mc, seed=seed,
+                             progress=progress)
     zeros = [0] * len(rows)
     return {"lp": [float(x[0]) for x in lp], "false_lp": [float(x[1]) for x in lp],
             "correct": correct(lp, ln, zeros).tolist(), "correct_norm": correct(lp, ln, zeros, normalise=True).tolist()}
