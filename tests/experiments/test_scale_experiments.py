@@ -294,3 +294,8 @@ def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_pa
     assert list(res["not_applicable"]) == [row] and "LP_original" in res["summary"]["no_edit"]
     md = (tmp_path / "r" / "robustness.md").read_text()
     assert md.count(f"| {row} | n/a |") == 4 and "single down projection" in md  # panel, LP, extraction, per condition
+    # a rerun without the extraction leaves no plot of the earlier one beside its report (review 64)
+    assert (tmp_path / "r" / "robustness-extraction.png").is_file()
+    run_experiment("robustness", model=models[0], seeds=(0,), out_dir=tmp_path / "r", progress=False,
+                   overrides=dict(methods=short, n_mc=2, eval_forget=2, extraction=False))
+    assert not (tmp_path / "r" / "robustness-extraction.png").exists()

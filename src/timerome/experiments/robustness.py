@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.files import drop_earlier
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import LIKELIHOOD
 from timerome.evaluation.stats import cell as stat_cell
@@ -323,4 +324,6 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                                ylabel="forget LP change vs no_edit (nats)")
     if extraction:
         files["extraction_png"] = plot_extraction(extraction, Path(out_dir) / f"{NAME}-extraction.png")
+    else:  # an earlier run's plot would sit beside a report that has no extraction section (review 64)
+        drop_earlier(out_dir, [Path(out_dir) / f"{NAME}-extraction.png"])
     return dict(summary=summary, panel=p, extraction=extraction, markdown=md, files=files, not_applicable=na)
