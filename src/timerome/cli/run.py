@@ -66,12 +66,12 @@ def demo(out: Optional[Path] = typer.Option(None, "--out", "-o", help="output fo
 
 def _written(result: dict) -> dict:
     """The JSON an experiment wrote beside its report (every table and note the report shows), or {}."""
-    import json
+    from timerome.common.files import read_json
 
     path = (result.get("files") or {}).get("json")
     if not path or not Path(path).is_file():
         return {}
-    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    saved = read_json(path, "the experiment's JSON", finite=False)  # what it wrote, as it wrote it
     return saved if isinstance(saved, dict) else {}
 
 
