@@ -9,7 +9,8 @@ import, function-level ones included):
 - the benchmarks import the installed package only: no sys.path changes, nothing from tests/, no
   benchmark imports another;
 - at most a dozen modules at the top of the package;
-- a default of the typed settings (engine/settings.py: SAMPLER, LIKELIHOOD, TRACE, EDIT) is written there only:
+- a default of the typed settings (engine/settings.py: SAMPLER, LIKELIHOOD, TRACE, EDIT, LOCALITY) is written
+  there only:
   no parameter default, typer.Option default, `.get(name, default)` or keyword of a CONFIG repeats its
   literal (another value, e.g. n_mc=0 for "no likelihood", is a choice, not a repeat);
 - no module-level mutable state outside the registries: no `global` statement, no module-level
@@ -248,7 +249,8 @@ def settings_defaults() -> dict[str, set]:
     from timerome.engine import settings
 
     out: dict[str, set] = {}
-    for obj in (settings.SAMPLER, settings.ANSWER, settings.LIKELIHOOD, settings.TRACE, settings.EDIT):
+    for obj in (settings.SAMPLER, settings.ANSWER, settings.LIKELIHOOD, settings.TRACE, settings.EDIT,
+                settings.LOCALITY):
         for f in dataclasses.fields(obj):
             out.setdefault(f.name, set()).add(getattr(obj, f.name))
     return out

@@ -5,15 +5,14 @@ The pipeline, one import each:  trace -> select_coordinate -> EditMemory -> eval
 
 from importlib import import_module
 
-from timerome.backbones import Backbone, load_backbone
-from timerome.engine.coordinate import Coordinate
-from timerome.errors import TimeromeError
-from timerome.engine.hooks import Hooks, Intervention, TraceState
-
 __version__ = "0.1.0"
 
-# name -> module; imported on first use so that `import timerome` stays light (no matplotlib, scipy)
+# name -> module; imported on first use so that `import timerome` stays light (no torch until a name is
+# used: the `timerome` command's entry, __main__.main, answers a Ctrl-C during its imports in one line)
 _LAZY = {
+    "Backbone": "timerome.backbones", "load_backbone": "timerome.backbones",
+    "Coordinate": "timerome.engine.coordinate", "TimeromeError": "timerome.errors",
+    "Hooks": "timerome.engine.hooks", "Intervention": "timerome.engine.hooks", "TraceState": "timerome.engine.hooks",
     "generate": "timerome.engine.sampler", "log_likelihood": "timerome.engine.likelihood",
     "trace": "timerome.tracing.causal_trace", "TraceResult": "timerome.tracing.result",
     "select_coordinate": "timerome.tracing.selection", "per_fact_best": "timerome.tracing.selection",
@@ -30,8 +29,7 @@ _LAZY = {
     "keep_freed_memory": "timerome.common.allocator",
 }
 
-__all__ = ["Backbone", "load_backbone", "Coordinate", "TimeromeError", "Hooks", "Intervention", "TraceState",
-           "__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name):

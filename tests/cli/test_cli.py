@@ -515,3 +515,26 @@ def test_the_cli_says_each_warning_once_even_when_a_library_resets_pythons_filte
     err = capsys.readouterr().err
     assert err.count("facts have subjects with words") == 1 and err.count("another text") == 2, err
     assert "(FutureWarning)" in err
+
+
+def test_a_ctrl_c_while_the_command_line_loads_is_one_line():
+    """The `timerome` command's entry imports the CLI (torch: seconds) inside its own guard: a Ctrl-C
+    there ends in one line and status 130. The interrupt is raised by an import hook on torch, so the
+    test does not depend on when a signal lands; `import timerome` itself loads no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            "import timerome, timerome.__main__\n"
+            "assert 'torch' not in sys.modules\n"
+            "sys.argv = ['timerome', '--help']\n"
+            "timerome.__main__.main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "interrupted (Ctrl-C) while timerome was starting\n"
+    assert done.stdout == ""

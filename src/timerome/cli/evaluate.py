@@ -12,7 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
                               print_json)
-from timerome.engine.settings import EDIT, LIKELIHOOD
+from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.memory.scale import check_on_prompts
 
@@ -27,8 +27,6 @@ def metric_table(metrics: dict, fmt: str) -> Table:
     return t
 
 
-N_RETAIN = 40  # retain rows evaluated when --n-retain is not given (TOFU and --requests)
-N_WORLD = 20  # real-author and world-fact rows, each, when --n-world is not given (TOFU and --requests)
 UNCHANGED = ("Unchanged: every answer with the edit is the unedited model's, so it did nothing here, whatever its "
              "log-probabilities (an edit at another coordinate, a small alpha, or subjects it has no key for?)")
 FLAG = {"requests": "--requests", "bench": "--bench"}  # the modes other than TOFU's, by the flag that chooses them
@@ -95,11 +93,13 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                           "TOFU directory"),
              forget: Optional[str] = typer.Option(None, help="the forget split (default forget01)"),
              n_retain: Optional[int] = typer.Option(None, help=f"retain rows evaluated, spread over the chosen authors "
-                                                               f"(default {N_RETAIN}; with --requests: their locality rows)"),
+                                                               f"(default {LOCALITY.n_retain}; with --requests: their "
+                                                               "locality rows)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
              n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
-                                                              f"{N_WORLD}; with --requests: their locality rows)"),
+                                                              f"{LOCALITY.n_world}; with --requests: their locality "
+                                                              "rows)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
              n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
@@ -165,8 +165,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     forget = "forget01" if forget is None else forget
     sized = {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain), ("--retain-authors",
              "retain_authors", retain_authors), ("--n-world", "n_world", n_world)) if v is not None}  # given
-    n_retain = N_RETAIN if n_retain is None else n_retain
-    n_world = N_WORLD if n_world is None else n_world
+    n_retain = LOCALITY.n_retain if n_retain is None else n_retain
+    n_world = LOCALITY.n_world if n_world is None else n_world
     spec = dict(forget=forget, n_retain=n_retain, n_world=n_world)
     if retain_authors is not None:
         spec["retain_authors"] = retain_authors
@@ -243,8 +243,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
     sized = [k for k, v in (("--n-retain", n_retain), ("--n-world", n_world)) if v is not None]  # given, even at the default
-    n_retain = N_RETAIN if n_retain is None else n_retain
-    n_world = N_WORLD if n_world is None else n_world
+    n_retain = LOCALITY.n_retain if n_retain is None else n_retain
+    n_world = LOCALITY.n_world if n_world is None else n_world
     for name, value in (("--n-retain", n_retain), ("--n-world", n_world)):
         if value < 0:
             raise TimeromeError(f"{name} must be >= 0, got {value}")
@@ -341,20 +341,17 @@ def held_requests_notes(memory, reqs, name: str) -> list[str]:
 
 def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
     """({name: rows whose answers must not change}, the subjects the model knows or None, in words which):
-    the embedded corpus's retain split (n_retain rows), n_world real-author and n_world world-fact rows and
-    its subjects where the model or the requests are of it (`metrics.editing.embedded_probes`); else nothing beyond the
-    requests' own probes."""
-    from timerome.data.corpus import known_subjects
-    from timerome.data.tofu import _embedded
-    from timerome.metrics.editing import embedded_probes, locality_rows
+    the embedded corpus's where they probe this model on these requests (`metrics.editing.embedded_probe_rows`,
+    the API's AUTO rule), else nothing beyond the requests' own probes."""
+    from timerome.metrics.editing import embedded_probe_rows
 
-    why = embedded_probes(bb, requests, reqs, edited_from_embedded=_edited_from_embedded(recorded))
+    locality, known, why = embedded_probe_rows(bb, requests, reqs, n_retain=n_retain, n_world=n_world,
+                                               edited_from_embedded=_edited_from_embedded(recorded))
     if why is None:
         return {}, None, ("Locality reads the requests' own probes only, and Confabulation counts every other "
                           "answer (neither the model nor the requests are the embedded corpus's)")
-    return (locality_rows("embedded", n_retain, n_world), known_subjects(_embedded()),
-            f"Locality also reads the embedded corpus's retain / real-author / world-fact rows, and Confabulation "
-            f"only answers naming another of its subjects ({why})")
+    return (locality, known, f"Locality also reads the embedded corpus's retain / real-author / world-fact rows, "
+                             f"and Confabulation only answers naming another of its subjects ({why})")
 
 
 def _edited_from_embedded(recorded) -> bool:

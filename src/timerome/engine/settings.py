@@ -1,4 +1,4 @@
-"""Typed settings with one default each: the sampler, the likelihood, the trace and the edit.
+"""Typed settings with one default each: the sampler, the likelihood, the trace, the edit and locality.
 
 Every signature, CLI option and experiment CONFIG that takes one of these reads its default from
 here (SAMPLER.steps, LIKELIHOOD.n_mc, TRACE.steps, EDIT.alpha, ...), so a default is written once;
@@ -62,6 +62,15 @@ class EditSettings:
     target: str = "I don't know."  # what an edited model should say instead (the paper's t)
 
 
+@dataclass(frozen=True)
+class LocalitySettings:
+    """How many rows of a TOFU-schema source probe locality (metrics/editing.locality_rows): the API,
+    `timerome eval` (--n-retain, --n-world) and the editing experiments."""
+
+    n_retain: int = 40          # retain rows
+    n_world: int = 20           # real-author rows, and as many world-fact rows
+
+
 SAMPLER = SamplerSettings()
 # short answers: the CLI's `timerome generate` (the embedded model's answers are under 20 tokens; a
 # quarter of the reference's forwards); `generate()`, `evaluate` and the experiments keep SAMPLER
@@ -69,3 +78,4 @@ ANSWER = SamplerSettings(steps=32, gen_length=32, block_length=32)
 LIKELIHOOD = LikelihoodSettings()
 TRACE = TraceSettings()
 EDIT = EditSettings()
+LOCALITY = LocalitySettings()

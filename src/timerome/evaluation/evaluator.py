@@ -38,7 +38,7 @@ from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.sampler import generate
-from timerome.engine.settings import LIKELIHOOD, TRACE
+from timerome.engine.settings import LIKELIHOOD, LOCALITY, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
 from timerome.metrics.editing import GEN_SLACK, classify
@@ -51,8 +51,8 @@ SPLIT_COLUMNS = split_columns("lp")  # {split: its log-probability column}, decl
 # ------------------------------------------------------------------------------ data
 
 
-def eval_rows(source="embedded", forget: str = "forget01", *, n_retain: int = 40, n_world: int = 20,
-              retain_rows=None) -> dict[str, list[dict]]:
+def eval_rows(source="embedded", forget: str = "forget01", *, n_retain: int = LOCALITY.n_retain,
+              n_world: int = LOCALITY.n_world, retain_rows=None) -> dict[str, list[dict]]:
     """Rows by split, with their paraphrased / perturbed answers.
 
     forget: every row of `forget`_perturbed. retain / real_authors / world_facts: n_retain /

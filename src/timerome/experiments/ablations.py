@@ -22,7 +22,7 @@ log p(object) leaves out the answer positions that repeat the subject's tokens (
 from __future__ import annotations
 
 from timerome.engine.coordinate import given_step
-from timerome.engine.settings import LIKELIHOOD, TRACE
+from timerome.engine.settings import LIKELIHOOD, LOCALITY, TRACE
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (by_row, coordinate_note, installed_info, markdown, not_applicable_rows,
                                          plot_canonical, summarise, traced_coordinate, write_outputs)
@@ -31,7 +31,8 @@ from timerome.methods.timerome_edit import TIE_ONLY
 
 NAME = "ablations"
 ORDER = 60
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", traj_steps=TRACE.steps, one_step=0, config={})
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, forget="forget01",
+              traj_steps=TRACE.steps, one_step=0, config={})
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "ForgetTrajLP", "RetainTrajLP"]
 # settings of the rows an autoregressive model has no denoising trajectory for: refused there when given, before the
 # model loads where its checkpoint says so, else once it is loaded (experiments.refuse_unread_on_causal)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.experiments.data import SIZES_UNREAD_WHEN, without_unread_sizes
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, not_applicable_rows,
                                          plot_canonical, reference_note, summarise, traced_coordinate, unchanged_rows,
@@ -14,8 +14,8 @@ NAME = "canonical"
 ORDER = 10  # where it stands in listings and in `all`
 # retain_authors: whose retain rows are evaluated (null: spread over all; k: the first k authors, those a
 # model trained on a TOFU subset saw; or a list of indices / names); splits: which evaluation splits (null: all)
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", rouge=True, reference={}, methods=None,
-              retain_authors=None, splits=None)
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, forget="forget01",
+              rouge=True, reference={}, methods=None, retain_authors=None, splits=None)
 # the reference setting trains the model Forget Quality compares with, which needs the forget split's truth ratios
 UNREAD_WHEN = dict(SIZES_UNREAD_WHEN, reference=lambda cfg: (
     None if cfg.get("splits") is None or "forget" in cfg["splits"] else

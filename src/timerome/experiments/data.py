@@ -14,7 +14,7 @@ from timerome.data.requests import load_requests
 from timerome.data.rows import spread
 from timerome.data.task import ForgetTask, shared_rows
 from timerome.data.tofu import FULL_OFFSET, SPLITS, load_split
-from timerome.engine.settings import EDIT
+from timerome.engine.settings import EDIT, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.evaluation.evaluator import fits
 
@@ -93,9 +93,10 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     shown = load_split(perturbed, source)[lo:hi] if perturbed in SPLITS else task_rows
     retain = load_split("retain_perturbed", source)
     out = {"forget": spread(shown, spec.get("eval_forget")),
-           "retain": spread(retain_of_authors(retain, spec.get("retain_authors")), spec.get("n_retain", 40)),
-           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", 20)),
-           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", 20))}
+           "retain": spread(retain_of_authors(retain, spec.get("retain_authors")),
+                            spec.get("n_retain", LOCALITY.n_retain)),
+           "real_authors": spread(load_split("real_authors_perturbed", source), spec.get("n_world", LOCALITY.n_world)),
+           "world_facts": spread(load_split("world_facts_perturbed", source), spec.get("n_world", LOCALITY.n_world))}
     if shared_rows(task_rows, retain):
         raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
                             "forget fewer rows")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from timerome.data.requests import load_requests
-from timerome.engine.settings import EDIT, LIKELIHOOD
+from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.experiments.data import refuse_unfilled_target
 from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
                                          unchanged_rows, write_outputs)
@@ -31,7 +31,8 @@ from timerome.metrics.editing import UNLEARNING_RATES, edit_scores
 NAME = "editing"
 ORDER = 20
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
-              target=EDIT.target, n_retain=40, n_world=20, n_mc=LIKELIHOOD.n_mc, methods=None, gen_length=None)
+              target=EDIT.target, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, n_mc=LIKELIHOOD.n_mc,
+              methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
            "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
@@ -53,7 +54,7 @@ def requests_data(spec: dict, ctx):
 
     reqs, notes = load_requests(spec["requests"], target=spec.get("target"))  # `cells` checked the target
     embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
-    locality = locality_rows(ctx.source, spec.get("n_retain", 40), spec.get("n_world", 20))
+    locality = locality_rows(ctx.source, spec.get("n_retain", LOCALITY.n_retain), spec.get("n_world", LOCALITY.n_world))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
     probes |= {r["question"] for rows in locality.values() for r in rows}
     spare = [r for r in load_split("retain_perturbed", ctx.source) if r["question"] not in probes]

@@ -16,7 +16,7 @@ import itertools
 
 import numpy as np
 
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, delta_text, figure,
                                          fmt_cell, fmt_cost, label, not_applicable_note, not_applicable_rows, save_png,
@@ -28,8 +28,9 @@ from timerome.metrics.columns import header
 
 NAME = "npo_sweep"
 ORDER = 100
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", methods=("npo", "simnpo"),
-              lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8, grad_steps=None,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, forget="forget01",
+              methods=("npo", "simnpo"), lr=(1e-5, 3e-5), beta=(0.1, 1.0), retain_w=(1.0, 4.0), lora_r=8,
+              grad_steps=None,
               extra=({"method": "npo", "lr": 1e-4},), unmitigated=({"method": "npo", "lr": 1e-4, "safe": False},),
               compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": paper_point(2.0, 4)}),
               collapse=5.0)

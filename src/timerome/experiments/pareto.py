@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from timerome.engine.settings import EDIT, LIKELIHOOD
+from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
 from timerome.experiments.data import SIZES_UNREAD_WHEN
@@ -23,7 +23,7 @@ from timerome.methods.timerome_edit import paper_point
 
 NAME = "pareto"
 ORDER = 50
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=40, n_world=20, forget="forget01", q=EDIT.q,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, forget="forget01", q=EDIT.q,
               alphas=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0), paper_point=paper_point(2.0, 4), methods=None,
               retain_authors=None, splits=None,  # as canonical's
               frontiers=({},))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.experiments.report import (ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, coordinate_note, delta_text,
                                          fmt_any, label, not_applicable_note, not_applicable_rows, plot_scalability,
                                          summarise, traced_coordinate, with_accounting, write_outputs)
@@ -11,7 +11,8 @@ from timerome.experiments.runner import Cell
 
 NAME = "scalability"
 ORDER = 30
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, sizes=(1, 10, 40, 100, 200, 400), n_eval_forget=40, n_retain=40, n_world=20,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, sizes=(1, 10, 40, 100, 200, 400), n_eval_forget=40,
+              n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world,
               variants=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2}, {}))
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "install_seconds"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from timerome.engine.encoding import fact_id
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
 from timerome.experiments.runner import LP_COLUMNS, Cell, measurement, row_count
@@ -18,7 +18,7 @@ from timerome.methods.timerome_edit import build_memory, locate, prepare
 
 NAME = "sequential"
 ORDER = 40
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=20, n_world=20,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=20, n_world=LOCALITY.n_world,
               variants=({"alpha": 1.0, "q": 2}, {"alpha": 0.5, "q": 2}, {}), every=1)
 SHOWN = (0, 1, 5, 10, 20, 30, 40, 50)
 

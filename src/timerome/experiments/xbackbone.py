@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, NOT_APPLICABLE, by_row, delta_text, fmt_cell,
                                          label, not_applicable_note, not_applicable_rows, plot_delta_bars, summarise,
                                          write_outputs)
@@ -30,7 +30,7 @@ ORDER = 120
 IN_ALL = False   # needs checkpoints: run by name with --models
 PER_MODEL = True
 PAPER_POINT = paper_point(2.0, 4)  # the paper's TimeROME row, the same on every backbone
-CONFIG = dict(models=None, references=None, n_mc=LIKELIHOOD.n_mc, n_retain=40, forget="forget01",
+CONFIG = dict(models=None, references=None, n_mc=LIKELIHOOD.n_mc, n_retain=LOCALITY.n_retain, forget="forget01",
               methods=({"method": "no_edit"}, {"method": "alphaedit"}, {"method": "adaptive_rmu"},
                        {"method": "simnpo"}, {"method": "timerome", "config": PAPER_POINT}))
 COLUMNS = ["ForgetLP", "ForgetQuality", "RetainLP"]

@@ -67,13 +67,13 @@ from collections import Counter
 
 import numpy as np
 
+from timerome.common.checks import integer, shown
+from timerome.common.checks import seed as check_seed
 from timerome.data.facts import has_words
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import check_reached, edit_active, one_step
 from timerome.engine.sampler import continuations
-from timerome.common.checks import integer, shown
-from timerome.common.checks import seed as check_seed
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
 from timerome.metrics.text import pair_logprobs, rouge_l
@@ -284,7 +284,8 @@ def probe_sets(requests, locality=None) -> dict[str, list[tuple[int, str, object
     return sets
 
 
-def locality_rows(source="embedded", n_retain: int | None = 40, n_world: int | None = 20) -> dict[str, list[dict]]:
+def locality_rows(source="embedded", n_retain: int | None = LOCALITY.n_retain, n_world: int | None = LOCALITY.n_world
+                  ) -> dict[str, list[dict]]:
     """{"retain", "real_authors", "world_facts": rows} spread over the TOFU(-schema) splits of
     `source`: n_retain retain rows, n_world real-author and n_world world-fact rows (None: every row
     of the split, as an experiment's null count means; 0: none)."""
@@ -440,17 +441,28 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
             "baseline": {"key": key, "answers": plain}, "probes": probes}
 
 
+def embedded_probe_rows(backbone, spec, requests, *, n_retain: int = LOCALITY.n_retain, n_world: int = LOCALITY.n_world,
+                        edited_from_embedded: bool = False) -> tuple:
+    """(locality rows, known subjects, why) where the embedded corpus probes this model on these requests
+    (`embedded_probes` says why): its retain / real-author / world-fact rows (`locality_rows`) and its
+    subjects; else (None, None, None). The one rule of the API's AUTO and of `timerome eval --requests`."""
+    from timerome.data.corpus import known_subjects
+    from timerome.data.tofu import _embedded
+
+    why = embedded_probes(backbone, spec, requests, edited_from_embedded=edited_from_embedded)
+    if why is None:
+        return None, None, None
+    return locality_rows("embedded", n_retain, n_world), known_subjects(_embedded()), why
+
+
 def _auto_probes(backbone, requests, locality, known_subjects) -> tuple:
     """(locality, known_subjects, in words which probes beyond the requests' own are read): AUTO resolved by
-    `embedded_probes` as `timerome eval --requests` resolves it; a locality given checked."""
-    why = embedded_probes(backbone, None, requests) if AUTO in (_auto(locality), _auto(known_subjects)) else None
-    if _auto(locality) == AUTO:
-        locality = locality_rows("embedded") if why else None
-    if _auto(known_subjects) == AUTO:
-        from timerome.data.corpus import known_subjects as corpus_subjects
-        from timerome.data.tofu import _embedded
-
-        known_subjects = corpus_subjects(_embedded()) if why else None
+    `embedded_probe_rows` as `timerome eval --requests` resolves it; a locality given checked."""
+    why = None
+    if AUTO in (_auto(locality), _auto(known_subjects)):
+        rows, subjects, why = embedded_probe_rows(backbone, None, requests)
+        locality = rows if _auto(locality) == AUTO else locality
+        known_subjects = subjects if _auto(known_subjects) == AUTO else known_subjects
     if locality is not None and (not isinstance(locality, dict) or not all(
             isinstance(rows, (list, tuple)) and all(isinstance(r, dict) and isinstance(r.get("question"), str)
                                                     for r in rows) for rows in locality.values())):
