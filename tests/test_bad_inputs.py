@@ -678,6 +678,13 @@ def catalogue(f, tmp):
         # stop 62's training audit: a file where the build writes was found after the build's hours
         ("build-default --out a file", ["build-default", "--out", f["empty"]], "is a file"),
         ("build-default --check --out", ["build-default", "--check", "--out", tmp / "b"], "--out is read by nothing"),
+        # stop 72's review of training: a folder inside a file was found after the training, by the first write
+        ("train --out inside a file", ["train", "--out", f["empty"] / "y", "--epochs", "1"],
+         "is a file, so no folder can be made in it"),
+        ("new-model --out inside a file", ["new-model", "embedded:forget01", "--out", f["empty"] / "sub"],
+         "is a file, so no folder can be made in it"),
+        ("edit -o inside a file's folder", ["edit", "-o", f["empty"] / "a" / "m.safetensors"],
+         "is a file, so no folder can be made in it"),
         ("transfer with no such WHP trivia file", ["experiment", "transfer", "-c", '{"whp_trivia": "nope"}',
                                                    "-o", tmp / "e"], "setting whp_trivia must be one of"),
         ("transfer with a list for the WHP prompts", ["experiment", "transfer", "-c", '{"whp_prompts": ["x"]}',

@@ -13,6 +13,12 @@ class NotApplicable(TimeromeError):
     (`experiments.runner.with_edit`); a command (`timerome edit`) says it in one line."""
 
 
+class DiffusionOnly(TimeromeError):
+    """A protocol that follows a denoising trajectory (the diffusion-time trace, TIE) asked of an
+    autoregressive model, which has none; ROME's positional trace is its AR counterpart. The benchmark
+    experiments name that setting beside the row they could not measure."""
+
+
 class Interrupted(TimeromeError):
     """Work stopped by the user (Ctrl-C); the message says what was kept and how to resume."""
 

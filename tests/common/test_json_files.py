@@ -168,3 +168,18 @@ def test_a_pair_written_through_a_link_stays_together_and_a_memory_locks_its_tar
     assert written["n"] == 2 and written["pair"] == TraceFile.read(link, "pair", lambda t, m: m["pair"])
     assert not (tmp_path / "t.json").exists()
     assert lock_path(link) == lock_path(target)
+
+
+def test_a_byte_order_mark_is_read_as_the_encoding_it_marks(tmp_path):
+    """A file a Windows editor saved (UTF-8 with a byte-order mark) reads as its text: a JSON rows file
+    parses (json refuses the mark), a text file's first line has no stray character."""
+    from timerome.common.files import read_json, read_text
+    from timerome.data.rows import load_rows
+
+    rows = tmp_path / "rows.json"
+    rows.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"question": "Q ?", "answer": "A ."}]).encode())
+    assert load_rows(str(rows)) == [{"question": "Q ?", "answer": "A ."}]
+    assert read_json(rows, "rows") == [{"question": "Q ?", "answer": "A ."}]
+    text = tmp_path / "t.txt"
+    text.write_bytes("\ufeffHello\n".encode("utf-8"))
+    assert read_text(text) == "Hello\n"

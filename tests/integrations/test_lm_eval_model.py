@@ -170,7 +170,8 @@ def test_generate_until_is_our_sampler_cut_at_the_stop_sequence(bb, docs, tasks,
         prompt = torch.tensor([bb.encode(d["question"])])
         g = torch.Generator().manual_seed(pair_seed(0, d["question"], json.dumps({"max_gen_toks": 6})))
         x = generate(bb, prompt, steps=6, gen_length=6, block_length=6, generator=g)
-        full = bb.tokenizer.decode(x[0, prompt.shape[1]:].tolist(), skip_special_tokens=False)
+        out = x[0, prompt.shape[1]:].tolist()  # the answer ends at its first special token (end-of-text)
+        full = bb.decode(out[:next((j for j, t in enumerate(out) if t in bb.tokenizer.all_special_ids), len(out))])
         cut += "born" in full
         assert text == (full[:full.index("born")] if "born" in full else full) and "born" not in text
     assert cut >= 2  # the "where was X born" answers did write the stop word: the cut was exercised
@@ -367,8 +368,7 @@ def test_utility_says_generation_settings_no_request_read(bb, tasks, tmp_path):
     a word (which requests a task makes, lm-eval alone knows: said after the run, in the report)."""
     from timerome.experiments import run_experiment
 
-    over = dict(tasks=["tr_mc"], include_path=str(tasks), n_mc=2, points=(), generation={"gen_length": 8},
-                greedy_tasks=())
+    over = dict(tasks=["tr_mc"], include_path=str(tasks), n_mc=2, points=(), generation={"gen_length": 8})
     with pytest.warns(UserWarning, match=r"the generation settings \(gen_length\) were read by no request: tr_mc asks"):
         run_experiment("utility", seeds=(0,), out_dir=tmp_path / "mc", overrides=over, progress=False, backbone=bb)
     assert "Note: the generation settings (gen_length)" in (tmp_path / "mc" / "utility.md").read_text()

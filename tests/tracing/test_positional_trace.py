@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 import timerome
 import timerome.cli
 from timerome import TimeromeError
+from timerome.errors import DiffusionOnly
 from timerome.backbones.tiny import make_tiny_checkpoint
 from timerome.engine.hooks import Hooks, capture
 from timerome.tracing.causal_trace import prepare
@@ -182,8 +183,29 @@ def test_the_timerome_method_places_its_memory_by_the_positional_trace(models):
         edit.undo()
     with pytest.raises(TimeromeError, match="trace_kind"):
         method_config("timerome", {"trace_kind": "rome"})
-    with pytest.raises(TimeromeError, match="MDLM protocol"):  # the default, TIE, on an AR model
+    with pytest.raises(DiffusionOnly, match="MDLM protocol"):  # the default, TIE, on an AR model
         install("timerome", bb, task, {"trace_samples": 2})
+
+
+def test_a_benchmark_row_its_trace_refused_names_the_positional_setting():
+    """A benchmark experiment on an AR model reports the TIE-traced row as not measured, with the setting
+    that measures it (the timerome method with ROME's positional trace): JSON its -c reads, a config the
+    method accepts. No hint for another error, nor where the method refuses the positional trace."""
+    import json
+
+    from timerome.experiments.bench_measures import _positional_hint
+    from timerome.experiments.runner import Cell
+    from timerome.methods import method_config
+
+    refused = DiffusionOnly("the diffusion-time trace (TIE) is an MDLM protocol")
+    hint = _positional_hint(refused, Cell("rwku", "timerome", {"alpha": 2.0}))
+    shown = json.loads(hint.split("-c '", 1)[1].rstrip("'"))
+    assert shown == {"methods": ["no_edit", {"method": "timerome",
+                                             "config": {"alpha": 2.0, "trace_kind": "positional"}}]}
+    assert method_config("timerome", shown["methods"][1]["config"])["trace_kind"] == "positional"
+    assert _positional_hint(TimeromeError("another refusal"), Cell("rwku", "timerome")) == ""
+    assert _positional_hint(refused, Cell("rwku", "codebook", {"coordinates": "per_fact"})) == ""  # refused there
+    assert _positional_hint(refused, Cell("rwku", "ga")) == ""  # no trace_kind at all
 
 
 def _ar_with_embedded_vocabulary(d):

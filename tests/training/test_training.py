@@ -308,7 +308,73 @@ def test_cli_new_model_then_train(tmp_path):
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "t"), "--epochs", "1", "--batch-size", "10"])
     assert res.exit_code == 0 and "EOS padding on" in res.output, res.output
+    assert "a first training" not in res.output  # --epochs given: the user chose
     assert load_backbone(tmp_path / "t").family.name == "llada"
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "t"), "--epochs", "1"])  # a model there, no state: refused
+    assert res.exit_code == 2 and "already holds a model (config.json)" in res.output, res.output
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "d"), "--batch-size", "20", "--no-checkpoint"])  # the defaults
+    assert res.exit_code == 0 and "is a new model (random weights)" in " ".join(res.output.split()), res.output
+    assert "--lr 0.003 --epochs 100" in res.output
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "d"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "e"), "--epochs", "1", "--no-checkpoint"])  # trained once: no note
+    assert res.exit_code == 0 and "new model" not in res.output, res.output
+
+
+def test_a_new_models_first_training_settings_make_it_answer(tmp_path):
+    """The settings `new-model` prints for a first training make a new model answer its rows, where the
+    fine-tuning defaults leave it silent (FIRST_TRAINING's measurement: forget10's 200 rows, about 25 s)."""
+    from timerome.engine.sampler import continuations
+    from timerome.training.new_model import FIRST_TRAINING, new_model
+
+    new_model(["embedded:full"], tmp_path / "m", size="tiny", vocab_size=1000, context=128)
+    rows = load_rows("embedded:forget10")
+    said = {}
+    for name, cfg in (("default", TrainConfig()), ("first", TrainConfig(**FIRST_TRAINING))):
+        bb = load_backbone(tmp_path / "m")
+        train(bb, rows, cfg, show_progress=False)
+        said[name] = continuations(bb, [rows[0]["question"]], gen_length=16)["texts"][0].strip()
+    frame = " ".join(rows[0]["answer"].split()[:5])  # "Danra Mirodard was born in": the answer's frame, fluent
+    assert said["default"] == "" and said["first"].startswith(frame), said
+
+
+def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path):
+    """A second training of one backbone trains it (the first gave back the parameters' requires_grad as it
+    found them); a diverged run stops at once with its resumable state removed, so a run with a lower learning
+    rate starts there; float16 and wrong argument types are one-line errors."""
+    rows = load_rows("embedded:forget01")[:8]
+    bb = load_backbone(fresh)
+    frozen = next(bb.model.parameters())
+    frozen.requires_grad_(False)  # the caller's own choice: kept
+    before = frozen.detach().clone()
+    first = train(bb, rows, {"epochs": 1, "batch_size": 8}, show_progress=False)
+    second = train(bb, rows, TrainConfig(epochs=1, batch_size=8), show_progress=False)
+    assert len(first["loss"]) == len(second["loss"]) == 1 and second["loss"][0] != first["loss"][0]
+    assert not frozen.requires_grad and torch.equal(frozen, before)
+    assert all(p.requires_grad for p in list(bb.model.parameters())[1:])
+
+    state = tmp_path / "state"
+    with pytest.raises(TimeromeError, match="diverged at epoch 2, step 1: the loss is nan.*state in .* is removed"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=3, batch_size=8, lr=1e20), show_progress=False,
+              checkpoint=state)
+    assert not (state / "state.safetensors").exists()  # epoch 1's state (its weights finite) is gone too
+    log = train(load_backbone(fresh), rows, TrainConfig(epochs=2, batch_size=8, lr=1e-3), show_progress=False,
+                checkpoint=state)
+    assert log["resumed_at_epoch"] == 0 and all(map(torch.isfinite, torch.tensor(log["loss"])))
+    with pytest.raises(TimeromeError, match="step size overflows"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, lr=1e38), show_progress=False)
+    with pytest.raises(TimeromeError, match="float16 is refused"):
+        train(load_backbone(fresh, dtype="float16"), rows, TrainConfig(epochs=1), show_progress=False)
+    for bad, match in (("rows.jsonl", "got the path 'rows.jsonl'.*load_rows"), ([{"q": 1}], "row 0 has no text"),
+                       ([{"question": "q", "answer": 3}], "row 0 has no text 'answer'"), ([], "no training rows"),
+                       (["q"], "row 0 is 'q', not a dict")):
+        with pytest.raises(TimeromeError, match=match):
+            train(bb, bad, show_progress=False)
+    with pytest.raises(TimeromeError, match="unknown training setting 'epoch'"):
+        train(bb, rows, {"epoch": 1}, show_progress=False)
+    with pytest.raises(TimeromeError, match="config must be a TrainConfig"):
+        train(bb, rows, 3, show_progress=False)
 
 
 def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):

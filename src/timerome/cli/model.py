@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
@@ -119,7 +120,8 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     from timerome.common.files import output_folder
     from timerome.data.rows import load_rows
     from timerome.errors import Interrupted
-    from timerome.training.train import TrainConfig
+    from timerome.training.new_model import FIRST_TRAINING
+    from timerome.training.train import TrainConfig, build_record
     from timerome.training.train import train as run_train
 
     for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
@@ -140,6 +142,16 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
         raise TimeromeError(f"--out {out} would overwrite the model being trained ({source}): save the fine-tuned "
                             "checkpoint to another folder")
     state = Path(out) / "train-state"
+    held = [n for n in ("config.json", "model.safetensors") if (Path(out) / n).is_file()]
+    if held and not (state / "state.safetensors").is_file():  # with a state: a run stopped after its save, resumed
+        raise TimeromeError(f"--out {out} already holds a model ({held[0]}): give a new folder, or delete it to train "
+                            "there")
+    if (source / "new_model.json").is_file() and not build_record(source).get("train") and (lr, epochs) == (
+            TrainConfig.lr, TrainConfig.epochs):
+        err_console.print(f"[yellow]note:[/] {escape(str(source))} is a new model (random weights): the defaults "
+                          f"(--lr {lr:g}, --epochs {epochs}) fine-tune a trained model and leave this one saying "
+                          f"nothing; a first training: --lr {FIRST_TRAINING['lr']:g} --epochs "
+                          f"{FIRST_TRAINING['epochs']}", soft_wrap=True)
     if not checkpoint and state.is_dir() and any(state.iterdir()):  # the end of this run would delete it
         raise TimeromeError(f"{state} holds an interrupted run's state, which --no-checkpoint would neither resume "
                             "nor keep: leave out --no-checkpoint to resume it, or delete that folder to start over")

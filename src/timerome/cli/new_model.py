@@ -28,9 +28,11 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
                   tofu_dir: Optional[str] = typer.Option(None, "--tofu-dir", help="local TOFU directory for tofu:SPLIT"),
                   as_json: bool = typer.Option(False, "--json", help="print what was built as JSON")):
     """Create a fresh MDLM (LLaDA structure, random weights) and a byte-level BPE tokenizer trained on
-    your texts; then `timerome train --model OUT --data ROWS --out TRAINED` teaches it your rows."""
+    your texts; then `timerome train --model OUT --data ROWS --out TRAINED` with a first training's --lr and
+    --epochs (printed at the end: the training defaults fine-tune a trained model, and leave a new one saying
+    nothing) teaches it your rows."""
     from timerome.common.files import user_text
-    from timerome.training.new_model import new_model
+    from timerome.training.new_model import FIRST_TRAINING, new_model
 
     for i, t in enumerate(texts):
         user_text(t, f"text source {i + 1}")
@@ -44,4 +46,6 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
     console.print(f"new model in {out}: {info['parameters']:,} parameters ({dims['n_layers']} layers, hidden "
                   f"{dims['d_model']}, {dims['n_heads']} heads), BPE vocabulary of {info['vocab_size']} learnt on "
                   f"{info['n_texts']} texts, context {info['context']}", soft_wrap=True)
-    console.print(f"next: timerome train --model {out} --data ROWS --out {out}-trained", soft_wrap=True)
+    console.print(f"next: timerome train --model {out} --data ROWS --out {out}-trained --lr {FIRST_TRAINING['lr']:g} "
+                  f"--epochs {FIRST_TRAINING['epochs']} (a first training from random weights; the defaults fine-tune)",
+                  soft_wrap=True)

@@ -39,7 +39,8 @@ def input_file(path, what: str = "file", stream: bool = False) -> Path:
 
 
 def read_text(path, what: str = "file") -> str:
-    """The file's text as UTF-8; a missing file, a folder or another encoding is one clear error."""
+    """The file's text as UTF-8 (a byte-order mark dropped); a missing file, a folder or another encoding is
+    one clear error."""
     p = input_file(path, what, stream=True)
     try:
         data = p.read_bytes()
@@ -47,8 +48,8 @@ def read_text(path, what: str = "file") -> str:
         raise TimeromeError(f"{what} {p} does not exist") from None
     except OSError as e:
         raise TimeromeError(f"cannot read {what} {p}: {e.strerror or e}") from None
-    try:
-        return data.decode("utf-8")
+    try:  # a leading byte-order mark (what Windows editors write) marks the encoding: it is not text
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise TimeromeError(f"{what} {p} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line} "
@@ -159,6 +160,9 @@ def _writable(folder: Path, what: str, target: Path) -> None:
         if existing.parent == existing:
             break
         existing = existing.parent
+    if existing != folder and existing.exists() and not existing.is_dir():  # found before the run, not after it
+        raise TimeromeError(f"{what} {target}: {existing} is a file, so no folder can be made in it; choose another "
+                            "place")
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise TimeromeError(f"{what} {target}: {existing} is not writable; choose another place")
 

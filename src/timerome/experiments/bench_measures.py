@@ -15,12 +15,14 @@ Every result carries what its data held (`data`: rows, skipped rows, layout, unk
 
 from __future__ import annotations
 
+import json
 import time
 
 from timerome.engine.settings import LIKELIHOOD
-from timerome.errors import TimeromeError
+from timerome.errors import DiffusionOnly, TimeromeError
 from timerome.experiments import bench_data as _data_kinds  # noqa: F401 - registers the benchmark data kinds
 from timerome.experiments.runner import measurement, with_edit
+from timerome.methods import method_config
 from timerome.metrics import muse as MUSE
 from timerome.metrics import rwku as RWKU
 from timerome.metrics import whp as WHP
@@ -107,7 +109,22 @@ def _run(cell, ctx, rows, task) -> dict:
     try:  # a benchmark's own forget set may give a method nothing to work on: a reported skip
         return with_edit(cell, ctx, task, measure)
     except TimeromeError as e:
-        return {"items": {}, "metrics": {}, "data": dict(rows["info"], skipped_method=f"{cell.row}: {e}")}
+        return {"items": {}, "metrics": {}, "data": dict(rows["info"], skipped_method=f"{cell.row}: {e}"
+                                                         + _positional_hint(e, cell))}
+
+
+def _positional_hint(error, cell) -> str:
+    """How to measure a method whose TIE trace an autoregressive model refused (`DiffusionOnly`): its
+    `trace_kind` set to ROME's positional trace, in the experiment's methods setting; '' where the
+    method has no such setting or refuses it."""
+    row = {"method": cell.method, "config": {**cell.config, "trace_kind": "positional"}}
+    try:
+        if not isinstance(error, DiffusionOnly) or "trace_kind" not in method_config(cell.method):
+            return ""
+        method_config(cell.method, row["config"])
+    except TimeromeError:
+        return ""
+    return f"; to measure it here (beside no_edit): -c '{json.dumps({'methods': ['no_edit', row]})}'"
 
 
 # what the benchmarks' scores read of a cell's options (transfer gives each cell all of them; each has a default)

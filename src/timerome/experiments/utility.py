@@ -4,7 +4,10 @@ points, next to no_edit (paper Figure "radar", general-utility axis; Section "Ge
 One cell per (operating point, task, seed): the method is installed on the forget task, lm-eval
 runs the task through `lm_eval_model.TimeromeLM` with the edit active, the edit is removed. The
 seed drives the Monte-Carlo masks (each request's masks come from (seed, its text): the operating
-points and no_edit see the same masks) and lm-eval's own seeds (few-shot sampling).
+points and no_edit see the same masks) and lm-eval's own seeds (few-shot sampling). is_greedy (a
+generation per request) is computed for a task whose lm-eval score reads it (a loglikelihood task's
+acc, e.g. lambada; `lm_eval_model.greedy_readers`) and skipped for the others: decided from the task,
+not from a list, since a loglikelihood task left off a list scored acc 0.
 
 The paper runs 12 tasks without naming them; TASKS is our choice of 12 standard lm-eval tasks.
 They download their data from the Hugging Face Hub; a local task (a YAML file reading a local
@@ -20,13 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from timerome.common.cache import digest
+from timerome.common.checks import integer
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, fmt_cost, label, merge_metrics,
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
 from timerome.integrations.lm_eval_model import (GENERATION_OPTIONS, REQUEST_OPTIONS, TimeromeLM, evaluate_tasks,
-                                                 task_manager)
+                                                 greedy_readers, task_manager)
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
@@ -37,7 +41,7 @@ TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq"
          "lambada_openai", "truthfulqa_mc2", "mmlu", "gsm8k")
 CONFIG = dict(tasks=TASKS, method="timerome", points=(paper_point(0.5, 2), paper_point(1.0, 2), paper_point(2.0, 4)),
               forget="forget01", n_mc=LIKELIHOOD.n_mc, limit=None, num_fewshot=None, include_path=None,
-              greedy_tasks=("lambada_openai",), generation={})
+              generation={})
 METRICS = ("acc_norm", "acc", "exact_match", "f1", "mcc")  # a task's headline: the first of these it reports
 
 
@@ -59,6 +63,8 @@ def check(cfg, source) -> None:
         raise TimeromeError(f"utility: the generation setting has no {', '.join(map(repr, unknown))}; it takes "
                             f"{', '.join(GENERATION_OPTIONS)} (generate_until's) and {', '.join(REQUEST_OPTIONS)} "
                             "(every request's)")
+    for k in ("steps", "gen_length", "block_length"):  # TimeromeLM refuses these too, but only once a model is loaded
+        integer(gen.get(k), f"utility: the generation setting {k}", lo=1, none=True)
 
 
 def _include(cfg) -> tuple[str | None, str | None]:
@@ -84,8 +90,7 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
         for row, method, over in plan(cfg):
             for task in tasks:
                 opts = dict(task=task, n_mc=cfg["n_mc"], limit=cfg["limit"], num_fewshot=cfg["num_fewshot"],
-                            include_path=include, task_files=files, check_greedy=task in cfg["greedy_tasks"],
-                            generation=dict(cfg["generation"]))
+                            include_path=include, task_files=files, generation=dict(cfg["generation"]))
                 out.append(Cell("lm_eval", method, over, seed, data, opts, row=row, group=task))
     return out
 
@@ -101,7 +106,7 @@ def headline(task_results: dict) -> tuple[str, float, float | None]:
     raise TimeromeError(f"lm-eval reported none of {', '.join(METRICS)} for a task: {sorted(task_results)}")
 
 
-LM_EVAL_OPTIONS = ("task", "n_mc", "limit", "num_fewshot", "include_path", "task_files", "check_greedy", "generation")
+LM_EVAL_OPTIONS = ("task", "n_mc", "limit", "num_fewshot", "include_path", "task_files", "generation")
 
 
 # reads_steps: a generative task meets a one-step edit; a log-likelihood one refuses it at its first request
@@ -109,15 +114,20 @@ LM_EVAL_OPTIONS = ("task", "n_mc", "limit", "num_fewshot", "include_path", "task
 @measurement("lm_eval", reads_steps=True, options=LM_EVAL_OPTIONS, required=LM_EVAL_OPTIONS)
 def _lm_eval(cell, ctx, rows, task) -> dict:
     o = cell.options
+    include = [o["include_path"]] if o["include_path"] else []
+    # built once per run and before the cell's clock starts (with_edit times install, evaluation and undo): lm-eval's
+    # task index (about 7 s, charged to the first cell before), and which tasks' scores read is_greedy, decided
+    # from the task itself: is_greedy costs a generation per request, and a score that reads it without it reads 0
+    manager = ctx.shared(("lm_eval task index", *include), lambda: task_manager(include))
+    readers = ctx.shared(("lm_eval is_greedy readers", o["task"], *include),
+                         lambda: greedy_readers([o["task"]], manager))
 
     def measure(edit):
         lm = TimeromeLM(backbone=ctx.backbone, installed=edit, n_mc=o["n_mc"], seed=cell.seed,
-                        check_greedy=o["check_greedy"], **o["generation"])
+                        check_greedy=bool(readers), **o["generation"])
         t0 = time.perf_counter()
-        include = [o["include_path"]] if o["include_path"] else []
-        manager = ctx.shared(("lm_eval task index", *include), lambda: task_manager(include))
         res = evaluate_tasks(lm, [o["task"]], num_fewshot=o["num_fewshot"], limit=o["limit"],
-                             include_path=include or None, seed=cell.seed, manager=manager)
+                             include_path=include or None, seed=cell.seed, manager=manager, readers=readers)
         entry = res["results"].get(o["task"])
         if entry is None:
             raise TimeromeError(f"lm-eval returned no results for task {o['task']}")
@@ -125,7 +135,7 @@ def _lm_eval(cell, ctx, rows, task) -> dict:
         scores = {k: v for k, v in entry.items() if isinstance(v, (int, float))}
         return {"metrics": {o["task"]: value}, "metric": metric, "stderr": se, "scores": scores,
                 "n_samples": res.get("n-samples", {}).get(o["task"]), "generated": lm.generated,
-                "cost": {"eval_seconds": time.perf_counter() - t0}}
+                "greedy_checked": bool(readers), "cost": {"eval_seconds": time.perf_counter() - t0}}
 
     return with_edit(cell, ctx, task, measure)
 

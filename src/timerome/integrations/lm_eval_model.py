@@ -1,7 +1,12 @@
 """lm-evaluation-harness for masked diffusion LMs: the model class `timerome`, with or without an edit.
 
-    lm_eval --model timerome --model_args pretrained=DIR,edit=MEMORY.safetensors,n_mc=LIKELIHOOD.n_mc --tasks arc_easy
-    python -m timerome.integrations.lm_eval_model --model timerome --model_args ... --tasks ...   # any lm-eval 0.4
+    python -m timerome.integrations.lm_eval_model --model timerome --device cpu \
+        --model_args pretrained=DIR,edit=MEMORY.safetensors,n_mc=16,seed=0 --tasks arc_easy      # any lm-eval 0.4
+    lm_eval --model timerome --model_args ... --tasks ...    # only an lm-eval that discovers model plugins
+
+The first form is lm-eval's own command line after this module registers the model: it works with every
+lm-eval 0.4, 0.4.13 included. Plain `lm_eval --model timerome` works only with an lm-eval that reads the
+`lm_eval.models` entry point (Registration, below); 0.4.13 answers that it knows no model "timerome".
 
 lm-eval has no masked-diffusion model; LLaDA's repository registers one whose loglikelihood is the
 Monte-Carlo masked estimator and whose generate_until is the denoising sampler. This is ours:
@@ -14,14 +19,18 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
   continuation) only (`pair_seed`), so a request's score depends on nothing else in the run and two
   operating points of one model see the same masks (paired). is_greedy (lambada-style accuracy):
   the sampler fills the continuation one token per step at temperature 0 and must reproduce it
-  (`check_greedy=False` skips this and answers False, as LLaDA's default).
+  (`check_greedy=false` skips this and answers False, as LLaDA's default: then the acc of a
+  loglikelihood task such as lambada reads 0 whatever the model knows; `evaluate_tasks` refuses that
+  combination, lm-eval's command line cannot see it).
 - loglikelihood_rolling: lm-eval's disjoint rolling windows, each scored as above (a sum of ELBOs:
   a lower bound on log p, like every MDLM likelihood here); the first window conditions on what
   an empty context is, as loglikelihood("", text) does (`context_start`: the sequence start; an
   autoregressive model's BOS, as lm-eval's HF models prefix it), and a window's context and
   targets fit the model's context together (one forward reads both).
 - generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
-  answer cut at the first stop sequence (and the end-of-text token); `cache=prefix|dual`,
+  answer ends at its first special token (end-of-text: an MDLM fills the rest of its budget with it;
+  cut on token ids, as `sampler.continuations` cuts, since a decoded id leaves a space before it) and
+  at the first of the task's stop sequences (`until`); `cache=prefix|dual`,
   `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
   default: the exact sampler). The is_greedy check always uses the exact sampler.
 - an edit, active during every call: `edit=FILE.safetensors` (an EditMemory, `alpha=` / `q=` may
@@ -34,18 +43,28 @@ and the package declares the `lm_eval.models` entry point that newer lm-eval rel
 themselves. lm-eval 0.4.13 and older never read entry points: run `python -m timerome.integrations.lm_eval_model`
 (lm-eval's own command line, after this import), or pass `TimeromeLM(...)` to `lm_eval.simple_evaluate`.
 lm-eval's --batch_size is accepted and not used: rows are packed into forwards of `max_tokens`.
+
+Seeds: `seed=` in model_args (0) seeds every request's masks and sampling noise (`pair_seed`).
+lm-eval's own --seed seeds its few-shot sampling and the global random generators, which no generator
+here reads: it leaves timerome's masks and samples as they were (a zero-shot task scores the same).
+lm-eval 0.4.13 passes the model no seed (only batch_size, max_batch_size and device), so give both to
+vary a run, e.g. `--seed 1 --model_args seed=1,...`; `evaluate_tasks(seed=)` passes one seed to both.
+Model args are checked: steps, gen_length and block_length are integers >= 1 (or none: from the task's
+max_gen_toks), check_greedy and trust_remote_code are true/false/yes/no/1/0.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import sys
+from contextlib import contextmanager
 
 import torch
 
 from timerome.backbones import load_backbone
 from timerome.common.cache import digest
-from timerome.common.checks import integer, number
+from timerome.common.checks import integer, number, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.task import forget_task
@@ -72,6 +91,21 @@ GENERATION_OPTIONS = ("steps", "gen_length", "block_length", "remasking", "cfg_s
                       "refresh_every")
 REQUEST_OPTIONS = ("mc_batch", "max_tokens")
 INSTALL_HINT = "lm-evaluation-harness is not installed: pip install 'timerome[eval]'"
+# how lm-eval users write a yes / no model_arg (lm-eval turns true / false into bools and 1 / 0 into ints itself)
+YES, NO = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def flag(value, what: str) -> bool:
+    """A yes / no model_arg: a bool, 1 / 0, or true / false / yes / no / 1 / 0 in any case; anything else is
+    refused (bool("no") is True, and "flase" would have been too)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in YES + NO:
+        return word in YES
+    raise TimeromeError(f"model_args {what} must be true or false (or yes / no, 1 / 0), got {shown(value)}")
 
 
 def pair_seed(seed: int, context: str, continuation: str) -> int:
@@ -124,8 +158,16 @@ class TimeromeLM(LM):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         elif str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
             raise TimeromeError(f"lm-eval asks for device {device}, but CUDA is not available here: pass --device cpu")
+        # the settings a model need not be loaded to check: a bad one stops here, before minutes of loading.
+        # steps / gen_length / block_length none: from the task (its max_gen_toks, one token per step, one
+        # block); 0 is refused, not taken for none
+        steps, gen_length, block_length = (
+            integer(v, f"model_args {k}", lo=1, none=True)
+            for k, v in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)))
+        self.check_greedy = flag(check_greedy, "check_greedy")
+        trust_remote_code = flag(trust_remote_code, "trust_remote_code")
         self.backbone = backbone if backbone is not None else load_backbone(
-            pretrained, family, dtype=dtype, device=device, trust_remote_code=bool(trust_remote_code))
+            pretrained, family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         self._device = self.backbone.device
         self.n_mc, self.mc_batch = integer(n_mc, "n_mc", lo=1), integer(mc_batch, "mc_batch", lo=1)
         self.seed = check_seed(seed, "seed")
@@ -137,7 +179,6 @@ class TimeromeLM(LM):
             self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
                         cfg_scale=float(cfg_scale), cache=cache, threshold=threshold, refresh_every=refresh_every)
-        self.check_greedy = bool(check_greedy)
         self.generated = 0  # generate_until requests answered: the generation settings above are read by these only
         self.edit, self.edit_info = self._edit(edit, method, installed, data, forget, options)
 
@@ -267,10 +308,10 @@ class TimeromeLM(LM):
         bb = self.backbone
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
-        if bb.tokenizer.eos_token:
-            until.append(bb.tokenizer.eos_token)
-        length = int(self.gen["gen_length"] or kwargs.get("max_gen_toks") or 256)
-        steps, block = int(self.gen["steps"] or length), int(self.gen["block_length"] or length)
+        # the task's max_gen_toks (lm-eval's own default, 256, where it gives none) unless gen_length overrides it
+        asked = kwargs.get("max_gen_toks")
+        length = self.gen["gen_length"] or integer(256 if asked is None else asked, "the task's max_gen_toks", lo=1)
+        steps, block = self.gen["steps"] or length, self.gen["block_length"] or length
         temperature = float(kwargs.get("temperature", SAMPLER.temperature) or 0.0) if kwargs.get("do_sample", True) else 0.0
         room = bb.max_length - length
         if room < 1:
@@ -286,13 +327,14 @@ class TimeromeLM(LM):
                      temperature=temperature, cfg_scale=self.gen["cfg_scale"], remasking=self.gen["remasking"],
                      generator=g, state=state, cache=self.gen["cache"], threshold=self.gen["threshold"],
                      refresh_every=self.gen["refresh_every"])
-        ids = [i for i in x[0, len(prompt):].tolist() if i != bb.mask_id]
-        text = bb.tokenizer.decode(ids, skip_special_tokens=False)
-        cut = min([text.find(s) for s in until if s and s in text], default=len(text))
-        text = text[:cut]
-        for special in getattr(bb.tokenizer, "all_special_tokens", []):
-            text = text.replace(special, "")
-        return text
+        # the answer ends at its first special token (an MDLM fills what is left of its budget with end-of-text),
+        # the rule of sampler.continuations; cut on the ids, not the text: a tokenizer decoding the end-of-text
+        # token writes a separator before it ("Pellmoor. <|eos|>"), and the answer kept that trailing space
+        out = x[0, len(prompt):].tolist()
+        specials = set(getattr(bb.tokenizer, "all_special_ids", None) or []) - {bb.mask_id}
+        text = bb.decode(out[:next((j for j, t in enumerate(out) if t in specials), len(out))])
+        # then at the first of the task's stop sequences, kept as written (lm-eval's own models strip nothing)
+        return text[:min((text.find(s) for s in until if s and s in text), default=len(text))]
 
     # ---------------------------------------------------------------- chat templates
 
@@ -337,23 +379,89 @@ def _failure(e: BaseException) -> str:
     return f"{text}; {NO_HUB}" if isinstance(e, NETWORK_ERRORS) else text
 
 
+@contextmanager
+def _refused(tasks):
+    """lm-eval's failures to load or run tasks as one TimeromeError line (an unknown task, a malformed
+    task file, no Hub)."""
+    try:
+        yield
+    except (KeyError, ValueError, *NETWORK_ERRORS) as e:
+        raise TimeromeError(f"lm-eval could not run tasks {', '.join(map(str, tasks))}: {_failure(e)}") from None
+
+
+# lm-eval's own scoring (ConfigurableTask.process_results, read in lm-eval 0.4.13), per output type: the metrics
+# that never read is_greedy (a loglikelihood task's acc is is_greedy itself; a multiple-choice exact_match is the
+# gold choice's is_greedy). Any other metric, a custom process_results or a task class of its own may read it.
+GREEDY_UNREAD = {"loglikelihood": {"perplexity"},
+                 "multiple_choice": {"acc", "acc_norm", "acc_bytes", "acc_mutual_info", "f1", "mcc", "brier_score",
+                                     "likelihood"}}
+NO_LOGLIKELIHOOD = ("generate_until", "loglikelihood_rolling")  # output types that ask no loglikelihood request
+
+
+def reads_greedy(task) -> bool:
+    """Whether lm-eval's score of one (leaf) task may read is_greedy: False only where it provably does not."""
+    from lm_eval.api.task import ConfigurableTask
+
+    kind = getattr(task, "OUTPUT_TYPE", None)
+    if not isinstance(task, ConfigurableTask) or any(getattr(type(task), f) is not getattr(ConfigurableTask, f)
+                                                     for f in ("construct_requests", "process_results")):
+        return True  # a task class of its own: its requests and scores are its own business
+    if kind in NO_LOGLIKELIHOOD:
+        return False
+    if callable(task.get_config("process_results")):
+        return True
+    return not set(task.higher_is_better()) <= GREEDY_UNREAD.get(kind, set())
+
+
+def _leaf_tasks(manager, tasks) -> dict:
+    """{name: Task} of every task `tasks` name, groups and tags opened (the tasks are built: their data loads)."""
+    if hasattr(manager, "load"):  # lm-eval 0.4.13: flat already
+        return dict(manager.load(list(tasks))["tasks"])
+    from lm_eval.api.task import Task
+    from lm_eval.tasks import get_task_dict
+
+    out = {}
+
+    def walk(nested):  # older lm-eval: {group: {name: Task, ...}, name: Task}
+        for name, value in nested.items():
+            if isinstance(value, dict):
+                walk(value)
+            elif isinstance(value, Task):
+                out[str(name)] = value
+
+    walk(get_task_dict(list(tasks), manager))
+    return out
+
+
+def greedy_readers(tasks, manager) -> list[str]:
+    """The tasks among `tasks` (groups and tags opened) whose lm-eval score may read is_greedy (`reads_greedy`):
+    those a model with check_greedy=False would score 0 whatever it knows. Builds the tasks (their data loads)."""
+    with _refused(tasks):
+        return sorted(name for name, task in _leaf_tasks(manager, tasks).items() if reads_greedy(task))
+
+
 def evaluate_tasks(lm: TimeromeLM, tasks, *, num_fewshot=None, limit=None, include_path=None,
-                   seed: int = 0, log_samples: bool = False, manager=None) -> dict:
+                   seed: int = 0, log_samples: bool = False, manager=None, readers=None) -> dict:
     """lm_eval.simple_evaluate on our model: the task results dict ({"results": ..., "samples": ...}).
-    manager: a `task_manager(include_path)` built before (None: built now, about 10 s)."""
+    manager: a `task_manager(include_path)` built before (None: built now, about 10 s). A model that skips
+    is_greedy (check_greedy=False) is refused where a task's score reads it (it would read 0): readers, the
+    tasks' `greedy_readers` where the caller found them before (None: found here when needed)."""
     if register_model is None:
         raise TimeromeError(INSTALL_HINT)
     import lm_eval
 
     manager = manager if manager is not None else task_manager(include_path or ())
-    try:
+    if not lm.check_greedy:
+        readers = greedy_readers(tasks, manager) if readers is None else list(readers)
+        if readers:
+            raise TimeromeError(f"lm-eval's score of {', '.join(readers)} reads is_greedy (a loglikelihood task's "
+                                "acc, a multiple-choice exact_match), which check_greedy=false answers False for "
+                                "every request, so it would read 0: leave check_greedy on")
+    with _refused(tasks):
         return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                                        task_manager=manager, log_samples=log_samples, random_seed=seed,
                                        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                                        bootstrap_iters=1000)
-    except (KeyError, ValueError, *NETWORK_ERRORS) as e:  # an unknown task, a malformed task file, no Hub
-        raise TimeromeError(f"lm-eval could not run tasks {', '.join(map(str, tasks))}: {_failure(e)}") from None
-
 
 
 if register_model is not None and __name__ != "__main__":
@@ -373,6 +481,9 @@ def main() -> None:
         raise SystemExit(2) from None
     except NETWORK_ERRORS as e:  # a task's data out of reach: one line with what to do, not a traceback
         print(f"error: lm-eval could not fetch its task data: {_failure(e)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (KeyError, ValueError) as e:  # an unknown task ("Tasks not found: ..."), a malformed task file
+        print(f"error: lm-eval could not run: {_failure(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

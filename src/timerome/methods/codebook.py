@@ -137,8 +137,9 @@ def _all_applied(backbone, memories):
 
 
 def prepare(backbone, task, config) -> None:
-    """The trace(s), the whitening statistics and the calibration residuals, into their disk caches."""
-    groups, _ = coordinates(backbone, task, config)
+    """The trace(s), the whitening statistics and the calibration residuals, into their disk caches (the
+    trace with its progress bar, as the calibration's)."""
+    groups, _ = coordinates(backbone, task, config, progress=True)
     for coord in groups:
         background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
         calibration_tokens(backbone, coord, task, config)

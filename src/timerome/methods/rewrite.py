@@ -108,13 +108,13 @@ def value_table(backbone, site, task, config) -> tuple[torch.Tensor, torch.Tenso
     return memory_value_table(backbone, site, known_rows(backbone, task, config), seed=calibration_seed(config))
 
 
-def gate_coordinate(backbone, task, config) -> tuple[Coordinate, dict]:
-    """Where the gate reads (module docstring) and how it was chosen."""
+def gate_coordinate(backbone, task, config, progress: bool = False) -> tuple[Coordinate, dict]:
+    """Where the gate reads (module docstring) and how it was chosen (progress: a trace's bar)."""
     given = config.get("coordinate")
     if given == "traced":
-        return locate(backbone, task, dict(config, coordinate=None))
+        return locate(backbone, task, dict(config, coordinate=None), progress)
     if given is not None:
-        return locate(backbone, task, config)
+        return locate(backbone, task, config, progress)
     layer = max(0, site_of(backbone, config)[0] - 1)
     return Coordinate(layer, "resid").on(backbone), {"coordinate_source": "below the write site"}
 
@@ -163,7 +163,7 @@ def with_said(task, facts):
 def prepare(backbone, task, config) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
     refuse_causal(backbone)
-    coord, _ = gate_coordinate(backbone, task, config)
+    coord, _ = gate_coordinate(backbone, task, config, progress=True)
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
     spare = spare_rows(backbone, with_said(task, said_facts(backbone, task.facts)), config)
     calibration_tokens(backbone, coord, task, config, rows=spare, pads=STATE_PADS,

@@ -242,8 +242,9 @@ def memory_edit(backbone, task, config, coordinate, method="timerome", info=None
 
 
 def prepare(backbone, task, config) -> None:
-    """The trace and the background statistics at the coordinate, into their disk caches."""
-    coordinate, _ = locate(backbone, task, config)
+    """The trace and the background statistics at the coordinate, into their disk caches (the trace with
+    its progress bar: on a real model it is the install's longest part)."""
+    coordinate, _ = locate(backbone, task, config, progress=True)
     background_stats(backbone, coordinate, task, config)
 
 

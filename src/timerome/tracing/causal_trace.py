@@ -25,7 +25,7 @@ from timerome.data.tofu import load_split
 from timerome.engine.encoding import encode_fact, fact_list, warn_unknown_subjects
 from timerome.engine.likelihood import default_max_tokens, head_choice
 from timerome.engine.settings import TRACE
-from timerome.errors import TimeromeError
+from timerome.errors import DiffusionOnly, TimeromeError
 from timerome.tracing.result import TraceFile, TraceResult
 from timerome.tracing.tie import (NOISE_DRAWS, READOUTS, REMASKING, aggregate, later_steps, literal_tie,
                                   scored_positions)
@@ -56,7 +56,7 @@ def default_facts(n: int = VALIDATION_SIZE) -> list:
 def refuse_causal(backbone) -> None:
     """The diffusion-time trace follows a denoising trajectory, which an autoregressive model has not."""
     if getattr(backbone, "causal", False):
-        raise TimeromeError(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
+        raise DiffusionOnly(f"the diffusion-time trace (TIE) is an MDLM protocol and the {backbone.family.name} model "
                             "is autoregressive: trace it with the positional trace (timerome trace --positional, "
                             "timerome.tracing.positional_trace)")
 

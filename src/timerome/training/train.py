@@ -30,14 +30,14 @@ import math
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from timerome.common.cache import digest
-from timerome.common.checks import budget, integer, number
+from timerome.common.checks import budget, integer, number, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
 from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
@@ -107,9 +107,9 @@ def trained_with_eos_padding(directory: str | Path) -> bool | None:
 
 def recipe_eos_pad(backbone) -> bool:
     """Whether training this backbone pads answers with EOS by default (TrainConfig.eos_pad None): what its
-    checkpoint's build_info.json records (`timerome build-default`, `new-model` and `train` write it); else
-    on when the tokenizer has an EOS, off for other models of the embedded model's family (the TOFU
-    fixture was trained without it and cuts its answers at ".")."""
+    checkpoint's build_info.json records (`timerome build-default` and `train` write it; a `new-model` folder
+    has none, and its LLaDA family gives on); else on when the tokenizer has an EOS, off for other models of
+    the embedded model's family (the TOFU fixture was trained without it and cuts its answers at ".")."""
     if backbone.tokenizer.eos_token_id is None:
         return False
     source = backbone.info.get("checkpoint")
@@ -139,10 +139,13 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     label: what the progress bar calls this training. checkpoint: a folder for the resumable
     state (None: none kept). on_epoch(epoch, log): called after each finished epoch (1-based).
     """
-    if not rows:
-        raise TimeromeError("no training rows")
-    cfg = with_recipe(config or TrainConfig(), backbone)  # resolved before anything records the settings
+    rows = _check_rows(rows)
+    cfg = with_recipe(_as_config(config), backbone)  # resolved before anything records the settings
     check_config(cfg, len(rows))
+    if any(p.dtype == torch.float16 for p in backbone.model.parameters()):
+        raise TimeromeError("training in float16 is refused: AdamW's moments and epsilon underflow there, and every "
+                            "weight is NaN after the first step at any learning rate (measured); train in float32 "
+                            "or bfloat16 (--dtype)")
     pairs = encode_pairs(backbone, rows)
     refuse_special_text(backbone, pairs)
     eos = _eos(backbone) if cfg.eos_pad else None
@@ -162,6 +165,7 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     if cfg.eos_extra:  # its own stream: the masks and the order stay those of a run without it
         generators["eos_extra"] = torch.Generator().manual_seed(cfg.seed)
     model = backbone.model
+    trainable = [(p, p.requires_grad) for p in model.parameters()]  # given back as they were when training ends
     peft_model = None
     if cfg.lora_r > 0:
         peft_model = wrap_lora(backbone, cfg, seed=cfg.seed)
@@ -176,11 +180,13 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     log = {"loss": [], "seconds": 0.0, "steps": total, "config": asdict(cfg), "resumed_at_epoch": 0}
     state = dict(recipe=recipe, model=model, params=params, opt=opt, sched=sched,
                  generators=generators)
-    first = 0
+    first, earlier = 0, 0.0
     if checkpoint is not None:
         saved = load_state(checkpoint, **state)
         if saved is not None:
             first, log["loss"], log["resumed_at_epoch"] = saved["epoch"], list(saved["loss"]), saved["epoch"]
+            earlier = saved.get("seconds") if isinstance(saved.get("seconds"), float) else 0.0  # the interrupted
+            # runs' training time (recorded in a state since stop 72)
             notify(f"{label}: resuming after epoch {first} of {cfg.epochs}, from the state saved in {checkpoint}")
     model.train()
     t0 = time.perf_counter()
@@ -196,15 +202,25 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                         batch = eos_padded(batch, eos, backbone.max_length, counts)
                     ids, ans, att = collate(batch, pid, backbone.device)
                     loss = mdlm_loss(backbone, ids, ans, att, gen, cfg.eps)
+                    if not bool(torch.isfinite(loss)):  # diverged: no further step, no state of it saved
+                        _diverged(label, epoch, s, f"the loss is {loss.item()}", cfg, checkpoint)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     if cfg.grad_clip:
                         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                    opt.step()
+                    try:
+                        opt.step()
+                    except RuntimeError as e:  # a learning rate whose step size a float cannot hold
+                        if "overflow" not in str(e):
+                            raise
+                        _diverged(label, epoch, s, "the optimiser's step size overflows", cfg, checkpoint)
                     sched.step()
                     log["loss"].append(loss.item())
                     bar.advance(description=f"{label} epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
+                log["seconds"] = earlier + time.perf_counter() - t0
                 if checkpoint is not None:
+                    if not all(bool(torch.isfinite(p).all()) for p in params):  # the epoch's last step diverged
+                        _diverged(label, epoch, steps_per_epoch - 1, "a weight is not finite", cfg, checkpoint)
                     save_state(checkpoint, epoch=epoch + 1, step=(epoch + 1) * steps_per_epoch, log=log, **state)
                 if on_epoch is not None:
                     on_epoch(epoch + 1, log)
@@ -218,10 +234,57 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
         model.eval()
         if peft_model is not None:
             merge_lora(backbone, peft_model)
-        for p in backbone.model.parameters():
-            p.requires_grad_(False)
-    log["seconds"] = time.perf_counter() - t0
+        for p, flag in trainable:  # as the caller had them: a second training of this backbone trains it again
+            p.requires_grad_(flag)
+    log["seconds"] = earlier + time.perf_counter() - t0  # every run's, an interrupted one's included
+    log["seconds_this_run"] = time.perf_counter() - t0
     return log
+
+
+def _diverged(label: str, epoch: int, step: int, what: str, cfg: TrainConfig, checkpoint) -> None:
+    """Stop a training whose loss or weights stopped being finite: its resumable state is removed (a
+    resume would repeat the same steps), and the error says what to change."""
+    from timerome.training.train_state import clear_state
+
+    kept = ""
+    if checkpoint is not None and clear_state(checkpoint):
+        kept = f"; its resumable state in {checkpoint} is removed (a resume would diverge again)"
+    raise TimeromeError(f"{label} diverged at epoch {epoch + 1}, step {step + 1}: {what}; lower the learning rate "
+                        f"(lr {cfg.lr:g}){kept}; nothing was saved (in Python: the backbone holds the diverged "
+                        "weights, load it again)")
+
+
+def _as_config(config) -> TrainConfig:
+    """A TrainConfig, None (the defaults) or a dict of its fields (unknown names refused)."""
+    if config is None:
+        return TrainConfig()
+    if isinstance(config, TrainConfig):
+        return config
+    if isinstance(config, dict):
+        names = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(config) - names)
+        if unknown:
+            raise TimeromeError(f"unknown training setting {unknown[0]!r}; the settings are {', '.join(sorted(names))}")
+        return TrainConfig(**config)
+    raise TimeromeError(f"config must be a TrainConfig, a dict of its settings or None, got {shown(config)}")
+
+
+def _check_rows(rows) -> list:
+    """The training rows: a list of {"question": str, "answer": str} (a file is read by data.rows.load_rows)."""
+    if isinstance(rows, (str, Path)):
+        raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got the path {str(rows)!r}: read "
+                            "a file with timerome.data.rows.load_rows")
+    if not isinstance(rows, (list, tuple)):
+        raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got {shown(rows)}")
+    if not rows:
+        raise TimeromeError("no training rows")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise TimeromeError(f"training row {i} is {shown(r)}, not a dict with 'question' and 'answer'")
+        for key in ("question", "answer"):
+            if not isinstance(r.get(key), str):
+                raise TimeromeError(f"training row {i} has no text {key!r} (got {shown(r.get(key))})")
+    return list(rows)
 
 
 def eos_padded(batch, eos: int, limit: int, counts: list[int] | None = None):

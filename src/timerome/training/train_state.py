@@ -45,9 +45,19 @@ def save_state(folder, *, recipe: str, epoch: int, step: int, log: dict, model, 
     for name, g in generators.items():
         tensors[f"gen.{name}"] = g.get_state()
     record = dict(recipe=recipe, epoch=epoch, step=step, loss=log["loss"], optimizer_groups=opt_state["param_groups"],
-                  schedule=sched.state_dict(), n_params=len(params))
+                  schedule=sched.state_dict(), n_params=len(params), seconds=log.get("seconds", 0.0))
     save_tensors(folder / STATE, tensors, metadata={"record": json.dumps(record)})
     (folder / EARLIER).unlink(missing_ok=True)  # an earlier layout's record, resumed from: this file holds it now
+
+
+def clear_state(folder) -> bool:
+    """Remove the state files from `folder` (only those: the folder may be the user's); whether one was there."""
+    there = False
+    for name in (STATE, EARLIER):
+        path = Path(folder) / name
+        there |= path.is_file()
+        path.unlink(missing_ok=True)
+    return there
 
 
 def saved_epoch(folder) -> int | None:
