@@ -10,7 +10,10 @@ splits' answers that are the unedited model's, word for word.
     python benchmarks/bench_operating_point.py --authors forget05 [--alphas 1.5,4]
 
 --authors SPLIT: instead, each author of SPLIT edited alone (its 20 facts), Δ LP of its own answers
-and of 20 retain rows (n_mc 4): how much the operating point depends on the author.
+and of 20 retain rows (n_mc 4): how much the operating point depends on the author; and where the
+update lands (at the first alpha): the mean |update| / |h| at the coordinate over the author's
+prompts, at the subject's tokens and at the answer's positions (all masked: the first denoising
+step, 16 of them), the memory's update read with `EditMemory.delta`.
 """
 
 import argparse
@@ -79,8 +82,9 @@ def per_author(args) -> int:
     bb, task = timerome.load_backbone(), forget_task("embedded", args.authors)
     retain = load_split("retain_perturbed", "embedded")[:20]
     alphas = [float(x) for x in args.alphas.split(",")]
-    print("| author | " + " | ".join(f"alpha {a:g}: Δ own / Δ retain" for a in alphas) + " |")
-    print("|---" * (len(alphas) + 1) + "|")
+    print("| author | " + " | ".join(f"alpha {a:g}: Δ own / Δ retain" for a in alphas)
+          + f" | alpha {alphas[0]:g}: update / h at subject / answer |")
+    print("|---" * (len(alphas) + 2) + "|")
     table = []
     for author in dict.fromkeys(r["author"] for r in task.forget_rows):
         rows = [r for r in task.forget_rows if r["author"] == author]
@@ -88,20 +92,43 @@ def per_author(args) -> int:
                          retain_rows=task.retain_rows)
         ev = {"forget": rows, "retain": retain}
         plain = {k: float(np.mean(v)) for k, v in lp_only(bb, ev, n_mc=4).items()}
-        cells = []
+        cells, lands = [], None
         for a in alphas:
             edit = install("timerome", bb, one, {"alpha": a, "coordinate": [0, "resid"]}, seed=0)
             try:
                 d = {k: float(np.mean(v)) - plain[k] for k, v in lp_only(bb, ev, n_mc=4, edit=edit).items()}
+                lands = lands or where_it_lands(bb, edit.memory, one.facts)
             finally:
                 edit.undo()
             cells.append(d)
-            table.append(dict(author=author, alpha=a, d_own=d["forget"], d_retain=d["retain"]))
-        print(f"| {author} | " + " | ".join(f"{d['forget']:+.2f} / {d['retain']:+.2f}" for d in cells) + " |", flush=True)
+            table.append(dict(author=author, alpha=a, d_own=d["forget"], d_retain=d["retain"], **lands))
+        print(f"| {author} | " + " | ".join(f"{d['forget']:+.2f} / {d['retain']:+.2f}" for d in cells)
+              + f" | {lands['update_subject']:.2f} / {lands['update_answer']:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(rows=table, split=args.authors), f, indent=1)
     return 0
+
+
+@torch.no_grad()
+def where_it_lands(bb, memory, facts, n_answer: int = 16) -> dict:
+    """Mean |update| / |h| at the memory's coordinate over the facts' prompts, at the subject's tokens and
+    at the answer's positions (all masked, as at the first denoising step)."""
+    from timerome.engine.encoding import subject_positions
+    from timerome.engine.hooks import Hooks
+
+    site = memory.coordinate.site
+    subject, answer = [], []
+    for f in facts:
+        ids, pos = subject_positions(bb, f.prompt, f.subject, f.fact_id)
+        x = torch.tensor([list(ids) + [bb.mask_id] * n_answer], device=bb.device)
+        with Hooks(bb, keep=[site], stop=True) as tr:
+            bb.logits(x)
+        h = tr[site][0][0].double()
+        share = memory.delta(h).norm(dim=-1) / h.norm(dim=-1)
+        subject.append(share[list(pos)].mean().item())
+        answer.append(share[len(ids):].mean().item())
+    return dict(update_subject=float(np.mean(subject)), update_answer=float(np.mean(answer)))
 
 
 if __name__ == "__main__":

@@ -129,7 +129,18 @@ def best_comparable(scores: dict, ours: float, costs: dict, ours_cost: dict | No
     note = ("; set aside for clearly lower " + cost_name + ": " +
             ", ".join(f"{r} ({scores[r]:.3g}, {cost_name} {costs[r]['mean']:.3g})"
                       for r in sorted(aside, key=scores.get, reverse=True))) if aside else ""
+    if best is not None and kept[best] > ours and _lower_on_one_seed(costs.get(best), ours_cost):
+        note += (f"; {best} is kept though its {cost_name} is lower ({costs[best]['mean']:.3g} against "
+                 f"{ours_cost['mean']:.3g}): one seed gives no interval to set it aside by (run with more seeds)")
     return best, (kept[best] if best is not None else 0.0), note
+
+
+def _lower_on_one_seed(entry: dict | None, reference: dict | None) -> bool:
+    """Whether a column's mean is below another's where one of them is of a single seed (`clearly_below`
+    cannot tell): the comparator that may be one only by paying more, said rather than hidden."""
+    if not all(finite_number(e.get("mean") if e else None) for e in (entry, reference)):
+        return False
+    return min(entry.get("n", 1), reference.get("n", 1)) < 2 and entry["mean"] < reference["mean"]
 
 
 def fmt_cell(e: dict | None, digits: int = 2) -> str:
