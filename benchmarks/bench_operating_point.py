@@ -101,7 +101,8 @@ def per_author(args) -> int:
             finally:
                 edit.undo()
             cells.append(d)
-            table.append(dict(author=author, alpha=a, d_own=d["forget"], d_retain=d["retain"], **lands))
+            table.append(dict(author=author, alpha=a, d_own=d["forget"], d_retain=d["retain"],
+                              **(lands if a == alphas[0] else {})))  # where it lands: measured at the first alpha
         print(f"| {author} | " + " | ".join(f"{d['forget']:+.2f} / {d['retain']:+.2f}" for d in cells)
               + f" | {lands['update_subject']:.2f} / {lands['update_answer']:.2f} |", flush=True)
     if args.json:

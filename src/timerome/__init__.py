@@ -32,6 +32,10 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
+def __dir__():  # the lazy names too: tab completion and dir() list what `timerome.X` gives
+    return sorted({*globals(), *_LAZY})
+
+
 def __getattr__(name):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)

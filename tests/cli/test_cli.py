@@ -531,7 +531,7 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line():
             "            raise KeyboardInterrupt\n"
             "sys.meta_path.insert(0, Stop())\n"
             "import timerome, timerome.__main__\n"
-            "assert 'torch' not in sys.modules\n"
+            "assert 'torch' not in sys.modules and 'Backbone' in dir(timerome)\n"
             "sys.argv = ['timerome', '--help']\n"
             "timerome.__main__.main()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -137,6 +137,28 @@ def test_which_tasks_read_is_greedy_is_decided_from_the_task(tasks, index):
         greedy_readers(["fx_nope"], index)
 
 
+def test_lm_evals_own_truthfulqa_mc2_scoring_is_known_to_read_no_is_greedy():
+    """truthfulqa_mc2 (a default utility task) scores with lm-eval's own process_results_mc2, which reads the
+    log-likelihoods only: no is_greedy generation for it. The same name anywhere else is not taken on trust."""
+    import importlib.util
+    import os
+
+    import lm_eval
+
+    from timerome.integrations.lm_eval_model import _known_greedy_free
+
+    path = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "truthfulqa", "utils.py")
+    spec = importlib.util.spec_from_file_location("utils", path)  # as lm-eval's `!function utils.x` loads it
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _known_greedy_free(module.process_results_mc2)
+
+    def process_results_mc2(doc, results):  # a task of one's own, same name: may read is_greedy
+        return {"acc": results[0][1]}
+
+    assert not _known_greedy_free(process_results_mc2) and not _known_greedy_free(len)
+
+
 def test_a_model_skipping_is_greedy_is_refused_where_a_score_reads_it(bb, tasks, index):
     """check_greedy=False answers is_greedy False: a loglikelihood task's acc read 0 whatever the model knew."""
     with pytest.raises(TimeromeError, match=r"score of fx_ll reads is_greedy .* leave check_greedy on"):
@@ -156,7 +178,7 @@ def test_the_utility_scores_a_loglikelihood_task_as_lm_eval_does(bb, tasks, inde
     assert direct["results"]["fx_ll"]["acc,none"] >= 0.75  # the sampler's own fill is the answer, mostly
     assert res["summary"]["no_edit"]["fx_ll"]["mean"] == direct["results"]["fx_ll"]["acc,none"]
     assert res["summary"]["no_edit"]["fx_mc"]["mean"] >= 0.75
-    with pytest.raises(TimeromeError, match="has no setting greedy_tasks"):  # decided from each task now
+    with pytest.raises(TimeromeError, match="has no setting greedy_tasks any more: .* decided from each task"):
         run_experiment("utility", seeds=(0,), out_dir=tmp_path / "old", overrides=dict(over, greedy_tasks=[]),
                        progress=False, load=lambda path: pytest.fail("loaded"))
 

@@ -176,3 +176,32 @@ def test_the_ablations_refuse_a_base_coordinate_with_a_step():
                                             r"the ablations compare the steps themselves \(every step against step 0"):
         plan(dict(one_step=0, config={"coordinate": [1, "resid", 2]}), 4)
     assert plan(dict(one_step=0, config={"coordinate": [1, "resid"]}), 4)  # [layer, point]: every row plans
+
+
+@pytest.mark.parametrize("method, config", [("timerome", {}), ("codebook", {}), ("rewrite", {"coordinate": "traced"})])
+def test_a_methods_preparation_shows_its_trace_only_where_the_caller_shows_progress(method, config, monkeypatch):
+    """The trace a method's `prepare` computes is the longest part of an install on a real model: its bar
+    shows where the caller asked for progress (`timerome edit`, an experiment's cells: `ctx.progress`),
+    and not for `install(...)`'s default (a script, a quiet experiment)."""
+    import timerome
+    import timerome.methods.timerome_edit as te
+    from timerome.data.task import forget_task
+    from timerome.methods import install
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def locate(backbone, task, config, progress=False):
+        asked.append(progress)
+        raise Stop
+
+    monkeypatch.setattr(te, "locate", locate)
+    for module in ("codebook", "rewrite"):
+        monkeypatch.setattr(f"timerome.methods.{module}.locate", locate)
+    bb, task = timerome.load_backbone(), forget_task("embedded", "forget01")
+    for progress in (False, True):
+        with pytest.raises(Stop):
+            install(method, bb, task, config, progress=progress)
+    assert asked == [False, True]

@@ -2,6 +2,7 @@
 resume, progress lines in a log."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -313,6 +314,11 @@ def test_cli_new_model_then_train(tmp_path):
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "t"), "--epochs", "1"])  # a model there, no state: refused
     assert res.exit_code == 2 and "already holds a model (config.json)" in res.output, res.output
+    (tmp_path / "t" / "train-state").mkdir()  # a run stopped after its save, before its state went: resumed, so the
+    (tmp_path / "t" / "train-state" / "state.safetensors").write_text("{}")  # state is read (this one, damaged)
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "t"), "--epochs", "1"])
+    assert res.exit_code == 2 and "already holds" not in res.output and "state.safetensors" in res.output, res.output
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "d"), "--batch-size", "20", "--no-checkpoint"])  # the defaults
     assert res.exit_code == 0 and "is a new model (random weights)" in " ".join(res.output.split()), res.output
@@ -339,7 +345,7 @@ def test_a_new_models_first_training_settings_make_it_answer(tmp_path):
     assert said["default"] == "" and said["first"].startswith(frame), said
 
 
-def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path):
+def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path, monkeypatch):
     """A second training of one backbone trains it (the first gave back the parameters' requires_grad as it
     found them); a diverged run stops at once with its resumable state removed, so a run with a lower learning
     rate starts there; float16 and wrong argument types are one-line errors."""
@@ -364,17 +370,34 @@ def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path):
     assert log["resumed_at_epoch"] == 0 and all(map(torch.isfinite, torch.tensor(log["loss"])))
     with pytest.raises(TimeromeError, match="step size overflows"):
         train(load_backbone(fresh), rows, TrainConfig(epochs=1, lr=1e38), show_progress=False)
-    with pytest.raises(TimeromeError, match="float16 is refused"):
+    with pytest.raises(TimeromeError, match="full fine-tuning in float16 is refused"):
         train(load_backbone(fresh, dtype="float16"), rows, TrainConfig(epochs=1), show_progress=False)
+    half = load_backbone(fresh, dtype="float16")  # LoRA: float32 adapters over the frozen float16 weights, allowed
+    log = train(half, rows, TrainConfig(epochs=2, batch_size=8, lr=1e-3, lora_r=4), show_progress=False)
+    assert all(map(math.isfinite, log["loss"])) and all(bool(torch.isfinite(p).all()) for p in half.model.parameters())
     for bad, match in (("rows.jsonl", "got the path 'rows.jsonl'.*load_rows"), ([{"q": 1}], "row 0 has no text"),
                        ([{"question": "q", "answer": 3}], "row 0 has no text 'answer'"), ([], "no training rows"),
                        (["q"], "row 0 is 'q', not a dict")):
         with pytest.raises(TimeromeError, match=match):
             train(bb, bad, show_progress=False)
+    assert len(train(bb, (r for r in rows), {"epochs": 1, "batch_size": 8}, show_progress=False)["loss"]) == 1
+    with pytest.raises(TimeromeError, match="rows must be a list"):
+        train(bb, {"question": "q", "answer": "a"}, show_progress=False)
     with pytest.raises(TimeromeError, match="unknown training setting 'epoch'"):
         train(bb, rows, {"epoch": 1}, show_progress=False)
     with pytest.raises(TimeromeError, match="config must be a TrainConfig"):
         train(bb, rows, 3, show_progress=False)
+    real_step = torch.optim.AdamW.step
+
+    def poisoned(self, *args, **kwargs):  # a last step whose loss was finite and whose weights are not
+        out = real_step(self, *args, **kwargs)
+        with torch.no_grad():
+            self.param_groups[0]["params"][0].fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoned)
+    with pytest.raises(TimeromeError, match="diverged at epoch 1, step 1: a weight is not finite.*no model was saved"):
+        train(load_backbone(fresh), rows, TrainConfig(epochs=1, batch_size=8), show_progress=False)  # no checkpoint
 
 
 def test_cli_train_keeps_the_checkpoints_own_eos_recipe(tmp_path):

@@ -400,7 +400,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         else (None, [])
     forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
-    edit = install(method, bb, task, config, seed=seed)
+    edit = install(method, bb, task, config, seed=seed, progress=True)
     if (edit.info or {}).get("diverged_at_step"):
         err_console.print(f"[yellow]note:[/] {method} diverged: its loss was {edit.info['diverged_loss']} at gradient "
                           f"step {edit.info['diverged_at_step']}, so training stopped with the weights of step "

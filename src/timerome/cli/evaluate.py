@@ -341,8 +341,8 @@ def held_requests_notes(memory, reqs, name: str) -> list[str]:
 
 def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
     """({name: rows whose answers must not change}, the subjects the model knows or None, in words which):
-    the embedded corpus's where they probe this model on these requests (`metrics.editing.embedded_probe_rows`,
-    the API's AUTO rule), else nothing beyond the requests' own probes."""
+    the embedded corpus's rows and subjects where they probe this model on these requests (the API's AUTO
+    rule, `metrics.editing.embedded_probe_rows`); else nothing beyond the requests' own probes."""
     from timerome.metrics.editing import embedded_probe_rows
 
     locality, known, why = embedded_probe_rows(bb, requests, reqs, n_retain=n_retain, n_world=n_world,

@@ -88,6 +88,10 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
         raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
     cfg = dict(CONFIGS[name], **(QUICK[name] if quick else {}))
     unknown = sorted(set(overrides or {}) - set(cfg))
+    removed = getattr(EXPERIMENTS[name], "REMOVED", {})  # {setting: why}: an experiment's settings it no longer has
+    for key in unknown:
+        if key in removed:
+            raise TimeromeError(f"experiment {name!r} has no setting {key} any more: {removed[key]}")
     if unknown:
         raise TimeromeError(f"experiment {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(cfg)}")
     cfg.update(overrides or {})

@@ -334,7 +334,7 @@ def with_edit(cell: Cell, ctx: Context, task, measure) -> dict:
     "not_applicable": why}: the tables print "n/a" with the reason, and the other cells still run."""
     t0 = time.perf_counter()
     try:
-        edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed)
+        edit = install(cell.method, ctx.backbone, task, cell.config, cell.seed, progress=ctx.progress)
     except NotApplicable as e:
         if not measurement_of(cell.measure).not_applicable:
             raise

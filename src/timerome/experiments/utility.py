@@ -42,6 +42,9 @@ TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq"
 CONFIG = dict(tasks=TASKS, method="timerome", points=(paper_point(0.5, 2), paper_point(1.0, 2), paper_point(2.0, 4)),
               forget="forget01", n_mc=LIKELIHOOD.n_mc, limit=None, num_fewshot=None, include_path=None,
               generation={})
+# settings this experiment had: a config that still gives one is told why (experiments.experiment_config)
+REMOVED = {"greedy_tasks": "which tasks' scores read is_greedy is decided from each task since stop 72 (a "
+                           "loglikelihood task left off the list scored acc 0): leave it out"}
 METRICS = ("acc_norm", "acc", "exact_match", "f1", "mcc")  # a task's headline: the first of these it reports
 
 

@@ -396,6 +396,9 @@ GREEDY_UNREAD = {"loglikelihood": {"perplexity"},
                  "multiple_choice": {"acc", "acc_norm", "acc_bytes", "acc_mutual_info", "f1", "mcc", "brier_score",
                                      "likelihood"}}
 NO_LOGLIKELIHOOD = ("generate_until", "loglikelihood_rolling")  # output types that ask no loglikelihood request
+# lm-eval's own process_results functions read (0.4.13) and found to read no is_greedy: (its task folder, name).
+# truthfulqa_mc2's, one of the utility's default tasks: `ll, _ = zip(*results)` (6.4k needless generations before)
+GREEDY_UNREAD_PROCESSORS = {("truthfulqa", "process_results_mc2")}
 
 
 def reads_greedy(task) -> bool:
@@ -408,9 +411,24 @@ def reads_greedy(task) -> bool:
         return True  # a task class of its own: its requests and scores are its own business
     if kind in NO_LOGLIKELIHOOD:
         return False
-    if callable(task.get_config("process_results")):
-        return True
+    processor = task.get_config("process_results")
+    if callable(processor):
+        return not _known_greedy_free(processor)
     return not set(task.higher_is_better()) <= GREEDY_UNREAD.get(kind, set())
+
+
+def _known_greedy_free(fn) -> bool:
+    """Whether `fn` is one of lm-eval's own process_results functions known to read no is_greedy
+    (GREEDY_UNREAD_PROCESSORS: the function's name and the lm-eval task folder its file is in)."""
+    import inspect
+    from pathlib import Path
+
+    try:
+        where = Path(inspect.getsourcefile(fn) or "").resolve().parts
+    except TypeError:  # a builtin or a callable object: not one of lm-eval's task functions
+        return False
+    return any(where[-3:-1] == ("tasks", folder) and getattr(fn, "__name__", None) == name
+               and "lm_eval" in where for folder, name in GREEDY_UNREAD_PROCESSORS)
 
 
 def _leaf_tasks(manager, tasks) -> dict:
@@ -482,7 +500,9 @@ def main() -> None:
     except NETWORK_ERRORS as e:  # a task's data out of reach: one line with what to do, not a traceback
         print(f"error: lm-eval could not fetch its task data: {_failure(e)}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (KeyError, ValueError) as e:  # an unknown task ("Tasks not found: ..."), a malformed task file
+    except ValueError as e:  # an unknown task name ("Tasks not found: ..."): the user's typo, one line; any other
+        if "Tasks not found" not in str(e):  # error (a bug here or in lm-eval) keeps its traceback
+            raise
         print(f"error: lm-eval could not run: {_failure(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 

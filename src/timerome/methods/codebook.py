@@ -136,10 +136,10 @@ def _all_applied(backbone, memories):
         yield
 
 
-def prepare(backbone, task, config) -> None:
-    """The trace(s), the whitening statistics and the calibration residuals, into their disk caches (the
-    trace with its progress bar, as the calibration's)."""
-    groups, _ = coordinates(backbone, task, config, progress=True)
+def prepare(backbone, task, config, progress: bool = False) -> None:
+    """The trace(s), the whitening statistics and the calibration residuals, into their disk caches
+    (progress: the trace's bar)."""
+    groups, _ = coordinates(backbone, task, config, progress)
     for coord in groups:
         background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
         calibration_tokens(backbone, coord, task, config)

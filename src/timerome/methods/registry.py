@@ -12,7 +12,7 @@ them first, so `edit.undo()` puts them back. Both kinds carry their install cost
 
 `config` is the method's `defaults` updated with the caller's overrides, so a method reads every
 key it declared. `canonical` lists the configurations the canonical experiment runs for this
-method (one row each); by default one row with the defaults. `prepare(backbone, task, config)`,
+method (one row each); by default one row with the defaults. `prepare(backbone, task, config, progress)`,
 when a method has one, does the work that is shared by every install on the same model and data
 (TimeROME's trace, its background statistics) and caches it by its inputs; `install` runs it
 before the timed install, so install cost never includes it (it is reported as prepare_seconds).
@@ -130,7 +130,7 @@ class Method:
     canonical: tuple  # config overrides, one canonical-table row each
     kind: str         # "inference" or "weights"
     doc: str
-    prepare: Callable | None = None  # (backbone, task, config) -> None: shared one-off work, cached
+    prepare: Callable | None = None  # (backbone, task, config, progress) -> None: shared one-off work, cached
     deterministic: Callable | bool = False  # its install draws nothing at random (config -> bool where it depends on
                                             # the settings): the seed it is given changes nothing (`draws_nothing`)
     check: Callable | None = None  # (config) -> None: refuses settings that contradict each other, before any work
@@ -368,8 +368,11 @@ def _is_a(kind, v) -> bool:
     return isinstance(v, kind) and not isinstance(v, bool)
 
 
-def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0) -> Edit:
-    """Run method `name` on the backbone; the returned Edit carries its measured install cost."""
+def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0, *,
+            progress: bool = False) -> Edit:
+    """Run method `name` on the backbone; the returned Edit carries its measured install cost. progress: the
+    bar of what its preparation computes (a trace), where the caller shows progress (`timerome edit`, an
+    experiment's cells)."""
     m = get_method(name)
     cfg = method_config(name, config)
     check_seed(seed, f"method {name!r}: seed")
@@ -378,7 +381,7 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
                             f"or ForgetTask(rows, facts, retain_rows)), got {type(task).__name__}")
     t0 = time.perf_counter()
     if m.prepare is not None:
-        m.prepare(backbone, task, cfg)
+        m.prepare(backbone, task, cfg, progress=bool(progress))
     prepared = time.perf_counter() - t0
     with measure(backbone) as cost:
         edit = m.install(backbone, task, cfg, int(seed))

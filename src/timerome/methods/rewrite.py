@@ -160,10 +160,10 @@ def with_said(task, facts):
     return replace(task, forget_rows=list(task.forget_rows) + more) if more else task
 
 
-def prepare(backbone, task, config) -> None:
+def prepare(backbone, task, config, progress: bool = False) -> None:
     """The trace, the whitening statistics and the calibration residuals, into their disk caches."""
     refuse_causal(backbone)
-    coord, _ = gate_coordinate(backbone, task, config, progress=True)
+    coord, _ = gate_coordinate(backbone, task, config, progress)  # progress: the trace's bar
     background_stats(backbone, coord, task, dict(config, key_metric="whitened"))
     spare = spare_rows(backbone, with_said(task, said_facts(backbone, task.facts)), config)
     calibration_tokens(backbone, coord, task, config, rows=spare, pads=STATE_PADS,

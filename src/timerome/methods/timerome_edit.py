@@ -241,10 +241,10 @@ def memory_edit(backbone, task, config, coordinate, method="timerome", info=None
                          memory=memory)
 
 
-def prepare(backbone, task, config) -> None:
-    """The trace and the background statistics at the coordinate, into their disk caches (the trace with
-    its progress bar: on a real model it is the install's longest part)."""
-    coordinate, _ = locate(backbone, task, config, progress=True)
+def prepare(backbone, task, config, progress: bool = False) -> None:
+    """The trace and the background statistics at the coordinate, into their disk caches (progress: the
+    trace's bar, where the caller shows progress: on a real model the trace is the install's longest part)."""
+    coordinate, _ = locate(backbone, task, config, progress)
     background_stats(backbone, coordinate, task, config)
 
 

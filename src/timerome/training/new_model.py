@@ -134,7 +134,8 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     tofu_dir_read(tofu_dir, *map(str, sources))
     out = output_folder(out)
     check_seed(seed, "seed")
-    integer(vocab_size, "vocab_size", lo=len(SPECIALS) + 256)  # the specials and the 256 bytes
+    integer(vocab_size, f"vocab_size (--vocab-size: the {len(SPECIALS)} special tokens and the 256 bytes at least)",
+            lo=len(SPECIALS) + 256)
     if (out / "model.safetensors").exists():
         raise TimeromeError(f"{out} already holds a model; choose a new folder")
     # before the tokenizer is learnt: the largest model these settings can give (vocab_size is an upper bound)

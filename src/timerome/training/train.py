@@ -142,10 +142,11 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     rows = _check_rows(rows)
     cfg = with_recipe(_as_config(config), backbone)  # resolved before anything records the settings
     check_config(cfg, len(rows))
-    if any(p.dtype == torch.float16 for p in backbone.model.parameters()):
-        raise TimeromeError("training in float16 is refused: AdamW's moments and epsilon underflow there, and every "
-                            "weight is NaN after the first step at any learning rate (measured); train in float32 "
-                            "or bfloat16 (--dtype)")
+    if not cfg.lora_r and any(p.dtype == torch.float16 for p in backbone.model.parameters() if p.requires_grad):
+        # LoRA trains float32 adapters (peft's) over the frozen float16 weights: that works, and stays allowed
+        raise TimeromeError("full fine-tuning in float16 is refused: AdamW's moments and epsilon underflow there, "
+                            "and every weight is NaN after the first step at any learning rate (measured); train in "
+                            "float32 or bfloat16 (--dtype), or LoRA adapters (--lora-r)")
     pairs = encode_pairs(backbone, rows)
     refuse_special_text(backbone, pairs)
     eos = _eos(backbone) if cfg.eos_pad else None
@@ -218,9 +219,10 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
                     log["loss"].append(loss.item())
                     bar.advance(description=f"{label} epoch {epoch + 1}/{cfg.epochs} loss {log['loss'][-1]:.3f}")
                 log["seconds"] = earlier + time.perf_counter() - t0
-                if checkpoint is not None:
+                if checkpoint is not None or epoch + 1 == cfg.epochs:  # before a state is saved, and at the end
                     if not all(bool(torch.isfinite(p).all()) for p in params):  # the epoch's last step diverged
                         _diverged(label, epoch, steps_per_epoch - 1, "a weight is not finite", cfg, checkpoint)
+                if checkpoint is not None:
                     save_state(checkpoint, epoch=epoch + 1, step=(epoch + 1) * steps_per_epoch, log=log, **state)
                 if on_epoch is not None:
                     on_epoch(epoch + 1, log)
@@ -250,8 +252,8 @@ def _diverged(label: str, epoch: int, step: int, what: str, cfg: TrainConfig, ch
     if checkpoint is not None and clear_state(checkpoint):
         kept = f"; its resumable state in {checkpoint} is removed (a resume would diverge again)"
     raise TimeromeError(f"{label} diverged at epoch {epoch + 1}, step {step + 1}: {what}; lower the learning rate "
-                        f"(lr {cfg.lr:g}){kept}; nothing was saved (in Python: the backbone holds the diverged "
-                        "weights, load it again)")
+                        f"(lr {cfg.lr:g}){kept}; no model was saved, and the backbone trained in place holds the "
+                        "diverged weights")
 
 
 def _as_config(config) -> TrainConfig:
@@ -270,12 +272,14 @@ def _as_config(config) -> TrainConfig:
 
 
 def _check_rows(rows) -> list:
-    """The training rows: a list of {"question": str, "answer": str} (a file is read by data.rows.load_rows)."""
+    """The training rows as a list of {"question": str, "answer": str}, from any iterable of them (a list, a
+    generator, a datasets.Dataset); a file is read by data.rows.load_rows."""
     if isinstance(rows, (str, Path)):
         raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got the path {str(rows)!r}: read "
                             "a file with timerome.data.rows.load_rows")
-    if not isinstance(rows, (list, tuple)):
+    if isinstance(rows, dict) or not hasattr(rows, "__iter__"):  # any other iterable (a datasets.Dataset) is read
         raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got {shown(rows)}")
+    rows = list(rows)
     if not rows:
         raise TimeromeError("no training rows")
     for i, r in enumerate(rows):
@@ -284,7 +288,7 @@ def _check_rows(rows) -> list:
         for key in ("question", "answer"):
             if not isinstance(r.get(key), str):
                 raise TimeromeError(f"training row {i} has no text {key!r} (got {shown(r.get(key))})")
-    return list(rows)
+    return rows
 
 
 def eos_padded(batch, eos: int, limit: int, counts: list[int] | None = None):
