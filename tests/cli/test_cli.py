@@ -3,8 +3,10 @@
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
+import timerome
 from timerome.cli import app
 
 runner = CliRunner()
@@ -406,7 +408,24 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
         got[seed] = json.loads(text)
     assert got[0]["metrics"] == got[3]["metrics"] and got[0]["answers"] == got[3]["answers"]
     assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
+    assert any("compares whole greedy continuations" in n for n in got[0]["notes"])  # what its Locality reads
     assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])
+    # a weight-edited AR model is saved as what it is: no mask token written, reloaded autoregressive (it came
+    # back as a masked diffusion model, its EOS taken for the mask, and said gibberish)
+    from timerome.cli.model import save_backbone
+
+    save_backbone(timerome.load_backbone(d), tmp_path / "saved")
+    assert "mask_token_id" not in json.loads((tmp_path / "saved" / "config.json").read_text())
+    again = timerome.load_backbone(tmp_path / "saved")
+    assert again.causal and again.family.name == timerome.load_backbone(d).family.name
+    # the API's generate on it: no block to divide gen_length by (gen_length 8 was refused for LLaDA's 128-token
+    # block), and a remasking order, which it has no masks for, refused rather than ignored
+    from timerome.engine.sampler import generate
+
+    assert generate(again, "the author was born in", gen_length=8).shape[1] == len(again.encode_prompt(
+        "the author was born in")) + 8
+    with pytest.raises(timerome.TimeromeError, match="remasking 'random'.*autoregressive"):
+        generate(again, "the author", gen_length=8, remasking="random")
 
 
 def test_an_option_given_twice_is_found_and_a_repeatable_options_value_is_not():

@@ -151,6 +151,7 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
 
     record = edited_from(out_dir)  # how it was made: the method's settings and seed, besides its source
     assert record["method"] == "rome" and record["seed"] == 0 and record["config"] == json.loads(out)["config"]
+    assert record["config"]["target"] is None  # each request says its own new object, not the default target
     from timerome.training.train import trained_with_eos_padding
 
     assert trained_with_eos_padding(out_dir) is True  # the recipe it started from: a fine-tune of it keeps EOS padding

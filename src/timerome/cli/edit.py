@@ -405,6 +405,8 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         err_console.print(f"[yellow]note:[/] {method} diverged: its loss was {edit.info['diverged_loss']} at gradient "
                           f"step {edit.info['diverged_at_step']}, so training stopped with the weights of step "
                           f"{edit.info['steps_run']}; lower lr for a smaller change", soft_wrap=True)
+    if "target" in config and all(getattr(f, "target", None) for f in facts):  # each fact says its own target,
+        config = dict(config, target=None)  # not the config's default: recorded and printed as none
     if kind == "weights":
         save_backbone(bb, out)
         record_source(out, model, method, len(facts), source, config=config, seed=seed)

@@ -198,7 +198,8 @@ def save_backbone(bb, out: Path) -> None:
         bb.model.save_pretrained(str(out), safe_serialization=True)
         cfg = json.loads((out / "config.json").read_text())
         cfg["model_type"] = bb.config.get("model_type", cfg.get("model_type"))
-        cfg.setdefault("mask_token_id", bb.mask_id)
+        if not getattr(bb, "causal", False):  # an autoregressive model's mask_id is a placeholder (its EOS): written
+            cfg.setdefault("mask_token_id", bb.mask_id)  # down, the folder reloaded as a masked diffusion model
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
     save_tokenizer(bb.tokenizer, out)  # as every timerome build writes it: transformers 4 and 5 read it
 

@@ -462,7 +462,16 @@ def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps:
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
-    check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    if getattr(backbone, "causal", False):  # one token per forward, left to right: no blocks, steps or remasking
+        for name, v in (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)):
+            integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
+        if remasking != SAMPLER.remasking:
+            raise TimeromeError(f"remasking {remasking!r} orders which masked positions a diffusion model reveals; "
+                                "an autoregressive model writes left to right and has none: leave it out")
+        number(temperature, "temperature (--temperature)", lo=0)
+        number(cfg_scale, "cfg_scale", lo=0)
+    else:
+        check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking)
     if P + gen_length > backbone.max_length:
         raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
                             f"context of {backbone.max_length} tokens")
