@@ -117,7 +117,7 @@ def empty_path_option(command, args) -> str | None:
 app = typer.Typer(cls=OneLineUsageErrors, add_completion=False, no_args_is_help=True,
                   help="Find where a masked diffusion LM stores a fact, then make it forget it at inference time.")
 
-ModelOpt = typer.Option(None, "--model", "-m", help="checkpoint directory (default: the embedded model)")
+ModelOpt = typer.Option(None, "--model", "-m", help="checkpoint directory or .gguf file (default: the embedded model)")
 FamilyOpt = typer.Option(None, "--family", help="backbone family (default: from config.json)")
 RemoteOpt = typer.Option(False, "--trust-remote-code", help="run the checkpoint's own modelling code")
 DeviceOpt = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps")
