@@ -399,6 +399,8 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert code == 2 and "autoregressive" in text and "--positional" in text  # TIE refuses in one line
     code, text = run("generate", "-m", d, "--cache", "dual", "the author")
     assert code == 2 and "autoregressive" in text
+    code, text = run("eval", "-m", d, "--splits", "forget", "--cache", "dual")  # the model's kind, not its class
+    assert code == 2 and "is autoregressive" in text and "appending" not in text, text
     # the seed draws only the likelihood's masks, which an AR model has none of: said, and measured (same numbers)
     got = {}
     for seed in (0, 3):

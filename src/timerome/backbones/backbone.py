@@ -177,6 +177,10 @@ class Backbone:
         if self.remote:
             raise TimeromeError(f"the KV cache needs timerome's implementation of {fam.name}, not the checkpoint's "
                                 "own code: load without trust_remote_code, or sample with cache=None")
+        if getattr(self, "causal", False):  # the reason is the model's kind, not its class's cache
+            raise TimeromeError(f"the block-wise KV cache is a masked diffusion sampler's (Fast-dLLM's); the {fam.name} "
+                                "model is autoregressive, which writes one token per forward anyway: sample it with "
+                                "cache=None")
         if fam.loader != "timerome":
             raise TimeromeError(f"the KV cache is not supported for the {fam.name} family (transformers' "
                                 f"{fam.hf_class} class caches by appending only); sample it with cache=None")
