@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # a forward's pattern: 16 MiB of activations allocated, then freed, again and again; prints the page
-# faults of 20 rounds after a first one
+# faults of 20 rounds after a first one, in a process that has loaded the toolkit (its libraries' own heap
+# use sets where glibc's thresholds start: without them kept gave 256 or 1,792 faults by the run, default 4,316)
 ROUNDS = """
 import resource, sys, torch
+import timerome.backbones, timerome.engine.hooks  # the toolkit loaded, as in a command (import timerome is lazy)
 from timerome.common.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
