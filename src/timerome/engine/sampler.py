@@ -419,7 +419,6 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
         ids.append(q)
         cut += was_cut
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.mask_id}
     texts, answers = [""] * len(ids), [[] for _ in ids]
     chunks = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
     with progress_bar("generating", total=len(chunks), enabled=progress) as bar:
@@ -435,12 +434,17 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
                          generator=gen, attention_mask=None if bool(real.all()) else real.to(backbone.device),
                          **sampler)
             for b, i in enumerate(chunk):
-                out = x[b, P:].tolist()
-                end = next((j for j, t in enumerate(out) if t in specials), len(out))
-                answers[i] = out[:end]
-                texts[i] = cut_at(backbone.decode(out[:end]), stops)
+                answers[i] = until_special(backbone, x[b, P:].tolist())
+                texts[i] = cut_at(backbone.decode(answers[i]), stops)
             bar.advance()
     return {"texts": texts, "ids": answers, "gen_length": G, "cut": cut}
+
+
+def until_special(backbone, ids: list[int]) -> list[int]:
+    """An answer's ids before its first special token other than the mask (an MDLM fills what remains of its
+    budget with end-of-text); cut on ids, not text: a decoded end-of-text token leaves a separator before it."""
+    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.mask_id}
+    return ids[:next((j for j, t in enumerate(ids) if t in specials), len(ids))]
 
 
 def cut_at(text: str, stops: tuple[str, ...]) -> str:
@@ -462,16 +466,11 @@ def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps:
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):
-    if getattr(backbone, "causal", False):  # one token per forward, left to right: no blocks, steps or remasking
-        for name, v in (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)):
-            integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
-        if remasking != SAMPLER.remasking:
-            raise TimeromeError(f"remasking {remasking!r} orders which masked positions a diffusion model reveals; "
-                                "an autoregressive model writes left to right and has none: leave it out")
-        number(temperature, "temperature (--temperature)", lo=0)
-        number(cfg_scale, "cfg_scale", lo=0)
-    else:
-        check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    causal = getattr(backbone, "causal", False)  # one token per forward, left to right: no blocks or remasking
+    if causal and remasking != SAMPLER.remasking:
+        raise TimeromeError(f"remasking {remasking!r} orders which masked positions a diffusion model reveals; "
+                            "an autoregressive model writes left to right and has none: leave it out")
+    check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking, blocks=not causal)
     if P + gen_length > backbone.max_length:
         raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
                             f"context of {backbone.max_length} tokens")
@@ -479,11 +478,23 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
 
 def check_options(steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length,
                   block_length: int = SAMPLER.block_length, temperature: float = SAMPLER.temperature,
-                  cfg_scale: float = SAMPLER.cfg_scale, remasking: str = SAMPLER.remasking) -> None:
-    """The checks of `check_generation` that need no model (the CLI runs them before one loads)."""
+                  cfg_scale: float = SAMPLER.cfg_scale, remasking: str = SAMPLER.remasking, *,
+                  blocks: bool = True) -> None:
+    """The checks of `check_generation` that need no model (the CLI runs them before one loads); blocks:
+    False for an autoregressive model, which has no blocks for gen_length and steps to divide into."""
     # each message names the Python argument and the CLI option (--gen-length ...) alike
     for name, v in (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)):
         integer(v, f"{name} (--{name.replace('_', '-')})", lo=1)
+    if blocks:
+        _check_blocks(steps, gen_length, block_length)
+    if remasking not in REMASKING:
+        raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
+    number(temperature, "temperature (--temperature)", lo=0)
+    number(cfg_scale, "cfg_scale", lo=0)
+
+
+def _check_blocks(steps: int, gen_length: int, block_length: int) -> None:
+    """gen_length divides into blocks, and steps into as many parts as there are blocks."""
     if gen_length % block_length:
         raise TimeromeError(f"gen_length (--gen-length) {gen_length} is not a multiple of block_length "
                             f"(--block-length) {block_length}" + (
@@ -495,10 +506,6 @@ def check_options(steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_leng
     if steps % n_blocks:
         raise TimeromeError(f"steps (--steps) {steps} is not divisible by the number of blocks "
                             f"(gen_length // block_length = {gen_length} // {block_length} = {n_blocks})")
-    if remasking not in REMASKING:
-        raise TimeromeError(f"unknown remasking {remasking!r}; choose one of {', '.join(REMASKING)}")
-    number(temperature, "temperature (--temperature)", lo=0)
-    number(cfg_scale, "cfg_scale", lo=0)
 
 
 def check_fast_options(cache, threshold, refresh_every, remasking: str = SAMPLER.remasking) -> None:

@@ -71,7 +71,7 @@ from timerome.data.task import forget_task
 from timerome.engine.encoding import fit
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.likelihood import log_likelihood_batch
-from timerome.engine.sampler import check_fast_options, generate
+from timerome.engine.sampler import check_fast_options, generate, until_special
 from timerome.engine.settings import LIKELIHOOD, SAMPLER
 from timerome.errors import TimeromeError
 from timerome.memory.memory_file import load_memory
@@ -327,12 +327,9 @@ class TimeromeLM(LM):
                      temperature=temperature, cfg_scale=self.gen["cfg_scale"], remasking=self.gen["remasking"],
                      generator=g, state=state, cache=self.gen["cache"], threshold=self.gen["threshold"],
                      refresh_every=self.gen["refresh_every"])
-        # the answer ends at its first special token (an MDLM fills what is left of its budget with end-of-text),
-        # the rule of sampler.continuations; cut on the ids, not the text: a tokenizer decoding the end-of-text
-        # token writes a separator before it ("Pellmoor. <|eos|>"), and the answer kept that trailing space
-        out = x[0, len(prompt):].tolist()
-        specials = set(getattr(bb.tokenizer, "all_special_ids", None) or []) - {bb.mask_id}
-        text = bb.decode(out[:next((j for j, t in enumerate(out) if t in specials), len(out))])
+        # the answer ends at its first special token, cut on the ids (sampler.until_special, as continuations
+        # cuts): decoded, the end-of-text token left a separator before it ("Pellmoor. <|eos|>"), a trailing space
+        text = bb.decode(until_special(bb, x[0, len(prompt):].tolist()))
         # then at the first of the task's stop sequences, kept as written (lm-eval's own models strip nothing)
         return text[:min((text.find(s) for s in until if s and s in text), default=len(text))]
 
