@@ -7,7 +7,9 @@ missing package is a failure here, never a skip. Kept small for CI: the trace co
 the full numbers (`benchmarks/bench_ar_contrast.py`).
 """
 
+import contextlib
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,25 @@ def test_rome_and_memit_counterfactual_edits_reach_romes_efficacy(smol, facts, b
     assert greedy_ids(smol, [u.prompt for u in unrelated], [len(b) for b in before]) == before  # undone exactly
 
 
+@pytest.mark.parametrize("method", ["rome", "memit", "alphaedit", "unke"])
+def test_cloze_state_counts_are_refused_where_nothing_is_masked(smol, facts, method):
+    """n_states / key_states count the partly masked answers v* and the keys are read over; an autoregressive
+    model masks nothing, so they changed nothing (review 67: byte-identical models). Refused before any work;
+    the defaults (and a default given explicitly) still install."""
+    from timerome import TimeromeError
+    from timerome.methods import get_method
+
+    task, _ = facts
+    batch = ForgetTask(task.forget_rows, task.facts[:1], task.retain_rows, background=task.background)
+    for over in ({"n_states": 1}, {"key_states": 2}):
+        with pytest.raises(TimeromeError, match=f"{next(iter(over))} counts the cloze states .* autoregressive"):
+            install(method, smol, batch, over, seed=0)
+    default = get_method(method).defaults["n_states"]
+    from timerome.methods._locate import refuse_cloze_states
+
+    refuse_cloze_states(smol, dict(get_method(method).defaults, n_states=default), method)  # the default: no refusal
+
+
 def test_the_edit_memory_at_the_positional_traces_site(smol, facts, before, traced):
     """The edit memory (the `timerome` method, every fact at once) at the coordinate the positional trace
     picks (ROME's site: the MLP at the last subject token) on the same 20 edits: measured, not tuned. It
@@ -154,7 +175,33 @@ def test_the_command_line_takes_a_gguf_file(tmp_path):
     res = CliRunner().invoke(app, ["generate", "-m", str(model_file()), "The capital of France is", "--json",
                                    "--gen-length", "2"])
     assert res.exit_code == 0, res.output
-    assert '" Paris.' in res.output
+    # no leading space: an answer cut at its budget is shown as one cut at its end of text is (review 67)
+    assert json.loads(res.output)[0]["answer"] == "Paris."
+
+
+def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol, tmp_path):
+    """On an AR model, step k is the forward that writes the answer's token k: a step-2 memory leaves the
+    first two tokens as they were, and an answer of 2 tokens is refused in --gen-length's terms (the
+    sampler's --steps is refused there; the message said to pass it)."""
+    from typer.testing import CliRunner
+
+    from timerome.cli import app
+    from timerome.engine.coordinate import Coordinate
+    from timerome.memory.edit_memory import EditMemory
+    from timerome.data.facts import Fact
+
+    prompt = "The Eiffel Tower is located in the city of"
+    mem = EditMemory(smol, Coordinate(14, "resid"), step=2, alpha=20.0, key_metric="paper")
+    mem.add([Fact(prompt=prompt, subject="Eiffel Tower", object="Paris", target="Rome")])
+    mem.save(tmp_path / "m.safetensors")
+    argv = ["generate", "-m", str(model_file()), "--edit", str(tmp_path / "m.safetensors"), prompt, "--json"]
+    res = CliRunner().invoke(app, argv + ["--gen-length", "2"])
+    assert res.exit_code == 2 and "pass --gen-length 3 or more" in res.output, res.output
+    res = CliRunner().invoke(app, argv + ["--gen-length", "6"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)[0]
+    plain, edited = (smol.encode(got[k]) for k in ("answer", "answer_with_edit"))
+    assert edited != plain and edited[:2] == plain[:2], got  # tokens 0 and 1 written unedited, token 2 on
 
 
 def test_a_written_out_end_of_text_is_no_unknown_word(smol):
@@ -169,3 +216,48 @@ def test_a_written_out_end_of_text_is_no_unknown_word(smol):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert log_likelihood(smol, "<|endoftext|>The capital of France is", "Paris<|endoftext|>") < 0
+
+
+class _ForcedAtStep:
+    """A test edit: the answer token written at step k (an AR model's token k) is pushed to one token;
+    the tokens before it are written unedited."""
+
+    def __init__(self, bb, token: int, step: int):
+        self.bb, self.token, self.step = bb, token, step
+
+    @contextlib.contextmanager
+    def active(self):
+        from timerome.engine.coordinate import Coordinate
+        from timerome.engine.hooks import Hooks
+
+        layer = self.bb.n_layers - 1
+        with Hooks(self.bb, [(layer, "resid")]) as kept:
+            self.bb.logits(torch.full((1, 1), self.token))
+        value = kept[(layer, "resid")][0][0, 0]
+        with Hooks(self.bb, edit={Coordinate(layer, "resid", self.step): lambda h, _st: h * 0 + value}):
+            yield
+
+
+def test_locality_on_an_autoregressive_model_compares_as_many_tokens_as_the_answer_has(smol, facts):
+    """An AR model goes on past the answer: edit_scores' Locality compares the first tokens of each
+    neighbour's answer, as many as its object has (counterfactual_scores' rule), not the whole
+    continuation (review 67: ROME, which kept every neighbour's fact, read 0.2). An edit from the token after
+    the longest object on keeps every neighbour's fact while changing the continuations; one at token 0
+    keeps none."""
+    from timerome.data.requests import EditRequest, Probe
+    from timerome.metrics.editing import changed_nothing, edit_scores
+
+    task, unrelated = facts
+    near = unrelated[:4]
+    req = EditRequest(task.facts[0], neighbours=tuple(Probe(u.prompt, u.object) for u in near))
+    k = max(n_tokens(smol, u.object) for u in near)
+    kw = dict(locality=None, known_subjects=None, lp=False)
+    base = edit_scores(smol, [req], None, **kw)
+    assert all(smol.decode(i[:n_tokens(smol, u.object)]).strip() == u.object
+               for i, u in zip(base["baseline"]["ids"][1:], near))  # it knows them: the kept answers are its facts
+    late = edit_scores(smol, [req], _ForcedAtStep(smol, smol.encode(" banana")[0], k), baseline=base["baseline"], **kw)
+    assert late["items"]["neighbour"]["edited"] != late["items"]["neighbour"]["plain"], late["items"]  # changed after
+    assert late["metrics"]["LocalityNeighbours"] == 1.0 and not changed_nothing(late)
+    assert "as many as its expected answer has" in late["notes"]["Locality"]
+    early = edit_scores(smol, [req], _ForcedAtStep(smol, smol.encode(" banana")[0], 0), baseline=base["baseline"], **kw)
+    assert early["metrics"]["LocalityNeighbours"] == 0.0, early["items"]["neighbour"]

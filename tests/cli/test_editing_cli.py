@@ -173,6 +173,14 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
     edited, plain = load_file(str(out_dir / "model.safetensors")), load_file(str(DEFAULT_MODEL_DIR / "model.safetensors"))
     changed = [k for k in plain if not torch.equal(plain[k], edited[k])]
     assert changed and all(".ff_out." in k or "ff_out" in k for k in changed), changed  # one MLP down projection
+    # off the embedded model, a file's requests need the rows to leave alone only where no background texts are
+    # given: ROME's key statistics read one or the other (review 67: it demanded --calibration, then read it not)
+    code, out = run("edit", "--method", "rome", "-m", out_dir, "--requests", tmp_path / "cf.json", "-o",
+                    tmp_path / "again")
+    assert code == 2 and "pass --calibration" in out, out
+    code, out = run("edit", "--method", "rome", "-m", out_dir, "--requests", tmp_path / "cf.json", "--background",
+                    "embedded:retain_perturbed", "-o", tmp_path / "again", "--json")
+    assert code == 0 and (tmp_path / "again" / "model.safetensors").exists(), out
 
 
 def test_a_model_saved_over_an_edited_folder_drops_its_edit_record(tmp_path):

@@ -265,3 +265,21 @@ def test_bad_options_are_refused_by_name(method, over):
 def test_layers_outside_the_model_are_refused(bb, task, method, over):
     with pytest.raises(TimeromeError, match="out of range"):
         install(method, bb, task, over, seed=0)
+
+
+def test_a_long_install_shows_its_progress_only_where_asked(bb, task, capsys, monkeypatch, tmp_path):
+    """MEMIT's v* optimisation and key statistics ran 143 s on SmolLM2 with nothing shown under `timerome
+    edit` (review 67). install(progress=True) shows their bars (plain lines off a terminal); a script's
+    install (progress off, the default) stays quiet."""
+    monkeypatch.setenv("TIMEROME_PROGRESS_SECONDS", "0")  # every step a line
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path))  # key statistics made here, not read from a cache
+    config = {"grad_steps": 3, "stats_samples": 20}
+    install("memit", bb, task, config, seed=0).undo()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("TIMEROME_CACHE", str(tmp_path / "again"))
+    install("memit", bb, task, config, seed=0, progress=True).undo()
+    err = capsys.readouterr().err
+    assert "target values v* of" in err and "3/3 (100%)" in err, err
+    assert "key statistics of layers" in err, err
+    install("ga", bb, task, {"grad_steps": 2}, seed=0, progress=True).undo()
+    assert "ga: gradient steps: 2/2" in capsys.readouterr().err

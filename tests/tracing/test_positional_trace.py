@@ -314,3 +314,29 @@ def test_the_rewrite_memory_refuses_an_autoregressive_model_before_any_work(mode
     with pytest.raises(TimeromeError, match="never has masked positions"):
         RewriteMemory(bb, (1, "resid"))
     assert not models["mdlm"].causal  # the MDLM builds (the rewrite tests): only the causal model is refused
+
+
+def test_the_bar_weighs_each_fact_by_its_work(models, monkeypatch):
+    """A fact's trace costs about its prompt's length squared: the bar advances by that share, so a run
+    whose first facts are short does not promise an early end (review 67), and it ends full."""
+    import contextlib
+
+    import timerome.tracing.positional_trace as pt
+
+    steps = []
+
+    class Bar:
+        def advance(self, n=1, description=None):
+            steps.append(n)
+
+    @contextlib.contextmanager
+    def bar(description, total, enabled=True, completed=0):
+        steps.append(("total", total))
+        yield Bar()
+
+    monkeypatch.setattr(pt, "progress_bar", bar)
+    positional_trace(models["ar"], FACTS, n_samples=1, seed=0, modules=("mlp",), progress=True)
+    (_, total), *shares = steps
+    P = [len(models["ar"].encode_prompt(f["prompt"])) for f in FACTS]
+    assert total == 2 and sum(shares) == 2 and P[0] != P[1]
+    assert shares[0] / shares[1] == pytest.approx(P[0] ** 2 / P[1] ** 2)

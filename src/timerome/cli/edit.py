@@ -51,8 +51,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
                                                    "(timerome trace --positional): edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step, counted from 0 (default, "
-                                                       "or -1: every step, the paper's k* = -1); such an edit acts "
-                                                       "in generations, never in a likelihood"),
+                                                       "or -1: every step, the paper's k* = -1; an autoregressive "
+                                                       "model: only as it writes token k of the answer); such an "
+                                                       "edit acts in generations, never in a likelihood"),
          alpha: Optional[float] = typer.Option(None, help="edit strength (default: the method's own; `timerome methods` "
                                                           "lists every default)"),
          lam: Optional[float] = typer.Option(None, help=f"ridge lambda, relative to the mean squared key norm "
@@ -155,6 +156,10 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     # requests need no model: their target is checked before it loads (--data's subjects are checked against it)
     read = edit_facts(None, requests, data, tofu_dir, target, target_given) if requests is not None else None
     bb = model.load()
+    if method == "rewrite":  # the kind of model decides: before the facts' answers and the calibration rows are read
+        from timerome.memory.rewrite_memory import refuse_causal
+
+        refuse_causal(bb)
     facts, source = read or edit_facts(bb, requests, data, tofu_dir, target, target_given)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
     if repeated:
@@ -296,6 +301,9 @@ def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, backgro
         raise TimeromeError(f"--calibration gives the rows an edit must leave alone, and {method} here reads none "
                             "(the codebook and rewrite memories, ROME-style statistics off the embedded model and "
                             "the training-time methods' retain terms do): leave it out")
+    if calibration is not None and not reads_retain(method, config, background_given=background is not None):
+        raise TimeromeError(f"--calibration and --background both give the texts of {method}'s key statistics, which "
+                            "reads the rows only in place of background texts: give one")
 
 
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:
@@ -396,8 +404,12 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         over.setdefault("target", target)
     config = method_config(method, over)
     # the rows it must leave alone, where it reads any (a method that reads none needs none given)
-    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts) if reads_retain(method, config) \
-        else (None, [])
+    read = reads_retain(method, config, background_given=texts is not None, embedded=bb.name == "timerome-default")
+    if calibration is not None and not read:  # the embedded model's own training rows stand in (the rest: refused)
+        raise TimeromeError(f"--calibration is read by nothing here: on the embedded model {method}'s key statistics "
+                            "come from the rows it was trained on (give texts of your own with --background): "
+                            "leave it out")
+    spec, spare = spare_rows(bb, method, source, calibration, tofu_dir, facts) if read else (None, [])
     forget = qa_rows(facts)
     task = ForgetTask(forget_rows=forget, facts=facts, retain_rows=spare, background=texts)
     edit = install(method, bb, task, config, seed=seed, progress=True)
@@ -410,7 +422,8 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     if kind == "weights":
         save_backbone(bb, out)
         record_source(out, model, method, len(facts), source, config=config, seed=seed)
-        what, name = f"the model edited by {method} ({len(facts)} facts, retain rows {spec})", "model folder"
+        rows = f", retain rows {spec}" if spec is not None else ""  # none read: none named
+        what, name = f"the model edited by {method} ({len(facts)} facts{rows})", "model folder"
         try_it = f"timerome generate -m {out} \"{facts[0].prompt}\""
     else:
         memory = getattr(edit, "memory", None)

@@ -309,7 +309,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
         memory = load_memory(edit, bb)
         k = memory.coordinate.step
-        if k is not None:
+        if k is not None and bb.causal:  # one step per token written: the answer's length decides
+            refuse_unreached(k, gen_length, str(edit), "an autoregressive answer of --gen-length tokens takes",
+                             f"pass --gen-length {k + 1} or more")
+        elif k is not None:
             refuse_unreached(k, steps, str(edit), "this run (--steps) takes", f"pass --steps {k + 1} or more")
         check_on_prompts(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
@@ -333,7 +336,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         # cut at the first end mark after some content: an edited answer may open with one
         words = next((i for i, ch in enumerate(text) if ch.isalnum()), len(text))
         cut = text.find(end, words) if end else -1
-        return text[: cut + len(end)] if cut >= 0 else text
+        return (text[: cut + len(end)] if cut >= 0 else text).strip()  # as the answer cut at EOS above
 
     answers = []
     for p in prompt:

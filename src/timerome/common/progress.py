@@ -25,6 +25,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 FIRST_LINE_SECONDS = 5.0
 # the display nested bars share while one is open in this context (thread / task)
 LIVE: ContextVar[Progress | None] = ContextVar("timerome_progress_display", default=None)
+# whether the work running now shows its bars, where no flag can be passed down to it (a method's install has
+# a fixed signature): `progress_wanted(True)` around it, `wanted()` inside (off unless a caller asks)
+WANTED: ContextVar[bool] = ContextVar("timerome_progress_wanted", default=False)
+
+
+@contextmanager
+def progress_wanted(enabled: bool):
+    """Show (or not) the bars of the work inside the block that reads `wanted()`."""
+    token = WANTED.set(bool(enabled))
+    try:
+        yield
+    finally:
+        WANTED.reset(token)
+
+
+def wanted() -> bool:
+    """Whether the caller asked the work running now to show its progress (`progress_wanted`)."""
+    return WANTED.get()
 
 
 def _interval() -> float:
@@ -45,7 +63,8 @@ class _Bar:
     def __init__(self, progress=None, task=None):
         self._p, self._t = progress, task
 
-    def advance(self, n: int = 1, description: str | None = None):
+    def advance(self, n: float = 1, description: str | None = None):
+        """n steps done (a fraction where a step is weighed by its share of the work)."""
         if self._p is not None:
             kw = {"description": description} if description else {}
             self._p.update(self._t, advance=n, **kw)
@@ -60,13 +79,13 @@ class _Lines(_Bar):
         self.done, self.start, self.t0 = completed, completed, time.monotonic()
         self.last = None  # when the last line was written
 
-    def advance(self, n: int = 1, description: str | None = None):
+    def advance(self, n: float = 1, description: str | None = None):
         self.done += n
         self.description = description or self.description
         now = time.monotonic()
         every = _interval()
         due = now - self.t0 >= min(FIRST_LINE_SECONDS, every) if self.last is None else now - self.last >= every
-        if due or (self.done >= self.total and self.last is not None):
+        if due or (self.done >= self.total - 1e-9 and self.last is not None):
             self.write(now)
 
     def write(self, now: float) -> None:
@@ -75,8 +94,9 @@ class _Lines(_Bar):
         ran = self.done - self.start
         left = elapsed / ran * (self.total - self.done) if ran > 0 else None
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        eta = f", eta {_clock(left)}" if left is not None and self.done < self.total else ""
-        line(f"{self.description}: {self.done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}", self.stream)
+        eta = f", eta {_clock(left)}" if left is not None and self.done < self.total - 1e-9 else ""
+        done = round(self.done) if abs(self.done - round(self.done)) < 1e-6 else int(self.done)  # a share of work
+        line(f"{self.description}: {done}/{self.total}{pct}, {_clock(elapsed)} elapsed{eta}", self.stream)
         self.last = now
 
 

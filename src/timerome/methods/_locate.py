@@ -35,13 +35,14 @@ import torch
 from torch import nn
 
 from timerome.common.cache import cache_dir, digest, entry_lock, read_tensors, save_tensors
+from timerome.common.progress import progress_bar, wanted
 from timerome.data.rows import spread
 from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
                                       text_ids, uses_leading_space)
 from timerome.engine.hooks import Hooks, run_to
 from timerome.errors import NotApplicable, TimeromeError
 from timerome.memory.whitening import background_texts, rows_to_texts
-from timerome.methods.registry import need_facts, weight_edit
+from timerome.methods.registry import differs, get_method, need_facts, weight_edit
 
 OBJECTIVES = ("target", "forget", "unlikelihood")
 
@@ -153,6 +154,21 @@ def _targets(it):
 # ------------------------------------------------------------------------------ reading sites
 
 
+def refuse_cloze_states(backbone, config, method: str) -> None:
+    """n_states / key_states count the cloze states (answers partly masked) that v* is fitted over and the
+    keys are averaged over; a causal model masks nothing, so every state is the same (v* fits one):
+    a count other than the method's default is refused there, not ignored."""
+    if not getattr(backbone, "causal", False):
+        return
+    defaults = get_method(method).defaults
+    given = [k for k in ("n_states", "key_states") if k in defaults and differs(config[k], defaults[k])]
+    if given:
+        raise TimeromeError(f"{' and '.join(given)} {'counts' if len(given) == 1 else 'count'} the cloze states "
+                            f"(answers partly masked) {method} fits and reads over, and the {backbone.family.name} "
+                            "model is autoregressive: it masks nothing, so every state is the same; leave "
+                            f"{'it' if len(given) == 1 else 'them'} out")
+
+
 class KeyStates:
     """Fixed cloze states [question | original answer, a fraction t of it masked] per fact: the
     first fully masked (the start of generation), the rest with t ~ U(eps, 1). Built once, so
@@ -262,7 +278,9 @@ def _second_moments(backbone, layers, texts, batch_size) -> dict[int, torch.Tens
     S = {layer: torch.zeros(in_features(lin), in_features(lin), dtype=torch.float64, device=backbone.device)
          for layer, lin in lins.items()}
     n = 0
-    with torch.no_grad(), Hooks(backbone, list(lins.values()), inputs=True) as got:
+    label = f"key statistics of layer{'s' if len(lins) > 1 else ''} {', '.join(map(str, sorted(lins)))}"
+    with torch.no_grad(), Hooks(backbone, list(lins.values()), inputs=True) as got, \
+            progress_bar(label, total=len(seqs), enabled=wanted()) as bar:
         for s in range(0, len(seqs), batch_size):
             ids, real = pad_sequences(seqs[s:s + batch_size], backbone)
             run_to(backbone, (max(lins), "resid"), ids, real)       # the layers above never run
@@ -270,6 +288,7 @@ def _second_moments(backbone, layers, texts, batch_size) -> dict[int, torch.Tens
                 k = got[lin].pop()[real].double()                    # [N, d]
                 S[layer] += k.T @ k
             n += int(real.sum())
+            bar.advance(len(ids))
     return {layer: (m / n).cpu() for layer, m in S.items()}
 
 
@@ -341,7 +360,8 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
         extra = extra.index_put((b_idx, p_idx), delta[f_idx, s_idx], accumulate=True)
         return h + extra.to(h.dtype)
 
-    with Hooks(backbone, edit={tuple(site): add}):
+    with Hooks(backbone, edit={tuple(site): add}), \
+            progress_bar(f"target values v* of {F_} fact{'s' if F_ > 1 else ''}", total=steps, enabled=wanted()) as bar:
         for _ in range(steps):
             task_loss = masked_objective(backbone, ids, ans, att, generator, eps, objective)
             reg = weight_decay * (delta.pow(2).sum(-1) / norms[:, None].pow(2)).mean()
@@ -352,6 +372,7 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
                 cap = (clamp * norms)[:, None, None]
                 delta.mul_((cap / delta.norm(dim=-1, keepdim=True).clamp(min=1e-12)).clamp(max=1.0))
             losses.append(float(task_loss.detach()))
+            bar.advance(description=f"target values v* of {F_} fact{'s' if F_ > 1 else ''}, loss {losses[-1]:.3g}")
     k = max(1, len(losses) // 5)
     info = {"loss_first": losses[0], "loss_last": sum(losses[-k:]) / k,
             "delta_norm": float(delta.detach().norm(dim=-1).mean()), "site_norm": float(norms.mean())}
@@ -451,6 +472,7 @@ def band(backbone, config, lo: float = 0.1, hi: float = 0.25) -> list[int]:
 def spread_edit(backbone, task, config, seed, solve, method):
     """MEMIT's procedure (memit.py's docstring) with `solve(K, R, C, layer) -> dW [H, d]` per
     layer; AlphaEdit swaps the solve. Returns the WeightEdit."""
+    refuse_cloze_states(backbone, config, method)
     layers = band(backbone, config)
     projs = [down_projection(backbone, l) for l in layers]
     top = projs[-1].layer

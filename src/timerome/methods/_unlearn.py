@@ -44,6 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from timerome.common.progress import progress_bar, wanted
 from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
 from timerome.engine.hooks import Hooks, once_on
@@ -278,44 +279,46 @@ def _train(run, forget, retain, order, params, w_retain, check, base, objective,
     good = _copy(params) if base is not None else None   # the last weights within the drift limit
     info.update(retain_lp_before=base, kept_step=0 if base is not None else None, loss=[])
     bb.model.train()
-    for step in range(1, int(cfg["grad_steps"]) + 1):
-        fb = _batch(run, forget, order)
-        rb = _batch(run, retain, order) if use_retain else None
-        loss, parts = objective(run, fb, rb)
-        if w_retain > 0:
-            r = run.nll(rb)
-            loss = loss + w_retain * r
-            parts["retain_nll"] = float(r.detach())
-        if not torch.isfinite(loss.detach()):
-            # diverged: a step on this loss would write NaN into every weight it reaches. Training stops with
-            # the last weights, which gave a finite loss (the safe protocol's last kept ones when it runs): a
-            # collapsed row the tables report, never a model of NaN weights
-            info.update(diverged_at_step=step, diverged_loss=float(loss.detach()))
-            if good is not None:
-                _restore(params, good)
-                info.update(early_stopped=True)
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg["grad_clip"]:
-            torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"]))
-        opt.step()
-        if not all(bool(torch.isfinite(p).all()) for p in params):  # no finite weights to stop at: refused
-            raise TimeromeError(f"method {run.method!r}: gradient step {step} made weights NaN or infinite (its loss "
-                                f"{float(loss.detach()):.4g}); the weights are left as they were: lower lr or change "
-                                "the method's settings")
-        info["steps_run"] = step
-        info["loss"].append(round(float(loss.detach()), 4))
-        info.update({f"last_{k}": v for k, v in parts.items()})
-        if base is None or (step % int(cfg["check_every"]) and step != int(cfg["grad_steps"])):
-            continue
-        lp = retain_lp(bb, check, cfg["check_mc"])
-        info["retain_lp_last_check"] = lp
-        if not base - lp <= float(cfg["drift"]):  # a NaN retain LP is past any limit
-            _restore(params, good)   # back to the last check within the limit
-            info.update(early_stopped=True, stopped_retain_lp=lp)
-            break
-        good, info["kept_step"] = _copy(params), step
+    with progress_bar(f"{run.method}: gradient steps", total=int(cfg["grad_steps"]), enabled=wanted()) as bar:
+        for step in range(1, int(cfg["grad_steps"]) + 1):
+            fb = _batch(run, forget, order)
+            rb = _batch(run, retain, order) if use_retain else None
+            loss, parts = objective(run, fb, rb)
+            if w_retain > 0:
+                r = run.nll(rb)
+                loss = loss + w_retain * r
+                parts["retain_nll"] = float(r.detach())
+            if not torch.isfinite(loss.detach()):
+                # diverged: a step on this loss would write NaN into every weight it reaches. Training stops with
+                # the last weights, which gave a finite loss (the safe protocol's last kept ones when it runs): a
+                # collapsed row the tables report, never a model of NaN weights
+                info.update(diverged_at_step=step, diverged_loss=float(loss.detach()))
+                if good is not None:
+                    _restore(params, good)
+                    info.update(early_stopped=True)
+                break
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(params, float(cfg["grad_clip"]))
+            opt.step()
+            if not all(bool(torch.isfinite(p).all()) for p in params):  # no finite weights to stop at: refused
+                raise TimeromeError(f"method {run.method!r}: gradient step {step} made weights NaN or infinite (its "
+                                    f"loss {float(loss.detach()):.4g}); the weights are left as they were: lower lr or "
+                                    "change the method's settings")
+            info["steps_run"] = step
+            bar.advance()
+            info["loss"].append(round(float(loss.detach()), 4))
+            info.update({f"last_{k}": v for k, v in parts.items()})
+            if base is None or (step % int(cfg["check_every"]) and step != int(cfg["grad_steps"])):
+                continue
+            lp = retain_lp(bb, check, cfg["check_mc"])
+            info["retain_lp_last_check"] = lp
+            if not base - lp <= float(cfg["drift"]):  # a NaN retain LP is past any limit
+                _restore(params, good)   # back to the last check within the limit
+                info.update(early_stopped=True, stopped_retain_lp=lp)
+                break
+            good, info["kept_step"] = _copy(params), step
     if base is not None and not info["early_stopped"]:
         info["kept_step"] = info["steps_run"]
 

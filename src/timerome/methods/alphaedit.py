@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
-from timerome.methods.registry import register
+from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, register
 
 DEFAULTS = dict(
     layers=None,           # as memit: round(0.1 n) .. round(0.25 n)
@@ -31,7 +31,8 @@ DEFAULTS = dict(
 )
 
 
-@register("alphaedit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
+@register("alphaedit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
+          retain=IN_PLACE_OF_BACKGROUND)
 def alphaedit(backbone, task, config, seed):
     """AlphaEdit on MDLMs: MEMIT's spread with updates projected on the preserved keys' null space."""
     null = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
-from timerome.methods.registry import register
+from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, register
 
 DEFAULTS = dict(
     layers=None,           # None: round(0.1 n) .. round(0.25 n) of n layers (0-1 of 4 here)
@@ -30,7 +30,8 @@ DEFAULTS = dict(
 )
 
 
-@register("memit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
+@register("memit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
+          retain=IN_PLACE_OF_BACKGROUND)
 def memit(backbone, task, config, seed):
     """MEMIT on MDLMs: all forget facts in one least-squares update spread over an MLP band."""
     n = len(task.facts)

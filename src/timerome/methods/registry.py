@@ -39,6 +39,7 @@ from timerome.common.checks import big_int_path, budget, nonfinite_path
 from timerome.common.checks import seed as check_seed
 from timerome.common.checks import shown
 from timerome.common.cost import measure
+from timerome.common.progress import progress_wanted
 from timerome.data.task import ForgetTask
 from timerome.engine.coordinate import given_step
 from timerome.engine.settings import TRACE
@@ -122,6 +123,12 @@ class WeightEdit(Edit):
         return self.snapshot is None or any(not torch.equal(now[k], v) for k, v in self.snapshot.items() if k in now)
 
 
+# a Method's `retain` for the methods that read the retain rows only in place of their background texts (ROME-style
+# key statistics, `_locate.preserved_texts`): where they read a background at all, none is given, and the model is
+# not the embedded one (its own training rows stand in there)
+IN_PLACE_OF_BACKGROUND = "in place of background"
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -137,7 +144,7 @@ class Method:
     # what its install reads of a task beside the facts, a bool or config -> bool (under which settings): the
     # background texts, the retain rows (the rows to leave alone); the command line refuses what goes unread
     background: Callable | bool = False
-    retain: Callable | bool = True
+    retain: Callable | bool | str = True  # or IN_PLACE_OF_BACKGROUND
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -167,15 +174,18 @@ _loaded = False
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
-             check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool = True):
+             check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool | str = True):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
     bool: under which settings): its install draws nothing at random, so the seed it is given changes
     nothing (the CLI says so for --seed).
     check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it.
     background, retain: whether the install reads the task's background texts, its retain rows (a bool, or
-    config -> bool where it depends on the settings: `reads_background`, `reads_retain`)."""
+    config -> bool where it depends on the settings: `reads_background`, `reads_retain`; retain may also be
+    IN_PLACE_OF_BACKGROUND: only where no background texts are given)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
+    if isinstance(retain, str) and retain != IN_PLACE_OF_BACKGROUND:
+        raise TimeromeError(f"retain must be a bool, config -> bool or {IN_PLACE_OF_BACKGROUND!r}, got {retain!r}")
 
     def deco(fn):
         if name in METHODS and METHODS[name].install is not fn:
@@ -221,10 +231,13 @@ def reads_background(name: str, config: dict) -> bool:
     return _holds(get_method(name).background, config)
 
 
-def reads_retain(name: str, config: dict) -> bool:
-    """Whether method `name` under `config` reads the task's retain rows (on some model: ROME-style
-    statistics and the whitened memories fall back on them where given no texts, off the embedded model)."""
-    return _holds(get_method(name).retain, config)
+def reads_retain(name: str, config: dict, *, background_given: bool = False, embedded: bool = False) -> bool:
+    """Whether method `name` under `config` reads the task's retain rows, given background texts or not, on the
+    embedded model or another (a method whose `retain` is IN_PLACE_OF_BACKGROUND reads them only in their place)."""
+    flag = get_method(name).retain
+    if isinstance(flag, str) and flag == IN_PLACE_OF_BACKGROUND:
+        return reads_background(name, config) and not background_given and not embedded
+    return _holds(flag, config)
 
 
 def get_method(name: str) -> Method:
@@ -371,8 +384,8 @@ def _is_a(kind, v) -> bool:
 def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0, *,
             progress: bool = False) -> Edit:
     """Run method `name` on the backbone; the returned Edit carries its measured install cost. progress: the
-    bar of what its preparation computes (a trace), where the caller shows progress (`timerome edit`, an
-    experiment's cells)."""
+    bars of what its preparation computes (a trace) and of its install's long loops (`progress.wanted`), where
+    the caller shows progress (`timerome edit`, an experiment's cells)."""
     m = get_method(name)
     cfg = method_config(name, config)
     check_seed(seed, f"method {name!r}: seed")
@@ -383,7 +396,7 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     if m.prepare is not None:
         m.prepare(backbone, task, cfg, progress=bool(progress))
     prepared = time.perf_counter() - t0
-    with measure(backbone) as cost:
+    with measure(backbone) as cost, progress_wanted(progress):  # its own bars (v*, key statistics, gradient steps)
         edit = m.install(backbone, task, cfg, int(seed))
     if not isinstance(edit, Edit):
         raise TimeromeError(f"method {name!r} returned {type(edit).__name__}, not an Edit")

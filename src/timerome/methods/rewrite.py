@@ -130,6 +130,7 @@ def build(backbone, task, config, coordinate, facts, seed: int = 0, said: bool =
     whose answer the model says inside an answer of its own holding that answer (`said_facts`; said:
     they are so already); the rows answering so are left out of the calibration, as the rows stating
     a fact are (the whitening statistics read the task as given)."""
+    refuse_causal(backbone)  # the kind of model, first
     target_ids(backbone, facts, config.get("target") or DEFAULT_TARGET)  # a target it cannot say, refused before the calibration
     facts = list(facts) if said else said_facts(backbone, facts)
     stats = background_stats(backbone, coordinate, task, dict(config, key_metric="whitened"))

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from timerome.common.progress import progress_bar, wanted
 from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.methods import _locate as L
-from timerome.methods.registry import register, weight_edit
+from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, register, weight_edit
 
 DEFAULTS = dict(
     layer=None,            # None: round(0.2 * n_layers), ROME's early-middle MLP (layer 1 of 4 here)
@@ -32,9 +33,11 @@ DEFAULTS = dict(
 )
 
 
-@register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
+@register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
+          retain=IN_PLACE_OF_BACKGROUND)
 def rome(backbone, task, config, seed):
     """ROME on MDLMs: sequential rank-one updates of one MLP down projection, C^-1-weighted."""
+    L.refuse_cloze_states(backbone, config, "rome")
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
              else L.check_layer(backbone, config["layer"]))
     proj = L.down_projection(backbone, layer)
@@ -46,7 +49,8 @@ def rome(backbone, task, config, seed):
     info = {"layer": proj.layer, "module": proj.path, "stats_file": str(path), "n_stats_texts": len(texts),
             "loss_first": [], "loss_last": [], "delta_norm": []}
     norms = L.site_norms(backbone, items, (proj.layer, "mlp"), config["positions"])  # unedited model's scale
-    with weight_edit(backbone, "rome") as edit:
+    with weight_edit(backbone, "rome") as edit, progress_bar("rome: facts edited one by one", total=len(items),
+                                                            enabled=wanted()) as bar:
         for i, item in enumerate(items):
             delta, d = L.optimise_deltas(
                 backbone, [item], (proj.layer, "mlp"), positions=config["positions"], objective=config["objective"],
@@ -58,5 +62,6 @@ def rome(backbone, task, config, seed):
             L.apply_update(proj.linear, L.rome_update(C_inv, k, delta[0, 0].double().cpu()))
             for key in ("loss_first", "loss_last", "delta_norm"):
                 info[key].append(d[key])
+            bar.advance()
     edit.info = info
     return edit

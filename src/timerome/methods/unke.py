@@ -24,7 +24,7 @@ import torch
 from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET, pad_sequences, text_ids
 from timerome.methods import _locate as L
-from timerome.methods.registry import register, weight_edit
+from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, register, weight_edit
 
 DEFAULTS = dict(
     layer=None,            # None: round(0.2 * n_layers), as rome (UnKE: layer 7 of 32)
@@ -40,9 +40,11 @@ DEFAULTS = dict(
 )
 
 
-@register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics)
+@register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
+          retain=IN_PLACE_OF_BACKGROUND)
 def unke(backbone, task, config, seed):
     """UnKE on MDLMs: optimise one block's output for the forget facts, then fit the block to it."""
+    L.refuse_cloze_states(backbone, config, "unke")
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
              else L.check_layer(backbone, config["layer"]))
     items = L.encode_facts(backbone, task.facts, config["target"])

@@ -329,16 +329,31 @@ def default_gen_length(backbone, requests, locality=None) -> int:
 
 
 def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
-            progress: bool = False, sampler: dict | None = None) -> list[str]:
+            progress: bool = False, sampler: dict | None = None, with_ids: bool = False):
     """Answers to prompts (engine.sampler.continuations, cut at end-of-text): greedy, one token per
     step, one block, unless `sampler` says otherwise (steps, block_length, temperature, remasking,
-    cache, threshold, refresh_every)."""
+    cache, threshold, refresh_every). with_ids: (texts, each answer's token ids)."""
     if not prompts:
-        return []
+        return ([], []) if with_ids else []
     opts = dict(sampler or {})
     block = opts.pop("block_length", None) or gen_length
-    return continuations(backbone, prompts, gen_length=gen_length, block_length=block, batch_size=batch_size,
-                         seed=seed, progress=progress, **opts)["texts"]
+    got = continuations(backbone, prompts, gen_length=gen_length, block_length=block, batch_size=batch_size,
+                        seed=seed, progress=progress, **opts)
+    return (got["texts"], got["ids"]) if with_ids else got["texts"]
+
+
+def kept_lengths(backbone, requests, locality=None) -> dict[str, list[int | None]]:
+    """{kind: [n]} in `probe_sets`' order for the answers that must not change: how many tokens their
+    expected answer has (a neighbour's or the same subject's other object, a locality row's answer;
+    None where there is none), the tokens an autoregressive model's answers are compared over."""
+    def n(text):
+        return len(answer_ids(backbone, text)) if isinstance(text, str) and text.strip() else None
+
+    out = {"neighbour": [n(p.answer) for r in requests for p in r.neighbours],
+           "same_subject": [n(p.answer) for r in requests for p in r.same_subject]}
+    for name, rows in (locality or {}).items():
+        out[name] = [n(row.get("answer")) for row in rows]
+    return out
 
 
 # ------------------------------------------------------------------------------ the scores
@@ -404,15 +419,21 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
         if baseline.get("key") != key:
             raise TimeromeError("the baseline answers were read on other probes or settings (requests, gen_length, "
                                 "seed): compute them on the same ones")
-        plain = baseline["answers"]
+        plain, plain_ids = baseline["answers"], baseline["ids"]
     else:
-        plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
+        plain, plain_ids = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress,
+                                              sampler=sampler, with_ids=True)
     notes = {}
-    if getattr(backbone, "causal", False):  # measured on SmolLM2 (stop 72): ROME kept every neighbour's fact, 0.2 here
-        notes["Locality"] = (f"compares whole greedy continuations ({G} tokens): an autoregressive model goes on past "
-                             "the answer, and a weight edit that keeps a neighbour's fact may change what follows it, "
-                             "which counts as changed here (evaluation.counterfactual_scores compares as many tokens "
-                             "as the object has)")
+    # an autoregressive model goes on past the answer: a probe's answer is kept where its first tokens, as many as
+    # its expected answer has, are (evaluation.counterfactual_scores' rule); whole answers measured ROME on SmolLM2
+    # at Locality 0.2 where it kept every neighbour's fact (review 67)
+    causal = bool(getattr(backbone, "causal", False))
+    lengths = kept_lengths(backbone, requests, locality) if causal else {}
+    if causal:
+        notes["Locality"] = ("compares each answer's first tokens, as many as its expected answer has (a neighbour's "
+                             "object, a row's answer), as evaluation.counterfactual_scores does: an autoregressive "
+                             "model goes on past the answer, and what follows it may change; a probe with no "
+                             f"expected answer compares its whole answer ({G} tokens)")
     step = one_step(edit)
     if lp and step is not None:  # the likelihood has no denoising steps: the edit would never act there
         lp = False
@@ -420,15 +441,19 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
             f"not computed: the edit acts at denoising step {step} only, and the likelihood (one forward per "
             "Monte-Carlo mask) has no steps; Efficacy and Generalisation read its generations")))
     with edit_active(edit, backbone):
-        edited = computed if edit is None and computed is not None else \
-            answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
+        edited, edited_ids = computed if edit is None and computed is not None else \
+            answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler, with_ids=True)
         lps = _likelihoods(backbone, requests, sets, n_mc, seed) if lp else None
     items = {k: {"prompt": [], "request": [], "plain": [], "edited": []} for k in sets}
-    for (kind, j), a0, a1 in zip(flat, plain, edited):
+    kept = {}  # kind: [answer kept], for the probes that must not change
+    for (kind, j), a0, a1, i0, i1 in zip(flat, plain, edited, plain_ids, edited_ids):
         i, p, _ = sets[kind][j]
         it = items[kind]
         it["request"].append(i), it["prompt"].append(p), it["plain"].append(a0), it["edited"].append(a1)
-    metrics = _summary(requests, sets, items, lps, known_subjects)
+        n = lengths[kind][j] if kind in lengths else None
+        kept.setdefault(kind, []).append(list(i0[:n]) == list(i1[:n]) if n is not None
+                                         else normalise(a0) == normalise(a1))
+    metrics = _summary(requests, sets, items, lps, known_subjects, kept)
     if edit is not None or baseline is not None:  # something to compare with the unedited answers
         metrics["Unchanged"] = float(changed_nothing({"items": items}))
     if not sets["paraphrase"]:  # NaN, said: not a failure to generalise (Portability, of MQuAKE's requests only, is
@@ -443,7 +468,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
     return {"metrics": metrics, "items": items, "gen_length": G, "notes": notes,
-            "baseline": {"key": key, "answers": plain}, "probes": probes}
+            "baseline": {"key": key, "answers": plain, "ids": plain_ids}, "probes": probes}
 
 
 def embedded_probe_rows(backbone, spec, requests, *, n_retain: int = LOCALITY.n_retain, n_world: int = LOCALITY.n_world,
@@ -509,7 +534,7 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def _summary(requests, sets, items, lps, known_subjects) -> dict:
+def _summary(requests, sets, items, lps, known_subjects, kept) -> dict:
     m = {}
     said = {k: [says(a, sets[k][j][2]) for j, a in enumerate(items[k]["edited"])] for k in ("prompt", "paraphrase")}
     m["Efficacy"] = _mean(said["prompt"])
@@ -517,12 +542,11 @@ def _summary(requests, sets, items, lps, known_subjects) -> dict:
     if lps is not None:
         m["EfficacyLP"] = _mean(lps["prompt"][0] > lps["prompt"][1])
         m["GeneralisationLP"] = _mean(lps["paraphrase"][0] > lps["paraphrase"][1])
-    kept = [k for k in items if k not in ("prompt", "paraphrase", "portability")]
-    same = {k: [normalise(a) == normalise(b) for a, b in zip(items[k]["edited"], items[k]["plain"])] for k in kept}
-    m["Locality"] = _mean(x for k in kept for x in same[k])
-    for k in kept:
+    local = [k for k in items if k not in ("prompt", "paraphrase", "portability")]
+    m["Locality"] = _mean(x for k in local for x in kept.get(k, []))
+    for k in local:
         name = {"neighbour": "Neighbours", "same_subject": "SameSubject"}.get(k) or LOCALITY_NAMES.get(k, k)
-        m[f"Locality{name}"] = _mean(same[k])
+        m[f"Locality{name}"] = _mean(kept.get(k, []))
     about = items["prompt"]["edited"] + items["paraphrase"]["edited"]
     m["Fluency"] = fluency(about)
     m["FluencyBase"] = fluency(items["prompt"]["plain"] + items["paraphrase"]["plain"])

@@ -246,7 +246,12 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
     clean_p, corrupted_p, infos = torch.zeros(len(items)), torch.zeros(len(items), n_samples), []
     join = rows_can_join(backbone)
     stats = dict(rows_run=0, rows_skipped=0, forwards=0)
-    with progress_bar("positional trace", total=len(items), enabled=progress) as bar:
+    # a fact's work grows as its prompt's square (a restored row per position, each a forward over the prompt): the
+    # bar counts facts, each advancing by its share of that work, so the time left is not read off the short ones
+    work = [len(it.prompt_ids) ** 2 for it in items]
+    share = [len(items) * w / sum(work) for w in work]
+    share[-1] = len(items) - sum(share[:-1])  # the last one fills the bar (to the float: the sum is the bar's own)
+    with progress_bar("positional trace (facts)", total=len(items), enabled=progress) as bar:
         for f, (it, draws) in enumerate(zip(items, noises)):
             eff, cp, kp, st = _trace_fact(backbone, it, draws, modules, layers, window, batch_size, join)
             effect[f, :, :, :eff.shape[-1]] = eff
@@ -256,7 +261,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             P = len(it.prompt_ids)
             infos.append(dict(it.info(), prompt_length=P,
                               tokens=[backbone.decode([i]) for i in it.prompt_ids.tolist()]))
-            bar.advance()
+            bar.advance(share[f])
     refuse_overflowing_noise(corrupted_p, sig, rule, clean_p)
     settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed), noise=noise,
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
