@@ -671,7 +671,7 @@ def test_memory_add_reads_the_builds_calibration_states_from_their_cache(tmp_pat
     assert code == 0 and json.loads(stdout)["calibration_left_out"] == left_out, out
     code, _, out = run("memory", "show", cb)
     words = " ".join(w for w in out.split() if w != "│")  # the table's value column wraps
-    assert code == 0 and "less the 3 of its rows that state an edited fact" in words, out
+    assert code == 0 and "less the 3 of its rows that state a fact it was built with" in words, out
 
     drawn = []
     real = cm.state_tokens

@@ -207,7 +207,8 @@ def test_invalid_generation_settings_and_yes_no_values_are_refused(bb):
     counted as true (bool("no"))."""
     for name in ("gen_length", "steps", "block_length"):
         for bad in (0, -3, 2.5, "eight"):
-            with pytest.raises(TimeromeError, match=f"model_args {name} must be an integer >= 1"):
+            # "(or left out)": how a model_args user gives none (there is no null to write there)
+            with pytest.raises(TimeromeError, match=rf"model_args {name} must be an integer >= 1 \(or left out\)"):
                 TimeromeLM(backbone=bb, **{name: bad})
     # as lm-eval's command line passes them (true / false become bools, 1 / 0 ints, before we see them)
     assert TimeromeLM.create_from_arg_string("check_greedy=no,n_mc=2", {"device": "cpu"}).check_greedy is False

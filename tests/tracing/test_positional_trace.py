@@ -200,9 +200,12 @@ def test_a_benchmark_row_its_trace_refused_names_the_positional_setting():
     refused = DiffusionOnly("the diffusion-time trace (TIE) is an MDLM protocol")
     hint = _positional_hint(refused, Cell("rwku", "timerome", {"alpha": 2.0}))
     shown = json.loads(hint.split("-c '", 1)[1].rstrip("'"))
-    assert shown == {"methods": ["no_edit", {"method": "timerome",
-                                             "config": {"alpha": 2.0, "trace_kind": "positional"}}]}
+    # it traces only the modules its selection reads (resid): a third of the rows of all three
+    assert shown == {"methods": ["no_edit", {"method": "timerome", "config": {
+        "alpha": 2.0, "trace_kind": "positional", "trace_modules": ["resid"]}}]}
     assert method_config("timerome", shown["methods"][1]["config"])["trace_kind"] == "positional"
+    mine = _positional_hint(refused, Cell("rwku", "timerome", {"trace_modules": ["resid", "mlp"]}))
+    assert json.loads(mine.split("-c '", 1)[1].rstrip("'"))["methods"][1]["config"]["trace_modules"] == ["resid", "mlp"]
     assert _positional_hint(TimeromeError("another refusal"), Cell("rwku", "timerome")) == ""
     assert _positional_hint(refused, Cell("rwku", "codebook", {"coordinates": "per_fact"})) == ""  # refused there
     assert _positional_hint(refused, Cell("rwku", "ga")) == ""  # no trace_kind at all

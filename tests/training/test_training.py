@@ -322,7 +322,7 @@ def test_cli_new_model_then_train(tmp_path):
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "d"), "--batch-size", "20", "--no-checkpoint"])  # the defaults
     assert res.exit_code == 0 and "is a new model (random weights)" in " ".join(res.output.split()), res.output
-    assert "--lr 0.003 --epochs 100" in res.output
+    assert "lr 0.003, epochs 100" in " ".join(res.output.split())  # train()'s own warning: the Python API's too
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "d"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "e"), "--epochs", "1", "--no-checkpoint"])  # trained once: no note
     assert res.exit_code == 0 and "new model" not in res.output, res.output
@@ -375,9 +375,11 @@ def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path, mo
     half = load_backbone(fresh, dtype="float16")  # LoRA: float32 adapters over the frozen float16 weights, allowed
     log = train(half, rows, TrainConfig(epochs=2, batch_size=8, lr=1e-3, lora_r=4), show_progress=False)
     assert all(map(math.isfinite, log["loss"])) and all(bool(torch.isfinite(p).all()) for p in half.model.parameters())
-    for bad, match in (("rows.jsonl", "got the path 'rows.jsonl'.*load_rows"), ([{"q": 1}], "row 0 has no text"),
-                       ([{"question": "q", "answer": 3}], "row 0 has no text 'answer'"), ([], "no training rows"),
-                       (["q"], "row 0 is 'q', not a dict")):
+    for bad, match in (("rows.jsonl", "got the path 'rows.jsonl'.*load_rows"),
+                       ([{"q": 1}], "training row 0 lacks question/answer: no question text"),
+                       ([{"question": "q", "answer": 3}], "row 0 lacks question/answer: no answer text"),
+                       ([{"question": "q", "answer": " "}], "row 0 lacks question/answer: no answer text"),
+                       ([], "no training rows"), (["q"], "training row 0 lacks question/answer: it is a str")):
         with pytest.raises(TimeromeError, match=match):
             train(bb, bad, show_progress=False)
     assert len(train(bb, (r for r in rows), {"epochs": 1, "batch_size": 8}, show_progress=False)["loss"]) == 1

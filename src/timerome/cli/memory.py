@@ -77,8 +77,8 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
 
     left_out = d["calibration_left_out"]
     calibrated = ("calibration", read("calibration") + (
-        f", less the {len(left_out)} of its rows that state an edited fact" if left_out and d["sources"].get(
-            "calibration") else ""))
+        f", less the {len(left_out)} of its rows that state a fact it was built with (`memory add` also leaves out "
+        "the rows stating the facts it adds)" if left_out and d["sources"].get("calibration") else ""))
     if kind == "codebook":
         rows = (("alpha", f"{h.get('alpha')}"), radius, calibrated,
                 ("entries", f"{d['tensors']['keys'][0]} keys{background}"),

@@ -15,6 +15,7 @@ from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, 
                               print_json, tofu_dir_read, warn_unknown_words)
 from timerome.common.cache import json_text
 from timerome.engine.settings import ANSWER, SAMPLER
+from timerome.training.config import TrainConfig
 from timerome.errors import TimeromeError
 from timerome.memory.scale import check_on_prompts
 
@@ -99,7 +100,7 @@ def build_default_cmd(out: Path = typer.Option(None, help="output directory (def
 def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tofu:SPLIT' (local dir from --tofu-dir) or a JSON/JSONL file of question/answer rows"),
           out: Path = typer.Option(..., help="directory to save the fine-tuned checkpoint"),
           model: ModelChoice = None,
-          epochs: int = 10, lr: float = 1e-4, batch_size: int = 16,
+          epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, batch_size: int = TrainConfig.batch_size,
           lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
           seed: int = 0,
@@ -120,8 +121,7 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     from timerome.common.files import output_folder
     from timerome.data.rows import load_rows
     from timerome.errors import Interrupted
-    from timerome.training.new_model import FIRST_TRAINING
-    from timerome.training.train import TrainConfig, build_record
+    from timerome.training.train import build_record
     from timerome.training.train import train as run_train
 
     for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
@@ -146,12 +146,6 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     if held and not (state / "state.safetensors").is_file():  # with a state: a run stopped after its save, resumed
         raise TimeromeError(f"--out {out} already holds a model ({held[0]}): give a new folder, or delete it to train "
                             "there")
-    if (source / "new_model.json").is_file() and not build_record(source).get("train") and (lr, epochs) == (
-            TrainConfig.lr, TrainConfig.epochs):
-        err_console.print(f"[yellow]note:[/] {escape(str(source))} is a new model (random weights): the defaults "
-                          f"(--lr {lr:g}, --epochs {epochs}) fine-tune a trained model and leave this one saying "
-                          f"nothing; a first training: --lr {FIRST_TRAINING['lr']:g} --epochs "
-                          f"{FIRST_TRAINING['epochs']}", soft_wrap=True)
     if not checkpoint and state.is_dir() and any(state.iterdir()):  # the end of this run would delete it
         raise TimeromeError(f"{state} holds an interrupted run's state, which --no-checkpoint would neither resume "
                             "nor keep: leave out --no-checkpoint to resume it, or delete that folder to start over")

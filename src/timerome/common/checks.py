@@ -39,8 +39,9 @@ INSIST: ContextVar[bool] = ContextVar("timerome_insist", default=False)
 
 
 def number(value, what: str, *, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False,
-           none: bool = False):
-    """`value` if it is a finite real number (not a bool) in [lo, hi] (open ends on request)."""
+           none: bool | str = False):
+    """`value` if it is a finite real number (not a bool) in [lo, hi] (open ends on request). none: None is
+    taken too (a string: how the caller's users give none, for the message; True: "or null", JSON's)."""
     if value is None and none:
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
@@ -53,8 +54,8 @@ def number(value, what: str, *, lo=None, hi=None, lo_open: bool = False, hi_open
     return value
 
 
-def integer(value, what: str, *, lo=None, hi=None, none: bool = False):
-    """`value` if it is an integer (not a bool, not a float) with |value| < 2**63, in [lo, hi]."""
+def integer(value, what: str, *, lo=None, hi=None, none: bool | str = False):
+    """`value` if it is an integer (not a bool, not a float) with |value| < 2**63, in [lo, hi] (none: as `number`)."""
     if value is None and none:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) >= INT64:
@@ -108,7 +109,7 @@ def _range(kind: str, lo, hi, lo_open, hi_open, none) -> str:
         text = f"{kind} {'<' if hi_open else '<='} {num(hi)}"
     else:
         text = kind
-    return text + (" (or null)" if none else "")
+    return text + (f" ({none})" if isinstance(none, str) else " (or null)" if none else "")
 
 
 def shown(value) -> str:

@@ -162,7 +162,7 @@ class TimeromeLM(LM):
         # steps / gen_length / block_length none: from the task (its max_gen_toks, one token per step, one
         # block); 0 is refused, not taken for none
         steps, gen_length, block_length = (
-            integer(v, f"model_args {k}", lo=1, none=True)
+            integer(v, f"model_args {k}", lo=1, none="or left out")
             for k, v in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)))
         self.check_greedy = flag(check_greedy, "check_greedy")
         trust_remote_code = flag(trust_remote_code, "trust_remote_code")
@@ -171,7 +171,7 @@ class TimeromeLM(LM):
         self._device = self.backbone.device
         self.n_mc, self.mc_batch = integer(n_mc, "n_mc", lo=1), integer(mc_batch, "mc_batch", lo=1)
         self.seed = check_seed(seed, "seed")
-        self.max_tokens = integer(max_tokens, "max_tokens", lo=1, none=True)  # None: the device's default
+        self.max_tokens = integer(max_tokens, "max_tokens", lo=1, none="or left out")  # None: the device's default
         number(cfg_scale, "cfg_scale", lo=0)
         cache = None if cache in (None, "", "none", "None") else cache
         check_fast_options(cache, threshold, refresh_every, remasking)

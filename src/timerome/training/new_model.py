@@ -30,6 +30,7 @@ from timerome.common.files import output_folder, read_text
 from timerome.data.rows import load_rows, tofu_dir_read, tofu_folder
 from timerome.data.tokenizer import SPECIAL_ROLES, SPECIALS, save_tokenizer
 from timerome.errors import TimeromeError
+from timerome.training.config import FIRST_TRAINING  # noqa: F401 - new-model's next step reads it here
 from timerome.training.default_model import corpus_texts
 
 # (d_model, n_layers, n_heads, mlp_hidden_size); "small" is the embedded model's size
@@ -41,11 +42,6 @@ SIZES = {
 }
 DIMS = ("d_model", "n_layers", "n_heads", "mlp_hidden_size")  # what a size sets, each in SIZES' order
 DEFAULT_VOCAB = 4096
-# a first training of a new model (random weights): `timerome new-model`'s next step says it, and `timerome train`
-# notes it where a new model is trained at the fine-tuning defaults (lr 1e-4, 10 epochs), which leave it saying
-# nothing (measured at stop 72: tiny size, vocabulary 1000, embedded:forget10's 200 rows, one thread: final
-# loss 6.00 and empty answers at the defaults; 0.49 and fluent answers in 23 s with these)
-FIRST_TRAINING = dict(lr=3e-3, epochs=100)
 DEFAULT_CONTEXT = 256  # TOFU answers run to ~150 tokens
 
 

@@ -30,7 +30,7 @@ import math
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -42,24 +42,8 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
 from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
 from timerome.errors import Interrupted, TimeromeError
+from timerome.training.config import FIRST_TRAINING, TrainConfig
 from timerome.training.train_state import load_state, save_state, saved_epoch
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 10
-    lr: float = 1e-4
-    batch_size: int = 16
-    weight_decay: float = 0.0
-    warmup_frac: float = 0.05
-    eps: float = 1e-3
-    lora_r: int = 0          # 0: full fine-tuning; the paper's protocol is r=128
-    lora_alpha: int | None = None
-    grad_clip: float = 1.0
-    seed: int = 0
-    eos_pad: bool | None = None  # LLaDA SFT: answers end in EOS, padded with EOS; None: the checkpoint's recipe
-                                 # (`recipe_eos_pad`; module docstring)
-    eos_extra: int = 0       # eos_pad: 1..eos_extra + 1 EOS per row, drawn per row (module docstring)
 
 
 def check_config(cfg: TrainConfig, n_rows: int) -> None:
@@ -95,6 +79,18 @@ def build_record(directory: str | Path) -> dict:
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def first_training_note(folder, lr: float, epochs: int) -> str | None:
+    """What to say where a new model (`timerome new-model`'s folder, never trained since) is to be trained at
+    the fine-tuning defaults, which leave it saying nothing; None anywhere else."""
+    if folder is None or not (Path(folder) / "new_model.json").is_file() or build_record(folder).get("train"):
+        return None
+    if (lr, epochs) != (TrainConfig.lr, TrainConfig.epochs):
+        return None
+    return (f"{folder} is a new model (random weights): the defaults (lr {lr:g}, epochs {epochs}) fine-tune a "
+            f"trained model and leave this one saying nothing; a first training: lr {FIRST_TRAINING['lr']:g}, "
+            f"epochs {FIRST_TRAINING['epochs']}")
 
 
 def trained_with_eos_padding(directory: str | Path) -> bool | None:
@@ -142,6 +138,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     rows = _check_rows(rows)
     cfg = with_recipe(_as_config(config), backbone)  # resolved before anything records the settings
     check_config(cfg, len(rows))
+    note = first_training_note((getattr(backbone, "info", None) or {}).get("checkpoint"), cfg.lr, cfg.epochs)
+    if note is not None:  # `timerome train` shows it as its one-line warning
+        warnings.warn(note, stacklevel=2)
     if not cfg.lora_r and any(p.dtype == torch.float16 for p in backbone.model.parameters() if p.requires_grad):
         # LoRA trains float32 adapters (peft's) over the frozen float16 weights: that works, and stays allowed
         raise TimeromeError("full fine-tuning in float16 is refused: AdamW's moments and epsilon underflow there, "
@@ -273,22 +272,19 @@ def _as_config(config) -> TrainConfig:
 
 def _check_rows(rows) -> list:
     """The training rows as a list of {"question": str, "answer": str}, from any iterable of them (a list, a
-    generator, a datasets.Dataset); a file is read by data.rows.load_rows."""
+    generator, a datasets.Dataset), each checked as a file's row is (`tofu.normalise_row`: prompt / response
+    read as question / answer, no blank text); a file is read by data.rows.load_rows."""
     if isinstance(rows, (str, Path)):
         raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got the path {str(rows)!r}: read "
                             "a file with timerome.data.rows.load_rows")
     if isinstance(rows, dict) or not hasattr(rows, "__iter__"):  # any other iterable (a datasets.Dataset) is read
         raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got {shown(rows)}")
+    from timerome.data.tofu import normalise_row
+
     rows = list(rows)
     if not rows:
         raise TimeromeError("no training rows")
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise TimeromeError(f"training row {i} is {shown(r)}, not a dict with 'question' and 'answer'")
-        for key in ("question", "answer"):
-            if not isinstance(r.get(key), str):
-                raise TimeromeError(f"training row {i} has no text {key!r} (got {shown(r.get(key))})")
-    return rows
+    return [normalise_row(r, "training", i) for i, r in enumerate(rows)]  # as a file's rows are read (load_rows)
 
 
 def eos_padded(batch, eos: int, limit: int, counts: list[int] | None = None):
