@@ -570,8 +570,11 @@ class Runner:
             except (KeyboardInterrupt, Interrupted) as e:
                 kept = f"{cached + len(finished)} of {len(cells)} {title} cells are cached in {self.out_dir / 'cells'}"
                 inner = f"{e}; " if isinstance(e, Interrupted) else ""
+                old = sorted(p.name for p in self.out_dir.glob("*.md"))  # an earlier run's reports, left as they were
+                stale = (f"; {', '.join(old)} (and {'its' if len(old) == 1 else 'their'} .json / .png) in it "
+                         f"{'is' if len(old) == 1 else 'are'} the last complete run's, not this one's") if old else ""
                 raise Interrupted(f"{inner}{kept}; run the same command again with the same output folder "
-                                  f"({self.out_dir}) to go on from there") from None
+                                  f"({self.out_dir}) to go on from there{stale}") from None
             missing = [cells[i].row or cells[i].method for i, r in enumerate(results) if r is None]
             if missing:
                 raise TimeromeError(f"the executor returned without computing {len(missing)} cells "
