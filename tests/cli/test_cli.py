@@ -410,7 +410,7 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
         got[seed] = json.loads(text)
     assert got[0]["metrics"] == got[3]["metrics"] and got[0]["answers"] == got[3]["answers"]
     assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
-    assert any("as many as its expected answer has" in n for n in got[0]["notes"])  # what its Locality reads
+    assert any("as many characters as its expected answer has" in n for n in got[0]["notes"])  # what its Locality reads
     assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])
     # a weight-edited AR model is saved as what it is: no mask token written, reloaded autoregressive (it came
     # back as a masked diffusion model, its EOS taken for the mask, and said gibberish)

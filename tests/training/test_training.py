@@ -322,7 +322,11 @@ def test_cli_new_model_then_train(tmp_path):
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "d"), "--batch-size", "20", "--no-checkpoint"])  # the defaults
     assert res.exit_code == 0 and "is a new model (random weights)" in " ".join(res.output.split()), res.output
-    assert "lr 0.003, epochs 100" in " ".join(res.output.split())  # train()'s own warning: the Python API's too
+    words = " ".join(res.output.split())
+    assert "lr 0.003, epochs 100 (timerome train --lr 0.003 --epochs 100)" in words  # train()'s own warning
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "h"), "--dtype", "float16", "--no-checkpoint"])  # refused: no warning first
+    assert res.exit_code == 2 and "float16 is refused" in res.output and "new model" not in res.output, res.output
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "d"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "e"), "--epochs", "1", "--no-checkpoint"])  # trained once: no note
     assert res.exit_code == 0 and "new model" not in res.output, res.output

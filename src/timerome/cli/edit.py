@@ -303,7 +303,8 @@ def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, backgro
                             "the training-time methods' retain terms do): leave it out")
     if calibration is not None and not reads_retain(method, config, background_given=background is not None):
         raise TimeromeError(f"--calibration and --background both give the texts of {method}'s key statistics, which "
-                            "reads the rows only in place of background texts: give one")
+                            "reads the rows only in place of background texts: give --background alone (or, off the "
+                            "embedded model, --calibration alone)")
 
 
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:

@@ -320,7 +320,9 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         targets = {getattr(f, "prompt", None): getattr(f, "target", None) or memory.target for f in memory.facts}
         if any(p in targets for p in prompt):
             t.add_column("target (the memory's fact)")
-    def shown(ids):
+    unended = set()  # (prompt index, column) of the answers their budget cut, not an end of answer
+
+    def shown(ids, where):
         ids = ids.tolist()
         eos = bb.tokenizer.eos_token_id
         if eos is not None and eos in ids:  # a model trained with EOS padding ends its answer there
@@ -330,33 +332,39 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         # cut at the first end mark after some content: an edited answer may open with one
         words = next((i for i, ch in enumerate(text) if ch.isalnum()), len(text))
         cut = text.find(end, words) if end else -1
+        if cut < 0:
+            unended.add(where)
         return (text[: cut + len(end)] if cut >= 0 else text).strip()  # as the answer cut at EOS above
 
     answers = []
-    for p in prompt:
+    for n, p in enumerate(prompt):
         ids = torch.tensor([bb.encode_prompt(p)], device=bb.device)
         kw = dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
                   remasking=remasking, generator=torch.Generator(device=bb.device).manual_seed(seed),
                   cache=cache, threshold=threshold, refresh_every=refresh_every)
         with torch.no_grad():
-            plain = shown(gen(bb, ids, **kw)[0, ids.shape[1]:])
+            plain = shown(gen(bb, ids, **kw)[0, ids.shape[1]:], (n, "answer"))
             row = [p, plain]
             if memory is not None:
                 kw["generator"] = torch.Generator(device=bb.device).manual_seed(seed)
                 with memory.applied(bb) as state:  # the state tells a step-k* edit which step it is
-                    row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:]))
+                    row.append(shown(gen(bb, ids, state=state, **kw)[0, ids.shape[1]:], (n, "answer_with_edit")))
         answers.append(dict(zip(("prompt", "answer", "answer_with_edit"), row), target=targets.get(p)))
         if any(q in targets for q in prompt):
             row.append(targets.get(p) or "–")
         t.add_row(*row)
     for column, why in (("answer", "a model not trained to answer such a question, or trained too little"),
                         ("answer_with_edit", "under the edit the model ends its answer at once")):
-        empty = [str(i + 1) for i, a in enumerate(answers) if a.get(column) == ""]
-        if empty:  # said, so that an empty answer is not read as a failure of the command
+        for cut in (False, True):  # ended at once; or its budget held only spaces and line breaks
+            empty = [str(i + 1) for i, a in enumerate(answers)
+                     if a.get(column) == "" and ((i, column) in unended) == cut]
+            if not empty:  # said, so that an empty answer is not read as a failure of the command
+                continue
             s, be = ("s", "are") if len(empty) > 1 else ("", "is")
             which = f"answer{s}{' with the edit' if column != 'answer' else ''} to prompt{s} {', '.join(empty)} {be}"
-            err_console.print(f"[yellow]note:[/] the {which} empty: nothing before the model's end of answer ({why})",
-                              soft_wrap=True)
+            err_console.print(f"[yellow]note:[/] the {which} empty: " + (
+                f"its --gen-length {gen_length} tokens held only spaces and line breaks (give it more)" if cut else
+                f"nothing before the model's end of answer ({why})"), soft_wrap=True)
     if as_json:
         print_json(answers)
         return

@@ -441,9 +441,12 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
 
 
 def until_special(backbone, ids: list[int]) -> list[int]:
-    """An answer's ids before its first special token other than the mask (an MDLM fills what remains of its
-    budget with end-of-text); cut on ids, not text: a decoded end-of-text token leaves a separator before it."""
-    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or []) - {backbone.mask_id}
+    """An answer's ids before its first special token other than an MDLM's mask (it fills what remains of its
+    budget with end-of-text); cut on ids, not text: a decoded end-of-text token leaves a separator before it.
+    An autoregressive model's "mask" is a placeholder id (its pad / end-of-text, `describe`): a cut there too."""
+    specials = set(getattr(backbone.tokenizer, "all_special_ids", None) or [])
+    if not getattr(backbone, "causal", False):
+        specials -= {backbone.mask_id}
     return ids[:next((j for j, t in enumerate(ids) if t in specials), len(ids))]
 
 

@@ -329,25 +329,24 @@ def default_gen_length(backbone, requests, locality=None) -> int:
 
 
 def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
-            progress: bool = False, sampler: dict | None = None, with_ids: bool = False):
+            progress: bool = False, sampler: dict | None = None) -> list[str]:
     """Answers to prompts (engine.sampler.continuations, cut at end-of-text): greedy, one token per
     step, one block, unless `sampler` says otherwise (steps, block_length, temperature, remasking,
-    cache, threshold, refresh_every). with_ids: (texts, each answer's token ids)."""
+    cache, threshold, refresh_every)."""
     if not prompts:
-        return ([], []) if with_ids else []
+        return []
     opts = dict(sampler or {})
     block = opts.pop("block_length", None) or gen_length
-    got = continuations(backbone, prompts, gen_length=gen_length, block_length=block, batch_size=batch_size,
-                        seed=seed, progress=progress, **opts)
-    return (got["texts"], got["ids"]) if with_ids else got["texts"]
+    return continuations(backbone, prompts, gen_length=gen_length, block_length=block, batch_size=batch_size,
+                         seed=seed, progress=progress, **opts)["texts"]
 
 
-def kept_lengths(backbone, requests, locality=None) -> dict[str, list[int | None]]:
-    """{kind: [n]} in `probe_sets`' order for the answers that must not change: how many tokens their
-    expected answer has (a neighbour's or the same subject's other object, a locality row's answer;
-    None where there is none), the tokens an autoregressive model's answers are compared over."""
+def kept_prefixes(requests, locality=None) -> dict[str, list[int | None]]:
+    """{kind: [n]} in `probe_sets`' order for the answers that must not change: how many characters their
+    expected answer has, normalised (a neighbour's or the same subject's other object, a locality row's
+    answer; None where there is none): the beginning of an autoregressive model's answers that is compared."""
     def n(text):
-        return len(answer_ids(backbone, text)) if isinstance(text, str) and text.strip() else None
+        return len(normalise(text)) if isinstance(text, str) and text.strip() else None
 
     out = {"neighbour": [n(p.answer) for r in requests for p in r.neighbours],
            "same_subject": [n(p.answer) for r in requests for p in r.same_subject]}
@@ -419,21 +418,21 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
         if baseline.get("key") != key:
             raise TimeromeError("the baseline answers were read on other probes or settings (requests, gen_length, "
                                 "seed): compute them on the same ones")
-        plain, plain_ids = baseline["answers"], baseline["ids"]
+        plain = baseline["answers"]
     else:
-        plain, plain_ids = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress,
-                                              sampler=sampler, with_ids=True)
+        plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
     notes = {}
-    # an autoregressive model goes on past the answer: a probe's answer is kept where its first tokens, as many as
-    # its expected answer has, are (evaluation.counterfactual_scores' rule); whole answers measured ROME on SmolLM2
-    # at Locality 0.2 where it kept every neighbour's fact (review 67)
+    # an autoregressive model goes on past the answer: a probe's answer is kept where its beginning, as long as its
+    # expected answer, is (evaluation.counterfactual_scores compares as many tokens); whole answers measured ROME on
+    # SmolLM2 at Locality 0.2 where it kept every neighbour's fact (review 67). Texts, not token ids: an answer's
+    # leading newline token, and a baseline read on another model (eval --base), would shift or void the ids
     causal = bool(getattr(backbone, "causal", False))
-    lengths = kept_lengths(backbone, requests, locality) if causal else {}
+    prefix = kept_prefixes(requests, locality) if causal else {}
     if causal:
-        notes["Locality"] = ("compares each answer's first tokens, as many as its expected answer has (a neighbour's "
-                             "object, a row's answer), as evaluation.counterfactual_scores does: an autoregressive "
-                             "model goes on past the answer, and what follows it may change; a probe with no "
-                             f"expected answer compares its whole answer ({G} tokens)")
+        notes["Locality"] = ("compares each answer's beginning, as many characters as its expected answer has (a "
+                             "neighbour's object, a row's answer), as evaluation.counterfactual_scores compares as "
+                             "many tokens: an autoregressive model goes on past the answer, and what follows it may "
+                             f"change; a probe with no expected answer compares its whole answer ({G} tokens)")
     step = one_step(edit)
     if lp and step is not None:  # the likelihood has no denoising steps: the edit would never act there
         lp = False
@@ -441,18 +440,17 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
             f"not computed: the edit acts at denoising step {step} only, and the likelihood (one forward per "
             "Monte-Carlo mask) has no steps; Efficacy and Generalisation read its generations")))
     with edit_active(edit, backbone):
-        edited, edited_ids = computed if edit is None and computed is not None else \
-            answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler, with_ids=True)
+        edited = computed if edit is None and computed is not None else \
+            answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
         lps = _likelihoods(backbone, requests, sets, n_mc, seed) if lp else None
     items = {k: {"prompt": [], "request": [], "plain": [], "edited": []} for k in sets}
     kept = {}  # kind: [answer kept], for the probes that must not change
-    for (kind, j), a0, a1, i0, i1 in zip(flat, plain, edited, plain_ids, edited_ids):
+    for (kind, j), a0, a1 in zip(flat, plain, edited):
         i, p, _ = sets[kind][j]
         it = items[kind]
         it["request"].append(i), it["prompt"].append(p), it["plain"].append(a0), it["edited"].append(a1)
-        n = lengths[kind][j] if kind in lengths else None
-        kept.setdefault(kind, []).append(list(i0[:n]) == list(i1[:n]) if n is not None
-                                         else normalise(a0) == normalise(a1))
+        n = prefix[kind][j] if kind in prefix else None  # None: the whole answer
+        kept.setdefault(kind, []).append(normalise(a0)[:n] == normalise(a1)[:n])
     metrics = _summary(requests, sets, items, lps, known_subjects, kept)
     if edit is not None or baseline is not None:  # something to compare with the unedited answers
         metrics["Unchanged"] = float(changed_nothing({"items": items}))
@@ -468,7 +466,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())
     return {"metrics": metrics, "items": items, "gen_length": G, "notes": notes,
-            "baseline": {"key": key, "answers": plain, "ids": plain_ids}, "probes": probes}
+            "baseline": {"key": key, "answers": plain}, "probes": probes}
 
 
 def embedded_probe_rows(backbone, spec, requests, *, n_retain: int = LOCALITY.n_retain, n_world: int = LOCALITY.n_world,

@@ -88,9 +88,10 @@ def first_training_note(folder, lr: float, epochs: int) -> str | None:
         return None
     if (lr, epochs) != (TrainConfig.lr, TrainConfig.epochs):
         return None
+    first = FIRST_TRAINING
     return (f"{folder} is a new model (random weights): the defaults (lr {lr:g}, epochs {epochs}) fine-tune a "
-            f"trained model and leave this one saying nothing; a first training: lr {FIRST_TRAINING['lr']:g}, "
-            f"epochs {FIRST_TRAINING['epochs']}")
+            f"trained model and leave this one saying nothing; a first training: lr {first['lr']:g}, epochs "
+            f"{first['epochs']} (timerome train --lr {first['lr']:g} --epochs {first['epochs']})")
 
 
 def trained_with_eos_padding(directory: str | Path) -> bool | None:
@@ -138,9 +139,6 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
     rows = _check_rows(rows)
     cfg = with_recipe(_as_config(config), backbone)  # resolved before anything records the settings
     check_config(cfg, len(rows))
-    note = first_training_note((getattr(backbone, "info", None) or {}).get("checkpoint"), cfg.lr, cfg.epochs)
-    if note is not None:  # `timerome train` shows it as its one-line warning
-        warnings.warn(note, stacklevel=2)
     if not cfg.lora_r and any(p.dtype == torch.float16 for p in backbone.model.parameters() if p.requires_grad):
         # LoRA trains float32 adapters (peft's) over the frozen float16 weights: that works, and stays allowed
         raise TimeromeError("full fine-tuning in float16 is refused: AdamW's moments and epsilon underflow there, "
@@ -188,6 +186,9 @@ def train(backbone, rows, config: TrainConfig | None = None, *, show_progress: b
             earlier = saved.get("seconds") if isinstance(saved.get("seconds"), float) else 0.0  # the interrupted
             # runs' training time (recorded in a state since stop 72)
             notify(f"{label}: resuming after epoch {first} of {cfg.epochs}, from the state saved in {checkpoint}")
+    note = first_training_note((getattr(backbone, "info", None) or {}).get("checkpoint"), cfg.lr, cfg.epochs)
+    if note is not None:  # after every refusal (a warning never precedes an error); `timerome train` shows it too
+        warnings.warn(note, stacklevel=2)
     model.train()
     t0 = time.perf_counter()
     try:
