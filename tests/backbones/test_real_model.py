@@ -181,6 +181,10 @@ def test_the_command_line_takes_a_gguf_file(tmp_path):
     res = CliRunner().invoke(app, ["generate", "-m", str(model_file()), "Who wrote Hamlet?", "--gen-length", "1"])
     assert res.exit_code == 0 and "held only spaces and line breaks" in res.output, res.output
     assert "end of answer" not in res.output, res.output
+    # ROME off the embedded model on built-in facts: the rows to leave alone, or texts for its statistics
+    res = CliRunner().invoke(app, ["edit", "--method", "rome", "-m", str(model_file()), "--data", "real-facts",
+                                   "-o", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "pass --calibration" in res.output and "--background" in res.output, res.output
 
 
 def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol, tmp_path):

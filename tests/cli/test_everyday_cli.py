@@ -130,6 +130,8 @@ def test_eval_a_saved_memory_without_rebuilding_it(memories, monkeypatch):
     assert edited["metrics"]["ForgetLP"] < plain["metrics"]["ForgetLP"] - 1  # the memory forgets
     assert edited["metrics"]["ForgetQuality"] is None and "--reference" in edited["notes"]["ForgetQuality"]
     assert edited["reference"] is None and "holds" not in out  # every forget01 row asks one of its facts
+    # the notes go to stderr with --json too, as docs/cli.md says (helper 70: they were in the JSON only)
+    assert any(line.startswith("ForgetQuality –") for line in out.splitlines()), out  # JSON lines are indented
     # on a split it was not built for, a note says how many rows it holds; the reference is recorded, and
     # named when it is the model being scored
     from timerome.backbones import DEFAULT_MODEL_DIR

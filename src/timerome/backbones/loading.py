@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -315,7 +316,6 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
 
 def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
     import transformers
-    from transformers.utils import logging as hf_logging
 
     cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                           # Dream checkpoints are Qwen2 weights under their own model_type
@@ -324,19 +324,30 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
     fields = {k: v for k, v in config.items()
               if k not in ("model_type", "architectures", "auto_map") and not (k == "rope_scaling" and v is None)}
     hf_config = cfg_cls(**fields)
+    try:
+        with hf_bars_off():
+            # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
+            # is not needed, so no remote code runs
+            model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation=fam.hf_attention,
+                                              use_safetensors=True, **_dtype_kwarg(dtype))
+    except Exception as e:  # noqa: BLE001
+        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+    return model
+
+
+@contextmanager
+def hf_bars_off():
+    """transformers' own tqdm bars off for the block (loading, saving shards): timerome's progress is the one
+    display (`common.progress`), and a tqdm bar writes carriage returns into a log off a terminal."""
+    from transformers.utils import logging as hf_logging
+
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
-        # is not needed, so no remote code runs
-        model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation=fam.hf_attention,
-                                          use_safetensors=True, **_dtype_kwarg(dtype))
-    except Exception as e:  # noqa: BLE001
-        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+        yield
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    return model
 
 
 def _dtype_kwarg(dtype: torch.dtype) -> dict:

@@ -329,8 +329,12 @@ def calibration_spec(bb, method: str, source: str, calibration: str | None) -> s
     if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.name == "timerome-default"):
         origin = "embedded"
     if origin not in ("embedded", "tofu"):
+        from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, get_method
+
+        instead = (" or texts for its key statistics with --background (a text file, one text per line)"
+                   if get_method(method).retain == IN_PLACE_OF_BACKGROUND else "")
         raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
-                            "of retain question/answer rows)")
+                            f"of retain question/answer rows){instead}")
     return EMBEDDED_VALUE_ROWS if method == "rewrite" and origin == "embedded" else f"{origin}:retain_perturbed"
 
 

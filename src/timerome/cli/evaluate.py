@@ -191,6 +191,10 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
     bb = model.load()
+    if sampler["cache"] is not None and bb.causal:  # in the command's words, not the API's (cache=None)
+        raise TimeromeError(f"--cache is the block-wise KV cache of a masked diffusion sampler (Fast-dLLM's); the "
+                            f"{bb.family.name} model is autoregressive and writes one token per forward anyway: "
+                            "leave --cache out")
     ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
     rows, _ = ctx.data(spec)
     memory_edit = None
@@ -220,7 +224,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                    seconds=result["cost"]["eval_seconds"], n_mc=n_mc, seed=seed,
                    reference=ctx.reference_label if ref_tr is not None else None,
                    sampler={k: v for k, v in sampler.items() if v is not None})
-    if as_json:
+    if as_json:  # the notes on stderr, as without --json (docs/cli.md); the JSON holds them too
+        print_notes(result["metrics"], result["notes"], exact + fewer)
         print_json(summary)
         return
     title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} (n_mc {n_mc}, seed {seed})"
@@ -297,18 +302,22 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                                                     result["items"]["prompt"]["prompt"],
                                                     result["items"]["prompt"]["plain"],
                                                     result["items"]["prompt"]["edited"])])
+    def notes_and_warning():  # on stderr, with --json too (docs/cli.md)
+        print_notes(result["metrics"], result["notes"], exact)
+        for n in [probes] + fewer:  # which probes Locality read, and sizes above the rows there are
+            err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+        if result["metrics"].get("Unchanged") == 1:
+            err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
+
     if as_json:
+        notes_and_warning()
         print_json(summary)
         return
     who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {unedited}" if unedited else "")
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
                          f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
-    print_notes(result["metrics"], result["notes"], exact)
-    for n in [probes] + fewer:  # which probes Locality read, and sizes above the rows there are
-        err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
-    if result["metrics"].get("Unchanged") == 1:
-        err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
+    notes_and_warning()
     shown = Table(title="first answers")
     for col in ("prompt", "answer", "answer with edit", "target"):
         shown.add_column(col, overflow="fold")
@@ -398,7 +407,8 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
                    notes=result["notes"] + exact_likelihood(bb, n_mc, seed), seconds=result["seconds"], n_mc=n_mc, seed=seed,
                    rouge=rouge)
-    if as_json:
+    if as_json:  # the notes on stderr, as without --json (docs/cli.md); the JSON holds them too
+        print_notes(result["metrics"], {}, summary["notes"])
         print_json(summary)
         return
     title = (f"{summary['model']}" + (f" with {edit}" if edit else "")

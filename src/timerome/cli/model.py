@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
@@ -121,7 +120,6 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
     from timerome.common.files import output_folder
     from timerome.data.rows import load_rows
     from timerome.errors import Interrupted
-    from timerome.training.train import build_record
     from timerome.training.train import train as run_train
 
     for name, value in (("--epochs", epochs), ("--batch-size", batch_size)):
@@ -189,7 +187,10 @@ def save_backbone(bb, out: Path) -> None:
     if hasattr(bb.model, "cfg"):
         save_model(bb.model, out)
     else:
-        bb.model.save_pretrained(str(out), safe_serialization=True)
+        from timerome.backbones.loading import hf_bars_off
+
+        with hf_bars_off():  # its "Writing model shards" bar
+            bb.model.save_pretrained(str(out), safe_serialization=True)
         cfg = json.loads((out / "config.json").read_text())
         cfg["model_type"] = bb.config.get("model_type", cfg.get("model_type"))
         if not getattr(bb, "causal", False):  # an autoregressive model's mask_id is a placeholder (its EOS): written

@@ -97,8 +97,10 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     inputs = {"--data": data, "--neighbours": neighbours}
     refuse_inputs_among(_earlier_outputs(out), inputs)  # a file this run writes or removes there: refused now
     bb = model.load()
-    if compare:
-        refuse_causal(bb)  # before the positional trace: TIE cannot follow
+    if compare and bb.causal:  # before the positional trace: TIE, drawn beside it, cannot follow
+        raise TimeromeError(f"--compare draws TIE beside the positional trace, and TIE follows a denoising "
+                            f"trajectory, which the autoregressive {bb.family.name} model has not: leave --compare "
+                            "out (the positional trace alone runs)")
     if not positional:
         refuse_causal(bb)
     facts = _facts(data, tofu_dir, n_facts)  # subjects the vocabulary does not know: the trace itself warns

@@ -115,6 +115,10 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     elif isinstance(spec, str) and spec.startswith(("counterfactual:", "embedded:", "tofu:")):
         records, where = _from_corpus(spec, tofu_dir), spec
     else:
+        head = str(spec).split(":", 1)[0]
+        if ":" in str(spec) and len(head) > 1 and "/" not in head and not Path(spec).exists():  # a misspelt spec
+            raise TimeromeError(f"edit request file {spec} does not exist, and {head}: names no corpus (the specs: "
+                                "'counterfactual:SPLIT', 'embedded:SPLIT', 'tofu:SPLIT')")
         records, where = _read_records(Path(spec)), str(spec)
     if not records:
         raise TimeromeError(f"{where} holds no edit requests")
@@ -150,7 +154,7 @@ def _grouped(notes: list[str]) -> list[str]:
     counts: dict[str, int] = {}
     for n in notes:
         counts[n] = counts.get(n, 0) + 1
-    return [n if c == 1 else f"{n} ({c} records)" for n, c in counts.items()]
+    return [f"{n} ({c} record{'s' if c > 1 else ''})" for n, c in counts.items()]
 
 
 def _read_records(path: Path) -> list:
