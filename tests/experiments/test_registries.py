@@ -320,3 +320,16 @@ def test_experiment_all_hands_each_part_only_the_settings_it_reads(tmp_path, mon
          seeds=iter((0, 1)))  # a one-shot iterator is read once
     assert given["transfer"] == {"privleak": False} and given["rwku"] == {"mia_k": 0.3}
 
+
+
+def test_an_autoregressive_models_cells_are_keyed_by_its_answer_rule(tmp_path):
+    """Stop 73 changed what an AR model's answers are (cut at its end of text) and how its Locality reads
+    them: its cells cached before are not served under the new rule; an MDLM's keys are as they were."""
+    import timerome
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.experiments.runner import Context
+
+    ar = timerome.load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar"))
+    mdlm = timerome.load_backbone(make_tiny_checkpoint("timerome", tmp_path / "m", layers=2))
+    assert Context(ar, progress=False).tag.get("ar_answers") == 1
+    assert set(Context(mdlm, progress=False).tag) == {"model", "source"}

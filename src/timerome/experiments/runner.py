@@ -141,7 +141,10 @@ class Context:
 
     @property
     def tag(self) -> dict:
-        return dict(model=self.backbone.cache_id(), source=str(self.source))
+        tag = dict(model=self.backbone.cache_id(), source=str(self.source))
+        if getattr(self.backbone, "causal", False):  # stop 73: an AR answer ends at its end of text (it ran on past
+            tag["ar_answers"] = 1  # it), and Locality compares its beginning: cells cached before are not served
+        return tag
 
     @property
     def reference_tag(self):
