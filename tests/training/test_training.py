@@ -336,7 +336,8 @@ def test_a_new_models_first_training_settings_make_it_answer(tmp_path):
     """The settings `new-model` prints for a first training make a new model answer its rows, where the
     fine-tuning defaults leave it silent (FIRST_TRAINING's measurement: forget10's 200 rows, about 25 s)."""
     from timerome.engine.sampler import continuations
-    from timerome.training.new_model import FIRST_TRAINING, new_model
+    from timerome.training.config import FIRST_TRAINING
+    from timerome.training.new_model import new_model
 
     new_model(["embedded:full"], tmp_path / "m", size="tiny", vocab_size=1000, context=128)
     rows = load_rows("embedded:forget10")

@@ -180,7 +180,7 @@ class Backbone:
         if getattr(self, "causal", False):  # the reason is the model's kind, not its class's cache
             raise TimeromeError(f"the block-wise KV cache is a masked diffusion sampler's (Fast-dLLM's); the {fam.name} "
                                 "model is autoregressive, which writes one token per forward anyway: sample it with "
-                                "cache=None")
+                                "cache=None (on the command line: leave --cache out)")
         if fam.loader != "timerome":
             raise TimeromeError(f"the KV cache is not supported for the {fam.name} family (transformers' "
                                 f"{fam.hf_class} class caches by appending only); sample it with cache=None")

@@ -69,7 +69,7 @@ def gguf_folder(path: str | Path) -> Path:
 def _convert(path: Path, out: Path, cache: Path) -> None:
     import importlib.util
 
-    from timerome.common.progress import notify
+    from timerome.common.progress import hf_bars_off, notify
 
     if importlib.util.find_spec("gguf") is None:
         raise TimeromeError(f"reading {path.name} needs the `gguf` package: pip install gguf")
@@ -78,12 +78,10 @@ def _convert(path: Path, out: Path, cache: Path) -> None:
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
 
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with _quiet_gguf_reader():
+        with _quiet_gguf_reader(), hf_bars_off():
             tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - an architecture transformers cannot read from GGUF, a broken file
@@ -91,8 +89,6 @@ def _convert(path: Path, out: Path, cache: Path) -> None:
                             f"{str(e)[:200]})") from None
     finally:
         hf_logging.set_verbosity(level)
-        if bar:
-            hf_logging.enable_progress_bar()
     config = {k: v for k, v in model.config.to_dict().items() if k not in _DROP}
     config["architectures"] = [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.common.checks import memory_budget
 from timerome.common.files import read_json, safetensors_error
-from timerome.common.progress import notify
+from timerome.common.progress import hf_bars_off, notify
 from timerome.errors import TimeromeError
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default-model"
@@ -333,21 +332,6 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
     return model
-
-
-@contextmanager
-def hf_bars_off():
-    """transformers' own tqdm bars off for the block (loading, saving shards): timerome's progress is the one
-    display (`common.progress`), and a tqdm bar writes carriage returns into a log off a terminal."""
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 def _dtype_kwarg(dtype: torch.dtype) -> dict:

@@ -191,10 +191,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
     bb = model.load()
-    if sampler["cache"] is not None and bb.causal:  # in the command's words, not the API's (cache=None)
-        raise TimeromeError(f"--cache is the block-wise KV cache of a masked diffusion sampler (Fast-dLLM's); the "
-                            f"{bb.family.name} model is autoregressive and writes one token per forward anyway: "
-                            "leave --cache out")
+    if sampler["cache"] is not None:
+        bb.kv_cache()  # a family (or an autoregressive model) without the cache fails before any work or warning
     ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
     rows, _ = ctx.data(spec)
     memory_edit = None
@@ -211,8 +209,6 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         if ctx.reference_is_model():
             err_console.print(f"[yellow]note:[/] --reference {escape(reference)} is the model being evaluated: Forget "
                               "Quality needs a model trained without the forget set", soft_wrap=True)
-    if sampler["cache"] is not None:
-        bb.kv_cache()  # a family without the cache fails before any work
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
                       progress=True, sampler=sampler)
     exact = exact_likelihood(bb, n_mc, seed)

@@ -14,9 +14,9 @@ from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, 
                               print_json, tofu_dir_read, warn_unknown_words)
 from timerome.common.cache import json_text
 from timerome.engine.settings import ANSWER, SAMPLER
-from timerome.training.config import TrainConfig
 from timerome.errors import TimeromeError
 from timerome.memory.scale import check_on_prompts
+from timerome.training.config import TrainConfig
 
 
 @app.command()
@@ -187,7 +187,7 @@ def save_backbone(bb, out: Path) -> None:
     if hasattr(bb.model, "cfg"):
         save_model(bb.model, out)
     else:
-        from timerome.backbones.loading import hf_bars_off
+        from timerome.common.progress import hf_bars_off
 
         with hf_bars_off():  # its "Writing model shards" bar
             bb.model.save_pretrained(str(out), safe_serialization=True)
@@ -304,11 +304,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
         memory = load_memory(edit, bb)
         k = memory.coordinate.step
-        if k is not None and bb.causal:  # one step per token written: the answer's length decides
-            refuse_unreached(k, gen_length, str(edit), "an autoregressive answer of --gen-length tokens takes",
-                             f"pass --gen-length {k + 1} or more")
-        elif k is not None:
-            refuse_unreached(k, steps, str(edit), "this run (--steps) takes", f"pass --steps {k + 1} or more")
+        if k is not None:  # an autoregressive model takes one step per token written: the answer's length decides
+            taken, runs, option = ((gen_length, "an autoregressive answer of --gen-length tokens takes", "--gen-length")
+                                   if bb.causal else (steps, "this run (--steps) takes", "--steps"))
+            refuse_unreached(k, taken, str(edit), runs, f"pass {option} {k + 1} or more")
         check_on_prompts(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
         warn_unknown_words(bb, p, f"prompt {i + 1}")

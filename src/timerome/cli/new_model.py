@@ -32,7 +32,8 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
     --epochs (printed at the end: the training defaults fine-tune a trained model, and leave a new one saying
     nothing) teaches it your rows."""
     from timerome.common.files import user_text
-    from timerome.training.new_model import FIRST_TRAINING, new_model
+    from timerome.training.config import FIRST_TRAINING
+    from timerome.training.new_model import new_model
 
     for i, t in enumerate(texts):
         user_text(t, f"text source {i + 1}")

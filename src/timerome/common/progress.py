@@ -137,6 +137,21 @@ def progress_bar(description: str, total: int, enabled: bool = True, completed: 
             LIVE.reset(token)
 
 
+@contextmanager
+def hf_bars_off():
+    """transformers' own tqdm bars off for the block (loading, converting, saving shards): this is the one
+    display, and a tqdm bar writes carriage returns into a log off a terminal."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 def notify(message: str) -> None:
     """A note for the user while work runs (a damaged cache file set aside, a lock waited for):
     one line on stderr, above the bars when they are showing."""

@@ -30,7 +30,6 @@ from timerome.common.files import output_folder, read_text
 from timerome.data.rows import load_rows, tofu_dir_read, tofu_folder
 from timerome.data.tokenizer import SPECIAL_ROLES, SPECIALS, save_tokenizer
 from timerome.errors import TimeromeError
-from timerome.training.config import FIRST_TRAINING  # noqa: F401 - new-model's next step reads it here
 from timerome.training.default_model import corpus_texts
 
 # (d_model, n_layers, n_heads, mlp_hidden_size); "small" is the embedded model's size

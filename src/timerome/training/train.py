@@ -40,6 +40,7 @@ from timerome.common.cache import digest
 from timerome.common.checks import budget, integer, number, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
+from timerome.data.tofu import normalise_row
 from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
 from timerome.errors import Interrupted, TimeromeError
 from timerome.training.config import FIRST_TRAINING, TrainConfig
@@ -280,8 +281,6 @@ def _check_rows(rows) -> list:
                             "a file with timerome.data.rows.load_rows")
     if isinstance(rows, dict) or not hasattr(rows, "__iter__"):  # any other iterable (a datasets.Dataset) is read
         raise TimeromeError(f"rows must be a list of {{'question', 'answer'}} dicts, got {shown(rows)}")
-    from timerome.data.tofu import normalise_row
-
     rows = list(rows)
     if not rows:
         raise TimeromeError("no training rows")
