@@ -197,6 +197,8 @@ def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol,
     from timerome.engine.coordinate import Coordinate
     from timerome.memory.edit_memory import EditMemory
     from timerome.data.facts import Fact
+    from timerome.data.requests import EditRequest
+    from timerome.metrics.editing import edit_scores
 
     prompt = "The Eiffel Tower is located in the city of"
     mem = EditMemory(smol, Coordinate(14, "resid"), step=2, alpha=20.0, key_metric="paper")
@@ -205,6 +207,14 @@ def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol,
     argv = ["generate", "-m", str(model_file()), "--edit", str(tmp_path / "m.safetensors"), prompt, "--json"]
     res = CliRunner().invoke(app, argv + ["--gen-length", "2"])
     assert res.exit_code == 2 and "pass --gen-length 3 or more" in res.output, res.output
+    assert "the forward writing answer token 2" in res.output and "denoising" not in res.output, res.output
+    with mem.applied(smol), pytest.raises(timerome.TimeromeError, match=r"writing answer token 2, and this generation "
+                                                               r"writes 2 tokens \(0\.\.1\)") as err:
+        timerome.generate(smol, torch.tensor([smol.encode_prompt(prompt)]), gen_length=2)
+    assert "denoising" not in str(err.value) and "tokens (gen_length)" in str(err.value)
+    with pytest.raises(timerome.TimeromeError, match=r"writing answer token 2, and these answers \(gen_length 2\) "
+                                                     r"write 2 tokens .* give them 3 tokens or more"):
+        edit_scores(smol, [EditRequest(mem.facts[0])], mem, locality=None, known_subjects=None, lp=False, gen_length=2)
     res = CliRunner().invoke(app, argv + ["--gen-length", "6"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)[0]

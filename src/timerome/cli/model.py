@@ -305,9 +305,9 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
         memory = load_memory(edit, bb)
         k = memory.coordinate.step
         if k is not None:  # an autoregressive model takes one step per token written: the answer's length decides
-            taken, runs, option = ((gen_length, "an autoregressive answer of --gen-length tokens takes", "--gen-length")
+            taken, runs, option = ((gen_length, "this answer (--gen-length) writes", "--gen-length")
                                    if bb.causal else (steps, "this run (--steps) takes", "--steps"))
-            refuse_unreached(k, taken, str(edit), runs, f"pass {option} {k + 1} or more")
+            refuse_unreached(k, taken, str(edit), runs, f"pass {option} {k + 1} or more", causal=bb.causal)
         check_on_prompts(bb, memory, [bb.encode_prompt(p) for p in prompt], edit)
     for i, p in enumerate(prompt):  # after every check: a warning never precedes an error
         warn_unknown_words(bb, p, f"prompt {i + 1}")

@@ -119,29 +119,39 @@ def refuse_one_step(step: int | None, who: str, reader: str, instead: str) -> No
                             f"Monte-Carlo mask, no denoising steps), which it never meets: {instead}")
 
 
-def check_reached(edit, steps: int | None, what: str) -> None:
+def check_reached(edit, steps: int | None, what: str, causal: bool = False) -> None:
     """Refuse an edit of one denoising step that `what`, taking `steps` steps (None: unknown ahead,
-    e.g. a confidence threshold), never reaches."""
+    e.g. a confidence threshold), never reaches; `causal`: an autoregressive model's, whose steps are the
+    tokens it writes."""
     k = one_step(edit)
     if k is not None:
-        refuse_unreached(k, steps, "the edit", f"{what} take",
-                         f"give them {k + 1} steps or more (gen_length, --gen-length: one step per token)")
+        refuse_unreached(k, steps, "the edit", f"{what} {'write' if causal else 'take'}",
+                         f"give them {k + 1} {'tokens' if causal else 'steps'} or more "
+                         f"(gen_length, --gen-length{'' if causal else ': one step per token'})", causal=causal)
 
 
 def refuse_unreached_open(backbone, steps: int | None, runs: str) -> None:
     """Refuse a trajectory of `steps` steps (None: unknown ahead) while a `Hooks` block open on the backbone
     edits at a step it never reaches (an edit memory of step k applied around `generate`): it would run
     unedited, silently."""
+    causal = getattr(backbone, "causal", False)
     for hooks in _open_hooks(backbone):
         for site in hooks.edits:
             refuse_unreached(getattr(site, "step", None), steps, "an edit applied to the model", runs,
-                             "give it more steps, or apply a memory of every step")
+                             f"give it more {'tokens (gen_length)' if causal else 'steps'}, or apply a memory of "
+                             "every step", causal=causal)
 
 
-def refuse_unreached(step: int | None, steps: int | None, who: str, runs: str, instead: str) -> None:
+def refuse_unreached(step: int | None, steps: int | None, who: str, runs: str, instead: str,
+                     causal: bool = False) -> None:
     """The one refusal of an edit of denoising step `step` alone (`who`) that a run of `steps` steps
-    (`runs`: "these answers take"; None: unknown ahead) never reaches; `instead`: what to do."""
+    (`runs`: "these answers take"; None: unknown ahead) never reaches; `instead`: what to do. `causal`: an
+    autoregressive model's run, whose step k is the forward writing answer token k (`runs`: "... write")."""
     if step is not None and steps is not None and step >= steps:
+        if causal:
+            raise TimeromeError(f"{who} acts at step {step} only, which on an autoregressive model is the forward "
+                                f"writing answer token {step}, and {runs} {steps} tokens (0..{steps - 1}): it never "
+                                f"acts there; {instead}")
         raise TimeromeError(f"{who} acts at denoising step {step} only, and {runs} {steps} steps (0..{steps - 1}): "
                             f"it never acts there; {instead}")
 

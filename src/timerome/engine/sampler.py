@@ -121,7 +121,7 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
                      threshold=threshold, refresh_every=refresh_every)
     causal = getattr(backbone, "causal", False)
     refuse_unreached_open(backbone, gen_length if causal else None if threshold is not None else steps,
-                          "this generation takes")
+                          "this generation writes" if causal else "this generation takes")
     if causal:
         with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
             return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,

@@ -401,7 +401,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     G = gen_length or default_gen_length(backbone, requests, locality)
     opts = dict(sampler or {})
     check_reached(edit, None if opts.get("threshold") is not None else opts.get("steps") or G,
-                  f"these answers (gen_length {G})")
+                  f"these answers (gen_length {G})", causal=getattr(backbone, "causal", False))
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
     for (kind, j), prompt in zip(flat, prompts):  # refused as edit / trace / generate refuse it, never cut silently
