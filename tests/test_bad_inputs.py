@@ -164,6 +164,11 @@ def files(tmp_path_factory):
 
     f["tiny"] = make_tiny_checkpoint("timerome", d / "tiny")  # a model other than the embedded one
     f["tiny_ar"] = make_tiny_checkpoint("llama", d / "tiny_ar")  # an autoregressive one
+    from timerome import Coordinate, EditMemory, load_backbone  # a memory of one step (token 1) on it
+
+    f["mem_ar_step"] = EditMemory(load_backbone(f["tiny_ar"]), Coordinate(0, "resid"), step=1, key_metric="paper").add(
+        [dict(subject="the author", prompt="where was the author born ?", object="city", target="sea")]).save(
+        d / "ar_step.safetensors")  # words of the tiny model's vocabulary
     # a trace file whose settings say it was made on another model (a small trace, then its JSON edited)
     res = runner.invoke(app, ["trace", "--n-facts", "1", "--steps", "2", "--n-samples", "1", "-o", str(d / "tr")])
     assert res.exit_code == 0, res.output
@@ -514,7 +519,29 @@ def catalogue(f, tmp):
         ("TIE beside the positional trace on an autoregressive model",
          ["trace", "--positional", "--compare", "-m", f["tiny_ar"], "-o", tmp / "t"], "leave --compare out"),
         ("the diffusion KV cache in eval on an autoregressive model",
-         ["eval", "-m", f["tiny_ar"], "--cache", "dual", "--splits", "forget"], "leave --cache out"),
+         ["eval", "-m", f["tiny_ar"], "--cache", "dual", "--splits", "forget"], "cache (--cache) is a diffusion"),
+        # stop 74 (review 72): the other diffusion sampler options on an AR model, and a one-step memory's likelihood
+        # refusal there, before any work or warning (the rows' and the prompt's unknown words came first)
+        ("eval --threshold on an autoregressive model", ["eval", "-m", f["tiny_ar"], "--threshold", "0.9", "--splits",
+                                                         "forget"], "threshold (--threshold) is a diffusion sampling"),
+        ("generate --cache on an autoregressive model", ["generate", "-m", f["tiny_ar"], "--cache", "dual",
+                                                         "Zorblax ?"], "cache (--cache) is a diffusion sampling"),
+        ("generate --threshold on an autoregressive model", ["generate", "-m", f["tiny_ar"], "--threshold", "0.9",
+                                                             "Zorblax ?"], "threshold (--threshold) is a diffusion"),
+        ("a misspelt --background spec", ["edit", "--requests", "counterfactual:forget01", "--background",
+                                           "embeded:retain_perturbed", "-o", out],
+         "the background 'embeded:retain_perturbed' is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an existing file"),
+        ("robustness's extraction given a diffusion sampler setting on an autoregressive model",
+         ["experiment", "robustness", "-m", f["tiny_ar"], "-o", tmp / "rob", "-c",
+          '{"extraction": {"settings": ["nominal", "random", "dual 0.9"]}}'],
+         "settings 'random', 'dual 0.9' set the diffusion sampler"),
+        ("ROME's n_states on an autoregressive model in an experiment (before any cell, and the rows' warning)",
+         ["experiment", "canonical", "-m", f["tiny_ar"], "-o", tmp / "can", "--seeds", "0", "-c",
+          '{"methods": ["no_edit", {"method": "rome", "config": {"n_states": 1}}]}'], "n_states counts the cloze"),
+        ("eval of a one-step memory on an autoregressive model",
+         ["eval", "-m", f["tiny_ar"], "--edit", f["mem_ar_step"], "--splits", "forget"],
+         "step 1 only (on an autoregressive model, the forward writing answer token 1), and these metrics read "
+         "likelihoods (one forward over the whole given answer"),
         ("a misspelt requests spec", ["requests", "counterfactuals:forget10"],
          "counterfactuals: names no corpus (the specs: 'counterfactual:SPLIT'"),
         ("the rewrite memory on an autoregressive model (before its facts and calibration are read)",
@@ -809,7 +836,11 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.training.new_model import new_model
     from timerome.training.train import TrainConfig, train
 
+    from timerome.integrations.lm_eval_model import TimeromeLM
+
     bb = load()
+    ar = load(files["tiny_ar"])  # an autoregressive model, and rows of its vocabulary's words
+    ar_rows = [{"question": "where was the author born ?", "answer": "the city of books"}]
     q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
     task = forget_task("embedded", "forget01")
     nan, big = float("nan"), 10**30
@@ -900,6 +931,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: load_requests([{"prompt": "q", "target_new": "t", "subject": "q"}], tofu_dir=files["tofu"]),
          "tofu_dir="),
         (lambda: background_texts(bb, "embedded:retain_perturbed", tofu_dir=files["tofu"]), "tofu_dir="),
+        (lambda: background_texts(bb, "embeded:retain_perturbed"), "neither 'embedded:SPLIT', 'tofu:SPLIT' nor"),
         (lambda: new_model(["embedded:forget01"], tmp_path / "nm", tofu_dir=files["tofu"]), "tofu_dir="),
         # stop 68: what the command line refused and the API took
         (lambda: run_experiment("radar", resume=False, out_dir=tmp_path / "r", progress=False), "resume=False"),
@@ -911,6 +943,15 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         # stop 69: the reference's training where there is none, before the model loads (the load would fail)
         (lambda: run_experiment("canonical", model=str(tmp_path / "no-model"), overrides={"reference": {"epochs": 3}},
                                 out_dir=tmp_path / "c", progress=False), "and there is no reference model"),
+        # stop 74 (review 72): the diffusion sampler's options and a one-step memory on an autoregressive model
+        (lambda: evaluate(ar, {"forget": ar_rows}, sampler={"threshold": 0.9}), "threshold (--threshold) is a diff"),
+        (lambda: evaluate(ar, {"forget": ar_rows}, sampler={"cache": "dual"}), "cache (--cache) is a diffusion"),
+        (lambda: evaluate(ar, {"forget": ar_rows}, edit=load_memory(files["mem_ar_step"], ar)),
+         "the forward writing answer token 1), and evaluate reads likelihoods (one forward over the whole given"),
+        (lambda: generate(ar, torch.tensor([ar.encode("where was the author born ?")]), gen_length=4,
+                          threshold=0.9), "threshold (--threshold) is a diffusion"),
+        (lambda: TimeromeLM(pretrained=str(files["tiny_ar"]), threshold=0.9), "threshold (--threshold) is a diff"),
+        (lambda: TimeromeLM(pretrained=str(files["tiny_ar"]), cache="dual"), "cache (--cache) is a diffusion"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

@@ -616,3 +616,19 @@ def test_rome_and_memit_edit_an_ar_model_with_the_next_token_loss(ar_backbones, 
         finally:
             edit.undo()
         assert target_lp() == pytest.approx(before, abs=1e-5)  # undo restores the weights
+
+
+def test_transformers_bars_are_off_while_a_checkpoint_is_written_and_read(tmp_path, capfd):
+    """transformers' tqdm bars ("Writing model shards", "Loading checkpoint shards") write carriage returns into
+    logs: the one display is timerome's (common.progress.hf_bars_off, review 72: the tiny checkpoints' save
+    still showed its bar). The bars' setting is as it was after."""
+    from transformers.utils import logging as hf_logging
+
+    import timerome
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    hf_logging.enable_progress_bar()
+    timerome.load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar"))
+    err = capfd.readouterr().err
+    assert "shards" not in err and "\r" not in err, err
+    assert hf_logging.is_progress_bar_enabled()

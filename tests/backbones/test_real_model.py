@@ -208,11 +208,11 @@ def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol,
     res = CliRunner().invoke(app, argv + ["--gen-length", "2"])
     assert res.exit_code == 2 and "pass --gen-length 3 or more" in res.output, res.output
     assert "the forward writing answer token 2" in res.output and "denoising" not in res.output, res.output
-    with mem.applied(smol), pytest.raises(timerome.TimeromeError, match=r"writing answer token 2, and this generation "
+    with mem.applied(smol), pytest.raises(timerome.TimeromeError, match=r"writing answer token 2\), and this generation "
                                                                r"writes 2 tokens \(0\.\.1\)") as err:
         timerome.generate(smol, torch.tensor([smol.encode_prompt(prompt)]), gen_length=2)
     assert "denoising" not in str(err.value) and "tokens (gen_length)" in str(err.value)
-    with pytest.raises(timerome.TimeromeError, match=r"writing answer token 2, and these answers \(gen_length 2\) "
+    with pytest.raises(timerome.TimeromeError, match=r"writing answer token 2\), and these answers \(gen_length 2\) "
                                                      r"write 2 tokens .* give them 3 tokens or more"):
         edit_scores(smol, [EditRequest(mem.facts[0])], mem, locality=None, known_subjects=None, lp=False, gen_length=2)
     res = CliRunner().invoke(app, argv + ["--gen-length", "6"])

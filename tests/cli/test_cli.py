@@ -324,6 +324,11 @@ def test_an_exact_tie_with_the_runner_up_is_said_to_be_one(tmp_path):
     sel = json.loads((tmp_path / "t" / "selection.json").read_text())["runner_up"]
     assert sel["margin"] == 0 and sel["tie"] and sel["within_noise"]
     assert "ties with the runner-up" in out and "leads the runner-up" not in out, out
+    # with --json the note goes to stderr too, as docs/cli.md says of every note (it was in the JSON only)
+    res = runner.invoke(app, ["trace", "--read-positions", "no_subject", "-o", str(tmp_path / "t"), "--n-facts", "2",
+                              "--n-samples", "1", "--json"])
+    assert res.exit_code == 0 and "ties with the runner-up" in res.stderr, res.stderr
+    assert json.loads(res.stdout)["runner_up"]["tie"] and "ties with" not in res.stdout
 
 
 def test_eval_sizes_above_the_rows_there_are_are_said(tmp_path):
@@ -561,3 +566,34 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line():
     assert done.returncode == 130, done.stderr
     assert done.stderr == "interrupted (Ctrl-C) while timerome was starting\n"
     assert done.stdout == ""
+
+
+def test_generate_ends_an_answer_at_any_special_token_as_the_metrics_do(tmp_path, monkeypatch):
+    """Review 72: generate cut an answer at EOS only, and a budget of other special tokens (padding) decoded to
+    nothing and was said to be "spaces and line breaks"; the metrics (sampler.until_special) end an answer at
+    any special token. Now generate cuts where they do: an answer of padding ended at once, and what comes
+    before a padding token is the answer."""
+    import torch
+
+    import timerome.engine.sampler as sampler
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint("timerome", tmp_path / "m", layers=2)
+    tok = timerome.load_backbone(d).tokenizer
+    pad, word = tok.convert_tokens_to_ids("<|pad|>"), tok.convert_tokens_to_ids("books")
+    assert pad in tok.all_special_ids and pad != tok.eos_token_id
+    written = {}
+
+    def fake(bb, ids, **kw):  # the answer the test decides: `written["ids"]`, padded to the budget
+        tail = written["ids"] + [pad] * (kw["gen_length"] - len(written["ids"]))
+        return torch.cat([ids, torch.tensor([tail] * ids.shape[0])], 1)
+
+    monkeypatch.setattr(sampler, "generate", fake)
+    argv = ["generate", "-m", str(d), "--gen-length", "4", "who wrote the night", "--json"]
+    written["ids"] = []
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0 and "nothing before the model's end of answer" in res.output, res.output
+    assert "spaces and line breaks" not in res.output
+    written["ids"] = [word, pad, word]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0 and json.loads(res.output[res.output.index("["):])[0]["answer"] == "books", res.output

@@ -224,9 +224,11 @@ def test_an_interrupted_experiment_says_what_is_cached(monkeypatch, tmp_path):
         R.Runner(tmp_path, progress=False).run(cells, ctx)
     # an earlier complete run's report stays, as it was: the message says whose it is (stop 70's item)
     (tmp_path / "lp.md").write_text("# an earlier run\n")
+    (tmp_path / "lp.json").write_text("{}")
+    (tmp_path / "notes.md").write_text("the user's own notes, no report (review 72: named as one)\n")
     seen.clear()
     with pytest.raises(Interrupted, match=r"go on from there; lp.md \(and its .json / .png\) in it is the last "
-                                          r"complete run's, not this one's"):
+                                          r"complete run's, not this one's$"):
         R.Runner(tmp_path, progress=False, resume=False).run(cells, ctx)
     seen.clear()
     todo = []

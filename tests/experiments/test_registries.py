@@ -333,3 +333,31 @@ def test_an_autoregressive_models_cells_are_keyed_by_its_answer_rule(tmp_path):
     mdlm = timerome.load_backbone(make_tiny_checkpoint("timerome", tmp_path / "m", layers=2))
     assert Context(ar, progress=False).tag.get("ar_answers") == 1
     assert set(Context(mdlm, progress=False).tag) == {"model", "source"}
+
+
+def test_robustness_on_an_autoregressive_model_reads_only_the_sampler_settings_it_has(tmp_path):
+    """Review 72: the extraction's presets hold diffusion sampler settings (steps/4, random remasking, the dual
+    cache), which an AR model refused mid-run, after the first cells. A preset's are now left out there (the report
+    says so); a user's are refused before any work, in one line."""
+    from typer.testing import CliRunner
+
+    import timerome
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.cli import app
+    from timerome.metrics.extraction import DIFFUSION_SETTINGS, QUICK_SETTINGS
+
+    ar = make_tiny_checkpoint("llama", tmp_path / "ar")
+    res = timerome.run_experiment("robustness", model=str(ar), quick=True, seeds=(0,), out_dir=tmp_path / "r",
+                                  overrides={"methods": ["no_edit", "ga"]}, progress=False)
+    assert set(res["extraction"]) == {"no_edit", "ga", "ga (safe=False, lr=0.003)"}, res["extraction"]  # ran to its end
+    read = [n for n in QUICK_SETTINGS if n not in DIFFUSION_SETTINGS]
+    assert read == ["nominal", "T 1"]
+    md = (tmp_path / "r" / "robustness.md").read_text()
+    assert "On an autoregressive model (" in md and "the diffusion sampler's" in md
+    table = md.split("Extraction per condition")[1]
+    assert all(n in table for n in read) and not any(f"| {n} |" in table for n in DIFFUSION_SETTINGS), table
+    res = CliRunner().invoke(app, ["experiment", "robustness", "-m", str(ar), "-o", str(tmp_path / "x"), "-c",
+                                   '{"extraction": {"settings": ["nominal", "dual 0.9"]}}'])
+    assert res.exit_code == 2 and res.output.startswith("error: robustness: the extraction's sampler setting "
+                                                        "'dual 0.9' sets the diffusion sampler"), res.output
+    assert "leave it out" in res.output and not (tmp_path / "x").exists()

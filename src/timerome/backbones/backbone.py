@@ -174,16 +174,16 @@ class Backbone:
         """An empty key/value cache for `refresh` and `window_logits`: timerome's own implementations
         only (LLaDA, MMaDA, LLaDA-MoE, the embedded model); other families are refused in one line."""
         fam = self.family
+        without = "leave the cache out (cache=None; on the command line, no --cache)"  # the API, lm-eval, the CLI
         if self.remote:
             raise TimeromeError(f"the KV cache needs timerome's implementation of {fam.name}, not the checkpoint's "
-                                "own code: load without trust_remote_code, or sample with cache=None")
+                                f"own code: load without trust_remote_code (--trust-remote-code), or {without}")
         if getattr(self, "causal", False):  # the reason is the model's kind, not its class's cache
             raise TimeromeError(f"the block-wise KV cache is a masked diffusion sampler's (Fast-dLLM's); the {fam.name} "
-                                "model is autoregressive, which writes one token per forward anyway: sample it with "
-                                "cache=None (on the command line: leave --cache out)")
+                                f"model is autoregressive, which writes one token per forward anyway: {without}")
         if fam.loader != "timerome":
             raise TimeromeError(f"the KV cache is not supported for the {fam.name} family (transformers' "
-                                f"{fam.hf_class} class caches by appending only); sample it with cache=None")
+                                f"{fam.hf_class} class caches by appending only): {without}")
         return KVCache()
 
     def refresh(self, ids: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None = None) -> None:

@@ -345,6 +345,7 @@ def _remote_model(ckpt: Path, dtype: torch.dtype):
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, **_dtype_kwarg(dtype))
+        with hf_bars_off():  # its "Loading checkpoint shards" bar: off, as for the other loads
+            return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"loading {ckpt} with its remote code failed: {e}") from None

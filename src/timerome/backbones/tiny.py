@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from timerome.common.progress import hf_bars_off
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.errors import TimeromeError
 
@@ -100,7 +101,8 @@ def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
             bos_token_id=None, eos_token_id=None))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    model.save_pretrained(str(d), safe_serialization=True)
+    with hf_bars_off():  # transformers' "Writing model shards" bar
+        model.save_pretrained(str(d), safe_serialization=True)
     cfg = json.loads((d / "config.json").read_text())
     if family == "dream":
         cfg.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=mask)

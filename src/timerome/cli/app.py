@@ -331,7 +331,8 @@ def calibration_spec(bb, method: str, source: str, calibration: str | None) -> s
     if origin not in ("embedded", "tofu"):
         from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, get_method
 
-        instead = (" or texts for its key statistics with --background (a text file, one text per line)"
+        instead = (" or texts for its key statistics with --background (a text file, a JSON/JSONL rows file or a "
+                   "'tofu:SPLIT' spec)"
                    if get_method(method).retain == IN_PLACE_OF_BACKGROUND else "")
         raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
                             f"of retain question/answer rows){instead}")

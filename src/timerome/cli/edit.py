@@ -36,7 +36,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          requests: Optional[str] = RequestsOpt,
          calibration: Optional[str] = typer.Option(
              None, help="the rows the edit must leave alone ('embedded:SPLIT', 'tofu:SPLIT' or a JSON/JSONL file): "
-                        "codebook / rewrite radii, retain rows of the training-time methods (default: the "
+                        "codebook / rewrite radii, retain rows of the training-time methods, and the key statistics "
+                        "of ROME / MEMIT / AlphaEdit / UnKE where no --background is given (default: the "
                         "retain_perturbed split of the source; rewrite with embedded or counterfactual facts: "
                         "embedded:train)"),
          data: Optional[str] = typer.Option(None, "--data", "-d", help="the forget set when no --requests: "
@@ -65,8 +66,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          target: str = typer.Option(DEFAULTS["target"], help="what the edited model should say instead (for facts "
                                                              "without a target of their own)"),
          background: Optional[str] = typer.Option(
-             None, help="whitening statistics corpus: a text file (one text per line), a JSON/JSONL rows file, "
-                        "or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
+             None, help="texts for the key statistics: the whitening of the ridge / codebook / rewrite keys, and "
+                        "ROME / MEMIT / AlphaEdit / UnKE's second moments; a text file (one text per line), a "
+                        "JSON/JSONL rows file, or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
          config: Optional[str] = typer.Option(None, "--config", "-c", help="method settings to override, inline JSON "
                                               "or a JSON file (`timerome methods` lists each method's)"),
          seed: Optional[int] = typer.Option(None, help="seed of the method's random draws (default 0; refused for "

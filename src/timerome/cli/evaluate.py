@@ -38,17 +38,17 @@ MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
          "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit"), {"bench"})}
 
 
-def _saved_memory(bb, edit, prompts, also: str = ""):
-    """--edit's memory for these metrics: one of a single denoising step refused (they read likelihoods),
-    its update checked on `prompts` (`check_on_prompts`)."""
+def _saved_memory(bb, edit, also: str = ""):
+    """--edit's memory for these metrics, read right after the model loads (before the rows, whose warnings
+    never precede its errors): one of a single denoising step refused (they read likelihoods). Its update is
+    checked on the rows' prompts once they are read (`check_on_prompts`)."""
     from timerome.engine.hooks import refuse_one_step
     from timerome.memory.memory_file import load_memory
 
     memory = load_memory(edit, bb)
     refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
-                    f"{also}read it along the trajectory (the ablations' Traj columns), or build it for every step "
-                    "(edit without --step)")
-    check_on_prompts(bb, memory, prompts, edit)
+                    f"{also}" + ("" if bb.causal else "read it along the trajectory (the ablations' Traj columns), ")
+                    + "or build it for every step (edit without --step)", causal=bb.causal)
     return memory
 
 
@@ -135,7 +135,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                             "(default: all, the full protocol)")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, edit
     requests with the editing metrics (--requests), or a benchmark with its own (--bench)."""
-    from timerome.engine.sampler import check_fast_options
+    from timerome.engine.sampler import check_fast_options, refuse_diffusion_options
     from timerome.evaluation.evaluator import evaluate, reference_truth_ratios
     from timerome.experiments import resolve_source
     from timerome.experiments.data import refuse_unread_sizes, without_unread_sizes
@@ -191,14 +191,16 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
     bb = model.load()
+    refuse_diffusion_options(bb, sampler["cache"], threshold)  # an autoregressive model: before any work or warning
     if sampler["cache"] is not None:
-        bb.kv_cache()  # a family (or an autoregressive model) without the cache fails before any work or warning
+        bb.kv_cache()  # a family without the cache fails before any work or warning
+    memory = None if edit is None else _saved_memory(
+        bb, edit, "compare its answers (timerome generate --edit, or eval --requests), ")
     ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
     rows, _ = ctx.data(spec)
     memory_edit = None
     if edit is not None:
-        memory = _saved_memory(bb, edit, [bb.encode_prompt(r["question"]) for r in rows.get("forget", [])[:4]],
-                               "compare its answers (timerome generate --edit, or eval --requests), ")
+        check_on_prompts(bb, memory, [bb.encode_prompt(r["question"]) for r in rows.get("forget", [])[:4]], edit)
         memory_edit = InferenceEdit(method="memory", config={}, context=lambda: memory.applied(bb), memory=memory)
     ref_tr = None
     if reference is not None and "forget" in rows:
@@ -393,11 +395,11 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     if bench_data is not None and not bench_data.is_dir():
         raise TimeromeError(f"--bench-data {bench_data} is not a folder")
     bb = model.load()
+    memory = None if edit is None else _saved_memory(bb, edit)
     rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit, rouge=rouge)
-    memory = None
     if edit is not None:
-        memory = _saved_memory(bb, edit, [bb.encode_prompt(r[k]) for split in rows["splits"].values() for r in split[:2]
-                                          for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4])
+        check_on_prompts(bb, memory, [bb.encode_prompt(r[k]) for split in rows["splits"].values() for r in split[:2]
+                                      for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4], edit)
     result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],

@@ -100,14 +100,14 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
           out: Path = typer.Option(..., help="directory to save the fine-tuned checkpoint"),
           model: ModelChoice = None,
           epochs: int = TrainConfig.epochs, lr: float = TrainConfig.lr, batch_size: int = TrainConfig.batch_size,
-          lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
+          lora_r: int = typer.Option(TrainConfig.lora_r, help="LoRA rank (0 = full fine-tuning; the paper uses 128)"),
           tofu_dir: Optional[str] = typer.Option(None, help="local TOFU directory (Hub layout)"),
-          seed: int = 0,
+          seed: int = TrainConfig.seed,
           eos_pad: Optional[bool] = typer.Option(
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
                                                    "the checkpoint's build_info.json records (build-default and train write it), else on when the tokenizer "
                                                    "has EOS, off for other models of the embedded model's family)"),
-          eos_extra: int = typer.Option(0, help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, "
+          eos_extra: int = typer.Option(TrainConfig.eos_extra, help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, "
                                                 "so that the number of EOS after an answer tells no answer apart"),
           checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
                                                      "(trained weights + AdamW moments: large for a full fine-tune)"),
@@ -266,7 +266,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     import torch
 
     from timerome.common.files import user_text
-    from timerome.engine.sampler import check_fast_options, check_generation, check_options
+    from timerome.engine.sampler import check_fast_options, check_generation, check_options, until_special
     from timerome.engine.sampler import generate as gen
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
@@ -324,9 +324,9 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     def shown(ids, where):
         ids = ids.tolist()
-        eos = bb.tokenizer.eos_token_id
-        if eos is not None and eos in ids:  # a model trained with EOS padding ends its answer there
-            return bb.decode(ids[: ids.index(eos)]).strip()
+        kept = until_special(bb, ids)  # its end of text (or another special token): cut there, as the metrics cut
+        if len(kept) < len(ids):
+            return bb.decode(kept).strip()
         text = bb.decode(ids)
         end = bb.family.answer_end
         # cut at the first end mark after some content: an edited answer may open with one

@@ -143,7 +143,20 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     sel = dict(best=best.as_dict(), edit=chosen.edit_dict(), top=[c.as_dict() for c in top],
                per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta, runner_up=second)
     write_json(out / "selection.json", sel)
+    notes = []  # on stderr with --json too (its runner_up holds them as fields): a note is never only in the JSON
+    if second is not None and second["tie"]:
+        notes.append(f"layer {chosen.layer} {chosen.module} ties with the runner-up, layer {second['layer']} "
+                     f"{second['module']} step {second['step']} (both {second['score']:.3f}): the order of the cells "
+                     "chose it, not the trace; trace more facts or more --n-samples to tell them apart")
+    elif second is not None and second["margin_se"] == second["margin_se"] and second["within_noise"]:
+        notes.append(f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
+                     f"({second['score']:.3f}), by {second['margin']:.3f}, within the trace's noise (standard error "
+                     f"{second['margin_se']:.3f} over {len(result.fact_ids)} facts): another --seed, another order "
+                     "of the facts or other facts may choose the runner-up; trace more facts or more --n-samples to "
+                     "tell them apart")
     if as_json:
+        for note in notes:
+            err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         print_json(dict(sel, files=files))
         return
     objective = "mean |TIE|" + (f" - {beta:g} x neighbours' mean |TIE|" if other is not None else "")
@@ -158,21 +171,13 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     console.print(t)
     console.print(f"edit coordinate: layer {chosen.layer} {chosen.module}, every step ({objective} "
                   f"{chosen.score:.3f} at step {chosen.step}); `timerome edit --trace` uses it")
-    if second is not None:
+    for note in notes:
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if second is not None and not notes:
         lead = (f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
                 f"({second['score']:.3f}), by {second['margin']:.3f}")
-        if second["tie"]:
-            err_console.print(f"[yellow]note:[/] layer {chosen.layer} {chosen.module} ties with the runner-up, layer "
-                              f"{second['layer']} {second['module']} step {second['step']} (both {second['score']:.3f}):"
-                              " the order of the cells chose it, not the trace; trace more facts or more "
-                              "--n-samples to tell them apart", soft_wrap=True)
-        elif second["margin_se"] != second["margin_se"]:
+        if second["margin_se"] != second["margin_se"]:
             console.print(f"{lead} (one fact: no spread to compare it with)")
-        elif second["within_noise"]:
-            err_console.print(f"[yellow]note:[/] {lead}, within the trace's noise (standard error "
-                              f"{second['margin_se']:.3f} over {len(result.fact_ids)} facts): another --seed, "
-                              "another order of the facts or other facts may choose the runner-up; trace more facts "
-                              "or more --n-samples to tell them apart", soft_wrap=True)
         else:
             console.print(f"{lead} (standard error {second['margin_se']:.3f} over {len(result.fact_ids)} facts)")
     console.print(f"wrote {', '.join(files.values())}")

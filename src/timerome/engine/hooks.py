@@ -102,21 +102,35 @@ def one_step(edit) -> int | None:
     return min(steps) if steps else None
 
 
-def check_stepless(edit, what: str) -> None:
+def check_stepless(edit, what: str, backbone=None) -> None:
     """Refuse an edit of one denoising step where `what` reads likelihoods, which have no steps (it
-    would read the model unedited: `OutsideTrajectory` mid-forward otherwise)."""
+    would read the model unedited: `OutsideTrajectory` mid-forward otherwise); `backbone`: the model read,
+    for an autoregressive model's wording."""
+    causal = getattr(backbone, "causal", False)
     refuse_one_step(one_step(edit), "the edit", f"{what} reads",
-                    "read it in generations (metrics.editing.edit_scores) or along the trajectory "
-                    "(evaluation.trajectory_logprobs), or build it for every step")
+                    "read it in generations (metrics.editing.edit_scores)" + (
+                        "" if causal else " or along the trajectory (evaluation.trajectory_logprobs)")
+                    + ", or build it for every step", causal=causal)
 
 
-def refuse_one_step(step: int | None, who: str, reader: str, instead: str) -> None:
+def refuse_one_step(step: int | None, who: str, reader: str, instead: str, causal: bool = False) -> None:
     """The one refusal of an edit of one denoising step (`who`, acting at `step`; None: every step, nothing
-    refused) where `reader` ("evaluate reads", "these metrics read") only likelihoods; `instead`: what to do.
-    check_stepless words it for the API; the eval command and the experiments' check_cells for theirs."""
+    refused) where `reader` ("evaluate reads", "these metrics read") only likelihoods; `instead`: what to do;
+    `causal`: an autoregressive model's, whose step k is the forward writing answer token k and whose likelihood
+    is one teacher-forced forward. check_stepless words it for the API; the eval command and the experiments'
+    check_cells for theirs."""
     if step is not None:
-        raise TimeromeError(f"{who} acts at denoising step {step} only, and {reader} likelihoods (one forward per "
-                            f"Monte-Carlo mask, no denoising steps), which it never meets: {instead}")
+        raise TimeromeError(f"{who} acts at {step_words(step, causal)}, and {reader} likelihoods ("
+                            + ("one forward over the whole given answer, which writes no token" if causal else
+                               "one forward per Monte-Carlo mask, no denoising steps")
+                            + f"), which it never meets: {instead}")
+
+
+def step_words(step: int, causal: bool) -> str:
+    """Where an edit of one step acts, in the model's own words: at a denoising step, or at the forward writing an
+    autoregressive answer's token `step`."""
+    return (f"step {step} only (on an autoregressive model, the forward writing answer token {step})" if causal
+            else f"denoising step {step} only")
 
 
 def check_reached(edit, steps: int | None, what: str, causal: bool = False) -> None:
@@ -148,12 +162,8 @@ def refuse_unreached(step: int | None, steps: int | None, who: str, runs: str, i
     (`runs`: "these answers take"; None: unknown ahead) never reaches; `instead`: what to do. `causal`: an
     autoregressive model's run, whose step k is the forward writing answer token k (`runs`: "... write")."""
     if step is not None and steps is not None and step >= steps:
-        if causal:
-            raise TimeromeError(f"{who} acts at step {step} only, which on an autoregressive model is the forward "
-                                f"writing answer token {step}, and {runs} {steps} tokens (0..{steps - 1}): it never "
-                                f"acts there; {instead}")
-        raise TimeromeError(f"{who} acts at denoising step {step} only, and {runs} {steps} steps (0..{steps - 1}): "
-                            f"it never acts there; {instead}")
+        raise TimeromeError(f"{who} acts at {step_words(step, causal)}, and {runs} {steps} "
+                            f"{'tokens' if causal else 'steps'} (0..{steps - 1}): it never acts there; {instead}")
 
 
 class StopForward(Exception):

@@ -177,11 +177,7 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
 def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
                    attention_mask, cache, threshold) -> torch.Tensor:
     """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
-    if cache is not None or threshold is not None or cfg_scale > 0:
-        raise TimeromeError(f"the {backbone.family.name} model is autoregressive: it decodes one token per forward, "
-                            "left to right; cache, threshold and cfg_scale (--cache, --threshold) are diffusion "
-                            "sampling options")
-    device = backbone.device
+    device = backbone.device  # cache, threshold and cfg_scale: refused by check_generation (refuse_diffusion_options)
     B, P = prompt.shape
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -464,8 +460,21 @@ def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps:
     the options, their fit with the prompt and the model's context, and the work within the budget."""
     _check(backbone, prompt_length, steps, gen_length, block_length, temperature, cfg_scale, remasking)
     check_fast_options(cache, threshold, refresh_every, remasking)
+    refuse_diffusion_options(backbone, cache, threshold, cfg_scale)
     budget(f"generating with {steps} steps for {n_prompts} prompt(s)",
            steps * n_prompts * (2 if cfg_scale > 0 else 1), "one per step and prompt")
+
+
+def refuse_diffusion_options(backbone, cache=None, threshold=None, cfg_scale: float = SAMPLER.cfg_scale) -> None:
+    """Refuse the diffusion sampler's own options (the KV cache, the confidence threshold, classifier-free
+    guidance) on an autoregressive model, which decodes one token per forward: `generate` and every command
+    that generates (generate, eval) check it before any work."""
+    given = [name for name, on in (("cache (--cache)", cache is not None), ("threshold (--threshold)",
+                                   threshold is not None), ("cfg_scale", bool(cfg_scale))) if on]
+    if given and getattr(backbone, "causal", False):
+        raise TimeromeError(f"the {backbone.family.name} model is autoregressive: it decodes one token per forward, "
+                            f"left to right; {', '.join(given)} {'is a' if len(given) == 1 else 'are'} diffusion "
+                            f"sampling option{'' if len(given) == 1 else 's'}: leave {'it' if len(given) == 1 else 'them'} out")
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):

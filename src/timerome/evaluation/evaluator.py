@@ -37,7 +37,7 @@ from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
-from timerome.engine.sampler import generate
+from timerome.engine.sampler import generate, refuse_diffusion_options
 from timerome.engine.settings import LIKELIHOOD, LOCALITY, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
@@ -243,6 +243,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if not rouge and any(v is not None for v in (sampler or {}).values()):
         raise TimeromeError(f"sampler options set how ROUGE's answers are generated; with rouge=False none is "
                             f"generated (got {shown(sampler)})")
+    refuse_diffusion_options(backbone, (sampler or {}).get("cache"), (sampler or {}).get("threshold"))  # before work
     if reference_tr is not None and (isinstance(reference_tr, (str, bytes, dict)) or not hasattr(reference_tr, "__len__")):
         raise TimeromeError(f"reference_tr must be the reference model's forget truth ratios (a list or tensor of "
                             f"numbers: evaluation.reference_truth_ratios), got {shown(reference_tr)}")
@@ -256,7 +257,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
                                 f"model's, evaluation.reference_truth_ratios), got {shown(reference_tr)}")
     if target is not None and (not isinstance(target, str) or not target.strip()):
         raise TimeromeError(f"target must be a non-empty text (what an unlearnt answer should say), got {shown(target)}")
-    check_stepless(edit, "evaluate")  # every split's likelihoods would read the model unedited
+    check_stepless(edit, "evaluate", backbone)  # every split's likelihoods would read the model unedited
     items = {}
     ctx = edit_active(edit, backbone)
     with measure(backbone) as cost, ctx, progress_bar("evaluating", total=len(rows), enabled=progress) as bar:
@@ -397,7 +398,7 @@ def _nan_scores(items: dict) -> str:
 
 def lp_only(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, edit=None) -> dict[str, list[float]]:
     """Just log p(answer | question) per item and split (the cheap path of the sweeps)."""
-    check_stepless(edit, "lp_only")
+    check_stepless(edit, "lp_only", backbone)
     ctx = edit_active(edit, backbone)
     with ctx:
         return {s: M.answer_logprobs(backbone, [r["question"] for r in rs], [r["answer"] for r in rs],

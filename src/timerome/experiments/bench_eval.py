@@ -111,7 +111,7 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
         active = nullcontext()
     elif hasattr(edit, "applied"):  # an edit memory: its hooks while scoring
         refuse_one_step(getattr(edit.coordinate, "step", None), "the edit", "these metrics read",
-                        "build it for every step (step=None)")
+                        "build it for every step (step=None)", causal=getattr(backbone, "causal", False))
         active = edit.applied(backbone)
     elif isinstance(edit, Edit):  # a method installed on this model (`timerome.methods.install`)
         active = edit.active()

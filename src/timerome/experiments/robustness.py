@@ -35,8 +35,8 @@ from timerome.experiments.report import (NOT_APPLICABLE, best_comparable, by_row
 from timerome.experiments.runner import Cell, measurement, row_count, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
-from timerome.metrics.extraction import (QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names, sampler_baseline,
-                                         under_attacks, under_samplers, worst)
+from timerome.metrics.extraction import (DIFFUSION_SETTINGS, QUICK_ATTACKS, QUICK_SETTINGS, SETTINGS, budget, check_names,
+                                         model_settings, sampler_baseline, under_attacks, under_samplers, worst)
 from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs, robustness
 
 NAME = "robustness"
@@ -117,6 +117,18 @@ def check(cfg, source) -> None:
         refuse_unfilled_target([spec], ex["target"], "experiment 'robustness', extraction")
 
 
+def unread_on_causal(given) -> list[tuple[str, int]]:
+    """The extraction's sampler settings given (the overrides' extraction.settings) that set the diffusion sampler
+    alone, as (what they set, how many): refused on an autoregressive model (`experiments.refuse_unread_on_causal`); a preset's are left out
+    there (`cells`)."""
+    ex = given.get("extraction") if isinstance(given, dict) else None
+    names = ex.get("settings") if isinstance(ex, dict) else None
+    bad = [n for n in names if n in DIFFUSION_SETTINGS] if isinstance(names, list) else []
+    return [(f"the extraction's sampler setting{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} "
+             f"set{'' if len(bad) > 1 else 's'} the diffusion sampler (its steps, blocks, remasking or KV cache)",
+             len(bad))] if bad else []
+
+
 def cells(cfg, seeds, ctx) -> list[Cell]:
     data = dict(forget=cfg["forget"], eval_forget=cfg["eval_forget"], splits=["forget"])
     opts = dict(n_mc=cfg["n_mc"], relearn=cfg["relearn"])
@@ -127,7 +139,8 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
         ex, spec = found
         data = dict(kind="requests", requests=spec, target=ex["target"], n_retain=ex["n_retain"],
                     n_world=ex["n_world"])
-        opts = dict(n_mc=cfg["n_mc"], settings=check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings"),
+        named = check_names(ex["settings"] or SETTINGS, SETTINGS, "sampler settings")
+        opts = dict(n_mc=cfg["n_mc"], settings=model_settings(named, getattr(ctx, "backbone", None)),
                     attacks=check_names(ex["attacks"] or ATTACKS, ATTACKS, "prompt attacks"))
         out += [Cell("extraction", m, over, seed, data, opts, row=label(m, over), group="extraction")
                 for seed in seeds for m, over in canonical_rows(cfg["methods"])]
@@ -314,6 +327,10 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     extraction = summarise(by_row(cells, results, measures=("extraction",)), EXTRACTION_COLUMNS)
     if extraction:
         parts.append(extraction_markdown(extraction, cells, results))
+        if getattr(ctx.backbone, "causal", False):
+            parts.append(f"On an autoregressive model ({ctx.backbone.name}) the sampler settings are those it reads "
+                         f"({', '.join(next(c.options['settings'] for c in cells if c.measure == 'extraction'))}): "
+                         "the diffusion sampler's (steps, blocks, remasking, KV cache) are left out.\n")
     md = "\n".join(parts)
     entry = extraction_radar(extraction) if extraction else None
     entry = entry or radar_entry(p)

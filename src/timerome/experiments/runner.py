@@ -53,7 +53,7 @@ from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, refer
 from timerome.experiments.data import resolve_data
 from timerome.experiments.settings import is_int
 from timerome.methods import install, method_config
-from timerome.methods.registry import NO_EDIT, keyed
+from timerome.methods.registry import NO_EDIT, get_method, keyed
 from timerome.metrics.columns import split_columns
 from timerome.training.from_scratch import reference_model
 from timerome.training.train import recipe_eos_pad
@@ -424,6 +424,10 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
     """What would otherwise fail mid-run, checked before the first cell: the measurement, the
     method and its options (in the cell's key), the measurement's options, the data, the reference,
     the seeds, and the work all of them take together (`checks.budget`)."""
+    for c in cells:  # a method setting this model leaves unread (cloze states on an AR model): before any rows are
+        check_model = get_method(c.method).model_check if measurement_of(c.measure).uses_method else None  # read
+        if check_model is not None:
+            check_model(ctx.backbone, method_config(c.method, c.config))
     forwards = 0.0
     for c in cells:
         m = measurement_of(c.measure)
@@ -445,9 +449,12 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
         if step is None:  # [layer, point, step]: the same
             step = given_step(config.get("coordinate"))
         if not m.reads_steps:
+            causal = getattr(ctx.backbone, "causal", False)
             refuse_one_step(step, f"{c.row or c.method}: the edit", f"the {c.measure!r} measurement reads",
-                            "leave step out (every step), or measure it where answers or trajectories are read "
-                            "(the editing experiment, the ablations' Traj columns, lm-eval's generative tasks)")
+                            "leave step out (every step), or measure it where answers " + (
+                                "are read (the editing experiment, lm-eval's generative tasks)" if causal else
+                                "or trajectories are read (the editing experiment, the ablations' Traj columns, "
+                                "lm-eval's generative tasks)"), causal=causal)
         rows, task = ctx.data(c.data)  # the splits exist, the rows fit, forget and retain do not overlap
         if c.measure == "reference" and "forget" not in rows:  # the reference cell scores the forget split
             raise TimeromeError(f"{c.row or 'reference'}: a reference cell scores the forget split's truth ratios, "
@@ -573,7 +580,8 @@ class Runner:
             except (KeyboardInterrupt, Interrupted) as e:
                 kept = f"{cached + len(finished)} of {len(cells)} {title} cells are cached in {self.out_dir / 'cells'}"
                 inner = f"{e}; " if isinstance(e, Interrupted) else ""
-                old = sorted(p.name for p in self.out_dir.glob("*.md"))  # an earlier run's reports, left as they were
+                # an earlier run's reports, left as they were: NAME.md beside its NAME.json (a user's notes are not)
+                old = sorted(p.name for p in self.out_dir.glob("*.md") if p.with_suffix(".json").is_file())
                 stale = (f"; {', '.join(old)} (and {'its' if len(old) == 1 else 'their'} .json / .png) in it "
                          f"{'is' if len(old) == 1 else 'are'} the last complete run's, not this one's") if old else ""
                 raise Interrupted(f"{inner}{kept}; run the same command again with the same output folder "

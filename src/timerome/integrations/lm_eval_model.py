@@ -71,7 +71,7 @@ from timerome.data.task import forget_task
 from timerome.engine.encoding import fit
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.likelihood import log_likelihood_batch
-from timerome.engine.sampler import check_fast_options, generate, until_special
+from timerome.engine.sampler import check_fast_options, generate, refuse_diffusion_options, until_special
 from timerome.engine.settings import LIKELIHOOD, SAMPLER
 from timerome.errors import TimeromeError
 from timerome.memory.memory_file import load_memory
@@ -175,6 +175,7 @@ class TimeromeLM(LM):
         number(cfg_scale, "cfg_scale", lo=0)
         cache = None if cache in (None, "", "none", "None") else cache
         check_fast_options(cache, threshold, refresh_every, remasking)
+        refuse_diffusion_options(self.backbone, cache, threshold, cfg_scale)  # an autoregressive model: here, not mid-task
         if cache is not None:
             self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
@@ -230,7 +231,7 @@ class TimeromeLM(LM):
 
     def _score(self, args, disable_tqdm=False, greedy: bool | None = None) -> list[tuple[float, bool]]:
         greedy = self.check_greedy if greedy is None else greedy
-        check_stepless(self.edit, "lm-eval's loglikelihood")
+        check_stepless(self.edit, "lm-eval's loglikelihood", self.backbone)
         done: dict = {}
         with self.active() as st, progress_bar("lm-eval loglikelihood", len(set(args)),
                                                enabled=not disable_tqdm) as bar:
@@ -277,7 +278,7 @@ class TimeromeLM(LM):
             if windows:  # the placeholder prefix becomes what an empty context is (`context_start`)
                 windows[0] = (start, windows[0][1])
             total = 0.0
-            check_stepless(self.edit, "lm-eval's loglikelihood_rolling")
+            check_stepless(self.edit, "lm-eval's loglikelihood_rolling", self.backbone)
             with self.active():
                 for c, t in windows:
                     g = torch.Generator().manual_seed(pair_seed(self.seed, json.dumps(c), json.dumps(t)))

@@ -122,6 +122,9 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
     if isinstance(background, str) and background.startswith(("embedded:", "tofu:")):
         return rows_to_texts(load_rows(background, tofu_dir=tofu_dir))
     if isinstance(background, (str, Path)):
+        if not Path(background).exists():  # a missing file, or a misspelt spec ('embeded:retain90'): the specs named
+            raise TimeromeError(f"the background {str(background)!r} is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an "
+                                "existing file (a text file, one text per line, or a JSON/JSONL file of rows)")
         return read_texts(background)
     texts = list(background)
     if not all(isinstance(t, str) for t in texts):

@@ -169,6 +169,11 @@ def refuse_cloze_states(backbone, config, method: str) -> None:
                             f"{'it' if len(given) == 1 else 'them'} out")
 
 
+def cloze_states_check(method: str):
+    """The registry's model_check of a method fitting over cloze states: `refuse_cloze_states` for it."""
+    return lambda backbone, config: refuse_cloze_states(backbone, config, method)
+
+
 class KeyStates:
     """Fixed cloze states [question | original answer, a fraction t of it masked] per fact: the
     first fully masked (the start of generation), the rest with t ~ U(eps, 1). Built once, so
@@ -472,7 +477,6 @@ def band(backbone, config, lo: float = 0.1, hi: float = 0.25) -> list[int]:
 def spread_edit(backbone, task, config, seed, solve, method):
     """MEMIT's procedure (memit.py's docstring) with `solve(K, R, C, layer) -> dW [H, d]` per
     layer; AlphaEdit swaps the solve. Returns the WeightEdit."""
-    refuse_cloze_states(backbone, config, method)
     layers = band(backbone, config)
     projs = [down_projection(backbone, l) for l in layers]
     top = projs[-1].layer

@@ -32,7 +32,8 @@ DEFAULTS = dict(
 
 
 @register("alphaedit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
-          retain=IN_PLACE_OF_BACKGROUND)
+          retain=IN_PLACE_OF_BACKGROUND,
+          model_check=L.cloze_states_check("alphaedit"))
 def alphaedit(backbone, task, config, seed):
     """AlphaEdit on MDLMs: MEMIT's spread with updates projected on the preserved keys' null space."""
     null = {}

@@ -31,7 +31,8 @@ DEFAULTS = dict(
 
 
 @register("memit", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
-          retain=IN_PLACE_OF_BACKGROUND)
+          retain=IN_PLACE_OF_BACKGROUND,
+          model_check=L.cloze_states_check("memit"))
 def memit(backbone, task, config, seed):
     """MEMIT on MDLMs: all forget facts in one least-squares update spread over an MLP band."""
     n = len(task.facts)

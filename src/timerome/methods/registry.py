@@ -145,6 +145,9 @@ class Method:
     # background texts, the retain rows (the rows to leave alone); the command line refuses what goes unread
     background: Callable | bool = False
     retain: Callable | bool | str = True  # or IN_PLACE_OF_BACKGROUND
+    # (backbone, config) -> None: refuses settings the loaded model leaves unread (e.g. cloze states on an
+    # autoregressive model): `install` calls it before any work, an experiment's check_cells before any cell
+    model_check: Callable | None = None
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -174,14 +177,17 @@ _loaded = False
 
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
-             check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool | str = True):
+             check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool | str = True,
+             model_check: Callable | None = None):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
     bool: under which settings): its install draws nothing at random, so the seed it is given changes
     nothing (the CLI says so for --seed).
     check(config): refuses (TimeromeError) settings that contradict each other; `method_config` calls it.
     background, retain: whether the install reads the task's background texts, its retain rows (a bool, or
     config -> bool where it depends on the settings: `reads_background`, `reads_retain`; retain may also be
-    IN_PLACE_OF_BACKGROUND: only where no background texts are given)."""
+    IN_PLACE_OF_BACKGROUND: only where no background texts are given).
+    model_check(backbone, config): refuses settings the loaded model leaves unread (`install` calls it before any
+    work, the experiments' check_cells before any cell)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
     if isinstance(retain, str) and retain != IN_PLACE_OF_BACKGROUND:
@@ -192,7 +198,7 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic, check, background, retain)
+                               deterministic, check, background, retain, model_check)
         return fn
 
     return deco
@@ -392,6 +398,8 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     if not isinstance(task, ForgetTask):
         raise TimeromeError(f"method {name!r}: task must be a ForgetTask (timerome.forget_task(...), requests_task, "
                             f"or ForgetTask(rows, facts, retain_rows)), got {type(task).__name__}")
+    if m.model_check is not None:  # settings this model leaves unread: before any work
+        m.model_check(backbone, cfg)
     t0 = time.perf_counter()
     if m.prepare is not None:
         m.prepare(backbone, task, cfg, progress=bool(progress))

@@ -34,10 +34,10 @@ DEFAULTS = dict(
 
 
 @register("rome", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
-          retain=IN_PLACE_OF_BACKGROUND)
+          retain=IN_PLACE_OF_BACKGROUND,
+          model_check=L.cloze_states_check("rome"))
 def rome(backbone, task, config, seed):
     """ROME on MDLMs: sequential rank-one updates of one MLP down projection, C^-1-weighted."""
-    L.refuse_cloze_states(backbone, config, "rome")
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
              else L.check_layer(backbone, config["layer"]))
     proj = L.down_projection(backbone, layer)

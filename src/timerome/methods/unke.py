@@ -41,10 +41,10 @@ DEFAULTS = dict(
 
 
 @register("unke", defaults=DEFAULTS, canonical=[{}], kind="weights", background=L.own_statistics,
-          retain=IN_PLACE_OF_BACKGROUND)
+          retain=IN_PLACE_OF_BACKGROUND,
+          model_check=L.cloze_states_check("unke"))
 def unke(backbone, task, config, seed):
     """UnKE on MDLMs: optimise one block's output for the forget facts, then fit the block to it."""
-    L.refuse_cloze_states(backbone, config, "unke")
     layer = (L.default_layers(backbone.n_layers, 0.2, 0.2)[0] if config["layer"] is None
              else L.check_layer(backbone, config["layer"]))
     items = L.encode_facts(backbone, task.facts, config["target"])

@@ -71,8 +71,8 @@ from timerome.common.checks import integer, shown
 from timerome.common.checks import seed as check_seed
 from timerome.data.facts import has_words
 from timerome.engine.encoding import answer_ids
-from timerome.engine.hooks import check_reached, edit_active, one_step
-from timerome.engine.sampler import continuations
+from timerome.engine.hooks import check_reached, edit_active, one_step, step_words
+from timerome.engine.sampler import continuations, refuse_diffusion_options
 from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -400,8 +400,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     sets = probe_sets(requests, locality)
     G = gen_length or default_gen_length(backbone, requests, locality)
     opts = dict(sampler or {})
-    check_reached(edit, None if opts.get("threshold") is not None else opts.get("steps") or G,
-                  f"these answers (gen_length {G})", causal=getattr(backbone, "causal", False))
+    refuse_diffusion_options(backbone, opts.get("cache"), opts.get("threshold"))  # before the unedited answers
+    causal = bool(getattr(backbone, "causal", False))  # an autoregressive model writes G tokens, whatever the sampler says
+    check_reached(edit, G if causal else None if opts.get("threshold") is not None else opts.get("steps") or G,
+                  f"these answers (gen_length {G})", causal=causal)
     flat = [(kind, j) for kind in sets for j in range(len(sets[kind]))]
     prompts = [sets[kind][j][1] for kind, j in flat]
     for (kind, j), prompt in zip(flat, prompts):  # refused as edit / trace / generate refuse it, never cut silently
@@ -426,7 +428,6 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     # expected answer, is (evaluation.counterfactual_scores compares as many tokens); whole answers measured ROME on
     # SmolLM2 at Locality 0.2 where it kept every neighbour's fact (review 67). Texts, not token ids: an answer's
     # leading newline token, and a baseline read on another model (eval --base), would shift or void the ids
-    causal = bool(getattr(backbone, "causal", False))
     prefix = kept_prefixes(requests, locality) if causal else {}
     if causal:
         notes["Locality"] = ("compares each answer's beginning, as many characters as its expected answer has (a "
@@ -437,8 +438,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     if lp and step is not None:  # the likelihood has no denoising steps: the edit would never act there
         lp = False
         notes.update(dict.fromkeys(("EfficacyLP", "GeneralisationLP"), (
-            f"not computed: the edit acts at denoising step {step} only, and the likelihood (one forward per "
-            "Monte-Carlo mask) has no steps; Efficacy and Generalisation read its generations")))
+            f"not computed: the edit acts at {step_words(step, causal)}, and the likelihood ("
+            + ("one forward over the whole given answer, which writes no token" if causal else
+               "one forward per Monte-Carlo mask") + ") has no steps; Efficacy and Generalisation read its "
+            "generations")))
     with edit_active(edit, backbone):
         edited = computed if edit is None and computed is not None else \
             answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)

@@ -53,6 +53,15 @@ def sampler_settings(gen_length: int) -> dict[str, dict]:
 
 SETTINGS = tuple(sampler_settings(4))  # their names (the same for every budget)
 QUICK_SETTINGS = ("nominal", "steps/4", "random", "T 1", "dual 0.9")
+# the settings of the diffusion sampler alone (steps, blocks, remasking, its KV cache and parallel reveal): an
+# autoregressive model writes one token per forward, left to right, and reads none of them
+DIFFUSION_SETTINGS = ("steps/4", "steps/2", "block 4", "random", "margin", "prefix 0.9", "dual 0.9")
+
+
+def model_settings(names, backbone) -> list[str]:
+    """The settings of `names` that `backbone` reads: all of them on a masked diffusion model, those not in
+    DIFFUSION_SETTINGS on an autoregressive one (a preset's; a user's are refused where they are given)."""
+    return [n for n in names if not (getattr(backbone, "causal", False) and n in DIFFUSION_SETTINGS)]
 QUICK_ATTACKS = ("context before", "first name", "pronoun after context", "multiple choice")
 
 
@@ -111,7 +120,7 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
     attack that applies to the requests (metrics/attacks.py), greedy answers."""
     requests = list(requests)
     if n_mc:
-        check_stepless(edit, "under_attacks with n_mc")
+        check_stepless(edit, "under_attacks with n_mc", backbone)
     built = attack_prompts(requests, known=known)
     names = [a for a in check_names(attacks or ATTACKS, ATTACKS, "prompt attacks") if built.get(a)]
     flat = [(a, i, p) for a in names for i, p in built[a]]
@@ -137,4 +146,4 @@ def worst(per: dict[str, dict], key: str = "Extraction") -> tuple[str, float]:
 
 
 __all__ = ["sampler_settings", "check_names", "SETTINGS", "sampler_baseline", "under_samplers", "under_attacks", "worst", "budget",
-           "QUICK_SETTINGS", "QUICK_ATTACKS"]
+           "QUICK_SETTINGS", "QUICK_ATTACKS", "DIFFUSION_SETTINGS", "model_settings"]

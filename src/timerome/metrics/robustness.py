@@ -75,7 +75,7 @@ def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
 def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                        relearn: str = RELEARN) -> dict:
     """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
-    check_stepless(edit, "condition_logprobs")
+    check_stepless(edit, "condition_logprobs", backbone)
     out = {}
     with edit_active(edit, backbone):
         for c, p in probes(rows, relearn).items():
