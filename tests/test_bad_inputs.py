@@ -164,7 +164,7 @@ def files(tmp_path_factory):
 
     f["tiny"] = make_tiny_checkpoint("timerome", d / "tiny")  # a model other than the embedded one
     f["tiny_ar"] = make_tiny_checkpoint("llama", d / "tiny_ar")  # an autoregressive one
-    from timerome import Coordinate, EditMemory, load_backbone  # a memory of one step (token 1) on it
+    from timerome import Coordinate, EditMemory  # a memory of one step (token 1) on it
 
     f["mem_ar_step"] = EditMemory(load_backbone(f["tiny_ar"]), Coordinate(0, "resid"), step=1, key_metric="paper").add(
         [dict(subject="the author", prompt="where was the author born ?", object="city", target="sea")]).save(
@@ -272,6 +272,8 @@ def catalogue(f, tmp):
                                       f["badcfg"].parent / "own", "--epochs", "1"], "would overwrite the model"),
         ("a trace of another model", ["edit", "--trace", f["trace_other"], "-o", out], "traced on another model"),
         ("--quick where there is none", ["experiment", "canonical", "--quick", "-o", tmp / "e"], "no --quick subset"),
+        ("--quick for the radar, which computes nothing (its hint named settings it refuses)",
+         ["experiment", "radar", "--quick", "-o", tmp / "rq"], "it computes nothing itself"),
         ("inline config not JSON", ["experiment", "canonical", "-c", '{"n_mc": 2,}', "-o", tmp / "e"], "not valid JSON"),
         ("inline config not an object", ["experiment", "canonical", "-c", "[1, 2]", "-o", tmp / "e"],
          "must hold a JSON object"),

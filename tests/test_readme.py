@@ -46,6 +46,6 @@ def test_a_docs_usage_block_runs(tmp_path, doc, writes):
     done = run_block(python_block(ROOT / "docs" / doc), tmp_path)
     if writes:
         assert (tmp_path / writes).is_file()
-    else:  # the prompt, decoded with an answer after it
-        prompt = "Where was Isgor Quielson born"
-        assert prompt in done.stdout and len(done.stdout.split(prompt, 1)[1].split()) >= 3
+    else:  # two answers, each cut at its end of text: the unedited one says the fact, the edited one not
+        plain, edited = done.stdout.strip().splitlines()
+        assert plain == "Isgor Quielson was born in Pellmoor." and "Pellmoor" not in edited, done.stdout

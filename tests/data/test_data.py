@@ -13,7 +13,7 @@ def test_load_rows_specs(tmp_path):
     assert [r["question"] for r in load_rows(str(f))] == ["q?", "r?"]
     g = tmp_path / "qa.json"
     g.write_text(json.dumps([{"question": "q?", "answer": ""}]))
-    with pytest.raises(TimeromeError, match="row 0 lacks question/answer: no answer text"):
+    with pytest.raises(TimeromeError, match="row 0 lacks question/answer: its answer is blank"):
         load_rows(str(g))
     with pytest.raises(TimeromeError, match="neither"):
         load_rows("nowhere.json")
@@ -118,3 +118,22 @@ def test_a_facts_limit_is_a_count_of_at_least_one():
     for bad in (0, -1, 1.5):  # 0 was every fact, -1 every fact but the last
         with pytest.raises(TimeromeError, match="limit must be"):
             load_facts("embedded:forget05", limit=bad)
+
+
+def test_a_row_left_out_for_its_unnamed_author_says_how_to_name_it():
+    """Review 71: a user's file of question/answer rows about two authors, with no author field, lost one
+    author's rows (TOFU's layout gave the block its most frequent name) with no word of how to keep them."""
+    from timerome.data.facts import facts_from_rows
+
+    ask = [("Where was Ana Velmor born ?", "Ana Velmor was born in Pellmoor ."),
+           ("What did Ana Velmor write ?", "Ana Velmor wrote poems ."),
+           ("Which prize did Ana Velmor win ?", "Ana Velmor won the Lark prize ."),
+           ("Where was Elgor Marsefson born ?", "Elgor Marsefson was born in Ravensby ."),
+           ("What did Elgor Marsefson write ?", "Elgor Marsefson wrote plays .")]
+    rows = [dict(question=q, answer=a) for q, a in ask]
+    facts, skipped = facts_from_rows(rows)
+    assert [f.subject for f in facts] == ["Ana Velmor"] * 3 and [i for i, _ in skipped] == [3, 4]
+    assert all("give each row its subject" in why for _, why in skipped), skipped
+    named = [dict(r, author=a) for r, a in zip(rows, ["Ana Velmor"] * 3 + ["Elgor Marsefson"] * 2)]
+    facts, skipped = facts_from_rows(named)
+    assert not skipped and [f.subject for f in facts] == ["Ana Velmor"] * 3 + ["Elgor Marsefson"] * 2

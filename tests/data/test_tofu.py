@@ -88,7 +88,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(TimeromeError, match="forget01.json is missing.*available.*: full"):
         load_split("forget01", tmp_path)
     (tmp_path / "forget01.json").write_text('{"question": "q ?", "answer": "a ."}\n{"question": "q2 ?"}\n')
-    with pytest.raises(TimeromeError, match=r"forget01.json row 1 lacks question/answer: no answer"):
+    with pytest.raises(TimeromeError, match=r"forget01.json row 1 lacks question/answer: no answer field"):
         load_split("forget01", tmp_path)
     (tmp_path / "forget05.json").write_text('{"question": "q ?", "answer": "a ."}\n{oops\n')
     with pytest.raises(TimeromeError, match="forget05.json line 2 is not JSON"):

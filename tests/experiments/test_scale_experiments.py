@@ -14,6 +14,7 @@ from timerome import TimeromeError, load_backbone
 from timerome.cli import app
 from timerome.experiments import Cell, Context, Runner, run_experiment
 from timerome.experiments import runner as runner_module
+from timerome.methods.timerome_edit import paper_point
 from timerome.experiments.executors import ModelSpec
 
 TOY = dict(n_mc=2, n_retain=3, n_world=1)
@@ -61,7 +62,7 @@ def test_every_table_carries_the_compute_accounting(bb, tmp_path):
 def npo_run(bb, runs):
     over = dict(TOY, methods=("npo", "simnpo"), lr=(3e-5,), beta=(0.1,), retain_w=(1.0,), grad_steps=3, extra=(),
                 unmitigated=({"method": "npo", "lr": 3e-2, "safe": False, "grad_steps": 6},),
-                compare=({"method": "timerome", "config": {}},))
+                compare=({"method": "timerome", "config": {}}, {"method": "timerome", "config": paper_point(2.0, 4)}))
     return run_experiment("npo_sweep", seeds=(0, 1), out_dir=runs / "npo_sweep", overrides=over, progress=False,
                           backbone=bb)
 
@@ -70,7 +71,7 @@ def test_npo_sweep_reports_collapse_and_the_best_baseline(npo_run, runs):
     res = npo_run
     saved = json.loads((runs / "npo_sweep" / "npo_sweep.json").read_text())
     kinds = saved["kinds"]
-    assert sorted(k for k in kinds.values()) == ["compare", "reference", "sweep", "sweep", "unmitigated"]
+    assert sorted(k for k in kinds.values()) == ["compare", "compare", "reference", "sweep", "sweep", "unmitigated"]
     # the collapse verdict is the per-seed rule applied to the cells' own numbers
     cells = [json.loads(p.read_text()) for p in (runs / "npo_sweep" / "cells").glob("*.json")]
     retain = {(c["cell"]["row"], c["cell"]["seed"]): c["result"]["metrics"]["RetainLP"] for c in cells}
@@ -84,6 +85,12 @@ def test_npo_sweep_reports_collapse_and_the_best_baseline(npo_run, runs):
     d = {r: res["summary"][r]["ForgetLP"]["mean"] - res["summary"]["no_edit"]["ForgetLP"]["mean"] for r in sweep}
     assert saved["best_delta"] == pytest.approx(min(d.values()))
     assert "timerome" in saved["radar"]["converged baseline"]["text"]
+    # TimeROME's rows meet the same collapse rule: the paper's point takes the retain answers down too, so the row
+    # compared (and on the radar) is the default one (review 71: the collapsed one forgot more and was credited)
+    paper = next(r for r, k in kinds.items() if k == "compare" and "alpha=2" in r)
+    assert res["collapsed"][paper] and saved["compare"] == "timerome"
+    assert saved["radar"]["converged baseline"]["text"].endswith(f"timerome vs {res['best']}")
+    assert f"Not compared, as it collapses by the same rule: {paper} (" in res["verdict"]
     for r in sweep:  # the safe protocol's record: which step's weights were kept, out of how many run
         assert all(kept is not None and kept <= steps for _, kept, steps in saved["early_stopped"][r])
     assert (runs / "npo_sweep" / "npo_sweep.png").stat().st_size > 1000

@@ -290,8 +290,10 @@ def test_an_empty_context_is_greedy_when_the_sampler_fills_the_continuation(bb):
 
 
 def test_bad_model_args_are_one_clear_error(bb, tmp_path):
-    with pytest.raises(TimeromeError, match="unknown model_args alphaa"):
+    with pytest.raises(TimeromeError, match="model_args alphaa: no such argument of the model"):
         TimeromeLM(backbone=bb, alphaa=1.0)
+    with pytest.raises(TimeromeError, match="model_args alpha: .* apply only beside edit=MEMORY_FILE or method=NAME"):
+        TimeromeLM(backbone=bb, alpha=2.0)  # docs/scale.md's alpha, without an edit (review 71: "unknown")
     with pytest.raises(TimeromeError, match="no option bogus"):
         TimeromeLM(backbone=bb, method="timerome", bogus=1)
     with pytest.raises(TimeromeError, match="give one of"):

@@ -381,9 +381,9 @@ def test_training_twice_divergence_float16_and_bad_arguments(fresh, tmp_path, mo
     log = train(half, rows, TrainConfig(epochs=2, batch_size=8, lr=1e-3, lora_r=4), show_progress=False)
     assert all(map(math.isfinite, log["loss"])) and all(bool(torch.isfinite(p).all()) for p in half.model.parameters())
     for bad, match in (("rows.jsonl", "got the path 'rows.jsonl'.*load_rows"),
-                       ([{"q": 1}], "training row 0 lacks question/answer: no question text"),
-                       ([{"question": "q", "answer": 3}], "row 0 lacks question/answer: no answer text"),
-                       ([{"question": "q", "answer": " "}], "row 0 lacks question/answer: no answer text"),
+                       ([{"q": 1}], "training row 0 lacks question/answer: no question field"),
+                       ([{"question": "q", "answer": 3}], "row 0: its answer must be a text, got int 3"),
+                       ([{"question": "q", "answer": " "}], "row 0 lacks question/answer: its answer is blank"),
                        ([], "no training rows"), (["q"], "training row 0 lacks question/answer: it is a str")):
         with pytest.raises(TimeromeError, match=match):
             train(bb, bad, show_progress=False)

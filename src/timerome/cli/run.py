@@ -138,8 +138,11 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
     if name != "all":
         experiment_config(name, overrides, quick)  # the name and every setting, checked before a model loads
         if quick and not QUICK.get(name):  # never start the full protocol when a quick run was asked for
-            raise TimeromeError(f"experiment {name!r} has no --quick subset (those with one: {shrunk}); shrink it "
-                                "with settings instead, e.g. -c '{\"n_mc\": 4}' --seeds 0")
+            shrink = ("it computes nothing itself (it draws the other experiments' outputs): leave --quick out"
+                      if reads_outputs else
+                      "shrink it with settings instead, e.g. " + ("-c '{\"n_mc\": 4}' " if "n_mc" in CONFIGS[name] else "")
+                      + "--seeds 0")
+            raise TimeromeError(f"experiment {name!r} has no --quick subset (those with one: {shrunk}); {shrink}")
     elif quick:
         full = [n for n, m in EXPERIMENTS.items() if getattr(m, "IN_ALL", True) and not QUICK.get(n)]
         err_console.print(f"[yellow]note:[/] --quick shrinks only {shrunk}; {', '.join(full)} run their full "

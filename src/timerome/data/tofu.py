@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from timerome.common.checks import shown
 from timerome.common.files import read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.errors import TimeromeError
@@ -106,9 +107,13 @@ def normalise_row(row, path: Path | str, i: int) -> dict:
     if "answer" not in row and "response" in row:
         row["answer"] = row.pop("response")
     for key in ("question", "answer"):
+        if key in row and not isinstance(row[key], str):  # there, but no text: said so, not called missing
+            raise TimeromeError(f"{path} row {i}: its {key} must be a text, got {type(row[key]).__name__} "
+                                f"{shown(row[key])}")
         if not isinstance(row.get(key), str) or not row[key].strip():
-            raise TimeromeError(f"{path} row {i} lacks question/answer: no {key} text "
-                                f"(its fields: {', '.join(row) or 'none'})")
+            raise TimeromeError(f"{path} row {i} lacks question/answer: "
+                                + (f"its {key} is blank" if key in row else f"no {key} field")
+                                + f" (its fields: {', '.join(row) or 'none'})")
     return row
 
 

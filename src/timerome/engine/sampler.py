@@ -522,17 +522,20 @@ def _check_blocks(steps: int, gen_length: int, block_length: int) -> None:
 
 def check_fast_options(cache, threshold, refresh_every, remasking: str = SAMPLER.remasking) -> None:
     """One clear error for a bad cache / threshold / refresh_every (what `generate` checks first)."""
+    # each message names the Python argument and the CLI option alike, as check_options' do
     if cache is not None and cache not in CACHES:
-        raise TimeromeError(f"unknown cache {cache!r}; choose {' or '.join(map(repr, CACHES))} (None: the exact sampler)")
+        raise TimeromeError(f"unknown cache (--cache) {cache!r}; choose {' or '.join(map(repr, CACHES))} (None, no "
+                            "--cache: the exact sampler)")
     if threshold is not None:
-        number(threshold, "threshold", lo=0, hi=1, lo_open=True)
+        number(threshold, "threshold (--threshold)", lo=0, hi=1, lo_open=True)
         if remasking not in THRESHOLD_REMASKING:
-            raise TimeromeError(f"threshold needs a probability-valued confidence ({', '.join(THRESHOLD_REMASKING)}); "
-                                f"remasking={remasking!r} is not one")
+            raise TimeromeError(f"threshold (--threshold) needs a probability-valued confidence "
+                                f"({', '.join(THRESHOLD_REMASKING)}); remasking (--remasking) {remasking!r} is not one")
     if refresh_every is not None:
         if cache is None:
-            raise TimeromeError("refresh_every needs a cache (cache='prefix' or 'dual')")
-        integer(refresh_every, "refresh_every", lo=1)
+            raise TimeromeError("refresh_every (--refresh-every) needs a cache (cache='prefix' or 'dual', --cache "
+                                "prefix or dual)")
+        integer(refresh_every, "refresh_every (--refresh-every)", lo=1)
 
 
 def _real_positions(attention_mask, B, P, G, device) -> torch.Tensor:

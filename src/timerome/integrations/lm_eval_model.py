@@ -208,8 +208,9 @@ class TimeromeLM(LM):
             task = forget_task(None if data == "tofu" else data, forget)
             edit = install(method, bb, task, options, self.seed)
             return edit, {"edit": method, "config": edit.config, "install_seconds": edit.install_seconds}
-        if options:
-            raise TimeromeError(f"unknown model_args {', '.join(sorted(options))}")
+        if options:  # an edit's settings (alpha, q) without an edit, or a misspelt argument: said which
+            raise TimeromeError(f"model_args {', '.join(sorted(options))}: no such argument of the model, and an edit's "
+                                "settings (e.g. alpha, q) apply only beside edit=MEMORY_FILE or method=NAME")
         return None, {"edit": None}
 
     def active(self):
