@@ -107,8 +107,9 @@ def train(data: str = typer.Option("embedded:full", help="'embedded:SPLIT', 'tof
               None, "--eos-pad/--no-eos-pad", help="end answers with EOS and pad with EOS (LLaDA's SFT; default: what "
                                                    "the checkpoint's build_info.json records (build-default and train write it), else on when the tokenizer "
                                                    "has EOS, off for other models of the embedded model's family)"),
-          eos_extra: int = typer.Option(TrainConfig.eos_extra, help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, "
-                                                "so that the number of EOS after an answer tells no answer apart"),
+          eos_extra: int = typer.Option(TrainConfig.eos_extra,
+                                        help="with EOS padding: end each answer with 1..N+1 EOS, drawn per row, so "
+                                             "that the number of EOS after an answer tells no answer apart"),
           checkpoint: bool = typer.Option(True, help="keep a resumable state after each epoch in OUT/train-state "
                                                      "(trained weights + AdamW moments: large for a full fine-tune)"),
           as_json: bool = typer.Option(False, "--json", help="print the training log summary as JSON")):

@@ -132,9 +132,10 @@ def loader_family(load) -> str | None:
 
 def refuse_unread_on_causal(name: str, given, model=None, backbone=None, load=load_backbone) -> None:
     """Refuse the settings given (`given`: the overrides) that an autoregressive model leaves unread (the
-    experiment's UNREAD_ON_CAUSAL, and what its `unread_on_causal(given)` names inside them) where the model is one: the loaded `backbone`, else, before the load, the
-    checkpoint `model` where `surely_causal` is sure of it as `load` loads it (its family: `loader_family`; the
-    loaded model decides the rest). The same words both times; a default given is refused too."""
+    experiment's UNREAD_ON_CAUSAL, and what its `unread_on_causal(given)` names inside them) where the model is
+    one: the loaded `backbone`, else, before the load, the checkpoint `model` where `surely_causal` is sure of it
+    as `load` loads it (its family: `loader_family`; the loaded model decides the rest). The same words both
+    times; a default given is refused too."""
     on_causal = getattr(EXPERIMENTS[name], "UNREAD_ON_CAUSAL", {})
     unread = [(on_causal[k], 1) for k in given if k in on_causal]  # (what it sets, how many things it names)
     nested = getattr(EXPERIMENTS[name], "unread_on_causal", None)  # values inside a setting (robustness's)

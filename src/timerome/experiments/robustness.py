@@ -119,8 +119,8 @@ def check(cfg, source) -> None:
 
 def unread_on_causal(given) -> list[tuple[str, int]]:
     """The extraction's sampler settings given (the overrides' extraction.settings) that set the diffusion sampler
-    alone, as (what they set, how many): refused on an autoregressive model (`experiments.refuse_unread_on_causal`); a preset's are left out
-    there (`cells`)."""
+    alone, as (what they set, how many): refused on an autoregressive model (`experiments.refuse_unread_on_causal`);
+    a preset's are left out there (`cells`)."""
     ex = given.get("extraction") if isinstance(given, dict) else None
     names = ex.get("settings") if isinstance(ex, dict) else None
     bad = [n for n in names if n in DIFFUSION_SETTINGS] if isinstance(names, list) else []
