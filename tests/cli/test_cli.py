@@ -125,10 +125,11 @@ def test_eval_requests_flags_an_edit_that_changed_no_answer(tmp_path):
     code, out = run("edit", "--alpha", 0, "--out", mem)
     assert code == 0, out
     args = ("eval", "--requests", "embedded:forget01", "--edit", mem, "--n-retain", 1, "--n-world", 1, "--n-mc", 1)
-    code, out = run(*args, "--json")
-    assert code == 0, out
-    got = json.loads(out[out.index("{"):])
+    res = runner.invoke(app, [str(a) for a in args] + ["--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)  # the JSON alone on stdout; its warning on stderr too (docs/cli.md)
     assert got["metrics"]["Unchanged"] == 1.0 and any(n.startswith("Unchanged: every answer") for n in got["notes"])
+    assert "warning: Unchanged" in " ".join(res.stderr.split()), res.stderr
     assert all(a["answer_with_edit"] == a["answer"] for a in got["answers"])
     code, out = run(*args)
     assert code == 0 and "warning: Unchanged" in " ".join(out.split()), out
