@@ -16,6 +16,9 @@ method (one row each); by default one row with the defaults. `prepare(backbone, 
 when a method has one, does the work that is shared by every install on the same model and data
 (TimeROME's trace, its background statistics) and caches it by its inputs; `install` runs it
 before the timed install, so install cost never includes it (it is reported as prepare_seconds).
+`model_check(backbone, config)`, when a method has one, refuses settings the loaded model leaves
+unread (the ROME-style methods' cloze states on an autoregressive model); `install` runs it before
+any work, and an experiment before its first cell.
 
 Every module in the `timerome.methods` package is imported on first use of the registry, so a
 new method is one new file: nothing else to edit.
