@@ -540,6 +540,18 @@ def catalogue(f, tmp):
         ("ROME's n_states on an autoregressive model in an experiment (before any cell, and the rows' warning)",
          ["experiment", "canonical", "-m", f["tiny_ar"], "-o", tmp / "can", "--seeds", "0", "-c",
           '{"methods": ["no_edit", {"method": "rome", "config": {"n_states": 1}}]}'], "n_states counts the cloze"),
+        ("utility's generation setting of the diffusion sampler on an autoregressive model (before the load)",
+         ["experiment", "utility", "-m", f["tiny_ar"], "-o", tmp / "ut", "-c",
+          '{"generation": {"cache": "dual", "steps": 2}}'], "the generation setting's cache, steps set the diffusion"),
+        ("ROME's n_states through edit on an autoregressive model (before the facts' warning)",
+         ["edit", "--method", "rome", "-c", '{"n_states": 2}', "-m", f["tiny_ar"], "-o", tmp / "xr"],
+         "n_states counts the cloze states"),
+        ("--refresh-every beside --cache on an autoregressive model (names both: no circle)",
+         ["generate", "-m", f["tiny_ar"], "--cache", "prefix", "--refresh-every", "2", "Zorblax ?"],
+         "cache (--cache), refresh_every (--refresh-every) are diffusion sampling options: leave them out"),
+        ("eval --bench of a one-step memory on an autoregressive model",
+         ["eval", "-m", f["tiny_ar"], "--edit", f["mem_ar_step"], "--bench", "whp", "--limit", "2"],
+         "which it never meets: build it for every step (edit without --step)"),
         ("eval of a one-step memory on an autoregressive model",
          ["eval", "-m", f["tiny_ar"], "--edit", f["mem_ar_step"], "--splits", "forget"],
          "step 1 only (on an autoregressive model, the forward writing answer token 1), and these metrics read "
@@ -838,11 +850,17 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.training.new_model import new_model
     from timerome.training.train import TrainConfig, train
 
+    from timerome.data.facts import Fact
+    from timerome.data.requests import EditRequest
+    from timerome.evaluation.evaluator import lp_only
     from timerome.integrations.lm_eval_model import TimeromeLM
+    from timerome.metrics.editing import edit_scores
+    from timerome.metrics.extraction import under_samplers
 
     bb = load()
     ar = load(files["tiny_ar"])  # an autoregressive model, and rows of its vocabulary's words
     ar_rows = [{"question": "where was the author born ?", "answer": "the city of books"}]
+    ar_fact = Fact(subject="the author", prompt="where was the author born ?", object="city", target="sea")
     q = torch.tensor([bb.encode("Where was Isgor Quielson born ?")])
     task = forget_task("embedded", "forget01")
     nan, big = float("nan"), 10**30
@@ -954,6 +972,22 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
                           threshold=0.9), "threshold (--threshold) is a diffusion"),
         (lambda: TimeromeLM(pretrained=str(files["tiny_ar"]), threshold=0.9), "threshold (--threshold) is a diff"),
         (lambda: TimeromeLM(pretrained=str(files["tiny_ar"]), cache="dual"), "cache (--cache) is a diffusion"),
+        # review 73: every diffusion sampler option, wherever it is given, and the sweeps' defaults
+        (lambda: TimeromeLM(backbone=ar, steps=2, block_length=2), "steps (--steps), block_length (--block-length) "
+                                                                   "are diffusion sampling options: leave them out"),
+        (lambda: TimeromeLM(backbone=ar, remasking="random"), "remasking (--remasking) is a diffusion"),
+        (lambda: TimeromeLM(backbone=ar, cfg_scale=1.0), "cfg_scale is a diffusion sampling option"),
+        (lambda: edit_scores(ar, [EditRequest(ar_fact)], None, locality=None, known_subjects=None, lp=False,
+                             sampler={"steps": 2}), "steps (--steps) is a diffusion sampling option"),
+        (lambda: edit_scores(ar, [EditRequest(ar_fact)], None, locality=None, known_subjects=None, lp=False,
+                             sampler={"threshold": 0.9}), "threshold (--threshold) is a diffusion"),
+        (lambda: under_samplers(ar, [EditRequest(ar_fact)], None, locality=None, gen_length=4,
+                                settings=["nominal", "block 4"]), "block_length (--block-length) is a diffusion"),
+        (lambda: lp_only(ar, {"forget": ar_rows}, edit=load_memory(files["mem_ar_step"], ar)),
+         "lp_only reads likelihoods (one forward over the whole given answer, which writes no token)"),
+        (lambda: run_experiment("radar", quick=True, out_dir=tmp_path / "rq", progress=False),
+         "it computes nothing itself"),
+        (lambda: TimeromeLM(backbone=bb, installed=object(), alpha=2.0), "an installed edit (installed=) is built"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

@@ -569,10 +569,10 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line():
     assert done.stdout == ""
 
 
-def test_generate_ends_an_answer_at_any_special_token_as_the_metrics_do(tmp_path, monkeypatch):
+def test_generate_ends_an_answer_at_any_special_token_as_the_editing_metrics_do(tmp_path, monkeypatch):
     """Review 72: generate cut an answer at EOS only, and a budget of other special tokens (padding) decoded to
-    nothing and was said to be "spaces and line breaks"; the metrics (sampler.until_special) end an answer at
-    any special token. Now generate cuts where they do: an answer of padding ended at once, and what comes
+    nothing and was said to be "spaces and line breaks"; the editing metrics (sampler.continuations, until_special)
+    end an answer at any special token. Now generate cuts where they do: an answer of padding ended at once, and what comes
     before a padding token is the answer."""
     import torch
 

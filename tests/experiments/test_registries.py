@@ -352,6 +352,12 @@ def test_robustness_on_an_autoregressive_model_reads_only_the_sampler_settings_i
     assert set(res["extraction"]) == {"no_edit", "ga", "ga (safe=False, lr=0.003)"}, res["extraction"]  # ran to its end
     read = [n for n in QUICK_SETTINGS if n not in DIFFUSION_SETTINGS]
     assert read == ["nominal", "T 1"]
+    # the API's sweep at its default reads the same (review 73: it failed at 'random', after four settings)
+    from timerome.metrics.extraction import _names, sampler_settings
+
+    grid = sampler_settings(4)
+    assert _names(None, grid, timerome.load_backbone(ar)) == ["nominal", "T 0.7", "T 1", "long"]
+    assert _names(None, grid, None) == list(grid)  # a masked diffusion model: every setting
     md = (tmp_path / "r" / "robustness.md").read_text()
     assert "On an autoregressive model (" in md and "the diffusion sampler's" in md
     table = md.split("Extraction per condition")[1]

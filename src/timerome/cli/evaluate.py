@@ -46,9 +46,12 @@ def _saved_memory(bb, edit, also: str = ""):
     from timerome.memory.memory_file import load_memory
 
     memory = load_memory(edit, bb)
+    ways = [also] if also else []  # what else reads it, each command its own
+    ways += [] if bb.causal else ["read it along the trajectory (the ablations' Traj columns)"]
+    ways.append("build it for every step (edit without --step)")
     refuse_one_step(memory.coordinate.step, str(edit), "these metrics read",
-                    f"{also}" + ("" if bb.causal else "read it along the trajectory (the ablations' Traj columns), ")
-                    + "or build it for every step (edit without --step)", causal=bb.causal)
+                    ", ".join(ways[:-1]) + (", or " if len(ways) > 2 else " or " if ways[:-1] else "") + ways[-1],
+                    causal=bb.causal)
     return memory
 
 
@@ -191,11 +194,12 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
     source = resolve_source(data)
     bb = model.load()
-    refuse_diffusion_options(bb, sampler["cache"], threshold)  # an autoregressive model: before any work or warning
+    # an autoregressive model: before any work or warning
+    refuse_diffusion_options(bb, cache=sampler["cache"], threshold=threshold, refresh_every=refresh_every)
     if sampler["cache"] is not None:
         bb.kv_cache()  # a family without the cache fails before any work or warning
     memory = None if edit is None else _saved_memory(
-        bb, edit, "compare its answers (timerome generate --edit, or eval --requests), ")
+        bb, edit, "compare its answers (timerome generate --edit, or eval --requests)")
     ctx = Context(bb, source, reference=None if reference in (None, "auto") else reference, model_path=model.model)
     rows, _ = ctx.data(spec)
     memory_edit = None

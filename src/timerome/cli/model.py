@@ -325,7 +325,7 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 
     def shown(ids, where):
         ids = ids.tolist()
-        kept = until_special(bb, ids)  # its end of text (or another special token): cut there, as the metrics cut
+        kept = until_special(bb, ids)  # its end of text (or another special token): cut as continuations cuts
         if len(kept) < len(ids):
             return bb.decode(kept).strip()
         text = bb.decode(ids)

@@ -12,8 +12,8 @@ from timerome.errors import TimeromeError
 TOFU_BLOCK = 20  # TOFU lists 20 consecutive questions per author
 # why a row without its own subject may be left out: its author was read off TOFU's layout, which a file of
 # other rows need not follow (review 71: a file of 3 rows about one author and 2 about another lost the 2)
-UNNAMED = (f" (a row without an 'author' or 'subject' field takes its block's author: TOFU's layout of "
-           f"{TOFU_BLOCK} rows per author; give each row its subject)")
+UNNAMED = (" (a row without an 'author' or 'subject' field takes its block's author: TOFU's layout of {block} "
+           "rows per author; give each row its subject)")
 # lower-case name parts that may sit between capitalised ones ("Ibn al Haytham", "Luis de Souza")
 PARTICLES = {"al", "el", "bin", "bint", "ibn", "ben", "abu", "de", "da", "das", "do", "dos", "del",
              "della", "di", "du", "la", "le", "van", "von", "der", "den", "ter", "y"}
@@ -220,11 +220,12 @@ def facts_from_rows(rows: Sequence[dict], *, authors: Iterable[str] | None = Non
         else:
             subject = blocks.get((offset + i) // block)
             if not subject:
-                skipped.append((i, f"no author name recurs in this author's block of questions{UNNAMED}"))
+                skipped.append((i, "no author name recurs in this author's block of questions"
+                                   + UNNAMED.format(block=block)))
                 continue
         if subject not in q:
             skipped.append((i, f"subject not in prompt: {subject!r} does not occur in the question"
-                               + (UNNAMED if names is None and not _own_subject(r) else "")))
+                               + (UNNAMED.format(block=block) if names is None and not _own_subject(r) else "")))
             continue
         obj = r["object"] if object_from == "object" and isinstance(r.get("object"), str) else r["answer"]
         own = r.get("target") if isinstance(r.get("target"), str) and r["target"].strip() else None

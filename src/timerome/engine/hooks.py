@@ -72,11 +72,12 @@ class TraceState:
 class OutsideTrajectory(TimeromeError):
     """An edit of one denoising step met a forward of none (module docstring)."""
 
-    def __init__(self, site, step: int):
-        super().__init__(f"an edit at {site} acts at denoising step {step} only, and a forward that belongs to no "
-                         "denoising step ran under it (a likelihood's: one forward per Monte-Carlo mask, no steps): "
-                         "read a one-step edit in generations or along the denoising trajectory "
-                         "(evaluation.trajectory_logprobs, the ablations' Traj columns), or build it for every step")
+    def __init__(self, site, step: int, causal: bool = False):
+        super().__init__(f"an edit at {site} acts at {step_words(step, causal)}, and a forward that belongs to no "
+                         + ("" if causal else "denoising ") + ("step ran under it (a likelihood's: " + LIKELIHOOD_WORDS[causal] + "): read a one-step "
+                            "edit in generations" + ("" if causal else " or along the denoising trajectory "
+                                                     "(evaluation.trajectory_logprobs, the ablations' Traj columns)")
+                            + ", or build it for every step"))
 
 
 def edit_active(edit, backbone):
@@ -120,10 +121,13 @@ def refuse_one_step(step: int | None, who: str, reader: str, instead: str, causa
     is one teacher-forced forward. check_stepless words it for the API; the eval command and the experiments'
     check_cells for theirs."""
     if step is not None:
-        raise TimeromeError(f"{who} acts at {step_words(step, causal)}, and {reader} likelihoods ("
-                            + ("one forward over the whole given answer, which writes no token" if causal else
-                               "one forward per Monte-Carlo mask, no denoising steps")
-                            + f"), which it never meets: {instead}")
+        raise TimeromeError(f"{who} acts at {step_words(step, causal)}, and {reader} likelihoods "
+                            f"({LIKELIHOOD_WORDS[causal]}), which it never meets: {instead}")
+
+
+# what a likelihood is, that a one-step edit never meets: {causal: words}
+LIKELIHOOD_WORDS = {False: "one forward per Monte-Carlo mask, no denoising steps",
+                    True: "one forward over the whole given answer, which writes no token"}
 
 
 def step_words(step: int, causal: bool) -> str:
@@ -293,7 +297,7 @@ class Hooks(dict):
             self._held()
             if step is not None and state.step != step:
                 if state.step is None:
-                    raise OutsideTrajectory(site, step)
+                    raise OutsideTrajectory(site, step, getattr(self.backbone, "causal", False))
                 return None
             if self.raw:
                 return fn(output, state)

@@ -124,8 +124,8 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
                           "this generation writes" if causal else "this generation takes")
     if causal:
         with answer_region(backbone, P), denoising_steps(backbone, state) as at_step:
-            return _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
-                                  attention_mask, cache, threshold)
+            return _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step, on_step,
+                                  attention_mask)
     kv = backbone.kv_cache() if cache is not None else None
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(0)
@@ -174,8 +174,8 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
             i += 1
 
 
-def _left_to_right(backbone, prompt, gen_length, temperature, cfg_scale, generator, at_step, on_step,
-                   attention_mask, cache, threshold) -> torch.Tensor:
+def _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step, on_step,
+                   attention_mask) -> torch.Tensor:
     """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
     device = backbone.device  # cache, threshold and cfg_scale: refused by check_generation (refuse_diffusion_options)
     B, P = prompt.shape
@@ -459,22 +459,36 @@ def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps:
     """Everything `generate` checks before its first forward (the CLI calls it before any warning):
     the options, their fit with the prompt and the model's context, and the work within the budget."""
     _check(backbone, prompt_length, steps, gen_length, block_length, temperature, cfg_scale, remasking)
+    refuse_diffusion_options(backbone, cache=cache, threshold=threshold, refresh_every=refresh_every, cfg_scale=cfg_scale)
     check_fast_options(cache, threshold, refresh_every, remasking)
-    refuse_diffusion_options(backbone, cache, threshold, cfg_scale)
     budget(f"generating with {steps} steps for {n_prompts} prompt(s)",
            steps * n_prompts * (2 if cfg_scale > 0 else 1), "one per step and prompt")
 
 
-def refuse_diffusion_options(backbone, cache=None, threshold=None, cfg_scale: float = SAMPLER.cfg_scale) -> None:
-    """Refuse the diffusion sampler's own options (the KV cache, the confidence threshold, classifier-free
-    guidance) on an autoregressive model, which decodes one token per forward: `generate` and every command
-    that generates (generate, eval) check it before any work."""
-    given = [name for name, on in (("cache (--cache)", cache is not None), ("threshold (--threshold)",
-                                   threshold is not None), ("cfg_scale", bool(cfg_scale))) if on]
-    if given and getattr(backbone, "causal", False):
+# the diffusion sampler's own options, with their command-line flags: an autoregressive model reads none of them
+DIFFUSION_OPTIONS = {"steps": "--steps", "block_length": "--block-length", "remasking": "--remasking",
+                     "cache": "--cache", "threshold": "--threshold", "refresh_every": "--refresh-every",
+                     "cfg_scale": None}
+
+
+def diffusion_given(options: dict) -> list[str]:
+    """The diffusion sampler's options (DIFFUSION_OPTIONS) that `options` gives: set, and not at what sets nothing
+    (None, cfg_scale 0, the default remasking); other keys are not looked at."""
+    off = {"cfg_scale": (None, 0, 0.0), "remasking": (None, SAMPLER.remasking)}
+    return [k for k, v in options.items() if k in DIFFUSION_OPTIONS and v not in off.get(k, (None,))]
+
+
+def refuse_diffusion_options(backbone, **given) -> None:
+    """Refuse the diffusion sampler's own options given (DIFFUSION_OPTIONS: None, cfg_scale 0 and the default
+    remasking are not given) on an autoregressive model, which decodes one token per forward, left to right:
+    `generate` (check_generation), and before any work the eval command, evaluate(sampler=), edit_scores(sampler=),
+    TimeromeLM and the utility experiment."""
+    named = [k + (f" ({DIFFUSION_OPTIONS[k]})" if DIFFUSION_OPTIONS[k] else "") for k in diffusion_given(given)]
+    if named and getattr(backbone, "causal", False):
+        one = len(named) == 1
         raise TimeromeError(f"the {backbone.family.name} model is autoregressive: it decodes one token per forward, "
-                            f"left to right; {', '.join(given)} {'is a' if len(given) == 1 else 'are'} diffusion "
-                            f"sampling option{'' if len(given) == 1 else 's'}: leave {'it' if len(given) == 1 else 'them'} out")
+                            f"left to right; {', '.join(named)} {'is a' if one else 'are'} diffusion sampling "
+                            f"option{'' if one else 's'}: leave {'it' if one else 'them'} out")
 
 
 def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale, remasking):

@@ -248,7 +248,9 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     exp = EXPERIMENTS[name]
     if quick and not QUICK.get(name):  # never the full protocol when a quick run was asked for
         raise TimeromeError(f"experiment {name!r} has no quick subset (those with one: "
-                            f"{', '.join(n for n, q in QUICK.items() if q)}); shrink it with overrides instead")
+                            f"{', '.join(n for n, q in QUICK.items() if q)}); "
+                            + ("it computes nothing itself (it draws the other experiments' outputs): leave quick out"
+                               if getattr(exp, "READS_OUTPUTS", False) else "shrink it with overrides instead"))
     if getattr(exp, "READS_OUTPUTS", False) and (model is not None or reference is not None or data != "embedded"
                                                  or not resume or executor is not local_executor or given_seeds):
         raise TimeromeError(f"experiment {name!r} draws the other experiments' outputs and computes no cell: "

@@ -327,9 +327,11 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     extraction = summarise(by_row(cells, results, measures=("extraction",)), EXTRACTION_COLUMNS)
     if extraction:
         parts.append(extraction_markdown(extraction, cells, results))
-        if getattr(ctx.backbone, "causal", False):
+        read = next(c.options["settings"] for c in cells if c.measure == "extraction")
+        named = (cfg.get("extraction") or {}).get("settings") or SETTINGS
+        if getattr(ctx.backbone, "causal", False) and set(named) - set(read):  # a preset's diffusion settings dropped
             parts.append(f"On an autoregressive model ({ctx.backbone.name}) the sampler settings are those it reads "
-                         f"({', '.join(next(c.options['settings'] for c in cells if c.measure == 'extraction'))}): "
+                         f"({', '.join(read)}): "
                          "the diffusion sampler's (steps, blocks, remasking, KV cache) are left out.\n")
     md = "\n".join(parts)
     entry = extraction_radar(extraction) if extraction else None

@@ -24,6 +24,7 @@ import numpy as np
 
 from timerome.common.cache import digest
 from timerome.common.checks import integer
+from timerome.engine.sampler import diffusion_given
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, fmt_cost, label, merge_metrics,
@@ -68,6 +69,16 @@ def check(cfg, source) -> None:
                             "(every request's)")
     for k in ("steps", "gen_length", "block_length"):  # TimeromeLM refuses these too, but only once a model is loaded
         integer(gen.get(k), f"utility: the generation setting {k}", lo=1, none=True)
+
+
+def unread_on_causal(given) -> list[tuple[str, int]]:
+    """The generation setting's diffusion sampler options (steps, block_length, remasking, cache, threshold,
+    refresh_every, cfg_scale), as (what they set, how many): refused on an autoregressive model before the load
+    (`experiments.refuse_unread_on_causal`), not at its first generate_until."""
+    gen = given.get("generation") if isinstance(given, dict) else None
+    bad = diffusion_given(gen) if isinstance(gen, dict) else []
+    return [(f"the generation setting's {', '.join(bad)} set{'s' if len(bad) == 1 else ''} the diffusion sampler",
+             len(bad))] if bad else []
 
 
 def _include(cfg) -> tuple[str | None, str | None]:

@@ -174,8 +174,10 @@ class TimeromeLM(LM):
         self.max_tokens = integer(max_tokens, "max_tokens", lo=1, none="or left out")  # None: the device's default
         number(cfg_scale, "cfg_scale", lo=0)
         cache = None if cache in (None, "", "none", "None") else cache
+        # an autoregressive model: the diffusion sampler's settings refused here, not at the first generate_until
+        refuse_diffusion_options(self.backbone, steps=steps, block_length=block_length, remasking=remasking,
+                                 cache=cache, threshold=threshold, refresh_every=refresh_every, cfg_scale=cfg_scale)
         check_fast_options(cache, threshold, refresh_every, remasking)
-        refuse_diffusion_options(self.backbone, cache, threshold, cfg_scale)  # an autoregressive model: here, not mid-task
         if cache is not None:
             self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
@@ -188,6 +190,9 @@ class TimeromeLM(LM):
     def _edit(self, path, method, installed, data, forget, options):
         bb = self.backbone
         if installed is not None:
+            if options:  # an installed edit is built already: its settings are its own
+                raise TimeromeError(f"model_args {', '.join(sorted(options))}: an installed edit (installed=) is built "
+                                    "already, so an edit's settings are read by nothing; set them when installing it")
             return installed, {"edit": getattr(installed, "method", "installed")}
         if path is not None:
             memory = load_memory(path, bb)

@@ -84,11 +84,19 @@ def _split(opts: dict, G: int) -> tuple[dict, int]:
     return opts, int(opts.pop("gen_length", G))
 
 
+def _names(settings, grid, backbone) -> list[str]:
+    """The settings to sweep: those given (a diffusion setting on an autoregressive model is refused by
+    edit_scores, before any answer), else every one the model reads (`model_settings`)."""
+    if settings is None:
+        return model_settings(grid, backbone)
+    return check_names(settings or grid, SETTINGS, "sampler settings")
+
+
 def sampler_baseline(backbone, requests, *, locality, gen_length: int, seed: int = 0, settings=None) -> dict:
     """The unedited answers under each setting: {setting: edit_scores(...)["baseline"]}."""
     grid = sampler_settings(gen_length)
     out = {}
-    for name in check_names(settings or grid, SETTINGS, "sampler settings"):
+    for name in _names(settings, grid, backbone):
         opts, g = _split(grid[name], gen_length)
         out[name] = edit_scores(backbone, requests, None, locality=locality, known_subjects=None, gen_length=g,
                                 seed=seed, lp=False, sampler=opts)["baseline"]
@@ -101,7 +109,7 @@ def under_samplers(backbone, requests, edit, *, locality, gen_length: int, seed:
     questions and paraphrases (module docstring); baseline: `sampler_baseline` of the same arguments."""
     grid = sampler_settings(gen_length)
     out = {}
-    for name in check_names(settings or grid, SETTINGS, "sampler settings"):
+    for name in _names(settings, grid, backbone):
         opts, g = _split(grid[name], gen_length)
         res = edit_scores(backbone, requests, edit, locality=locality, known_subjects=None, gen_length=g, seed=seed,
                           lp=False, sampler=opts, baseline=(baseline or {}).get(name))
