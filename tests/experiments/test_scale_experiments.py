@@ -91,6 +91,7 @@ def test_npo_sweep_reports_collapse_and_the_best_baseline(npo_run, runs):
     assert res["collapsed"][paper] and saved["compare"] == "timerome"
     assert saved["radar"]["converged baseline"]["text"].endswith(f"timerome vs {res['best']}")
     assert f"Not compared, as it collapses by the same rule: {paper} (" in res["verdict"]
+    assert saved["radar_missing"] is None  # the radar has its entries, so nothing to say why they are missing
     for r in sweep:  # the safe protocol's record: which step's weights were kept, out of how many run
         assert all(kept is not None and kept <= steps for _, kept, steps in saved["early_stopped"][r])
     assert (runs / "npo_sweep" / "npo_sweep.png").stat().st_size > 1000
@@ -309,3 +310,16 @@ def test_xbackbone_records_a_method_that_cannot_act_on_a_checkpoint_as_na(tmp_pa
     run_experiment("robustness", model=models[0], seeds=(0,), out_dir=tmp_path / "r", progress=False,
                    overrides=dict(methods=short, n_mc=2, eval_forget=2, extraction=False))
     assert not (tmp_path / "r" / "robustness-extraction.png").exists()
+
+
+def test_the_radar_says_why_an_npo_sweep_axis_is_missing(tmp_path):
+    """Review 73: where every TimeROME row of the sweep collapsed, its three axes were said to be missing with
+    no reason; the sweep now records why, and the radar says it."""
+    from timerome.experiments.radar import read_axes
+
+    (tmp_path / "npo_sweep").mkdir()
+    why = "every TimeROME row collapsed by the sweep's rule (timerome (alpha=2))"
+    (tmp_path / "npo_sweep" / "npo_sweep.json").write_text(json.dumps({"radar": {}, "radar_missing": why}))
+    _, missing = read_axes(tmp_path)
+    assert missing["converged baseline"].endswith(f"has no 'converged baseline' entry: {why}"), missing
+    assert missing["install time"].endswith(why) and missing["extra memory"].endswith(why)

@@ -166,9 +166,13 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
                                       higher_is_better=False, text="install seconds"),
                  "extra memory": dict(value=t["install_extra_mb"]["mean"], comparator=b["install_extra_mb"]["mean"],
                                       higher_is_better=False, text="extra peak MB while installing")}
+    why_none = None if radar else (  # what the radar says of its missing axes, in the sweep's words
+        "no baseline configuration held without collapse" if not best else
+        f"every TimeROME row collapsed by the sweep's rule ({', '.join(unfit)})" if unfit else
+        "no TimeROME row was measured")
     payload = dict(summary=summary, collapsed=collapsed, best=best, best_delta=d_flp(best) if best else None,
                    compare=strongest, kinds=kinds, early_stopped=stopped, not_applicable=na, config=cfg,
-                   seeds=list(seeds), radar=radar)
+                   seeds=list(seeds), radar=radar, radar_missing=why_none)
     files = write_outputs(out_dir, NAME, payload, md)
     files["png"] = plot_sweep(summary, kinds, collapsed, out_dir / f"{NAME}.png")
     return dict(summary=summary, markdown=md, files=files, collapsed=collapsed, best=best, verdict=verdict,

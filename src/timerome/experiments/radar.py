@@ -88,8 +88,9 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         except (OSError, json.JSONDecodeError) as e:
             raise TimeromeError(f"cannot read {path}: {e}") from None
         entry = ablation_axis(saved) if source == "ablations" else (saved.get("radar") or {}).get(axis)
-        if entry is None:
-            missing[axis] = f"{path} has no {axis!r} entry"
+        if entry is None:  # the run may say why (npo_sweep: no comparison held)
+            why = saved.get("radar_missing") if isinstance(saved, dict) else None
+            missing[axis] = f"{path} has no {axis!r} entry" + (f": {why}" if isinstance(why, str) and why else "")
         elif not (finite_number(entry.get("value")) and finite_number(entry.get("comparator"))):
             missing[axis] = f"{path}'s {axis!r} entry has no number (null: it was not a finite value)"
         else:
