@@ -144,13 +144,14 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                per_fact=[c.as_dict() for c in per_fact_best(result)], beta=beta, runner_up=second)
     write_json(out / "selection.json", sel)
     notes = []  # on stderr with --json too (its runner_up holds them as fields): a note is never only in the JSON
+    lead = None if second is None else (f"it leads the runner-up, layer {second['layer']} {second['module']} step "
+                                        f"{second['step']} ({second['score']:.3f}), by {second['margin']:.3f}")
     if second is not None and second["tie"]:
         notes.append(f"layer {chosen.layer} {chosen.module} ties with the runner-up, layer {second['layer']} "
                      f"{second['module']} step {second['step']} (both {second['score']:.3f}): the order of the cells "
                      "chose it, not the trace; trace more facts or more --n-samples to tell them apart")
     elif second is not None and second["margin_se"] == second["margin_se"] and second["within_noise"]:
-        notes.append(f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
-                     f"({second['score']:.3f}), by {second['margin']:.3f}, within the trace's noise (standard error "
+        notes.append(f"{lead}, within the trace's noise (standard error "
                      f"{second['margin_se']:.3f} over {len(result.fact_ids)} facts): another --seed, another order "
                      "of the facts or other facts may choose the runner-up; trace more facts or more --n-samples to "
                      "tell them apart")
@@ -174,8 +175,6 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     for note in notes:
         err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if second is not None and not notes:
-        lead = (f"it leads the runner-up, layer {second['layer']} {second['module']} step {second['step']} "
-                f"({second['score']:.3f}), by {second['margin']:.3f}")
         if second["margin_se"] != second["margin_se"]:
             console.print(f"{lead} (one fact: no spread to compare it with)")
         else:

@@ -480,7 +480,7 @@ def diffusion_given(options: dict) -> list[str]:
 
 def refuse_diffusion_options(backbone, **given) -> None:
     """Refuse the diffusion sampler's own options given (DIFFUSION_OPTIONS: None, cfg_scale 0 and the default
-    remasking are not given) on an autoregressive model, which decodes one token per forward, left to right:
+    remasking are not given; other keys, e.g. temperature, are not looked at) on an autoregressive model, which decodes one token per forward, left to right:
     `generate` (check_generation), and before any work the eval command, evaluate(sampler=), edit_scores(sampler=),
     TimeromeLM and the utility experiment."""
     named = [k + (f" ({DIFFUSION_OPTIONS[k]})" if DIFFUSION_OPTIONS[k] else "") for k in diffusion_given(given)]

@@ -37,7 +37,7 @@ from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
-from timerome.engine.sampler import diffusion_given, generate, refuse_diffusion_options
+from timerome.engine.sampler import generate, refuse_diffusion_options
 from timerome.engine.settings import LIKELIHOOD, LOCALITY, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
@@ -243,7 +243,7 @@ def evaluate(backbone, rows: dict[str, list[dict]], *, n_mc: int = LIKELIHOOD.n_
     if not rouge and any(v is not None for v in (sampler or {}).values()):
         raise TimeromeError(f"sampler options set how ROUGE's answers are generated; with rouge=False none is "
                             f"generated (got {shown(sampler)})")
-    refuse_diffusion_options(backbone, **{k: (sampler or {})[k] for k in diffusion_given(sampler or {})})  # first
+    refuse_diffusion_options(backbone, **(sampler or {}))  # an autoregressive model: before any work
     if reference_tr is not None and (isinstance(reference_tr, (str, bytes, dict)) or not hasattr(reference_tr, "__len__")):
         raise TimeromeError(f"reference_tr must be the reference model's forget truth ratios (a list or tensor of "
                             f"numbers: evaluation.reference_truth_ratios), got {shown(reference_tr)}")

@@ -72,7 +72,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.data.facts import has_words
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import LIKELIHOOD_WORDS, check_reached, edit_active, one_step, step_words
-from timerome.engine.sampler import continuations, diffusion_given, refuse_diffusion_options
+from timerome.engine.sampler import continuations, refuse_diffusion_options
 from timerome.engine.settings import LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -400,7 +400,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     sets = probe_sets(requests, locality)
     G = gen_length or default_gen_length(backbone, requests, locality)
     opts = dict(sampler or {})
-    refuse_diffusion_options(backbone, **{k: opts[k] for k in diffusion_given(opts)})  # before any answer
+    refuse_diffusion_options(backbone, **opts)  # an autoregressive model: before any answer
     causal = bool(getattr(backbone, "causal", False))  # an autoregressive model writes G tokens, whatever the sampler says
     check_reached(edit, G if causal else None if opts.get("threshold") is not None else opts.get("steps") or G,
                   f"these answers (gen_length {G})", causal=causal)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from timerome.engine.hooks import check_stepless, edit_active
+from timerome.engine.sampler import diffusion_given
 from timerome.errors import TimeromeError
 from timerome.metrics.text import pair_logprobs
 from timerome.metrics.attacks import ATTACKS, attack_prompts, extracted
@@ -53,9 +54,9 @@ def sampler_settings(gen_length: int) -> dict[str, dict]:
 
 SETTINGS = tuple(sampler_settings(4))  # their names (the same for every budget)
 QUICK_SETTINGS = ("nominal", "steps/4", "random", "T 1", "dual 0.9")
-# the settings of the diffusion sampler alone (steps, blocks, remasking, its KV cache and parallel reveal): an
-# autoregressive model writes one token per forward, left to right, and reads none of them
-DIFFUSION_SETTINGS = ("steps/4", "steps/2", "block 4", "random", "margin", "prefix 0.9", "dual 0.9")
+# the settings of the diffusion sampler alone (steps, blocks, remasking, its KV cache and parallel reveal): those
+# that give one of its options (sampler.diffusion_given); an autoregressive model reads none of them
+DIFFUSION_SETTINGS = tuple(n for n, opts in sampler_settings(4).items() if diffusion_given(opts))
 
 
 def model_settings(names, backbone) -> list[str]:
