@@ -393,3 +393,25 @@ def test_an_undo_refused_out_of_order_leaves_the_edit_usable_and_a_methods_targe
         first.undo()
     rows = eval_rows()["forget"][:2]
     assert edit_targets(type(first)(method="rome", config={"target": "Nobody knows ."}), rows) == ["Nobody knows ."] * 2
+
+
+def test_generated_answers_stop_at_any_special_token_as_generate_does(bb, monkeypatch):
+    """A scored answer is cut at its first special token (here padding), not only at end-of-text: the
+    text after it is not part of the answer (`generate` and the editing metrics cut the same way)."""
+    import timerome.evaluation.evaluator as E
+    from timerome.data.tofu import load_split
+
+    row = load_split("forget01", "embedded")[0]
+    words = bb.tokenizer(row["answer"], add_special_tokens=False)["input_ids"][:3]
+    pad, eos = bb.tokenizer.pad_token_id, bb.tokenizer.eos_token_id
+    assert pad is not None and pad != eos and len(words) == 3
+    answer = [words[0], pad, words[1], words[2], eos]
+
+    def fake_generate(backbone, prompt, *, gen_length, **kw):
+        tail = (answer + [eos] * gen_length)[:gen_length]
+        return torch.cat([prompt, torch.tensor([tail] * prompt.shape[0])], dim=1)
+
+    monkeypatch.setattr(E, "generate", fake_generate)
+    ended = []
+    said = E.generate_answers(bb, [row["question"]], [row["answer"]], ended=ended)
+    assert said == [bb.decode(words[:1])] and ended == [True]

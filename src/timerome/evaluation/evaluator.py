@@ -37,7 +37,7 @@ from timerome.data.rows import spread
 from timerome.data.tofu import load_split
 from timerome.engine.encoding import DEFAULT_TARGET, encode_pairs
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
-from timerome.engine.sampler import generate, refuse_diffusion_options
+from timerome.engine.sampler import generate, refuse_diffusion_options, until_special
 from timerome.engine.settings import LIKELIHOOD, LOCALITY, TRACE
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import computed, split_columns
@@ -145,8 +145,9 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
 
     One block per answer, one token per step; cache / threshold / refresh_every: the sampler's
     fast options (None: the exact reference sampler). With one block both caches hold the
-    question's keys/values from the first step and recompute the answer at every step. `ended`: a list
-    that receives, per answer, whether it ended with end-of-text inside its budget."""
+    question's keys/values from the first step and recompute the answer at every step. An answer is cut at
+    its first special token (end-of-text, padding, ...: `sampler.until_special`, as `generate` and the editing
+    metrics cut). `ended`: a list that receives, per answer, whether it ended so inside its budget."""
     eos = getattr(backbone.tokenizer, "eos_token_id", None)
     slack = (GEN_SLACK if eos is not None else 0) if slack is None else int(slack)
     pairs = encode_pairs(backbone, [{"question": q, "answer": a} for q, a in zip(questions, answers)])
@@ -163,8 +164,9 @@ def generate_answers(backbone, questions: list[str], answers: list[str], *, seed
                          threshold=threshold, refresh_every=refresh_every)
             for b, i in enumerate(idx):
                 ids = x[b, prompt.shape[1]:].tolist()
-                stop[i] = eos is not None and eos in ids
-                out[i] = backbone.decode(ids[: ids.index(eos)] if stop[i] else ids)
+                kept = until_special(backbone, ids)  # cut at its first special token, as generate and continuations cut
+                stop[i] = len(kept) < len(ids)
+                out[i] = backbone.decode(kept)
             bar.advance()
     if ended is not None:
         ended[:] = stop
