@@ -146,7 +146,7 @@ def test_cloze_state_counts_are_refused_where_nothing_is_masked(smol, facts, met
     default = get_method(method).defaults["n_states"]
     from timerome.methods._locate import refuse_cloze_states
 
-    refuse_cloze_states(smol, dict(get_method(method).defaults, n_states=default), method)  # the default: no refusal
+    refuse_cloze_states(smol.family, dict(get_method(method).defaults, n_states=default), method)  # the default: no refusal
 
 
 def test_the_edit_memory_at_the_positional_traces_site(smol, facts, before, traced):

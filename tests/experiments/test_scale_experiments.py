@@ -323,3 +323,25 @@ def test_the_radar_says_why_an_npo_sweep_axis_is_missing(tmp_path):
     _, missing = read_axes(tmp_path)
     assert missing["converged baseline"].endswith(f"has no 'converged baseline' entry: {why}"), missing
     assert missing["install time"].endswith(why) and missing["extra memory"].endswith(why)
+
+
+def test_xbackbone_refuses_a_setting_an_autoregressive_model_leaves_unread_before_any_model_loads(tmp_path):
+    """ROME's n_states (cloze states) on a list of models whose second is autoregressive: refused, naming that
+    model's column, before the first model loads (it was refused only when the run reached that model, after
+    every cell of the models before it)."""
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    ar = make_tiny_checkpoint("llama", tmp_path / "ar" / "checkpoint", layers=2)
+    loaded = []
+    methods = ({"method": "no_edit"}, {"method": "rome", "config": {"n_states": 1}})
+    with pytest.raises(TimeromeError, match=r"experiment 'xbackbone' \(ar/checkpoint\): n_states counts the cloze"):
+        run_experiment("xbackbone", seeds=(0,), out_dir=tmp_path / "x", progress=False,
+                       load=lambda p: loaded.append(p) or load_backbone(p),
+                       overrides=dict(n_mc=2, n_retain=3, methods=methods,
+                                      models=[str(FIXTURES / "llada" / "checkpoint"), str(ar)]))
+    assert loaded == []
+    # without that setting both models run
+    res = run_experiment("xbackbone", seeds=(0,), out_dir=tmp_path / "y", progress=False,
+                         overrides=dict(n_mc=2, n_retain=3, methods=methods[:1],
+                                        models=[str(FIXTURES / "llada" / "checkpoint"), str(ar)]))
+    assert set(res["summary"]) == {"llada/checkpoint", "ar/checkpoint"}

@@ -64,28 +64,35 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
             f"({type(e).__name__}); download the checkpoint and pass its directory") from None
 
 
-def surely_causal(path_or_hub_id, family: str | None = None) -> bool:
-    """Whether the model is, before any weight loads, certainly autoregressive: a local checkpoint (a folder, or a
-    .gguf file: converted now, once, as the load would) whose config.json detects as a causal family (`family`
-    where the load is given one: --family, load_backbone's family=) and which declares no mask token anywhere
-    (no masked diffusion family loads without one, whatever --family says). False where unsure (a Hub id, a
-    family that does not fit the config, included): the loaded model, or the load's own refusal, then decides."""
+def causal_family(path_or_hub_id, family: str | None = None) -> Family | None:
+    """The family of a model that is, before any weight loads, certainly autoregressive: a local checkpoint (a
+    folder, or a .gguf file: converted now, once, as the load would) whose config.json detects as a causal family
+    (`family` where the load is given one: --family, load_backbone's family=) and which declares no mask token
+    anywhere (no masked diffusion family loads without one, whatever --family says). None where unsure (a Hub
+    id, a family that does not fit the config, included): the loaded model, or the load's own refusal, then
+    decides."""
     if path_or_hub_id in (None, "", "default", "embedded") or not isinstance(path_or_hub_id, (str, os.PathLike)):
-        return False
+        return None
     try:
         p = Path(path_or_hub_id).expanduser()
         if not (p.is_dir() or (p.is_file() and p.suffix.lower() == ".gguf")):
-            return False
+            return None
         p = resolve_checkpoint(p)
         config = read_config(p)
         if config.get("mask_token_id") is not None:
-            return False
+            return None
         tokenizer = load_tokenizer(p, config, False)[0]
         if getattr(tokenizer, "mask_token_id", None) is not None:
-            return False
-        return detect_family(config, family, mask_declared=lambda: False)[0].causal
+            return None
+        found = detect_family(config, family, mask_declared=lambda: False)[0]
+        return found if found.causal else None
     except Exception:  # noqa: BLE001 - any doubt: the load says what is wrong, and the model decides
-        return False
+        return None
+
+
+def surely_causal(path_or_hub_id, family: str | None = None) -> bool:
+    """Whether the model is, before any weight loads, certainly autoregressive (`causal_family`)."""
+    return causal_family(path_or_hub_id, family) is not None
 
 
 def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None = None, *,

@@ -164,7 +164,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         refuse_causal(bb)
     check_model = get_method(method).model_check  # settings this model leaves unread: before the facts are read
     if check_model is not None:
-        check_model(bb, checked if checked is not None else method_config(method, {}))
+        check_model(bb.family, checked if checked is not None else method_config(method, {}))
     facts, source = read or edit_facts(bb, requests, data, tofu_dir, target, target_given)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
     if repeated:

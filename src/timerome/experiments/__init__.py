@@ -13,7 +13,9 @@ its checkpoint is surely one, `refuse_unread_on_causal`) and `check(cfg, source)
 run before it loads).
 
 An experiment with PER_MODEL = True (xbackbone) runs its cells once per checkpoint of its `models`
-setting, one model in memory at a time, and its report takes {column: (cells, results, a description of the model)}.
+setting, one model in memory at a time, and its report takes {column: (cells, results, a description of the model)};
+its `methods(cfg)` ((method, settings) every model runs) are checked against each model whose checkpoint
+tells its kind (`loading.causal_family`) before the first one loads.
 Experiments with IN_ALL = False (utility: lm-eval's tasks; xbackbone: several checkpoints) are run
 by name only, never by "all". `executor` picks who computes the cells (`executors.py`: local, the
 default, or Ray); the cache is the same either way.
@@ -34,13 +36,13 @@ import warnings
 from pathlib import Path
 
 from timerome.backbones import load_backbone
-from timerome.backbones.loading import model_place, surely_causal
+from timerome.backbones.loading import causal_family, model_place, surely_causal
 from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
 from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
-from timerome.experiments.runner import (Cell, Context, Runner, auto_reference, execute, local_executor,
-                                        measurement_of, refuse_unread_reference_options, resolve_data,
+from timerome.experiments.runner import (Cell, Context, Runner, auto_reference, check_methods_fit, execute,
+                                        local_executor, measurement_of, refuse_unread_reference_options, resolve_data,
                                         warn_mixed_threads)
 from timerome.experiments.settings import check_settings, refuse_unread_settings, unread_settings
 
@@ -278,6 +280,11 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
                           "(-c '{\"references\": [...]}')", stacklevel=2)
         if len(refs) != len(paths):
             raise TimeromeError(f"{len(paths)} models but {len(refs)} references: give one per model (null for none)")
+        for column, path in zip(exp.columns(paths), paths):  # every model the checkpoint tells the kind of, before
+            family = (backbone.family if backbone is not None and path == model  # the first model loads
+                      else causal_family(path, loader_family(load)))
+            if family is not None:
+                check_methods_fit(exp.methods(cfg), family, f"experiment {name!r} ({column})")
         per_model = {}
         with runner.lock():  # the cells and the report: one run at a time in a folder
             for column, path, ref in zip(exp.columns(paths), paths, refs):

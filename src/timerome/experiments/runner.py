@@ -420,14 +420,24 @@ OPTION_RULES = {
 }
 
 
+def check_methods_fit(methods, family, where: str = "") -> None:
+    """Each (method, its settings) against the registry's model_check for a model of `family` (the settings
+    that kind of model leaves unread: cloze states on an AR model). where: what runs them, for the message."""
+    for method, config in methods:
+        check = get_method(method).model_check
+        if check is not None:
+            try:
+                check(family, method_config(method, config))
+            except TimeromeError as e:
+                raise TimeromeError(f"{where}: {e}" if where else str(e)) from None
+
+
 def check_cells(cells: list[Cell], ctx: Context) -> None:
     """What would otherwise fail mid-run, checked before the first cell: the measurement, the
     method and its options (in the cell's key), the measurement's options, the data, the reference,
     the seeds, and the work all of them take together (`checks.budget`)."""
-    for c in cells:  # a method setting this model leaves unread (cloze states on an AR model): before any rows are
-        check_model = get_method(c.method).model_check if measurement_of(c.measure).uses_method else None  # read
-        if check_model is not None:
-            check_model(ctx.backbone, method_config(c.method, c.config))
+    # a method setting this model leaves unread (cloze states on an AR model): before any rows are read
+    check_methods_fit(methods_of(cells), ctx.backbone.family)
     forwards = 0.0
     for c in cells:
         m = measurement_of(c.measure)
@@ -465,6 +475,15 @@ def check_cells(cells: list[Cell], ctx: Context) -> None:
         forwards += m.forwards(c, rows, task)
     if cells:
         budget(f"the {len(cells)} cells to compute", forwards, "their likelihoods and trajectories")
+
+
+def methods_of(cells: list[Cell]) -> list[tuple[str, dict]]:
+    """The (method, settings) the cells install, each once (a measurement that installs none left out)."""
+    out = {}
+    for c in cells:
+        if measurement_of(c.measure).uses_method:
+            out.setdefault(digest([c.method, c.config]), (c.method, c.config))
+    return list(out.values())
 
 
 # ------------------------------------------------------------------------------ the runner

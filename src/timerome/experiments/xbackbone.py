@@ -47,6 +47,12 @@ def plan(cfg) -> list[tuple[str, str, dict]]:
     return out
 
 
+def methods(cfg) -> list[tuple[str, dict]]:
+    """(method, overrides) every checkpoint runs: checked against each model the run can tell the kind of before
+    the first one loads (run_experiment)."""
+    return [(m, over) for _, m, over in plan(cfg)]
+
+
 def columns(paths) -> list[str]:
     """One column name per checkpoint: the shortest path tail that tells them apart."""
     parts = [Path(p).resolve().parts if p else ("timerome-default",) for p in paths]

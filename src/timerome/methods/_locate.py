@@ -154,24 +154,24 @@ def _targets(it):
 # ------------------------------------------------------------------------------ reading sites
 
 
-def refuse_cloze_states(backbone, config, method: str) -> None:
+def refuse_cloze_states(family, config, method: str) -> None:
     """n_states / key_states count the cloze states (answers partly masked) that v* is fitted over and the
-    keys are averaged over; a causal model masks nothing, so every state is the same (v* fits one):
-    a count other than the method's default is refused there, not ignored."""
-    if not getattr(backbone, "causal", False):
+    keys are averaged over; a causal model (its `family`) masks nothing, so every state is the same (v* fits
+    one): a count other than the method's default is refused there, not ignored."""
+    if not family.causal:
         return
     defaults = get_method(method).defaults
     given = [k for k in ("n_states", "key_states") if k in defaults and differs(config[k], defaults[k])]
     if given:
         raise TimeromeError(f"{' and '.join(given)} {'counts' if len(given) == 1 else 'count'} the cloze states "
-                            f"(answers partly masked) {method} fits and reads over, and the {backbone.family.name} "
+                            f"(answers partly masked) {method} fits and reads over, and the {family.name} "
                             "model is autoregressive: it masks nothing, so every state is the same; leave "
                             f"{'it' if len(given) == 1 else 'them'} out")
 
 
 def cloze_states_check(method: str):
     """The registry's model_check of a method fitting over cloze states: `refuse_cloze_states` for it."""
-    return lambda backbone, config: refuse_cloze_states(backbone, config, method)
+    return lambda family, config: refuse_cloze_states(family, config, method)
 
 
 class KeyStates:

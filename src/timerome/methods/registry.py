@@ -16,9 +16,10 @@ method (one row each); by default one row with the defaults. `prepare(backbone, 
 when a method has one, does the work that is shared by every install on the same model and data
 (TimeROME's trace, its background statistics) and caches it by its inputs; `install` runs it
 before the timed install, so install cost never includes it (it is reported as prepare_seconds).
-`model_check(backbone, config)`, when a method has one, refuses settings the loaded model leaves
-unread (the ROME-style methods' cloze states on an autoregressive model); `install` runs it before
-any work, and an experiment before its first cell.
+`model_check(family, config)`, when a method has one, refuses settings a model of that family (its kind:
+masked diffusion or autoregressive, `backbones.families.Family`) leaves unread (the ROME-style methods'
+cloze states on an autoregressive model); `install` runs it before any work, an experiment before its
+first cell (before any model loads where the checkpoint tells its family: `loading.causal_family`).
 
 Every module in the `timerome.methods` package is imported on first use of the registry, so a
 new method is one new file: nothing else to edit.
@@ -189,8 +190,8 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
     background, retain: whether the install reads the task's background texts, its retain rows (a bool, or
     config -> bool where it depends on the settings: `reads_background`, `reads_retain`; retain may also be
     IN_PLACE_OF_BACKGROUND: only where no background texts are given).
-    model_check(backbone, config): refuses settings the loaded model leaves unread (`install` calls it before any
-    work, the experiments' check_cells before any cell)."""
+    model_check(family, config): refuses settings a model of that family leaves unread (`install` calls it with
+    the backbone's family before any work, the experiments before any cell)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
     if isinstance(retain, str) and retain != IN_PLACE_OF_BACKGROUND:
@@ -402,7 +403,7 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
         raise TimeromeError(f"method {name!r}: task must be a ForgetTask (timerome.forget_task(...), requests_task, "
                             f"or ForgetTask(rows, facts, retain_rows)), got {type(task).__name__}")
     if m.model_check is not None:  # settings this model leaves unread: before any work
-        m.model_check(backbone, cfg)
+        m.model_check(backbone.family, cfg)
     t0 = time.perf_counter()
     if m.prepare is not None:
         m.prepare(backbone, task, cfg, progress=bool(progress))
