@@ -277,3 +277,67 @@ def test_lm_evals_seed_leaves_our_masks_and_the_docstring_says_so(bb, tasks, ind
     doc = " ".join(M.__doc__.split())
     assert "lm-eval's own --seed" in doc and "--seed 1 --model_args seed=1" in doc
     assert "0.4.13 answers that it knows no model" in doc
+
+
+# ------------------------------------------------------------------ review 75: what a task's settings say
+
+
+def test_the_token_budget_under_any_of_lm_evals_names_and_unread_settings_named(bb, monkeypatch):
+    """A task's max_new_tokens (or max_tokens, max_completion_tokens: lm-eval's normalize_gen_kwargs) was
+    ignored: the answer got lm-eval's default of 256 tokens. num_beams / top_p, which the sampler has no use
+    for, were dropped without a word; they are named once per model."""
+    lengths = []
+
+    def spy(backbone, prompt, **kw):
+        lengths.append(kw["gen_length"])
+        return torch.cat([prompt, torch.full((1, kw["gen_length"]), bb.tokenizer.eos_token_id)], 1)
+
+    monkeypatch.setattr(M, "generate", spy)
+    lm = TimeromeLM(backbone=bb, n_mc=N_MC)
+    with pytest.warns(UserWarning, match=r"num_beams=10, top_p=0.95 is read by nothing here") as seen:
+        lm.generate_until([Req("Q ?", {"until": ["\n"], "max_new_tokens": 7}),
+                           Req("Q ?", {"max_tokens": 5, "max_completion_tokens": 9}),
+                           Req("Q ?", {"max_gen_toks": 3, "max_new_tokens": 4, "num_beams": 10, "top_p": 0.95}),
+                           Req("Q ?", {"max_gen_toks": 3, "num_beams": 10, "top_p": 0.95}),
+                           Req("Q ?", {"max_gen_toks": 3, "num_beams": 1, "top_p": 1.0})], disable_tqdm=True)
+    assert lengths == [7, 5, 3, 3, 3]
+    assert sum("read by nothing" in str(w.message) for w in seen) == 1  # once per model
+
+
+def test_sampler_settings_are_checked_when_the_model_is_made_not_at_the_first_generation(bb):
+    """remasking=lowconf and block_length without gen_length passed the model's construction and failed at the
+    first generate_until request, after any loglikelihood work of the same run."""
+    with pytest.raises(TimeromeError, match="unknown remasking 'lowconf'"):
+        TimeromeLM(backbone=bb, remasking="lowconf")
+    with pytest.raises(TimeromeError, match="block_length=32 without gen_length: each task gives"):
+        TimeromeLM(backbone=bb, block_length=32)
+    with pytest.raises(TimeromeError, match="gen_length .*100 is not a multiple of block_length .*32"):
+        TimeromeLM(backbone=bb, gen_length=100, block_length=32)
+    TimeromeLM(backbone=bb, gen_length=64, block_length=32, steps=64)  # a schedule that divides
+
+
+def test_a_context_cut_to_fit_the_model_is_counted_and_named(bb, monkeypatch):
+    """A context longer than the model lost its oldest tokens without a word; now a warning (once) and a count in
+    get_model_info, for loglikelihood and generate_until alike."""
+    monkeypatch.setattr(M, "generate", lambda backbone, prompt, **kw: torch.cat(
+        [prompt, torch.full((1, kw["gen_length"]), bb.tokenizer.eos_token_id)], 1))
+    lm = TimeromeLM(backbone=bb, n_mc=N_MC, check_greedy=False)
+    long = " ".join(["Where was Isgor Quielson born ?"] * (bb.max_length // 4))
+    assert len(bb.encode(long)) > bb.max_length
+    with pytest.warns(UserWarning, match="loglikelihood: a context longer than the model's"):
+        lm.loglikelihood([Req(long, " Pellmoor"), Req("Where was Isgor Quielson born ?", " Pellmoor")],
+                         disable_tqdm=True)
+    with pytest.warns(UserWarning, match="generate_until: a context longer"):
+        lm.generate_until([Req(long, {"max_gen_toks": 4}), Req(long + " ?", {"max_gen_toks": 4})], disable_tqdm=True)
+    assert lm.get_model_info()["timerome_contexts_cut"] == {"loglikelihood": 1, "generate_until": 2}
+
+
+def test_the_utility_checks_the_generation_schedule_before_loading(tmp_path):
+    from timerome.experiments import run_experiment
+
+    for gen, why in (({"block_length": 32}, "block_length=32 without gen_length"),
+                     ({"gen_length": 100, "block_length": 32}, "gen_length 100 is not a multiple of block_length 32"),
+                     ({"remasking": "lowconf"}, "unknown remasking 'lowconf'")):
+        with pytest.raises(TimeromeError, match=f"utility: the generation setting.*{why}"):
+            run_experiment("utility", seeds=(0,), out_dir=tmp_path, progress=False,
+                           load=lambda path: pytest.fail("loaded"), overrides=dict(tasks=["x"], generation=gen))

@@ -236,6 +236,17 @@ def test_robustness_panel_with_an_inference_edit():
     assert res["unedited"]["original"]["lp"][0] == pytest.approx(0.0, abs=1e-6)
     assert res["robustness"]["original"]["change"] < -25  # the edit took "yes" away
     assert bb.favourite == bb.encode("yes")[0]  # and gave it back
+    assert res["unedited"]["cut"] == {c: 0 for c in robustness.CONDITIONS}
+
+
+def test_a_relearn_prompt_cut_to_fit_the_context_is_counted():
+    """The relearn prompt (question, answer, question) is about twice the original: on a short context it
+    loses its oldest tokens, the answer it repeats among them. That is counted, per condition, not
+    left to pass for a relearn probe that showed the whole answer."""
+    bb = Fake(favourite="yes", max_length=12)
+    rows = [{"question": "the cat sat ?", "answer": "yes no maybe yes no"}]  # original 4 + 5; relearn 13 + 5
+    res = robustness.condition_logprobs(bb, rows, n_mc=2)
+    assert res["cut"] == {"original": 0, "paraphrased_question": 0, "paraphrased_answer": 0, "relearn": 1}
 
 
 @pytest.fixture(scope="module")

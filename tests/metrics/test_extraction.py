@@ -2,6 +2,7 @@
 default and its forget01 author: what the unedited model gives back, and what the rewrite memory,
 with and without its answer watch, lets through."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +31,12 @@ def test_settings_divide_the_budget_and_worst_picks_the_highest():
     assert grid["nominal"] == {} and grid["steps/4"] == {"steps": 4} and grid["long"] == {"gen_length": 32}
     assert budget(13) == 16 and budget(16) == 16
     assert worst({"a": {"Extraction": 0.1}, "b": {"Extraction": 0.3}, "c": {"Extraction": 0.3}}) == ("b", 0.3)
+    # a condition that measured nothing (NaN) is never the worst, wherever it stands (it was when first)
+    nan = float("nan")
+    assert worst({"a": {"Extraction": nan}, "b": {"Extraction": 0.5}}) == ("b", 0.5)
+    assert worst({"b": {"Extraction": 0.5}, "a": {"Extraction": nan}}) == ("b", 0.5)
+    name, value = worst({"a": {"Extraction": nan}})
+    assert name == "" and math.isnan(value)
 
 
 def test_attacks_get_the_fact_out_of_the_unedited_model_but_not_out_of_the_rewrite_memory(forget01):

@@ -446,11 +446,13 @@ def until_special(backbone, ids: list[int]) -> list[int]:
     return ids[:next((j for j, t in enumerate(ids) if t in specials), len(ids))]
 
 
-def cut_at(text: str, stops: tuple[str, ...]) -> str:
-    """The text before the first of the stop strings, stripped."""
+def cut_at(text: str, stops, strip: bool = True) -> str:
+    """The text before the first of the stop strings (an empty one stops nothing), stripped unless `strip` is
+    False (lm-eval's answers are kept as written)."""
     for s in stops:
-        text = text.split(s)[0]
-    return text.strip()
+        if s:
+            text = text.split(s)[0]
+    return text.strip() if strip else text
 
 
 def check_generation(backbone, prompt_length: int, n_prompts: int = 1, *, steps: int = SAMPLER.steps, gen_length: int = SAMPLER.gen_length,

@@ -111,7 +111,8 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
     reference's training settings (a given reference reads what it reads whatever the cells); and the
     settings given (`given`) that an autoregressive model leaves unread (the experiment's UNREAD_ON_CAUSAL),
     where the model (`backbone`, else the checkpoint `model` as `load` would load it) is one."""
-    check = getattr(EXPERIMENTS[name], "check", None)
+    refuse_unread_on_causal(name, given, model, backbone, load)  # first: a setting read by nothing is left out
+    check = getattr(EXPERIMENTS[name], "check", None)  # before its value is checked
     if check is not None:
         check(cfg, source)
     # the reference the run will have: a given one reads what it reads whatever the cells, and without one (a model
@@ -119,7 +120,6 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
     ref = auto_reference(reference, model, source, getattr(backbone, "name", "timerome-default"))
     if ref != "embedded":
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), ref, True, f"experiment {name!r}")
-    refuse_unread_on_causal(name, given, model, backbone, load)
 
 
 def loader_family(load) -> str | None:

@@ -18,6 +18,7 @@ the method with the lowest worst case, but one that is lower only with a clearly
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -90,9 +91,11 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
         a = under_attacks(ctx.backbone, reqs, edit, gen_length=G, seed=cell.seed, attacks=attacks,
                           n_mc=cell.options.get("n_mc", LIKELIHOOD.n_mc))
         (ws, vs), (wa, va) = worst(s), worst(a) if a else ("", float("nan"))
+        nan = float("nan")  # a value nothing measured (NaN, None) is never the worst
+        locality = [v["Locality"] for v in s.values() if v.get("Locality") is not None and not math.isnan(v["Locality"])]
         metrics = dict(ExtractionNominal=s[settings[0]]["Extraction"], WorstSampler=vs, WorstAttack=va,
-                       WorstCase=max(vs, va) if a else vs, RefusalNominal=s[settings[0]]["Refusal"],
-                       LocalityWorst=min(v["Locality"] for v in s.values()))
+                       WorstCase=max([v for v in (vs, va) if not math.isnan(v)], default=nan),
+                       RefusalNominal=s[settings[0]]["Refusal"], LocalityWorst=min(locality, default=nan))
         named = dict(sampler=ws if vs > 0 else "", attack=wa if a and va > 0 else "")  # "": nothing extracted
         return {"samplers": s, "attacks": a, "worst": named, "metrics": metrics,
                 "gen_length": G, "cost": dict(edit.cost(), eval_seconds=time.perf_counter() - t0)}
@@ -321,6 +324,11 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     missing = first["items"]["missing"] if first else {}
     note = ("Rows lacking a paraphrase: " + ", ".join(f"{c} {n}" for c, n in missing.items() if n)) if any(
         missing.values()) else ""
+    cut = (first["items"].get("cut") or {}) if first else {}  # the same rows in every cell
+    if any(cut.values()):
+        note += ((" " if note else "") + "Prompts cut to fit the model's context (their oldest tokens dropped after "
+                 "the sequence start): " + ", ".join(f"{c} {n}" for c, n in cut.items() if n)
+                 + "; a cut relearn prompt shows less of the answer it repeats, so its weakening reads low.")
     na = not_applicable_rows(cells, results, measures=("robustness",))
     parts = [panel_markdown(p, na), markdown(summary, cols, "Forget log-probability per condition", note,
                                          delta="LP_original", not_applicable=na)]

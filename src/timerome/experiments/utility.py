@@ -25,13 +25,13 @@ import numpy as np
 from timerome.common.cache import digest
 from timerome.common.checks import integer
 from timerome.engine.sampler import diffusion_given
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, SAMPLER
 from timerome.errors import TimeromeError
 from timerome.experiments.report import (ACCOUNTING, ACCOUNTING_NOTE, fmt_cell, fmt_cost, label, merge_metrics,
                                          plot_delta_bars, summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, with_edit
-from timerome.integrations.lm_eval_model import (GENERATION_OPTIONS, REQUEST_OPTIONS, TimeromeLM, evaluate_tasks,
-                                                 greedy_readers, task_manager)
+from timerome.integrations.lm_eval_model import (GENERATION_OPTIONS, REQUEST_OPTIONS, TimeromeLM, check_schedule,
+                                                 evaluate_tasks, greedy_readers, task_manager)
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics.columns import header
 
@@ -69,6 +69,10 @@ def check(cfg, source) -> None:
                             "(every request's)")
     for k in ("steps", "gen_length", "block_length"):  # TimeromeLM refuses these too, but only once a model is loaded
         integer(gen.get(k), f"utility: the generation setting {k}", lo=1, none=True)
+    if any(k in gen for k in ("steps", "gen_length", "block_length", "remasking", "cfg_scale")):
+        check_schedule(gen.get("steps"), gen.get("gen_length"), gen.get("block_length"),
+                       gen.get("remasking", SAMPLER.remasking), gen.get("cfg_scale", SAMPLER.cfg_scale),
+                       "utility: the generation setting")
 
 
 def unread_on_causal(given) -> list[tuple[str, int]]:

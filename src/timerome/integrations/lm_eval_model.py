@@ -30,7 +30,9 @@ Monte-Carlo masked estimator and whose generate_until is the denoising sampler. 
 - generate_until: `sampler.generate` (low-confidence remasking; temperature from the task), the
   answer ends at its first special token (end-of-text: an MDLM fills the rest of its budget with it;
   cut on token ids, as `sampler.continuations` cuts, since a decoded id leaves a space before it) and
-  at the first of the task's stop sequences (`until`); `cache=prefix|dual`,
+  at the first of the task's stop sequences (`until`); the token budget under any of lm-eval's names
+  (`MAX_TOKENS`), other settings the sampler has no use for named in a warning; a context cut to fit the
+  model is counted (`get_model_info`); `cache=prefix|dual`,
   `threshold=` and `refresh_every=` switch on the sampler's fast options (docs/fast-sampling.md;
   default: the exact sampler). The is_greedy check always uses the exact sampler.
 - an edit, active during every call: `edit=FILE.safetensors` (an EditMemory, `alpha=` / `q=` may
@@ -57,7 +59,9 @@ from __future__ import annotations
 
 import json
 import numbers
+import re
 import sys
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -71,7 +75,8 @@ from timerome.data.task import forget_task
 from timerome.engine.encoding import fit
 from timerome.engine.hooks import TraceState, check_stepless, edit_active
 from timerome.engine.likelihood import log_likelihood_batch
-from timerome.engine.sampler import check_fast_options, generate, refuse_diffusion_options, until_special
+from timerome.engine.sampler import (check_fast_options, check_options, cut_at, generate, refuse_diffusion_options,
+                                     until_special)
 from timerome.engine.settings import LIKELIHOOD, SAMPLER
 from timerome.errors import TimeromeError
 from timerome.memory.memory_file import load_memory
@@ -90,6 +95,11 @@ NAME = "timerome"
 GENERATION_OPTIONS = ("steps", "gen_length", "block_length", "remasking", "cfg_scale", "cache", "threshold",
                       "refresh_every")
 REQUEST_OPTIONS = ("mc_batch", "max_tokens")
+# a request's gen_kwargs: the token budget's names, first wins (lm-eval's normalize_gen_kwargs order), those
+# generate_until reads, and the values of others that ask for nothing the sampler lacks
+MAX_TOKENS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+READ_GEN_KWARGS = {"until", "do_sample", "temperature", *MAX_TOKENS}
+NEUTRAL_GEN_KWARGS = {"num_beams": 1, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
 INSTALL_HINT = "lm-evaluation-harness is not installed: pip install 'timerome[eval]'"
 # how lm-eval users write a yes / no model_arg (lm-eval turns true / false into bools and 1 / 0 into ints itself)
 YES, NO = ("true", "yes", "1"), ("false", "no", "0")
@@ -111,6 +121,22 @@ def flag(value, what: str) -> bool:
 def pair_seed(seed: int, context: str, continuation: str) -> int:
     """The seed of one request's Monte-Carlo masks (or sampling noise): a function of its text only."""
     return int(digest([int(seed), context, continuation], 15), 16)
+
+
+def check_schedule(steps, gen_length, block_length, remasking=SAMPLER.remasking, cfg_scale=SAMPLER.cfg_scale,
+                   where: str = "model_args") -> None:
+    """generate_until's sampler settings (integers >= 1 or None, checked before), as `sampler.check_options` checks
+    them, where they are given: gen_length None is each task's length, one block, so a block_length without it
+    is refused (a task's length need not be a multiple of it). where: how the message names them."""
+    if block_length is not None and gen_length is None:
+        raise TimeromeError(f"{where} block_length={block_length} without gen_length: each task gives the answer's "
+                            "length (its max_gen_toks), which block_length need not divide; give gen_length too (a "
+                            "multiple of it), or leave block_length out (one block per answer)")
+    n = gen_length or 1  # none: the task's length in one block, whatever steps
+    try:
+        check_options(steps or n, n, block_length or n, cfg_scale=cfg_scale, remasking=remasking)
+    except TimeromeError as e:  # named as model_args / the setting name them, not as the CLI's --options
+        raise TimeromeError(f"{where}: " + re.sub(r" \(--[a-z-]+\)", "", str(e))) from None
 
 
 def context_start(backbone) -> list[int]:
@@ -178,11 +204,15 @@ class TimeromeLM(LM):
         refuse_diffusion_options(self.backbone, steps=steps, block_length=block_length, remasking=remasking,
                                  cache=cache, threshold=threshold, refresh_every=refresh_every, cfg_scale=cfg_scale)
         check_fast_options(cache, threshold, refresh_every, remasking)
+        if not getattr(self.backbone, "causal", False):  # the sampler's own settings: here, not at the first request
+            check_schedule(steps, gen_length, block_length, remasking, cfg_scale, "model_args")
         if cache is not None:
             self.backbone.kv_cache()  # a family without the cache fails here, not mid-task
         self.gen = dict(steps=steps, gen_length=gen_length, block_length=block_length, remasking=remasking,
                         cfg_scale=float(cfg_scale), cache=cache, threshold=threshold, refresh_every=refresh_every)
         self.generated = 0  # generate_until requests answered: the generation settings above are read by these only
+        self.warned: set[str] = set()  # the tasks' generation settings named once as read by nothing
+        self.cut = {"loglikelihood": 0, "generate_until": 0}  # contexts that lost their oldest tokens to fit
         self.edit, self.edit_info = self._edit(edit, method, installed, data, forget, options)
 
     # ---------------------------------------------------------------- the edit
@@ -224,7 +254,17 @@ class TimeromeLM(LM):
 
     def get_model_info(self) -> dict:
         return {"timerome_model": self.backbone.name, "fingerprint": self.backbone.fingerprint(),
-                "n_mc": self.n_mc, **{f"timerome_{k}": v for k, v in self.edit_info.items()}}
+                "n_mc": self.n_mc, "timerome_contexts_cut": dict(self.cut),
+                **{f"timerome_{k}": v for k, v in self.edit_info.items()}}
+
+    def _count_cut(self, kind: str, was_cut: bool) -> None:
+        """A context that lost its oldest tokens to fit the model: counted (get_model_info), named once."""
+        if was_cut:
+            self.cut[kind] += 1
+            if self.cut[kind] == 1:
+                warnings.warn(f"lm-eval's {kind}: a context longer than the model's {self.backbone.max_length} "
+                              "tokens loses its oldest tokens (after the sequence start), as lm-eval's HF models cut "
+                              "it; get_model_info()['timerome_contexts_cut'] counts them", stacklevel=3)
 
     # ---------------------------------------------------------------- likelihood
 
@@ -250,7 +290,8 @@ class TimeromeLM(LM):
                     raise TimeromeError(f"a continuation of {len(cont)} tokens does not fit the model's context of "
                                         f"{self.backbone.max_length} tokens with any context: {continuation[:60]!r}")
                 # a long context loses its oldest tokens (after the sequence start), as lm-eval's HF models cut it
-                ctx, cont, _ = fit(ctx, cont, self.backbone.max_length, len(self.backbone.prompt_start))
+                ctx, cont, was_cut = fit(ctx, cont, self.backbone.max_length, len(self.backbone.prompt_start))
+                self._count_cut("loglikelihood", was_cut)
                 if cont:
                     g = torch.Generator().manual_seed(pair_seed(self.seed, context, continuation))
                     with torch.no_grad():
@@ -311,23 +352,40 @@ class TimeromeLM(LM):
                 bar.advance()
         return out
 
+    def _task_settings(self, kwargs: dict) -> tuple[list[str], int | None, float]:
+        """(until, max_gen_toks or None, temperature) from a request's gen_kwargs, as lm-eval reads them
+        (its `normalize_gen_kwargs`: the token budget under any of its names, the first by MAX_TOKENS' order;
+        do_sample false is temperature 0). A setting the sampler has no use for (num_beams, top_p, ...) is named
+        in a warning, once per name and model, not dropped without a word."""
+        until = kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        asked = next((kwargs[k] for k in MAX_TOKENS if kwargs.get(k) is not None), None)
+        temperature = float(kwargs.get("temperature", SAMPLER.temperature) or 0.0) if kwargs.get("do_sample", True) else 0.0
+        unread = sorted(k for k, v in kwargs.items() if k not in READ_GEN_KWARGS and k not in self.warned
+                        and NEUTRAL_GEN_KWARGS.get(k, object()) != v and v is not None)
+        if unread:
+            self.warned.update(unread)
+            warnings.warn(f"the task's generation setting {', '.join(f'{k}={kwargs[k]!r}' for k in unread)} is read by "
+                          "nothing here: the sampler decodes greedily, or samples at the task's temperature, and "
+                          "reads only until, the token budget, do_sample and temperature", stacklevel=3)
+        return until, asked, temperature
+
     def _generate(self, context: str, kwargs: dict, state) -> str:
         bb = self.backbone
-        until = kwargs.pop("until", None) or []
-        until = [until] if isinstance(until, str) else list(until)
-        # the task's max_gen_toks (lm-eval's own default, 256, where it gives none) unless gen_length overrides it
-        asked = kwargs.get("max_gen_toks")
+        until, asked, temperature = self._task_settings(kwargs)
+        # the task's token budget (lm-eval's own default, 256, where it gives none) unless gen_length overrides it
         length = self.gen["gen_length"] or integer(256 if asked is None else asked, "the task's max_gen_toks", lo=1)
         steps, block = self.gen["steps"] or length, self.gen["block_length"] or length
-        temperature = float(kwargs.get("temperature", SAMPLER.temperature) or 0.0) if kwargs.get("do_sample", True) else 0.0
         room = bb.max_length - length
         if room < 1:
             raise TimeromeError(f"gen_length {length} leaves no room for a prompt in the model's context of "
                                 f"{bb.max_length} tokens: pass a smaller gen_length")
         # the most recent context, as lm-eval's models keep, after the sequence start (none: unconditional)
-        prompt, _, _ = fit(bb.encode_prompt(context) if context.strip() else context_start(bb), [0] * length,
-                           bb.max_length, len(bb.prompt_start))
-        g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(kwargs, sort_keys=True,
+        prompt, _, was_cut = fit(bb.encode_prompt(context) if context.strip() else context_start(bb), [0] * length,
+                                 bb.max_length, len(bb.prompt_start))
+        self._count_cut("generate_until", was_cut)
+        rest = {k: v for k, v in kwargs.items() if k != "until"}  # the request's draws: its context and settings
+        g = torch.Generator(device=bb.device).manual_seed(pair_seed(self.seed, context, json.dumps(rest, sort_keys=True,
                                                                                                    default=str)))
         x = generate(bb, torch.tensor([prompt], dtype=torch.long).view(1, len(prompt)), steps=steps, gen_length=length,
                      block_length=block,
@@ -338,7 +396,7 @@ class TimeromeLM(LM):
         # cuts): decoded, the end-of-text token left a separator before it ("Pellmoor. <|eos|>"), a trailing space
         text = bb.decode(until_special(bb, x[0, len(prompt):].tolist()))
         # then at the first of the task's stop sequences, kept as written (lm-eval's own models strip nothing)
-        return text[:min((text.find(s) for s in until if s and s in text), default=len(text))]
+        return cut_at(text, until, strip=False)
 
     # ---------------------------------------------------------------- chat templates
 

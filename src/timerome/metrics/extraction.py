@@ -23,6 +23,8 @@ attack has its own.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from timerome.engine.hooks import check_stepless, edit_active
@@ -149,8 +151,12 @@ def under_attacks(backbone, requests, edit, *, gen_length: int, seed: int = 0, a
 
 
 def worst(per: dict[str, dict], key: str = "Extraction") -> tuple[str, float]:
-    """The condition with the highest `key` (the first of equals) and its value."""
-    name = max(per, key=lambda k: per[k][key])
+    """The condition with the highest `key` (the first of equals) and its value; a condition with no value
+    (None, NaN: nothing it measured) is never the worst, whatever its place in `per` ("", NaN: none has one)."""
+    measured = [k for k in per if per[k].get(key) is not None and not math.isnan(per[k][key])]
+    if not measured:
+        return "", float("nan")
+    name = max(measured, key=lambda k: per[k][key])
     return name, float(per[name][key])
 
 

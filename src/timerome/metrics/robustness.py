@@ -74,14 +74,18 @@ def probes(rows: list[dict], relearn: str = RELEARN) -> dict[str, dict]:
 
 def condition_logprobs(backbone, rows: list[dict], edit=None, *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                        relearn: str = RELEARN) -> dict:
-    """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is)."""
+    """{condition: {"index": row indices, "lp": nats}} with `edit` active (None: as the model is), "missing"
+    ({condition: rows lacking it}) and "cut" ({condition: prompts that lost their oldest tokens to fit the
+    model's context: a cut relearn prompt shows less of the answer it repeats})."""
     check_stepless(edit, "condition_logprobs", backbone)
-    out = {}
+    out, cut = {}, {}
     with edit_active(edit, backbone):
         for c, p in probes(rows, relearn).items():
-            lp = pair_logprobs(backbone, p["prompts"], p["answers"], n_mc=n_mc, seed=seed)["lp"] if p["index"] else []
-            out[c] = {"index": p["index"], "lp": [float(x) for x in lp]}
+            scored = pair_logprobs(backbone, p["prompts"], p["answers"], n_mc=n_mc, seed=seed) if p["index"] else {}
+            out[c] = {"index": p["index"], "lp": [float(x) for x in scored.get("lp", [])]}
+            cut[c] = int(scored.get("cut", 0))
     out["missing"] = {c: len(rows) - len(out[c]["index"]) for c in CONDITIONS}
+    out["cut"] = cut
     return out
 
 
