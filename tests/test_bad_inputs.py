@@ -487,6 +487,9 @@ def catalogue(f, tmp):
         ("robustness: an extraction target no request reads (before the model loads)",
          ["experiment", "robustness", "-m", tmp / "no-model", "-c", '{"extraction": {"requests": '
           '"counterfactual:forget10", "target": "ZZZ"}}', "-o", tmp / "e"], "extraction: the target 'ZZZ'"),
+        ("robustness: methods without no_edit, which every panel Δ is against (before the model loads)",
+         ["experiment", "robustness", "-m", tmp / "no-model", "-c", '{"methods": ["timerome"]}', "-o", tmp / "e"],
+         "leaves no_edit out: add \"no_edit\""),
         ("pareto: splits without retain (before the model loads)",
          ["experiment", "pareto", "-m", tmp / "no-model", "-c", '{"splits": ["forget"]}', "-o", tmp / "e"],
          "its splits need retain"),

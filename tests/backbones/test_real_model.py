@@ -181,10 +181,18 @@ def test_the_command_line_takes_a_gguf_file(tmp_path):
     res = CliRunner().invoke(app, ["generate", "-m", str(model_file()), "Who wrote Hamlet?", "--gen-length", "1"])
     assert res.exit_code == 0 and "held only spaces and line breaks" in res.output, res.output
     assert "end of answer" not in res.output, res.output
-    # ROME off the embedded model on built-in facts: the rows to leave alone, or texts for its statistics
-    res = CliRunner().invoke(app, ["edit", "--method", "rome", "-m", str(model_file()), "--data", "real-facts",
-                                   "-o", str(tmp_path / "r")])
-    assert res.exit_code == 2 and "pass --calibration" in res.output and "--background" in res.output, res.output
+    # --data real-facts brings its texts for the key statistics, as real_fact_task gives them to the API: the same
+    # memory both ways (the command line asked for --background, and the prose alone gave lambda 1.26e4, not 5623)
+    res = CliRunner().invoke(app, ["edit", "-m", str(model_file()), "--data", "real-facts", "--layer", "9", "--json",
+                                   "-o", str(tmp_path / "rf.safetensors")])
+    assert res.exit_code == 0, res.output
+    api = install("timerome", timerome.load_backbone(model_file()), real_fact_task(), {"coordinate": [9, "resid"]})
+    cli = json.loads(res.stdout)
+    assert cli["n_facts"] == len(api.memory) and cli["lam_value"] == pytest.approx(api.memory.lam_value, rel=1e-9)
+    # a misspelt background spec names the specs, this one among them
+    res = CliRunner().invoke(app, ["edit", "-m", str(model_file()), "--data", "real-facts", "--background",
+                                   "real-fact", "-o", str(tmp_path / "x.safetensors")])
+    assert res.exit_code == 2 and "'real-facts'" in res.output, res.output
 
 
 def test_an_edit_of_one_step_on_an_autoregressive_model_acts_at_that_token(smol, tmp_path):

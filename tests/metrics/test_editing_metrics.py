@@ -226,3 +226,27 @@ def test_auto_probes_are_the_clis(bb, reqs, tiny_bb):
                        (dict(sampler={"foo": 1}), "unknown option")):
         with pytest.raises(TimeromeError, match=match):
             scores(bb, reqs, None, **bad)
+
+
+def test_the_target_named_inside_a_sentence_counts_for_efficacy_named_not_for_efficacy(bb, reqs, monkeypatch):
+    """An edited model that says the new object inside a sentence of its own ("Isgor Quielson was born in
+    Ravensby.") said the fact; Efficacy reads the answer's start and does not count it (review 74), so
+    EfficacyNamed / GeneralisationNamed count it beside it. An answer that names the target and gives the
+    object back counts for neither."""
+    import timerome.metrics.editing as E
+    from timerome.metrics.editing import names
+
+    assert names("Isgor Quielson was born in Ravensby.", "Ravensby")
+    assert names("Sorry, I don't know!", "I don't know.") and not names("Ravensbyville", "Ravensby")
+    assert not names("anything", "") and not names("anything", None)
+    own = {r.fact.prompt: r for r in reqs} | {p: r for r in reqs for p in r.paraphrases}
+
+    def sentence(backbone, prompts, **kw):  # the request's subject, then its target (the first also the object)
+        return [(f"{own[p].fact.subject} is {own[p].fact.target}"
+                 + (f", not {own[p].fact.object}." if own[p] is reqs[0] else ".")) if p in own else "Nothing."
+                for p in prompts]
+
+    monkeypatch.setattr(E, "answers", sentence)
+    m = scores(bb, reqs, None, lp=False)["metrics"]
+    assert m["Efficacy"] == 0.0 and m["EfficacyNamed"] == pytest.approx(3 / 4)
+    assert m["GeneralisationNamed"] == pytest.approx(3 / 4) and m["Generalisation"] == 0.0

@@ -68,7 +68,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          background: Optional[str] = typer.Option(
              None, help="texts for the key statistics: the whitening of the ridge / codebook / rewrite keys, and "
                         "ROME / MEMIT / AlphaEdit / UnKE's second moments; a text file (one text per line), a "
-                        "JSON/JSONL rows file, or 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir)"),
+                        "JSON/JSONL rows file, 'embedded:SPLIT' / 'tofu:SPLIT' (with --tofu-dir), or 'real-facts' "
+                        "(English prose and the real facts' texts: the default with --data real-facts)"),
          config: Optional[str] = typer.Option(None, "--config", "-c", help="method settings to override, inline JSON "
                                               "or a JSON file (`timerome methods` lists each method's)"),
          seed: Optional[int] = typer.Option(None, help="seed of the method's random draws (default 0; refused for "
@@ -136,6 +137,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     lam, q, key_metric = (DEFAULTS[k] if v is None else v
                           for k, v in (("lam", lam), ("q", q), ("key_metric", key_metric)))
     _refuse_unread_inputs(method, overrides, key_metric, background, calibration)
+    background = _own_background(method, overrides, key_metric, background, calibration, data)
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to edit once: --requests FILE or --data SPLIT, not both")
     tofu_dir_read(tofu_dir, requests, data, calibration, background)
@@ -310,6 +312,19 @@ def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, backgro
         raise TimeromeError(f"--calibration and --background both give the texts of {method}'s key statistics, which "
                             "reads the rows only in place of background texts: give --background alone (or, off the "
                             "embedded model, --calibration alone)")
+
+
+def _own_background(method: str, overrides: dict, key_metric: str, background, calibration, data):
+    """--data real-facts brings its own texts for the key statistics (English prose and the facts' texts), as
+    `real_fact_task` gives them to the API: the background where none is given and the method reads one."""
+    from timerome.data.real_facts import NAME as REAL_FACTS
+    from timerome.methods import method_config
+    from timerome.methods.registry import reads_background
+
+    if background is not None or calibration is not None or data != REAL_FACTS:
+        return background
+    config = method_config(method, {"key_metric": key_metric} if method == "timerome" else overrides)
+    return REAL_FACTS if reads_background(method, config) else None
 
 
 def _timerome_config(overrides: dict, given: dict, target: str, default_target: str) -> dict:

@@ -27,6 +27,7 @@ import numpy as np
 from timerome.common.files import drop_earlier
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import LIKELIHOOD
+from timerome.errors import TimeromeError
 from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
@@ -113,7 +114,11 @@ def extraction(cfg, source) -> tuple[dict, str] | None:
 
 
 def check(cfg, source) -> None:
-    """Before a model loads: an extraction target no request reads (each names its own) is refused."""
+    """Before a model loads: methods without no_edit (the panel's every Δ is against it: the table came out
+    empty), and an extraction target no request reads (each names its own), are refused."""
+    if "no_edit" not in [m for m, _ in canonical_rows(cfg["methods"])]:
+        raise TimeromeError("experiment 'robustness': every Δ of its panel is a method's change against no_edit on "
+                            "the same rows, and the methods setting leaves no_edit out: add \"no_edit\" to it")
     found = extraction(cfg, source)
     if found is not None:
         ex, spec = found

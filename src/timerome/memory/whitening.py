@@ -21,6 +21,8 @@ import torch
 
 from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
+from timerome.data.real_facts import NAME as REAL_FACTS
+from timerome.data.real_facts import real_fact_task
 from timerome.data.rows import load_rows, tofu_dir_read
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import pad_sequences, text_ids
@@ -107,7 +109,8 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
     """The texts whose residuals define mu and C.
 
     None: the embedded model's own training rows (other models must name a corpus);
-    'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from `tofu_dir`, else $TIMEROME_TOFU_DIR); a path: a
+    'embedded:SPLIT' / 'tofu:SPLIT': that split's rows (TOFU from `tofu_dir`, else $TIMEROME_TOFU_DIR);
+    'real-facts': the real facts' corpus (English prose and the facts' own texts: `real_fact_task`); a path: a
     JSON/JSONL file of question/answer rows or a plain text file (one text per line); a list of
     strings: used as is. tofu_dir is refused where `background` is no 'tofu:SPLIT'.
     """
@@ -121,10 +124,13 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
         return rows_to_texts(training_rows(make_corpus(seed=0)))
     if isinstance(background, str) and background.startswith(("embedded:", "tofu:")):
         return rows_to_texts(load_rows(background, tofu_dir=tofu_dir))
+    if isinstance(background, str) and background == REAL_FACTS:
+        return real_fact_task().background
     if isinstance(background, (str, Path)):
         if not Path(background).exists():  # a missing file, or a misspelt spec ('embeded:retain90'): the specs named
-            raise TimeromeError(f"the background {str(background)!r} is neither 'embedded:SPLIT', 'tofu:SPLIT' nor an "
-                                "existing file (a text file, one text per line, or a JSON/JSONL file of rows)")
+            raise TimeromeError(f"the background {str(background)!r} is neither 'embedded:SPLIT', 'tofu:SPLIT', "
+                                f"{REAL_FACTS!r} nor an existing file (a text file, one text per line, or a JSON/JSONL "
+                                "file of rows)")
         return read_texts(background)
     texts = list(background)
     if not all(isinstance(t, str) for t in texts):

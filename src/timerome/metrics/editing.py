@@ -16,6 +16,11 @@ unedited model's answers:
                         the two answers have different lengths (a 5-token refusal against a
                         2-token object); the items keep both sums (lp_target, lp_original)
     Generalisation(LP)  the same on the paraphrased prompts
+    EfficacyNamed       the answer names the target anywhere, as whole words (a closing . ! or ? aside), and
+    (Generalisation-)   does not give the original object back: the new fact said inside a sentence of the
+                        model's own ("Isgor Quielson was born in Ravensby." for "Ravensby"), which Efficacy,
+                        reading the answer's start, does not count; beside it, not instead (a beyond-ROME
+                        reading: ROME's CounterFact scores probabilities, not texts)
     Locality            answers to probes that must not change (other subjects asked the same
                         relation, the same subject's other facts, and the rows of `locality`: retain,
                         real-author and world-fact questions) are exactly the unedited model's; also
@@ -151,6 +156,14 @@ def said_rest(answer: str, text: str | None) -> str | None:
 def says(answer: str, text: str | None) -> bool:
     """Whether `answer` says `text` (module docstring); False for an empty or missing text."""
     return said_rest(answer, text) is not None
+
+
+def names(answer: str, text: str | None) -> bool:
+    """Whether `answer` names `text` anywhere as whole words (folded; a closing . ! or ? of the text aside)."""
+    if not text or not text.strip():
+        return False
+    full = folded(text)
+    return contains(answer, full[:-1].rstrip() if re.search(r"\w[.!?]$", full) else full)
 
 
 def says_any(answer: str, texts) -> bool:
@@ -538,6 +551,9 @@ def _summary(requests, sets, items, lps, known_subjects, kept) -> dict:
     said = {k: [says(a, sets[k][j][2]) for j, a in enumerate(items[k]["edited"])] for k in ("prompt", "paraphrase")}
     m["Efficacy"] = _mean(said["prompt"])
     m["Generalisation"] = _mean(said["paraphrase"])
+    for kind, name in (("prompt", "EfficacyNamed"), ("paraphrase", "GeneralisationNamed")):  # anywhere in the answer
+        m[name] = _mean(names(a, sets[kind][j][2]) and not leaked(a, requests[sets[kind][j][0]])
+                        for j, a in enumerate(items[kind]["edited"]))
     if lps is not None:
         m["EfficacyLP"] = _mean(lps["prompt"][0] > lps["prompt"][1])
         m["GeneralisationLP"] = _mean(lps["paraphrase"][0] > lps["paraphrase"][1])
