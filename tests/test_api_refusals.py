@@ -257,3 +257,11 @@ def test_an_edit_function_returning_another_shape_is_refused_naming_its_site(bb)
                 bb.logits(ids)
     with torch.no_grad(), timerome.Hooks(bb, edit={timerome.Coordinate(1, "resid"): lambda h, s: h * 1.0}):
         bb.logits(ids)  # the same shape: taken
+
+
+def test_a_missing_local_path_is_not_taken_for_a_hub_id(tmp_path):
+    """A mistyped .gguf file or folder path was sent to the Hub and answered "could not be fetched from the
+    Hub": it is a path that does not exist (review 74)."""
+    for path in (tmp_path / "nope.gguf", str(tmp_path / "nope"), "nope.gguf", "./nope", "a/b/c"):
+        with pytest.raises(TimeromeError, match="does not exist: pass a checkpoint folder"):
+            timerome.load_backbone(path)

@@ -52,7 +52,11 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
         return p
     if p.exists():
         raise TimeromeError(f"{p} is a file; pass the checkpoint directory that holds config.json (or a .gguf file)")
-    # a Hub id: only what is already in the local cache, or a download when online
+    text = str(path_or_hub_id)
+    if (not isinstance(path_or_hub_id, str) or p.suffix.lower() == ".gguf" or text.startswith(("/", ".", "~"))
+            or text.count("/") > 1 or "\\" in text):  # a path, never a Hub id
+        raise TimeromeError(f"{text} does not exist: pass a checkpoint folder (with config.json) or a .gguf file")
+    # a Hub id ("owner/name"): only what is already in the local cache, or a download when online
     try:
         from huggingface_hub import snapshot_download
 

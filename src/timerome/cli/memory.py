@@ -147,7 +147,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     """Insert facts (--data, or --requests with their own targets) into a saved memory (a block
     update of G, same lambda scale; a codebook / rewrite memory appends their entries, radii
     measured on --calibration). A fact without a target of its own gets the memory's target. A
-    fact the memory holds (same subject, question, answer and target) is skipped, whatever its id;
+    fact the memory holds (same subject, question, answer and target) is skipped, whatever its id
+    (where every fact is, nothing is written: an error, exit 2, so a script sees that nothing changed);
     a new fact whose id another fact holds is added under a new id; a note names both."""
     from timerome.data.rows import load_rows, tofu_folder
     from timerome.memory.base import check_for_model, fact_content, sort_new_facts
