@@ -265,3 +265,17 @@ def test_a_missing_local_path_is_not_taken_for_a_hub_id(tmp_path):
     for path in (tmp_path / "nope.gguf", str(tmp_path / "nope"), "nope.gguf", "./nope", "a/b/c"):
         with pytest.raises(TimeromeError, match="does not exist: pass a checkpoint folder"):
             timerome.load_backbone(path)
+
+
+def test_generate_on_an_autoregressive_model_refuses_steps_and_blocks_it_would_ignore(tmp_path):
+    """The command line refused --steps / --block-length on an AR model; the API took steps=2, block_length=2 and
+    gave the answer of the defaults (review 74). The defaults, and gen_length for both, still run."""
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    bb = timerome.load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar"))
+    plain = timerome.generate(bb, "the author was born in", gen_length=8)
+    assert torch.equal(plain, timerome.generate(bb, "the author was born in", gen_length=8, steps=8, block_length=8))
+    for kw, named in (({"steps": 2}, "steps 2"), ({"block_length": 4}, "block_length 4"),
+                      ({"steps": 2, "block_length": 2}, "steps 2 and block_length 2")):
+        with pytest.raises(TimeromeError, match=f"{named}: the llama model is autoregressive"):
+            timerome.generate(bb, "the author was born in", gen_length=8, **kw)

@@ -271,6 +271,11 @@ def test_eval_requests_sizes_each_locality_set_by_its_own_option():
                                                                                "world_facts": 20}
     assert sizes(_probe_rows(bb, "embedded:forget01", reqs, None, 40, 3)[0]) == {"retain": 40, "real_authors": 3,
                                                                                "world_facts": 3}
+    # 0 for none: the note names the rows read, not the three kinds whatever the sizes (review 74)
+    rows, _, note = _probe_rows(bb, "embedded:forget01", reqs, None, 0, 0)
+    assert sizes(rows) == {} and "requests' own probes only" in note and "corpus's" not in note
+    rows, _, note = _probe_rows(bb, "embedded:forget01", reqs, None, 0, 2)
+    assert "corpus's real-author / world-fact rows" in note and "retain /" not in note
 
 
 def test_eval_requests_probes_do_not_depend_on_how_the_requests_or_the_model_are_named(tmp_path):
@@ -310,3 +315,10 @@ def test_eval_requests_probes_do_not_depend_on_how_the_requests_or_the_model_are
     summary = json.loads(out[out.index("{"):])
     assert summary["n_locality"] == {"retain": 2, "real_authors": 1, "world_facts": 1}
     assert any("every subject of the requests" in n for n in summary["notes"]), summary["notes"]
+
+
+def test_the_unchanged_warning_names_the_knobs_of_the_edit_scored():
+    """A weight edit that changed no answer was told to check its alpha and its keys, which it has none of."""
+    from timerome.cli.evaluate import unchanged
+
+    assert "small alpha" in unchanged(object()) and "layer" in unchanged(None) and "alpha" not in unchanged(None)

@@ -27,8 +27,12 @@ def metric_table(metrics: dict, fmt: str) -> Table:
     return t
 
 
-UNCHANGED = ("Unchanged: every answer with the edit is the unedited model's, so it did nothing here, whatever its "
-             "log-probabilities (an edit at another coordinate, a small alpha, or subjects it has no key for?)")
+def unchanged(memory) -> str:
+    """The Unchanged warning, with the knobs of the edit scored: a memory's, or a weight edit's."""
+    why = ("an edit at another coordinate, a small alpha, or subjects it has no key for?" if memory is not None else
+           "a weight edit at another layer, too few optimisation steps, or a clamp that kept it small?")
+    return ("Unchanged: every answer with the edit is the unedited model's, so it did nothing here, whatever its "
+            f"log-probabilities ({why})")
 FLAG = {"requests": "--requests", "bench": "--bench"}  # the modes other than TOFU's, by the flag that chooses them
 # the modes each mode-specific option applies to (tofu: neither --requests nor --bench)
 MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
@@ -97,12 +101,12 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              forget: Optional[str] = typer.Option(None, help="the forget split (default forget01)"),
              n_retain: Optional[int] = typer.Option(None, help=f"retain rows evaluated, spread over the chosen authors "
                                                                f"(default {LOCALITY.n_retain}; with --requests: their "
-                                                               "locality rows)"),
+                                                               "locality rows, 0 for none)"),
              retain_authors: Optional[int] = typer.Option(
                  None, help="only the first K retain authors (those a model trained on a TOFU subset saw)"),
              n_world: Optional[int] = typer.Option(None, help="real-author and world-fact rows evaluated, each (default "
                                                               f"{LOCALITY.n_world}; with --requests: their locality "
-                                                              "rows)"),
+                                                              "rows, 0 for none)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
              n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
@@ -298,7 +302,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                    gen_length=result["gen_length"],
                    metrics=result["metrics"],
                    notes=notes + [probes] + fewer + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
-                   + ([UNCHANGED] if result["metrics"].get("Unchanged") == 1 else []),
+                   + ([unchanged(memory)] if result["metrics"].get("Unchanged") == 1 else []),
                    answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
                                                     result["items"]["prompt"]["prompt"],
@@ -309,7 +313,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         for n in [probes] + fewer:  # which probes Locality read, and sizes above the rows there are
             err_console.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
         if result["metrics"].get("Unchanged") == 1:
-            err_console.print(f"[yellow]warning:[/] {escape(UNCHANGED)}", soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {escape(unchanged(memory))}", soft_wrap=True)
 
     if as_json:
         notes_and_warning()
@@ -350,6 +354,9 @@ def held_requests_notes(memory, reqs, name: str) -> list[str]:
     return out
 
 
+LOCALITY_WORDS = {"retain": "retain", "real_authors": "real-author", "world_facts": "world-fact"}
+
+
 def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
     """({name: rows whose answers must not change}, the subjects the model knows or None, in words which):
     the embedded corpus's rows and subjects where they probe this model on these requests (the API's AUTO
@@ -361,8 +368,10 @@ def _probe_rows(bb, requests: str, reqs, recorded, n_retain: int, n_world: int):
     if why is None:
         return {}, None, ("Locality reads the requests' own probes only, and Confabulation counts every other "
                           "answer (neither the model nor the requests are the embedded corpus's)")
-    return (locality, known, f"Locality also reads the embedded corpus's retain / real-author / world-fact rows, "
-                             f"and Confabulation only answers naming another of its subjects ({why})")
+    read = [LOCALITY_WORDS[k] for k, rows in locality.items() if rows]  # --n-retain 0 / --n-world 0: none of those
+    also = (f"Locality also reads the embedded corpus's {' / '.join(read)} rows, and " if read else
+            "Locality reads the requests' own probes only (--n-retain 0, --n-world 0), and ")
+    return locality, known, f"{also}Confabulation only answers naming another of its subjects ({why})"
 
 
 def _edited_from_embedded(recorded) -> bool:

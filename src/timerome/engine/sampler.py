@@ -498,6 +498,15 @@ def _check(backbone, P, steps, gen_length, block_length, temperature, cfg_scale,
     if causal and remasking != SAMPLER.remasking:
         raise TimeromeError(f"remasking {remasking!r} orders which masked positions a diffusion model reveals; "
                             "an autoregressive model writes left to right and has none: leave it out")
+    # an AR model writes gen_length tokens in gen_length forwards, one block: steps / block_length at their
+    # defaults, or at gen_length (what a caller sizing both by the answer passes), read as that; another value
+    # would be ignored, so it is refused (the command line refuses --steps / --block-length given at all)
+    odd = [f"{k} {v}" for k, v, d in (("steps", steps, SAMPLER.steps), ("block_length", block_length,
+                                                                       SAMPLER.block_length)) if v not in (d, gen_length)]
+    if causal and odd:
+        raise TimeromeError(f"{' and '.join(odd)}: the {backbone.family.name} model is autoregressive, it writes the "
+                            f"answer's {gen_length} tokens one per forward, left to right, with no steps or blocks to "
+                            f"set: leave {'it' if len(odd) == 1 else 'them'} out")
     check_options(steps, gen_length, block_length, temperature, cfg_scale, remasking, blocks=not causal)
     if P + gen_length > backbone.max_length:
         raise TimeromeError(f"prompt ({P} tokens) + gen_length ({gen_length}) exceeds the model's "
