@@ -123,8 +123,9 @@ RemoteOpt = typer.Option(False, "--trust-remote-code", help="run the checkpoint'
 DeviceOpt = typer.Option("cpu", "--device", help="torch device: cpu, cuda, cuda:1, mps")
 DtypeOpt = typer.Option(None, "--dtype", help="float32 (default), bfloat16 or float16")
 DataOpt = typer.Option("embedded:forget01", "--data", "-d",
-                       help="facts: 'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL file of "
-                            "question/answer rows (with 'author' or 'subject' where the subject is not a TOFU author)")
+                       help="facts: 'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir), 'real-facts' (34 real facts a "
+                            "small pretrained model knows, docs/ar-contrast.md) or a JSON/JSONL file of question/answer "
+                            "rows (with 'author' or 'subject' where the subject is not a TOFU author)")
 TofuOpt = typer.Option(None, "--tofu-dir", help="local TOFU directory in the Hub layout")
 
 

@@ -41,8 +41,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                         "retain_perturbed split of the source; rewrite with embedded or counterfactual facts: "
                         "embedded:train)"),
          data: Optional[str] = typer.Option(None, "--data", "-d", help="the forget set when no --requests: "
-                                            "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir) or a JSON/JSONL "
-                                            "file of question/answer rows (default: embedded:forget01)"),
+                                            "'embedded:SPLIT', 'tofu:SPLIT' (with --tofu-dir), 'real-facts' or a "
+                                            "JSON/JSONL file of question/answer rows (default: embedded:forget01)"),
          tofu_dir: Optional[str] = TofuOpt,
          layer: Optional[int] = typer.Option(None, help="coordinate layer, 0-based, negative from the top (-1: the "
                                                         "last) (default: --trace's best, else the model's default; "

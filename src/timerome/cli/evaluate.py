@@ -234,7 +234,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         print_notes(result["metrics"], result["notes"], exact + fewer)
         print_json(summary)
         return
-    title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} (n_mc {n_mc}, seed {seed})"
+    drawn = "exact likelihood" if exact else f"n_mc {n_mc}, seed {seed}"  # an AR model's: no masks to draw
+    title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} ({drawn})"
     console.print(escape(title), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.4g}"))
     console.print("items: " + ", ".join(f"{k} {n}" for k, n in summary["n_items"].items())
@@ -321,7 +322,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         return
     who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {unedited}" if unedited else "")
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
-                         f"{result['gen_length']}, n_mc {n_mc}, seed {seed})"), soft_wrap=True)
+                         f"{result['gen_length']}, " + ("exact likelihood)" if exact else f"n_mc {n_mc}, seed {seed})")),
+                  soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
     notes_and_warning()
     shown = Table(title="first answers")

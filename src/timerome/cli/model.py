@@ -289,7 +289,8 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     given = [k for k, v in denoising.items() if v is not None]
     if bb.causal and given:
         raise TimeromeError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} the denoising sampler; "
-                            f"{bb.name} is autoregressive and writes one token per forward, left to right")
+                            f"{bb.name} is autoregressive and writes one token per forward, left to right: leave "
+                            f"{'it' if len(given) == 1 else 'them'} out")
     for p in prompt:  # every option against every prompt, before any work or warning
         check_generation(bb, len(bb.encode_prompt(p)), steps=steps, gen_length=gen_length, block_length=block_length,
                          temperature=temperature, remasking=remasking, cache=cache,

@@ -41,7 +41,7 @@ def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / 
     if out is not None:
         return
     t = Table(title=f"{len(reqs)} edit requests from {source}")
-    for col in ("id", "prompt", "answer today", "target", "para", "neigh", "same subj", "port"):
+    for col in ("id", "prompt", "true answer", "target", "para", "neigh", "same subj", "port"):
         t.add_column(col, overflow="fold")
     for r in reqs[:50]:
         f = r.fact
