@@ -960,7 +960,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: load_requests([{"prompt": "q", "target_new": "t", "subject": "q"}], tofu_dir=files["tofu"]),
          "tofu_dir="),
         (lambda: background_texts(bb, "embedded:retain_perturbed", tofu_dir=files["tofu"]), "tofu_dir="),
-        (lambda: background_texts(bb, "embeded:retain_perturbed"), "neither 'embedded:SPLIT', 'tofu:SPLIT' nor"),
+        (lambda: background_texts(bb, "embeded:retain_perturbed"), "neither 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' nor"),
         (lambda: new_model(["embedded:forget01"], tmp_path / "nm", tofu_dir=files["tofu"]), "tofu_dir="),
         # stop 68: what the command line refused and the API took
         (lambda: run_experiment("radar", resume=False, out_dir=tmp_path / "r", progress=False), "resume=False"),

@@ -79,7 +79,7 @@ def test_the_experiment_cli_refuses_a_one_step_method_in_a_likelihood_experiment
 
     from timerome.cli import app
 
-    cfg = '{"methods": [{"method": "timerome", "config": {"step": 1}}], "extraction": false}'
+    cfg = '{"methods": ["no_edit", {"method": "timerome", "config": {"step": 1}}], "extraction": false}'
     res = CliRunner().invoke(app, ["experiment", "robustness", "-c", cfg, "--out", str(tmp_path / "exp")])
     assert res.exit_code != 0
     assert res.output.startswith("error: timerome (step=1): the edit acts at denoising step 1 only, and the "

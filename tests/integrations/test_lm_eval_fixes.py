@@ -341,3 +341,14 @@ def test_the_utility_checks_the_generation_schedule_before_loading(tmp_path):
         with pytest.raises(TimeromeError, match=f"utility: the generation setting.*{why}"):
             run_experiment("utility", seeds=(0,), out_dir=tmp_path, progress=False,
                            load=lambda path: pytest.fail("loaded"), overrides=dict(tasks=["x"], generation=gen))
+
+
+def test_the_utility_radar_reads_the_lowest_point_whatever_the_order_given():
+    """The radar's utility axis took the last operating point as the strongest: the order of `points` decided it."""
+    from timerome.experiments.utility import utility_axis
+
+    s = {"no_edit": {"a": {"mean": 0.8}, "b": {"mean": 0.6}}, "strong": {"a": {"mean": 0.5}, "b": {"mean": 0.5}},
+         "weak": {"a": {"mean": 0.8}}}
+    for order in (["no_edit", "strong", "weak"], ["no_edit", "weak", "strong"]):
+        axis = utility_axis({r: s[r] for r in order}, ["a", "b"])
+        assert axis["value"] == 0.5 and axis["comparator"] == pytest.approx(0.7) and "strong (the lowest of 2" in axis["text"]

@@ -241,6 +241,8 @@ def test_an_empty_context_is_the_models_own_start_on_an_autoregressive_model_and
     text = "hello world the cat"
     (rolled,) = lm.loglikelihood_rolling([Req(text)], disable_tqdm=True)
     assert rolled == pytest.approx(float(exact_log_likelihood(ar, [bos], ar.encode(text))), abs=1e-5)
+    again = lm.loglikelihood_rolling([Req(text), Req("the cat"), Req(text)], disable_tqdm=True)  # in order, once each
+    assert again[0] == again[2] == rolled and again[1] != rolled
     ((lp, _),) = lm.loglikelihood([Req("", " hello world")], disable_tqdm=True)  # crashed: a prompt of no token
     assert lp == pytest.approx(float(exact_log_likelihood(ar, [bos], split_request(ar, "", " hello world")[1])),
                                abs=1e-5)

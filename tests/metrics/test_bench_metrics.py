@@ -314,3 +314,26 @@ def test_kept_share_skips_a_condition_whose_rows_were_not_forgotten():
     assert kept_share(conds) == pytest.approx(0.5)  # relearn keeps half; the paraphrase says nothing
     conds["relearn"]["original"]["mean"] = 0.5  # its rows moved up: nothing was forgotten there either
     assert kept_share(conds) is None
+
+
+def test_the_robustness_panel_marks_a_cell_that_lost_a_seed_to_a_collapse():
+    """A seed whose Δ is not finite (a collapsed model) was left out of the panel's cell without a mark: the
+    cell read as the mean of every seed. It carries ‡ and the table the note."""
+    from types import SimpleNamespace
+
+    from timerome.experiments.report import DROPPED_MARK
+    from timerome.experiments.robustness import panel, panel_markdown
+
+    def items(lp, relearn):
+        one = lambda v: {"index": [0], "lp": [v]}  # noqa: E731
+        return {"original": one(lp), "paraphrased_question": {"index": [], "lp": []},
+                "paraphrased_answer": {"index": [], "lp": []}, "relearn": one(relearn)}
+
+    cells = [SimpleNamespace(row=r, measure="robustness", seed=s) for s in (0, 1, 2) for r in ("no_edit", "x")]
+    edited = {0: items(-10.0, -5.0), 1: items(-12.0, float("nan")), 2: items(-11.0, -6.0)}
+    results = [{"items": items(0.0, 0.0) if c.row == "no_edit" else edited[c.seed]} for c in cells]
+    p = panel(cells, results)
+    assert p["x"]["original"]["change"]["dropped"] == 0 and p["x"]["relearn"]["change"]["dropped"] == 1
+    assert p["x"]["relearn"]["change"]["mean"] == pytest.approx(-5.5)  # over the two finite seeds
+    md = panel_markdown(p)
+    assert md.count(DROPPED_MARK) >= 2 and "were NaN or infinite" in md  # the change and weakening cells, the note

@@ -14,7 +14,7 @@ the table. Sources, read from `runs` (default: the folder above the radar's own 
     robustness/robustness.json its "radar" entry: 1 - worst-case extraction, TimeROME vs the method with
                                the lowest worst case, but one lower than ours only with a clearly lower
                                locality (else the share of the forgetting kept under paraphrase / relearning)
-    utility/utility.json       mean lm-eval score of the strongest operating point vs no_edit
+    utility/utility.json       mean lm-eval score of the operating point scoring lowest vs no_edit
 An axis whose experiment has not been run is left out, and the figure says so.
 """
 

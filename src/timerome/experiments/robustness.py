@@ -32,8 +32,9 @@ from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
 from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.data import refuse_unfilled_target
-from timerome.experiments.report import (NOT_APPLICABLE, best_comparable, by_row, figure, label, markdown,
-                                         not_applicable_note, not_applicable_rows, save_png, summarise, write_outputs)
+from timerome.experiments.report import (DROPPED_MARK, DROPPED_NOTE, NOT_APPLICABLE, best_comparable, by_row, figure,
+                                         label, markdown, not_applicable_note, not_applicable_rows, save_png,
+                                         summarise, write_outputs)
 from timerome.experiments.runner import Cell, measurement, row_count, with_edit
 from timerome.metrics.attacks import ATTACKS
 from timerome.metrics.editing import default_gen_length
@@ -170,9 +171,10 @@ def panel(cells, results) -> dict:
         for cond in CONDITIONS:
             for what in ("change", "original", "weakening"):
                 vals = [x[cond][what] for x in runs if np.isfinite(x[cond][what])]
-                if vals:
+                if vals:  # a seed whose value is not finite (a collapse) is left out of the cell, and counted
                     s = stat_cell(vals)
-                    out[row].setdefault(cond, {})[what] = dict(mean=s.mean, std=s.std, lo=s.lo, hi=s.hi, n=s.n)
+                    out[row].setdefault(cond, {})[what] = dict(mean=s.mean, std=s.std, lo=s.lo, hi=s.hi, n=s.n,
+                                                               dropped=len(runs) - len(vals))
     return out
 
 
@@ -312,13 +314,15 @@ def panel_markdown(p: dict, not_applicable=()) -> str:
             e = conds.get(cond, {}).get(what)
             if not e:
                 return "–"
-            return f"{e['mean']:+.2f}" + (f" [{e['lo']:+.2f}, {e['hi']:+.2f}]" if e["n"] > 1 else "")
+            return (f"{e['mean']:+.2f}" + (f" [{e['lo']:+.2f}, {e['hi']:+.2f}]" if e["n"] > 1 else "")
+                    + (DROPPED_MARK if e.get("dropped") else ""))
 
         lines.append(f"| {row} | " + " | ".join([f(c, "change") for c in CONDITIONS]
                                                + [f(c, "weakening") for c in CONDITIONS[1:]]) + " |")
+    dropped = any(e.get("dropped") for conds in p.values() for whats in conds.values() for e in whats.values())
     return "\n".join(lines + ["", "Δ: edited − unedited, per forget row, mean over rows and seeds [bootstrap 95% CI "
                               "over seeds]; weakening: Δ(condition) − Δ(original), positive = the condition takes "
-                              "back that many nats of the edit.", ""])
+                              "back that many nats of the edit." + (f" {DROPPED_NOTE}" if dropped else ""), ""])
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:

@@ -275,8 +275,8 @@ class TimeromeLM(LM):
             self.cache_hook.add_partial("loglikelihood", a, res)
         return out
 
-    def _score(self, args, disable_tqdm=False, greedy: bool | None = None) -> list[tuple[float, bool]]:
-        greedy = self.check_greedy if greedy is None else greedy
+    def _score(self, args, disable_tqdm=False) -> list[tuple[float, bool]]:
+        greedy = self.check_greedy
         check_stepless(self.edit, "lm-eval's loglikelihood", self.backbone)
         done: dict = {}
         with self.active() as st, progress_bar("lm-eval loglikelihood", len(set(args)),
@@ -317,24 +317,28 @@ class TimeromeLM(LM):
         # the others on the token before their targets
         start = context_start(bb)
         room = bb.max_length - max(1, len(start))
-        out = []
-        for r in requests:
-            (text,) = r.args
-            ids = bb.encode(text)
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, bb.mask_id, room, 1)]
-            if windows:  # the placeholder prefix becomes what an empty context is (`context_start`)
-                windows[0] = (start, windows[0][1])
-            total = 0.0
-            check_stepless(self.edit, "lm-eval's loglikelihood_rolling", self.backbone)
-            with self.active():
+        check_stepless(self.edit, "lm-eval's loglikelihood_rolling", self.backbone)
+        texts = [r.args[0] for r in requests]
+        done: dict[str, float] = {}  # a text asked twice is scored once (its windows draw the same masks anyway)
+        with self.active(), progress_bar("lm-eval loglikelihood_rolling", len(set(texts)),
+                                         enabled=not disable_tqdm) as bar:
+            for text in texts:
+                if text in done:
+                    continue
+                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(bb.encode(text), bb.mask_id,
+                                                                                      room, 1)]
+                if windows:  # the placeholder prefix becomes what an empty context is (`context_start`)
+                    windows[0] = (start, windows[0][1])
+                total = 0.0
                 for c, t in windows:
                     g = torch.Generator().manual_seed(pair_seed(self.seed, json.dumps(c), json.dumps(t)))
                     with torch.no_grad():
                         total += float(log_likelihood_batch(bb, [c], [t], n_mc=self.n_mc, batch_size=self.mc_batch,
                                                             generator=g, max_tokens=self.max_tokens)[0])
-            out.append(total)
-            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-        return out
+                done[text] = total
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                bar.advance()
+        return [done[t] for t in texts]
 
     # ---------------------------------------------------------------- generation
 
