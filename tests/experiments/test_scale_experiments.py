@@ -198,6 +198,10 @@ def test_robustness_radar_entry_compares_kept_shares(tmp_path):
     entry = radar_entry(p)
     assert entry["value"] == pytest.approx(0.5) and entry["comparator"] == 0.0 and "vs ga" in entry["text"]
     assert radar_entry({"timerome": p["timerome"]}) is None       # nothing to compare with
+    assert "weakest of paraphrased question / paraphrased answer / relearn," in entry["text"]
+    # rows with no paraphrase: the share is relearning's alone, and the axis says so
+    alone = radar_entry({"timerome": row(-10.0, relearn=-5.0), "ga": p["ga"]})
+    assert "weakest of relearn, timerome vs ga" in alone["text"]
     (tmp_path / "robustness").mkdir()
     (tmp_path / "robustness" / "robustness.json").write_text(json.dumps({"radar": {"robustness": entry}}))
     found, _ = read_axes(tmp_path)

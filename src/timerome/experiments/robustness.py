@@ -298,8 +298,9 @@ def radar_entry(p: dict) -> dict | None:
     if ours is None or kept_share(p[ours]) is None or not others:
         return None
     best = min(others, key=lambda r: others[r]["original"]["change"]["mean"])
+    read = [c.replace("_", " ") for c in CONDITIONS[1:] if "change" in p[ours].get(c, {})]  # no paraphrase rows: none
     return dict(value=kept_share(p[ours]), comparator=kept_share(others[best]), higher_is_better=True,
-                text=f"share of the forgetting kept under the weakest of paraphrase / relearning, {ours} vs {best}")
+                text=f"share of the forgetting kept under the weakest of {' / '.join(read)}, {ours} vs {best}")
 
 
 def panel_markdown(p: dict, not_applicable=()) -> str:
