@@ -302,6 +302,11 @@ def test_the_token_budget_under_any_of_lm_evals_names_and_unread_settings_named(
                            Req("Q ?", {"max_gen_toks": 3, "num_beams": 1, "top_p": 1.0})], disable_tqdm=True)
     assert lengths == [7, 5, 3, 3, 3]
     assert sum("read by nothing" in str(w.message) for w in seen) == 1  # once per model
+    # a model_args gen_length over a task's budget: taken (documented), and said once at run time
+    lm = TimeromeLM(backbone=bb, n_mc=N_MC, gen_length=8, block_length=8)
+    with pytest.warns(UserWarning, match="gen_length 8 exceeds a task's budget of 4 tokens") as seen:
+        lm.generate_until([Req("Q ?", {"max_gen_toks": 4}), Req("Q ?", {"max_gen_toks": 4})], disable_tqdm=True)
+    assert lengths[-2:] == [8, 8] and sum("exceeds" in str(w.message) for w in seen) == 1
 
 
 def test_sampler_settings_are_checked_when_the_model_is_made_not_at_the_first_generation(bb):

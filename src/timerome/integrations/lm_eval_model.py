@@ -379,6 +379,11 @@ class TimeromeLM(LM):
         until, asked, temperature = self._task_settings(kwargs)
         # the task's token budget (lm-eval's own default, 256, where it gives none) unless gen_length overrides it
         length = self.gen["gen_length"] or integer(256 if asked is None else asked, "the task's max_gen_toks", lo=1)
+        if self.gen["gen_length"] and asked is not None and length > asked and "gen_length" not in self.warned:
+            self.warned.add("gen_length")  # documented; said at run time too, once: a task's limit is part of its score
+            warnings.warn(f"model_args gen_length {length} exceeds a task's budget of {asked} tokens: its answers may "
+                          "run past the task's limit (cut only at its stop sequences); leave gen_length out to use "
+                          "each task's own", stacklevel=3)
         steps, block = self.gen["steps"] or length, self.gen["block_length"] or length
         room = bb.max_length - length
         if room < 1:
