@@ -279,3 +279,7 @@ def test_generate_on_an_autoregressive_model_refuses_steps_and_blocks_it_would_i
                       ({"steps": 2, "block_length": 2}, "steps 2 and block_length 2")):
         with pytest.raises(TimeromeError, match=f"{named}: the llama model is autoregressive"):
             timerome.generate(bb, "the author was born in", gen_length=8, **kw)
+    # continuations (MUSE's verbmem, 64 / 128 tokens) sized its blocks at 32 and met that refusal (review 76)
+    from timerome.engine.sampler import continuations
+
+    assert len(continuations(bb, ["the author was born in"], gen_length=64)["texts"]) == 1

@@ -398,8 +398,8 @@ def continuations(backbone, prompts: list[str], *, gen_length: int, block_length
     (temperature, remasking, cache, threshold, refresh_every: sampler.generate's options) change
     that. Each batch draws from a generator seeded `seed`."""
     G = generation_length(backbone, gen_length)
-    if block_length is None:
-        block = 32 if G % 32 == 0 else G
+    if block_length is None:  # an autoregressive model has no blocks: one, the answer
+        block = 32 if G % 32 == 0 and not getattr(backbone, "causal", False) else G
     else:  # a block as long as the answer (or longer: the length was capped) is one block
         block = min(int(block_length), G)
         if G % block:  # never silently another schedule than the one asked for
