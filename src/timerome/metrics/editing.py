@@ -135,6 +135,11 @@ def folded(text: str) -> str:
 _SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")  # closing marks, then a space or the end ("U.S.A." has no end at "U.S")
 
 
+def sentence_words(text: str) -> str | None:
+    """A text that is a sentence (a word, then one closing . ! or ?): its words, the mark aside; else None."""
+    return text[:-1].rstrip() if re.search(r"\w[.!?]$", text) else None
+
+
 def said_rest(answer: str, text: str | None) -> str | None:
     """What `answer` says after `text` (folded; "" when nothing), or None when it does not say it.
     A text that is a sentence (a word, then one closing . ! or ?) is said by an answer whose
@@ -142,7 +147,7 @@ def said_rest(answer: str, text: str | None) -> str | None:
     if not text or not text.strip():
         return None
     a, full = folded(answer), folded(text)
-    t = full[:-1].rstrip() if re.search(r"\w[.!?]$", full) else None  # the sentence's words, its mark aside
+    t = sentence_words(full)
     if t:
         if a == t:
             return ""
@@ -163,7 +168,7 @@ def names(answer: str, text: str | None) -> bool:
     if not text or not text.strip():
         return False
     full = folded(text)
-    return contains(answer, full[:-1].rstrip() if re.search(r"\w[.!?]$", full) else full)
+    return contains(answer, sentence_words(full) or full)
 
 
 def says_any(answer: str, texts) -> bool:
