@@ -123,6 +123,9 @@ def files(tmp_path_factory):
     (f["wmdp_mixed"] / "wmdp").mkdir(parents=True)
     (f["wmdp_mixed"] / "wmdp" / "split_0.jsonl").write_text(
         json.dumps({"question": "Which port does SSH use?", "choices": ["21", "22", "80", "443"], "answer": 1}) + "\n")
+    f["rwku_not"] = d / "rwku_not"  # a folder of JSON folders none of which is an RWKU target
+    (f["rwku_not"] / "notes").mkdir(parents=True)
+    (f["rwku_not"] / "notes" / "x.json").write_text("[]")
     f["interrupted"] = d / "interrupted"  # a train --out whose earlier run was interrupted
     (f["interrupted"] / "train-state").mkdir(parents=True)
     (f["interrupted"] / "train-state" / "state.safetensors").write_text("{}")
@@ -684,6 +687,23 @@ def catalogue(f, tmp):
         ("eval --bench with a TOFU option", ["eval", "--bench", "wmdp", "--splits", "forget"],
          "--splits applies only without"),
         ("eval --bench-data a file", ["eval", "--bench", "wmdp", "--bench-data", f["cfg_array"]], "is not a folder"),
+        # stop 76: MUSE's PrivLeak reference, one rule in the settings, the CLI and the API
+        ("a privacy-leak reference AUC of 1 (nothing to normalise by)",
+         ["experiment", "transfer", "-c", '{"privleak_reference": {"books": 1.0}}', "-o", tmp / "e"],
+         "a number in [0, 1) (the retrained model's AUC; 1 leaves"),
+        ("eval --bench --privleak-reference 1", ["eval", "--bench", "muse-books", "--privleak-reference", "1"],
+         "--privleak-reference must be a number in [0, 1)"),
+        ("eval --bench whp --privleak-reference (no PrivLeak there)",
+         ["eval", "--bench", "whp", "--privleak-reference", "0.5"], "only MUSE (muse-books, muse-news) reports"),
+        ("eval --privleak-reference without --bench", ["eval", "--privleak-reference", "0.5"],
+         "--privleak-reference applies only with --bench"),
+        # stop 76: a --bench-data folder that is not this benchmark's (its files were said missing, misleadingly)
+        ("eval --bench whp on the muse folder", ["eval", "--bench", "whp", "--bench-data", f["muse_books"].parent],
+         "is the muse folder, not whp's"),
+        ("eval --bench rwku on a folder holding wmdp/ only", ["eval", "--bench", "rwku", "--bench-data",
+                                                              f["wmdp_mixed"]], "holds wmdp/ but no rwku/"),
+        ("eval --bench rwku on JSON folders that are no targets", ["eval", "--bench", "rwku", "--bench-data",
+                                                                   f["rwku_not"]], "holds no RWKU target folder"),
         # stop 59: a real checkpoint's user (options read by nothing, a file of the other kind)
         ("trace --positional --steps (TIE's, not run)", ["trace", "--positional", "--steps", "3", "-o", tmp / "t"],
          "runs only with --compare"),

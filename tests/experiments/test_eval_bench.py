@@ -91,6 +91,20 @@ def test_eval_bench_cli_prints_the_api_numbers(bb, saved):
                                    "--n-mc", "1", "--no-rouge"])
     assert res.exit_code == 0, res.output
     assert "on muse-news" in res.stdout and "KnowMemLP" in res.stdout and "VerbMemLP" in res.stdout
+    # a retrained model's AUC turns the raw AUC into MUSE's PrivLeak, through the CLI as through the API
+    res = CliRunner().invoke(app, ["eval", "--bench", "muse-news", "--bench-data", str(BENCH), "--limit", "2",
+                                   "--n-mc", "1", "--no-rouge", "--privleak-reference", "0.4", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)["metrics"]
+    assert got["PrivLeak"] == pytest.approx(((1 - got["PrivLeakAUC"]) - 0.6) / 0.6 * 100)
+    api = timerome.evaluate_benchmark(bb, "muse-news", bench_data=BENCH, limit=2, n_mc=1, rouge=False,
+                                      privleak_reference=0.4)
+    assert api["metrics"]["PrivLeak"] == got["PrivLeak"]
+    for bad, why in ((1.0, "in \\[0, 1\\)"), (float("nan"), "in \\[0, 1\\)")):
+        with pytest.raises(TimeromeError, match=why):
+            timerome.evaluate_benchmark(bb, "muse-news", bench_data=BENCH, limit=2, privleak_reference=bad)
+    with pytest.raises(TimeromeError, match="only MUSE"):
+        timerome.evaluate_benchmark(bb, "whp", bench_data=BENCH, limit=2, privleak_reference=0.5)
     other = timerome.load_benchmark(bb, "rwku:Confucius", bench_data=BENCH, limit=1)
     assert other["bench"] == "rwku:Confucius" and len(other["splits"]["neighbor_level1"]) == 1
 

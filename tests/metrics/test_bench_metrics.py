@@ -337,3 +337,26 @@ def test_the_robustness_panel_marks_a_cell_that_lost_a_seed_to_a_collapse():
     assert p["x"]["relearn"]["change"]["mean"] == pytest.approx(-5.5)  # over the two finite seeds
     md = panel_markdown(p)
     assert md.count(DROPPED_MARK) >= 2 and "were NaN or infinite" in md  # the change and weakening cells, the note
+
+
+def test_token_scores_of_an_autoregressive_model_are_its_exact_next_token_log_probs(tmp_path):
+    """As MUSE scores a causal LM: one clean forward, log p(x_i | x_<i), the first token (read from
+    nothing: the tiny tokenizer adds no sequence start) dropped; groups and the seed not read."""
+    import timerome
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    bb = timerome.load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar"))
+    texts = ["the author was born in", "the author was"]
+    scores, cut = membership.token_scores(bb, texts, groups=3, seed=0)
+    again, _ = membership.token_scores(bb, texts, groups=8, seed=5)
+    assert cut == 0 and bb.prompt_start == []
+    for sentence, s, t in zip(texts, scores, again):
+        ids = torch.tensor([bb.encode(sentence)])
+        with torch.no_grad():
+            lp = torch.log_softmax(bb.model(input_ids=ids).logits[0, :-1].float(), -1)
+        want = lp.gather(1, ids[0, 1:, None])[:, 0].double().numpy()
+        assert len(s) == ids.shape[1] - 1
+        np.testing.assert_allclose(s, want, atol=1e-5)
+        np.testing.assert_array_equal(s, t)
+    with pytest.raises(TimeromeError, match="one token"):
+        membership.token_scores(bb, ["author"])

@@ -39,7 +39,7 @@ MODES = {**dict.fromkeys(("--target", "--base", "--gen-length"), {"requests"}),
          **dict.fromkeys(("--data", "--forget", "--retain-authors", "--splits", "--reference", "--cache",
                           "--threshold", "--refresh-every"), {"tofu"}),
          **dict.fromkeys(("--n-retain", "--n-world"), {"tofu", "requests"}),
-         "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit"), {"bench"})}
+         "--no-rouge": {"tofu", "bench"}, **dict.fromkeys(("--bench-data", "--limit", "--privleak-reference"), {"bench"})}
 
 
 def _saved_memory(bb, edit, also: str = ""):
@@ -139,7 +139,11 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                        "benchmark data (muse/, whp/, wmdp/, rwku/; default "
                                                        "$TIMEROME_BENCH_DIR, else the Hub for MUSE and WMDP)"),
              limit: Optional[int] = typer.Option(None, help="with --bench: at most N rows of each scored split "
-                                                            "(default: all, the full protocol)")):
+                                                            "(default: all, the full protocol)"),
+             privleak_reference: Optional[float] = typer.Option(
+                 None, "--privleak-reference", help="with --bench muse-books / muse-news: the Min-K% AUC of a model "
+                                                    "retrained without the forget set (in [0, 1)), to report MUSE's "
+                                                    "PrivLeak beside the raw AUC")):
     """Evaluate a model (and optionally a saved edit memory on it) with the paper's metrics, edit
     requests with the editing metrics (--requests), or a benchmark with its own (--bench)."""
     from timerome.engine.sampler import check_fast_options, refuse_diffusion_options
@@ -157,7 +161,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
              "--data": data, "--forget": forget, "--retain-authors": retain_authors, "--splits": splits,
              "--reference": reference, "--cache": cache, "--threshold": threshold, "--refresh-every": refresh_every,
              "--no-rouge": None if rouge else True, "--n-retain": n_retain, "--n-world": n_world,
-             "--bench-data": bench_data, "--limit": limit}
+             "--bench-data": bench_data, "--limit": limit, "--privleak-reference": privleak_reference}
     wrong = [k for k, v in given.items() if v is not None and mode not in MODES[k]]
     if wrong:
         modes = MODES[wrong[0]]
@@ -167,7 +171,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     if requests is not None:
         return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
     if bench is not None:
-        return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json)
+        return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference)
     data = "embedded" if data is None else data
     forget = "forget01" if forget is None else forget
     sized = {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain), ("--retain-authors",
@@ -397,12 +401,13 @@ def _edited_from_embedded(recorded) -> bool:
     return False
 
 
-def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json) -> None:
+def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference=None) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
-    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, refuse_unread_rouge
+    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, refuse_unread_reference, refuse_unread_rouge
 
     refuse_unread_rouge(bench, rouge, "--no-rouge")  # the name, and the options below, before the model loads
+    refuse_unread_reference(bench, privleak_reference, "--privleak-reference")
     if limit is not None and limit < 1:
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
     if n_mc < 1:
@@ -415,11 +420,12 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     if edit is not None:
         check_on_prompts(bb, memory, [bb.encode_prompt(r[k]) for split in rows["splits"].values() for r in split[:2]
                                       for k in ("question", "prompt", "text") if isinstance(r.get(k), str)][:4], edit)
-    result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True)
+    result = evaluate_benchmark(bb, rows, edit=memory, n_mc=n_mc, seed=seed, rouge=rouge, progress=True,
+                                privleak_reference=privleak_reference)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
                    notes=result["notes"] + exact_likelihood(bb, n_mc, seed), seconds=result["seconds"], n_mc=n_mc, seed=seed,
-                   rouge=rouge)
+                   rouge=rouge, privleak_reference=privleak_reference)
     if as_json:  # the notes on stderr, as without --json (docs/cli.md); the JSON holds them too
         print_notes(result["metrics"], {}, summary["notes"])
         print_json(summary)

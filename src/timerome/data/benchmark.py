@@ -61,11 +61,17 @@ class Loaded:
 # ------------------------------------------------------------------------------ where the files are
 
 
+# the folders of a benchmark directory (the layout docs/benchmarks.md gives)
+BENCHMARK_FOLDERS = ("muse", "whp", "wmdp", "rwku", "tofu")
+
+
 def bench_dir(source, name: str) -> Path | None:
     """The local folder of benchmark `name`, or None when the rows should come from the Hub.
 
     source: a directory (the benchmark's own, or one holding `name/`), None ($TIMEROME_BENCH_DIR,
-    else the Hub) or "hub".
+    else the Hub) or "hub". A folder without `name/` is read as the benchmark's own unless it is
+    plainly another's (named after another benchmark, or holding other benchmarks' folders but not
+    this one): its files would be missing under a misleading name.
     """
     if source is None:
         source = os.environ.get(ENV_DIR) or "hub"
@@ -76,7 +82,16 @@ def bench_dir(source, name: str) -> Path | None:
         state = "is a file, not a folder" if root.exists() else "does not exist"
         raise TimeromeError(f"benchmark directory {root} {state} (pass a folder holding {name}/ or "
                             f"the {name} folder itself, or set ${ENV_DIR})")
-    return root / name if (root / name).is_dir() else root
+    if (root / name).is_dir():
+        return root / name
+    others = [b for b in BENCHMARK_FOLDERS if b != name]
+    hint = f"pass the folder holding {name}/ or the {name} folder itself"
+    if root.name.lower() in others:
+        raise TimeromeError(f"benchmark directory {root} is the {root.name} folder, not {name}'s: {hint}")
+    held = [b for b in others if (root / b).is_dir()]
+    if held:
+        raise TimeromeError(f"benchmark directory {root} holds {'/, '.join(held)}/ but no {name}/: {hint}")
+    return root
 
 
 def find_file(directory: Path, candidates: tuple[str, ...], what: str) -> Path:

@@ -40,7 +40,9 @@ def _order(folder: str):
 def rwku_targets(source=None) -> list[str]:
     """The target folders of an RWKU directory, in the release's order."""
     root = _root(source)
-    found = sorted((p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.json"))), key=_order)
+    # a target folder holds at least one of RWKU's part files (any folder of JSON files is not one)
+    found = sorted((p.name for p in root.iterdir() if p.is_dir() and any((p / f"{part}.json").is_file()
+                                                                         for part in PARTS)), key=_order)
     if not found:
         raise TimeromeError(f"{root} holds no RWKU target folder (<id>_<Target>/forget_level1.json, ...)")
     return found

@@ -24,6 +24,7 @@ from timerome.experiments.bench_report import data_notes
 from timerome.experiments.runner import Context
 from timerome.experiments.transfer import BENCHMARKS, CONFIG, bench_source, data_spec
 from timerome.memory.memory_file import load_memory
+from timerome.metrics.membership import REFERENCE_WANT, check_reference
 from timerome.methods.registry import Edit
 
 BENCHES = (*BENCHMARKS, "rwku")  # the transfer / rwku experiments' names
@@ -47,6 +48,20 @@ def refuse_unread_rouge(bench, rouge: bool, flag: str) -> None:
     if not rouge and name == "wmdp":
         raise TimeromeError(f"{flag}: WMDP is scored by its choices' likelihoods and generates nothing, so nothing "
                             "reads it; leave it out")
+
+
+def refuse_unread_reference(bench, reference, flag: str) -> None:
+    """Refuse a PrivLeak reference AUC (`flag`: how the caller wrote it) that is not one, or that a
+    benchmark other than MUSE's (the only one with PrivLeak) would not read."""
+    if reference is None:
+        return
+    name, _ = parse_bench(bench)
+    if name not in ("muse-books", "muse-news"):
+        raise TimeromeError(f"{flag}: only MUSE (muse-books, muse-news) reports PrivLeak; {name} would not read it")
+    try:
+        check_reference(reference)
+    except TimeromeError:
+        raise TimeromeError(f"{flag} must be {REFERENCE_WANT}; got {reference!r}") from None
 
 
 def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None, rouge: bool = True) -> dict:
@@ -82,12 +97,15 @@ def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None =
 
 
 def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: int | None = None,
-                       n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, rouge: bool = True, progress: bool = False) -> dict:
+                       n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, rouge: bool = True, progress: bool = False,
+                       privleak_reference: float | None = None) -> dict:
     """A benchmark's own metrics (the transfer / rwku experiments' columns) for the model as it is, or
     with `edit` applied while scoring: an edit memory, or its file (a saved memory; nothing is installed),
     or a method installed on this model (`timerome.methods.install`; the caller undoes it).
     bench: a name (`load_benchmark`, with bench_data and limit) or the rows load_benchmark returned.
-    rouge=False: log-probabilities and choices only (no generation). -> {"metrics", "notes" (what the
+    rouge=False: log-probabilities and choices only (no generation). privleak_reference (MUSE only): the
+    Min-K% AUC of a model retrained without the forget set, which turns the raw AUC into MUSE's PrivLeak
+    (`metrics.membership`). -> {"metrics", "notes" (what the
     data held, and why a column is missing), "n_items", "items", "data", "seconds"}."""
     integer(n_mc, "n_mc", lo=1)
     check_seed(seed, "seed")
@@ -100,6 +118,8 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
             raise TimeromeError("bench_data and limit choose rows to load; these rows are loaded already")
     if isinstance(bench, dict):  # a name is checked as load_benchmark loads it
         refuse_unread_rouge(bench["bench"], rouge, "rouge=False")
+    refuse_unread_reference(bench["bench"] if isinstance(bench, dict) else bench, privleak_reference,
+                            "privleak_reference")
     if isinstance(bench, dict) and rouge and bench["spec"].get("completions") is False:
         raise TimeromeError("these rows were loaded with rouge=False (no WHP completion prompts), so there is nothing "
                             "to generate: pass rouge=False here too, or load them with rouge=True")
@@ -119,6 +139,9 @@ def evaluate_benchmark(backbone, bench, *, edit=None, bench_data=None, limit: in
         raise TimeromeError(f"edit must be an edit memory, its file or an installed method, got {type(edit).__name__}")
     t0 = time.perf_counter()
     with active:
-        out = bench_scores(rows["spec"]["kind"], backbone, rows, dict(n_mc=n_mc, rouge=rouge), seed, progress)
+        options = dict(n_mc=n_mc, rouge=rouge)
+        if privleak_reference is not None:  # the corpus of these rows reads it
+            options["privleak_reference"] = dict.fromkeys(("books", "news"), float(privleak_reference))
+        out = bench_scores(rows["spec"]["kind"], backbone, rows, options, seed, progress)
     return dict(out, notes=data_notes([out]), n_items={k: len(v) for k, v in rows["splits"].items()},
                 seconds=time.perf_counter() - t0, bench=rows["bench"], spec=rows["spec"])

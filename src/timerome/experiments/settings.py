@@ -15,6 +15,7 @@ from timerome.data.whp import TRIVIA as WHP_TRIVIA
 from timerome.data.wmdp import MIXED as WMDP_MIXED
 from timerome.data.wmdp import SUBJECTS as WMDP_SUBJECTS
 from timerome.errors import TimeromeError
+from timerome.metrics.membership import REFERENCE_WANT, reference_ok
 from timerome.metrics.robustness import RELEARN_WANT, relearn_ok
 
 # settings that count something (>= 1); those also allowed to be null (= all of them)
@@ -65,10 +66,10 @@ SPECIAL = {
     "frontiers": ("a non-empty list of timerome settings objects without alpha or q (the sweep sets them)",
                   lambda v: isinstance(v, (list, tuple)) and bool(v)
                   and all(isinstance(f, dict) and not {"alpha", "q"} & set(f) for f in v)),
-    "privleak_reference": ("an object {\"books\": AUC, \"news\": AUC} (either or both; the retrained model's "
-                           "privacy-leak AUC, a number in [0, 1])",
+    "privleak_reference": ("an object {\"books\": AUC, \"news\": AUC} (either or both; each the retrained "
+                           f"model's privacy-leak AUC, {REFERENCE_WANT})",
                            lambda v: isinstance(v, dict) and set(v) <= {"books", "news"}
-                           and all(_is_real(x) and 0 <= x <= 1 for x in v.values())),
+                           and all(reference_ok(x) for x in v.values())),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),

@@ -1,5 +1,5 @@
-"""Membership inference on an MDLM: per-token scores from the masked likelihood, Min-K%, AUC and
-MUSE's PrivLeak.
+"""Membership inference: per-token scores (an MDLM's from the masked likelihood, an autoregressive
+model's exact next-token ones), Min-K%, AUC and MUSE's PrivLeak.
 
 Per-token scores. An autoregressive model scores token i of a text as log p(x_i | x_<i); an MDLM
 has no left-to-right factorisation, so here token i is scored by the masked likelihood with the
@@ -15,6 +15,12 @@ any length. `repeats` > 1 deals again with fresh permutations and averages each 
 its mean over the random masks that hid it. A text follows the model's sequence start
 (`Backbone.prompt_start`: DiffuLLaMA's `<s>`, nothing for most tokenizers), which is context and
 never scored, and is cut to the model's context (the cut count is returned). Draws: text i uses likelihood.pair_generator(seed, i).
+
+An autoregressive model (`backbone.causal`) is scored as MUSE and Min-K% score one: one forward of
+the clean text, s_i = log p(x_i | x_<i), exact (`groups`, `repeats` and the seed are not read).
+A token is scored only when something precedes it: with a sequence start every text token is, with
+none (SmolLM2's tokenizer adds no BOS) the text's first token has no context and is dropped, as
+MUSE's shift (logits[:-1] against tokens[1:]) drops it.
 
 Min-K% (Shi et al. 2024, MUSE's privleak attack with k = 0.4): the mean of the k share lowest
 token scores (at least one token); higher = more likely the text was trained on.
@@ -37,7 +43,7 @@ from scipy.stats import rankdata
 
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import pad_sequences
-from timerome.engine.likelihood import pair_generator
+from timerome.engine.likelihood import logits_at, masked_head_applies, pair_generator
 from timerome.errors import TimeromeError
 
 DEFAULT_GROUPS = 8
@@ -63,14 +69,24 @@ def token_scores(backbone, texts: list[str], *, groups: int = DEFAULT_GROUPS, re
     """(per-token scores of each text in nats (module docstring), number of texts cut to the context)."""
     if groups < 1 or repeats < 1:
         raise TimeromeError(f"groups and repeats must be >= 1, got {groups} and {repeats}")
-    S = len(backbone.prompt_start)
+    causal = bool(getattr(backbone, "causal", False))
+    # the first scored position: after the sequence start; on an autoregressive model also after a
+    # token to read it from (position 0 has no context)
+    S = max(len(backbone.prompt_start), 1 if causal else 0)
     whole = [backbone.encode_prompt(t) for t in texts]
     ids = [x[: backbone.max_length] for x in whole]
     cut = sum(len(x) > backbone.max_length for x in whole)
     for i, x in enumerate(ids):
-        if len(x) <= S:
+        if len(x) <= len(backbone.prompt_start):
             raise TimeromeError(f"text {i} encodes to no token: there is nothing to score")
-    rows = [(i, m) for i, x in enumerate(ids) for m in _deal(len(x) - S, groups, repeats, pair_generator(seed, i))]
+        if len(x) <= S:
+            raise TimeromeError(f"text {i} encodes to one token, which an autoregressive model reads from "
+                                "nothing before it: there is nothing to score")
+    if causal:  # every token scored once, from the clean text
+        rows = [(i, torch.ones(len(x) - S, dtype=torch.bool)) for i, x in enumerate(ids)]
+        repeats = 1
+    else:
+        rows = [(i, m) for i, x in enumerate(ids) for m in _deal(len(x) - S, groups, repeats, pair_generator(seed, i))]
     rows.sort(key=lambda r: -len(ids[r[0]]))  # longest first: each forward pads to its first row
     sums = [np.zeros(len(x) - S) for x in ids]
     chunks, start = [], 0
@@ -84,9 +100,11 @@ def token_scores(backbone, texts: list[str], *, groups: int = DEFAULT_GROUPS, re
             hidden = torch.zeros_like(real)
             for b, (_, m) in enumerate(chunk):
                 hidden[b, S:S + len(m)] = m.to(hidden.device)
-            noisy = clean.masked_fill(hidden, backbone.mask_id)
-            logits = backbone.logits(noisy, attention_mask=None if bool(real.all()) else real)
-            logp = F.log_softmax(logits[hidden].float(), dim=-1).gather(1, clean[hidden][:, None])[:, 0]
+            # an autoregressive model reads token i from the clean tokens before it
+            noisy = clean if causal else clean.masked_fill(hidden, backbone.mask_id)
+            picked = logits_at(backbone, noisy, hidden, attention_mask=None if bool(real.all()) else real,
+                               masked_head=causal and masked_head_applies(backbone))
+            logp = F.log_softmax(picked.float(), dim=-1).gather(1, clean[hidden][:, None])[:, 0]
             logp = logp.double().cpu().numpy()
             at = 0
             for i, m in chunk:
@@ -117,12 +135,27 @@ def auc(members, nonmembers) -> float:
     return float(u / (a.size * b.size))
 
 
+REFERENCE_WANT = ("a number in [0, 1) (the retrained model's AUC; 1 leaves MUSE's a_ref = 1 - AUC at 0, "
+                  "nothing to normalise by)")
+
+
+def reference_ok(value) -> bool:
+    """Whether `value` can be a PrivLeak reference AUC (REFERENCE_WANT): one rule for the API, the
+    experiment settings and the CLI."""
+    return (isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+            and bool(np.isfinite(value)) and 0 <= value < 1)
+
+
+def check_reference(value) -> float:
+    if not reference_ok(value):
+        raise TimeromeError(f"the PrivLeak reference AUC must be {REFERENCE_WANT}; got {value!r}")
+    return float(value)
+
+
 def privleak(auc_value: float, reference_auc: float) -> float:
     """MUSE's PrivLeak (module docstring) from this model's AUC and the retrained model's, both in
     this module's convention (1 = forget texts more likely)."""
-    a, ref = 1.0 - float(auc_value), 1.0 - float(reference_auc)
-    if not 0 < ref <= 1:
-        raise TimeromeError(f"the reference AUC must lie in [0, 1), got {reference_auc}")
+    a, ref = 1.0 - float(auc_value), 1.0 - check_reference(reference_auc)
     return (a - ref) / ref * 100.0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from timerome.engine.sampler import continuations, generation_length
 from timerome.engine.settings import LIKELIHOOD
-from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, min_k_auc, privleak
+from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K, check_reference, min_k_auc, privleak
 from timerome.metrics.text import pair_logprobs, rouge_l, truncated
 
 SHOT = "Question: {question}\nAnswer: {answer}\n\n"
@@ -67,6 +67,8 @@ def privacy_leak(backbone, forget: list[str], holdout: list[str], *, k: float = 
                  groups: int = DEFAULT_GROUPS, seed: int = 0, reference_auc: float | None = None,
                  progress: bool = False) -> dict:
     """Min-K% AUC of forget vs holdout passages, and PrivLeak against a retrained model's AUC."""
+    if reference_auc is not None:
+        check_reference(reference_auc)  # before the scoring, not after it
     res = min_k_auc(backbone, forget, holdout, k=k, groups=groups, seed=seed, progress=progress)
     res["privleak"] = None if reference_auc is None else privleak(res["auc"], reference_auc)
     res["reference_auc"] = reference_auc
