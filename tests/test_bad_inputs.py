@@ -680,7 +680,7 @@ def catalogue(f, tmp):
         # stop 59: eval --bench, a benchmark's own metrics for a model or a saved memory
         ("eval --bench an unknown benchmark", ["eval", "--bench", "muse"], "a benchmark is one of"),
         ("eval --bench with a choice for a benchmark without choices", ["eval", "--bench", "whp:x"],
-         "a benchmark is one of"),
+         "whp names no part (only wmdp:SUBJECT and rwku:TARGET do), got 'whp:x'"),
         ("eval --bench and --requests", ["eval", "--bench", "wmdp", "--requests", "embedded:forget01"], "give one"),
         ("eval --limit without --bench", ["eval", "--limit", "3"], "--limit applies only with --bench"),
         ("eval --bench --limit 0", ["eval", "--bench", "wmdp", "--limit", "0"], "--limit must be"),

@@ -109,8 +109,27 @@ def test_eval_bench_cli_prints_the_api_numbers(bb, saved):
     assert other["bench"] == "rwku:Confucius" and len(other["splits"]["neighbor_level1"]) == 1
 
 
+def test_eval_bench_says_what_repeats_and_what_it_cut(bb, tmp_path):
+    """A row the file repeats, and a prompt cut to fit the model's context (512 tokens here), are said in
+    the notes: the API's, the CLI's (--json and stderr), as the experiments' tables say them."""
+    row = {"question": "who wrote the book ?", "choices": ["an author", "a poet"], "answer": 0}
+    long = dict(row, question=" ".join(["the"] * 600))
+    (tmp_path / "bench" / "wmdp").mkdir(parents=True)
+    (tmp_path / "bench" / "wmdp" / "wmdp-bio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (row, row, long)))
+    out = timerome.evaluate_benchmark(bb, "wmdp:bio", bench_data=tmp_path / "bench", n_mc=1)
+    assert out["n_items"]["wmdp"] == 3 and out["data"]["cut"] == {"wmdp": {"scored prompts": 1}}
+    assert sum("the file holds 1 rows that repeat an earlier one exactly" in n for n in out["notes"]) == 1
+    assert sum(n.startswith("cut to fit the model's context") and n.endswith("wmdp 1 scored prompts")
+               for n in out["notes"]) == 1
+    res = CliRunner().invoke(app, ["eval", "--bench", "wmdp:bio", "--bench-data", str(tmp_path / "bench"), "--n-mc",
+                                   "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["notes"] == out["notes"]
+    assert "wmdp 1 scored prompts" in res.stderr.replace("\n", " ")
+
+
 def test_evaluate_benchmark_refuses_bad_input(bb, saved, tmp_path):
-    for bad, why in (("musex", "a benchmark is one of"), ("whp:x", "a benchmark is one of")):
+    for bad, why in (("musex", "a benchmark is one of"), ("whp:x", "whp names no part")):
         with pytest.raises(TimeromeError, match=why):
             timerome.evaluate_benchmark(bb, bad, bench_data=BENCH)
     with pytest.raises(TimeromeError, match="the row limit"):

@@ -118,8 +118,8 @@ def test_a_choice_with_all_the_probability_wins():
     with pytest.raises(TimeromeError, match="items 1 have a choice whose log-probability is not finite"):
         choice.correct([lp[0], np.array([-2.0, np.nan])], n, [1, 0])
     bb = Fake(favourite="yes")
-    lp, ln = choice.choice_logprobs(bb, ["question ?", "question ?"], [["no", "yes", "maybe"], ["yes", "no"]], n_mc=2)
-    assert choice.picks(lp, ln).tolist() == [1, 0]
+    lp, ln, cut = choice.choice_logprobs(bb, ["question ?", "question ?"], [["no", "yes", "maybe"], ["yes", "no"]], n_mc=2)
+    assert choice.picks(lp, ln).tolist() == [1, 0] and cut.tolist() == [False, False]
     assert lp[0][1] == pytest.approx(0.0, abs=1e-6) and lp[0][0] < -25
 
 
@@ -266,6 +266,28 @@ def test_pair_logprobs_is_the_tofu_answer_logprob_when_nothing_is_cut(embedded):
     assert res["cut"] == 0 and np.allclose(res["lp"], answer_logprobs(embedded, q, a, n_mc=4, seed=3)[0])
     long = text.pair_logprobs(embedded, [" ".join([q[0]] * 120)], [a[0]], n_mc=4, seed=3)
     assert long["cut"] == 1 and np.isfinite(long["lp"]).all()  # cut to the context, and counted
+
+
+def test_every_benchmark_pass_counts_the_prompts_it_cut(embedded):
+    """Each pass that fits prompts to the context (512 tokens here) says how many it cut: the likelihood's
+    (lp_cut), the generation's (prompts_cut), per metric family; the experiments' notes read them."""
+    from timerome.experiments.bench_measures import cut_counts
+
+    long, short = " ".join(["the"] * 600), "who wrote the book ?"
+    know = muse.knowmem(embedded, [{"question": long, "answer": "a poet"}, {"question": short, "answer": "a poet"}],
+                        [], n_mc=1, gen_length=4)
+    assert know["lp_cut"] == 1 and know["prompts_cut"] == 1
+    verb = muse.verbmem(embedded, [{"prompt": long, "gt": "the book was"}], n_mc=1, gen_length=4)
+    assert verb["lp_cut"] == 1 and verb["prompts_cut"] == 1
+    assert muse.verbmem(embedded, [{"prompt": long, "gt": "the book was"}], n_mc=1, gen_length=4,
+                        rouge=False).keys() >= {"lp_cut"}
+    probe = rwku.probes(embedded, [{"level": "2", "query": long, "answer": "a poet"}], n_mc=1, gen_length=4)
+    assert probe["lp_cut"] == 1 and probe["prompts_cut"] == 1
+    trivia = whp.trivia(embedded, [{"question": long, "true_answer": "yes", "false_answer": "no"},
+                                   {"question": short, "true_answer": "yes", "false_answer": "no"}], n_mc=1)
+    assert trivia["lp_cut"] == 1
+    assert cut_counts({"knowmem_forget": know, "trivia": trivia, "privleak": {"cut": 0}}) == {
+        "knowmem_forget": {"scored prompts": 1, "generation prompts": 1}, "trivia": {"scored prompts": 1}}
 
 
 def test_a_block_length_that_does_not_divide_the_answer_is_refused(embedded):

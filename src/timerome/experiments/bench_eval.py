@@ -35,7 +35,9 @@ def parse_bench(bench) -> tuple[str, str]:
     from timerome.data.wmdp import MIXED, SUBJECTS
 
     name, _, choice = str(bench).partition(":")
-    if name not in BENCHES or (choice and name not in ("wmdp", "rwku")):
+    if name in BENCHES and choice and name not in ("wmdp", "rwku"):
+        raise TimeromeError(f"{name} names no part (only wmdp:SUBJECT and rwku:TARGET do), got {bench!r}")
+    if name not in BENCHES:
         raise TimeromeError(f"a benchmark is one of {', '.join(BENCHES)} (wmdp:SUBJECT, rwku:TARGET), got {bench!r}")
     if name == "wmdp" and choice and choice not in (*SUBJECTS, MIXED):  # before a model loads (a target needs the data)
         raise TimeromeError(f"unknown WMDP subject {choice!r}: wmdp:{', wmdp:'.join((*SUBJECTS, MIXED))}")

@@ -10,7 +10,8 @@ Options (Cell.options): n_mc; rouge (generation metrics; False = log-probabiliti
 knowmem_tokens, verbmem_tokens, completion_tokens, answer_tokens (generation lengths);
 privleak, mia (membership metrics); mia_k, mia_groups (Min-K% share, masking groups);
 privleak_reference (the retrained model's AUC, per corpus); choice_text (WMDP choice texts).
-Every result carries what its data held (`data`: rows, skipped rows, layout, unknown tokens).
+Every result carries what its data held (`data`: rows, skipped and repeated rows, layout, unknown
+tokens) and the prompts or texts cut to fit the model's context (`data["cut"]`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ def _rwku(bb, s, info, o, seed, progress) -> dict:
     return items
 
 
+CUT = {"lp_cut": "scored prompts", "prompts_cut": "generation prompts", "cut": "texts"}  # item key -> what it counts
+
+
+def cut_counts(items: dict) -> dict:
+    """{item: {what: n}} of the prompts (membership: texts) cut to fit the model's context, nonzero only."""
+    out = {}
+    for name, item in items.items():
+        found = {what: int(item[key]) for key, what in CUT.items() if isinstance(item.get(key), (int, float)) and item[key]}
+        if found:
+            out[name] = found
+    return out
+
+
 SCORES = {"muse": (_muse, MUSE.summary), "whp": (_whp, WHP.summary), "wmdp": (_wmdp, WMDP.summary),
           "rwku": (_rwku, RWKU.summary)}
 
@@ -93,6 +107,9 @@ def bench_scores(kind: str, backbone, rows: dict, options: dict, seed: int, prog
     note = (items.get("wmdp") or {}).get("letter_note")
     if note:  # reported beside the table, whose WMDP_Acc column reads '–'
         data = dict(data, unscored=note)
+    cut = cut_counts(items)
+    if cut:  # said under the table and in eval --bench's notes (`bench_report.data_notes`)
+        data = dict(data, cut=cut)
     return {"items": items, "metrics": summary(items), "data": data}
 
 

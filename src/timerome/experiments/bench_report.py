@@ -38,7 +38,8 @@ def notes_markdown(notes: list[str]) -> str:
 
 
 def data_notes(results) -> list[str]:
-    """What the data of these results held, once each: the task, skipped rows, layout, warnings."""
+    """What the data of these results held, once each: the task, skipped and repeated rows, layout,
+    warnings, and what was cut to fit the model's context."""
     notes: list[str] = []
     for r in results:
         d = r.get("data") or {}
@@ -48,6 +49,13 @@ def data_notes(results) -> list[str]:
             if split.get("skipped"):
                 found.append(f"{split['name']}: {len(split['skipped'])} rows skipped (e.g. row "
                              f"{split['skipped'][0][0]}: {split['skipped'][0][1]})")
+            if split.get("repeated"):
+                found.append(f"{split['name']}: the file holds {split['repeated']} rows that repeat an earlier one "
+                             "exactly (kept as the file has them: a repeat that is scored counts again)")
+        if d.get("cut"):
+            found.append("cut to fit the model's context (a prompt keeps its sequence start and its last tokens, a "
+                         "text its first): " + "; ".join(f"{item} " + ", ".join(f"{n} {what}" for what, n in c.items())
+                                                         for item, c in d["cut"].items()))
         notes += [n for n in found if n and n not in notes]
     return notes
 

@@ -22,19 +22,21 @@ from timerome.metrics.text import pair_logprobs
 
 
 def choice_logprobs(backbone, prompts: list[str], choices: list[list[str]], *, n_mc: int = LIKELIHOOD.n_mc,
-                    seed: int = 0, progress: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(log p of each choice [C_i] per item, token counts [C_i] per item); progress: a bar over the pairs."""
+                    seed: int = 0, progress: bool = False) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """(log p of each choice [C_i] per item, token counts [C_i] per item, whether any of the item's
+    prompts was cut to fit the context [items]); progress: a bar over the pairs."""
     if len(prompts) != len(choices):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(choices)} choice lists")
     flat_p = [p for p, cs in zip(prompts, choices) for _ in cs]
     flat_c = [c for cs in choices for c in cs]
     res = pair_logprobs(backbone, flat_p, flat_c, n_mc=n_mc, seed=seed, progress=progress)
-    lp, ln, at = [], [], 0
+    lp, ln, cut, at = [], [], [], 0
     for cs in choices:
         lp.append(res["lp"][at:at + len(cs)])
         ln.append(res["len"][at:at + len(cs)])
+        cut.append(bool(res["was_cut"][at:at + len(cs)].any()))
         at += len(cs)
-    return lp, ln
+    return lp, ln, np.array(cut, dtype=bool)
 
 
 def _scores(lp, n_tokens, normalise: bool) -> list[np.ndarray]:

@@ -40,7 +40,8 @@ def knowmem(backbone, rows: list[dict], icl: list[dict], *, gen_length: int = KN
             seed: int = 0, rouge: bool = True, progress: bool = False) -> dict:
     """Per question: lp (KnowMemLP) and, with rouge, the generation and its ROUGE-L F1."""
     q, a = [r["question"] for r in rows], [r["answer"] for r in rows]
-    out = {"lp": pair_logprobs(backbone, q, a, n_mc=n_mc, seed=seed)["lp"].tolist()}
+    lp = pair_logprobs(backbone, q, a, n_mc=n_mc, seed=seed)
+    out = {"lp": lp["lp"].tolist(), "lp_cut": lp["cut"]}
     if rouge:
         gen = continuations(backbone, [knowmem_prompt(x, icl) for x in q], gen_length=gen_length, seed=seed,
                             stops=STOPS, progress=progress)
@@ -55,11 +56,11 @@ def verbmem(backbone, rows: list[dict], *, gen_length: int = VERBMEM_TOKENS, n_m
     G = generation_length(backbone, gen_length)
     prompts = [r["prompt"] for r in rows]
     lp = pair_logprobs(backbone, prompts, [r["gt"] for r in rows], n_mc=n_mc, seed=seed, max_answer=G)
-    out = {"lp": lp["lp"].tolist(), "gt_tokens": lp["len"].tolist(), "prompts_cut": lp["cut"], "gen_length": G}
+    out = {"lp": lp["lp"].tolist(), "gt_tokens": lp["len"].tolist(), "lp_cut": lp["cut"], "gen_length": G}
     if rouge:
         gen = continuations(backbone, prompts, gen_length=G, seed=seed, progress=progress)
         refs = [truncated(backbone, r["gt"], G) for r in rows]
-        out.update(generations=gen["texts"], rouge=rouge_l(gen["texts"], refs).tolist())
+        out.update(generations=gen["texts"], rouge=rouge_l(gen["texts"], refs).tolist(), prompts_cut=gen["cut"])
     return out
 
 

@@ -56,10 +56,12 @@ def probes(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int
            gen_length: int = ANSWER_TOKENS, progress: bool = False) -> dict:
     """Per probe: lp of its answer and, with rouge, the greedy answer and its ROUGE-L recall."""
     prompts, answers = [probe_prompt(r) for r in rows], [r["answer"] for r in rows]
-    out = {"lp": pair_logprobs(backbone, prompts, answers, n_mc=n_mc, seed=seed)["lp"].tolist()}
+    lp = pair_logprobs(backbone, prompts, answers, n_mc=n_mc, seed=seed)
+    out = {"lp": lp["lp"].tolist(), "lp_cut": lp["cut"]}
     if rouge:
         gen = continuations(backbone, prompts, gen_length=gen_length, seed=seed, stops=STOPS, progress=progress)
-        out.update(generations=gen["texts"], rouge=rouge_l(gen["texts"], answers, stat="recall").tolist())
+        out.update(generations=gen["texts"], rouge=rouge_l(gen["texts"], answers, stat="recall").tolist(),
+                   prompts_cut=gen["cut"])
     return out
 
 

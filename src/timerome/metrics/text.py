@@ -26,13 +26,14 @@ from timerome.errors import TimeromeError
 def pair_logprobs(backbone, prompts: list[str], answers: list[str], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0,
                   max_answer: int | None = None, progress: bool = False) -> dict:
     """log p(answer | prompt) per pair in nats (likelihood.py's MC estimator, draws from `seed`),
-    with the answers' token counts and how many prompts were cut to fit."""
+    with the answers' token counts, how many pairs were cut to fit the context ("cut") and which
+    ("was_cut", a bool per pair)."""
     if len(prompts) != len(answers):
         raise TimeromeError(f"got {len(prompts)} prompts but {len(answers)} answers")
     if not prompts:
-        return {"lp": np.zeros(0), "len": np.zeros(0), "cut": 0}
+        return {"lp": np.zeros(0), "len": np.zeros(0), "cut": 0, "was_cut": np.zeros(0, dtype=bool)}
     bpe = uses_leading_space(backbone)
-    P, A, cut = [], [], 0
+    P, A, cut = [], [], []
     for p, a in zip(prompts, answers):
         ids = answer_ids(backbone, a, bpe)[:max_answer] if max_answer else answer_ids(backbone, a, bpe)
         if not ids:
@@ -40,11 +41,12 @@ def pair_logprobs(backbone, prompts: list[str], answers: list[str], *, n_mc: int
         q, ids, was_cut = fit(backbone.encode_prompt(p), ids, backbone.max_length, len(backbone.prompt_start))
         P.append(q)
         A.append(ids)
-        cut += was_cut
+        cut.append(was_cut)
     with torch.no_grad():
         lp = log_likelihood_batch(backbone, P, A, n_mc=n_mc, generator=torch.Generator().manual_seed(seed),
                                   progress=progress)
-    return {"lp": lp.double().cpu().numpy(), "len": np.array([len(a) for a in A], dtype=np.float64), "cut": cut}
+    return {"lp": lp.double().cpu().numpy(), "len": np.array([len(a) for a in A], dtype=np.float64),
+            "cut": int(sum(cut)), "was_cut": np.array(cut, dtype=bool)}
 
 
 def truncated(backbone, text: str, n_tokens: int) -> str:

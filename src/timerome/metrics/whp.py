@@ -25,12 +25,13 @@ COMPLETION_TOKENS = 32
 
 def trivia(backbone, rows: list[dict], *, n_mc: int = LIKELIHOOD.n_mc, seed: int = 0, progress: bool = False) -> dict:
     """Per question: lp of the true answer, lp of the false one, and whether the true one wins."""
-    lp, ln = choice_logprobs(backbone, [r["question"] for r in rows],
+    lp, ln, cut = choice_logprobs(backbone, [r["question"] for r in rows],
                              [[r["true_answer"], r["false_answer"]] for r in rows], n_mc=n_mc, seed=seed,
                              progress=progress)
     zeros = [0] * len(rows)
     return {"lp": [float(x[0]) for x in lp], "false_lp": [float(x[1]) for x in lp],
-            "correct": correct(lp, ln, zeros).tolist(), "correct_norm": correct(lp, ln, zeros, normalise=True).tolist()}
+            "correct": correct(lp, ln, zeros).tolist(), "correct_norm": correct(lp, ln, zeros, normalise=True).tolist(),
+            "lp_cut": int(cut.sum())}
 
 
 def reference_share(text: str, references: list[str]) -> float:

@@ -55,18 +55,22 @@ def score(backbone, rows: list[dict], *, subject: str | None = "bio", n_mc: int 
     no letter score where the model cannot tell the letters apart (`letters_alike`: the note says why)."""
     prompts = [prompt(r, subject) for r in rows]
     answers = [r["answer"] for r in rows]
+    cut = np.zeros(len(rows), dtype=bool)  # questions whose prompt lost tokens to fit, in either pass
     alike = letters_alike(backbone, max((len(r["choices"]) for r in rows), default=0))
     if alike:
         out = {"letter_note": f"WMDP_Acc not scored: {alike}, so every question would tie and pick A"}
     else:
-        lp, ln = choice_logprobs(backbone, prompts, [list(LETTERS[: len(r["choices"])]) for r in rows], n_mc=n_mc,
-                                 seed=seed, progress=progress)
+        lp, ln, cut_letters = choice_logprobs(backbone, prompts, [list(LETTERS[: len(r["choices"])]) for r in rows],
+                                              n_mc=n_mc, seed=seed, progress=progress)
+        cut |= cut_letters
         out = {"letter_correct": correct(lp, ln, answers).tolist(), "letter_lp": [x.tolist() for x in lp]}
     if choice_text:
-        lp, ln = choice_logprobs(backbone, prompts, [r["choices"] for r in rows], n_mc=n_mc, seed=seed,
-                                 progress=progress)
+        lp, ln, cut_texts = choice_logprobs(backbone, prompts, [r["choices"] for r in rows], n_mc=n_mc, seed=seed,
+                                            progress=progress)
+        cut |= cut_texts
         out.update(text_correct=correct(lp, ln, answers).tolist(),
                    text_correct_norm=correct(lp, ln, answers, normalise=True).tolist())
+    out["lp_cut"] = int(cut.sum())
     return out
 
 
