@@ -203,6 +203,9 @@ def test_editing_experiment_tabulates_every_metric(tmp_path):
     assert summary["rewrite"]["Efficacy"]["mean"] == 1.0 and summary["no_edit"]["Efficacy"]["mean"] == 0.0
     assert summary["no_edit"]["Unchanged"]["mean"] == 1.0 and summary["rewrite"]["Unchanged"]["mean"] == 0.0
     md = (tmp_path / "editing.md").read_text()
+    # the target said anywhere in the answer, beside its start (rewrite's answers are the targets whole)
+    assert summary["rewrite"]["EfficacyNamed"]["mean"] == 1.0 and summary["no_edit"]["EfficacyNamed"]["mean"] == 0.0
+    assert "| EfficacyNamed |" in md and "| GeneralisationNamed |" in md
     assert "Efficacy" in md and "LocalitySameSubject" in md and (tmp_path / "editing.png").stat().st_size > 1000
     # --json carries every table and note of the report (it printed only the summary and the paths: review 64)
     code, out = run("experiment", "editing", "--out", tmp_path, "--seeds", "0", "-c", config, "--json")

@@ -6,7 +6,8 @@ Two request sets by default, both from the embedded corpus (timerome.data.reques
                      asked the same relation and the retain questions must not change
     forget01         'embedded:forget01': one author's 20 facts, target "I don't know."
 One cell per (set, method, seed) installs the method on the requests (each fact with its own target),
-scores it with metrics/editing.py (efficacy, generalisation, locality, fluency, portability; the
+scores it with metrics/editing.py (efficacy and generalisation read at the answer's start and, as
+EfficacyNamed / GeneralisationNamed, anywhere in it; locality, fluency, portability; the
 unlearning outcomes refusal / leak / confabulation / gibberish) and undoes it. A method whose edit
 changes no answer at all is flagged (`Unchanged` = 1): it did nothing, whatever its log-probabilities.
 
@@ -34,9 +35,9 @@ CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "em
               target=EDIT.target, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, n_mc=LIKELIHOOD.n_mc,
               methods=None, gen_length=None)
 QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
-COLUMNS = ["Efficacy", "EfficacyLP", "Generalisation", "GeneralisationLP", "Locality", "LocalityNeighbours",
-           "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors", "LocalityWorldFacts", "FluencyRatio",
-           "FluencyTarget", "Fluency", "Portability", *UNLEARNING_RATES,
+COLUMNS = ["Efficacy", "EfficacyLP", "EfficacyNamed", "Generalisation", "GeneralisationLP", "GeneralisationNamed",
+           "Locality", "LocalityNeighbours", "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors",
+           "LocalityWorldFacts", "FluencyRatio", "FluencyTarget", "Fluency", "Portability", *UNLEARNING_RATES,
            "Unchanged", "install_seconds"]
 
 
