@@ -127,6 +127,24 @@ def test_robustness_end_to_end(random_bb, tmp_path):
     assert saved["radar"] == {}  # no other method than TimeROME to compare with
 
 
+def test_robustness_says_which_prompts_it_cut_to_fit_the_context(tmp_path):
+    """On a 40-token context the relearn prompt (question, answer, question) loses its oldest tokens where the
+    original question does not: the report counts them per condition, under its table and in its JSON."""
+    import re
+
+    texts = [r["question"] + " " + r["answer"] for r in load_split("forget01_perturbed", "embedded")]
+    bb = tiny_model(texts, tmp_path / "short", max_length=40)
+    over = dict(methods=["no_edit", TIMEROME_AT_LAYER_1], n_mc=2, eval_forget=3, extraction=False)
+    res = run_experiment("robustness", seeds=(0,), out_dir=tmp_path / "o", overrides=over, progress=False,
+                         backbone=bb)
+    said = re.search(r"Prompts cut to fit the model's context \(their oldest tokens dropped after the sequence "
+                     r"start\): ([^;]*); a cut relearn prompt shows less", res["markdown"])
+    assert said, res["markdown"]
+    counts = dict(part.rsplit(" ", 1) for part in said.group(1).split(", "))
+    assert set(counts) == {"relearn"} and 1 <= int(counts["relearn"]) <= 3, counts  # the originals fit
+    assert said.group(0) in (tmp_path / "o" / "robustness.md").read_text()
+
+
 @pytest.fixture(scope="module")
 def rwku_bb(tmp_path_factory):
     """A small model trained on Stephen King's forget and neighbour probes (levels 1-2); its word
