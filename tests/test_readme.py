@@ -1,6 +1,6 @@
 """The documentation's runnable Python runs as a user would copy it: the README's "Python tour" and
-the usage blocks of docs/fast-sampling.md and docs/selectivity.md, as they stand, each in a fresh
-process and an empty folder. (The other blocks in docs/ are signatures or fragments of a session.)"""
+the usage blocks of docs/fast-sampling.md and docs/selectivity.md, and docs/benchmarks.md's robustness block,
+as they stand, each in a fresh process and an empty folder. (The other blocks in docs/ are signatures or fragments of a session.)"""
 
 import os
 import re
@@ -49,3 +49,14 @@ def test_a_docs_usage_block_runs(tmp_path, doc, writes):
     else:  # two answers, each cut at its end of text: the unedited one says the fact, the edited one not
         plain, edited = done.stdout.strip().splitlines()
         assert plain == "Isgor Quielson was born in Pellmoor." and "Pellmoor" not in edited, done.stdout
+
+
+def test_the_robustness_snippet_gives_its_documented_numbers(tmp_path):
+    """docs/benchmarks.md's robustness block runs as written and prints what its comment says (stop 77: relearn
+    change -24.19, weakening 5.15, on both CPUs this project has measured it on)."""
+    code = python_block(ROOT / "docs" / "benchmarks.md", "## Metrics (`timerome/metrics/`), each defined once, "
+                                                         "log-probabilities in nats")
+    assert "change -24.19, original -29.34, weakening 5.15" in code  # the comment this test holds to
+    done = run_block(code + "\nr = robustness(before, after)['relearn']\nprint(r['change'], r['weakening'])\n", tmp_path)
+    change, weakening = map(float, done.stdout.split())
+    assert abs(change - -24.19) < 0.01 and abs(weakening - 5.15) < 0.01, done.stdout

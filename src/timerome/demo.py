@@ -113,7 +113,8 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     clock.lap("edit + evaluate")
     summary = summarise(by_row(refs + main, main_res), DEMO_COLUMNS)
     note = (f"Embedded model, forget01 = 1 author x 20 facts, n_mc={cfg['n_mc']}, seeds {list(seeds)}; "
-            f"TimeROME at {coord} with the `timerome` method's defaults, traced on {cfg['trace_facts']} facts. KS p uses a cut-down reference model "
+            f"TimeROME at {coord} with the `timerome` method's defaults but traced on {cfg['trace_facts']} facts (its default: "
+            f"{method_config('timerome', {})['trace_facts']}). KS p uses a cut-down reference model "
             f"({cfg['reference_authors']} retain authors, {cfg['reference_epochs']} epochs): see timerome.demo. "
             + reference_note(refs + main))
     md = markdown(summary, DEMO_COLUMNS, "TimeROME demo: canonical forget01", note)

@@ -143,6 +143,9 @@ def test_robustness_says_which_prompts_it_cut_to_fit_the_context(tmp_path):
     counts = dict(part.rsplit(" ", 1) for part in said.group(1).split(", "))
     assert set(counts) == {"relearn"} and 1 <= int(counts["relearn"]) <= 3, counts  # the originals fit
     assert said.group(0) in (tmp_path / "o" / "robustness.md").read_text()
+    saved = json.loads((tmp_path / "o" / "robustness.json").read_text())  # per condition, zeros included
+    assert {c: n for c, n in saved["cut"].items() if n} == {"relearn": int(counts["relearn"])}, saved["cut"]
+    assert saved["cut"]["original"] == 0 and set(saved["missing"]) <= set(saved["cut"])
 
 
 @pytest.fixture(scope="module")

@@ -117,15 +117,15 @@ def test_eval_bench_says_what_repeats_and_what_it_cut(bb, tmp_path):
     (tmp_path / "bench" / "wmdp").mkdir(parents=True)
     (tmp_path / "bench" / "wmdp" / "wmdp-bio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (row, row, long)))
     out = timerome.evaluate_benchmark(bb, "wmdp:bio", bench_data=tmp_path / "bench", n_mc=1)
-    assert out["n_items"]["wmdp"] == 3 and out["data"]["cut"] == {"wmdp": {"scored prompts": 1}}
-    assert sum("the file holds 1 rows that repeat an earlier one exactly" in n for n in out["notes"]) == 1
-    assert sum(n.startswith("cut to fit the model's context") and n.endswith("wmdp 1 scored prompts")
+    assert out["n_items"]["wmdp"] == 3 and out["data"]["cut"] == {"wmdp": {"scored pairs": 1}}
+    assert sum("WMDP-bio: 1 repeats an earlier row exactly" in n for n in out["notes"]) == 1
+    assert sum(n.startswith("cut to fit the model's context") and n.endswith("wmdp 1 scored pairs")
                for n in out["notes"]) == 1
     res = CliRunner().invoke(app, ["eval", "--bench", "wmdp:bio", "--bench-data", str(tmp_path / "bench"), "--n-mc",
                                    "1", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["notes"] == out["notes"]
-    assert "wmdp 1 scored prompts" in res.stderr.replace("\n", " ")
+    assert "wmdp 1 scored pairs" in res.stderr.replace("\n", " ")
 
 
 def test_evaluate_benchmark_refuses_bad_input(bb, saved, tmp_path):

@@ -287,7 +287,7 @@ def test_every_benchmark_pass_counts_the_prompts_it_cut(embedded):
                                    {"question": short, "true_answer": "yes", "false_answer": "no"}], n_mc=1)
     assert trivia["lp_cut"] == 1
     assert cut_counts({"knowmem_forget": know, "trivia": trivia, "privleak": {"cut": 0}}) == {
-        "knowmem_forget": {"scored prompts": 1, "generation prompts": 1}, "trivia": {"scored prompts": 1}}
+        "knowmem_forget": {"scored pairs": 1, "generation prompts": 1}, "trivia": {"scored pairs": 1}}
 
 
 def test_a_block_length_that_does_not_divide_the_answer_is_refused(embedded):
@@ -382,3 +382,5 @@ def test_token_scores_of_an_autoregressive_model_are_its_exact_next_token_log_pr
         np.testing.assert_array_equal(s, t)
     with pytest.raises(TimeromeError, match="one token"):
         membership.token_scores(bb, ["author"])
+    # the AUC's record says no masking groups were read (it said 8, the default, before stop 77)
+    assert membership.min_k_auc(bb, texts[:1], texts[1:], groups=3)["groups"] is None

@@ -1,6 +1,7 @@
 """Editing metrics: the text judgements (says, gibberish, ROME's n-gram entropy, outcomes) and
 edit_scores on the embedded model, with an edit that must move them and one that must not."""
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from functools import partial
@@ -76,6 +77,10 @@ def test_no_edit_changes_nothing_and_scores_the_unedited_model(bb, reqs):
     assert m["Locality"] == 1.0 and changed_nothing(res) and m["FluencyRatio"] == 1.0
     assert m["Efficacy"] == m["BaseEfficacy"] and "Unchanged" not in m  # nothing to compare with
     assert len(res["items"]["prompt"]["edited"]) == 4 and len(res["items"]["neighbour"]["edited"]) == 20
+    # counterfactual requests (each its own new object): "Refusal" is said to be the target said, not a refusal
+    assert "each request's own new object rather than a refusal" in res["notes"]["Refusal"]
+    same = [dataclasses.replace(r, fact=dataclasses.replace(r.fact, target="I don't know.")) for r in reqs]
+    assert "Refusal" not in scores(bb, same, None, n_mc=1, lp=False)["notes"]  # an unlearning target: its own name
 
 
 class _Forced:

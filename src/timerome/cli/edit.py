@@ -50,7 +50,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
          module: Optional[str] = typer.Option(None, help="hook point: resid (the paper's m*, the default), attn "
                                                           "or mlp"),
          trace_file: Optional[Path] = typer.Option(None, "--trace", help="a trace.safetensors (TIE) or positional.safetensors "
-                                                   "(timerome trace --positional): edit at its best layer for --module"),
+                                                   "(timerome trace --positional), or the folder timerome trace wrote: "
+                                                   "edit at its best layer for --module"),
          step: Optional[int] = typer.Option(None, help="edit only at this denoising step, counted from 0 (default, "
                                                        "or -1: every step, the paper's k* = -1; an autoregressive "
                                                        "model: only as it writes token k of the answer); such an "

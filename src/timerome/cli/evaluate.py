@@ -404,7 +404,8 @@ def _edited_from_embedded(recorded) -> bool:
 def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference=None) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
-    from timerome.experiments.bench_eval import evaluate_benchmark, load_benchmark, refuse_unread_reference, refuse_unread_rouge
+    from timerome.experiments.bench_eval import (bench_folder, evaluate_benchmark, load_benchmark, refuse_unread_reference,
+                                                 refuse_unread_rouge)
 
     refuse_unread_rouge(bench, rouge, "--no-rouge")  # the name, and the options below, before the model loads
     refuse_unread_reference(bench, privleak_reference, "--privleak-reference")
@@ -413,7 +414,9 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
     if n_mc < 1:
         raise TimeromeError(f"--n-mc must be at least 1, got {n_mc}")
     if bench_data is not None and not bench_data.is_dir():
-        raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        raise TimeromeError(f"--bench-data {bench_data} " + ("is not a folder" if bench_data.exists() else
+                            "does not exist (a relative path is read from the current folder)"))
+    bench_folder(bench, bench_data)  # the folder's other refusals, from its path alone
     bb = model.load()
     memory = None if edit is None else _saved_memory(bb, edit)
     rows = load_benchmark(bb, bench, bench_data=bench_data, limit=limit, rouge=rouge)

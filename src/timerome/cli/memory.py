@@ -332,7 +332,12 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
         for s in subject or []:
             of = [fid for fid, f in zip(memory.fact_ids, memory.facts) if getattr(f, "subject", None) == s]
             if not of:
-                raise TimeromeError(f"no fact of subject {s!r} in {file}")
+                import difflib
+
+                held = sorted({f.subject for f in memory.facts if isinstance(getattr(f, "subject", None), str)})
+                near = difflib.get_close_matches(s, held, n=1)
+                raise TimeromeError(f"no fact of subject {s!r} in {file}" + (f" (did you mean {near[0]!r}?)" if near else
+                                    "") + f"; `timerome memory show {file}` lists its subjects")
             ids += of
         ids = list(dict.fromkeys(ids))
         if set(memory.fact_ids) <= set(ids):

@@ -14,7 +14,7 @@ from timerome.cli.app import DataOpt, ModelChoice, TofuOpt, app, console, err_co
 from timerome.cli.app import load_facts as _facts
 from timerome.cli.app import model_options, print_json, tofu_dir_read
 from timerome.common.cache import write_json
-from timerome.common.checks import number
+from timerome.common.checks import integer, number
 from timerome.common.files import drop_earlier, output_folder, refuse_inputs_among
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -80,6 +80,13 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                                else " and its selection, which the positional trace does not read"))
     steps, tau, readout = (TRACE.steps if steps is None else steps, TRACE.tau if tau is None else tau,
                            TRACE.readout if readout is None else readout)
+    # the API's bounds, named as the command line names them (the API said "n_samples", "window", ...: review 79)
+    integer(steps, "--steps", lo=1)
+    number(tau, "--tau (the decay of the later steps' weights; 0: equal weights)", lo=0)
+    for value, flag, lo in ((n_samples, "--n-samples", 1), (window, "--window", 1),
+                            (batch_size, "--batch-size (one row is the clean run)", 2)):
+        if value is not None:  # unset: the default of the trace run
+            integer(value, flag, lo=lo)
     number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")

@@ -32,10 +32,22 @@ def input_file(path, what: str = "file", stream: bool = False) -> Path:
     if p.is_dir():
         raise TimeromeError(f"{what} {p} is a directory; pass a file")
     if not p.exists():
-        raise TimeromeError(f"{what} {p} does not exist")
+        raise TimeromeError(missing(what, p))
     if not stream and not p.is_file():
         raise TimeromeError(f"{what} {p} is not a regular file (a pipe or a device); save it to a file and pass that")
     return p
+
+
+# what makes an input a user names but does not have yet: said where it is missing (review 79)
+MAKES = {**dict.fromkeys(("edit memory file", "codebook memory file", "rewrite memory file"),
+                         "`timerome edit -o FILE` writes one (--method codebook / rewrite for those memories)"),
+         "edit request file": "`timerome requests SPEC -o FILE` writes one (SPEC e.g. counterfactual:forget10), or "
+                              "give the spec itself"}
+
+
+def missing(what: str, path) -> str:
+    """The one-line error of an input file that is not there, with how to make it where `MAKES` knows."""
+    return f"{what} {path} does not exist" + (f": {MAKES[what]}" if what in MAKES else "")
 
 
 def read_text(path, what: str = "file") -> str:
@@ -45,7 +57,7 @@ def read_text(path, what: str = "file") -> str:
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise TimeromeError(f"{what} {p} does not exist") from None
+        raise TimeromeError(missing(what, p)) from None
     except OSError as e:
         raise TimeromeError(f"cannot read {what} {p}: {e.strerror or e}") from None
     try:  # a leading byte-order mark (what Windows editors write) marks the encoding: it is not text

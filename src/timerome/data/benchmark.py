@@ -47,7 +47,7 @@ class Loaded:
         if self.layout:
             text += f" ({self.layout})"
         if self.repeated:
-            text += f"; {self.repeated} repeat an earlier row exactly (kept, as the file has them: each counts again)"
+            text += f"; {repeats_words(self.repeated)}"
         if self.skipped:
             text += f"; {len(self.skipped)} skipped: " + "; ".join(f"row {i}: {why}" for i, why in self.skipped[:3])
             text += " ..." if len(self.skipped) > 3 else ""
@@ -56,6 +56,12 @@ class Loaded:
     def info(self) -> dict:
         return dict(name=self.name, rows=len(self.rows), skipped=[list(s) for s in self.skipped],
                     source=self.source, layout=self.layout, repeated=self.repeated)
+
+
+def repeats_words(n: int) -> str:
+    """How a file's exact repeats are said, in the load's warning and the reports' notes alike."""
+    return (f"{n} {'repeats' if n == 1 else 'repeat'} an earlier row exactly (kept, as the file has them: a repeat "
+            "that is scored counts again)")
 
 
 # ------------------------------------------------------------------------------ where the files are

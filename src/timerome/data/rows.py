@@ -53,7 +53,9 @@ def load_rows(spec: str, *, tofu_dir: str | None = None) -> list[dict]:
         return load_split(spec.split(":", 1)[1], tofu_dir)
     path = Path(spec)
     if not path.exists():
-        raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' nor an existing file")
+        raise TimeromeError(f"{spec!r} is neither 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts' nor an existing file (a "
+                            "JSON or JSON Lines file of question / answer rows: docs/cli.md, \"Your own model on your "
+                            "own text\")")
     # TOFU's reader and its field names (question/answer, or prompt/response as some copies write them):
     # a file loads as --data FILE exactly as it does as a split of a --tofu-dir
     return [normalise_row(r, path, i) for i, r in enumerate(read_rows(path, "rows file"))]

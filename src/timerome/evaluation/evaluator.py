@@ -367,7 +367,8 @@ def missing_notes(metrics: dict, items: dict, reference_tr=None) -> dict[str, st
         if col == "ForgetQuality" and "tr" in items.get("forget", {}):
             notes[col] = ("needs the forget truth ratios of a reference model never trained on the forget set: "
                           "evaluate(..., reference_tr=reference_truth_ratios(REFERENCE, rows['forget'])) "
-                          "(CLI: --reference DIR)")
+                          "(CLI: --reference DIR, or --reference auto for the embedded model, whose reference it "
+                          "trains once and caches)")
         elif col in needs and needs[col] not in items:
             notes[col] = f"no {needs[col]!r} split in the rows evaluated"
         elif _nan_scores(items):

@@ -15,14 +15,14 @@ from pathlib import Path
 from timerome.common.checks import integer
 from timerome.common.checks import seed as check_seed
 from timerome.data.benchmark import ENV_DIR
-from timerome.data.rwku import rwku_targets
+from timerome.data.rwku import rwku_targets, target_folder
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.bench_measures import bench_scores
 from timerome.experiments.bench_report import data_notes
 from timerome.experiments.runner import Context
-from timerome.experiments.transfer import BENCHMARKS, CONFIG, bench_source, data_spec
+from timerome.experiments.transfer import BENCHMARKS, CONFIG, bench_source, check_folders, data_spec
 from timerome.memory.memory_file import load_memory
 from timerome.metrics.membership import REFERENCE_WANT, check_reference
 from timerome.methods.registry import Edit
@@ -34,7 +34,10 @@ def parse_bench(bench) -> tuple[str, str]:
     """(name, choice) of "NAME[:CHOICE]", a benchmark of BENCHES (a choice for wmdp and rwku only)."""
     from timerome.data.wmdp import MIXED, SUBJECTS
 
-    name, _, choice = str(bench).partition(":")
+    name, colon, choice = str(bench).partition(":")
+    if name in BENCHES and colon and not choice.strip():  # "wmdp:" read as plain wmdp would hide a slip
+        raise TimeromeError(f"{bench!r} names an empty part: give the benchmark alone ({name})"
+                            + (f" or {name}:{'SUBJECT' if name == 'wmdp' else 'TARGET'}" if name in ("wmdp", "rwku") else ""))
     if name in BENCHES and choice and name not in ("wmdp", "rwku"):
         raise TimeromeError(f"{name} names no part (only wmdp:SUBJECT and rwku:TARGET do), got {bench!r}")
     if name not in BENCHES:
@@ -66,6 +69,24 @@ def refuse_unread_reference(bench, reference, flag: str) -> None:
         raise TimeromeError(f"{flag} must be {REFERENCE_WANT}; got {reference!r}") from None
 
 
+def bench_folder(bench, bench_data=None) -> str:
+    """The folder `bench` is read from (absolute; "hub": MUSE's and WMDP's Hub copies), checked from the paths
+    alone, so before a model loads: not a folder; another benchmark's folder, or one holding others' folders but
+    not this one's (`transfer.check_folders`); WHP without one; an RWKU target the folder does not hold."""
+    name, choice = parse_bench(bench)
+    if bench_data is not None and not Path(bench_data).is_dir():
+        raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
+    folder = bench_source({"bench_dir": bench_data})
+    if name == "rwku":
+        source = None if folder == "hub" else folder
+        target_folder(choice, source) if choice else rwku_targets(source)
+    elif name == "whp" and folder == "hub":
+        raise TimeromeError(f"WHP is read from a local folder only: pass its folder (--bench-data DIR) or set ${ENV_DIR}")
+    else:
+        check_folders({"bench_dir": None if folder == "hub" else folder}, [name])
+    return folder
+
+
 def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None = None, rouge: bool = True) -> dict:
     """The rows `evaluate_benchmark` scores: bench one of BENCHES, "wmdp:SUBJECT" or "rwku:TARGET"
     (default wmdp:bio, the first RWKU target); bench_data the folder holding muse/, whp/, wmdp/,
@@ -77,16 +98,11 @@ def load_benchmark(backbone, bench: str, *, bench_data=None, limit: int | None =
         raise TimeromeError(f"rouge must be True or False, got {rouge!r}")
     refuse_unread_rouge(bench, rouge, "rouge=False")
     integer(limit, "the row limit", lo=1, none=True)
-    if bench_data is not None and not Path(bench_data).is_dir():
-        raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
-    folder = bench_source({"bench_dir": bench_data})  # an absolute folder, or "hub"
+    folder = bench_folder(bench, bench_data)  # an absolute folder, or "hub"
     if name == "rwku":
         target = choice or rwku_targets(None if folder == "hub" else folder)[0]
         spec = dict(kind="rwku", task="none", dir=folder, target=target, n_probes=limit, forget_from=[], mia=True)
     else:
-        if name == "whp" and folder == "hub":
-            raise TimeromeError("WHP is read from a local folder only: pass its folder (--bench-data DIR) or set "
-                                f"${ENV_DIR}")
         sizes = dict.fromkeys(("n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp"), limit)
         cfg = dict(CONFIG, bench_dir=None if folder == "hub" else folder, **sizes, rouge=rouge,
                    wmdp_subject=choice or CONFIG["wmdp_subject"])

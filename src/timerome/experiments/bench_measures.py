@@ -81,7 +81,7 @@ def _rwku(bb, s, info, o, seed, progress) -> dict:
     return items
 
 
-CUT = {"lp_cut": "scored prompts", "prompts_cut": "generation prompts", "cut": "texts"}  # item key -> what it counts
+CUT = {"lp_cut": "scored pairs", "prompts_cut": "generation prompts", "cut": "texts"}  # item key -> what it counts
 
 
 def cut_counts(items: dict) -> dict:
@@ -154,6 +154,8 @@ def _positional_hint(error, cell) -> str:
 # what the benchmarks' scores read of a cell's options (transfer gives each cell all of them; each has a default)
 BENCH_OPTIONS = ("n_mc", "rouge", "knowmem_tokens", "verbmem_tokens", "completion_tokens", "answer_tokens", "mia_k",
                  "mia_groups", "privleak_reference", "choice_text")
+# version 1 (stop 76): an autoregressive model's Min-K% / PrivLeak / MIA read exact next-token scores, and every
+# result counts what was cut to fit the context; cells cached before then are computed again, not reused
 for _kind in SCORES:
-    measurement(_kind, options=BENCH_OPTIONS, not_applicable=True)(_run)
+    measurement(_kind, options=BENCH_OPTIONS, not_applicable=True, version=1)(_run)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from timerome.data.benchmark import repeats_words
 from timerome.experiments.report import by_row, figure, save_png, summarise
 
 
@@ -50,11 +51,11 @@ def data_notes(results) -> list[str]:
                 found.append(f"{split['name']}: {len(split['skipped'])} rows skipped (e.g. row "
                              f"{split['skipped'][0][0]}: {split['skipped'][0][1]})")
             if split.get("repeated"):
-                found.append(f"{split['name']}: the file holds {split['repeated']} rows that repeat an earlier one "
-                             "exactly (kept as the file has them: a repeat that is scored counts again)")
+                found.append(f"{split['name']}: {repeats_words(split['repeated'])}")
         if d.get("cut"):
-            found.append("cut to fit the model's context (a prompt keeps its sequence start and its last tokens, a "
-                         "text its first): " + "; ".join(f"{item} " + ", ".join(f"{n} {what}" for what, n in c.items())
+            found.append("cut to fit the model's context (a scored pair keeps its answer's start and its prompt's "
+                         "sequence start and last tokens, a generation prompt its sequence start and last tokens, a "
+                         "text its first tokens): " + "; ".join(f"{item} " + ", ".join(f"{n} {what}" for what, n in c.items())
                                                          for item, c in d["cut"].items()))
         notes += [n for n in found if n and n not in notes]
     return notes

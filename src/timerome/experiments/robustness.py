@@ -356,7 +356,7 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     entry = entry or radar_entry(p)
     files = write_outputs(out_dir, NAME, dict(summary=summary, panel=p, extraction=extraction, config=cfg,
                                               seeds=list(seeds), radar={"robustness": entry} if entry else {},
-                                              not_applicable=na), md)
+                                              not_applicable=na, missing=missing, cut=cut), md)
     files["png"] = plot_panels([("robustness", summary, COLUMNS)], Path(out_dir) / f"{NAME}.png",
                                ylabel="forget LP change vs no_edit (nats)")
     if extraction:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.data.rwku import rwku_targets, target_name
+from timerome.data.rwku import rwku_targets, target_folder, target_name
 from timerome.engine.settings import LIKELIHOOD
 from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
 from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown, plot_panels,
@@ -24,7 +24,7 @@ from timerome.experiments.canonical import canonical_rows
 from timerome.experiments.report import label, markdown, not_applicable_rows, write_outputs
 from timerome.experiments.runner import Cell
 from timerome.experiments.settings import needs
-from timerome.experiments.transfer import bench_source
+from timerome.experiments.transfer import UNREAD_ON_CAUSAL, bench_source  # noqa: F401 - refused as transfer's
 from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
 
 NAME = "rwku"
@@ -46,7 +46,12 @@ def targets(cfg) -> list[str]:
         return found
     if isinstance(t, int):
         return found[:t]
-    return [next((f for f in found if name in (f, target_name(f))), name) for name in t]
+    return [target_folder(name, None if src == "hub" else src) for name in t]  # an unknown name: one clear error
+
+
+def check(cfg, source) -> None:
+    """Before a model loads (experiments.check_before_load): the RWKU folder and the targets named in it."""
+    targets(cfg)
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:

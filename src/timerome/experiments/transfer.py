@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from timerome.data.benchmark import ENV_DIR
+from timerome.data.benchmark import ENV_DIR, bench_dir
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
@@ -58,6 +58,9 @@ UNREAD_WHEN = {**dict.fromkeys(("n_knowmem", "n_verbmem", "verbmem_tokens", "pri
                **dict.fromkeys(("n_completions", "whp_prompts", "completion_tokens"), all_of(_WHP, needs("rouge"))),
                **dict.fromkeys(("n_wmdp", "wmdp_subject", "choice_text"), needs_benchmark("wmdp")),
                "rouge": needs_benchmark("muse-books", "muse-news", "whp")}  # WMDP generates nothing
+# an autoregressive model's membership scores are exact next-token log-probs (metrics.membership): no masking groups.
+# Refused there when given, before the model loads where its checkpoint says so (experiments.refuse_unread_on_causal)
+UNREAD_ON_CAUSAL = {"mia_groups": "mia_groups sets the masked membership scores' masking groups"}
 QUICK = dict(n_mc=4, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_completions=6, n_wmdp=16,
              knowmem_tokens=8, verbmem_tokens=16, completion_tokens=8, mia_groups=4)
 
@@ -66,6 +69,28 @@ def bench_source(cfg) -> str:
     """The benchmark directory (absolute, so the cells' keys name it) or "hub"."""
     d = cfg.get("bench_dir") or os.environ.get(ENV_DIR)
     return str(Path(d).resolve()) if d else "hub"
+
+
+WHP_LOCAL = "WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR)"
+
+
+def check_folders(cfg, benchmarks) -> None:
+    """The folder each of `benchmarks` (BENCHMARKS' names) is read from, checked from its path alone, so before a
+    model loads: a local one that is another benchmark's, or holds others' folders but not this one, is refused
+    (`bench_dir`), and WHP, which has no Hub copy, needs one."""
+    src = bench_source(cfg)
+    for bench in benchmarks:
+        kind = BENCHMARKS[bench][0]  # the benchmark's folder: muse/, whp/, wmdp/
+        if src != "hub":
+            bench_dir(src, kind)
+        elif kind == "whp":
+            raise TimeromeError(f"{WHP_LOCAL}, or leave whp out of the benchmarks setting")
+
+
+def check(cfg, source) -> None:
+    """Before a model loads (experiments.check_before_load): the benchmarks' names and folders."""
+    check_names(cfg["benchmarks"], BENCHMARKS, "benchmark")
+    check_folders(cfg, cfg["benchmarks"])
 
 
 def data_spec(cfg, bench: str, block: str) -> dict:
@@ -92,10 +117,7 @@ def options(cfg) -> dict:
 
 
 def cells(cfg, seeds, ctx) -> list[Cell]:
-    check_names(cfg["benchmarks"], BENCHMARKS, "benchmark")
-    if bench_source(cfg) == "hub" and "whp" in cfg["benchmarks"]:
-        raise TimeromeError("WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR), "
-                            "or leave whp out of the benchmarks setting")
+    check(cfg, None)  # where the cells are built without run_experiment's checks before the load
     plan = canonical_rows(cfg["methods"])
     out = []
     for bench in cfg["benchmarks"]:

@@ -481,6 +481,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
         notes["Confabulation"] = ("every fluent answer that is neither the target nor the original: without a list "
                                   "of the subjects this model knows (known_subjects; the embedded model has one), an "
                                   "answer naming another subject cannot be told from any other fluent answer")
+    if len({normalise(t) for _, _, t in sets["prompt"]}) > 1:  # the outcome's name is unlearning's (review 79)
+        notes["Refusal"] = ("the share of answers (prompts and paraphrases) that say their request's target, here each "
+                            "request's own new object rather than a refusal, with nothing after it giving the original "
+                            "object back")
     if lps is not None:
         for kind in ("prompt", "paraphrase"):
             items[kind].update(lp_target=lps[kind][0].tolist(), lp_original=lps[kind][1].tolist())

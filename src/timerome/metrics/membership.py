@@ -168,4 +168,5 @@ def min_k_auc(backbone, members: list[str], nonmembers: list[str], *, k: float =
     n = len(members)
     return {"auc": auc(mk[:n], mk[n:]), "member_min_k": mk[:n], "nonmember_min_k": mk[n:],
             "member_token_lp": [float(s.mean()) for s in scores[:n]],
-            "nonmember_token_lp": [float(s.mean()) for s in scores[n:]], "cut": cut, "k": k, "groups": groups}
+            "nonmember_token_lp": [float(s.mean()) for s in scores[n:]], "cut": cut, "k": k,
+            "groups": None if getattr(backbone, "causal", False) else groups}  # exact next-token scores: none

@@ -334,10 +334,15 @@ def refuse_torn_pair(header: dict, meta, path, meta_file, what: str) -> None:
 def _pair(path, what: str) -> tuple[Path, Path]:
     """(tensors, JSON) of the saved trace at path (`trace_path`), both there and the tensors a regular
     file (a pipe's read would block); else one TimeromeError naming `what`."""
-    path = trace_path(path)
+    given, path = Path(path), trace_path(path)
     meta_file = meta_path(path)
-    if not path.exists():
-        raise TimeromeError(f"no {what} at {path}: the file does not exist")
+    if not path.exists():  # the path as given, then what was looked for, then the traces beside it (review 79)
+        near = sorted(p.name for p in path.parent.glob("*.safetensors") if meta_path(p).exists()) \
+            if path.parent.is_dir() else []
+        raise TimeromeError(f"no {what} at {given}" + (f" (nor {path.name})" if path != given else "")
+                            + ": the file does not exist; " + (f"{path.parent} holds {', '.join(near[:4])}" if near else
+                                                              "give the .safetensors file `timerome trace` wrote, or "
+                                                              "its folder"))
     if not meta_file.exists():
         kind = _saved_kind(path)
         if kind and "memory" in kind:  # the other .safetensors a user holds: say what it is
