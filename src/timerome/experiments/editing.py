@@ -134,20 +134,22 @@ def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
         group = [(c, r) for c, r in zip(cells, results) if c.group == name]
         na[name] = not_applicable_rows(*zip(*group))
         parts.append(markdown(summary, cols, f"Editing: {name}", note, delta="Efficacy",
-                              unchanged=unchanged_rows(*zip(*group)), not_applicable=na[name]) + notes_text(group))
+                              unchanged=unchanged_rows(*zip(*group)), not_applicable=na[name]) + notes_text(group, cols))
     md = "\n".join(parts)
     files = write_outputs(out_dir, NAME, dict(summary=summaries, config=cfg, seeds=list(seeds), not_applicable=na), md)
     files["png"] = plot_editing(summaries, out_dir / f"{NAME}.png")
     return dict(summary=summaries, markdown=md, files=files, not_applicable=na)
 
 
-def notes_text(group) -> str:
-    """What edit_scores said of a row's columns it did not compute (e.g. the likelihood columns of a one-step
-    edit), one line per row and note, under the table; "" when it said nothing."""
+def notes_text(group, cols) -> str:
+    """What edit_scores said of a row's columns (e.g. the likelihood columns of a one-step edit it did not
+    compute), one line per row and note, under the table, for the table's columns `cols` only (a note on
+    Refusal, which a counterfactual set's table leaves out, would explain nothing there); "" when none."""
     said: dict = {}
     for c, r in group:
         for col, text in (r.get("notes") or {}).items():
-            said.setdefault((c.row, text), set()).add(col)
+            if col in cols:
+                said.setdefault((c.row, text), set()).add(col)
     if not said:
         return ""
     return "Notes:\n\n" + "".join(f"- {row}, {', '.join(sorted(cols))}: {text}\n"

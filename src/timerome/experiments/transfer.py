@@ -71,7 +71,7 @@ def bench_source(cfg) -> str:
     return str(Path(d).resolve()) if d else "hub"
 
 
-WHP_LOCAL = "WHP is read from a local folder only: pass --bench-data DIR (or set $TIMEROME_BENCH_DIR)"
+WHP_LOCAL = f"WHP is read from a local folder only: pass --bench-data DIR (or set ${ENV_DIR})"
 
 
 def check_folders(cfg, benchmarks) -> None:
