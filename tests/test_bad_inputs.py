@@ -689,7 +689,7 @@ def catalogue(f, tmp):
         ("eval --bench --limit 0", ["eval", "--bench", "wmdp", "--limit", "0"], "--limit must be"),
         ("eval --bench with a TOFU option", ["eval", "--bench", "wmdp", "--splits", "forget"],
          "--splits applies only without"),
-        ("eval --bench-data a file", ["eval", "--bench", "wmdp", "--bench-data", f["cfg_array"]], "is not a folder"),
+        ("eval --bench-data a file", ["eval", "--bench", "wmdp", "--bench-data", f["cfg_array"]], "is a file, not a folder"),
         # stop 76: MUSE's PrivLeak reference, one rule in the settings, the CLI and the API
         ("a privacy-leak reference AUC of 1 (nothing to normalise by)",
          ["experiment", "transfer", "-c", '{"privleak_reference": {"books": 1.0}}', "-o", tmp / "e"],
@@ -710,7 +710,7 @@ def catalogue(f, tmp):
         ("eval --requests a file that is not there", ["eval", "--requests", tmp / "cf.json"],
          "does not exist: `timerome requests SPEC -o FILE` writes one"),
         ("generate --edit a memory file that is not there", ["generate", "--edit", tmp / "nope.safetensors", "x ?"],
-         "does not exist: `timerome edit -o FILE` writes one"),
+         "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
         ("trace --steps 0, named as given (the API said 'steps')", ["trace", "--steps", "0", "-o", tmp / "t"],
@@ -720,9 +720,15 @@ def catalogue(f, tmp):
         ("trace --positional --batch-size 1, named as given", ["trace", "--positional", "--batch-size", "1", "-o",
                                                                tmp / "t"], "--batch-size (one row is the clean run)"),
         ("eval --bench-data a folder that is not there", ["eval", "--bench", "whp", "--bench-data", tmp / "nowhere"],
-         "does not exist (a relative path is read from the current folder)"),
+         "nowhere does not exist: pass the folder holding muse/, whp/, wmdp/, rwku/"),
         ("new-model on a rows file that is not there", ["new-model", tmp / "my_rows.jsonl", "-o", tmp / "nm"],
          "JSON Lines file of question / answer rows"),
+        ("trace --positional --batch-size below --n-samples + 2, before the model loads",
+         ["trace", "-m", f["trunc"], "--positional", "--batch-size", "5", "-o", tmp / "t"],
+         "--batch-size 5 leaves no room for a restored row"),
+        ("experiment rwku -c targets as one string (read letter by letter)",
+         ["experiment", "rwku", "-c", '{"targets": "Stephen King"}', "-o", tmp / "e"],
+         "setting targets must be null (every RWKU target), an integer >= 1"),
         ("eval --bench whp: (an empty part)", ["eval", "--bench", "whp:"], "'whp:' names an empty part"),
         ("eval --bench rwku: (an empty part)", ["eval", "--bench", "rwku: "], "give the benchmark alone (rwku) or rwku:TARGET"),
         # stop 77: the folder is refused from its path alone, before a model loads (a model that cannot load shows it)
@@ -835,7 +841,8 @@ def _snapshot(paths):
     return out
 
 
-def test_every_bad_input_is_one_line_and_exit_2(files, tmp_path):
+def test_every_bad_input_is_one_line_and_exit_2(files, tmp_path, monkeypatch):
+    monkeypatch.delenv("TIMEROME_BENCH_DIR", raising=False)  # the cases name their benchmark folders themselves
     before = _snapshot(files.values())
     failures = []
     for what, argv, needle in catalogue(files, tmp_path):

@@ -2,6 +2,7 @@
 a missing split, a row without its answer, a choice index out of range."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -136,7 +137,7 @@ def test_cli_bad_benchmark_folder_is_one_red_line(tmp_path):
         return res.exit_code, " ".join(res.output.split())
 
     code, out = run("transfer", "--bench-data", str(tmp_path / "none"))
-    assert code == 2 and "is not a folder" in out and "Traceback" not in out
+    assert code == 2 and "none does not exist: pass the folder holding" in out and "Traceback" not in out
     code, out = run("rwku", "--quick", "--bench-data", str(tmp_path), "--seeds", "0", "-o", str(tmp_path / "out"))
     assert code == 2 and "holds no RWKU target folder" in out and "Traceback" not in out
     code, out = run("transfer", "--quick", "-c", str(tmp_path / "missing.json"))
@@ -151,3 +152,19 @@ def test_rows_a_file_repeats_are_counted_and_said():
         trivia = load_trivia(BENCH)
     assert len(trivia.rows) == 1239 and trivia.repeated == 76 and trivia.info()["repeated"] == 76
     assert len({json.dumps(r, sort_keys=True) for r in trivia.rows}) == 1239 - 76
+
+
+def test_a_benchmark_folder_that_is_not_there_is_said_as_it_was_given(tmp_path, monkeypatch):
+    """Stop 77 (review 80): a relative path says where it was read from; a $TIMEROME_BENCH_DIR that is no folder
+    is named as the variable (it said "or set $TIMEROME_BENCH_DIR" to a user who had)."""
+    from timerome.data.benchmark import check_folder
+    from timerome.experiments.transfer import bench_source
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TimeromeError, match=rf"the benchmark folder nope does not exist \(a relative path, read from "
+                                            rf"{re.escape(str(tmp_path))}\)"):
+        check_folder("nope")
+    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(tmp_path / "dta"))
+    for call in (lambda: bench_source({}), lambda: load_trivia(None)):
+        with pytest.raises(TimeromeError, match=r"^\$TIMEROME_BENCH_DIR .*dta does not exist: pass the folder"):
+            call()

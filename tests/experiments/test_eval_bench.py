@@ -134,7 +134,7 @@ def test_evaluate_benchmark_refuses_bad_input(bb, saved, tmp_path):
             timerome.evaluate_benchmark(bb, bad, bench_data=BENCH)
     with pytest.raises(TimeromeError, match="the row limit"):
         timerome.load_benchmark(bb, "wmdp", bench_data=BENCH, limit=0)
-    with pytest.raises(TimeromeError, match="is not a folder"):
+    with pytest.raises(TimeromeError, match="the benchmark folder .*nowhere does not exist: pass the folder holding"):
         timerome.load_benchmark(bb, "wmdp", bench_data=tmp_path / "nowhere")
     with pytest.raises(TimeromeError, match="n_mc"):
         timerome.evaluate_benchmark(bb, "wmdp", bench_data=BENCH, limit=1, n_mc=0)

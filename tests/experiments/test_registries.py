@@ -6,7 +6,6 @@ import pytest
 
 from timerome import TimeromeError, load_backbone
 from timerome.experiments import EXPERIMENTS
-from bench_models import BENCH, needs_bench
 from timerome.experiments.runner import MEASURES, Cell, Context, check_cells, measurement, measurement_of
 
 
@@ -271,7 +270,17 @@ def test_every_measurement_declares_its_options_and_those_it_needs():
     assert set(options(CONFIG)) <= set(MEASURES["muse"].options)  # what transfer gives each cell
 
 
-@needs_bench  # all's transfer and rwku parts read their folders before the load
+def bench_folders(tmp_path):
+    """What `experiment all` checks of its benchmark folder before the load, its paths alone: muse/, whp/, wmdp/ and
+    an RWKU target (a folder with one of its part files). Nothing is read from them here."""
+    root = tmp_path / "bench"
+    for name in ("muse", "whp", "wmdp"):
+        (root / name).mkdir(parents=True)
+    (root / "rwku" / "1_X").mkdir(parents=True)
+    (root / "rwku" / "1_X" / "forget_level1.json").write_text("[]")
+    return root
+
+
 def test_an_interrupted_all_names_the_folder_the_user_gave(tmp_path, monkeypatch):
     """Ctrl-C in `experiment all` said to rerun with the part's own folder (…/all/canonical)."""
     from timerome.errors import Interrupted
@@ -283,13 +292,12 @@ def test_an_interrupted_all_names_the_folder_the_user_gave(tmp_path, monkeypatch
                           f"output folder ({self.out_dir}) to go on from there")
 
     monkeypatch.setattr(Runner, "run", stop)
-    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(BENCH))  # all's transfer and rwku parts read WHP and RWKU from it
+    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(bench_folders(tmp_path)))  # all's transfer and rwku parts' folders
     with pytest.raises(Interrupted, match=rf"canonical's part of `experiment all`: rerun `experiment all` with the "
                                           rf"same -o \({tmp_path / 'all'}\)"):
         run_experiment("all", seeds=[0], out_dir=tmp_path / "all", progress=False, overrides={"n_mc": 1})
 
 
-@needs_bench  # all's transfer and rwku parts read their folders before the load
 def test_experiment_all_refuses_a_shared_setting_only_where_no_part_reads_it(tmp_path, monkeypatch):
     """Stop 68 (helper 55): `all` hands each part the settings it has, and a setting one part leaves unread may be
     read by another (mia_k: rwku's with mia off, transfer's privacy-leak test): refused only where every part
@@ -302,9 +310,10 @@ def test_experiment_all_refuses_a_shared_setting_only_where_no_part_reads_it(tmp
     def load(path):  # every check passed: the one shared model would load now
         raise Loaded
 
-    with pytest.raises(TimeromeError, match="WHP is read from a local folder only"):  # before the load, since stop 77
-        run_experiment("all", load=load, out_dir=tmp_path, progress=False)
-    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(BENCH))
+    monkeypatch.delenv("TIMEROME_BENCH_DIR", raising=False)
+    with pytest.raises(TimeromeError, match="experiment all, its transfer part: WHP is read from a local folder only"):
+        run_experiment("all", load=load, out_dir=tmp_path, progress=False)  # before the load, since stop 77
+    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(bench_folders(tmp_path)))
 
     for over in ({"mia": False, "mia_k": 0.3}, {"benchmarks": ["wmdp"], "rouge": False},
                  {"splits": ["forget", "retain"], "n_world": 20}):
@@ -316,7 +325,6 @@ def test_experiment_all_refuses_a_shared_setting_only_where_no_part_reads_it(tmp
         run_experiment("all", overrides={"references": ["x"]}, load=load, out_dir=tmp_path)
 
 
-@needs_bench  # all's transfer and rwku parts read their folders before the load
 def test_experiment_all_hands_each_part_only_the_settings_it_reads(tmp_path, monkeypatch):
     """Helper 56: a shared setting one part leaves unread (mia_k with transfer's privleak off) went into that
     part's cells' keys all the same, recomputing its cached cells for a value it never read."""
@@ -329,7 +337,7 @@ def test_experiment_all_hands_each_part_only_the_settings_it_reads(tmp_path, mon
         return {}
 
     monkeypatch.setattr(experiments, "run_experiment", part)
-    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(BENCH))
+    monkeypatch.setenv("TIMEROME_BENCH_DIR", str(bench_folders(tmp_path)))
     real("all", overrides={"privleak": False, "mia_k": 0.3}, backbone=object(), out_dir=tmp_path, progress=False,
          seeds=iter((0, 1)))  # a one-shot iterator is read once
     assert given["transfer"] == {"privleak": False} and given["rwku"] == {"mia_k": 0.3}

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
                               print_json)
+from timerome.data.benchmark import check_folder
 from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.memory.scale import check_on_prompts
@@ -413,9 +414,8 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
         raise TimeromeError(f"--limit must be at least 1, got {limit}")
     if n_mc < 1:
         raise TimeromeError(f"--n-mc must be at least 1, got {n_mc}")
-    if bench_data is not None and not bench_data.is_dir():
-        raise TimeromeError(f"--bench-data {bench_data} " + ("is not a folder" if bench_data.exists() else
-                            "does not exist (a relative path is read from the current folder)"))
+    if bench_data is not None:
+        check_folder(bench_data, "--bench-data")
     bench_folder(bench, bench_data)  # the folder's other refusals, from its path alone
     bb = model.load()
     memory = None if edit is None else _saved_memory(bb, edit)

@@ -337,7 +337,7 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
                 held = sorted({f.subject for f in memory.facts if isinstance(getattr(f, "subject", None), str)})
                 near = difflib.get_close_matches(s, held, n=1)
                 raise TimeromeError(f"no fact of subject {s!r} in {file}" + (f" (did you mean {near[0]!r}?)" if near else
-                                    "") + f"; `timerome memory show {file}` lists its subjects")
+                                    "") + f"; `timerome memory show {file} --all` lists its subjects")
             ids += of
         ids = list(dict.fromkeys(ids))
         if set(memory.fact_ids) <= set(ids):

@@ -11,6 +11,7 @@ import typer
 
 from timerome.cli.app import (ModelChoice, app, config_arg, console, err_console, friendly, model_options, parse_seeds,
                               print_json, print_markdown)
+from timerome.data.benchmark import check_folder
 from timerome.errors import TimeromeError
 
 
@@ -129,8 +130,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
         if name != "all" and name in CONFIGS and "bench_dir" not in CONFIGS[name]:
             raise TimeromeError(f"--bench-data applies only to {' and '.join(takes)}; experiment {name!r} reads no "
                                 "benchmark")
-        if not bench_data.is_dir():
-            raise TimeromeError(f"--bench-data {bench_data} is not a folder")
+        check_folder(bench_data, "--bench-data")
         if "bench_dir" in overrides:
             raise TimeromeError("--bench-data and -c's 'bench_dir' both give the benchmark folder: give it once")
         overrides["bench_dir"] = str(bench_data)

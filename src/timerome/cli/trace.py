@@ -87,6 +87,12 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                             (batch_size, "--batch-size (one row is the clean run)", 2)):
         if value is not None:  # unset: the default of the trace run
             integer(value, flag, lo=lo)
+    if positional and batch_size is not None:  # every forward holds the clean and corrupted rows, then restored ones
+        samples = N_SAMPLES if n_samples is None else n_samples
+        if batch_size < samples + 2:
+            raise TimeromeError(f"--batch-size {batch_size} leaves no room for a restored row: the positional trace runs "
+                                f"the clean row and the {samples} corrupted ones (--n-samples) in every forward, so "
+                                f"give at least {samples + 2}")
     number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")

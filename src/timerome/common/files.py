@@ -39,8 +39,7 @@ def input_file(path, what: str = "file", stream: bool = False) -> Path:
 
 
 # what makes an input a user names but does not have yet: said where it is missing (review 79)
-MAKES = {**dict.fromkeys(("edit memory file", "codebook memory file", "rewrite memory file"),
-                         "`timerome edit -o FILE` writes one (--method codebook / rewrite for those memories)"),
+MAKES = {"edit memory file": "`timerome edit -o FILE` writes one (any memory: --method timerome, codebook, rewrite)",
          "edit request file": "`timerome requests SPEC -o FILE` writes one (SPEC e.g. counterfactual:forget10), or "
                               "give the spec itself"}
 

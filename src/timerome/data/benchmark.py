@@ -71,6 +71,17 @@ def repeats_words(n: int) -> str:
 BENCHMARK_FOLDERS = ("muse", "whp", "wmdp", "rwku", "tofu")
 
 
+def check_folder(path, what: str = "the benchmark folder") -> Path:
+    """`path` if it is a folder; else one error saying whether it is a file or not there (a relative path: read from
+    the current folder, which the message names). The one check of --bench-data, bench_dir= and $TIMEROME_BENCH_DIR."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    state = "is a file, not a folder" if p.exists() else "does not exist" + (
+        "" if p.is_absolute() else f" (a relative path, read from {Path.cwd()})")
+    raise TimeromeError(f"{what} {p} {state}: pass the folder holding muse/, whp/, wmdp/, rwku/ (or one of them)")
+
+
 def bench_dir(source, name: str) -> Path | None:
     """The local folder of benchmark `name`, or None when the rows should come from the Hub.
 
@@ -80,14 +91,12 @@ def bench_dir(source, name: str) -> Path | None:
     this one): its files would be missing under a misleading name.
     """
     if source is None:
-        source = os.environ.get(ENV_DIR) or "hub"
+        if os.environ.get(ENV_DIR):
+            source = check_folder(os.environ[ENV_DIR], f"${ENV_DIR}")
+        source = source or "hub"
     if source == "hub":
         return None
-    root = Path(source)
-    if not root.is_dir():
-        state = "is a file, not a folder" if root.exists() else "does not exist"
-        raise TimeromeError(f"benchmark directory {root} {state} (pass a folder holding {name}/ or "
-                            f"the {name} folder itself, or set ${ENV_DIR})")
+    root = check_folder(source, "benchmark directory")
     if (root / name).is_dir():
         return root / name
     others = [b for b in BENCHMARK_FOLDERS if b != name]

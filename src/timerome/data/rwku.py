@@ -27,8 +27,8 @@ PARTS = PROBES + TEXTS
 def _root(source) -> Path:
     d = bench_dir(source, "rwku")
     if d is None:
-        raise TimeromeError("RWKU is read from a local directory of <id>_<Target> folders: pass it or set "
-                            "$TIMEROME_BENCH_DIR")
+        raise TimeromeError("RWKU is read from a local folder only (of <id>_<Target> folders): pass --bench-data DIR "
+                            "(or set $TIMEROME_BENCH_DIR)")
     return d
 
 

@@ -228,8 +228,11 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
         source = resolve_source(data)
         for n in ran:  # and what each checks without a model, before the one model they share loads (once: the
             if not reads[n]:  # parts, run with these settings, do not check again)
-                check_before_load(n, cfgs[n], source, reference, given=own[n], model=model, backbone=backbone,
-                                  load=load)
+                try:
+                    check_before_load(n, cfgs[n], source, reference, given=own[n], model=model, backbone=backbone,
+                                      load=load)
+                except TimeromeError as e:  # which part refused: a fix for it may not be the whole story
+                    raise TimeromeError(f"experiment all, its {n} part: {e}") from None
         if backbone is None:
             backbone = load(model)
         root, done = Path(out_dir or "timerome-runs"), {}

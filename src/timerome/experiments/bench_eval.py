@@ -14,6 +14,7 @@ from pathlib import Path
 
 from timerome.common.checks import integer
 from timerome.common.checks import seed as check_seed
+from timerome.data.benchmark import check_folder
 from timerome.data.rwku import rwku_targets, target_folder
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD
@@ -34,6 +35,7 @@ def parse_bench(bench) -> tuple[str, str]:
     from timerome.data.wmdp import MIXED, SUBJECTS
 
     name, colon, choice = str(bench).partition(":")
+    choice = choice.strip()  # "rwku: Stephen King" names Stephen King
     if name in BENCHES and colon and not choice.strip():  # "wmdp:" read as plain wmdp would hide a slip
         raise TimeromeError(f"{bench!r} names an empty part: give the benchmark alone ({name})"
                             + (f" or {name}:{'SUBJECT' if name == 'wmdp' else 'TARGET'}" if name in ("wmdp", "rwku") else ""))
@@ -73,8 +75,8 @@ def bench_folder(bench, bench_data=None) -> str:
     alone, so before a model loads: not a folder; another benchmark's folder, or one holding others' folders but
     not this one's (`transfer.check_folders`); WHP without one; an RWKU target the folder does not hold."""
     name, choice = parse_bench(bench)
-    if bench_data is not None and not Path(bench_data).is_dir():
-        raise TimeromeError(f"the benchmark folder {bench_data} is not a folder")
+    if bench_data is not None:
+        check_folder(bench_data)
     folder = bench_source({"bench_dir": bench_data})
     if name == "rwku":
         source = None if folder == "hub" else folder

@@ -55,7 +55,8 @@ EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "Worst
                       "LocalityWorst"]
 
 
-@measurement("robustness", options=("n_mc", "relearn"), not_applicable=True)
+# version 1 (stop 77): its items count the prompts cut to fit the context (stop 76), which its report and JSON read
+@measurement("robustness", options=("n_mc", "relearn"), not_applicable=True, version=1)
 def measure_robustness(cell, ctx, rows, task) -> dict:
     def measure(edit):
         t0 = time.perf_counter()

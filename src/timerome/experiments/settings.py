@@ -70,6 +70,9 @@ SPECIAL = {
                            f"model's privacy-leak AUC, {REFERENCE_WANT})",
                            lambda v: isinstance(v, dict) and set(v) <= {"books", "news"}
                            and all(reference_ok(x) for x in v.values())),
+    "targets": ("null (every RWKU target), an integer >= 1 (the first so many) or a list of target names",
+                lambda v: (is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and bool(v)
+                                                     and all(isinstance(t, str) and t.strip() for t in v))),
     "reference": ("an object with any of epochs, n_authors, batch_size (integers >= 1)",
                   lambda v: isinstance(v, dict) and set(v) <= {"epochs", "n_authors", "batch_size"}
                   and all(is_int(x) and x >= 1 for x in v.values())),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from timerome.data.benchmark import ENV_DIR, bench_dir
+from timerome.data.benchmark import ENV_DIR, bench_dir, check_folder
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
@@ -66,9 +66,12 @@ QUICK = dict(n_mc=4, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_comp
 
 
 def bench_source(cfg) -> str:
-    """The benchmark directory (absolute, so the cells' keys name it) or "hub"."""
-    d = cfg.get("bench_dir") or os.environ.get(ENV_DIR)
-    return str(Path(d).resolve()) if d else "hub"
+    """The benchmark directory (absolute, so the cells' keys name it) or "hub"; a $TIMEROME_BENCH_DIR that is no
+    folder is refused as itself (the user did set it)."""
+    if cfg.get("bench_dir"):
+        return str(Path(cfg["bench_dir"]).resolve())
+    d = os.environ.get(ENV_DIR)
+    return str(check_folder(d, f"${ENV_DIR}").resolve()) if d else "hub"
 
 
 WHP_LOCAL = f"WHP is read from a local folder only: pass --bench-data DIR (or set ${ENV_DIR})"
