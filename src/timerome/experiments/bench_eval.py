@@ -10,7 +10,6 @@ import os
 import time
 import warnings
 from contextlib import nullcontext
-from pathlib import Path
 
 from timerome.common.checks import integer
 from timerome.common.checks import seed as check_seed
@@ -36,7 +35,7 @@ def parse_bench(bench) -> tuple[str, str]:
 
     name, colon, choice = str(bench).partition(":")
     choice = choice.strip()  # "rwku: Stephen King" names Stephen King
-    if name in BENCHES and colon and not choice.strip():  # "wmdp:" read as plain wmdp would hide a slip
+    if name in BENCHES and colon and not choice:  # "wmdp:" read as plain wmdp would hide a slip
         raise TimeromeError(f"{bench!r} names an empty part: give the benchmark alone ({name})"
                             + (f" or {name}:{'SUBJECT' if name == 'wmdp' else 'TARGET'}" if name in ("wmdp", "rwku") else ""))
     if name in BENCHES and choice and name not in ("wmdp", "rwku"):
