@@ -168,3 +168,17 @@ def test_a_benchmark_folder_that_is_not_there_is_said_as_it_was_given(tmp_path, 
     for call in (lambda: bench_source({}), lambda: load_trivia(None)):
         with pytest.raises(TimeromeError, match=r"^\$TIMEROME_BENCH_DIR .*dta does not exist: pass the folder"):
             call()
+
+
+def test_a_local_only_benchmark_without_a_folder_is_one_message_everywhere(monkeypatch):
+    """WHP and RWKU have no Hub copy: their loaders and eval --bench say so in local_only's one message."""
+    from timerome.data.benchmark import ENV_DIR, local_only
+    from timerome.experiments.bench_eval import bench_folder
+    monkeypatch.delenv(ENV_DIR, raising=False)
+    for call, name in ((load_trivia, "whp"), (load_completions, "whp"), (rwku_targets, "rwku"),
+                       (lambda: load_rwku("Stephen King", "passage"), "rwku"), (lambda: bench_folder("whp"), "whp"),
+                       (lambda: bench_folder("rwku"), "rwku")):
+        with pytest.raises(TimeromeError) as err:
+            call()
+        assert str(err.value) == local_only(name)
+    assert "WHP is read from a local folder only (of hp_trivia_1239.jsonl" in local_only("whp")

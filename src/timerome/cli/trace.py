@@ -18,7 +18,7 @@ from timerome.common.checks import integer, number
 from timerome.common.files import drop_earlier, output_folder, refuse_inputs_among
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW
+from timerome.tracing.positional_trace import BATCH_SIZE, N_SAMPLES, WINDOW, check_room
 from timerome.tracing.tie import NOISE_DRAWS, READ_POSITIONS
 
 
@@ -87,12 +87,8 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
                             (batch_size, "--batch-size (one row is the clean run)", 2)):
         if value is not None:  # unset: the default of the trace run
             integer(value, flag, lo=lo)
-    if positional and batch_size is not None:  # every forward holds the clean and corrupted rows, then restored ones
-        samples = N_SAMPLES if n_samples is None else n_samples
-        if batch_size < samples + 2:
-            raise TimeromeError(f"--batch-size {batch_size} leaves no room for a restored row: the positional trace runs "
-                                f"the clean row and the {samples} corrupted ones (--n-samples) in every forward, so "
-                                f"give at least {samples + 2}")
+    if positional and batch_size is not None:  # before the load: the API's check, under the flags' names
+        check_room(batch_size, N_SAMPLES if n_samples is None else n_samples, ("--batch-size", "--n-samples"))
     number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")

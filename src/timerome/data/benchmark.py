@@ -109,6 +109,25 @@ def bench_dir(source, name: str) -> Path | None:
     return root
 
 
+# benchmarks with no Hub copy, read from a local folder only: their name and what the folder holds
+LOCAL_ONLY = {"whp": ("WHP", "hp_trivia_1239.jsonl, evaluation_prompts.json"),
+              "rwku": ("RWKU", "<id>_<Target> folders")}
+
+
+def local_only(name: str) -> str:
+    """The one message for a benchmark in LOCAL_ONLY asked for without a folder (the loaders, experiments, eval)."""
+    label, holds = LOCAL_ONLY[name]
+    return f"{label} is read from a local folder only (of {holds}): pass --bench-data DIR (or set ${ENV_DIR})"
+
+
+def local_dir(source, name: str) -> Path:
+    """`bench_dir` of a benchmark in LOCAL_ONLY: the Hub is refused (`local_only`)."""
+    d = bench_dir(source, name)
+    if d is None:
+        raise TimeromeError(local_only(name))
+    return d
+
+
 def find_file(directory: Path, candidates: tuple[str, ...], what: str) -> Path:
     """The first of `candidates` (paths relative to `directory`) that exists; else one clear error."""
     for c in candidates:

@@ -13,23 +13,14 @@ folder ("1_Stephen_King") or its name ("Stephen King").
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from timerome.data.benchmark import Loaded, bench_dir, find_file, keep, read_file, text_fields
+from timerome.data.benchmark import Loaded, find_file, keep, local_dir, read_file, text_fields
 from timerome.data.facts import has_words
 from timerome.errors import TimeromeError
 
 PROBES = ("forget_level1", "forget_level2", "forget_level3", "neighbor_level1", "neighbor_level2")
 TEXTS = ("forget_mia", "retain_mia", "passage")
 PARTS = PROBES + TEXTS
-
-
-def _root(source) -> Path:
-    d = bench_dir(source, "rwku")
-    if d is None:
-        raise TimeromeError("RWKU is read from a local folder only (of <id>_<Target> folders): pass --bench-data DIR "
-                            "(or set $TIMEROME_BENCH_DIR)")
-    return d
 
 
 def _order(folder: str):
@@ -39,7 +30,7 @@ def _order(folder: str):
 
 def rwku_targets(source=None) -> list[str]:
     """The target folders of an RWKU directory, in the release's order."""
-    root = _root(source)
+    root = local_dir(source, "rwku")
     # a target folder holds at least one of RWKU's part files (any folder of JSON files is not one)
     found = sorted((p.name for p in root.iterdir() if p.is_dir() and any((p / f"{part}.json").is_file()
                                                                          for part in PARTS)), key=_order)
@@ -59,7 +50,7 @@ def target_folder(target: str, source=None) -> str:
     for f in folders:
         if target in (f, target_name(f)) or target.replace(" ", "_") == f.split("_", 1)[-1]:
             return f
-    raise TimeromeError(f"RWKU target {target!r} is not in {_root(source)}; targets: "
+    raise TimeromeError(f"RWKU target {target!r} is not in {local_dir(source, 'rwku')}; targets: "
                         f"{', '.join(target_name(f) for f in folders[:10])}" + (" ..." if len(folders) > 10 else ""))
 
 
@@ -68,7 +59,7 @@ def load_rwku(target: str, part: str, source=None) -> Loaded:
     if part not in PARTS:
         raise TimeromeError(f"unknown RWKU part {part!r}; parts: {', '.join(PARTS)}")
     folder = target_folder(target, source)
-    path = find_file(_root(source) / folder, (f"{part}.json",), f"RWKU {target_name(folder)}")
+    path = find_file(local_dir(source, "rwku") / folder, (f"{part}.json",), f"RWKU {target_name(folder)}")
     name = target_name(folder)
     need = ("query", "answer") if part in PROBES else ("text",)
 

@@ -12,7 +12,7 @@ the prompt as {"prompt": {"prompt", "references", "subtlety"}}; a flat row is re
 
 from __future__ import annotations
 
-from timerome.data.benchmark import Loaded, bench_dir, find_file, keep, read_file, text_fields
+from timerome.data.benchmark import Loaded, find_file, keep, local_dir, read_file, text_fields
 from timerome.errors import TimeromeError
 
 TRIVIA = {"hp_trivia_1239": "hp_trivia_1239.jsonl", "harry_potter_trivia_502_v2": "harry_potter_trivia_502_v2.jsonl"}
@@ -20,19 +20,11 @@ COMPLETIONS = {"evaluation_prompts": "evaluation_prompts.json",
                "evaluation_prompts_short": "evaluation_prompts_short.json"}
 
 
-def _dir(source):
-    d = bench_dir(source, "whp")
-    if d is None:
-        raise TimeromeError("WHP has no Hub release to load: pass a local WHP directory (hp_trivia_1239.jsonl, "
-                            "evaluation_prompts.json) or set $TIMEROME_BENCH_DIR")
-    return d
-
-
 def load_trivia(source=None, file: str = "hp_trivia_1239") -> Loaded:
     """HP trivia questions with their true and false answers."""
     if file not in TRIVIA:
         raise TimeromeError(f"unknown WHP trivia file {file!r}; choose {', '.join(TRIVIA)}")
-    path = find_file(_dir(source), (TRIVIA[file],), "WHP trivia")
+    path = find_file(local_dir(source, "whp"), (TRIVIA[file],), "WHP trivia")
     return keep(f"WHP {file}", read_file(path), lambda r: text_fields(r, ("question", "true_answer", "false_answer")),
                 str(path))
 
@@ -41,7 +33,7 @@ def load_completions(source=None, file: str = "evaluation_prompts") -> Loaded:
     """Completion prompts with their reference words."""
     if file not in COMPLETIONS:
         raise TimeromeError(f"unknown WHP prompt file {file!r}; choose {', '.join(COMPLETIONS)}")
-    path = find_file(_dir(source), (COMPLETIONS[file],), "WHP completion prompts")
+    path = find_file(local_dir(source, "whp"), (COMPLETIONS[file],), "WHP completion prompts")
     return keep(f"WHP {file}", read_file(path), _completion, str(path))
 
 

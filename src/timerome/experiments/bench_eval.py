@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 from timerome.common.checks import integer
 from timerome.common.checks import seed as check_seed
-from timerome.data.benchmark import check_folder
+from timerome.data.benchmark import check_folder, local_only
 from timerome.data.rwku import rwku_targets, target_folder
 from timerome.engine.hooks import refuse_one_step
 from timerome.engine.settings import LIKELIHOOD
@@ -21,7 +21,7 @@ from timerome.errors import TimeromeError
 from timerome.experiments.bench_measures import bench_scores
 from timerome.experiments.bench_report import data_notes
 from timerome.experiments.runner import Context
-from timerome.experiments.transfer import BENCHMARKS, CONFIG, WHP_LOCAL, bench_source, check_folders, data_spec
+from timerome.experiments.transfer import BENCHMARKS, CONFIG, bench_source, check_folders, data_spec
 from timerome.memory.memory_file import load_memory
 from timerome.metrics.membership import REFERENCE_WANT, check_reference
 from timerome.methods.registry import Edit
@@ -81,7 +81,7 @@ def bench_folder(bench, bench_data=None) -> str:
         source = None if folder == "hub" else folder
         target_folder(choice, source) if choice else rwku_targets(source)
     elif name == "whp" and folder == "hub":
-        raise TimeromeError(WHP_LOCAL)
+        raise TimeromeError(local_only("whp"))
     else:
         check_folders({"bench_dir": None if folder == "hub" else folder}, [name])
     return folder

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from timerome.data.benchmark import ENV_DIR, bench_dir, check_folder
+from timerome.data.benchmark import ENV_DIR, bench_dir, check_folder, local_only
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
@@ -74,9 +74,6 @@ def bench_source(cfg) -> str:
     return str(check_folder(d, f"${ENV_DIR}").resolve()) if d else "hub"
 
 
-WHP_LOCAL = f"WHP is read from a local folder only: pass --bench-data DIR (or set ${ENV_DIR})"
-
-
 def check_folders(cfg, benchmarks) -> None:
     """The folder each of `benchmarks` (BENCHMARKS' names) is read from, checked from its path alone, so before a
     model loads: a local one that is another benchmark's, or holds others' folders but not this one, is refused
@@ -87,7 +84,7 @@ def check_folders(cfg, benchmarks) -> None:
         if src != "hub":
             bench_dir(src, kind)
         elif kind == "whp":
-            raise TimeromeError(f"{WHP_LOCAL}, or leave whp out of the benchmarks setting")
+            raise TimeromeError(f"{local_only('whp')}, or leave whp out of the benchmarks setting")
 
 
 def check(cfg, source) -> None:

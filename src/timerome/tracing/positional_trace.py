@@ -208,14 +208,20 @@ def window_layers(layer: int, kind: str, n_layers: int, window: int) -> list[int
     return list(range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2))))
 
 
+def check_room(batch_size: int, n_samples: int, names=("batch_size", "n_samples")) -> None:
+    """Every forward runs the clean row and the n_samples corrupted ones again, then restored ones: a batch below
+    n_samples + 2 holds none. `names`: the batch size's and the samples' names as the caller's user typed them."""
+    if batch_size < n_samples + 2:
+        raise TimeromeError(f"{names[0]} {batch_size} leaves no room for a restored row: the positional trace runs "
+                            f"the clean row and the {n_samples} corrupted ones ({names[1]}) in every forward, so "
+                            f"give at least {n_samples + 2}")
+
+
 def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed):
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise TimeromeError(f"window must be an integer >= 1, got {window!r}")
     checked = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
-    if batch_size < n_samples + 2:  # every forward runs the clean and corrupted rows again, then restored ones
-        raise TimeromeError(f"batch_size {batch_size} leaves no room for a restored row: the positional trace runs "
-                            f"the clean row and the {n_samples} corrupted ones in every forward, so give at least "
-                            f"{n_samples + 2} (n_samples + 2)")
+    check_room(batch_size, n_samples)
     return checked
 
 
