@@ -713,6 +713,10 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: the name was said as the .safetensors it was turned into ("no trace result at trace.safetensor.safetensors")
+        ("edit --trace a misspelt file, said as typed", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor",
+                                                         "-o", tmp / "m.safetensors"],
+         f"no trace result at {f['trace_other'].parent / 'trace.safetensor'} (nor trace.safetensor.safetensors)"),
         ("trace --steps 0, named as given (the API said 'steps')", ["trace", "--steps", "0", "-o", tmp / "t"],
          "--steps must be an integer >= 1, got 0"),
         ("trace --n-samples 0, named as given", ["trace", "--n-samples", "0", "-o", tmp / "t"],

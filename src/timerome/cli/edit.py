@@ -178,8 +178,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     if method not in ("timerome", "codebook", "rewrite"):
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
-    if trace_file is not None:
-        trace_file = trace_path(trace_file)  # a folder `timerome trace` wrote: the trace in it
+    given_trace = trace_file
+    trace_file = trace_path(trace_file) if trace_file is not None else None  # a folder `timerome trace` wrote: its trace
     if trace_file is not None and is_positional(trace_file):
         # ROME's choice for the hook point we edit: its largest mean effect at the last subject token
         positional = PositionalTrace.load(trace_file)
@@ -187,7 +187,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         layer = select_positional(positional, (module,)).layer
     elif trace_file is not None:
         # the best layer for the hook point we edit, as the timerome method selects it (m* = resid)
-        traced = TraceResult.load(trace_file)
+        traced = TraceResult.load(given_trace)  # a missing file said as the user typed it (and what was looked for)
         traced.check_model(bb, trace_file)
         neighbours, beta = traced.recorded_neighbours(trace_file)  # `trace --neighbours --beta`: the penalty it chose with
         if neighbours is not None:
