@@ -713,6 +713,11 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: `--json true` read `true` as the checkpoint (a Hub id, "could not be fetched from the Hub")
+        ("info --json true (a value given to a flag)", ["info", "--json", "true"],
+         "no checkpoint true ('true' reads as an on/off value, not a name: an on/off flag such as --json takes none"),
+        ("memory show --json yes (a value given to a flag)", ["memory", "show", "--json", "yes"],
+         "edit memory file yes does not exist ('yes' reads as an on/off value"),
         # stop 78: the name was said as the .safetensors it was turned into ("no trace result at trace.safetensor.safetensors")
         ("edit --trace a misspelt file, said as typed", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor",
                                                          "-o", tmp / "m.safetensors"],

@@ -15,6 +15,7 @@ from timerome.backbones.flags import RefusedConfig, check_config, check_values, 
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.common.checks import memory_budget
+from timerome.common.files import flag_word
 from timerome.common.files import read_json, safetensors_error
 from timerome.common.progress import hf_bars_off, notify
 from timerome.errors import TimeromeError
@@ -56,6 +57,8 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
     if (not isinstance(path_or_hub_id, str) or p.suffix.lower() == ".gguf" or text.startswith(("/", ".", "~"))
             or text.count("/") > 1 or "\\" in text):  # a path, never a Hub id
         raise TimeromeError(f"{text} does not exist: pass a checkpoint folder (with config.json) or a .gguf file")
+    if flag_word(text):  # `info --json true`: no Hub id either
+        raise TimeromeError(f"no checkpoint {text}{flag_word(text)}")
     # a Hub id ("owner/name"): only what is already in the local cache, or a download when online
     try:
         from huggingface_hub import snapshot_download

@@ -44,9 +44,19 @@ MAKES = {"edit memory file": "`timerome edit -o FILE` writes one (any memory: --
                               "give the spec itself"}
 
 
+# a missing input named like this was most likely a value given to an on/off flag before it (`info --json true`)
+FLAG_WORDS = ("true", "false", "yes", "no", "on", "off")
+
+
+def flag_word(path) -> str:
+    """What to add to a missing input's error when its name is one of FLAG_WORDS: flags take no value."""
+    return (f" ({str(path)!r} reads as an on/off value, not a name: an on/off flag such as --json takes none, "
+            f"write --json, not --json {path})" if str(path).lower() in FLAG_WORDS else "")
+
+
 def missing(what: str, path) -> str:
     """The one-line error of an input file that is not there, with how to make it where `MAKES` knows."""
-    return f"{what} {path} does not exist" + (f": {MAKES[what]}" if what in MAKES else "")
+    return f"{what} {path} does not exist" + (flag_word(path) or (f": {MAKES[what]}" if what in MAKES else ""))
 
 
 def read_text(path, what: str = "file") -> str:
