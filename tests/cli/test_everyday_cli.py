@@ -734,3 +734,24 @@ def test_generate_steps_and_blocks_follow_gen_length_and_options_precede_the_mod
                      (["--temperature", "-1"], "temperature")):
         code, _, out = run("generate", *bad, prompt)
         assert code == 2 and why in out, out
+
+
+def test_help_shows_no_type_beside_an_on_off_flag():
+    """typer 0.29 wrote `--json <bool>`, which reads as a flag taking a value (`info --json true` then named a
+    checkpoint `true`): every command's --help, the groups' included, shows flags bare and values typed."""
+    import typer
+
+    group = typer.main.get_command(app)
+
+    def commands(cmd, path):
+        yield path
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+
+    paths = list(commands(group, []))
+    assert ["memory", "show"] in paths and ["experiment"] in paths and len(paths) > 15
+    for path in paths:
+        code, _, out = run(*path, "--help")
+        assert code == 0 and "<bool>" not in out, (path, out)
+    code, _, out = run("info", "--help")
+    assert "<str>" in out and any(line.split()[:2] == ["│", "--json"] and "<" not in line for line in out.splitlines())

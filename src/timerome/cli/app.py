@@ -32,6 +32,7 @@ class OneLineUsageErrors(TyperGroup):
     and exit code 2, like every other input error, instead of click's boxed message."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
+        plain_flags(self)
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -59,6 +60,17 @@ class OneLineUsageErrors(TyperGroup):
         if empty:  # Path("") is ".": an empty --out would otherwise write into the current folder
             raise clickx.UsageError(f"{empty}: the path is empty: give one", type(ctx)(cmd, info_name=name, parent=ctx))
         return name, cmd, rest
+
+
+def plain_flags(command) -> None:
+    """No type beside an on/off flag in --help: typer 0.29 writes `--json <bool>`, which reads as a flag that takes a
+    value (`--json true` then names a checkpoint `true`). Every option of `command` and its subcommands, once."""
+    helps = command.get_help_option(command.context_class(command))  # --help itself (made once, kept by the command)
+    for p in (*getattr(command, "params", ()), *([helps] if helps is not None else [])):
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        plain_flags(sub)
 
 
 def given_options(command, args):
