@@ -6,6 +6,7 @@ import, function-level ones included):
 - no import cycle between modules;
 - every torch hook is registered in engine/hooks.py (`Hooks`), nowhere else in the package or the
   benchmarks;
+- no module outside backbones/ compares a family's name with a literal (a flag of the family's table instead);
 - the benchmarks import the installed package only: no sys.path changes, nothing from tests/, no
   benchmark imports another;
 - at most a dozen modules at the top of the package;
@@ -57,8 +58,9 @@ HOOK_CALLS = {"register_forward_hook", "register_forward_pre_hook", "register_fu
 REGISTRIES = {"methods/registry.py": {"METHODS", "_loaded"}, "experiments/runner.py": {"DATA_KINDS", "MEASURES"},
               "metrics/columns.py": {"COLUMNS"},
               "memory/base.py": {"TENSORS", "KINDS"}}
-# memos of a constant, never observable: the embedded corpus (a pure function of nothing, handed out as a
-# deep copy; building it costs 40 ms and the evaluation asks for it often)
+# memos of a constant, never observable: the embedded corpus (a pure function of nothing, handed out only as a
+# deep copy or a new list by its own module, test_the_memo_is_private below; building it costs 40 ms and the
+# evaluation asks for it often)
 MEMOS = {"data/tofu.py": {"_embedded"}}
 MUTATORS = {"append", "extend", "update", "add", "pop", "setdefault", "clear", "remove", "insert", "popitem",
             "discard", "sort", "reverse"}
@@ -166,6 +168,34 @@ def test_hooks_are_registered_only_by_the_hooks_module():
     bad = [f"{p.relative_to(ROOT)}:{line}" for p in files for line in raw_hooks(p)]
     assert not bad, "raw torch hooks outside engine/hooks.py (use Hooks): " + ", ".join(bad)
     assert raw_hooks(SRC / "engine" / "hooks.py"), "the hooks module registers no hook: HOOK_CALLS is stale"
+
+
+def family_tests(path: Path) -> list[int]:
+    """Lines comparing a family's name with a literal (`backbone.family.name != "timerome"`, `fam.name in (...)`):
+    a choice that belongs in the family's table (backbones/families.py) as a flag."""
+    def names_family(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "name"
+                and (isinstance(node.value, ast.Name) and node.value.id in ("family", "fam")
+                     or isinstance(node.value, ast.Attribute) and node.value.attr == "family"))
+
+    def literal(node):
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) or isinstance(
+            node, (ast.Tuple, ast.List, ast.Set)) and all(isinstance(e, ast.Constant) for e in node.elts)
+
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Compare) and any(names_family(a) for a in (node.left, *node.comparators))
+            and any(literal(a) for a in (node.left, *node.comparators))]
+
+
+def test_no_algorithm_file_names_a_family(tmp_path):
+    """Adapters as data: outside backbones/ a family is read through its table's flags, never by its name."""
+    files = [p for p in SRC.rglob("*.py") if "backbones" not in p.relative_to(SRC).parts]
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in files for line in family_tests(p)]
+    assert not bad, "a family named outside backbones/ (give its table a flag): " + ", ".join(bad)
+    caught = tmp_path / "caught.py"  # what stop 78 found in training/train.py, and its other spellings
+    caught.write_text('a = bb.family.name != "timerome"\nb = fam.name in ("llada", "dream")\nc = "x" == family.name\n'
+                      'd = bb.family.causal\ne = bb.name == "timerome-default"\n')
+    assert family_tests(caught) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("bench", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.name)
@@ -285,6 +315,20 @@ def repeated_defaults(path: Path, defaults: dict[str, set]) -> list[tuple[int, s
                 if id(node) in configs and kw.arg in defaults and literal(kw.value) and kw.value.value in defaults[kw.arg]:
                     out.append((kw.value.lineno, kw.arg))
     return out
+
+
+def test_the_memo_is_private():
+    """A memo is handed out by its own module only (copies): imported elsewhere, its one shared object could be
+    changed by any caller (stop 78: four modules read the embedded corpus's memo directly)."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = str(path.relative_to(SRC))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                owner = node.module.removeprefix("timerome.").replace(".", "/") + ".py"
+                bad += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name in MEMOS.get(owner, ()) and owner != rel]
+    assert not bad, "a memo imported outside its module (hand out a copy): " + ", ".join(bad)
 
 
 def test_settings_defaults_are_written_once():

@@ -46,14 +46,14 @@ def rewrite_memory(src: Path, dst: Path, *, tensors=None, header=None) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from timerome.memory.base import _digest
+    from timerome.common.cache import tensors_digest
 
     with safe_open(str(src), framework="pt") as f:
         meta = json.loads(f.metadata()["timerome"])
         ts = {k: f.get_tensor(k) for k in f.keys()}
     if tensors is not None:
         ts = tensors(ts)
-        meta["sha256"] = _digest(ts)
+        meta["sha256"] = tensors_digest(ts)
     text = json.dumps(header) if header is not None else json.dumps(meta)
     save_file(ts, str(dst), metadata={"timerome": text})
     return dst

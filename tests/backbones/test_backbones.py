@@ -632,3 +632,52 @@ def test_transformers_bars_are_off_while_a_checkpoint_is_written_and_read(tmp_pa
     err = capfd.readouterr().err
     assert "shards" not in err and "\r" not in err, err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_the_embedded_model_is_known_by_its_folder_not_its_name(tmp_path):
+    """A user's checkpoint in a folder named timerome-default was taken for the embedded model (its corpus stood
+    in for the probes, the background and the calibration rows): the embedded model is the one loaded from its
+    own folder (`Backbone.embedded`), however the path is written."""
+    import os
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.memory.whitening import background_texts
+    from timerome.metrics.editing import embedded_probes
+
+    mine = load_backbone(make_tiny_checkpoint("timerome", tmp_path / "timerome-default"))
+    assert mine.name == "timerome-default" and not mine.embedded
+    assert embedded_probes(mine, "my.json", []) is None
+    with pytest.raises(TimeromeError, match="needs a background corpus for this model"):
+        background_texts(mine)
+    assert background_texts(load_backbone())  # the embedded corpus stands in
+    assert load_backbone().embedded and load_backbone(os.path.relpath(DEFAULT_MODEL_DIR)).embedded
+    assert embedded_probes(load_backbone(), "my.json", []) == "the embedded model"
+
+
+def test_remote_code_loads_safetensors_only(tmp_path):
+    """--trust-remote-code trusts the checkpoint's code, not pickled weights: a folder with only a .bin was
+    unpickled by transformers on that path (every other path refused it)."""
+    from safetensors.torch import load_file
+
+    d = _with_remote_code(make_tiny_checkpoint("llada", tmp_path / "bin", layers=2), "mmada")
+    torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    for remote in (False, True):
+        with pytest.raises(TimeromeError, match="has no model.safetensors \\(pickled .bin weights are not loaded\\)"):
+            load_backbone(d, trust_remote_code=remote)
+
+
+def test_a_tiny_transformers_checkpoint_leaves_the_global_generator_alone(tmp_path):
+    """make_tiny_checkpoint seeded torch's global generator for transformers' initialisers and left it so: a caller's
+    later unseeded draws changed with the call. Now seeded inside fork_rng, with the same weights for a seed."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    a = make_tiny_checkpoint("llama", tmp_path / "a", layers=1)
+    assert torch.equal(torch.rand(3), want)
+    b = make_tiny_checkpoint("llama", tmp_path / "b", layers=1)
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -11,8 +11,11 @@ from timerome import TimeromeError, load_backbone
 from timerome.data.rows import spread
 from timerome.data.task import forget_task
 from timerome.evaluation.evaluator import eval_rows, evaluate, lp_only, trajectory_logprobs
+from timerome.experiments import EXPERIMENTS
 from timerome.experiments.ablations import ECHO_ROW
+from timerome.experiments.report import label
 from timerome.methods import METHODS, ForgetTask, available, get_method, install, method_config, register, weight_edit
+from timerome.methods.timerome_edit import paper_point
 
 
 @pytest.fixture(scope="module")
@@ -224,11 +227,17 @@ def test_other_experiments_end_to_end_at_toy_size(bb, tmp_path):
     assert cell["info"]["order"] == [fact_id(facts[i]) for i in want] != [fact_id(f) for f in facts]
 
     sca = run_experiment("scalability", seeds=(0,), out_dir=tmp_path / "sca", progress=False, backbone=bb,
-                         overrides=dict(small, sizes=(1, 20), n_eval_forget=3, variants=({},)))
+                         overrides=dict(small, sizes=(1, 20), n_eval_forget=3, variants=({}, paper_point(1.0, 2))))
     at20 = sca["summary"][20]  # forget01's author whole (3 of its facts alone: -0.0007 against -0.021 nats)
     assert at20["timerome"]["ForgetLP"]["mean"] < at20["no_edit"]["ForgetLP"]["mean"] - 1.0
     assert at20["timerome"]["install_seconds"]["mean"] > 0
     assert (tmp_path / "sca" / "scalability.png").exists()
+    # the (alpha, q) rows are the paper's memory (raw keys, absolute lambda), as in transfer, pareto and utility: the
+    # same label named another memory here (whitened keys, relative lambda)
+    paper = label("timerome", paper_point(1.0, 2))
+    assert "key_metric=paper" in paper and paper in at20 and at20[paper]["install_seconds"]["mean"] > 0
+    for name in ("scalability", "sequential"):
+        assert all(v == {} or v == paper_point(v["alpha"], v["q"]) for v in EXPERIMENTS[name].CONFIG["variants"])
 
     abl = run_experiment("ablations", seeds=(0,), out_dir=tmp_path / "abl", progress=False, backbone=bb,
                          overrides=dict(small, traj_steps=4))

@@ -7,7 +7,7 @@ import torch
 
 from timerome import TimeromeError, load_backbone
 from timerome.backbones.tiny import make_tiny_checkpoint
-from timerome.memory.base import _digest
+from timerome.common.cache import tensors_digest
 from timerome.memory.edit_memory import EditMemory
 from timerome.memory.topq import top_q_combine
 from timerome.memory.whitening import ResidualStats
@@ -92,6 +92,10 @@ def test_plan(bb):
     m = memory(bb, *synthetic(2 * H, H, seed=5), "paper")
     m.index_min_facts = H
     assert m._plan("cpu") == "map"
+    m.alpha = 0.7  # update's fused addmm (alpha in the add) is _change's map, op by op
+    x = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    torch.testing.assert_close(m.update(x), m._updated(x), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(m.update(x) - x, m._change(x.reshape(-1, H)).view_as(x), atol=1e-12, rtol=1e-12)
     m.q = 2
     assert m._plan("cpu") == "index"
     assert m._plan("meta") == "scores"                   # the int8 screen is for CPU tensors
@@ -140,7 +144,7 @@ def test_a_file_of_few_facts_without_g_is_refused(bb, tmp_path):
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["timerome"])
         tensors = {k: f.get_tensor(k) for k in f.keys() if k != "G"}
-    meta["sha256"] = _digest(tensors)
+    meta["sha256"] = tensors_digest(tensors)
     save_file(tensors, str(tmp_path / "no_g.safetensors"), metadata={"timerome": json.dumps(meta)})
     with pytest.raises(TimeromeError, match="lacks the tensor G"):
         EditMemory.load(tmp_path / "no_g.safetensors", bb)

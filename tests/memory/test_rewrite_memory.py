@@ -234,7 +234,7 @@ def test_save_load_remove_and_add(bb, reqs, task, edit, tmp_path, monkeypatch):
     named.sources = {}
     bare = named.save(tmp_path / "bare.safetensors")
     assert load_memory(bare, bb, calibration=few)._value_rows == load_split("train", "embedded")
-    monkeypatch.setattr(bb, "name", "another-model")
+    monkeypatch.setattr(bb, "embedded", False)  # another model
     assert load_memory(bare, bb, calibration=few)._value_rows == few
     monkeypatch.undo()
     rebuilt = build(bb, task, edit.config, mem.coordinate, [r.fact for r in reqs[1:]])
@@ -291,7 +291,7 @@ def test_a_build_records_the_rows_it_read_values_on_where_a_spec_names_them(bb, 
     assert value_rows_source(bb, task, {"value_rows": task.retain_rows[:3]}) is None
     assert value_rows_source(bb, replace(task, known_rows=task.retain_rows[:3]), {}) is None
     assert value_rows_source(bb, task, {}) == row_source("embedded:train")
-    monkeypatch.setattr(bb, "name", "another-model")
+    monkeypatch.setattr(bb, "embedded", False)  # another model
     assert value_rows_source(bb, task, {}) is None
 
 

@@ -188,3 +188,19 @@ def test_version_only_grows():
         step()
         seen.append(r.version)
     assert seen == sorted(set(seen)), seen   # a cache keyed by version never sees an old number again
+
+
+def test_lambda_over_the_keys_is_the_relative_lambda_on_the_first_keys():
+    """lam_over_keys (what `timerome edit` warns on): the relative lambda where the key scale is the stored keys'
+    own (the first insert's), lam_absolute over their mean squared norm otherwise."""
+    g = torch.Generator().manual_seed(4)
+    U, D = torch.randn(6, 8, generator=g, dtype=torch.float64) * 3, torch.randn(6, 8, generator=g, dtype=torch.float64)
+    rel = RidgeMemory(8, lam=5.0)
+    rel.insert(U, D)
+    assert rel.lam_over_keys() == pytest.approx(5.0, rel=1e-12)
+    rel.insert(U[:2] * 10, D[:2])  # a later insert leaves the scale fixed: the ratio follows the keys held
+    assert rel.lam_over_keys() == pytest.approx(5.0 * rel.key_scale / rel.scale_of(rel.U), rel=1e-12)
+    assert rel.lam_over_keys() < 5.0
+    ab = RidgeMemory(8, lam_absolute=2.0)
+    ab.insert(U, D)
+    assert ab.lam_over_keys() == pytest.approx(2.0 / float((U * U).sum(1).mean()), rel=1e-12)

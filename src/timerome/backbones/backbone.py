@@ -34,7 +34,7 @@ class Backbone:
     """
 
     def __init__(self, model: nn.Module, tokenizer, family: Family, config: dict, *,
-                 mask_id: int, name: str = "", remote: bool = False, info: dict | None = None):
+                 mask_id: int, name: str = "", remote: bool = False, info: dict | None = None, embedded: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.family = family
@@ -42,6 +42,9 @@ class Backbone:
         self.mask_id = int(mask_id)
         self.name = name or family.name
         self.remote = remote  # the checkpoint's own modelling code runs (trust_remote_code=True)
+        # the embedded default model (load_backbone of its own folder, not any folder of that name): its corpus stands
+        # in for the background, calibration and probe rows another model must be given
+        self.embedded = embedded
         self.info = dict(info or {})
         self.n_layers = int(_first(config, family.n_layers_keys, "number of layers"))
         self.hidden_size = int(_first(config, family.hidden_keys, "hidden size"))

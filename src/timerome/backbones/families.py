@@ -83,6 +83,9 @@ class Family:
     # where a generated answer ends when the model never learnt to pad with EOS (the embedded
     # model's answers all end in " ."); None: show everything the sampler produced
     answer_end: str | None = None
+    # whether training pads answers with EOS where the checkpoint records no recipe (training.train.recipe_eos_pad):
+    # off for the embedded model's family, whose TOFU fixture was trained without it
+    eos_pad: bool = True
     # LoRA targets as one regex over module names: anchored on the block so a head that shares a
     # projection's name (LLaDA's transformer.ff_out) never gets an adapter
     lora_targets: str = r".*layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
@@ -107,7 +110,7 @@ FAMILIES: dict[str, Family] = {
     for f in [
         Family(
             name="timerome", model_types=("timerome-llada",), keys=LLADA_KEYS, **_LLADA_PATHS,
-            loader="timerome", config_spec="llada", lora_targets=LLADA_LORA, answer_end=".",
+            loader="timerome", config_spec="llada", lora_targets=LLADA_LORA, answer_end=".", eos_pad=False,
         ),
         Family(
             name="llada", model_types=("llada",), architectures=("LLaDAModelLM",), keys=LLADA_KEYS,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import shutil
 import threading
@@ -28,23 +27,15 @@ _DROP = ("quantization_config", "_name_or_path", "_model_name_or_path", "transfo
          "output_attentions", "output_hidden_states", "dtype", "torch_dtype")
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def gguf_folder(path: str | Path) -> Path:
     """The cached checkpoint folder of a GGUF file (converted on first use)."""
-    from timerome.common.cache import cache_dir, made_once, temp_name
+    from timerome.common.cache import cache_dir, file_sha256, made_once, temp_name
 
     path = input_file(Path(path).expanduser(), "GGUF file")
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise TimeromeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    out = cache_dir() / "gguf" / f"{path.stem}-{file_digest(path)}"
+    out = cache_dir() / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}"
 
     def converted() -> Path:
         tmp = temp_name(out)  # converted aside, renamed into place: a reader never sees half a folder

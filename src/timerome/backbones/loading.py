@@ -162,12 +162,14 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     # damaged checkpoint is refused before it is sent there
     fingerprint = verified_weights(model, config, ckpt, implementation=implementation, remote=remote)
     model.to(device)
-    name = ckpt.name if ckpt != DEFAULT_MODEL_DIR else "timerome-default"
+    embedded = ckpt.resolve() == DEFAULT_MODEL_DIR
+    name = "timerome-default" if embedded else ckpt.name
     if str(path_or_hub_id).lower().endswith(".gguf"):  # the cached folder's name carries a digest
         name = Path(str(path_or_hub_id)).stem
     info = {"checkpoint": str(ckpt), "evidence": evidence, "tokenizer": tok_info, "config_keys": flags,
             "implementation": implementation}
-    bb = Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info)
+    bb = Backbone(model, tokenizer, fam, config, mask_id=mask_id, name=name, remote=remote, info=info,
+                  embedded=embedded)
     bb.know_fingerprint(fingerprint)  # the same bytes wherever they are
     return bb
 
@@ -297,7 +299,12 @@ def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
                 raise TimeromeError(f"{index} names the shard {s}, which is missing from {ckpt}")
             state.update(_load_weights(ckpt / s))
         return state
-    raise TimeromeError(f"{ckpt} has no model.safetensors (pickled .bin weights are not loaded)")
+    raise no_safetensors(ckpt)
+
+
+def no_safetensors(ckpt: Path) -> TimeromeError:
+    """A checkpoint with no safetensors weights: refused, whatever else it holds and whoever's code would load it."""
+    return TimeromeError(f"{ckpt} has no model.safetensors (pickled .bin weights are not loaded)")
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -358,8 +365,11 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict:
 def _remote_model(ckpt: Path, dtype: torch.dtype):
     from transformers import AutoModel
 
+    if not any((ckpt / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+        raise no_safetensors(ckpt)  # the user trusts the code, not pickled .bin weights
     try:
         with hf_bars_off():  # its "Loading checkpoint shards" bar: off, as for the other loads
-            return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, **_dtype_kwarg(dtype))
+            return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, use_safetensors=True,
+                                             **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"loading {ckpt} with its remote code failed: {e}") from None

@@ -89,18 +89,20 @@ def make_tiny_checkpoint(family: str, directory: str | Path, *, layers: int = 2,
 def _transformers_tiny(family, d: Path, vocab, mask, layers, hidden, seed):
     import transformers
 
-    torch.manual_seed(seed)  # transformers' initialisers draw from the global generator
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=128, tie_word_embeddings=False)
-    if family in ("dream", "qwen2"):
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
-    elif family == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=128, tie_word_embeddings=False,
-            bos_token_id=None, eos_token_id=None))
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    # transformers' initialisers draw from the global generator: seeded for this build only, the caller's left as it was
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128, tie_word_embeddings=False)
+        if family in ("dream", "qwen2"):
+            model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+        elif family == "gpt2":
+            model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=128, tie_word_embeddings=False,
+                bos_token_id=None, eos_token_id=None))
+        else:
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     with hf_bars_off():  # transformers' "Writing model shards" bar
         model.save_pretrained(str(d), safe_serialization=True)
     cfg = json.loads((d / "config.json").read_text())

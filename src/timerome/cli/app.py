@@ -339,7 +339,7 @@ def calibration_spec(bb, method: str, source: str, calibration: str | None) -> s
     if calibration is not None:
         return calibration
     origin = source.split(":", 1)[0] if ":" in source else None
-    if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.name == "timerome-default"):
+    if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.embedded):
         origin = "embedded"
     if origin not in ("embedded", "tofu"):
         from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, get_method

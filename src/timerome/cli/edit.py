@@ -214,7 +214,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
     check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before any warning
-    ratio = memory.lam_value / memory.ridge.scale_of(memory.ridge.U)
+    ratio = memory.ridge.lam_over_keys()
     if ratio > 1000:  # a fact's own coefficient is about 1 / (1 + ratio): the ridge term swamps the keys
         err_console.print(f"[yellow]warning:[/] lambda {memory.lam_value:.3g} is {ratio:.3g} times the keys' mean "
                           f"squared norm: each fact keeps about 1/{1 + ratio:.3g} of its update (1/"
@@ -426,7 +426,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         over.setdefault("target", target)
     config = method_config(method, over)
     # the rows it must leave alone, where it reads any (a method that reads none needs none given)
-    read = reads_retain(method, config, background_given=texts is not None, embedded=bb.name == "timerome-default")
+    read = reads_retain(method, config, background_given=texts is not None, embedded=bb.embedded)
     if calibration is not None and not read:  # the embedded model's own training rows stand in (the rest: refused)
         raise TimeromeError(f"--calibration is read by nothing here: on the embedded model {method}'s key statistics "
                             "come from the rows it was trained on (give texts of your own with --background): "

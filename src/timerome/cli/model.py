@@ -192,11 +192,14 @@ def save_backbone(bb, out: Path) -> None:
 
         with hf_bars_off():  # its "Writing model shards" bar
             bb.model.save_pretrained(str(out), safe_serialization=True)
-        cfg = json.loads((out / "config.json").read_text())
+        from timerome.common.cache import write_json
+        from timerome.common.files import read_json
+
+        cfg = read_json(out / "config.json", "the saved model's config")
         cfg["model_type"] = bb.config.get("model_type", cfg.get("model_type"))
         if not getattr(bb, "causal", False):  # an autoregressive model's mask_id is a placeholder (its EOS): written
             cfg.setdefault("mask_token_id", bb.mask_id)  # down, the folder reloaded as a masked diffusion model
-        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        write_json(out / "config.json", cfg)
     save_tokenizer(bb.tokenizer, out)  # as every timerome build writes it: transformers 4 and 5 read it
 
 
@@ -209,15 +212,13 @@ def record_source(out: Path, model, method: str, n_facts: int, facts: str, *, co
     locality against the model it came from (`edited_from`; the embedded model recorded as null), and
     a reader can tell how it was made (the method's settings and seed)."""
     from timerome.backbones.loading import model_place
-    from timerome.common.cache import plain
+    from timerome.common.cache import write_json
 
     source = None if model.model is None else model_place(model.model)
-    (Path(out) / EDITED_FROM).write_text(json.dumps(dict(source_model=source, family=model.family, method=method,
-                                                         n_facts=n_facts, facts=facts, config=plain(config),
-                                                         seed=seed), indent=2))
+    write_json(Path(out) / EDITED_FROM, dict(source_model=source, family=model.family, method=method, n_facts=n_facts,
+                                             facts=facts, config=config, seed=seed))
     # the training recipe of the weights it started from, where `timerome train -m OUT` reads its EOS padding
     from timerome.backbones.loading import DEFAULT_MODEL_DIR
-    from timerome.common.cache import write_json
     from timerome.training.train import build_record
 
     folder = Path(model.model) if model.model else DEFAULT_MODEL_DIR

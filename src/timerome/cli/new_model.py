@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from timerome.cli.app import app, console, friendly, print_json, tofu_dir_read
+from timerome.training.new_model import DEFAULT_CONTEXT, DEFAULT_VOCAB
 
 
 @app.command("new-model")
@@ -18,8 +19,8 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
                   out: Path = typer.Option(..., "--out", "-o", help="new folder for the model (Hugging Face layout)"),
                   size: Optional[str] = typer.Option(None, help="tiny, small (the embedded model's; the default), "
                                                                 "base or large"),
-                  vocab_size: int = typer.Option(4096, help="BPE vocabulary size (at most; a small corpus gives fewer)"),
-                  context: int = typer.Option(256, help="longest sequence in tokens"),
+                  vocab_size: int = typer.Option(DEFAULT_VOCAB, help="BPE vocabulary size (at most; a small corpus gives fewer)"),
+                  context: int = typer.Option(DEFAULT_CONTEXT, help="longest sequence in tokens"),
                   d_model: Optional[int] = typer.Option(None, help="hidden size (overrides --size)"),
                   layers: Optional[int] = typer.Option(None, help="number of blocks (overrides --size)"),
                   heads: Optional[int] = typer.Option(None, help="attention heads (overrides --size)"),

@@ -173,6 +173,28 @@ def save_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
     return path
 
 
+def file_sha256(path) -> str:
+    """sha256 of a file's bytes, read in blocks (a GGUF file's cache name, the embedded weights' record)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tensors_digest(tensors: dict) -> str:
+    """sha256 of named tensors: each one's name, dtype, shape and every byte, in name order (a memory file's
+    checksum, a trace's pair stamp)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def read_tensors(path) -> tuple[dict, dict]:
     """(tensors, metadata) of a safetensors file, read in one piece: the bytes of one open file, so a
     file replaced meanwhile (`save_tensors` renames a new version into place) gives this version or

@@ -185,9 +185,9 @@ def _from_corpus(spec: str, tofu_dir) -> list[dict]:
     kind, _, split = spec.partition(":")
     if kind in ("counterfactual", "embedded"):
         from timerome.data.corpus import COUNTERFACTUAL_PER_AUTHOR, counterfactual_requests
-        from timerome.data.tofu import _embedded
+        from timerome.data.tofu import embedded_corpus
 
-        corpus = _embedded()
+        corpus = embedded_corpus()
         if kind == "counterfactual":
             return counterfactual_requests(corpus, split, per_author=COUNTERFACTUAL_PER_AUTHOR)
         if split in corpus and corpus[split] and "attribute" in corpus[split][0]:

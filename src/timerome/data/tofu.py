@@ -10,7 +10,7 @@ from pathlib import Path
 
 from timerome.common.checks import shown
 from timerome.common.files import read_text
-from timerome.data.corpus import make_corpus, training_rows
+from timerome.data.corpus import known_subjects, make_corpus, training_rows
 from timerome.errors import TimeromeError
 
 BASE = ["forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "holdout01",
@@ -54,7 +54,18 @@ def load_split(name: str, source: str | Path | None = None) -> list[dict]:
 
 @functools.lru_cache(maxsize=1)
 def _embedded() -> dict[str, list[dict]]:
+    """The embedded corpus, built once (40 ms) and never handed out: `embedded_corpus`, `embedded_subjects`."""
     return make_corpus()
+
+
+def embedded_corpus() -> dict[str, list[dict]]:
+    """The embedded corpus, every split, as a copy the caller may change."""
+    return copy.deepcopy(_embedded())
+
+
+def embedded_subjects() -> list[str]:
+    """Every subject the embedded model was told about (`corpus.known_subjects`), a new list each call."""
+    return known_subjects(_embedded())
 
 
 def _from_dir(directory: Path, name: str) -> list[dict]:

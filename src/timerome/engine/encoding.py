@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from timerome.engine.settings import EDIT
+from timerome.engine.settings import EDIT, LIKELIHOOD
 from timerome.errors import TimeromeError
 
 DEFAULT_TARGET = EDIT.target  # what an edited model should say instead (the paper's t)
@@ -312,7 +312,7 @@ def text_ids(backbone, text) -> list[int]:
 
 
 def mask_answers(ids: torch.Tensor, answer_mask: torch.Tensor, mask_id: int, generator: torch.Generator,
-                 eps: float = 1e-3, fully_masked: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 eps: float = LIKELIHOOD.eps, fully_masked: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The MDLM noising of answers: t ~ U(eps, 1) per row [B], each answer token masked w.p. t.
 
     fully_masked: the first rows get t = 1 (every answer token masked: the start of generation).

@@ -34,6 +34,9 @@ class LikelihoodSettings:
     """The MDLM's Monte-Carlo answer log-likelihood (likelihood.log_likelihood_batch)."""
 
     n_mc: int = 16              # masked copies per answer (the estimator's samples)
+    # every masked-answer draw's t ~ U(eps, 1) (engine.encoding.mask_answers: LLaDA's training floor on the mask
+    # rate), in the training loss and the methods' masked objectives as well
+    eps: float = 1e-3
 
 
 @dataclass(frozen=True)

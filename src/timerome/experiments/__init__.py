@@ -72,10 +72,12 @@ def resolve_source(data):
     """'embedded' | 'tofu' ($TIMEROME_TOFU_DIR, else the Hub) | a local TOFU directory."""
     import os
 
+    from timerome.data.tofu import ENV_DIR
+
     if data in (None, "embedded"):
         return "embedded"
     if data == "tofu":
-        return os.environ.get("TIMEROME_TOFU_DIR") or None
+        return os.environ.get(ENV_DIR) or None
     if not Path(data).is_dir():
         raise TimeromeError(f"--data must be 'embedded', 'tofu' or a TOFU directory; {data!r} is none of them")
     return str(data)
@@ -117,7 +119,7 @@ def check_before_load(name: str, cfg: dict, source, reference=None, *, given=(),
         check(cfg, source)
     # the reference the run will have: a given one reads what it reads whatever the cells, and without one (a model
     # or data other than the embedded ones) nothing reads the reference setting
-    ref = auto_reference(reference, model, source, getattr(backbone, "name", "timerome-default"))
+    ref = auto_reference(reference, model, source, backbone is None or getattr(backbone, "embedded", False))
     if ref != "embedded":
         refuse_unread_reference_options(dict(cfg.get("reference") or {}), ref, True, f"experiment {name!r}")
 

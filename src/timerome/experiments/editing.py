@@ -48,13 +48,12 @@ def requests_data(spec: dict, ctx):
     methods must spare) are the retain split and its known rows the model's training rows (embedded;
     else the retain split), both minus every probe: locality is measured on rows no method saw."""
     from timerome.data import load_split
-    from timerome.data.corpus import known_subjects
     from timerome.data.task import requests_task
-    from timerome.data.tofu import _embedded
+    from timerome.data.tofu import embedded_subjects
     from timerome.metrics.editing import embedded_probes, locality_rows
 
     reqs, notes = load_requests(spec["requests"], target=spec.get("target"))  # `cells` checked the target
-    embedded = ctx.source == "embedded" and ctx.backbone.name == "timerome-default"
+    embedded = ctx.source == "embedded" and getattr(ctx.backbone, "embedded", False)
     locality = locality_rows(ctx.source, spec.get("n_retain", LOCALITY.n_retain), spec.get("n_world", LOCALITY.n_world))
     probes = {p.prompt for r in reqs for p in (*r.neighbours, *r.same_subject, *r.portability)}
     probes |= {r["question"] for rows in locality.values() for r in rows}
@@ -63,7 +62,7 @@ def requests_data(spec: dict, ctx):
              if r["question"] not in probes]
     # the subjects a confabulation names: the embedded corpus's where it probes this model (one rule with eval)
     rows = {"requests": reqs, "locality": locality, "notes": notes,
-            "known": known_subjects(_embedded()) if embedded_probes(ctx.backbone, spec["requests"], reqs) else None}
+            "known": embedded_subjects() if embedded_probes(ctx.backbone, spec["requests"], reqs) else None}
     return rows, requests_task(reqs, retain_rows=spare, known_rows=known)
 
 

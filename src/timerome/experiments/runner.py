@@ -189,7 +189,7 @@ class Context:
 
     def auto_reference(self):
         """The reference to use: the given one, or the embedded recipe's for the embedded model."""
-        return auto_reference(self.reference, self.model_path, self.source, self.backbone.name)
+        return auto_reference(self.reference, self.model_path, self.source, getattr(self.backbone, "embedded", False))
 
     def refuse_unread_reference_options(self, uses_reference: bool, where: str) -> None:
         """`refuse_unread_reference_options` for this run's reference."""
@@ -233,13 +233,13 @@ class Context:
         return self._reference
 
 
-def auto_reference(reference, model_path, source, model_name: str = "timerome-default"):
+def auto_reference(reference, model_path, source, embedded: bool = True):
     """The reference a run has: the given one, else the embedded recipe's for the embedded model on the embedded
-    data ("embedded"), else none. model_name: the loaded model's (before it loads, a model_path of None is the
-    embedded default)."""
+    data ("embedded"), else none. embedded: whether the loaded model is the embedded one (`Backbone.embedded`;
+    before it loads, a model_path of None is the embedded default)."""
     if reference is not None:
         return reference
-    return "embedded" if model_path is None and source == "embedded" and model_name == "timerome-default" else None
+    return "embedded" if model_path is None and source == "embedded" and embedded else None
 
 
 def refuse_unread_reference_options(options: dict, ref, uses_reference: bool, where: str) -> None:

@@ -25,12 +25,13 @@ from timerome.experiments.report import label, markdown, not_applicable_rows, wr
 from timerome.experiments.runner import Cell
 from timerome.experiments.settings import needs
 from timerome.experiments.transfer import UNREAD_ON_CAUSAL, bench_source  # noqa: F401 - refused as transfer's
+from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K
 from timerome.metrics.rwku import ANSWER_TOKENS, COLUMNS
 
 NAME = "rwku"
 ORDER = 80
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, bench_dir=None, targets=None, methods=None, forget_from=("probes", "passages"), n_passages=20,
-              rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=0.4, mia_groups=8)
+              rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=DEFAULT_K, mia_groups=DEFAULT_GROUPS)
 UNREAD_WHEN = {"answer_tokens": needs("rouge"), "mia_k": needs("mia"), "mia_groups": needs("mia"),
                "n_passages": lambda cfg: None if "passages" in cfg["forget_from"] else "forget_from has no passages"}
 QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,

@@ -8,12 +8,13 @@ from timerome.experiments.report import (ACCOUNTING_NOTE, NOT_APPLICABLE, by_row
                                          fmt_any, label, not_applicable_note, not_applicable_rows, plot_scalability,
                                          summarise, traced_coordinate, with_accounting, write_outputs)
 from timerome.experiments.runner import Cell
+from timerome.methods.timerome_edit import paper_point
 
 NAME = "scalability"
 ORDER = 30
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, sizes=(1, 10, 40, 100, 200, 400), n_eval_forget=40,
               n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world,
-              variants=({"alpha": 0.5, "q": 2}, {"alpha": 1.0, "q": 2}, {}))
+              variants=(paper_point(0.5, 2), paper_point(1.0, 2), {}))  # the paper's memory at its points; {}: ours
 COLUMNS = ["ForgetLP", "RetainLP", "RealAuth", "install_seconds"]
 
 

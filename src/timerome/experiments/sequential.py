@@ -14,12 +14,12 @@ from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
 from timerome.experiments.runner import LP_COLUMNS, Cell, measurement, row_count
 from timerome.methods import InferenceEdit, method_config
-from timerome.methods.timerome_edit import build_memory, locate, prepare
+from timerome.methods.timerome_edit import build_memory, locate, paper_point, prepare
 
 NAME = "sequential"
 ORDER = 40
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=20, n_world=LOCALITY.n_world,
-              variants=({"alpha": 1.0, "q": 2}, {"alpha": 0.5, "q": 2}, {}), every=1)
+              variants=(paper_point(1.0, 2), paper_point(0.5, 2), {}), every=1)  # the paper's memory; {}: ours
 SHOWN = (0, 1, 5, 10, 20, 30, 40, 50)
 
 

@@ -27,6 +27,7 @@ from timerome.experiments.settings import all_of, needs, needs_benchmark
 from timerome.methods.timerome_edit import paper_point
 from timerome.metrics import muse, whp, wmdp
 from timerome.metrics.extraction import check_names
+from timerome.metrics.membership import DEFAULT_GROUPS, DEFAULT_K
 
 NAME = "transfer"
 ORDER = 70
@@ -44,7 +45,7 @@ CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", bench_dir=None, benchmark
               whp_trivia="hp_trivia_1239", whp_prompts="evaluation_prompts", wmdp_subject="bio",
               knowmem_tokens=muse.KNOWMEM_TOKENS, verbmem_tokens=muse.VERBMEM_TOKENS,
               completion_tokens=whp.COMPLETION_TOKENS, rouge=True, privleak=True, privleak_reference=None,
-              mia_k=0.4, mia_groups=8, choice_text=True)
+              mia_k=DEFAULT_K, mia_groups=DEFAULT_GROUPS, choice_text=True)
 # what reads each benchmark's settings: its benchmark, and ROUGE's generations / the privacy-leak test
 _MUSE = needs_benchmark("muse-books", "muse-news")
 _WHP = needs_benchmark("whp")

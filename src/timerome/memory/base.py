@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors
+from timerome.common.cache import read_tensors, save_tensors, tensors_digest
 from timerome.common.checks import big_int_path, finite_tensor, integer, is_token_ids, shown
 from timerome.common.files import input_file, parse_json
 from timerome.data.facts import Fact, fact_field, target_conflict
@@ -171,7 +171,7 @@ class Memory:
                 "hidden_size": self.hidden_size, "coordinate": self.coordinate.as_dict(), "causal": self.causal,
                 "checkpoint": checkpoint_of(self.backbone), "prompt_start": self.prompt_start,
                 **self._header(),
-                "sha256": _digest(tensors)}
+                "sha256": tensors_digest(tensors)}
         return save_tensors(path, tensors, metadata={"timerome": json.dumps(meta)})
 
     @classmethod
@@ -305,15 +305,6 @@ def _fact_from_dict(d: dict):
         raise TimeromeError(f"a stored fact does not fit timerome.data.facts.Fact: {e}") from None
 
 
-def _digest(tensors: dict) -> str:
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
 # What a memory file of each format holds: tensor name -> (dtype, number of dimensions, required).
 # Each memory kind registers its own (`register_tensors`); `read_file` checks every file against it.
 TENSORS: dict[str, dict[str, tuple[torch.dtype, int, bool]]] = {}
@@ -352,7 +343,7 @@ def read_file(path, formats=None, what: str = "edit memory") -> tuple[dict, dict
     if meta.get("format") not in formats:
         has = "no format field" if meta.get("format") is None else f"format {shown(meta.get('format'))}"
         raise TimeromeError(f"{p} has {has}; this version reads {formats[0]!r}")
-    if _digest(tensors) != meta.get("sha256"):
+    if tensors_digest(tensors) != meta.get("sha256"):
         raise TimeromeError(f"{p} is corrupt: its tensors do not match the checksum written with them")
     check_header(meta, p)
     check_tensors(tensors, TENSORS.get(meta["format"]), p, what)

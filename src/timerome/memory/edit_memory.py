@@ -291,7 +291,7 @@ class EditMemory(Memory):
         """Eq. multifact on a live residual h [..., H]: h + alpha * TopQ_q(D^T G U h)."""
         if self._plan(h.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
             x = self._rows(h)
-            W, mu = self._matrices(x.device, x.dtype, "W", "mu")
+            W, mu = self._matrices(x.device, x.dtype, "W", "mu")  # _change's map, alpha fused into the add:
             return torch.addmm(x, x if mu is None else x - mu, W, alpha=self.alpha).to(h.dtype).view_as(h)
         out = None
         if h.numel() // self.hidden_size * len(self) <= GRAPH_MAX_SCORES:

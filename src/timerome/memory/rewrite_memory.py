@@ -629,7 +629,7 @@ def embedded_value_rows(backbone) -> list | None:
     default model: every row it learnt (the training split, EMBEDDED_VALUE_ROWS), which it answers;
     None on any other model (whose callers fall back on their calibration rows:
     `methods.rewrite.known_rows`, `_restore`)."""
-    if getattr(backbone, "name", "") != "timerome-default":
+    if not getattr(backbone, "embedded", False):
         return None
     return load_rows(EMBEDDED_VALUE_ROWS)
 

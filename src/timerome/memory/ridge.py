@@ -173,6 +173,11 @@ class RidgeMemory:
         K, Uc = self.metric_keys(U)
         return float((K * Uc).sum(1).mean())
 
+    def lam_over_keys(self) -> float:
+        """lam_value over the stored keys' mean squared norm (`scale_of`): a fact alone keeps about 1 / (1 + this)
+        of its update. The relative lambda (`lam`) where the key scale is the stored keys' own."""
+        return self.lam_value / self.scale_of(self.U)
+
     def _scale_of_gram(self, S: torch.Tensor, k: int) -> float:
         """scale_of from S = Uc^T Uc of k keys: mean_i uc_i P uc_i^T = trace(P S) / k."""
         return float((S.trace() if self.precision is None else (S * self.precision).sum()) / k)

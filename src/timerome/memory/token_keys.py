@@ -31,6 +31,7 @@ from timerome.engine.encoding import (DEFAULT_TARGET, answer_ids, collate, encod
                                       pad_sequences, uses_leading_space)
 from timerome.engine.hooks import run_to
 from timerome.engine.likelihood import pair_generator
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 
 
@@ -45,7 +46,7 @@ def fact_seed(fact) -> int:
     return int(hashlib.sha1(fact_id(fact).encode()).hexdigest()[:15], 16)
 
 
-def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float = 1e-3, pads=None):
+def _states(backbone, pairs, n_states: int, seed: int, streams=None, eps: float = LIKELIHOOD.eps, pads=None):
     """(noisy ids, clean ids, attention) [n_states * P, L] for (prompt ids, answer ids) pairs,
     state-major (row s * P + p is state s of pair p); state 0 of each pair fully masked. Pair p's
     masks come from its own generator `pair_generator(seed, streams[p])` (default: p). pads: state s

@@ -116,7 +116,7 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
     """
     tofu_dir_read(tofu_dir, background)
     if background is None:
-        if getattr(backbone, "name", "") != "timerome-default":
+        if not getattr(backbone, "embedded", False):
             raise TimeromeError(
                 "the whitened key metric needs a background corpus for this model (background= or --background): "
                 "a text file, a JSON/JSONL file of question/answer rows, a split like tofu:retain90, or a list of texts "

@@ -40,6 +40,7 @@ from timerome.data.rows import spread
 from timerome.engine.encoding import (DEFAULT_TARGET, collate, encode_fact, mask_answers, pad_id, pad_sequences,
                                       text_ids, uses_leading_space)
 from timerome.engine.hooks import Hooks, run_to
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import NotApplicable, TimeromeError
 from timerome.memory.whitening import background_texts, rows_to_texts
 from timerome.methods.registry import differs, get_method, need_facts, weight_edit
@@ -180,7 +181,7 @@ class KeyStates:
     every read of the same site during an install sees the same inputs."""
 
     def __init__(self, backbone, items, *, n_states: int, generator: torch.Generator,
-                 positions: str = "subject", eps: float = 1e-3):
+                 positions: str = "subject", eps: float = LIKELIHOOD.eps):
         F_ = len(items)
         rows = [f for _ in range(n_states) for f in range(F_)]
         ids, ans, att = _batch(backbone, items, rows, _objects)
@@ -224,7 +225,7 @@ def preserved_texts(backbone, task, source=None) -> list[str]:
     src = source if source is not None else task.background
     if not isinstance(src, (str, Path, list, tuple)):
         src = None
-    if src is None and getattr(backbone, "name", "") != "timerome-default":
+    if src is None and not getattr(backbone, "embedded", False):
         texts = rows_to_texts(task.retain_rows)
         if not texts:
             raise TimeromeError("no texts for the key statistic: give stats_texts= or retain rows")
@@ -331,7 +332,7 @@ def site_norms(backbone, items, site, positions: str = "subject") -> torch.Tenso
 
 def optimise_deltas(backbone, items, site, *, positions: str = "subject", objective: str = "target",
                     steps: int = 30, lr: float = 0.5, n_states: int = 4, clamp: float = 4.0,
-                    weight_decay: float = 0.0, eps: float = 1e-3, generator: torch.Generator,
+                    weight_decay: float = 0.0, eps: float = LIKELIHOOD.eps, generator: torch.Generator,
                     per_position: bool = False, norms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Deltas added to `site`'s output (layer, point) at each fact's `positions` that minimise
     `masked_objective` (the target answer made likely, or the original answer made unlikely).
@@ -384,7 +385,7 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
     return delta.detach(), info
 
 
-def masked_objective(backbone, ids, ans, att, generator, eps: float = 1e-3, objective: str = "target",
+def masked_objective(backbone, ids, ans, att, generator, eps: float = LIKELIHOOD.eps, objective: str = "target",
                      cap: float = 6.0) -> torch.Tensor:
     """The MDLM loss on partially masked answers (train.mdlm_loss's masking and 1/t weight),
     nats per answer token, mean over the batch; on a causal backbone the next-token loss of the

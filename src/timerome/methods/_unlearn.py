@@ -49,6 +49,7 @@ from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
 from timerome.engine.hooks import Hooks, once_on
 from timerome.engine.hooks import edit as edit_hook
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.methods._locate import check_layer, down_projection
 from timerome.methods.registry import weight_edit
@@ -58,7 +59,7 @@ from timerome.training.train import TrainConfig, mdlm_loss, merge_lora, wrap_lor
 # The loop's settings, shared by every training method (each adds its own keys).
 # Sized for the embedded model: ~40 steps of batch 8 take a few seconds on one CPU core.
 TRAIN_DEFAULTS = dict(
-    grad_steps=40, lr=1e-3, batch_size=8, eps=1e-3, weight_decay=0.0, grad_clip=1.0,
+    grad_steps=40, lr=1e-3, batch_size=8, eps=LIKELIHOOD.eps, weight_decay=0.0, grad_clip=1.0,
     lora_r=0, lora_alpha=None,          # lora_r > 0: LoRA adapters via peft instead of full fine-tuning
     safe=True,                          # the paper's protocol: retain-NLL anchor + early stop on drift
     anchor=1.0,                         # weight of the retain-NLL anchor (safe only)

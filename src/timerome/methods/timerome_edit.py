@@ -199,7 +199,7 @@ def background_stats(backbone, coordinate, task, config):
     bg = task.background
     if isinstance(bg, ResidualStats):
         return bg
-    if bg is None and getattr(backbone, "name", "") != "timerome-default":
+    if bg is None and not getattr(backbone, "embedded", False):
         # any other model: what it was trained on, as far as the task knows
         bg = rows_to_texts(task.retain_rows + task.forget_rows) or None  # none: background_texts says what to pass
     texts = background_texts(backbone, bg)

@@ -322,16 +322,15 @@ def embedded_probes(backbone, spec, requests, *, edited_from_embedded: bool = Fa
     embedded: / counterfactual: spec, or requests whose every subject is one of its subjects, e.g. a file
     `timerome requests` wrote). One rule for the CLI and the experiments, whatever the requests or the model
     are named."""
-    from timerome.data.corpus import known_subjects
-    from timerome.data.tofu import _embedded
+    from timerome.data.tofu import embedded_subjects
 
-    if getattr(backbone, "name", None) == "timerome-default":
+    if getattr(backbone, "embedded", False):
         return "the embedded model"
     if edited_from_embedded:
         return "a model edited from the embedded one"
     if isinstance(spec, str) and spec.startswith(("embedded:", "counterfactual:")):
         return f"the requests {spec} are its facts"
-    subjects = set(known_subjects(_embedded()))
+    subjects = set(embedded_subjects())
     if requests and all(r.fact.subject in subjects for r in requests):
         return "every subject of the requests is one of its subjects"
     return None
@@ -497,13 +496,12 @@ def embedded_probe_rows(backbone, spec, requests, *, n_retain: int = LOCALITY.n_
     """(locality rows, known subjects, why) where the embedded corpus probes this model on these requests
     (`embedded_probes` says why): its retain / real-author / world-fact rows (`locality_rows`) and its
     subjects; else (None, None, None). The one rule of the API's AUTO and of `timerome eval --requests`."""
-    from timerome.data.corpus import known_subjects
-    from timerome.data.tofu import _embedded
+    from timerome.data.tofu import embedded_subjects
 
     why = embedded_probes(backbone, spec, requests, edited_from_embedded=edited_from_embedded)
     if why is None:
         return None, None, None
-    return locality_rows("embedded", n_retain, n_world), known_subjects(_embedded()), why
+    return locality_rows("embedded", n_retain, n_world), embedded_subjects(), why
 
 
 def _auto_probes(backbone, requests, locality, known_subjects) -> tuple:

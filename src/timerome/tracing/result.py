@@ -3,14 +3,13 @@ what it shares with the positional trace's result (facts by index or id, the mod
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors, through_link, write_json
+from timerome.common.cache import read_tensors, save_tensors, tensors_digest, through_link, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
 from timerome.common.files import input_file, output_file, read_json
 from timerome.engine.encoding import start_change
@@ -310,12 +309,7 @@ def meta_path(path) -> Path:
 def pair_stamp(tensors: dict) -> str:
     """A hash of a trace's tensors (names, dtypes, shapes, bytes): the stamp its two files both name, so
     that the halves of one save are known for one (and the JSON stays editable by hand)."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
+    return tensors_digest(tensors)[:16]
 
 
 class TornPair(TimeromeError):

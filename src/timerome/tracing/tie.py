@@ -33,11 +33,11 @@ at a time; `timerome.tracing.wavefront` computes the same numbers fast.
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import torch
 
+from timerome.data.facts import has_words
 from timerome.engine.hooks import Hooks, TraceState, capture, denoising_steps, patch
 from timerome.engine.sampler import denoise_step, transfer_schedule
 from timerome.engine.settings import TRACE
@@ -146,7 +146,7 @@ def scored_positions(item, read_positions: str = TRACE.read_positions) -> torch.
         if answer[start:start + S] == subject:
             keep[start:start + S] = False
     name = f"fact {item.fact_id!r}"
-    if keep.all() and re.search(rf"(?<!\w){re.escape(item.subject)}(?!\w)", item.object):  # the name, as words
+    if keep.all() and has_words(item.object, item.subject):  # the name, as words
         warnings.warn(f"{name}: its answer names the subject {item.subject!r} in other tokens than its prompt "
                       "does, so read_positions='no_subject' leaves nothing of it out", stacklevel=2)
     elif not keep.any():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from timerome.engine.settings import LIKELIHOOD
+
 
 @dataclass
 class TrainConfig:
@@ -12,7 +14,7 @@ class TrainConfig:
     batch_size: int = 16
     weight_decay: float = 0.0
     warmup_frac: float = 0.05
-    eps: float = 1e-3
+    eps: float = LIKELIHOOD.eps
     lora_r: int = 0          # 0: full fine-tuning; the paper's protocol is r=128
     lora_alpha: int | None = None
     grad_clip: float = 1.0

@@ -21,7 +21,6 @@ Two stages, both recorded in `build_info.json`:
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 from timerome.backbones.llada_model import build_model, save_model
 from timerome.backbones.loading import DEFAULT_MODEL_DIR, load_backbone
-from timerome.common.cache import write_json
+from timerome.common.cache import file_sha256, write_json
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
@@ -166,5 +165,5 @@ def stage1_record(directory: str | Path = DEFAULT_MODEL_DIR) -> dict:
 
 
 def weights_sha256(directory: str | Path) -> str:
-    return hashlib.sha256((Path(directory) / "model.safetensors").read_bytes()).hexdigest()
+    return file_sha256(Path(directory) / "model.safetensors")
 

@@ -42,6 +42,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.progress import notify, progress_bar
 from timerome.data.tofu import normalise_row
 from timerome.engine.encoding import collate, encode_pairs, mask_answers, pad_id, refuse_special_text
+from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import Interrupted, TimeromeError
 from timerome.training.config import FIRST_TRAINING, TrainConfig
 from timerome.training.train_state import load_state, save_state, saved_epoch
@@ -106,13 +107,14 @@ def trained_with_eos_padding(directory: str | Path) -> bool | None:
 def recipe_eos_pad(backbone) -> bool:
     """Whether training this backbone pads answers with EOS by default (TrainConfig.eos_pad None): what its
     checkpoint's build_info.json records (`timerome build-default` and `train` write it; a `new-model` folder
-    has none, and its LLaDA family gives on); else on when the tokenizer has an EOS, off for other models of
-    the embedded model's family (the TOFU fixture was trained without it and cuts its answers at ".")."""
+    has none, and its LLaDA family gives on); else on when the tokenizer has an EOS, as the family's table says
+    (`Family.eos_pad`: off for other models of the embedded model's family, whose TOFU fixture was trained
+    without it and cuts its answers at ".")."""
     if backbone.tokenizer.eos_token_id is None:
         return False
     source = backbone.info.get("checkpoint")
     recorded = trained_with_eos_padding(source) if source else None
-    return recorded if recorded is not None else backbone.family.name != "timerome"
+    return recorded if recorded is not None else backbone.family.eos_pad
 
 
 def with_recipe(cfg: TrainConfig, backbone) -> TrainConfig:
@@ -120,7 +122,7 @@ def with_recipe(cfg: TrainConfig, backbone) -> TrainConfig:
     return replace(cfg, eos_pad=recipe_eos_pad(backbone)) if cfg.eos_pad is None else cfg
 
 
-def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = 1e-3,
+def mdlm_loss(backbone, ids, answer_mask, attention_mask, generator, eps: float = LIKELIHOOD.eps,
               per_example: bool = False):
     """The masked-answer MDLM loss (nats per answer token, 1/t weighted)."""
     noisy, masked, t = mask_answers(ids, answer_mask, backbone.mask_id, generator, eps)
