@@ -95,6 +95,12 @@ def files(tmp_path_factory):
     f = {}
     f["badcfg"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "badcfg")
     (f["badcfg"] / "config.json").write_text("{not json")
+    f["badtok"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "badtok")  # its tokenizer's config half written
+    (f["badtok"] / "tokenizer_config.json").write_text('{"model_max_length": 1')
+    f["latintok"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "latintok")  # and in another encoding
+    cfg = json.loads((f["latintok"] / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (f["latintok"] / "tokenizer_config.json").write_bytes(json.dumps({**cfg, "note": "café"}, ensure_ascii=False)
+                                                          .encode("latin-1"))
     f["trunc"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "trunc")
     (f["trunc"] / "model.safetensors").write_bytes((DEFAULT_MODEL_DIR / "model.safetensors").read_bytes()[:5000])
     f["noshard"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "noshard")
@@ -713,6 +719,10 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: the tokenizer's files were read in the locale's encoding, their errors as json's own words
+        ("a checkpoint whose tokenizer config is not JSON", ["info", "-m", f["badtok"]],
+         "the checkpoint's tokenizer file"),
+        ("a checkpoint whose tokenizer config is not UTF-8", ["info", "-m", f["latintok"]], "UTF-8"),
         # stop 78: `--json true` read `true` as the checkpoint (a Hub id, "could not be fetched from the Hub")
         ("info --json true (a value given to a flag)", ["info", "--json", "true"],
          "no checkpoint true ('true' reads as an on/off value, not a name: an on/off flag such as --json takes none"),

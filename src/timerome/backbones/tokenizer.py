@@ -10,10 +10,10 @@ only with trust_remote_code=True.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
+from timerome.common.files import read_json
 from timerome.errors import TimeromeError
 
 # remote tokenizer class -> the transformers class with the same pre-tokenisation and files
@@ -29,10 +29,8 @@ BY_FILES = (
 
 
 def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError as e:
-        raise TimeromeError(f"{path} is not valid JSON: {e}") from None
+    """A tokenizer file of the checkpoint as JSON ({} where it has none): UTF-8, one clear error otherwise."""
+    return read_json(path, "the checkpoint's tokenizer file", finite=False) if path.exists() else {}
 
 
 def _is_remote(ckpt: Path, tok_cfg: dict, config: dict) -> str | None:

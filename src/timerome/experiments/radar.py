@@ -20,13 +20,12 @@ An axis whose experiment has not been run is left out, and the figure says so.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
-from timerome.errors import TimeromeError
+from timerome.common.files import read_json
 from timerome.experiments.ablations import ECHO_ROW
 from timerome.experiments.report import best_comparable, figure, finite_number, save_png, write_outputs
 
@@ -83,10 +82,7 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         if not path.is_file():
             missing[axis] = f"not run: timerome experiment {source} -o {runs / source}"
             continue
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TimeromeError(f"cannot read {path}: {e}") from None
+        saved = read_json(path, "the experiment's results", finite=False)  # its NaN were written as null
         entry = ablation_axis(saved) if source == "ablations" else (saved.get("radar") or {}).get(axis)
         if entry is None:  # the run may say why (npo_sweep: no comparison held)
             why = saved.get("radar_missing") if isinstance(saved, dict) else None
