@@ -35,7 +35,7 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
               sigma: Optional[float] = typer.Option(None, help="noise scale (default: 3 x std of subject embeddings)"),
               tau: Optional[float] = typer.Option(None, help="temporal decay of the TIE aggregation (default "
                                                              f"{TRACE.tau:g})"),
-              beta: float = typer.Option(0.0, help="neighbour penalty (with --neighbours)"),
+              beta: float = typer.Option(TRACE.beta, help="neighbour penalty (with --neighbours)"),
               neighbours: Optional[str] = typer.Option(None, help="neighbour facts, named like --data"),
               readout: Optional[str] = typer.Option(None, help=f"'decided' or 'aligned' (default '{TRACE.readout}'; "
                                                               "see timerome.tracing.tie)"),

@@ -51,6 +51,7 @@ class TraceSettings:
     batch_size: int = 256       # most rows per forward (a memory knob: the numbers do not depend on it)
     noise: str = "in_order"     # how the noise is drawn (tracing/tie.py: NOISE_DRAWS)
     read_positions: str = "all"  # which answer positions log p(object | x_k) sums (tracing/tie.py: READ_POSITIONS)
+    beta: float = 0.0           # the selection's neighbour penalty (Eq. coord; 0: the largest mean |TIE| alone)
 
 
 @dataclass(frozen=True)

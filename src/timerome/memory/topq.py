@@ -154,8 +154,8 @@ class TopQIndex:
         M = torch.maximum(S.amax(2), S.amin(2).neg()).double()                 # max_j |S|   [N, nb]
         unit = sx.double() * self.scale                                        # c^ = unit S  [N, nb]
         bound = (ex * self.norm + nq * self.err) * (1 + 1e-9) + self.eps * nx * (self.norm + self.err)
-        lam = (M * unit - bound).topk(q, dim=1).values[:, -1:]                 # <= q-th largest |c~|
-        need = (lam - bound) / unit                                            # candidate: |S| >= need
+        qth = (M * unit - bound).topk(q, dim=1).values[:, -1:]                 # <= q-th largest |c~|
+        need = (qth - bound) / unit                                            # candidate: |S| >= need
         need = need - (1e-9 * need.abs() + 1e-9)
         cand = (M >= need).view(-1).nonzero().squeeze(1)                       # (token, block) pairs
         rows = S.view(N * nb, B).index_select(0, cand)                         # [P, B]

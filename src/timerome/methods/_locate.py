@@ -331,7 +331,7 @@ def site_norms(backbone, items, site, positions: str = "subject") -> torch.Tenso
 
 
 def optimise_deltas(backbone, items, site, *, positions: str = "subject", objective: str = "target",
-                    steps: int = 30, lr: float = 0.5, n_states: int = 4, clamp: float = 4.0,
+                    grad_steps: int, lr: float, n_states: int = 4, clamp: float = 4.0,
                     weight_decay: float = 0.0, eps: float = LIKELIHOOD.eps, generator: torch.Generator,
                     per_position: bool = False, norms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Deltas added to `site`'s output (layer, point) at each fact's `positions` that minimise
@@ -367,8 +367,8 @@ def optimise_deltas(backbone, items, site, *, positions: str = "subject", object
         return h + extra.to(h.dtype)
 
     with Hooks(backbone, edit={tuple(site): add}), \
-            progress_bar(f"target values v* of {F_} fact{'s' if F_ > 1 else ''}", total=steps, enabled=wanted()) as bar:
-        for _ in range(steps):
+            progress_bar(f"target values v* of {F_} fact{'s' if F_ > 1 else ''}", total=grad_steps, enabled=wanted()) as bar:
+        for _ in range(grad_steps):
             task_loss = masked_objective(backbone, ids, ans, att, generator, eps, objective)
             reg = weight_decay * (delta.pow(2).sum(-1) / norms[:, None].pow(2)).mean()
             (g,) = torch.autograd.grad(task_loss + reg, [delta])  # never touches the weights' .grad
@@ -490,7 +490,7 @@ def spread_edit(backbone, task, config, seed, solve, method):
     with weight_edit(backbone, method) as edit:
         delta, info["delta"] = optimise_deltas(
             backbone, items, (top, "mlp"), positions=config["positions"], objective=config["objective"],
-            steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
+            grad_steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
             weight_decay=config["weight_decay"], generator=gen)
         states = KeyStates(backbone, items, n_states=config["key_states"], generator=gen,
                            positions=config["positions"])

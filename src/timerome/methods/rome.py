@@ -54,7 +54,7 @@ def rome(backbone, task, config, seed):
         for i, item in enumerate(items):
             delta, d = L.optimise_deltas(
                 backbone, [item], (proj.layer, "mlp"), positions=config["positions"], objective=config["objective"],
-                steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
+                grad_steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"], clamp=config["clamp"],
                 weight_decay=config["weight_decay"], generator=gen, norms=norms[i:i + 1])
             states = L.KeyStates(backbone, [item], n_states=config["key_states"], generator=gen,
                                  positions=config["positions"])

@@ -116,7 +116,7 @@ def _cached_trace(kind, backbone, facts, config, settings, run, load, progress):
     return made_once(path, f"the cached trace {path.stem}", cached, traced)
 
 
-def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | None = None, beta: float = 0.0):
+def select(result: TraceResult, modules=("resid",), neighbours: TraceResult | None = None, beta: float = TRACE.beta):
     """Best candidate among `modules` of a trace (all modules when None), with the neighbour penalty
     beta x the neighbours' mean |TIE| when given: a selection.Candidate."""
     return select_coordinate(result, neighbours, beta, modules=modules).best

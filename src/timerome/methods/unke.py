@@ -53,7 +53,7 @@ def unke(backbone, task, config, seed):
     with weight_edit(backbone, "unke") as edit:
         delta, dinfo = L.optimise_deltas(
             backbone, items, (layer, "resid"), positions="prompt", per_position=True,
-            objective=config["objective"], steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"],
+            objective=config["objective"], grad_steps=config["grad_steps"], lr=config["lr"], n_states=config["n_states"],
             clamp=config["clamp"], weight_decay=config["weight_decay"], generator=gen)
         states = L.KeyStates(backbone, items, n_states=config["key_states"], generator=gen, positions="prompt")
         fit = _fit_block(backbone, layer, states, delta, texts, config)

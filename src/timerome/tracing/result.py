@@ -145,7 +145,7 @@ class TraceResult(TraceFile):
         """The neighbour trace and beta this trace's coordinate was selected with (`timerome trace
         --neighbours --beta` saves the neighbours' trace beside it and names it in the settings), so
         that `edit --trace` picks the coordinate the trace printed; (None, 0.0) when none was."""
-        name, beta = self.settings.get("neighbours_file"), self.settings.get("beta", 0.0)
+        name, beta = self.settings.get("neighbours_file"), self.settings.get("beta", TRACE.beta)
         if name is None:
             return None, 0.0
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(".safetensors"):

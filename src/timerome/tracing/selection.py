@@ -60,7 +60,7 @@ class Selection:
         return iter((self.best, self.top))
 
 
-def objective(result, neighbours=None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def objective(result, neighbours=None, beta: float = TRACE.beta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(score, mean |TIE| over facts, mean |TIE| over neighbours), each [M, Ly, K]."""
     if not beta >= 0:
         raise TimeromeError(f"beta must be >= 0, got {beta!r}")
@@ -97,7 +97,7 @@ def check_penalty(neighbours, beta) -> None:
                             f"...)), got {type(neighbours).__name__}")
 
 
-def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10, modules=None) -> Selection:
+def select_coordinate(result, neighbours=None, beta: float = TRACE.beta, top: int = 10, modules=None) -> Selection:
     """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
     restricts the choice (the paper's m* = resid: modules=("resid",))."""
     trace_arg(result, "select_coordinate's result")
@@ -119,7 +119,7 @@ def select_coordinate(result, neighbours=None, beta: float = 0.0, top: int = 10,
     return Selection(ranked[0], ranked)
 
 
-def runner_up(result, best: Candidate, neighbours=None, beta: float = 0.0, modules=None) -> dict | None:
+def runner_up(result, best: Candidate, neighbours=None, beta: float = TRACE.beta, modules=None) -> dict | None:
     """The best-ranked cell of another (layer, module) than `best` (another edit: the edit keeps only
     those), and how far `best` leads it: the objective's difference, with its standard error over
     the facts (paired: each fact's |TIE_bar| at the two cells; the neighbours' term alike, times beta).
