@@ -46,7 +46,7 @@ import numbers
 import torch
 
 from timerome.common.cache import cached_tensors
-from timerome.common.checks import number
+from timerome.common.checks import integer, number
 from timerome.common.checks import seed as checked_seed
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list, warn_unknown_subjects
@@ -101,8 +101,7 @@ class CodebookMemory(Memory):
                  shrinkage: float = DEFAULT_SHRINKAGE, calibration_seed: int = 0):
         if values not in VALUES:
             raise TimeromeError(f"values must be one of {', '.join(VALUES)}, got {values!r}")
-        if isinstance(n_states, bool) or not isinstance(n_states, numbers.Integral) or n_states < 1:
-            raise TimeromeError(f"n_states must be an integer >= 1, got {n_states!r}")
+        integer(n_states, "n_states", lo=1)
         self._bind(backbone, Coordinate.of(coordinate))
         H = self.hidden_size
         self.alpha, self.margin, self.inner, self.complete, self.write = alpha, margin, inner, complete, write

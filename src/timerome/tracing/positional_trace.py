@@ -38,7 +38,7 @@ import torch
 
 from timerome.backbones import HOOK_POINTS
 from timerome.backbones.backbone import model_arg
-from timerome.common.checks import finite_tensor, shown
+from timerome.common.checks import finite_tensor, integer, shown
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_list
@@ -218,8 +218,7 @@ def check_room(batch_size: int, n_samples: int, names=("batch_size", "n_samples"
 
 
 def _check(backbone, facts, n_samples, sigma, window, modules, layers, batch_size, seed):
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise TimeromeError(f"window must be an integer >= 1, got {window!r}")
+    integer(window, "window", lo=1)
     checked = check_common(backbone, facts, n_samples, sigma, modules, layers, batch_size, seed)
     check_room(batch_size, n_samples)
     return checked

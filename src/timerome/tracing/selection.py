@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from timerome.common.checks import finite_tensor, number, shown
+from timerome.common.checks import finite_tensor, integer, number, shown
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -101,8 +101,7 @@ def select_coordinate(result, neighbours=None, beta: float = TRACE.beta, top: in
     """The best (layer, step, module) of a TraceResult, and the `top` best in order; `modules`
     restricts the choice (the paper's m* = resid: modules=("resid",))."""
     trace_arg(result, "select_coordinate's result")
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-        raise TimeromeError(f"top must be an integer >= 1, got {top!r}")
+    integer(top, "top", lo=1)
     check_penalty(neighbours, beta)
     result, neighbours = _restrict(result, neighbours, modules)
     score, own, other = objective(result, neighbours, beta)
