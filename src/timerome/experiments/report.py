@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common import plots
 from timerome.common.cache import write_atomic, write_json
+from timerome.common.plots import figure
 from timerome.evaluation.stats import cell, paired_t, stars
 from timerome.metrics import forget_quality, tofu
 from timerome.metrics.columns import column, digits, header, is_cost
@@ -240,19 +242,9 @@ def write_outputs(out_dir: Path, name: str, payload: dict, md: str) -> dict:
     return {"json": str(Path(out_dir) / f"{name}.json"), "markdown": str(Path(out_dir) / f"{name}.md")}
 
 
-def figure(w, h):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def save_png(fig, path) -> str:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, format="png", metadata={"Software": None})
-    return str(path)
+    """common.plots.save_png, its path as the string a results file records."""
+    return str(plots.save_png(fig, path))
 
 
 

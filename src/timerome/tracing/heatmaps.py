@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from timerome.common.plots import figure, save_png
 from timerome.engine.coordinate import Coordinate
 from timerome.errors import TimeromeError
 from timerome.tracing.selection import _candidate, per_fact_best, select_coordinate, trace_arg
@@ -35,8 +36,6 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
     |TIE_bar| that selection ranks (a cell whose facts disagree in sign is pale in the first and may
     be the box: the second shows why). One fact has one row, its signed TIE_bar, boxed at its largest
     |TIE_bar|."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     result = trace_arg(result, "plot_heatmaps's result", load=True)
@@ -60,9 +59,7 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
         rows.append((ranked.float().numpy(), "Purples", "mean |TIE| (nats),\nwhat selection ranks", False))
     M, Ly, K = rows[0][0].shape
     box_m, box_l = result.modules.index(selected.module), result.layers.index(selected.layer)
-    fig = Figure(figsize=(2.2 + 2.6 * M, (1.6 + 0.32 * max(Ly, 4)) * (1 + 0.8 * (len(rows) - 1))),
-                 layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = figure(2.2 + 2.6 * M, (1.6 + 0.32 * max(Ly, 4)) * (1 + 0.8 * (len(rows) - 1)))
     grid = fig.subplots(len(rows), M, squeeze=False)
     for r, (values, cmap, label, signed) in enumerate(rows):
         vmax = float(abs(values).max()) or 1.0  # all-zero maps still get a valid scale
@@ -88,10 +85,7 @@ def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, ti
                  f"tau={s.get('tau')}, {s.get('n_samples')} noise samples{unscored})\nbox: layer {selected.layer} "
                  f"{selected.module} step {selected.step}, {'mean ' if fact is None else ''}|TIE| "
                  f"{selected.mean_abs_tie:.3g} nats{penalty}", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
-    return path
+    return save_png(fig, path, dpi)
 
 
 def _check_selected(result, selected, magnitude) -> None:
@@ -126,22 +120,6 @@ def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path
     if d.exists() and not d.is_dir():
         raise TimeromeError(f"{d} is a file; give a directory for the per-fact heatmaps")
     return [plot_heatmaps(result, d / f"heatmap-{i}.png", fact=i, dpi=dpi) for i in range(len(result.fact_ids))]
-
-
-def _figure(w: float, h: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path, dpi: int) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
-    return path
 
 
 def _positional_panels(fig, axes, result, fact, rows_label: bool = True) -> None:
@@ -180,7 +158,7 @@ def plot_positional(result, path: str | Path, *, fact: int | str | None = None, 
     categories (fact=None), or one fact's tokens (subject tokens starred)."""
     M = len(result.modules)
     rows = 6 if fact is None else result.facts[result.fact_index(fact)]["prompt_length"]
-    fig = _figure(1.6 + 3.4 * M, 1.4 + 0.28 * max(rows, 5))
+    fig = figure(1.6 + 3.4 * M, 1.4 + 0.28 * max(rows, 5))
     axes = fig.subplots(1, M, squeeze=False)[0]
     _positional_panels(fig, axes, result, fact, rows_label=False)
     s = result.settings
@@ -188,7 +166,7 @@ def plot_positional(result, path: str | Path, *, fact: int | str | None = None, 
     fig.suptitle(title or f"positional causal trace (ROME), {what}: {s.get('model')} "
                  f"({'autoregressive' if s.get('causal') else 'MDLM, answer fully masked'}; sigma={s.get('sigma', 0):.3g}, "
                  f"{s.get('n_samples')} noise samples)", fontsize=9)
-    return _save(fig, path, dpi)
+    return save_png(fig, path, dpi)
 
 
 def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = 110) -> Path:
@@ -197,7 +175,7 @@ def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = 110) ->
     if positional.fact_ids != tie_result.fact_ids:
         raise TimeromeError("plot_compare needs the two traces of the same facts (their fact ids differ)")
     M = max(len(positional.modules), len(tie_result.modules))
-    fig = _figure(1.6 + 3.4 * M, 6.4)
+    fig = figure(1.6 + 3.4 * M, 6.4)
     top, bottom = fig.subfigures(2, 1)
     _positional_panels(top, top.subplots(1, len(positional.modules), squeeze=False)[0], positional, None, False)
     top.suptitle("positional trace (ROME): p(o_1) restored - corrupted, one forward", fontsize=9)
@@ -215,4 +193,4 @@ def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = 110) ->
     bottom.colorbar(im, ax=list(axes), label="TIE (nats)", shrink=0.8)
     bottom.suptitle("diffusion-time TIE (this toolkit): mean over facts", fontsize=9)
     fig.suptitle(f"{positional.settings.get('model')}: {len(positional.fact_ids)} facts", fontsize=10)
-    return _save(fig, path, dpi)
+    return save_png(fig, path, dpi)
