@@ -225,6 +225,18 @@ def header_metadata(path) -> dict:
         return dict(f.metadata() or {})
 
 
+def timerome_header(path) -> dict:
+    """The "timerome" header a .safetensors file of ours carries (its header alone read), or {} for anything else:
+    no regular file (a pipe's open would block), not safetensors, no such header, a header not a JSON object."""
+    if not Path(path).is_file():
+        return {}
+    try:
+        header = json.loads(header_metadata(path).get("timerome", "{}"))
+    except Exception:  # noqa: BLE001 - truncated, foreign, not JSON: nothing of ours to read
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
 def cached_tensors(kind: str, key, make, *, enabled: bool = True) -> dict:
     """{name: tensor} made by make() once per key, then read from <cache>/<kind>/<digest>.safetensors.
 

@@ -19,7 +19,6 @@ its new version into place, sees one version or the other, whole.
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 from pathlib import Path
 
@@ -48,7 +47,8 @@ def memory_class(meta: dict) -> type:
     then says what is wrong with the file)."""
     from timerome.memory.edit_memory import EditMemory
 
-    return _memory_classes().get(meta.get("format"), EditMemory)
+    fmt = meta.get("format")
+    return _memory_classes().get(fmt, EditMemory) if isinstance(fmt, str) else EditMemory
 
 
 def memory_kind(meta: dict) -> str:
@@ -59,15 +59,9 @@ def memory_kind(meta: dict) -> str:
 def file_class(path) -> type:
     """The memory class a file's header names: its header alone is read (no tensors, no checksum); a
     file that cannot be read gives the paper's ridge memory, whose loader then says what is wrong with it."""
-    from safetensors import safe_open
+    from timerome.common.cache import timerome_header
 
-    if not Path(path).is_file():  # missing, a folder, a pipe (whose open would block): the loader says which
-        return memory_class({})
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return memory_class(json.loads((f.metadata() or {})["timerome"]))
-    except Exception:  # noqa: BLE001 - missing, truncated, foreign: EditMemory.load reports it in one line
-        return memory_class({})
+    return memory_class(timerome_header(path))  # {}: missing, truncated, foreign: EditMemory.load says which
 
 
 def file_kind(path) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.cache import read_tensors, save_tensors, tensors_digest, through_link, write_json
+from timerome.common.cache import read_tensors, save_tensors, tensors_digest, through_link, timerome_header, write_json
 from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
 from timerome.common.files import input_file, output_file, read_json
 from timerome.engine.encoding import start_change
@@ -350,15 +350,7 @@ def _pair(path, what: str) -> tuple[Path, Path]:
 
 def _saved_kind(path) -> str | None:
     """The format a timerome .safetensors file names in its header ("timerome-edit-memory/2", ...), or None."""
-    import json
-
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return json.loads((f.metadata() or {}).get("timerome", "{}")).get("format")
-    except Exception:  # not a safetensors file, or no timerome header: nothing to say about it
-        return None
+    return timerome_header(path).get("format")
 
 
 def _tensor_path(path) -> Path:
