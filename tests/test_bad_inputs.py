@@ -719,6 +719,10 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: torch knows these device types; on them the load went through and the first forward failed
+        ("--device meta (torch's, not a device timerome runs on)", ["generate", "--device", "meta", "hi"],
+         "--device meta: timerome runs on cpu, cuda, mps (cuda:N), not meta"),
+        ("--device xla", ["info", "--device", "xla"], "not xla"),
         # stop 78: the tokenizer's files were read in the locale's encoding, their errors as json's own words
         ("a checkpoint whose tokenizer config is not JSON", ["info", "-m", f["badtok"]],
          "the checkpoint's tokenizer file"),

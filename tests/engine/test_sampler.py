@@ -406,3 +406,20 @@ def test_row_max_is_max_bit_for_bit(V, dtype):
     y[0, 7, V // 4] = float("nan")                 # a row holding a NaN: what max gives
     want, got = y.max(-1), row_max(y)
     assert torch.equal(got.indices, want.indices) and bool(got.values[0, 7].isnan())
+
+
+def test_a_large_temperature_still_draws_from_the_vocabulary():
+    """(-log U)^T overflowed float64 at T = 300: every score inf or 0, the argmax the first id (the mask among
+    them), the answer empty. Rows the reference's form cannot score are drawn in log space; the others as before."""
+    from timerome.engine.sampler import _sample
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, 50, generator=g)
+    for T in (300.0, 1e4):
+        x0 = _sample(logits, T, torch.Generator().manual_seed(1))
+        u = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        want = (logits.double() - T * torch.log(-torch.log(u))).argmax(-1)
+        assert torch.equal(x0, want) and len(set(x0.view(-1).tolist())) > 4
+    u = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = (logits.double().exp() / (-torch.log(u)) ** 0.9).argmax(-1)  # the reference's form, where it is finite
+    assert torch.equal(_sample(logits, 0.9, torch.Generator().manual_seed(1)), ref)

@@ -424,3 +424,18 @@ def test_generated_answers_stop_at_any_special_token_as_generate_does(bb, monkey
     ended = []
     said = E.generate_answers(bb, [row["question"]], [row["answer"]], ended=ended)
     assert said == [bb.decode(words[:1])] and ended == [True]
+
+
+def test_canonical_without_the_forget_split_reports_what_it_scored(bb, tmp_path):
+    """splits without forget computed every cell, then the report read the forget items (KeyError, an internal
+    error after the work); an editing run with no request set failed in max() over nothing."""
+    from timerome.experiments import run_experiment
+
+    out = run_experiment("canonical", seeds=(0,), out_dir=tmp_path / "c", progress=False, backbone=bb,
+                         overrides=dict(methods=["no_edit"], splits=["retain"], n_mc=1, n_retain=2, rouge=False))
+    assert "RetainLP" in out["summary"]["no_edit"] and "ForgetLP" not in out["summary"]["no_edit"]
+    assert "the forget split not scored (splits), so no KS p." in out["markdown"]
+    with pytest.raises(TimeromeError, match="setting sets must be a non-empty object"):
+        run_experiment("editing", seeds=(0,), out_dir=tmp_path / "e", progress=False, backbone=bb,
+                       overrides=dict(sets={}))
+    assert not (tmp_path / "e").exists()

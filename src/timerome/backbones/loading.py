@@ -235,11 +235,16 @@ def _implementation(model, fam: Family, remote: bool) -> str:
     return f"{type(model).__name__} ({kind})"
 
 
+RUNS_ON = ("cpu", "cuda", "mps")  # the device types timerome computes on; "meta" loads (shapes only, for tests)
+
+
 def _device(device) -> torch.device:
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError):
         raise TimeromeError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if d.type not in RUNS_ON + ("meta",):  # xla, xpu, ...: torch names them, timerome does not run there
+        raise TimeromeError(f"device {device!r}: timerome runs on cpu, cuda, cuda:N or mps, not {d.type}")
     if d.type == "cuda" and not torch.cuda.is_available():
         raise TimeromeError(f"device {device!r}: CUDA is not available on this machine")
     if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():

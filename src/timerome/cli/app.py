@@ -284,7 +284,11 @@ class ModelChoice:
         import functools
 
         from timerome.backbones import load_backbone
+        from timerome.backbones.loading import RUNS_ON
 
+        kind = str(self.device).split(":", 1)[0]
+        if kind == "meta":  # the API loads there (shapes, no numbers: for tests); a command would fail at its first use
+            raise TimeromeError(f"--device {self.device}: timerome runs on {', '.join(RUNS_ON)} (cuda:N), not meta")
         return functools.partial(load_backbone, family=self.family, dtype=self.dtype, device=self.device,
                                  trust_remote_code=self.trust_remote_code)
 

@@ -653,13 +653,19 @@ def _rand(shape, dtype, generator, device) -> torch.Tensor:
 
 
 def _sample(logits, temperature, generator) -> torch.Tensor:
-    """x0 [B, L]: argmax at T = 0, else Gumbel-max in float64 as the reference writes it."""
+    """x0 [B, L]: argmax at T = 0, else Gumbel-max in float64 as the reference writes it (in log space where that
+    overflows)."""
     if temperature == 0:
         return row_max(logits).indices  # argmax's first maximum, without argmax's slower CPU kernel
     l64 = logits.to(torch.float64)
     noise = _rand(l64.shape, torch.float64, generator, l64.device)
     # exp(l) / (-log U)^T has the argmax of l / T + Gumbel: a draw from softmax(l / T)
-    return (l64.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+    g = -torch.log(noise)
+    score = l64.exp() / g ** temperature
+    broken = ~torch.isfinite(score).all(-1) | (score.amax(-1) <= 0)
+    if bool(broken.any()):  # a large T (or logit) overflows the reference's form: the same draw in log space there
+        score = torch.where(broken[..., None], l64 - temperature * torch.log(g), score)
+    return score.argmax(-1)
 
 
 def _confidence(logits, x0, remasking, temperature, generator) -> torch.Tensor:

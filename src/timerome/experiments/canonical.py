@@ -59,10 +59,12 @@ def cells(cfg, seeds, ctx) -> list[Cell]:
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
     summary = summarise(by_row(cells, results), COLUMNS)
     first = next((r for c, r in zip(cells, results) if c.measure == "full" and r.get("items")), None)  # not an n/a
-    forget_items = len(first["items"]["forget"]["lp"]) if first else 0
+    scored = first is not None and "forget" in first["items"]  # `splits` may leave the forget split out
+    forget_items = len(first["items"]["forget"]["lp"]) if scored else 0
     reference = ctx.reference_label if any(c.measure == "reference" for c in cells) else None
-    note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; {forget_items} forget items.",
-                                reference_note(cells) or f"KS p (Forget Quality) against {reference}.",
+    note = " ".join(x for x in (coordinate_note(results), f"n_mc={cfg['n_mc']}; " + (
+        f"{forget_items} forget items." if scored else "the forget split not scored (splits), so no KS p."),
+                                (reference_note(cells) or f"KS p (Forget Quality) against {reference}.") if scored else "",
                                 utility_note(cells, results)) if x)
     unchanged = unchanged_rows(cells, results)
     not_applicable = not_applicable_rows(cells, results)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import time
 
+from timerome.common.checks import shown
 from timerome.data.requests import load_requests
 from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
+from timerome.errors import TimeromeError
 from timerome.experiments.data import refuse_unfilled_target
 from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
                                          unchanged_rows, write_outputs)
@@ -99,7 +101,13 @@ def plan(cfg) -> list[tuple[str, dict]]:
 
 
 def check(cfg, source) -> None:
-    """Before a model loads: a target no set's requests read (each names its own) is refused."""
+    """Before a model loads: the sets (a non-empty object of name -> requests spec or file), and a target no set's
+    requests read (each names its own)."""
+    sets = cfg["sets"]
+    if not isinstance(sets, dict) or not sets or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
+                                                          and v.strip() for k, v in sets.items()):
+        raise TimeromeError("experiment 'editing': setting sets must be a non-empty object of name -> requests spec "
+                            f"or file, e.g. {{\"cf\": \"counterfactual:forget10\"}}, got {shown(sets)}")
     refuse_unfilled_target(list(cfg["sets"].values()), cfg["target"], "experiment 'editing'")
 
 
