@@ -719,6 +719,15 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: an empty checkpoint, reference or folder read as the default model, the model itself or "."
+        ("an empty -m (the embedded model loaded)", ["generate", "-m", "", "hi"], "-m: the path is empty: give one"),
+        ("an empty --reference (KS p against the model itself)", ["eval", "--reference", "", "--no-rouge"],
+         "--reference: the path is empty"),
+        ("an empty --base", ["eval", "--requests", "counterfactual:forget01", "--base", ""], "--base: the path is empty"),
+        ("an empty --tofu-dir (the current folder read as TOFU's)", ["trace", "--tofu-dir=", "-o", tmp / "t"],
+         "--tofu-dir: the path is empty"),
+        ("an empty --background (left out without a word)", ["edit", "--background", " ", "-o", tmp / "m.safetensors"],
+         "--background: the path is empty"),
         # stop 78: torch knows these device types; on them the load went through and the first forward failed
         ("--device meta (torch's, not a device timerome runs on)", ["generate", "--device", "meta", "hi"],
          "--device meta: timerome runs on cpu, cuda, mps (cuda:N), not meta"),

@@ -116,12 +116,18 @@ def repeated_option(command, args) -> str | None:
     return None
 
 
+# text options that name a checkpoint, a folder or a rows source (their text may be a spec, so not typed as a path):
+# empty, they read as the default model (-m "", --base ""), the current folder (--tofu-dir "") or nothing at all
+NAMES_A_PATH = {"--model", "--reference", "--base", "--background", "--calibration", "--neighbours", "--tofu-dir"}
+
+
 def empty_path_option(command, args) -> str | None:
-    """The first option of `command` typed as a path that is given an empty value (`--out ""`, `--out=`), as
-    written; None when none is. The command would see Path(""), which is "." (the current folder)."""
+    """The first option of `command` typed as a path, or in NAMES_A_PATH, that is given an empty value (`--out ""`,
+    `--out=`), as written; None when none is. The command would see Path(""), which is "." (the current folder)."""
     for name, p, value in given_options(command, args):
         descriptor = getattr(p, "type_descriptor", None)
-        if value is not None and not value.strip() and getattr(descriptor, "annotation", None) is Path:
+        path = getattr(descriptor, "annotation", None) is Path or NAMES_A_PATH & set(p.opts)
+        if value is not None and not value.strip() and path:
             return name
     return None
 
