@@ -719,6 +719,19 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: radar read a runs setting that is no folder as "every axis not run"
+        ("radar -c runs that is not there", ["experiment", "radar", "-c", '{"runs": "/nowhere/runs"}', "-o", tmp / "r"],
+         "runs /nowhere/runs does not exist: give the folder holding canonical/"),
+        ("radar -c runs blank", ["experiment", "radar", "-c", '{"runs": " "}', "-o", tmp / "r"],
+         "setting runs must be the folder holding"),
+        # stop 78: the demo traced first, then found its reference missing (its folder left behind)
+        ("demo --reference that is not there, before the trace", ["demo", "--reference", tmp / "nowhere", "-o",
+                                                                   tmp / "d"], "nowhere does not exist: pass a checkpoint"),
+        # stop 78: JSON kept the last of a key given twice (the same class as an option given twice)
+        ("a -c key given twice", ["edit", "-c", '{"alpha": 2, "alpha": 3}', "-o", tmp / "m.safetensors"],
+         "--config gives the key 'alpha' twice in one object"),
+        ("an experiment -c key given twice", ["experiment", "canonical", "-c", '{"n_mc": 0, "n_mc": 4}', "-o", tmp / "e"],
+         "gives the key 'n_mc' twice"),
         # stop 78: an empty checkpoint, reference or folder read as the default model, the model itself or "."
         ("an empty -m (the embedded model loaded)", ["generate", "-m", "", "hi"], "-m: the path is empty: give one"),
         ("an empty --reference (KS p against the model itself)", ["eval", "--reference", "", "--no-rouge"],

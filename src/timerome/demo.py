@@ -27,8 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 from timerome.backbones import load_backbone
+from timerome.backbones.loading import resolve_checkpoint
 from timerome.common.checks import seeds as check_seeds
-from timerome.common.files import drop_earlier
+from timerome.common.files import drop_earlier, output_folder
 from timerome.experiments import resolve_source
 from timerome.experiments.report import (by_row, delta_text, fmt_cell, label, markdown, plot_pareto, reference_note,
                                          summarise, write_outputs)
@@ -83,6 +84,9 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
                    reference_epochs=2, reference_authors=4)
     seeds = check_seeds(cfg["seeds"] if seeds is None else seeds)
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    output_folder(out, "out_dir")  # a file in the way: refused before the trace, not after it
+    if reference not in (None, "auto"):
+        resolve_checkpoint(reference)  # a reference that is not there: refused before the trace (its path alone)
     ref_opts = dict(epochs=cfg["reference_epochs"], n_authors=cfg["reference_authors"],
                     batch_size=cfg["reference_batch"])
     bb = backbone if backbone is not None else load_backbone(model)

@@ -148,3 +148,21 @@ def test_a_file_of_few_facts_without_g_is_refused(bb, tmp_path):
     save_file(tensors, str(tmp_path / "no_g.safetensors"), metadata={"timerome": json.dumps(meta)})
     with pytest.raises(TimeromeError, match="lacks the tensor G"):
         EditMemory.load(tmp_path / "no_g.safetensors", bb)
+
+
+def test_update_called_directly_checks_what_applied_checks(bb):
+    """EditMemory.update, called on its own, skipped applied()'s checks: q above the facts raised torch's
+    "selected index k out of range", a wrong width a reshape error, an alpha set to NaN returned NaN."""
+    H = bb.hidden_size
+    m = memory(bb, *synthetic(3, H, seed=9), "paper")
+    h = torch.randn(1, 3, H, dtype=torch.float64)
+    torch.testing.assert_close(m.update(h), h + m.delta(h))
+    m.q = 50
+    with pytest.raises(TimeromeError, match="q=50 exceeds the number of facts"):
+        m.update(h)
+    m.q = 0
+    with pytest.raises(TimeromeError, match=f"h has hidden size {H + 1}, the memory {H}"):
+        m.update(torch.randn(1, 3, H + 1, dtype=torch.float64))
+    m.alpha = float("nan")
+    with pytest.raises(TimeromeError, match="alpha"):
+        m.update(h)

@@ -83,12 +83,30 @@ def read_json(path, what: str = "file", *, finite: bool = True):
     return parse_json(read_text(path, what), f"{what} {path}", finite=finite)
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _once(pairs: list) -> dict:
+    """An object's keys, each once: json keeps the last of two values without a word."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKey(k)
+        out[k] = v
+    return out
+
+
 def parse_json(text: str, what: str, *, finite: bool = True):
-    """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`."""
+    """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`, a key an object
+    gives twice refused (`{"alpha": 2, "alpha": 3}` read as alpha 3)."""
     from timerome.common.checks import nonfinite_path
 
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_once)
+    except _RepeatedKey as e:
+        raise TimeromeError(f"{what} gives the key {e.args[0]!r} twice in one object (the second would replace the "
+                            "first without a word): give it once") from None
     except json.JSONDecodeError as e:
         raise TimeromeError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:

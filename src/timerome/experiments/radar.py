@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.checks import shown
 from timerome.common.files import read_json
+from timerome.errors import TimeromeError
 from timerome.experiments.ablations import ECHO_ROW
 from timerome.experiments.report import best_comparable, figure, finite_number, save_png, write_outputs
 
@@ -93,6 +95,22 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
             found[axis] = dict(entry, source=str(path), run=saved.get("run"),
                                share=share(entry["value"], entry["comparator"], entry["higher_is_better"]))
     return found, missing
+
+
+def check(cfg, source) -> None:
+    """Before anything is written: a `runs` given must be a folder (a file, a blank or a path that is not there
+    gave every axis "not run", with hints to write into it)."""
+    runs = cfg["runs"]
+    if runs is None:
+        return
+    if not isinstance(runs, str) or not runs.strip():
+        raise TimeromeError(f"experiment 'radar': setting runs must be the folder holding the experiments' output "
+                            f"folders (or null: the folder above the radar's own), got {shown(runs)}")
+    if not Path(runs).is_dir():
+        raise TimeromeError(f"experiment 'radar': runs {runs} " + ("is a file" if Path(runs).exists() else
+                                                                    "does not exist")
+                            + ": give the folder holding canonical/, robustness/, ... (each `timerome experiment "
+                            "NAME -o RUNS/NAME`)")
 
 
 def report(cfg, seeds, cells, results, ctx, out_dir) -> dict:
