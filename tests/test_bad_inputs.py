@@ -998,6 +998,13 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: log_likelihood_batch(bb, [[1, 2]], [[3]], n_mc=10**18), "insist"),
         (lambda: evaluate(bb, {"forget": task.forget_rows}, n_mc=10**18), "insist"),
         (lambda: install("timerome", bb, task, {"alpha": nan}), "alpha"),
+        # stop 78: wrong types the command line cannot send, which raised bare TypeError / ValueError / FileExistsError
+        (lambda: install("timerome", bb, task, [1, 2]), "the config must be a dict of setting -> value"),
+        (lambda: install("timerome", bb, task, '{"alpha": 2}'), "got str"),
+        (lambda: run_experiment("canonical", overrides=[1, 2], out_dir=tmp_path / "e"), "overrides must be a dict"),
+        (lambda: run_experiment("all", overrides="n_mc=2", out_dir=tmp_path / "e"), "overrides must be a dict"),
+        (lambda: run_experiment("canonical", out_dir=files["mem"]), "is a file; pass a folder"),
+        (lambda: load_memory(5, bb), "load_memory takes the memory file's path"),
         (lambda: install("ga", bb, task, {"grad_steps": 10**12}), "insist"),
         (lambda: install("no_edit", bb, task, {}, seed=-1), "seed"),
         (lambda: run_experiment("canonical", overrides={"methods": [{"method": "timerome", "config": {"alpha": nan}}]},

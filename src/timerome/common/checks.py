@@ -261,3 +261,11 @@ def _bytes(n: float) -> str:
             return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.3g} PB"
+
+
+def settings_object(value, what: str) -> None:
+    """Settings given as an object of name -> value (None: none): a list, a JSON string or a number is refused as
+    itself (dict() of it raised a bare TypeError or ValueError), as the command line's -c refuses it."""
+    if value is not None and not isinstance(value, dict):
+        raise TimeromeError(f"{what} must be a dict of setting -> value (e.g. {{\"alpha\": 2}}), got "
+                            f"{type(value).__name__} {shown(value)}")

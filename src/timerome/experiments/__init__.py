@@ -39,6 +39,8 @@ from timerome.backbones import load_backbone
 from timerome.backbones.loading import causal_family, model_place, surely_causal
 from timerome.common.cache import write_json
 from timerome.common.checks import seeds as check_seeds
+from timerome.common.checks import settings_object
+from timerome.common.files import output_folder
 from timerome.errors import Interrupted, TimeromeError
 from timerome.experiments.executors import make_executor
 from timerome.experiments.runner import (Cell, Context, Runner, auto_reference, check_methods_fit, execute,
@@ -91,6 +93,7 @@ def experiment_config(name: str, overrides: dict | None = None, quick: bool = Fa
     if name not in EXPERIMENTS:
         raise TimeromeError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)} or all")
     cfg = dict(CONFIGS[name], **(QUICK[name] if quick else {}))
+    settings_object(overrides, f"experiment {name!r}: overrides")
     unknown = sorted(set(overrides or {}) - set(cfg))
     removed = getattr(EXPERIMENTS[name], "REMOVED", {})  # {setting: why}: an experiment's settings it no longer has
     for key in unknown:
@@ -196,6 +199,9 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     cells read the reference is then no error). The JSON output records the run (model, weights, seeds,
     data, reference) under "run".
     """
+    settings_object(overrides, f"experiment {name!r}: overrides")  # before dict() of a list or a string
+    if out_dir is not None:
+        output_folder(out_dir, "out_dir")  # a file in the way: refused now, not at the first write
     if isinstance(executor, str):  # "local" or "ray", as the command line names them
         executor = make_executor(executor)
     elif not callable(executor):

@@ -41,7 +41,7 @@ import torch
 
 from timerome.common.checks import big_int_path, budget, nonfinite_path
 from timerome.common.checks import seed as check_seed
-from timerome.common.checks import shown
+from timerome.common.checks import settings_object, shown
 from timerome.common.cost import measure
 from timerome.common.progress import progress_wanted
 from timerome.data.task import ForgetTask
@@ -299,6 +299,7 @@ def _refuse_unread(cfg: dict, defaults: dict) -> None:
 def method_config(name: str, overrides: dict | None = None) -> dict:
     """The method's defaults updated with overrides; unknown keys are refused (typos)."""
     m = get_method(name)
+    settings_object(overrides, f"method {name!r}: the config")
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(m.defaults))
     for key in unknown:
