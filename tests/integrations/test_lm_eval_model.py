@@ -390,3 +390,17 @@ def test_utility_says_generation_settings_no_request_read(bb, tasks, tmp_path):
         with pytest.raises(TimeromeError, match=says):
             run_experiment("utility", seeds=(0,), out_dir=tmp_path / "bad", overrides=dict(over, generation=gen),
                            progress=False, load=lambda path: pytest.fail("loaded"))
+
+
+def test_a_setting_given_in_model_args_and_as_lm_evals_own_flag():
+    """`--model_args device=cpu --device cuda` (or batch_size= beside --batch_size) raised lm-eval's "got multiple
+    values for keyword argument" through our entry point; two values are refused in one line, one value twice is
+    one setting."""
+    from timerome.integrations.lm_eval_model import TimeromeLM
+
+    with pytest.raises(TimeromeError, match="device given twice: --model_args device=cpu and --device cuda: give each"):
+        TimeromeLM.create_from_arg_string("device=cpu", {"device": "cuda", "batch_size": None})
+    with pytest.raises(TimeromeError, match="batch_size given twice"):
+        TimeromeLM.create_from_arg_string("batch_size=2,n_mc=2", {"batch_size": 4})
+    lm = TimeromeLM.create_from_arg_string("device=cpu,n_mc=2", {"device": "cpu", "batch_size": None})
+    assert lm.n_mc == 2 and lm.backbone.device.type == "cpu"

@@ -168,6 +168,21 @@ def split_request(backbone, context: str, continuation: str) -> tuple[list[int],
 class TimeromeLM(LM):
     """lm-eval's LM over a timerome Backbone, with an optional edit active (module docstring)."""
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's --model_args beside its own --device / --batch_size: the same setting given both ways with two
+        values is refused in one line (lm-eval's own merge raised "got multiple values for keyword argument");
+        the same value twice is one setting."""
+        from lm_eval import utils
+
+        args = utils.simple_parse_args_string(arg_string or "")
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        both = sorted(k for k in set(args) & set(extra) if str(args[k]) != str(extra[k]))
+        if both:
+            raise TimeromeError("; ".join(f"{k} given twice: --model_args {k}={args[k]} and --{k} {extra[k]}"
+                                          for k in both) + ": give each once")
+        return cls(**{**extra, **args})
+
     def __init__(self, pretrained=None, edit=None, method=None, *, n_mc: int = LIKELIHOOD.n_mc, mc_batch: int = 16,
                  max_tokens: int | None = None, steps=None, gen_length=None, block_length=None,
                  remasking: str = SAMPLER.remasking, cfg_scale: float = SAMPLER.cfg_scale, check_greedy: bool = True,
