@@ -719,6 +719,15 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: the API's rule said under its keyword's name ("step must be", "limit must be", "unknown key_metric")
+        ("edit --step -2, named as the flag", ["edit", "--step", "-2", "-o", tmp / "m.safetensors"],
+         "--step must be -1 (every step) or a step index >= 0, got -2"),
+        ("edit --key-metric '', named as the flag", ["edit", "--key-metric", "", "-o", tmp / "m.safetensors"],
+         "unknown --key-metric ''"),
+        ("requests --limit 0, named as the flag", ["requests", "embedded:forget01", "--limit", "0"],
+         "--limit must be an integer >= 1, got 0"),
+        ("new-model --context 0, named as the flag", ["new-model", "embedded:forget01", "--context", "0", "-o", tmp / "nm"],
+         "--context must be an integer >= 1, got 0"),
         # stop 78: radar read a runs setting that is no folder as "every axis not run"
         ("radar -c runs that is not there", ["experiment", "radar", "-c", '{"runs": "/nowhere/runs"}', "-o", tmp / "r"],
          "runs /nowhere/runs does not exist: give the folder holding canonical/"),
@@ -1005,6 +1014,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: run_experiment("all", overrides="n_mc=2", out_dir=tmp_path / "e"), "overrides must be a dict"),
         (lambda: run_experiment("canonical", out_dir=files["mem"]), "is a file; pass a folder"),
         (lambda: load_memory(5, bb), "load_memory takes the memory file's path"),
+        (lambda: evaluate(bb, {"forget": [{"question": " ", "answer": "x"}]}, n_mc=1), "its question is blank"),
         (lambda: install("ga", bb, task, {"grad_steps": 10**12}), "insist"),
         (lambda: install("no_edit", bb, task, {}, seed=-1), "seed"),
         (lambda: run_experiment("canonical", overrides={"methods": [{"method": "timerome", "config": {"alpha": nan}}]},

@@ -20,6 +20,7 @@ from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibratio
                               tofu_dir_read)
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
+from timerome.memory.edit_memory import KEY_METRICS
 from timerome.memory.scale import check_on_keys
 from timerome.methods.timerome_edit import DEFAULTS
 
@@ -97,6 +98,11 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
 
     if method not in available():
         raise TimeromeError(f"unknown --method {method!r}; choose one of {', '.join(available())}")
+    # the API's rules under the flags' names (it says "step", "key_metric")
+    if step is not None and step < -1:
+        raise TimeromeError(f"--step must be -1 (every step) or a step index >= 0, got {step}")
+    if key_metric is not None and key_metric not in KEY_METRICS:
+        raise TimeromeError(f"unknown --key-metric {key_metric!r}; choose one of {', '.join(KEY_METRICS)}")
     overrides = _config(config)
     g_max, checked = None, None  # checked: the method's config as -c gives it, once checked
     if overrides and method == "timerome":  # its settings as options, or the same through --config (not both)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from timerome.cli.app import app, console, friendly, print_json, tofu_dir_read
+from timerome.common.checks import integer
 from timerome.training.new_model import DEFAULT_CONTEXT, DEFAULT_VOCAB
 
 
@@ -36,6 +37,10 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
     from timerome.training.config import FIRST_TRAINING
     from timerome.training.new_model import new_model
 
+    for value, name in ((vocab_size, "--vocab-size"), (context, "--context"), (d_model, "--d-model"),
+                        (layers, "--layers"), (heads, "--heads"), (mlp, "--mlp")):
+        if value is not None:  # unset: the size's; the API's first rule under the flags' names (it says "context")
+            integer(value, name, lo=1)
     for i, t in enumerate(texts):
         user_text(t, f"text source {i + 1}")
     tofu_dir_read(tofu_dir, *texts)

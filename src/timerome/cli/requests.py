@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import app, console, err_console, friendly, print_json
+from timerome.common.checks import integer
 from timerome.common.files import output_file
 from timerome.engine.settings import EDIT
 
@@ -26,6 +27,8 @@ def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / 
     """Show edit requests as timerome reads them (or write them in its own format with --out)."""
     from timerome.data.requests import load_requests, save_requests
 
+    if limit is not None:  # the API's rule under the flag's name
+        integer(limit, "--limit", lo=1)
     if out is not None:
         output_file(out, example="requests.json", inputs={"requests file": source})
     reqs, notes = load_requests(source, target=target, limit=limit, must_fill=target not in (None, EDIT.target))

@@ -329,6 +329,10 @@ def check_evaluation(rows: dict, *, n_mc, seed, truth_ratio: bool = True, what: 
             if bad:
                 raise TimeromeError(f"rows[{split!r}][{i}] has no {' and no '.join(map(repr, bad))} text "
                                     f"(a row is a dict with 'question' and 'answer' strings)")
+            blank = [k for k in ("question", "answer") if not r[k].strip()]
+            if blank:  # as every rows file is refused (data.tofu.normalise_row): a blank one scores nothing asked
+                raise TimeromeError(f"rows[{split!r}][{i}]: its {' and '.join(blank)} {'is' if len(blank) == 1 else 'are'}"
+                                    " blank")
     integer(n_mc, "n_mc", lo=1)
     check_seed(seed, "seed")
     answers = answer_count(rows, truth_ratio)
