@@ -719,6 +719,11 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: the forget split scored as its own locality, or named and read by nothing
+        ("eval --forget world_facts (forgotten and scored as WorldFact)", ["eval", "--forget", "world_facts", "--no-rouge"],
+         "the forget rows (world_facts) are the world_facts rows the evaluation scores as locality"),
+        ("eval --forget beside --splits without forget", ["eval", "--splits", "retain", "--forget", "forget05"],
+         "--forget forget05 names the forget split, which --splits leaves out"),
         # stop 78: the API's rule said under its keyword's name ("step must be", "limit must be", "unknown key_metric")
         ("edit --step -2, named as the flag", ["edit", "--step", "-2", "-o", tmp / "m.safetensors"],
          "--step must be -1 (every step) or a step index >= 0, got -2"),

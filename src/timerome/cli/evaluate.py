@@ -174,7 +174,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     if bench is not None:
         return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference)
     data = "embedded" if data is None else data
-    forget = "forget01" if forget is None else forget
+    forget_given, forget = forget is not None, "forget01" if forget is None else forget
     sized = {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain), ("--retain-authors",
              "retain_authors", retain_authors), ("--n-world", "n_world", n_world)) if v is not None}  # given
     n_retain = LOCALITY.n_retain if n_retain is None else n_retain
@@ -201,6 +201,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     spec = without_unread_sizes(spec)  # the default sizes of the splits left out go too
     if reference is not None and "forget" not in spec.get("splits", ["forget"]):
         raise TimeromeError("--reference scores Forget Quality, which reads the forget split: add forget to --splits")
+    if forget_given and "forget" not in spec.get("splits", ["forget"]):  # as --n-retain beside --splits forget
+        raise TimeromeError(f"--forget {forget} names the forget split, which --splits leaves out: add forget to "
+                            "--splits, or leave --forget out")
     source = resolve_source(data)
     bb = model.load()
     # an autoregressive model: before any work or warning

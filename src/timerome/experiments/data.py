@@ -100,6 +100,10 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     if shared_rows(task_rows, retain):
         raise TimeromeError(f"the forget rows ({forget}, {len(task_rows)} rows) overlap the retain rows: "
                             "forget fewer rows")
+    for name in ("real_authors", "world_facts"):  # the locality columns would score the rows being forgotten
+        if name in spec.get("splits", out) and shared_rows(task_rows, out[name]):
+            raise TimeromeError(f"the forget rows ({forget}) are the {name} rows the evaluation scores as "
+                                f"locality: forget another split, or leave {name} out of splits")
     kept = {k: [r for r in v if fits(backbone, r)] for k, v in out.items() if k in spec.get("splits", out)}
     dropped = [f"{k} {len(out[k]) - len(v)} of {len(out[k])}" for k, v in kept.items() if len(v) < len(out[k])]
     if dropped:  # never silently: the counts say how many rows each split lost
