@@ -203,6 +203,7 @@ def files(tmp_path_factory):
     f["w_int"] = model_copy(d / "w_int", weights=lambda s: _set(s, "model.transformer.blocks.0.ff_out.weight",
                                                                   lambda w: w.to(torch.int32)))
     mem, cb = f["mem"], d / "cb.safetensors"
+    f["cb"] = cb
     assert runner.invoke(app, ["edit", "--method", "codebook", "--out", str(cb)]).exit_code == 0
     for name, fn in (("mem_f16", lambda t: _set(t, "U", lambda x: x.half())),
                      ("mem_i32", lambda t: _set(t, "G", lambda x: x.to(torch.int32))),
@@ -719,6 +720,10 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: a note on the calibration rows printed before the error that they cannot be read
+        ("memory add --calibration that cannot be read, one line", ["memory", "add", f["cb"], "--calibration",
+                                                                    "embedded:bogus", "--data", "embedded:forget05"],
+         "unknown TOFU split 'bogus'"),
         # stop 78: the forget split scored as its own locality, or named and read by nothing
         ("eval --forget world_facts (forgotten and scored as WorldFact)", ["eval", "--forget", "world_facts", "--no-rouge"],
          "the forget rows (world_facts) are the world_facts rows the evaluation scores as locality"),

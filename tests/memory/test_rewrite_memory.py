@@ -1,6 +1,8 @@
 """The rewrite memory: the edited model says each fact's own target, through the whole trajectory,
 and nothing else moves; facts of one subject edit separately; save / load / remove; the method."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import bare_request
@@ -62,7 +64,6 @@ def test_a_bare_object_is_keyed_where_the_model_says_it_and_the_bare_target_is_s
     assert all(f.object != r.fact.object and r.fact.object in f.object and f.target == r.fact.target
                for f, r in zip(said, plain)), said
     assert said_facts(bb, [r.fact for r in reqs]) == [r.fact for r in reqs]  # answers it says as they are: kept
-    from dataclasses import replace
 
     from timerome.engine.encoding import fact_id
 
@@ -280,7 +281,6 @@ def test_a_build_records_the_rows_it_read_values_on_where_a_spec_names_them(bb, 
     that `memory add` reads them again: a spec named (value_rows=FILE, the embedded model's training
     rows), never rows given in Python or the calibration rows (those an add is given)."""
     import json
-    from dataclasses import replace
 
     from timerome.data.rows import row_source
     from timerome.methods.rewrite import value_rows_source
@@ -386,3 +386,20 @@ def test_a_remove_inside_applied_is_refused_where_the_gate_remembers_facts_by_pl
     with pytest.raises(TimeromeError, match="fact_ids must be a fact id or a list"):
         memory.remove(None)
     assert len(memory) == len(reqs)  # nothing was removed
+
+
+def test_a_conflicting_fact_is_refused_before_the_model_is_asked(bb, reqs, edit, monkeypatch):
+    """A fact asking a held question with another target was refused only after said_facts had asked the model
+    (and warned what it says): the conflict comes first now, with no model call and no warning."""
+    import warnings
+
+    import timerome.memory.rewrite_memory as R
+
+    held = edit.memory._facts[0]
+    other = replace(held, target=(held.target or "x") + " again")
+    monkeypatch.setattr(R, "said_facts", lambda *a, **k: pytest.fail("the model was asked"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TimeromeError, match="a memory makes one question say one thing"):
+            edit.memory.add([other])
+    assert len(edit.memory) == len(reqs)

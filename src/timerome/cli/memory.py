@@ -181,6 +181,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         ask = [i for i, f in enumerate(facts) if fact_content(f, default_target) not in held_given]
         if ask:
             target_ids(bb, [facts[i] for i in ask], default_target)
+            if _header_facts(meta) is not None:  # a conflict with a held fact: refused before the model is asked
+                sort_new_facts(_header_facts(meta), [facts[i] for i in ask], default_target)  # (and before its note)
             said, more = said_by_model(bb, [facts[i] for i in ask])
             facts = list(facts)
             for i, f in zip(ask, said):
@@ -244,13 +246,14 @@ def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tu
 
 def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> bool:
     """Whether rows given to `memory add` are not those the file says its build read (with a note)."""
-    from timerome.data.rows import row_spec, where_rows
+    from timerome.data.rows import load_rows, row_spec, where_rows
 
     if recorded is None:
         return False
     asked = row_spec(given, tofu_dir=tofu_dir)
     if asked == {k: v for k, v in recorded.items() if k != "digest"}:
         return False
+    load_rows(given, tofu_dir=tofu_dir)  # rows that cannot be read: their error alone, never after this note
     err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(where_rows(recorded))}; {escape(added)} on "
                       f"{escape(where_rows(asked))}, as asked", soft_wrap=True)
     return True

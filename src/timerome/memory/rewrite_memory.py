@@ -200,6 +200,8 @@ class RewriteMemory(CodebookMemory):
         the model says inside an answer of its own holds that answer as its object (`said_facts`;
         said=True: the facts are so already, and the model is not asked again)."""
         self._check_off()
+        if not said:  # a conflict with a held fact is refused before the model is asked (and notes what it says)
+            check_new_facts(self._facts, fact_list(facts), self.target)
         facts = fact_list(facts) if said else said_facts(self.backbone, fact_list(facts), batch_size=self.batch_size)
         check_new_facts(self._facts, facts, self.target)
         warn_unknown_subjects(self.backbone, facts)  # read as <|unk|>, such subjects share keys (after the checks)
