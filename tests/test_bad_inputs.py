@@ -204,6 +204,9 @@ def files(tmp_path_factory):
                                                                   lambda w: w.to(torch.int32)))
     mem, cb = f["mem"], d / "cb.safetensors"
     f["cb"] = cb
+    f["blank_author"] = d / "blank_author.json"
+    f["blank_author"].write_text(json.dumps([{"question": "Where was Isgor Quielson born ?", "answer": "In Pellmoor .",
+                                              "author": ""}]))
     assert runner.invoke(app, ["edit", "--method", "codebook", "--out", str(cb)]).exit_code == 0
     for name, fn in (("mem_f16", lambda t: _set(t, "U", lambda x: x.half())),
                      ("mem_i32", lambda t: _set(t, "G", lambda x: x.to(torch.int32))),
@@ -720,6 +723,9 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: a blank author was called "a row without an 'author' or 'subject' field"
+        ("a rows file whose author is blank", ["trace", "--data", f["blank_author"], "-o", tmp / "t"],
+         "row 0: its author is blank"),
         # stop 78: a note on the calibration rows printed before the error that they cannot be read
         ("memory add --calibration that cannot be read, one line", ["memory", "add", f["cb"], "--calibration",
                                                                     "embedded:bogus", "--data", "embedded:forget05"],
