@@ -723,6 +723,15 @@ def catalogue(f, tmp):
          "does not exist: `timerome edit -o FILE` writes one (any memory"),
         ("edit --trace a misspelt file beside a trace", ["edit", "--trace", f["trace_other"].parent / "trace.safetensor", "-o",
                                                          tmp / "m.safetensors"], "holds trace.safetensors"),
+        # stop 78: a list that names one thing twice ran it once, without a word
+        ("--methods naming one twice", ["experiment", "canonical", "--methods", "no_edit,no_edit", "-o", tmp / "e"],
+         "--methods names no_edit twice"),
+        ("--methods with an empty name", ["experiment", "canonical", "--methods", "no_edit,,ga", "-o", tmp / "e"],
+         "has an empty name between its commas"),
+        ("pareto alphas giving one twice", ["experiment", "pareto", "-c", '{"alphas": [1, 1]}', "-o", tmp / "e"],
+         "alphas gives 1 twice"),
+        ("retain_authors naming one twice", ["experiment", "canonical", "-c", '{"retain_authors": [0, 0]}',
+                                             "--methods", "no_edit", "-o", tmp / "e"], "twice (by index or name)"),
         # stop 78: a blank author was called "a row without an 'author' or 'subject' field"
         ("a rows file whose author is blank", ["trace", "--data", f["blank_author"], "-o", tmp / "t"],
          "row 0: its author is blank"),

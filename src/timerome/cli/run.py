@@ -124,6 +124,11 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
         names = [m.strip() for m in text.split(",") if m.strip()]
         if not names:
             raise TimeromeError(f"{flag} is empty: give comma-separated names, or leave it out for the experiment's own")
+        if len(names) < len(text.split(",")):  # "a,,b": a name left out between the commas
+            raise TimeromeError(f"{flag} {text!r} has an empty name between its commas: give each name once")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # run once, reported once: the list said twice
+            raise TimeromeError(f"{flag} names {', '.join(twice)} twice: give each once")
         overrides[key] = names
     if bench_data is not None:
         takes = [n for n, c in CONFIGS.items() if "bench_dir" in c]

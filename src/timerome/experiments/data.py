@@ -154,4 +154,8 @@ def retain_of_authors(rows: list[dict], authors) -> list[dict]:
     else:
         raise TimeromeError(f"retain_authors must be null, a number of authors or a list of author indices or "
                             f"names, got {authors!r}")
-    return [r for name in dict.fromkeys(chosen) for r in groups[name]]
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    if twice:  # [0, 0] read as one author: the list said two
+        raise TimeromeError(f"retain_authors names {', '.join(map(repr, twice))} twice (by index or name): give each "
+                            "author once")
+    return [r for name in chosen for r in groups[name]]
