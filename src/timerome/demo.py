@@ -20,6 +20,7 @@ which matters little here: the KS test compares truth ratios on the forget autho
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -85,8 +86,8 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     seeds = check_seeds(cfg["seeds"] if seeds is None else seeds)
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     output_folder(out, "out_dir")  # a file in the way: refused before the trace, not after it
-    if reference not in (None, "auto"):
-        resolve_checkpoint(reference)  # a reference that is not there: refused before the trace (its path alone)
+    if isinstance(reference, (str, os.PathLike)) and reference not in ("auto", "embedded", "train"):
+        resolve_checkpoint(reference)  # a checkpoint that is not there: refused before the trace (its path alone)
     ref_opts = dict(epochs=cfg["reference_epochs"], n_authors=cfg["reference_authors"],
                     batch_size=cfg["reference_batch"])
     bb = backbone if backbone is not None else load_backbone(model)

@@ -681,3 +681,13 @@ def test_a_tiny_transformers_checkpoint_leaves_the_global_generator_alone(tmp_pa
     b = make_tiny_checkpoint("llama", tmp_path / "b", layers=1)
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_checkpoints_json_with_a_key_twice_loads_as_transformers_reads_it(tmp_path):
+    """timerome refuses a key given twice in JSON a user writes for it (-c, config files), not in a checkpoint's
+    files made elsewhere, which transformers reads as json does (the last value)."""
+    d = make_tiny_checkpoint("timerome", tmp_path / "m", layers=1)
+    for name in ("config.json", "tokenizer_config.json"):
+        text = (d / name).read_text(encoding="utf-8")
+        (d / name).write_text(text.replace("{", '{"x_dup": 1, "x_dup": 2, ', 1), encoding="utf-8")
+    assert load_backbone(d).config["x_dup"] == 2

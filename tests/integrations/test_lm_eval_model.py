@@ -404,3 +404,7 @@ def test_a_setting_given_in_model_args_and_as_lm_evals_own_flag():
         TimeromeLM.create_from_arg_string("batch_size=2,n_mc=2", {"batch_size": 4})
     lm = TimeromeLM.create_from_arg_string("device=cpu,n_mc=2", {"device": "cpu", "batch_size": None})
     assert lm.n_mc == 2 and lm.backbone.device.type == "cpu"
+    # lm-eval 0.4.13's command line hands --model_args over as a dict (create_from_arg_obj): the same rule
+    with pytest.raises(TimeromeError, match="device given twice: --model_args device=cpu and --device cuda:0"):
+        TimeromeLM.create_from_arg_obj({"device": "cpu", "n_mc": 2}, {"device": "cuda:0", "batch_size": 1})
+    assert TimeromeLM.create_from_arg_obj({"device": "cpu", "n_mc": 3}, {"device": "cpu"}).n_mc == 3

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,3 +167,11 @@ def test_update_called_directly_checks_what_applied_checks(bb):
     m.alpha = float("nan")
     with pytest.raises(TimeromeError, match="alpha"):
         m.update(h)
+    m.alpha = None
+    with pytest.raises(TimeromeError, match="alpha"):
+        m.update(h)
+    m.alpha, m.q = 1.0, np.int64(2)  # an integer of numpy's: checked, then used
+    torch.testing.assert_close(m.update(h), h + m.delta(h))
+    empty = EditMemory(bb, SITE, alpha=1.0, lam_absolute=0.5, key_metric="paper")
+    with pytest.raises(TimeromeError, match="the edit memory is empty"):
+        empty.update(h)

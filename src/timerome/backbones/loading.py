@@ -223,7 +223,7 @@ def verified_weights(model, config: dict, ckpt: Path, *, implementation: str, re
 
 
 def read_config(ckpt: Path) -> dict:
-    config = read_json(ckpt / "config.json", "the checkpoint's config")
+    config = read_json(ckpt / "config.json", "the checkpoint's config", keys_once=False)  # as transformers reads it
     if not isinstance(config, dict):
         raise TimeromeError(f"{ckpt / 'config.json'} is not a JSON object")
     return config
@@ -295,7 +295,7 @@ def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
         return _load_weights(single)
     index = ckpt / "model.safetensors.index.json"
     if index.exists():
-        weight_map = read_json(index, "the checkpoint's weight index")
+        weight_map = read_json(index, "the checkpoint's weight index", keys_once=False)
         if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
             raise TimeromeError(f"{index} has no weight_map object: not a safetensors index")
         state = {}

@@ -30,7 +30,7 @@ BY_FILES = (
 
 def _read(path: Path) -> dict:
     """A tokenizer file of the checkpoint as JSON ({} where it has none): UTF-8, one clear error otherwise."""
-    return read_json(path, "the checkpoint's tokenizer file", finite=False) if path.exists() else {}
+    return read_json(path, "the checkpoint's tokenizer file", finite=False, keys_once=False) if path.exists() else {}
 
 
 def _is_remote(ckpt: Path, tok_cfg: dict, config: dict) -> str | None:

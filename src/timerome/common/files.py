@@ -77,10 +77,11 @@ def read_text(path, what: str = "file") -> str:
                             f"(byte offset {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
-def read_json(path, what: str = "file", *, finite: bool = True):
+def read_json(path, what: str = "file", *, finite: bool = True, keys_once: bool = True):
     """The JSON document in the file (read_text's checks first); `finite`: NaN and Infinity, which
-    Python's json reads although JSON has no such numbers, are refused naming where they are."""
-    return parse_json(read_text(path, what), f"{what} {path}", finite=finite)
+    Python's json reads although JSON has no such numbers, are refused naming where they are; `keys_once`
+    (`parse_json`): False for files made elsewhere that other readers accept as json does (a checkpoint's)."""
+    return parse_json(read_text(path, what), f"{what} {path}", finite=finite, keys_once=keys_once)
 
 
 class _RepeatedKey(Exception):
@@ -97,13 +98,14 @@ def _once(pairs: list) -> dict:
     return out
 
 
-def parse_json(text: str, what: str, *, finite: bool = True):
+def parse_json(text: str, what: str, *, finite: bool = True, keys_once: bool = True):
     """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`, a key an object
-    gives twice refused (`{"alpha": 2, "alpha": 3}` read as alpha 3)."""
+    gives twice refused when `keys_once` (`{"alpha": 2, "alpha": 3}` read as alpha 3: what a user writes for
+    timerome; a checkpoint's files, which transformers reads as json does, keep json's last value)."""
     from timerome.common.checks import nonfinite_path
 
     try:
-        doc = json.loads(text, object_pairs_hook=_once)
+        doc = json.loads(text, object_pairs_hook=_once if keys_once else None)
     except _RepeatedKey as e:
         raise TimeromeError(f"{what} gives the key {e.args[0]!r} twice in one object (the second would replace the "
                             "first without a word): give it once") from None

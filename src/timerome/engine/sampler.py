@@ -663,7 +663,9 @@ def _sample(logits, temperature, generator) -> torch.Tensor:
     g = -torch.log(noise)
     score = l64.exp() / g ** temperature
     broken = ~torch.isfinite(score).all(-1) | (score.amax(-1) <= 0)
-    if bool(broken.any()):  # a large T (or logit) overflows the reference's form: the same draw in log space there
+    # a large T (or logit) overflows the reference's form: the same draw in log space there (on a GPU always
+    # computed, so that no step waits on the device to ask whether it is needed)
+    if score.device.type != "cpu" or bool(broken.any()):
         score = torch.where(broken[..., None], l64 - temperature * torch.log(g), score)
     return score.argmax(-1)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from timerome.engine.settings import LIKELIHOOD, LOCALITY
-from timerome.errors import TimeromeError
 from timerome.experiments.data import SIZES_UNREAD_WHEN, without_unread_sizes
 from timerome.experiments.report import (COLUMNS, by_row, coordinate_note, label, markdown, not_applicable_rows,
                                          plot_canonical, reference_note, summarise, traced_coordinate, unchanged_rows,
@@ -27,10 +26,6 @@ def canonical_rows(methods=None) -> list[tuple[str, dict]]:
     """(method, overrides) rows: every canonical variant of each named method (all registered
     methods by default, no_edit first); an entry {"method": name, "config": {...}} is one row."""
     out = []
-    names = [m for m in methods or () if isinstance(m, str)]
-    twice = sorted({m for m in names if names.count(m) > 1})
-    if twice:  # its rows run once and are reported once: the list said twice
-        raise TimeromeError(f"methods names {', '.join(twice)} twice: give each once")
     for m in available() if methods is None else list(methods):
         if isinstance(m, dict):
             method_config(m["method"], m.get("config"))  # an unknown method or option fails now

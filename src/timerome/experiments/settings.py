@@ -93,6 +93,10 @@ def check_settings(name: str, cfg: dict, defaults: dict) -> None:
         want, ok = SPECIAL.get(key, (_kind(key, default), lambda v: _fits(key, default, v)))
         if want and not ok(value):
             raise TimeromeError(f"experiment {name!r}: setting {key} must be {want}, got {value!r}")
+    names = [m for m in cfg.get("methods") or () if isinstance(m, str)]  # every experiment with a methods list
+    twice = sorted({m for m in names if names.count(m) > 1})
+    if twice:  # its rows run once and are reported once (or twice under one label): the list said twice
+        raise TimeromeError(f"experiment {name!r}: methods names {', '.join(twice)} twice: give each once")
 
 
 def _kind(key: str, default) -> str:

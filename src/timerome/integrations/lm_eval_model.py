@@ -170,12 +170,17 @@ class TimeromeLM(LM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        """lm-eval's --model_args beside its own --device / --batch_size: the same setting given both ways with two
-        values is refused in one line (lm-eval's own merge raised "got multiple values for keyword argument");
-        the same value twice is one setting."""
+        """--model_args as lm-eval's older command line hands it over (a string): `create_from_arg_obj`."""
         from lm_eval import utils
 
-        args = utils.simple_parse_args_string(arg_string or "")
+        return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string or ""), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's --model_args beside its own --device / --batch_size (lm-eval 0.4.13's command line comes
+        here with a dict): the same setting given both ways with two values is refused in one line (lm-eval's
+        own merge raised "got multiple values for keyword argument"); the same value twice is one setting."""
+        args = dict(arg_dict or {})
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         both = sorted(k for k in set(args) & set(extra) if str(args[k]) != str(extra[k]))
         if both:

@@ -290,9 +290,11 @@ class EditMemory(Memory):
 
     def update(self, h: torch.Tensor) -> torch.Tensor:
         """Eq. multifact on a live residual h [..., H]: h + alpha * TopQ_q(D^T G U h)."""
-        if not (h.shape[-1] == self.hidden_size and 0 <= self.q <= len(self) and 0 <= self.alpha < math.inf):
+        if not (h.shape[-1] == self.hidden_size and isinstance(self.q, int) and 0 <= self.q <= len(self) > 0
+                and isinstance(self.alpha, (int, float)) and 0 <= self.alpha < math.inf):
             self._check_ready()  # a direct call (the hook was checked when applied): what is wrong, in delta's words
-            raise TimeromeError(f"h has hidden size {h.shape[-1]}, the memory {self.hidden_size}")
+            if h.shape[-1] != self.hidden_size:
+                raise TimeromeError(f"h has hidden size {h.shape[-1]}, the memory {self.hidden_size}")
         if self._plan(h.device) == "map":  # x + alpha (x - mu) W in one product-and-add (the hook's common case)
             x = self._rows(h)
             W, mu = self._matrices(x.device, x.dtype, "W", "mu")  # _change's map, alpha fused into the add:
