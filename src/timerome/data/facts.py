@@ -248,6 +248,7 @@ def _problem(row) -> str | None:
         if not isinstance(row.get(key), str) or not row[key].strip():
             return f"missing {key}"
     for key in ("author", "subject"):  # there but no name: said as it is (it read as "a row without the field")
-        if _own_subject(row) is None and key in row and row[key] is not None and not (isinstance(row[key], str) and row[key].strip()):
+        named = isinstance(row.get(key), str) and row[key].strip()
+        if _own_subject(row) is None and row.get(key) is not None and not named:
             return f"its {key} is {'blank' if isinstance(row[key], str) else 'not a text: ' + repr(row[key])[:40]}"
     return None
