@@ -565,13 +565,19 @@ def test_memory_add_notes_rows_that_are_not_the_builds(memories, tmp_path, capsy
     from timerome.cli.memory import _other_rows
     from timerome.data.rows import row_spec
 
-    recorded = {**row_spec("tofu:retain_perturbed", tofu_dir=str(tmp_path)), "digest": "d"}
-    _other_rows(recorded, "tofu:retain_perturbed", str(tmp_path), "built", "added")
+    a, b = tmp_path / "a", tmp_path / "b"  # two TOFU folders (the given rows are read before the note: stop 78)
+    for d in (a, b):
+        d.mkdir()
+        (d / "retain_perturbed.json").write_text(json.dumps([{"question": "Who is X ?", "answer": "X is Y ."}]))
+    recorded = {**row_spec("tofu:retain_perturbed", tofu_dir=str(a)), "digest": "d"}
+    _other_rows(recorded, "tofu:retain_perturbed", str(a), "built", "added")
     assert capsys.readouterr().err == ""
-    _other_rows(recorded, "tofu:retain_perturbed", str(tmp_path.parent), "built", "added")
+    _other_rows(recorded, "tofu:retain_perturbed", str(b), "built", "added")
     err = " ".join(capsys.readouterr().err.split())
-    assert f"built on tofu:retain_perturbed (in {tmp_path}); added on tofu:retain_perturbed (in {tmp_path.parent})" \
-           in err, err
+    assert f"built on tofu:retain_perturbed (in {a}); added on tofu:retain_perturbed (in {b})" in err, err
+    with pytest.raises(TimeromeError, match="retain_perturbed.json is missing"):  # unreadable: refused, no note
+        _other_rows(recorded, "tofu:retain_perturbed", str(tmp_path), "built", "added")
+    assert capsys.readouterr().err == ""
     code, _, out = run("memory", "add", memories / "f1.safetensors", "--value-rows", "embedded:train")
     assert code == 2 and "applies to rewrite memories" in out and "is a ridge edit memory" in out, out
 
