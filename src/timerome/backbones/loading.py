@@ -15,8 +15,7 @@ from timerome.backbones.flags import RefusedConfig, check_config, check_values, 
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.common.checks import memory_budget
-from timerome.common.files import flag_word
-from timerome.common.files import read_json, safetensors_error
+from timerome.common.files import flag_word, read_json, safetensors_error
 from timerome.common.progress import hf_bars_off, notify
 from timerome.errors import TimeromeError
 
