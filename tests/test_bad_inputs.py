@@ -1039,6 +1039,9 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: run_experiment("all", overrides="n_mc=2", out_dir=tmp_path / "e"), "overrides must be a dict"),
         (lambda: run_experiment("canonical", out_dir=files["mem"]), "is a file; pass a folder"),
         (lambda: load_memory(5, bb), "load_memory takes the memory file's path"),
+        # stop 78: a model named beside another's backbone recorded the one's name beside the other's numbers
+        (lambda: run_experiment("canonical", model=str(files["tiny_ar"]), backbone=bb, out_dir=tmp_path / "e"),
+         "is not the backbone's checkpoint"),
         (lambda: evaluate(bb, {"forget": [{"question": " ", "answer": "x"}]}, n_mc=1), "its question is blank"),
         (lambda: install("ga", bb, task, {"grad_steps": 10**12}), "insist"),
         (lambda: install("no_edit", bb, task, {}, seed=-1), "seed"),

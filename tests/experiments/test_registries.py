@@ -389,3 +389,16 @@ def test_robustness_on_an_autoregressive_model_reads_only_the_sampler_settings_i
     assert res.exit_code == 2 and res.output.startswith("error: robustness: the extraction's sampler setting "
                                                         "'dual 0.9' sets the diffusion sampler"), res.output
     assert "leave it out" in res.output and not (tmp_path / "x").exists()
+
+
+def test_a_model_named_beside_its_own_backbone_is_taken():
+    """refuse_other_model refuses another checkpoint's name only: the backbone's own folder (however written), a Hub
+    id and no model pass."""
+    import os
+
+    from timerome.backbones.loading import DEFAULT_MODEL_DIR
+    from timerome.experiments import refuse_other_model
+
+    bb = load_backbone()
+    for model in (None, str(DEFAULT_MODEL_DIR), os.path.relpath(DEFAULT_MODEL_DIR), "org/some-hub-model"):
+        refuse_other_model(model, bb)

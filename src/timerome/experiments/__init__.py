@@ -181,6 +181,22 @@ def record_run(result: dict, run: dict) -> None:
         write_json(path, dict(saved, run=run))
 
 
+def refuse_other_model(model, backbone) -> None:
+    """`model` names the run's model in its records and `backbone` computes its cells: a local checkpoint that is
+    not the backbone's own would put one model's name on another's numbers. (A Hub id, or a backbone that
+    records no checkpoint, is taken as named.)"""
+    checkpoint = (getattr(backbone, "info", None) or {}).get("checkpoint")
+    if model is None or backbone is None or not checkpoint or not Path(str(model)).exists():
+        return
+    if str(model).lower().endswith(".gguf"):  # loaded through its converted folder, named after the file
+        same = getattr(backbone, "name", None) == Path(str(model)).stem
+    else:
+        same = model_place(model) == model_place(checkpoint)
+    if not same:
+        raise TimeromeError(f"model {model} is not the backbone's checkpoint ({checkpoint}): the run would record one "
+                            "model's name beside another's numbers; give the backbone of that model, or leave model out")
+
+
 def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=None, resume: bool = True,
                    overrides: dict | None = None, reference=None, progress: bool = True, backbone=None,
                    executor=local_executor, load=load_backbone, quick: bool = False,
@@ -200,6 +216,7 @@ def run_experiment(name: str, model=None, data="embedded", seeds=None, out_dir=N
     data, reference) under "run".
     """
     settings_object(overrides, f"experiment {name!r}: overrides")  # before dict() of a list or a string
+    refuse_other_model(model, backbone)
     if out_dir is not None:
         output_folder(out_dir, "out_dir")  # a file in the way: refused now, not at the first write
     if isinstance(executor, str):  # "local" or "ray", as the command line names them
