@@ -56,8 +56,9 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
     if (not isinstance(path_or_hub_id, str) or p.suffix.lower() == ".gguf" or text.startswith(("/", ".", "~"))
             or text.count("/") > 1 or "\\" in text):  # a path, never a Hub id
         raise TimeromeError(f"{text} does not exist: pass a checkpoint folder (with config.json) or a .gguf file")
-    if flag_word(text):  # `info --json true`: no Hub id either
-        raise TimeromeError(f"no checkpoint {text}{flag_word(text)}")
+    hint = flag_word(text)
+    if hint:  # `info --json true`: no Hub id either
+        raise TimeromeError(f"no checkpoint {text}{hint}")
     # a Hub id ("owner/name"): only what is already in the local cache, or a download when online
     try:
         from huggingface_hub import snapshot_download

@@ -181,8 +181,9 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         ask = [i for i, f in enumerate(facts) if fact_content(f, default_target) not in held_given]
         if ask:
             target_ids(bb, [facts[i] for i in ask], default_target)
-            if _header_facts(meta) is not None:  # a conflict with a held fact: refused before the model is asked
-                sort_new_facts(_header_facts(meta), [facts[i] for i in ask], default_target)  # (and before its note)
+            held = _header_facts(meta)
+            if held is not None:  # a conflict with a held fact: refused before the model is asked (and its note)
+                sort_new_facts(held, [facts[i] for i in ask], default_target)
             said, more = said_by_model(bb, [facts[i] for i in ask])
             facts = list(facts)
             for i, f in zip(ask, said):

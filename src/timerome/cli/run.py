@@ -11,6 +11,7 @@ import typer
 
 from timerome.cli.app import (ModelChoice, app, config_arg, console, err_console, friendly, model_options, parse_seeds,
                               print_json, print_markdown)
+from timerome.common.checks import repeated
 from timerome.data.benchmark import check_folder
 from timerome.errors import TimeromeError
 
@@ -126,7 +127,7 @@ def experiment(name: str = typer.Argument(..., help=", ".join(experiment_names()
             raise TimeromeError(f"{flag} is empty: give comma-separated names, or leave it out for the experiment's own")
         if len(names) < len(text.split(",")):  # "a,,b": a name left out between the commas
             raise TimeromeError(f"{flag} {text!r} has an empty name between its commas: give each name once")
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = repeated(names)
         if twice:  # run once, reported once: the list said twice
             raise TimeromeError(f"{flag} names {', '.join(twice)} twice: give each once")
         overrides[key] = names

@@ -70,6 +70,13 @@ def seed(value, what: str = "seed") -> int:
     return integer(value, what, lo=0, hi=INT64 - 1)
 
 
+def repeated(values) -> list:
+    """The values a list gives more than once, each once, sorted: the one test behind every "given twice" refusal
+    (seeds, methods, alphas, retain authors)."""
+    values = list(values)
+    return sorted({v for v in values if values.count(v) > 1})
+
+
 def seeds(values, what: str = "seeds") -> tuple[int, ...]:
     """A list of seeds, each a `seed`, at least one and none twice (a run counted twice would weigh
     twice in a mean and a paired test)."""
@@ -78,7 +85,7 @@ def seeds(values, what: str = "seeds") -> tuple[int, ...]:
     out = tuple(seed(v, f"a seed of {what}") for v in values)
     if not out:
         raise TimeromeError(f"give at least one seed ({what})")
-    twice = sorted({s for s in out if out.count(s) > 1})
+    twice = repeated(out)
     if twice:
         raise TimeromeError(f"{what} repeats {', '.join(map(str, twice))}: each seed is one run, give it once")
     return out

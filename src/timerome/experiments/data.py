@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 
+from timerome.common.checks import repeated
 from timerome.data.benchmark import warn_unknown_rows
 from timerome.data.facts import TOFU_BLOCK, facts_from_rows
 from timerome.data.requests import load_requests
@@ -154,7 +155,7 @@ def retain_of_authors(rows: list[dict], authors) -> list[dict]:
     else:
         raise TimeromeError(f"retain_authors must be null, a number of authors or a list of author indices or "
                             f"names, got {authors!r}")
-    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    twice = repeated(chosen)
     if twice:  # [0, 0] read as one author: the list said two
         raise TimeromeError(f"retain_authors names {', '.join(map(repr, twice))} twice (by index or name): give each "
                             "author once")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from timerome.common.checks import repeated
 from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
 from timerome.experiments.canonical import canonical_rows, data_spec
@@ -60,7 +61,7 @@ def check(cfg, source) -> None:
                             f"{' and '.join(lacking)} (got {list(cfg['splits'])})")
     if not cfg["alphas"]:  # no frontier: q and frontiers would be read by nothing (an empty frontiers is refused)
         raise TimeromeError("experiment 'pareto': alphas is empty, so there is no frontier to draw: give at least one")
-    twice = sorted({a for a in cfg["alphas"] if list(cfg["alphas"]).count(a) > 1})
+    twice = repeated(cfg["alphas"])
     if twice:  # one point of the frontier, drawn as two
         raise TimeromeError(f"experiment 'pareto': alphas gives {', '.join(f'{a:g}' for a in twice)} twice: give each "
                             "alpha once")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from timerome.common.checks import INT64, big_int_path, nonfinite_path
+from timerome.common.checks import INT64, big_int_path, nonfinite_path, repeated
 from timerome.data.whp import COMPLETIONS as WHP_COMPLETIONS
 from timerome.data.whp import TRIVIA as WHP_TRIVIA
 from timerome.data.wmdp import MIXED as WMDP_MIXED
@@ -94,7 +94,7 @@ def check_settings(name: str, cfg: dict, defaults: dict) -> None:
         if want and not ok(value):
             raise TimeromeError(f"experiment {name!r}: setting {key} must be {want}, got {value!r}")
     names = [m for m in cfg.get("methods") or () if isinstance(m, str)]  # every experiment with a methods list
-    twice = sorted({m for m in names if names.count(m) > 1})
+    twice = repeated(names)
     if twice:  # its rows run once and are reported once (or twice under one label): the list said twice
         raise TimeromeError(f"experiment {name!r}: methods names {', '.join(twice)} twice: give each once")
 
