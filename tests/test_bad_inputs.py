@@ -119,6 +119,14 @@ def files(tmp_path_factory):
     f["empty"].write_text("")
     f["empty_rows"] = d / "empty.jsonl"
     f["empty_rows"].write_text("")
+    f["twice_rows"] = d / "twice.jsonl"  # line 2 gives "answer" twice: json would keep the second alone
+    f["twice_rows"].write_text('{"question": "Where was Ana born ?", "answer": "Lima ."}\n'
+                               '{"question": "Where was Bo born ?", "answer": "Oslo .", "answer": "Rome ."}\n')
+    f["twice_req"] = d / "twice_req.json"
+    f["twice_req"].write_text('[{"prompt": "Where was Ana born ?", "subject": "Ana", "target": "Oslo", '
+                              '"target": "Rome"}]')
+    f["nan_req"] = d / "nan_req.jsonl"
+    f["nan_req"].write_text('{"prompt": "Where was Ana born ?", "subject": "Ana", "target": "Oslo", "weight": NaN}\n')
     f["tofu_empty"] = d / "tofu_empty"  # an interrupted copy: the split's file is there, with nothing in it
     f["tofu_empty"].mkdir()
     (f["tofu_empty"] / "forget01.json").write_text("")
@@ -766,6 +774,12 @@ def catalogue(f, tmp):
          "--config gives the key 'alpha' twice in one object"),
         ("an experiment -c key given twice", ["experiment", "canonical", "-c", '{"n_mc": 0, "n_mc": 4}', "-o", tmp / "e"],
          "gives the key 'n_mc' twice"),
+        # stop 79: the rows and request files kept json's last value of a key given twice, and read NaN
+        ("a --data row giving a key twice", ["trace", "--data", f["twice_rows"], "-o", tmp / "t"],
+         "twice.jsonl line 2 gives the key 'answer' twice"),
+        ("a request file giving a key twice", ["eval", "--requests", f["twice_req"]],
+         "twice_req.json gives the key 'target' twice"),
+        ("a request file with NaN", ["eval", "--requests", f["nan_req"]], "nan_req.jsonl: weight is NaN or infinite"),
         # stop 78: an empty checkpoint, reference or folder read as the default model, the model itself or "."
         ("an empty -m (the embedded model loaded)", ["generate", "-m", "", "hi"], "-m: the path is empty: give one"),
         ("an empty --reference (KS p against the model itself)", ["eval", "--reference", "", "--no-rouge"],

@@ -4,6 +4,7 @@ Every failure here is a TimeromeError that names the file (or the option) and sa
     read_text(path, "the rows file")      UTF-8 text; another encoding says where the bad byte is
     read_json(path, "config")             JSON, with the line and column of a syntax error; NaN / inf refused
     parse_json(text, "--config")          the same for JSON text given inline
+    read_json_documents(path, "rows")     a JSON or JSON Lines file's documents, each read as parse_json reads
     user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
     safetensors_error(path, e)            a truncated / foreign safetensors file, in words
     input_file(path, "edit memory file")  a file to read: there, not a directory, a regular file unless streamed
@@ -118,6 +119,37 @@ def parse_json(text: str, what: str, *, finite: bool = True, keys_once: bool = T
         raise TimeromeError(f"{what}: {bad} is NaN or infinite, which is not a JSON number and not a usable value; "
                             "write a finite number")
     return doc
+
+
+def read_json_documents(path, what: str = "file") -> list:
+    """The documents of a JSON or JSON Lines file, as a list: one JSON document (an array: its items; anything
+    else: itself), or one per non-blank line. Each document is read as `parse_json` reads (a key given twice and
+    NaN / inf refused, naming the line); an empty file is refused: an interrupted copy is not an empty list.
+    The one reader of every rows and records file (TOFU splits, benchmarks, --data, edit requests)."""
+    text = read_text(path, what)
+    if not text.strip():
+        raise TimeromeError(f"{what} {path} is empty: nothing in it (an interrupted copy?)")
+    try:
+        json.loads(text)
+        one = True
+    except (json.JSONDecodeError, RecursionError):
+        one = False  # not one JSON document: JSON Lines
+    if one:
+        doc = parse_json(text, f"{what} {path}")
+        return doc if isinstance(doc, list) else [doc]
+    docs = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TimeromeError(f"{what} {path} line {lineno} is not JSON ({e.msg} at column {e.colno}): "
+                                "give one JSON document, or one per line (JSON Lines)") from None
+        except RecursionError:
+            pass  # parse_json says it
+        docs.append(parse_json(line, f"{what} {path} line {lineno}"))
+    return docs
 
 
 def user_text(text: str, what: str) -> str:

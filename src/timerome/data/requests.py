@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from timerome.common.checks import shown
-from timerome.common.files import read_text
+from timerome.common.files import read_json_documents
 from timerome.data.facts import Fact, target_conflict
 from timerome.errors import TimeromeError
 
@@ -119,7 +119,7 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
         if ":" in str(spec) and len(head) > 1 and "/" not in head and not Path(spec).exists():  # a misspelt spec
             raise TimeromeError(f"edit request file {spec} does not exist, and {head}: names no corpus (the specs: "
                                 "'counterfactual:SPLIT', 'embedded:SPLIT', 'tofu:SPLIT')")
-        records, where = _read_records(Path(spec)), str(spec)
+        records, where = read_json_documents(Path(spec), "edit request file"), str(spec)
     if not records:
         raise TimeromeError(f"{where} holds no edit requests")
     requests: list[EditRequest] = []
@@ -155,26 +155,6 @@ def _grouped(notes: list[str]) -> list[str]:
     for n in notes:
         counts[n] = counts.get(n, 0) + 1
     return [f"{n} ({c} record{'s' if c > 1 else ''})" for n, c in counts.items()]
-
-
-def _read_records(path: Path) -> list:
-    text = read_text(path, "edit request file").strip()
-    if not text:
-        raise TimeromeError(f"{path} is empty")
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-    if whole is not None:
-        return whole if isinstance(whole, list) else [whole]
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise TimeromeError(f"{path} line {n} is not JSON ({e.msg}): neither JSON nor JSON Lines") from None
-    return records
 
 
 def _from_corpus(spec: str, tofu_dir) -> list[dict]:

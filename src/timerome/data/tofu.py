@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 from pathlib import Path
 
 from timerome.common.checks import shown
-from timerome.common.files import read_text
+from timerome.common.files import read_json_documents
 from timerome.data.corpus import known_subjects, make_corpus, training_rows
 from timerome.errors import TimeromeError
 
@@ -85,24 +84,9 @@ def read_rows(path: Path, what: str = "TOFU split") -> list:
     of arrays of rows), or one per line (each an object or an array of rows), arrays flattened.
     The one reader of every rows file (TOFU splits, benchmarks, --data FILE); an empty file is refused:
     an interrupted copy is not an empty split."""
-    text = read_text(path, what)
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None  # not one JSON document: read it as JSON Lines
-    if whole is not None:
-        items = whole if isinstance(whole, list) else [whole]
-    else:
-        items = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise TimeromeError(f"{what} {path} line {lineno} is not JSON: {e}") from None
+    items = read_json_documents(path, what)
     rows = [r for item in items for r in (item if isinstance(item, list) else [item])]
-    if not rows:
+    if not rows:  # `[]`, or lines of empty arrays
         raise TimeromeError(f"{what} {path} is empty: no row in it (an interrupted copy?)")
     return rows
 
