@@ -606,8 +606,10 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path.parent)
     code, stdout, out = run("memory", "show", cb, "--json")
     assert code == 0 and json.loads(stdout)["sources"]["calibration"]["rows"] == str(a.resolve()), out
+    monkeypatch.setenv("COLUMNS", "400")  # the path on one line: at 80 columns a fold may fall inside "a.json"
     code, _, out = run("memory", "show", cb)
     assert code == 0 and "calibration" in out and "a.json" in out, out
+    monkeypatch.delenv("COLUMNS")
     code, _, out = run("memory", "remove", cb, "Isgor Quielson/city", "-o", tmp_path / "less.safetensors")
     assert code == 0, out  # a changed file keeps what its build read
     code, stdout, out = run("memory", "show", tmp_path / "less.safetensors", "--json")
@@ -623,7 +625,13 @@ def test_memory_add_measures_radii_on_the_rows_the_build_did(tmp_path, monkeypat
     code, stdout, out = run("memory", "add", cb, "--data", more, "-o", tmp_path / "j.safetensors", "--json")
     assert code == 0 and json.loads(stdout)["calibration"] == str(a.resolve()), out
     named, _ = add("named.safetensors", "--calibration", a)
+    import timerome.data.rows as data_rows
+
+    reads, load_rows = [], data_rows.load_rows
+    monkeypatch.setattr(data_rows, "load_rows", lambda spec, **kw: reads.append(str(spec)) or load_rows(spec, **kw))
     elsewhere, out = add("elsewhere.safetensors", "--calibration", b)
+    assert reads.count(str(b)) == 1, reads  # other rows are read once: checked, noted and used
+    monkeypatch.setattr(data_rows, "load_rows", load_rows)
     assert all(torch.equal(recorded[k], named[k]) for k in recorded)  # the build's rows, unasked
     assert not torch.equal(recorded["reach"], elsewhere["reach"])       # which rows matters
     assert "were measured on" in out and "added facts' radii are measured on" in out and "b.json, as asked" in out

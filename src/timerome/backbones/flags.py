@@ -12,11 +12,10 @@ out `block_type` is judged as the official default "sequential".
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Callable
 
-from timerome.common.checks import INT64, shown
+from timerome.common.checks import INT64, is_int, is_real, shown
 from timerome.errors import TimeromeError
 
 COMMON_HARMLESS = {
@@ -31,15 +30,15 @@ Rule = tuple[Callable[[Any], bool], str]  # (value is fine, why another value is
 # ------------------------------------------------------------------ values: the type and range of each number
 
 def _count(v) -> bool:  # an integer >= 1 a tensor can be shaped with
-    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v < INT64
+    return is_int(v) and v >= 1
 
 
 def _index(v) -> bool:  # a token id
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < INT64
+    return is_int(v) and v >= 0
 
 
 def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < INT64
+    return is_real(v) and 0 < v < INT64
 
 
 def _flag(v) -> bool:

@@ -200,8 +200,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         sources = read_sources(meta, file) if kind != "edit" else {}
         if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
             recorded = sources.get("calibration")
-            spec, spec_rows = _calibration(file, recorded, calibration, tofu_dir)
-            rows = _build_states(meta, file, recorded, spec_rows, (held or []) + stated)
+            spec, spec_rows, as_built = _calibration(file, recorded, calibration, tofu_dir)
+            rows = _build_states(meta, file, recorded, spec_rows, (held or []) + stated) if as_built else None
             if rows is None:
                 spec, rows = spare_rows(bb, kind, source, spec, tofu_dir, stated, rows=spec_rows)
             if recorded is None and calibration is None:
@@ -211,7 +211,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if value_rows is not None:
             values = load_rows(value_rows, tofu_dir=tofu_folder(value_rows, tofu_dir))
             _other_rows(sources.get("value_rows"), value_rows, tofu_dir,
-                        f"the token values of {file} were read", "the added facts' token values are read")
+                        f"the token values of {file} were read", "the added facts' token values are read", values)
         memory = load_memory(file, bb, calibration=rows, value_rows=values)  # values: as its build read them
         new, skipped, renamed, _ = sort_new_facts(memory.facts, facts, memory.target)
         if not new:
@@ -228,36 +228,39 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
           **({} if spec is None else {"calibration": spec}))
 
 
-def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tuple[str | None, list | None]:
-    """(spec, rows) of the calibration a `memory add` reads: `given` where it names other rows than the
-    file records (with a note; rows None: `spare_rows` reads them), else the rows the file records,
-    read here (`data.rows.recorded_rows`: a warning where they have changed since), else (None,
-    None): `spare_rows`' default."""
+def _calibration(file, recorded: dict | None, given: str | None, tofu_dir) -> tuple[str | None, list | None, bool]:
+    """(spec, rows, as built) of the calibration a `memory add` reads: `given` and its rows where it names
+    other rows than the file records (with a note), else the rows the file records, read here
+    (`data.rows.recorded_rows`: a warning where they have changed since; as built: True), else (given,
+    None, False) where the file records none (`spare_rows` reads `given`, or its default)."""
     from timerome.data.rows import recorded_rows
 
     if recorded is None:
-        return given, None
-    if given is not None and _other_rows(recorded, given, tofu_dir, f"the radii of {file} were measured",
-                                         "the added facts' radii are measured"):
-        return given, None
+        return given, None, False
+    other = None if given is None else _other_rows(recorded, given, tofu_dir, f"the radii of {file} were measured",
+                                                   "the added facts' radii are measured")
+    if other is not None:
+        return given, other, False
     folder = ", or the TOFU folder with --tofu-dir" if recorded["rows"].startswith("tofu:") else ""
     return recorded["rows"], recorded_rows(recorded, f"the radii of {file} were measured",
-                                           f"give those rows again (--calibration{folder})", tofu_dir=tofu_dir)
+                                           f"give those rows again (--calibration{folder})", tofu_dir=tofu_dir), True
 
 
-def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str) -> bool:
-    """Whether rows given to `memory add` are not those the file says its build read (with a note)."""
-    from timerome.data.rows import load_rows, row_spec, where_rows
+def _other_rows(recorded: dict | None, given: str, tofu_dir, built: str, added: str, rows: list | None = None):
+    """The rows given to `memory add` where they are not those the file says its build read (with a note;
+    `rows`: them, read already), else None."""
+    from timerome.data.rows import load_rows, row_spec, tofu_folder, where_rows
 
     if recorded is None:
-        return False
+        return None
     asked = row_spec(given, tofu_dir=tofu_dir)
     if asked == {k: v for k, v in recorded.items() if k != "digest"}:
-        return False
-    load_rows(given, tofu_dir=tofu_dir)  # rows that cannot be read: their error alone, never after this note
+        return None
+    if rows is None:  # rows that cannot be read: their error alone, never after this note
+        rows = load_rows(given, tofu_dir=tofu_folder(given, tofu_dir))
     err_console.print(f"[yellow]note:[/] {escape(built)} on {escape(where_rows(recorded))}; {escape(added)} on "
                       f"{escape(where_rows(asked))}, as asked", soft_wrap=True)
-    return True
+    return rows
 
 
 def _build_states(meta: dict, file, recorded: dict | None, rows: list | None, facts: list):

@@ -6,6 +6,7 @@ is one TimeromeError naming where it came from:
 
     number(v, "--temperature", lo=0)            a finite real (never a bool), in range
     integer(v, "--steps", lo=1)                 an int (never a bool or a float) within 64 bits, in range
+    is_int(v), is_real(v)                       the same kinds as predicates, for tables of rules
     seed(v, "--seed")                           an int in [0, 2**63)
     nonfinite_path(doc)                         where a JSON document holds NaN or inf ("a.b[2]"), or None
     finite_tensor(t, "tensor U of f.safetensors")   no NaN / inf; says how many and where the first is
@@ -36,6 +37,17 @@ INSIST: ContextVar[bool] = ContextVar("timerome_insist", default=False)
 
 
 # ------------------------------------------------------------------------------ numbers
+
+
+def is_int(v) -> bool:
+    """Whether `v` is an integer a computation can hold: not a bool, |v| < 2**63 (a predicate; `integer` refuses)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and abs(int(v)) < INT64
+
+
+def is_real(v) -> bool:
+    """Whether `v` is a finite real number: not a bool, not None (JSON's NaN), an integer within 64 bits."""
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+            and (not isinstance(v, numbers.Integral) or is_int(v)))
 
 
 def number(value, what: str, *, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False,

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from timerome.common.checks import shown
+from timerome.common.checks import is_real, shown
 from timerome.common.files import read_json
 from timerome.errors import TimeromeError
 from timerome.experiments.ablations import ECHO_ROW
-from timerome.experiments.report import best_comparable, figure, finite_number, save_png, write_outputs
+from timerome.experiments.report import best_comparable, figure, save_png, write_outputs
 
 NAME = "radar"
 ORDER = 130  # where it stands in listings and in `all` (radar last: it reads the others' outputs)
@@ -64,7 +64,7 @@ def ablation_axis(saved: dict) -> dict | None:
         return None
     # a mean the JSON holds as null (not a number: standard JSON has no NaN) is no design to compare
     drop = {r: base["mean"] - c["ForgetLP"]["mean"] for r, c in s.items()
-            if r != "no_edit" and finite_number(c.get("ForgetLP", {}).get("mean")) and finite_number(base.get("mean"))}
+            if r != "no_edit" and is_real(c.get("ForgetLP", {}).get("mean")) and is_real(base.get("mean"))}
     if ABLATED not in drop:
         return None
     others = {r: v for r, v in drop.items() if r != ABLATED and r not in VARIANTS}
@@ -89,7 +89,7 @@ def read_axes(runs: Path) -> tuple[dict, dict]:
         if entry is None:  # the run may say why (npo_sweep: no comparison held)
             why = saved.get("radar_missing") if isinstance(saved, dict) else None
             missing[axis] = f"{path} has no {axis!r} entry" + (f": {why}" if isinstance(why, str) and why else "")
-        elif not (finite_number(entry.get("value")) and finite_number(entry.get("comparator"))):
+        elif not (is_real(entry.get("value")) and is_real(entry.get("comparator"))):
             missing[axis] = f"{path}'s {axis!r} entry has no number (null: it was not a finite value)"
         else:
             found[axis] = dict(entry, source=str(path), run=saved.get("run"),

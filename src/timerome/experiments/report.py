@@ -16,6 +16,7 @@ import numpy as np
 
 from timerome.common import plots
 from timerome.common.cache import write_atomic, write_json
+from timerome.common.checks import is_real
 from timerome.common.plots import figure
 from timerome.evaluation.stats import cell, paired_t, stars
 from timerome.metrics import forget_quality, tofu
@@ -103,16 +104,11 @@ TWO_SEEDS_NOTE = ("With 2 seeds a cell's bracket is the range of the two values,
                   "t test has 1 degree of freedom.")
 
 
-def finite_number(x) -> bool:
-    """A finite number (not null, which is how the experiments' JSON writes a NaN, nor a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
-
-
 def clearly_below(entry: dict | None, reference: dict | None) -> bool:
     """Whether a summarised column (`summarise`'s entry: mean, lo, hi, n) lies wholly below another's: the
     upper end of its bootstrap CI under the lower end of the reference's. False where either is missing, not
     a number (the JSON's null) or of one seed (a point, no spread to be apart by): nothing is known."""
-    if not all(finite_number(e.get(k) if e else None) for e in (entry, reference) for k in ("lo", "hi")):
+    if not all(is_real(e.get(k) if e else None) for e in (entry, reference) for k in ("lo", "hi")):
         return False
     if min(entry.get("n", 1), reference.get("n", 1)) < 2:
         return False
@@ -140,7 +136,7 @@ def best_comparable(scores: dict, ours: float, costs: dict, ours_cost: dict | No
 def _lower_on_one_seed(entry: dict | None, reference: dict | None) -> bool:
     """Whether a column's mean is below another's where one of them is of a single seed (`clearly_below`
     cannot tell): the comparator that may be one only by paying more, said rather than hidden."""
-    if not all(finite_number(e.get("mean") if e else None) for e in (entry, reference)):
+    if not all(is_real(e.get("mean") if e else None) for e in (entry, reference)):
         return False
     return min(entry.get("n", 1), reference.get("n", 1)) < 2 and entry["mean"] < reference["mean"]
 

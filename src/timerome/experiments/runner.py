@@ -40,7 +40,7 @@ import torch
 from timerome.backbones import Backbone, load_backbone
 from timerome.backbones.loading import checkpoint_files, model_place
 from timerome.common.cache import digest, plain, restore_nonfinite, write_json
-from timerome.common.checks import budget
+from timerome.common.checks import budget, is_int
 from timerome.common.checks import seed as check_seed
 from timerome.common.lock import LOCK_NAME, hold
 from timerome.common.progress import notify, progress_bar
@@ -51,7 +51,6 @@ from timerome.engine.settings import LIKELIHOOD, TRACE
 from timerome.errors import Interrupted, NotApplicable, TimeromeError
 from timerome.evaluation.evaluator import answer_count, evaluate, lp_only, reference_truth_ratios, trajectory_logprobs
 from timerome.experiments.data import resolve_data
-from timerome.experiments.settings import is_int
 from timerome.methods import install, method_config
 from timerome.methods.registry import NO_EDIT, get_method, keyed
 from timerome.metrics.columns import split_columns

@@ -6,10 +6,9 @@ model loads, never after a trace has run.
 
 from __future__ import annotations
 
-import math
 import numbers
 
-from timerome.common.checks import INT64, big_int_path, nonfinite_path, repeated
+from timerome.common.checks import big_int_path, is_int, is_real, nonfinite_path, repeated
 from timerome.data.whp import COMPLETIONS as WHP_COMPLETIONS
 from timerome.data.whp import TRIVIA as WHP_TRIVIA
 from timerome.data.wmdp import MIXED as WMDP_MIXED
@@ -24,15 +23,6 @@ COUNT_SETTINGS = {"n_mc", "n_retain", "n_world", "n_facts", "n_eval_forget", "ev
                   "eval_forget", "n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp",
                   "gen_length", "grad_steps"}
 ALL_IF_NULL = {"n_retain", "n_world", "n_eval_forget", "retain_authors", "splits", "methods", "paper_point"}
-
-
-def is_int(v) -> bool:
-    """An integer a computation can hold: not a bool, |v| < 2**63."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and abs(int(v)) < INT64
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _method_entry(m) -> bool:
@@ -57,7 +47,7 @@ SPECIAL = {
                                                                                "settings", "attacks"})),
     "num_fewshot": ("an integer >= 0 (or null: each task's own)", lambda v: is_int(v) and v >= 0),
     "limit": ("a number > 0 (examples per task; below 1, lm-eval's share of them) or null",
-              lambda v: _is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
+              lambda v: is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
     "relearn": (RELEARN_WANT, relearn_ok),
     "wmdp_subject": (f"one of {', '.join((*WMDP_SUBJECTS, WMDP_MIXED))}",
                      lambda v: isinstance(v, str) and v in (*WMDP_SUBJECTS, WMDP_MIXED)),
@@ -111,7 +101,7 @@ def _kind(key: str, default) -> str:
     if isinstance(default, str):
         return "a string"
     if isinstance(default, (list, tuple)):
-        return "a list" + (" of numbers" if default and _is_real(default[0]) else
+        return "a list" + (" of numbers" if default and is_real(default[0]) else
                            " of objects" if default and isinstance(default[0], dict) else "")
     if isinstance(default, dict):
         return "an object"
@@ -124,8 +114,8 @@ def _fits(key: str, default, value) -> bool:
             return False
         if key in COUNT_SETTINGS:
             return all(is_int(v) and v >= 1 for v in value)
-        if default and _is_real(default[0]):
-            return all(_is_real(v) for v in value)
+        if default and is_real(default[0]):
+            return all(is_real(v) for v in value)
         return not (default and isinstance(default[0], dict)) or all(isinstance(v, dict) for v in value)
     if key in COUNT_SETTINGS:
         return is_int(value) and value >= 1
@@ -134,7 +124,7 @@ def _fits(key: str, default, value) -> bool:
     if isinstance(default, numbers.Integral):
         return is_int(value) and value >= 0
     if isinstance(default, numbers.Real):
-        return _is_real(value)
+        return is_real(value)
     return isinstance(value, type(default))
 
 

@@ -46,7 +46,7 @@ import numbers
 import torch
 
 from timerome.common.cache import cached_tensors
-from timerome.common.checks import integer, number
+from timerome.common.checks import integer, is_int, number
 from timerome.common.checks import seed as checked_seed
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list, warn_unknown_subjects
@@ -517,7 +517,7 @@ def read_left_out(meta: dict, path) -> list[int] | None:
     out = meta.get("calibration_left_out")
     if out is None:
         return None
-    if not (isinstance(out, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in out)
+    if not (isinstance(out, list) and all(is_int(i) and i >= 0 for i in out)
             and out == sorted(set(out))):
         raise TimeromeError(f"{path} is inconsistent: its 'calibration_left_out' must be ascending row indices, "
                             f"got {out!r:.200}")

@@ -28,7 +28,6 @@ new method is one new file: nothing else to edit.
 from __future__ import annotations
 
 import importlib
-import numbers
 import pkgutil
 import time
 import weakref
@@ -39,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from timerome.common.checks import big_int_path, budget, nonfinite_path
+from timerome.common.checks import big_int_path, budget, is_int, is_real, nonfinite_path
 from timerome.common.checks import seed as check_seed
 from timerome.common.checks import settings_object, shown
 from timerome.common.cost import measure
@@ -357,39 +356,34 @@ def _check_option(method: str, key: str, default, value) -> None:
     if where:  # anywhere inside the option (a list of layers, a nested setting): never a usable number
         bad(f"finite, with integers below 2**63 ({key}{where if where.startswith('[') else ''} is not)")
     if key in _COUNTS:
-        if not (_is_a(numbers.Integral, value) and value >= 1):
+        if not (is_int(value) and value >= 1):
             bad("an integer >= 1")
         budget(f"method {method!r} with {key} {value}", value, f"at least one forward per unit of {key}")
-    if key in _POSITIVE and not (_is_a(numbers.Real, value) and value > 0):
+    if key in _POSITIVE and not (is_real(value) and value > 0):
         bad("a number > 0")
-    if key in _NON_NEGATIVE and not (_is_a(numbers.Real, value) and value >= 0):
+    if key in _NON_NEGATIVE and not (is_real(value) and value >= 0):
         bad("a number >= 0")
-    if key == "eps" and not (_is_a(numbers.Real, value) and 0 < value < 1):
+    if key == "eps" and not (is_real(value) and 0 < value < 1):
         bad("a number in (0, 1) (the least masking rate drawn)")
-    if key in _FRACTIONS and value is not None and not (_is_a(numbers.Real, value) and 0 < value < 1):
+    if key in _FRACTIONS and value is not None and not (is_real(value) and 0 < value < 1):
         bad("a number in (0, 1)" + (" or null" if default is None else ""))
-    if key == "threshold" and not (_is_a(numbers.Real, value) and -1 <= value < 1):
+    if key == "threshold" and not (is_real(value) and -1 <= value < 1):
         bad("a cosine in [-1, 1) (at 1 or above no token is gated: an edit that does nothing)")
-    if key in _INDICES and value is not None and not _is_a(numbers.Integral, value):
+    if key in _INDICES and value is not None and not is_int(value):
         bad("null or an integer index")
     if key == "target" and not (isinstance(value, str) and value.strip()):
         bad("a non-empty text (what the edited model should say)")
     if isinstance(default, bool) and not isinstance(value, bool):
         bad("true or false")
-    if _is_a(numbers.Real, default) and not _is_a(numbers.Real, value):
+    if is_real(default) and not is_real(value):
         bad("a number")
     if key == "trace_kind" and value not in ("tie", "positional"):
         bad("'tie' or 'positional'")
     if key == "trace_read_positions" and value not in READ_POSITIONS:
         bad(" or ".join(map(repr, READ_POSITIONS)))
     if key == "layers" and value is not None and (
-            not isinstance(value, (list, tuple)) or not value or not all(_is_a(numbers.Integral, v) for v in value)):
+            not isinstance(value, (list, tuple)) or not value or not all(is_int(v) for v in value)):
         bad("null or a non-empty list of layer indices")
-
-
-def _is_a(kind, v) -> bool:
-    # bool is an int to Python, never a count or a strength to a user
-    return isinstance(v, kind) and not isinstance(v, bool)
 
 
 def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0, *,

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import rankdata
 
+from timerome.common.checks import is_real
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import pad_sequences
 from timerome.engine.likelihood import logits_at, masked_head_applies, pair_generator
@@ -142,8 +143,7 @@ REFERENCE_WANT = ("a number in [0, 1) (the retrained model's AUC; 1 leaves MUSE'
 def reference_ok(value) -> bool:
     """Whether `value` can be a PrivLeak reference AUC (REFERENCE_WANT): one rule for the API, the
     experiment settings and the CLI."""
-    return (isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-            and bool(np.isfinite(value)) and 0 <= value < 1)
+    return is_real(value) and 0 <= value < 1
 
 
 def check_reference(value) -> float:

@@ -38,7 +38,7 @@ import torch
 
 from timerome.backbones import HOOK_POINTS
 from timerome.backbones.backbone import model_arg
-from timerome.common.checks import finite_tensor, integer, shown
+from timerome.common.checks import finite_tensor, integer, is_int, shown
 from timerome.common.progress import progress_bar
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_list
@@ -132,8 +132,8 @@ def _check_tensors(t: dict, fact_ids, modules, layers, facts, where) -> None:
         raise TimeromeError(f"{where}: its JSON lists {len(facts)} facts' tokens for {F} fact ids (was it edited?)")
     for f, info in enumerate(facts):
         P, subject = (info.get("prompt_length"), info.get("subject_positions")) if isinstance(info, dict) else (None, None)
-        if not (isinstance(P, int) and not isinstance(P, bool) and 1 <= P <= T and isinstance(subject, list) and subject
-                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < P for i in subject)):
+        if not (is_int(P) and 1 <= P <= T and isinstance(subject, list) and subject
+                and all(is_int(i) and 0 <= i < P for i in subject)):
             raise TimeromeError(f"{where}: fact {f} needs a prompt_length in 1..{T} and subject_positions inside it, "
                                 f"got {shown(P)} and {shown(subject)} (was its JSON edited?)")
         finite_tensor(effect[f, ..., :P], f"{where}: tensor effect (fact {f}, its {P} prompt tokens)")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from timerome.common.cache import read_tensors, save_tensors, tensors_digest, through_link, timerome_header, write_json
-from timerome.common.checks import INT64, finite_tensor, integer, is_token_ids, number, shown
+from timerome.common.checks import finite_tensor, integer, is_int, is_token_ids, number, shown
 from timerome.common.files import input_file, output_file, read_json
 from timerome.engine.encoding import start_change
 from timerome.engine.settings import TRACE
@@ -218,7 +218,7 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     need(isinstance(modules, list) and bool(modules) and len(set(map(str, modules))) == len(modules)
          and all(m in KNOWN_POINTS for m in modules), "modules", f"distinct hook points ({', '.join(KNOWN_POINTS)})")
     need(isinstance(layers, list) and bool(layers) and len(set(map(str, layers))) == len(layers)
-         and all(isinstance(l, int) and not isinstance(l, bool) and 0 <= l < INT64 for l in layers),
+         and all(is_int(l) and l >= 0 for l in layers),
          "layers", "a list of distinct layer indices >= 0")
     need(len(set(ids)) == len(ids), "fact_ids", "distinct ids (a fact counted twice weighs twice in the mean)")
     need(isinstance(settings, dict), "settings", "an object")
