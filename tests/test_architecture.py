@@ -279,8 +279,8 @@ def settings_defaults() -> dict[str, set]:
     from timerome.engine import settings
 
     out: dict[str, set] = {}
-    for obj in (settings.SAMPLER, settings.ANSWER, settings.LIKELIHOOD, settings.TRACE, settings.EDIT,
-                settings.LOCALITY):
+    for obj in (settings.SAMPLER, settings.ANSWER, settings.LIKELIHOOD, settings.QUICK_LIKELIHOOD, settings.TRACE,
+                settings.EDIT, settings.LOCALITY, settings.SMALL_LOCALITY):
         for f in dataclasses.fields(obj):
             out.setdefault(f.name, set()).add(getattr(obj, f.name))
     return out
@@ -293,7 +293,7 @@ def repeated_defaults(path: Path, defaults: dict[str, set]) -> list[tuple[int, s
 
     tree = ast.parse(path.read_text(encoding="utf-8"))
     configs = {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-               and any(isinstance(t, ast.Name) and t.id.endswith(("CONFIG", "QUICK", "DEFAULTS")) for t in n.targets)}
+               and any(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)}  # CONFIG, QUICK, DEMO, ...
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -311,7 +311,7 @@ def repeated_defaults(path: Path, defaults: dict[str, set]) -> list[tuple[int, s
             if f.endswith(".get") and len(node.args) == 2 and literal(node.args[0]) and literal(node.args[1]) \
                     and node.args[0].value in defaults and node.args[1].value in defaults[node.args[0].value]:
                 out.append((node.lineno, node.args[0].value))
-            for kw in node.keywords:  # an experiment's CONFIG / QUICK, a method's DEFAULTS
+            for kw in node.keywords:  # an experiment's CONFIG / QUICK, a method's DEFAULTS, the demo's DEMO
                 if id(node) in configs and kw.arg in defaults and literal(kw.value) and kw.value.value in defaults[kw.arg]:
                     out.append((kw.value.lineno, kw.arg))
     return out

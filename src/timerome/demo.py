@@ -31,6 +31,7 @@ from timerome.backbones import load_backbone
 from timerome.backbones.loading import resolve_checkpoint
 from timerome.common.checks import seeds as check_seeds
 from timerome.common.files import drop_earlier, output_folder
+from timerome.engine.settings import QUICK_LIKELIHOOD, SMALL_LOCALITY
 from timerome.experiments import resolve_source
 from timerome.experiments.report import (by_row, delta_text, fmt_cell, label, markdown, plot_pareto, reference_note,
                                          summarise, write_outputs)
@@ -40,7 +41,7 @@ from timerome.methods.timerome_edit import select, trace_forget_set
 from timerome.metrics.columns import digits, header
 from timerome.tracing.heatmaps import plot_heatmaps
 
-DEMO = dict(n_mc=8, n_retain=20, n_world=10, trace_facts=6, reference_epochs=20, reference_authors=30,
+DEMO = dict(n_mc=8, n_retain=SMALL_LOCALITY.n_retain, n_world=SMALL_LOCALITY.n_world, trace_facts=6, reference_epochs=20, reference_authors=30,
             reference_batch=32, alphas=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0), seeds=(0, 1, 2))
 
 
@@ -81,7 +82,7 @@ def run_demo(out_dir=None, model=None, data: str = "embedded", *, seeds=None, re
     clock = Clock()
     cfg = dict(DEMO)
     if quick:
-        cfg.update(n_mc=4, n_retain=8, n_world=4, trace_facts=2, alphas=(6.0,), seeds=(0, 1),
+        cfg.update(n_mc=QUICK_LIKELIHOOD.n_mc, n_retain=8, n_world=4, trace_facts=2, alphas=(6.0,), seeds=(0, 1),
                    reference_epochs=2, reference_authors=4)
     seeds = check_seeds(cfg["seeds"] if seeds is None else seeds)
     out = Path(out_dir) if out_dir else Path(f"timerome-demo-{time.strftime('%Y%m%d-%H%M%S')}")

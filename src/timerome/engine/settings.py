@@ -9,6 +9,7 @@ rewrite memories have their own alpha (codebook_memory.DEFAULT_ALPHA, rewrite_me
     from timerome.engine.settings import LIKELIHOOD, SAMPLER, TRACE
     generate(bb, prompt, steps=SAMPLER.steps)        # LLaDA's reference: 128 steps for 128 tokens
     ANSWER.gen_length                                # the CLI's `generate`: 32 tokens in 32 steps
+    QUICK_LIKELIHOOD.n_mc, SMALL_LOCALITY.n_retain   # the named smaller settings: --quick, repeated probes
     dataclasses.replace(SAMPLER, steps=64)           # a settings object of one's own
 """
 
@@ -80,6 +81,11 @@ SAMPLER = SamplerSettings()
 # quarter of the reference's forwards); `generate()`, `evaluate` and the experiments keep SAMPLER
 ANSWER = SamplerSettings(steps=32, gen_length=32, block_length=32)
 LIKELIHOOD = LikelihoodSettings()
+# the experiments' --quick subsets and the demo's --quick: a quarter of the Monte-Carlo masks
+QUICK_LIKELIHOOD = LikelihoodSettings(n_mc=4)
 TRACE = TraceSettings()
 EDIT = EditSettings()
 LOCALITY = LocalitySettings()
+# half the probes, where locality is measured many times over: the demo's sweep, robustness's extraction
+# cells, the sequential experiment's retain rows at each of its steps
+SMALL_LOCALITY = LocalitySettings(n_retain=20, n_world=10)

@@ -22,7 +22,7 @@ import time
 
 from timerome.common.checks import shown
 from timerome.data.requests import load_requests
-from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
+from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY, QUICK_LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments.data import refuse_unfilled_target
 from timerome.experiments.report import (figure, label, markdown, not_applicable_rows, save_png, summarise,
@@ -36,7 +36,7 @@ ORDER = 20
 CONFIG = dict(sets={"counterfactual": "counterfactual:forget10", "forget01": "embedded:forget01"},
               target=EDIT.target, n_retain=LOCALITY.n_retain, n_world=LOCALITY.n_world, n_mc=LIKELIHOOD.n_mc,
               methods=None, gen_length=None)
-QUICK = dict(n_mc=4, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
+QUICK = dict(n_mc=QUICK_LIKELIHOOD.n_mc, methods=["no_edit", "timerome", "codebook", "rewrite", "rome"])
 COLUMNS = ["Efficacy", "EfficacyLP", "EfficacyNamed", "Generalisation", "GeneralisationLP", "GeneralisationNamed",
            "Locality", "LocalityNeighbours", "LocalitySameSubject", "LocalityRetain", "LocalityRealAuthors",
            "LocalityWorldFacts", "FluencyRatio", "FluencyTarget", "Fluency", "Portability", *UNLEARNING_RATES,

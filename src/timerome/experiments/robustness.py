@@ -26,7 +26,7 @@ import numpy as np
 
 from timerome.common.files import drop_earlier
 from timerome.engine.encoding import DEFAULT_TARGET
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, QUICK_LIKELIHOOD, SMALL_LOCALITY
 from timerome.errors import TimeromeError
 from timerome.evaluation.stats import cell as stat_cell
 from timerome.experiments.bench_report import plot_panels
@@ -45,10 +45,11 @@ from timerome.metrics.robustness import CONDITIONS, RELEARN, condition_logprobs,
 NAME = "robustness"
 ORDER = 90
 # extraction: requests None = "embedded:<forget>" ("tofu:<forget>" on TOFU); settings / attacks None = all of them; False = no extraction cells
-EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=20, n_world=10, settings=None, attacks=None)
+EXTRACTION = dict(requests=None, target=DEFAULT_TARGET, n_retain=SMALL_LOCALITY.n_retain,
+                  n_world=SMALL_LOCALITY.n_world, settings=None, attacks=None)
 CONFIG = dict(n_mc=LIKELIHOOD.n_mc, forget="forget01", eval_forget=None, methods=None, relearn=RELEARN,
               extraction=EXTRACTION)
-QUICK = dict(n_mc=4, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
+QUICK = dict(n_mc=QUICK_LIKELIHOOD.n_mc, eval_forget=8, methods=["no_edit", {"method": "timerome"}, {"method": "rewrite"}, {"method": "ga"}],
              extraction=dict(EXTRACTION, settings=list(QUICK_SETTINGS), attacks=list(QUICK_ATTACKS)))
 COLUMNS = [f"LP_{c}" for c in CONDITIONS]
 EXTRACTION_COLUMNS = ["ExtractionNominal", "WorstSampler", "WorstAttack", "WorstCase", "RefusalNominal",

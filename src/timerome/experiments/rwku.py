@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from timerome.data.rwku import rwku_targets, target_folder, target_name
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, QUICK_LIKELIHOOD
 from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
 from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown, plot_panels,
                                                warnings_markdown)
@@ -34,7 +34,7 @@ CONFIG = dict(n_mc=LIKELIHOOD.n_mc, bench_dir=None, targets=None, methods=None, 
               rouge=True, mia=True, answer_tokens=ANSWER_TOKENS, mia_k=DEFAULT_K, mia_groups=DEFAULT_GROUPS)
 UNREAD_WHEN = {"answer_tokens": needs("rouge"), "mia_k": needs("mia"), "mia_groups": needs("mia"),
                "n_passages": lambda cfg: None if "passages" in cfg["forget_from"] else "forget_from has no passages"}
-QUICK = dict(n_mc=4, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
+QUICK = dict(n_mc=QUICK_LIKELIHOOD.n_mc, targets=1, methods=["no_edit", {"method": "timerome"}, {"method": "ga"}], rouge=False, mia=False,
              n_passages=4)
 PAIRS = (("ForgetL1LP", "NeighbourL1LP"), ("ForgetL2LP", "NeighbourL2LP"))
 

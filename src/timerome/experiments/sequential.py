@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from timerome.engine.encoding import fact_id
-from timerome.engine.settings import LIKELIHOOD, LOCALITY
+from timerome.engine.settings import LIKELIHOOD, LOCALITY, SMALL_LOCALITY
 from timerome.evaluation.evaluator import lp_only
 from timerome.experiments.report import curve_summary, fmt_cell, label, plot_sequential, write_outputs
 from timerome.experiments.runner import LP_COLUMNS, Cell, measurement, row_count
@@ -18,7 +18,7 @@ from timerome.methods.timerome_edit import build_memory, locate, paper_point, pr
 
 NAME = "sequential"
 ORDER = 40
-CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=20, n_world=LOCALITY.n_world,
+CONFIG = dict(n_mc=LIKELIHOOD.n_mc, n_facts=50, forget="forget05", n_retain=SMALL_LOCALITY.n_retain, n_world=LOCALITY.n_world,
               variants=(paper_point(1.0, 2), paper_point(0.5, 2), {}), every=1)  # the paper's memory; {}: ours
 SHOWN = (0, 1, 5, 10, 20, 30, 40, 50)
 

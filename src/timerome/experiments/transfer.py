@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from timerome.data.benchmark import ENV_DIR, bench_dir, check_folder, local_only
-from timerome.engine.settings import LIKELIHOOD
+from timerome.engine.settings import LIKELIHOOD, QUICK_LIKELIHOOD
 from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the benchmark measurements
 from timerome.experiments.bench_report import (data_notes, group_summary, grouped, notes_markdown, plot_panels,
@@ -62,7 +62,7 @@ UNREAD_WHEN = {**dict.fromkeys(("n_knowmem", "n_verbmem", "verbmem_tokens", "pri
 # an autoregressive model's membership scores are exact next-token log-probs (metrics.membership): no masking groups.
 # Refused there when given, before the model loads where its checkpoint says so (experiments.refuse_unread_on_causal)
 UNREAD_ON_CAUSAL = {"mia_groups": "mia_groups sets the masked membership scores' masking groups"}
-QUICK = dict(n_mc=4, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_completions=6, n_wmdp=16,
+QUICK = dict(n_mc=QUICK_LIKELIHOOD.n_mc, n_knowmem=8, n_verbmem=4, n_privleak=6, n_trivia=16, n_completions=6, n_wmdp=16,
              knowmem_tokens=8, verbmem_tokens=16, completion_tokens=8, mia_groups=4)
 
 
