@@ -28,4 +28,7 @@ class TrainConfig:
 # command and the function) notes it where a new model is trained at the fine-tuning defaults (lr 1e-4, 10 epochs),
 # which leave it saying nothing (measured at stop 72: tiny size, vocabulary 1000, embedded:forget10's 200 rows, one
 # thread: final loss 6.00 and empty answers at the defaults; 0.49 and fluent answers in 23 s with these)
-FIRST_TRAINING = dict(lr=3e-3, epochs=100)
+# the learning rate of every training from random weights: this, the embedded default's recipe
+# (training/default_model.py), the TOFU-subset model (from_scratch.py) and the tests' small models
+SCRATCH_LR = 3e-3
+FIRST_TRAINING = dict(lr=SCRATCH_LR, epochs=100)

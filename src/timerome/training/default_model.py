@@ -34,6 +34,7 @@ from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET  # the edit target must be in the word vocabulary
 from timerome.errors import TimeromeError
+from timerome.training.config import SCRATCH_LR
 from timerome.training.train import TrainConfig, build_record, train
 
 MODEL_CONFIG = dict(
@@ -41,7 +42,7 @@ MODEL_CONFIG = dict(
     mlp_hidden_size=384, max_sequence_length=512, rope_theta=10000.0, rms_norm_eps=1e-5,
     weight_tying=False, include_bias=False,
 )
-TRAIN_CONFIG = TrainConfig(epochs=150, lr=3e-3, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
+TRAIN_CONFIG = TrainConfig(epochs=150, lr=SCRATCH_LR, batch_size=64, weight_decay=0.0, warmup_frac=0.03,
                            grad_clip=1.0, seed=0, eos_pad=True)
 STAGE2_CONFIG = TrainConfig(**{**TRAIN_CONFIG.__dict__, "epochs": 20, "lr": 3e-4, "eos_extra": 32})
 WORLD_REPEATS = 4  # the real-world rows appear this many times per epoch

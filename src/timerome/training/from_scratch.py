@@ -26,6 +26,7 @@ from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.errors import TimeromeError
 from timerome.training.default_model import (CORPUS_SEED, MODEL_CONFIG, TRAIN_CONFIG, corpus_texts, recipe_rows,
                                              stage1_record)
+from timerome.training.config import SCRATCH_LR
 from timerome.training.train import TrainConfig, train, with_recipe
 
 
@@ -150,7 +151,7 @@ def tofu_subset(tofu_dir, n_retain_authors: int = 4, forget: str = "forget01") -
 
 
 def train_tofu_model(tofu_dir, out_dir, *, n_retain_authors: int = 2, n_world: int = 0, epochs: int = 150,
-                     lr: float = 3e-3, batch_size: int = 8, d_model: int = 64, n_layers: int = 4, seed: int = 0,
+                     lr: float = SCRATCH_LR, batch_size: int = 8, d_model: int = 64, n_layers: int = 4, seed: int = 0,
                      progress: bool = False) -> Path:
     """The embedded architecture trained on a TOFU subset (a test fixture / a quick real-data model).
 

@@ -12,6 +12,7 @@ from timerome.backbones.llada_model import build_model, save_model
 from timerome.data.tokenizer import build_word_tokenizer, save_tokenizer
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.training.new_model import train_bpe_tokenizer
+from timerome.training.config import SCRATCH_LR
 from timerome.training.train import TrainConfig, train
 
 SPECIALS = ("<|pad|>", "<|eos|>", "<|mask|>")
@@ -52,5 +53,5 @@ def trained_model(rows, directory: Path, epochs: int = 80, seed: int = 0, layers
     the MDLM objective on the question/answer rows."""
     texts = [r["question"] + " " + r["answer"] for r in rows] + list(extra_texts)
     bb = tiny_model(texts, directory, seed=seed, layers=layers, max_length=max_length, words=words)
-    train(bb, rows, TrainConfig(epochs=epochs, lr=3e-3, batch_size=8, seed=seed, eos_pad=False), show_progress=False)
+    train(bb, rows, TrainConfig(epochs=epochs, lr=SCRATCH_LR, batch_size=8, seed=seed, eos_pad=False), show_progress=False)
     return bb
