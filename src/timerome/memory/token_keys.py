@@ -40,9 +40,9 @@ def _items(backbone, facts, target=None):
     return [encode_fact(backbone, f, i, target=target, bpe=bpe) for i, f in enumerate(facts)]
 
 
-def fact_seed(fact) -> int:
-    """A stable integer of a fact's id: its states are drawn from (seed, this) alone, so a fact gets
-    the same keys whether it is inserted alone or in a batch."""
+def fact_stream(fact) -> int:
+    """A stable integer of a fact's id, its stream of masks (`pair_generator(seed, this)`): its states are
+    drawn from (seed, this) alone, so a fact gets the same keys whether it is inserted alone or in a batch."""
     return int(hashlib.sha1(fact_id(fact).encode()).hexdigest()[:15], 16)
 
 
@@ -112,7 +112,7 @@ def _fact_states(backbone, coordinate, facts, n_states, seed, pads, what: str):
     site = Coordinate.of(coordinate).on(backbone).site
     items = _items(backbone, facts)
     pairs = [(it.prompt_ids.tolist(), it.object_ids.tolist()) for it in items]
-    return site, items, pairs, _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts], pads=pads)
+    return site, items, pairs, _states(backbone, pairs, n_states, seed, [fact_stream(f) for f in facts], pads=pads)
 
 
 @torch.no_grad()
@@ -278,7 +278,7 @@ def state_deltas(backbone, coordinate, facts, *, target: str = DEFAULT_TARGET, n
     means = []
     for answer in ("object_ids", "target_ids"):
         pairs = [(it.prompt_ids.tolist(), getattr(it, answer).tolist()) for it in items]
-        noisy, _, att = _states(backbone, pairs, n_states, seed, [fact_seed(f) for f in facts])
+        noisy, _, att = _states(backbone, pairs, n_states, seed, [fact_stream(f) for f in facts])
         h = _residuals(backbone, site, noisy, att, batch_size).double()
         w = torch.zeros(att.shape, dtype=torch.float64, device=h.device)
         for b, (q, a) in enumerate(pairs * n_states):

@@ -123,7 +123,7 @@ def refuse_overflowing_noise(corrupted: torch.Tensor, sigma: float, rule: str, c
                             "subject embeddings' standard deviation)")
 
 
-def fact_seed(seed: int, item) -> int:
+def noise_seed(seed: int, item) -> int:
     """The seed of one fact's own noise generator (noise "per_fact"): a digest of the trace's seed, the
     fact's prompt tokens and its subject's positions, cut to 63 bits."""
     key = f"{int(seed)}|{item.prompt_ids.tolist()}|{item.subject_pos.tolist()}".encode()
@@ -137,7 +137,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma, seed: int, noise: str = T
     trace result (`given_sigma`).
 
     noise "in_order": all noise comes from one CPU generator seeded with `seed`, drawn fact by fact in
-    order; "per_fact": each fact from its own CPU generator (`fact_seed`), whatever its company. Either
+    order; "per_fact": each fact from its own CPU generator (`noise_seed`), whatever its company. Either
     way the same seed gives the same numbers on any device.
     """
     if noise not in NOISE_DRAWS:
@@ -157,7 +157,7 @@ def prepare(backbone, facts, *, n_samples: int, sigma, seed: int, noise: str = T
     shared = torch.Generator().manual_seed(int(seed))
     noises = [sig * torch.randn(n_samples, len(it.subject_pos), backbone.hidden_size,
                                 generator=shared if noise == "in_order" else
-                                torch.Generator().manual_seed(fact_seed(seed, it))) for it in items]
+                                torch.Generator().manual_seed(noise_seed(seed, it))) for it in items]
     return items, sig, rule, noises
 
 
