@@ -370,6 +370,22 @@ def test_the_runner_names_no_method():
     assert not found, f"experiments/runner.py names methods: {found}"
 
 
+def test_the_edit_commands_name_no_gated_method():
+    """`timerome edit` and `memory add` build a codebook or rewrite memory as its method's `GatedBuild` says
+    (registry data in the method's own file): no line compares the method with a name but the paper's ridge
+    memory's (`cli.edit.RIDGE`, whose settings are the command's own options), help texts aside."""
+    names = {"codebook", "rewrite", "random_layer"}
+    found = []
+    for rel in ("cli/edit.py", "cli/app.py"):
+        for n in ast.walk(ast.parse((SRC / rel).read_text(encoding="utf-8"))):
+            if isinstance(n, ast.Compare):
+                sides = [n.left, *n.comparators]
+                consts = [c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)]
+                if any(isinstance(s, ast.Name) and s.id == "method" for s in sides) and names & set(consts):
+                    found.append(f"{rel}:{n.lineno}")
+    assert not found, "a gated method named in a comparison (give its GatedBuild the behaviour): " + ", ".join(found)
+
+
 # the stage packages whose modules are the paper's concepts: each has tests/<package>/test_<module>.py, or
 # is tested where it is used (COVERED_BY: that test file imports it and says so)
 CONCEPT_PACKAGES = ("engine", "tracing", "memory")

@@ -780,6 +780,10 @@ def catalogue(f, tmp):
         ("a request file giving a key twice", ["eval", "--requests", f["twice_req"]],
          "twice_req.json gives the key 'target' twice"),
         ("a request file with NaN", ["eval", "--requests", f["nan_req"]], "nan_req.jsonl: weight is NaN or infinite"),
+        # stop 79: the rewrite memory's --step was refused only after the model loaded and the facts were read
+        ("edit --method rewrite --step (it acts at every step), before the model loads",
+         ["edit", "--method", "rewrite", "--step", "0", "-m", tmp / "no-model", "-o", tmp / "rw.safetensors"],
+         "--method rewrite does not read --step; it takes --alpha, --layer, --module, --trace (it acts at every step)"),
         # stop 78: an empty checkpoint, reference or folder read as the default model, the model itself or "."
         ("an empty -m (the embedded model loaded)", ["generate", "-m", "", "hi"], "-m: the path is empty: give one"),
         ("an empty --reference (KS p against the model itself)", ["eval", "--reference", "", "--no-rouge"],

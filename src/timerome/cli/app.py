@@ -342,9 +342,9 @@ def load_facts(data: str, tofu_dir, limit=None, backbone=None):
 def calibration_spec(bb, method: str, source: str, calibration: str | None) -> str:
     """The rows an edit must leave alone, named (`data.rows.load_rows`): --calibration, else the
     retain_perturbed split of the facts' source ('embedded' or 'tofu'; counterfactual requests, and a
-    file's facts on the embedded model, are the embedded corpus's; the rewrite memory there: every
-    row the model learnt, `EMBEDDED_VALUE_ROWS`)."""
-    from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS
+    file's facts on the embedded model, are the embedded corpus's; a gated memory there: the rows its
+    `GatedBuild.embedded_rows` names, e.g. the rewrite memory's, every row the model learnt)."""
+    from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, get_method
 
     if calibration is not None:
         return calibration
@@ -352,14 +352,14 @@ def calibration_spec(bb, method: str, source: str, calibration: str | None) -> s
     if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.embedded):
         origin = "embedded"
     if origin not in ("embedded", "tofu"):
-        from timerome.methods.registry import IN_PLACE_OF_BACKGROUND, get_method
-
         instead = (" or texts for its key statistics with --background (a text file, a JSON/JSONL rows file or a "
                    "'tofu:SPLIT' spec)"
                    if get_method(method).retain == IN_PLACE_OF_BACKGROUND else "")
         raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
                             f"of retain question/answer rows){instead}")
-    return EMBEDDED_VALUE_ROWS if method == "rewrite" and origin == "embedded" else f"{origin}:retain_perturbed"
+    gated = get_method(method).gated  # a gated memory may read rows of its own on the embedded corpus
+    own = gated.embedded_rows if gated is not None and origin == "embedded" else None
+    return own or f"{origin}:retain_perturbed"
 
 
 def spare_rows(bb, method: str, source: str, calibration: str | None, tofu_dir, facts,

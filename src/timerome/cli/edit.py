@@ -18,11 +18,17 @@ from rich.markup import escape
 from timerome.cli.app import (ModelChoice, RequestsOpt, TofuOpt, app, calibration_spec, config_arg, console,
                               edit_facts, err_console, friendly, model_options, print_json, said_by_model, spare_rows,
                               tofu_dir_read)
+from timerome.common.checks import shown
 from timerome.common.files import output_file, output_folder
 from timerome.errors import TimeromeError
 from timerome.memory.edit_memory import KEY_METRICS
 from timerome.memory.scale import check_on_keys
 from timerome.methods.timerome_edit import DEFAULTS
+
+# the paper's ridge memory: the method whose settings are this command's own options (--alpha, --lam, --q,
+# --key-metric, ...); a gated memory (codebook, rewrite) is built as its `GatedBuild` says, any other method
+# through the registry's install
+RIDGE = "timerome"
 
 
 @app.command()
@@ -105,23 +111,24 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"unknown --key-metric {key_metric!r}; choose one of {', '.join(KEY_METRICS)}")
     overrides = _config(config)
     g_max, checked = None, None  # checked: the method's config as -c gives it, once checked
-    if overrides and method == "timerome":  # its settings as options, or the same through --config (not both)
+    gated = get_method(method).gated
+    if overrides and method == RIDGE:  # its settings as options, or the same through --config (not both)
         _not_for_edit(overrides)  # what `edit` itself never reads, before the method's own checks
-        checked = method_config("timerome", overrides)  # unknown names and bad values, in the method's words
+        checked = method_config(RIDGE, overrides)  # unknown names and bad values, in the method's words
         given = dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q, key_metric=key_metric, module=module,
                      step=step)
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
         alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
         target, g_max = got["target"], got["g_max"]
-    if method == "codebook" and overrides.get("coordinates", "traced") != "traced":
-        raise TimeromeError("timerome edit builds one codebook memory at one coordinate (--layer or --trace); "
-                            "--config coordinates \"per_fact\" builds one per traced layer: use the API's "
-                            "install(\"codebook\", ...) or an experiment's config")
-    if method != "timerome" and "target" in overrides:  # one target: -c's fills the requests that name none, too
+    if gated is not None and overrides.get("coordinates", "traced") != "traced":
+        raise TimeromeError(f"timerome edit builds one {method} memory at one coordinate (--layer or --trace); "
+                            f"--config coordinates {shown(overrides['coordinates'])} builds one per traced layer: use "
+                            f"the API's install(\"{method}\", ...) or an experiment's config")
+    if method != RIDGE and "target" in overrides:  # one target: -c's fills the requests that name none, too
         if target != DEFAULTS["target"]:
             raise TimeromeError("--target and -c's 'target' both give the target: give it once")
         target = overrides["target"]
-    if method != "timerome":  # its settings, in the method's words, before the model loads (a target included)
+    if method != RIDGE:  # its settings, in the method's words, before the model loads (a target included)
         checked = method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
                                 and "target" not in overrides else overrides)
         if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
@@ -131,7 +138,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"--method {method} draws nothing at random when it builds with these settings, so --seed "
                             "would change nothing"
                             + (" (the noise of its trace is `timerome trace --seed`; pass the trace with --trace)"
-                               if method == "timerome" else "") + ": leave --seed out")
+                               if method == RIDGE else "") + ": leave --seed out")
     seed = 0 if seed is None else seed
     _check_options(method, {"--lam": lam, "--lam-absolute": lam_absolute, "--q": q, "--key-metric": key_metric,
                             "--layer": layer, "--module": module, "--trace": trace_file, "--step": step})
@@ -167,21 +174,19 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     # requests need no model: their target is checked before it loads (--data's subjects are checked against it)
     read = edit_facts(None, requests, data, tofu_dir, target, target_given) if requests is not None else None
     bb = model.load()
-    if method == "rewrite":  # the kind of model decides: before the facts' answers and the calibration rows are read
-        from timerome.memory.rewrite_memory import refuse_causal
-
-        refuse_causal(bb)
+    if gated is not None and gated.refuse_model is not None:  # the kind of model: before the facts and rows are read
+        gated.refuse_model(bb)
     check_model = get_method(method).model_check  # settings this model leaves unread: before the facts are read
     if check_model is not None:
         check_model(bb.family, checked if checked is not None else method_config(method, {}))
     facts, source = read or edit_facts(bb, requests, data, tofu_dir, target, target_given)
     facts, repeated, _, _ = sort_new_facts([], facts, target)  # a row given twice is one fact, not two
     if repeated:
-        shown = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
+        listed = "; ".join(f"{i!r} ({why})" for i, why in repeated[:10]) + ("; ..." if len(repeated) > 10 else "")
         err_console.print(f"[yellow]note:[/] {len(repeated)} facts of {escape(source)} repeat an earlier one and are "
-                          f"left out: {escape(shown)}", soft_wrap=True)
+                          f"left out: {escape(listed)}", soft_wrap=True)
     texts = background_texts(bb, background, tofu_dir=tofu_folder(background, tofu_dir)) if background else None
-    if method not in ("timerome", "codebook", "rewrite"):
+    if method != RIDGE and gated is None:
         return _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target,
                            seed, as_json, model)
     given_trace = trace_file
@@ -204,18 +209,16 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                             f"top, as the API reads it), got {layer}")
     elif layer is not None:
         layer %= bb.n_layers  # -1: the last layer, as Coordinate.on reads it
-    if layer is None and method == "rewrite":  # the method's own default gate, as the API and the experiments place it
-        from timerome.methods.rewrite import gate_coordinate
-
-        layer = gate_coordinate(bb, None, method_config("rewrite", {}))[0].layer
+    if layer is None and gated is not None and gated.default_layer is not None:  # the method's own default, as the
+        layer = gated.default_layer(bb)                                           # API and the experiments place it
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
-    if method in ("codebook", "rewrite"):
+    if gated is not None:
         return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,
                       as_json, model, seed, overrides)
     if q > len(facts):
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {source}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
-    config = method_config("timerome", dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
+    config = method_config(RIDGE, dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
                                             key_metric=key_metric, target=target, step=step, g_max=g_max))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
@@ -269,12 +272,15 @@ COORDINATE = ("--layer", "--module", "--trace", "--step")
 def _check_options(method: str, given: dict) -> None:
     """Refuse the options `method` does not read (the ridge memory's lambda, q and key metric for every
     other method; the coordinate for the methods that choose their own), naming them."""
-    gated = method in ("codebook", "rewrite")
-    unused = () if method == "timerome" else RIDGE_ONLY if gated else RIDGE_ONLY + COORDINATE
+    from timerome.methods import get_method
+
+    gated = get_method(method).gated
+    unused = () if method == RIDGE else RIDGE_ONLY + (() if gated.step else ("--step",)) if gated else \
+        RIDGE_ONLY + COORDINATE
     bad = [k for k in unused if given.get(k) is not None]
     if not bad:
         return
-    takes = (f"--alpha, --layer, --module, --trace{', --step' if method == 'codebook' else ''}"
+    takes = (f"--alpha, --layer, --module, --trace{', --step' if gated.step else ' (it acts at every step)'}"
              if gated else "its settings through --config (`timerome methods` lists them)")
     raise TimeromeError(f"--method {method} does not read {', '.join(bad)}; it takes {takes}")
 
@@ -303,15 +309,15 @@ def _refuse_unread_inputs(method: str, overrides: dict, key_metric: str, backgro
     from timerome.methods import method_config
     from timerome.methods.registry import reads_background, reads_retain
 
-    config = method_config(method, {"key_metric": key_metric} if method == "timerome" else overrides)
+    config = method_config(method, {"key_metric": key_metric} if method == RIDGE else overrides)
     if background is not None and not reads_background(method, config):
         raise TimeromeError("--background gives the texts that whiten the keys, and --key-metric paper keeps them "
-                            "raw: leave --background out" if method == "timerome" else
+                            "raw: leave --background out" if method == RIDGE else
                             f"--background is read by nothing here: {method} with these settings reads no background "
                             "texts (the whitened memories do, and ROME-style key statistics without stats_texts): "
                             "leave it out")
     # the ridge memory `edit` builds whitens on --background alone (no rows); the others, where they read rows
-    if calibration is not None and (method == "timerome" or not reads_retain(method, config)):
+    if calibration is not None and (method == RIDGE or not reads_retain(method, config)):
         raise TimeromeError(f"--calibration gives the rows an edit must leave alone, and {method} here reads none "
                             "(the codebook and rewrite memories, ROME-style statistics off the embedded model and "
                             "the training-time methods' retain terms do): leave it out")
@@ -330,7 +336,7 @@ def _own_background(method: str, overrides: dict, key_metric: str, background, c
 
     if background is not None or calibration is not None or data != REAL_FACTS:
         return background
-    config = method_config(method, {"key_metric": key_metric} if method == "timerome" else overrides)
+    config = method_config(method, {"key_metric": key_metric} if method == RIDGE else overrides)
     return REAL_FACTS if reads_background(method, config) else None
 
 
@@ -365,21 +371,17 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     from timerome.data.facts import qa_rows
     from timerome.data.rows import load_rows, row_source, tofu_folder
     from timerome.data.task import ForgetTask
-    from timerome.memory.rewrite_memory import target_ids
-    from timerome.methods import method_config
-    from timerome.methods.codebook import build as build_codebook
+    from timerome.methods import get_method, method_config
     from timerome.methods.codebook import stating
-    from timerome.methods.rewrite import build as build_rewrite
 
     spec = calibration_spec(bb, method, source, calibration)
     folder = tofu_folder(spec, tofu_dir)
     rows = load_rows(spec, tofu_dir=folder)
     read = row_source(spec, rows, tofu_dir=folder)  # recorded in the file, for `memory add` (cli/memory.py)
+    gated = get_method(method).gated
     over = dict(target=target, coordinate=[coordinate.layer, coordinate.point])
-    if method == "codebook":
+    if gated.step:  # one that acts at every step was refused --step (`_check_options`)
         over["step"] = coordinate.step
-    elif coordinate.step is not None:
-        raise TimeromeError("--step applies to the ridge and codebook memories; the rewrite memory acts at every step")
     if alpha is not None:
         over["alpha"] = alpha
     both = sorted(set(overrides) & (set(over) | {"calibration"}))
@@ -388,14 +390,14 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
                             "(as an option)")
     config = method_config(method, {**overrides, **over})
     n_given, stated = len(facts), list(facts)  # stated: the facts whose rows state an edited fact
-    if method == "rewrite":  # after every refusal, a target it cannot say included: it asks the model each question
-        target_ids(bb, facts, config.get("target") or target)
+    if gated.check_target is not None:  # after every other refusal, before the model is asked anything
+        gated.check_target(bb, facts, config.get("target") or target)
+    if gated.said_facts:  # it asks the model each question
         facts, stated = said_by_model(bb, facts)
     spec, spare = spare_rows(bb, method, source, spec, tofu_dir, stated, rows=rows)
     forget = qa_rows(stated)  # those of the facts as given first
     task = ForgetTask(forget_rows=forget[:n_given], facts=facts, retain_rows=spare, background=texts)
-    memory = build_codebook(bb, task, config, coordinate, facts, seed) if method == "codebook" else \
-        build_rewrite(bb, task, config, coordinate, facts, seed, said=True)
+    memory = gated.build(bb, task, config, coordinate, facts, seed)
     memory.sources["calibration"] = read
     # the rows of the spec it left out: `memory add` reads the states of the rest again from their cache
     memory.calibration_left_out = [i for i, said in enumerate(stating(rows, forget)) if said]

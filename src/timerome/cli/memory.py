@@ -154,7 +154,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     from timerome.memory.base import check_for_model, fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
     from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
-    from timerome.memory.rewrite_memory import target_ids
+    from timerome.methods import get_method
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
@@ -174,13 +174,15 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     check_for_model(file, meta, bb)  # another model's memory: refused before the facts are read (and warned about)
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     stated = list(facts)  # the facts whose rows state the facts added: as given, and as the memory holds them
-    if kind == "rewrite":
+    gated = get_method(kind).gated if kind != "edit" else None  # a codebook / rewrite file: its method's build
+    if gated is not None and gated.said_facts:
         # each as the rewrite memory holds it (`said_facts`), but one the file holds as given (a file written
         # before stop 57), which is skipped below; a target it cannot say is refused before the model is asked
         held_given = {fact_content(f, default_target) for f in (_header_facts(meta) or [])}
         ask = [i for i, f in enumerate(facts) if fact_content(f, default_target) not in held_given]
         if ask:
-            target_ids(bb, [facts[i] for i in ask], default_target)
+            if gated.check_target is not None:
+                gated.check_target(bb, [facts[i] for i in ask], default_target)
             held = _header_facts(meta)
             if held is not None:  # a conflict with a held fact: refused before the model is asked (and its note)
                 sort_new_facts(held, [facts[i] for i in ask], default_target)

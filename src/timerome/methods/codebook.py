@@ -29,7 +29,7 @@ from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, 
                                              CodebookMemory, calibration_residuals)
 from timerome.memory.whitening import rows_to_texts
 from timerome.metrics.editing import normalise
-from timerome.methods.registry import InferenceEdit, differs, need_facts, register
+from timerome.methods.registry import GatedBuild, InferenceEdit, differs, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, check_step, check_trace_settings, locate, trace_forget_set
 from timerome.tracing.selection import per_fact_best
@@ -165,7 +165,8 @@ def check_config(config) -> None:
     check_step(config)
 
 
-@register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, check=check_config, background=True)
+@register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, check=check_config, background=True,
+          gated=GatedBuild(build=build))
 def codebook(backbone, task, config, seed):
     """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
     need_facts(task.facts)

@@ -20,6 +20,8 @@ before the timed install, so install cost never includes it (it is reported as p
 masked diffusion or autoregressive, `backbones.families.Family`) leaves unread (the ROME-style methods'
 cloze states on an autoregressive model); `install` runs it before any work, an experiment before its
 first cell (before any model loads where the checkpoint tells its family: `loading.causal_family`).
+`gated`, for a memory built at one given coordinate with radii from calibration rows (the codebook and rewrite
+memories: `GatedBuild`), says how `timerome edit` builds it there, so the command names no method.
 
 Every module in the `timerome.methods` package is imported on first use of the registry, so a
 new method is one new file: nothing else to edit.
@@ -126,6 +128,20 @@ class WeightEdit(Edit):
         return self.snapshot is None or any(not torch.equal(now[k], v) for k, v in self.snapshot.items() if k in now)
 
 
+@dataclass(frozen=True)
+class GatedBuild:
+    """How `timerome edit` (and `memory add`) build a gated memory at the coordinate the user gives (--layer,
+    --trace), its radii measured on calibration rows, without the coordinate search of the method's install."""
+
+    build: Callable                         # (backbone, task, config, coordinate, facts, seed) -> the memory
+    step: bool = True                       # reads --step; False: it acts at every step (--step refused)
+    default_layer: Callable | None = None   # backbone -> the layer where neither --layer nor --trace is given
+    refuse_model: Callable | None = None    # backbone -> None: a kind of model it cannot edit, before rows are read
+    check_target: Callable | None = None    # (backbone, facts, target) -> None: a target it cannot write
+    said_facts: bool = False                # it keys the answers the model says (asked first: `said_by_model`)
+    embedded_rows: str | None = None        # its calibration rows on the embedded corpus (None: retain_perturbed)
+
+
 # a Method's `retain` for the methods that read the retain rows only in place of their background texts (ROME-style
 # key statistics, `_locate.preserved_texts`): where they read a background at all, none is given, and the model is
 # not the embedded one (its own training rows stand in there)
@@ -151,6 +167,7 @@ class Method:
     # (backbone, config) -> None: refuses settings the loaded model leaves unread (e.g. cloze states on an
     # autoregressive model): `install` calls it before any work, an experiment's check_cells before any cell
     model_check: Callable | None = None
+    gated: GatedBuild | None = None  # how `timerome edit` builds it at a given coordinate (a gated memory)
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -181,7 +198,7 @@ _loaded = False
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
              check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool | str = True,
-             model_check: Callable | None = None):
+             model_check: Callable | None = None, gated: GatedBuild | None = None):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
     bool: under which settings): its install draws nothing at random, so the seed it is given changes
     nothing (the CLI says so for --seed).
@@ -190,7 +207,8 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
     config -> bool where it depends on the settings: `reads_background`, `reads_retain`; retain may also be
     IN_PLACE_OF_BACKGROUND: only where no background texts are given).
     model_check(family, config): refuses settings a model of that family leaves unread (`install` calls it with
-    the backbone's family before any work, the experiments before any cell)."""
+    the backbone's family before any work, the experiments before any cell).
+    gated: how `timerome edit` builds the method's memory at a coordinate it is given (`GatedBuild`)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
     if isinstance(retain, str) and retain != IN_PLACE_OF_BACKGROUND:
@@ -201,7 +219,7 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic, check, background, retain, model_check)
+                               deterministic, check, background, retain, model_check, gated)
         return fn
 
     return deco

@@ -42,7 +42,7 @@ from timerome.memory.rewrite_memory import (DEFAULT_ALPHA, LAST_STEP_PADS, STATE
 from timerome.memory.rewrite_memory import EMBEDDED_VALUE_ROWS, embedded_value_rows
 from timerome.memory.rewrite_memory import value_table as memory_value_table
 from timerome.methods.codebook import calibration_rows, calibration_seed, calibration_tokens, stating
-from timerome.methods.registry import InferenceEdit, need_facts, register
+from timerome.methods.registry import GatedBuild, InferenceEdit, method_config, need_facts, register
 from timerome.methods.timerome_edit import DEFAULTS as PAPER
 from timerome.methods.timerome_edit import background_stats, check_trace_settings, locate
 
@@ -183,7 +183,15 @@ def check_config(config) -> None:
                             "nothing (the gate decides the steps)")
 
 
-@register("rewrite", defaults=DEFAULTS, prepare=prepare, check=check_config, background=True)
+def default_layer(backbone) -> int:
+    """The layer of the gate where none is given: where the method's install places it at its defaults."""
+    return gate_coordinate(backbone, None, method_config("rewrite", {}))[0].layer
+
+
+@register("rewrite", defaults=DEFAULTS, prepare=prepare, check=check_config, background=True,
+          gated=GatedBuild(build=lambda *a: build(*a, said=True), step=False, default_layer=default_layer,
+                           refuse_model=refuse_causal, check_target=target_ids, said_facts=True,
+                           embedded_rows=EMBEDDED_VALUE_ROWS))
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     refuse_causal(backbone)  # before the trace and the calibration, not after
