@@ -332,6 +332,28 @@ def test_cli_new_model_then_train(tmp_path):
     assert res.exit_code == 0 and "new model" not in res.output, res.output
 
 
+def test_new_model_says_when_its_rows_do_not_fit_its_context(tmp_path):
+    """The longest row, counted as `timerome train` counts it: a context one token short is warned about at
+    new-model (train then refuses that row), the longest row's own length is not."""
+    res = runner.invoke(app, ["new-model", "embedded:forget01", "-o", str(tmp_path / "a"), "--size", "tiny",
+                              "--vocab-size", "400", "--json"])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.output
+    longest = json.loads(res.stdout)["longest_row"]
+    for context, warned in ((longest - 1, True), (longest, False)):
+        m = tmp_path / f"c{context}"
+        res = runner.invoke(app, ["new-model", "embedded:forget01", "-o", str(m), "--size", "tiny", "--vocab-size",
+                                  "400", "--context", str(context)])
+        assert res.exit_code == 0 and (f"rows take up to {longest} tokens" in " ".join(res.stderr.split())) == warned
+        res = runner.invoke(app, ["train", "--model", str(m), "--data", "embedded:forget01", "--out", str(m) + "t",
+                                  "--epochs", "1", "--no-checkpoint"])
+        assert (res.exit_code == 2 and "over the model's context" in res.output) == warned, res.output
+    # text files alone give no rows to count: nothing said
+    (tmp_path / "t.txt").write_text("one line of text\nanother line\n")
+    res = runner.invoke(app, ["new-model", str(tmp_path / "t.txt"), "-o", str(tmp_path / "txt"), "--size", "tiny",
+                              "--vocab-size", "300", "--context", "2", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["longest_row"] is None, res.output
+
+
 def test_a_new_models_first_training_settings_make_it_answer(tmp_path):
     """The settings `new-model` prints for a first training make a new model answer its rows, where the
     fine-tuning defaults leave it silent (FIRST_TRAINING's measurement: forget10's 200 rows, about 25 s)."""

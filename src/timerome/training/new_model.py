@@ -44,10 +44,11 @@ DEFAULT_VOCAB = 4096
 DEFAULT_CONTEXT = 256  # TOFU answers run to ~150 tokens
 
 
-def user_texts(sources, *, tofu_dir=None) -> list[str]:
-    """Every text of the sources: 'embedded:SPLIT', 'tofu:SPLIT' and JSON/JSONL rows files give
-    their questions, answers and answer variants; any other file is plain text, one text a line."""
+def user_texts(sources, *, tofu_dir=None) -> tuple[list[str], list[dict]]:
+    """(every text of the sources, their question / answer rows): 'embedded:SPLIT', 'tofu:SPLIT' and JSON/JSONL
+    rows files give their questions, answers and answer variants; any other file is plain text, one text a line."""
     texts: list[str] = []
+    all_rows: list[dict] = []
     for src in sources:
         src = str(src)
         if src.startswith(("embedded:", "tofu:")) or Path(src).suffix in (".json", ".jsonl"):
@@ -55,6 +56,7 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
             if not rows:  # corpus_texts would still give the default target: a tokenizer learnt on one text
                 raise TimeromeError(f"{src} holds no rows: nothing to train the tokenizer on")
             texts += corpus_texts({"rows": rows})
+            all_rows += rows
         else:
             texts += [line.strip() for line in read_text(src, "text file").splitlines() if line.strip()]
     if not texts:
@@ -64,7 +66,20 @@ def user_texts(sources, *, tofu_dir=None) -> list[str]:
         if held:
             raise TimeromeError(f"the text {text[:60]!r} holds {held[0]!r}, the new tokenizer's special token: take "
                                 "it out of the texts")
-    return texts
+    return texts, all_rows
+
+
+def longest_row(out, rows: list[dict]) -> int | None:
+    """The most tokens a question / answer row takes in the model at `out` (prompt and answer, as `timerome
+    train` counts them against the context, `encoding.encode_pairs`); None without rows."""
+    if not rows:
+        return None
+    from timerome.backbones import load_backbone
+    from timerome.engine.encoding import answer_ids, uses_leading_space
+
+    bb = load_backbone(out)
+    bpe = uses_leading_space(bb)
+    return max(len(bb.encode_prompt(r["question"])) + len(answer_ids(bb, r["answer"], bpe)) for r in rows)
 
 
 def train_bpe_tokenizer(texts: list[str], vocab_size: int = DEFAULT_VOCAB, *, specials=SPECIALS, roles=SPECIAL_ROLES):
@@ -138,17 +153,18 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     n_params = parameter_count("llada", dict(dims, model_type="llada", vocab_size=vocab_size, weight_tying=False,
                                              embedding_size=vocab_size))
     memory_budget(f"a new model of up to {n_params:.3g} parameters", 4 * n_params)
-    texts = user_texts(sources, tofu_dir=tofu_dir)
+    texts, rows = user_texts(sources, tofu_dir=tofu_dir)
     tok = train_bpe_tokenizer(texts, vocab_size)
     cfg = model_config(tok, size, context=context, **dims)
     model = build_model(cfg, seed=seed)
     save_tokenizer(tok, out)
     save_model(model, out)
     n_params = sum(p.numel() for p in model.parameters())
+    longest = longest_row(out, rows)  # a context its own rows do not fit is said now, not at `timerome train`
     info = dict(command="timerome new-model", sources=[str(s) for s in sources], n_texts=len(texts),
                 texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(),
                 size=size if len(given) < len(DIMS) else None,  # None: every dimension given (`dims`)
-                vocab_size=len(tok), context=context, seed=seed, parameters=n_params,
+                vocab_size=len(tok), context=context, longest_row=longest, seed=seed, parameters=n_params,
                 dims={k: cfg[k] for k in DIMS},
                 train_hint="train it with EOS padding (timerome train does this for a model with an EOS token)")
     write_json(out / "new_model.json", info)
