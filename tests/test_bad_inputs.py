@@ -955,6 +955,42 @@ def test_every_bad_input_is_one_line_and_exit_2(files, tmp_path, monkeypatch):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
 
 
+ENVIRONMENT_CASES = [  # stop 79: each was read loosely (no, false, off: on; lots: 30; a huge count: a bug line)
+    ("TIMEROME_INSIST", "no", "$TIMEROME_INSIST must be 1 (run work whose estimated size is refused as absurd) or 0"),
+    ("TIMEROME_DEBUG", "yes", "$TIMEROME_DEBUG must be 1"),
+    ("TIMEROME_KEEP_MEMORY", "off", "$TIMEROME_KEEP_MEMORY must be 1"),
+    ("TIMEROME_PROGRESS_SECONDS", "lots", "$TIMEROME_PROGRESS_SECONDS must be a number of seconds >= 0"),
+    ("TIMEROME_PROGRESS_SECONDS", "nan", "$TIMEROME_PROGRESS_SECONDS must be a number of seconds >= 0"),
+    ("TIMEROME_PROGRESS_SECONDS", "-5", "$TIMEROME_PROGRESS_SECONDS must be a number of seconds >= 0"),
+    ("TIMEROME_THREADS", "99999999999999999999", "$TIMEROME_THREADS must be a number of threads in 1..1024"),
+]
+
+
+@pytest.mark.parametrize("name,value,needle", ENVIRONMENT_CASES)
+def test_every_environment_variable_is_checked(monkeypatch, name, value, needle):
+    monkeypatch.setenv(name, value)
+    res = runner.invoke(app, ["methods"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and needle in lines[0], res.output
+
+
+def test_environment_switches_read_one_and_zero(monkeypatch):
+    """1 on, 0 off, unset the default; the API reads the same rule (`insisting_now` took "no" as on)."""
+    from timerome.common.checks import insisting_now
+    from timerome.errors import TimeromeError
+
+    for value, on in (("1", True), ("0", False), ("", False), (" 1 ", True)):
+        monkeypatch.setenv("TIMEROME_INSIST", value)
+        assert insisting_now() is on
+    monkeypatch.setenv("TIMEROME_INSIST", "false")
+    with pytest.raises(TimeromeError, match=r"\$TIMEROME_INSIST must be 1"):
+        insisting_now()
+    monkeypatch.delenv("TIMEROME_INSIST")
+    monkeypatch.setattr("timerome.common.threads.usable_cores", lambda: 2)
+    res = runner.invoke(app, ["--threads", "1025", "methods"])
+    assert res.exit_code == 2 and "--threads must be a number of threads in 1..1024 (this machine has 2" in res.output
+
+
 def test_environment_and_argv_bytes_through_a_real_process(tmp_path):
     """What CliRunner cannot show: real argv bytes, and an environment variable, in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TIMEROME_THREADS="lots")

@@ -147,6 +147,11 @@ DataOpt = typer.Option("embedded:forget01", "--data", "-d",
 TofuOpt = typer.Option(None, "--tofu-dir", help="local TOFU directory in the Hub layout")
 
 
+def _debug() -> bool:
+    """$TIMEROME_DEBUG on ("1"; a bad value was refused when the command started: read here without raising)."""
+    return os.environ.get("TIMEROME_DEBUG", "").strip() == "1"
+
+
 def say_error(message: str) -> None:
     """One red line on stderr, never wrapped (a log line stays one line)."""
     err_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True, highlight=False)
@@ -180,7 +185,7 @@ def friendly(fn):
             say_error(f"{e.strerror or e}{where}")
             raise typer.Exit(2)
         except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on request
-            if os.environ.get("TIMEROME_DEBUG"):
+            if _debug():
                 raise
             say_error(f"internal error {type(e).__name__}: {str(e)[:300]} (a bug in timerome: rerun with "
                       "TIMEROME_DEBUG=1 for the traceback and report it)")
@@ -221,10 +226,11 @@ def _options(threads: Optional[int] = typer.Option(
                                          "forwards than 1e8, or more memory than is free; also $TIMEROME_INSIST=1)")):
     import torch
 
-    from timerome.common import allocator
+    from timerome.common import allocator, environment
     from timerome.common.checks import set_insist
     from timerome.common.threads import choose_threads
 
+    environment.check()  # a variable's bad value: one line before any work (`TIMEROME_INSIST=no` was on)
     set_insist(insist)
     n, _ = choose_threads(threads)
     torch.set_num_threads(n)
@@ -243,7 +249,7 @@ class OneLineWarnings:
         self.said: set[tuple[str, type]] = set()
 
     def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if os.environ.get("TIMEROME_DEBUG"):
+        if _debug():
             sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
             return
         text = " ".join(str(message).split())

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import platform
 
 from timerome.common.checks import integer
-from timerome.errors import TimeromeError
 
 ENV = "TIMEROME_KEEP_MEMORY"
 M_TRIM_THRESHOLD = -1   # glibc's mallopt parameter numbers (malloc.h)
@@ -64,8 +62,6 @@ def keep_freed_memory(*, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: i
 
 def wanted() -> bool:
     """Whether the command line keeps freed memory: yes unless $TIMEROME_KEEP_MEMORY is 0."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise TimeromeError(f"${ENV} must be 1 (keep freed memory in the process, the default) or 0 (leave "
-                            f"malloc as it is), got {raw!r}")
-    return raw != "0"
+    from timerome.common.environment import switch
+
+    return switch(ENV)

@@ -197,7 +197,9 @@ def finite_tensor(t, what: str, hint: str = "the file is damaged or was made fro
 
 def insisting_now() -> bool:
     """Whether budgets let absurd work through (--insist, TIMEROME_INSIST=1, `insisting()`)."""
-    return INSIST.get() or os.environ.get("TIMEROME_INSIST", "").strip() not in ("", "0")
+    from timerome.common.environment import switch
+
+    return INSIST.get() or switch("TIMEROME_INSIST")
 
 
 def set_insist(value: bool) -> None:

@@ -13,7 +13,6 @@ that ran that long, so a long job is never silent and a short one adds nothing t
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -46,10 +45,9 @@ def wanted() -> bool:
 
 
 def _interval() -> float:
-    try:
-        return max(0.0, float(os.environ.get("TIMEROME_PROGRESS_SECONDS", 30)))
-    except ValueError:
-        return 30.0
+    from timerome.common.environment import seconds
+
+    return seconds("TIMEROME_PROGRESS_SECONDS")
 
 
 def _clock(seconds: float) -> str:

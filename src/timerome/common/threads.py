@@ -16,6 +16,7 @@ import os
 from timerome.errors import TimeromeError
 
 ENV = "TIMEROME_THREADS"
+MAX_THREADS = 1024  # more would be started, each with its stack, long before any could help (--threads 100000: MemoryError)
 
 
 def usable_cores() -> int:
@@ -48,8 +49,10 @@ def choose_threads(threads: int | None) -> tuple[int, str]:
             raise TimeromeError(f"${ENV} must be a whole number of threads, got {raw!r}") from None
     else:
         return default_threads(), "default"
-    if threads < 1:
-        raise TimeromeError(f"{source} must be at least 1, got {threads}")
+    cores = usable_cores()
+    if not 1 <= threads <= MAX_THREADS:  # torch takes a C int, and starts every thread it is given
+        raise TimeromeError(f"{source} must be a number of threads in 1..{MAX_THREADS} (this machine has {cores} "
+                            f"usable cores), got {threads}")
     return threads, source
 
 
