@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from timerome.common.cache import json_text, plain, restore_nonfinite, write_json
+from timerome.errors import TimeromeError
 
 
 def strict(text: str):
@@ -183,3 +184,27 @@ def test_a_byte_order_mark_is_read_as_the_encoding_it_marks(tmp_path):
     text = tmp_path / "t.txt"
     text.write_bytes("\ufeffHello\n".encode("utf-8"))
     assert read_text(text) == "Hello\n"
+
+
+def test_json_lines_end_a_line_at_newline_alone(tmp_path):
+    """JSON Lines as json.dumps(ensure_ascii=False) writes them: a U+2028, U+0085 or form feed inside a string
+    is text, not a line break (str.splitlines broke there: 'line 1 is not JSON'); CRLF endings read too."""
+    from timerome.common.files import read_json_documents
+    from timerome.data.requests import load_requests
+    from timerome.data.tofu import read_rows
+
+    rows = [{"question": "Where was Ana born ?", "answer": "Ana was born\u2028in Lima\u0085 (\x0c) ."},
+            {"question": "Where was Bo born ?", "answer": "Oslo ."}]
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    assert read_json_documents(f, "rows") == rows and read_rows(f) == rows
+    req = tmp_path / "req.jsonl"
+    req.write_text("\n".join(json.dumps({"prompt": f"Where was {s} born ?", "subject": s, "object": "Lima",
+                                         "target": "Rome\u2028x"},
+                                        ensure_ascii=False) for s in ("Ana", "Bo")), encoding="utf-8")
+    got, _ = load_requests(str(req))
+    assert [r.fact.target for r in got] == ["Rome\u2028x"] * 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "a", "answer": "b"}\n{"question": \n')
+    with pytest.raises(TimeromeError, match=r"bad.jsonl line 2 is not JSON \(Expecting value; column 14\)"):
+        read_json_documents(bad, "rows")

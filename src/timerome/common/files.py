@@ -138,13 +138,15 @@ def read_json_documents(path, what: str = "file") -> list:
         doc = parse_json(text, f"{what} {path}")
         return doc if isinstance(doc, list) else [doc]
     docs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # JSON Lines end a line at "\n" alone (a trailing "\r" is JSON whitespace): str.splitlines would also break
+    # inside a string at U+2028, U+0085 or a form feed, which json.dumps(ensure_ascii=False) writes as they are
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
             json.loads(line)
         except json.JSONDecodeError as e:
-            raise TimeromeError(f"{what} {path} line {lineno} is not JSON ({e.msg} at column {e.colno}): "
+            raise TimeromeError(f"{what} {path} line {lineno} is not JSON ({e.msg}; column {e.colno}): "
                                 "give one JSON document, or one per line (JSON Lines)") from None
         except RecursionError:
             pass  # parse_json says it
