@@ -116,6 +116,9 @@ def test_requests_task_keeps_each_target():
     assert [r["answer"] for r in task.forget_rows] == [r.fact.object for r in reqs]
 
 
+BASE = {"subject": "A", "prompt": "Where was A born ?", "object": "Lima", "target": "Rome"}
+
+
 @pytest.mark.parametrize("record, match", [
     ({"requested_rewrite": {"prompt": "{} speaks", "subject": "A B", "target_new": {"str": "x"}}}, "target_true"),
     ({"requested_rewrite": {"prompt": "speaks", "subject": "A B", "target_new": {"str": "x"},
@@ -125,10 +128,40 @@ def test_requests_task_keeps_each_target():
     ({"prompt": "A is", "subject": "A", "object": "b", "target": "b"}, "nothing to edit"),
     ({"hello": 1}, "no edit-request format"),
     ([1, 2], "no edit-request format"),
+    # stop 79 (review 84): each was read without a word
+    ({**BASE, "paraphrase": ["Where did A live ?"]}, "field 'paraphrase'.*did you mean 'paraphrases'"),
+    ({**BASE, "neighbors": ["Where was B born ?"]}, "did you mean 'neighbours'"),
+    ({**BASE, "portability": ["Who was born in Rome ?"]}, r"portability\[0\]'s answer must be a non-empty text"),
+    ({**BASE, "portability": [{"prompt": "Who ?", "answer": None}]}, r"portability\[0\].answer must be"),
+    ({**BASE, "neighbours": [{"prompt": "Where was B born ?", "answer": 5}]}, r"neighbours\[0\].answer must be"),
+    ({**BASE, "neighbours": [{"prompt": "Where was B born ?", "answer": "Oslo", "aliases": [5]}]},
+     r"neighbours\[0\].aliases must be a list of texts"),
+    ({**BASE, "neighbours": [{"prompt": "Where was B born ?", "answers": "Oslo"}]}, "did you mean 'answer'"),
+    ({"requested_rewrite": [{"prompt": "{} was born in", "subject": "A", "target_new": {"str": "Rome"},
+                             "target_true": {"str": "Lima"}}], "questions": ["Where was A born ?"]}, "new_answer"),
+    ({"requested_rewrite": [{"prompt": "{} was born in", "subject": "A", "target_new": {"str": "Rome"},
+                             "target_true": {"str": "Lima"}}], "questions": ["Where was A born ?"],
+      "new_answer": "Rome", "new_answer_alias": [1]}, "new_answer_alias must be a list of texts"),
 ])
 def test_bad_records_are_one_clear_error(tmp_path, record, match):
     with pytest.raises(TimeromeError, match=match):
         load_requests(_write(tmp_path, "bad.json", [record]))
+
+
+def test_aliases_given_as_one_text_are_one_alias_and_unread_fields_a_note(tmp_path):
+    """An alias given as a text is that text (it was read letter by letter: 'I' and 'a' then matched any answer);
+    a field timerome's format does not read, and that spells none it does, is named in a note."""
+    rec = {**BASE, "category": "place", "portability": [{"prompt": "Who ?", "answer": "A", "aliases": "Ay"}]}
+    mq = {"requested_rewrite": [{"prompt": "{} was born in", "subject": "A", "target_new": {"str": "Rome"},
+                                 "target_true": {"str": "Lima"}}], "questions": ["Where was A born ?"],
+          "new_answer": "Rome", "new_answer_alias": "Roma"}
+    (req,), notes = load_requests(_write(tmp_path, "ok.json", [rec]))
+    assert req.portability[0].aliases == ("Ay",)
+    assert notes == ["fields timerome's request format does not read, left out: category (1 record)"]
+    (req,), _ = load_requests(_write(tmp_path, "mq.json", [mq]))
+    assert req.portability[0].aliases == ("Roma",)
+    with pytest.raises(TimeromeError, match="limit .* must be an integer >= 1"):
+        load_requests(_write(tmp_path, "ok2.json", [BASE]), limit="2")
 
 
 def test_bad_files_are_one_clear_error(tmp_path):

@@ -43,7 +43,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from timerome.common.checks import shown
+from timerome.common.checks import integer, shown
 from timerome.common.files import read_json_documents
 from timerome.data.facts import Fact, target_conflict
 from timerome.errors import TimeromeError
@@ -131,9 +131,7 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
             notes.append(note)
     if not requests:
         raise TimeromeError(f"no usable edit request in {where}: " + "; ".join(notes[:3]))
-    if limit is not None:
-        if limit < 1:
-            raise TimeromeError(f"limit must be >= 1, got {limit}")
+    if integer(limit, "limit (the most requests read)", lo=1, none=True) is not None:
         requests = requests[:limit]
     ids = [r.fact_id for r in requests]
     if len(set(ids)) != len(ids):
@@ -258,22 +256,63 @@ def _texts(rec: dict, key: str, name: str) -> tuple[str, ...]:
     return tuple(x for x in v if x.strip())
 
 
-def _probes(rec: dict, key: str, name: str, default_answer: str | None = None) -> tuple[Probe, ...]:
-    """Probes from a list of texts or of {prompt, answer / target} objects."""
+def _aliases(value, name: str, where: str) -> tuple[str, ...]:
+    """Other spellings of an answer: a list of texts (one text: itself, never its letters), or none."""
+    if value is None:
+        return ()
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise TimeromeError(f"{name}: {where} must be a list of texts (other spellings of the answer), got "
+                            f"{shown(value)}")
+    return tuple(a for a in value if a.strip())
+
+
+def _answer(value, name: str, where: str, needed: bool) -> str | None:
+    """A probe's expected answer: a non-empty text; absent (None) only where the probe needs none."""
+    if value is None and not needed:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        why = " (a portability probe is scored by its post-edit answer)" if needed else ""
+        raise TimeromeError(f"{name}: {where} must be a non-empty text{why}, got {shown(value)}")
+    return value
+
+
+PROBE_FIELDS = ("prompt", "answer", "target", "aliases")
+
+
+def _probes(rec: dict, key: str, name: str, default_answer: str | None = None,
+            needs_answer: bool = False) -> tuple[Probe, ...]:
+    """Probes from a list of texts or of {prompt, answer / target, aliases} objects; needs_answer: each must give
+    an answer (portability: what the edited model should say), else a neighbour's is its unedited answer."""
     v = rec.get(key) or []
     if not isinstance(v, list):
         raise TimeromeError(f"{name}: {key} must be a list")
     out = []
     for j, p in enumerate(v):
         if isinstance(p, str):
-            out.append(Probe(p, default_answer))
+            out.append(Probe(p, _answer(default_answer, name, f"{key}[{j}]'s answer", needs_answer)))
         elif isinstance(p, dict) and isinstance(p.get("prompt"), str):
-            ans = p.get("answer", p.get("target", default_answer))
-            aliases = p.get("aliases") or ()
-            out.append(Probe(p["prompt"], ans if isinstance(ans, str) else None, tuple(aliases)))
+            _known_fields(p, PROBE_FIELDS, f"{name}: {key}[{j}]")
+            ans = p["answer"] if "answer" in p else p["target"] if "target" in p else default_answer
+            out.append(Probe(p["prompt"], _answer(ans, name, f"{key}[{j}].answer", needs_answer),
+                             _aliases(p.get("aliases"), name, f"{key}[{j}].aliases")))
         else:
             raise TimeromeError(f"{name}: {key}[{j}] is neither a text nor an object with a prompt")
     return tuple(out)
+
+
+def _known_fields(rec: dict, known: tuple, name: str) -> list[str]:
+    """The fields of `rec` its format does not read; one that is a near spelling of a field it does read is
+    refused (`paraphrase` for `paraphrases`: its probes went unmeasured without a word)."""
+    from difflib import get_close_matches
+
+    unread = [str(k) for k in rec if k not in known]
+    for k in unread:
+        near = get_close_matches(k, known, n=1, cutoff=0.75)
+        if near:
+            raise TimeromeError(f"{name} has a field {k!r}, which timerome's format does not read: did you mean "
+                                f"{near[0]!r}? (fields: {', '.join(known)})")
+    return unread
 
 
 def _fact(subject: str, prompt: str, obj: str, target: str | None, fact_id: str, name: str) -> Fact:
@@ -306,10 +345,10 @@ def _counterfact(rec, index, name):
 
 def _mquake(rec, index, name):
     case = _case_id(rec, index)
-    new_answer = rec.get("new_answer")
-    aliases = tuple(a for a in rec.get("new_answer_alias") or () if isinstance(a, str))
-    hops = tuple(Probe(q, new_answer if isinstance(new_answer, str) else None, aliases)
-                 for q in _texts(rec, "questions", name))
+    questions = _texts(rec, "questions", name)
+    new_answer = _answer(rec.get("new_answer"), name, "new_answer", needed=bool(questions))
+    aliases = _aliases(rec.get("new_answer_alias"), name, "new_answer_alias")
+    hops = tuple(Probe(q, new_answer, aliases) for q in questions)
     out = []
     for j, rw in enumerate(rec["requested_rewrite"]):
         where = f"{name} rewrite {j}"
@@ -332,7 +371,7 @@ def _zsre(rec, index, name):
         raise TimeromeError(f"{name} needs 'answers', a list whose first text is the true answer")
     subject, src = _text(rec, "subject", name), _text(rec, "src", name)
     fact = _fact(subject, src, answers[0], alt, _case_id(rec, index), name)
-    loc = (Probe(rec["loc"], rec.get("loc_ans") if isinstance(rec.get("loc_ans"), str) else None),) \
+    loc = (Probe(rec["loc"], _answer(rec.get("loc_ans"), name, "loc_ans", needed=False)),) \
         if isinstance(rec.get("loc"), str) and rec["loc"].strip() else ()
     return [EditRequest(fact, _texts(rec, "rephrase", name), loc, portability=_portability(rec, name),
                         new_object=alt, true_object=answers[0], source="zsre")], None
@@ -343,7 +382,7 @@ def _flat(rec, index, name):
     new, true = _text(rec, "target_new", name), _text(rec, "ground_truth", name)
     fact = _fact(subject, prompt, true, new, _case_id(rec, index), name)
     loc = rec.get("locality_prompt")
-    locs = (Probe(loc, rec.get("locality_ground_truth") if isinstance(rec.get("locality_ground_truth"), str) else None),) \
+    locs = (Probe(loc, _answer(rec.get("locality_ground_truth"), name, "locality_ground_truth", needed=False)),) \
         if isinstance(loc, str) and loc.strip() else ()
     para = _texts(rec, "rephrase_prompt", name) or _texts(rec, "rephrase", name)
     return [EditRequest(fact, para, locs, portability=_portability(rec, name), new_object=new, true_object=true,
@@ -362,22 +401,28 @@ def _portability(rec, name) -> tuple[Probe, ...]:
             if isinstance(p, dict) and isinstance(p.get("prompt"), str):
                 ans = p.get("ground_truth", p.get("answer"))
                 ans = ans[0] if isinstance(ans, list) and ans and isinstance(ans[0], str) else ans
-                out.append(Probe(p["prompt"], ans if isinstance(ans, str) else None))
+                out.append(Probe(p["prompt"], _answer(ans, name, "a portability entry's ground_truth", needed=True)))
             else:
                 raise TimeromeError(f"{name}: a portability entry is not an object with a prompt")
     return tuple(out)
 
 
+TIMEROME_FIELDS = ("fact_id", "case_id", "id", "subject", "prompt", "object", "target", "new_object", "true_object",
+                   "paraphrases", "neighbours", "same_subject", "portability")
+
+
 def _timerome(rec, index, name):
+    unread = _known_fields(rec, TIMEROME_FIELDS, name)
     subject, prompt, obj = _text(rec, "subject", name), _text(rec, "prompt", name), _text(rec, "object", name)
     target = rec.get("target")
     if target is not None and (not isinstance(target, str) or not target.strip()):
         raise TimeromeError(f"{name}: target must be a non-empty text (or absent)")
     new_object, true_object = (rec.get(k) if isinstance(rec.get(k), str) else None for k in ("new_object", "true_object"))
     fact = _fact(subject, prompt, obj, target, _case_id(rec, index), name)
+    note = f"fields timerome's request format does not read, left out: {', '.join(unread)}" if unread else None
     return [EditRequest(fact, _texts(rec, "paraphrases", name), _probes(rec, "neighbours", name),
-                        _probes(rec, "same_subject", name), _probes(rec, "portability", name), new_object,
-                        true_object)], None
+                        _probes(rec, "same_subject", name), _probes(rec, "portability", name, needs_answer=True),
+                        new_object, true_object)], note
 
 
 _PARSERS = {"counterfact": _counterfact, "mquake": _mquake, "zsre": _zsre, "flat": _flat, "timerome": _timerome}
