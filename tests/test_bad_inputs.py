@@ -673,6 +673,9 @@ def catalogue(f, tmp):
         ("--config and an option set alpha", ["edit", "--method", "codebook", "-c", '{"alpha": 2}', "--alpha", "3",
                                               "-o", out], "alpha"),
         ("--beta without --neighbours", ["trace", "--beta", "1", "-o", tmp / "t"], "--neighbours"),
+        # stop 79 (review 84): the neighbours were traced, and their trace read by nothing
+        ("--neighbours without --beta", ["trace", "--neighbours", "embedded:forget05", "-o", tmp / "t"],
+         "--neighbours traces neighbour facts for --beta's penalty, and --beta is 0"),
         ("--window without --positional", ["trace", "--window", "3", "-o", tmp / "t"], "--positional"),
         ("an empty --module", ["edit", "--module", "", "-o", out], "--module"),
         ("an empty --forget", ["eval", "--forget", "", "--no-rouge"], "split"),
@@ -780,6 +783,9 @@ def catalogue(f, tmp):
         ("a request file giving a key twice", ["eval", "--requests", f["twice_req"]],
          "twice_req.json gives the key 'target' twice"),
         ("a request file with NaN", ["eval", "--requests", f["nan_req"]], "nan_req.jsonl: weight is NaN or infinite"),
+        # stop 79 (review 84): with a threshold the sampler steps until each block is filled
+        ("generate --threshold with --steps", ["generate", "--threshold", "0.5", "--steps", "1", "hi"],
+         "--steps is read by nothing with --threshold"),
         # stop 79: the rewrite memory's --step was refused only after the model loaded and the facts were read
         ("edit --method rewrite --step (it acts at every step), before the model loads",
          ["edit", "--method", "rewrite", "--step", "0", "-m", tmp / "no-model", "-o", tmp / "rw.safetensors"],

@@ -302,7 +302,7 @@ def test_a_trace_leaves_no_earlier_runs_files_in_its_folder(tmp_path, monkeypatc
 
     (t / "neighbours.json").write_text(json.dumps(load_split("retain_perturbed", "embedded")[:3]))
     code, out = run("trace", "--out", t, "--n-facts", 1, "--n-samples", 1, "--steps", 2, "--neighbours",
-                    t / "neighbours.json")
+                    t / "neighbours.json", "--beta", "0.5")
     assert code == 2 and "--neighbours" in out and "give another --out" in out, out
     assert len(json.loads((t / "neighbours.json").read_text())) == 3
     # a per_fact that is a link: its target's files are not ours to clear

@@ -272,6 +272,10 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
     from timerome.engine.sampler import generate as gen
 
     prompt = [user_text(p, f"prompt {i + 1}") for i, p in enumerate(prompt)]
+    if threshold is not None and steps is not None:  # refused, not ignored
+        raise TimeromeError("--steps is read by nothing with --threshold: the sampler takes as many steps as each "
+                            "block needs (every position at the threshold's confidence, at least one a step); give "
+                            "one of them")
     denoising = {"--steps": steps, "--block-length": block_length, "--remasking": remasking}  # none for an AR model
     steps, block_length = (gen_length if steps is None else steps), (gen_length if block_length is None else block_length)
     remasking = SAMPLER.remasking if remasking is None else remasking

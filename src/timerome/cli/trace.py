@@ -92,6 +92,9 @@ def trace_cmd(out: Path = typer.Option(Path("timerome-trace"), "--out", "-o", he
     number(beta, "--beta (the neighbour penalty)", lo=0)  # before the traces, not after them
     if beta and not neighbours:
         raise TimeromeError("--beta penalises the sites that matter for neighbour facts: add --neighbours")
+    if neighbours and not beta:  # a second trace nothing would read
+        raise TimeromeError("--neighbours traces neighbour facts for --beta's penalty, and --beta is 0: nothing would "
+                            "read their trace; give --beta above 0 (e.g. --beta 0.5), or leave --neighbours out")
     if sigma is not None and sigma <= 0:  # the API runs 0 (every TIE 0, a check of the engine); a trace to read, not
         raise TimeromeError(f"--sigma must be > 0, got {sigma:g}" + (": the noise scale 0 corrupts nothing, so every "
                             "TIE is 0 and no coordinate can be selected" if sigma == 0 else ""))
