@@ -331,8 +331,14 @@ def remove(file: Path = typer.Argument(..., help="an edit memory file"),
     """Remove facts from a saved memory (a downdate of G, no re-solve)."""
     from timerome.memory.memory_file import changing, load_memory
 
+    from timerome.common.checks import repeated
+
     if not fact_ids and not subject:
         raise TimeromeError("name the facts to remove: fact ids (see `timerome memory show FILE`) or --subject")
+    for given, what in ((fact_ids or [], "fact id"), (subject or [], "--subject")):
+        twice = repeated(given)
+        if twice:  # the class of every "given twice" refusal (stop 78): a slip, never a second removal
+            raise TimeromeError(f"{what} {twice[0]!r} is given twice: give each once")
     dest = output_file(out or file)
     bb = model.load()
     with changing(dest, wait=not no_wait):
@@ -376,8 +382,13 @@ def merge(files: list[Path] = typer.Argument(..., help="two or more edit memory 
     from timerome.memory.edit_memory import EditMemory
     from timerome.memory.memory_file import changing, file_kind
 
+    from timerome.common.checks import repeated
+
     if len(files) < 2:
         raise TimeromeError("merge needs at least two memory files")
+    twice = repeated(str(Path(f).resolve()) for f in files)
+    if twice:  # its facts would all be skipped as held: "merged 2 memories" with nothing added
+        raise TimeromeError(f"{twice[0]} is given twice: a memory merged with itself adds nothing; give each file once")
     for f in files:
         kind = file_kind(f)
         if kind != "edit":
