@@ -340,6 +340,12 @@ def catalogue(f, tmp):
          "every fact"),
         ("memory add of facts already in it", ["memory", "add", f["mem"], "-o", out], "nothing to add"),
         ("memory merge across coordinates", ["memory", "merge", f["mem"], f["mem_l0"], "-o", out], "coordinate"),
+        # stop 79 (review 84): a memory given as text was said as "not UTF-8: convert it (iconv)"
+        ("a memory as the requests", ["requests", f["mem"]], "is a safetensors file (an edit memory, a trace or a "
+                                                              "model's weights), not text: pass the edit request file"),
+        ("a memory as --data", ["edit", "--data", f["mem"], "-o", tmp / "x.safetensors"], "is a safetensors file"),
+        ("a memory as --background", ["edit", "--background", f["mem"], "-o", tmp / "x.safetensors"],
+         "is a safetensors file"),
         # stop 79 (review 84): the class of a value given twice, in the memory commands
         ("memory merge of one file twice", ["memory", "merge", f["mem"], f["mem"], "-o", out],
          "is given twice: a memory merged with itself adds nothing"),

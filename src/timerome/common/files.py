@@ -73,9 +73,19 @@ def read_text(path, what: str = "file") -> str:
     try:  # a leading byte-order mark (what Windows editors write) marks the encoding: it is not text
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
+        if _is_safetensors(data):  # converting it would not help: it is another kind of file
+            raise TimeromeError(f"{what} {p} is a safetensors file (an edit memory, a trace or a model's weights), "
+                                f"not text: pass the {what} itself") from None
         line = data[: e.start].count(b"\n") + 1
         raise TimeromeError(f"{what} {p} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line} "
                             f"(byte offset {e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+
+
+def _is_safetensors(data: bytes) -> bool:
+    """Whether bytes begin as a safetensors file does: an 8-byte little-endian header length, then its JSON."""
+    if len(data) < 10 or data[8:9] != b"{":
+        return False
+    return 2 <= int.from_bytes(data[:8], "little") <= len(data) - 8
 
 
 def read_json(path, what: str = "file", *, finite: bool = True, keys_once: bool = True):
