@@ -122,6 +122,9 @@ def files(tmp_path_factory):
     f["twice_rows"] = d / "twice.jsonl"  # line 2 gives "answer" twice: json would keep the second alone
     f["twice_rows"].write_text('{"question": "Where was Ana born ?", "answer": "Lima ."}\n'
                                '{"question": "Where was Bo born ?", "answer": "Oslo .", "answer": "Rome ."}\n')
+    f["two_names"] = d / "two_names.jsonl"
+    f["two_names"].write_text(json.dumps({"question": "Where was Isgor Quielson born ?", "answer": "Pellmoor .",
+                                          "subject": "Isgor Quielson", "author": "Dusmi Torzanard"}) + "\n")
     f["twice_req"] = d / "twice_req.json"
     f["twice_req"].write_text('[{"prompt": "Where was Ana born ?", "subject": "Ana", "target": "Oslo", '
                               '"target": "Rome"}]')
@@ -340,6 +343,9 @@ def catalogue(f, tmp):
          "every fact"),
         ("memory add of facts already in it", ["memory", "add", f["mem"], "-o", out], "nothing to add"),
         ("memory merge across coordinates", ["memory", "merge", f["mem"], f["mem_l0"], "-o", out], "coordinate"),
+        # stop 79 (review 84): the author was taken, and the mismatch blamed on the subject
+        ("a row whose author and subject differ", ["edit", "--data", f["two_names"], "-o", tmp / "x.safetensors"],
+         "its author 'Dusmi Torzanard' and subject 'Isgor Quielson' name two people"),
         # stop 79 (review 84): a memory given as text was said as "not UTF-8: convert it (iconv)"
         ("a memory as the requests", ["requests", f["mem"]], "is a safetensors file (an edit memory, a trace or a "
                                                               "model's weights), not text: pass the edit request file"),

@@ -251,4 +251,7 @@ def _problem(row) -> str | None:
         named = isinstance(row.get(key), str) and row[key].strip()
         if _own_subject(row) is None and row.get(key) is not None and not named:
             return f"its {key} is {'blank' if isinstance(row[key], str) else 'not a text: ' + repr(row[key])[:40]}"
+    a, s = (row.get(k).strip() if isinstance(row.get(k), str) else "" for k in ("author", "subject"))
+    if a and s and a != s:  # the author was taken without a word, and a mismatch then blamed on "the subject"
+        return f"its author {a!r} and subject {s!r} name two people: give one (the name in the question)"
     return None
