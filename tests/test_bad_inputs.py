@@ -1083,6 +1083,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.metrics.robustness import probes
     from timerome.tracing.causal_trace import trace
     from timerome.tracing.result import TraceResult
+    from timerome.tracing.heatmaps import plot_heatmaps
     from timerome.tracing.selection import select_coordinate
     from timerome.memory.whitening import background_texts
     from timerome.training.new_model import new_model
@@ -1118,7 +1119,16 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: run_experiment("canonical", overrides=[1, 2], out_dir=tmp_path / "e"), "overrides must be a dict"),
         (lambda: run_experiment("all", overrides="n_mc=2", out_dir=tmp_path / "e"), "overrides must be a dict"),
         (lambda: run_experiment("canonical", out_dir=files["mem"]), "is a file; pass a folder"),
-        (lambda: load_memory(5, bb), "load_memory takes the memory file's path"),
+        (lambda: load_memory(5, bb), "load_memory's path (the memory file) must be a path"),
+        # stop 79 (review 84): bare AttributeError / TypeError / ValueError from deep inside
+        (lambda: log_likelihood_batch(bb, [[1, 2]], [[3]], generator=3), "generator must be a torch.Generator"),
+        (lambda: load_requests("counterfactual:forget01", limit="2"), "limit (the most requests read) must be an integer >= 1"),
+        (lambda: forget_task(retain_rows="x"), "retain_rows must be a list of question / answer rows"),
+        (lambda: EditMemory(bb, background=5), "background must be None, 'embedded:SPLIT'"),
+        (lambda: load_memory(files["mem"], bb).save(123), "save's path must be a path"),
+        (lambda: TraceResult.load(5), "path must be a path"),
+        (lambda: plot_heatmaps(files["trace_other"], tmp_path / "h.png", dpi=0), "dpi (the figure's dots per inch) must be a finite number > 0"),
+        (lambda: plot_heatmaps(files["trace_other"], tmp_path / "h.png", dpi=10**7), "beyond the 65536 pixels"),
         # stop 78: a model named beside another's backbone recorded the one's name beside the other's numbers
         (lambda: run_experiment("canonical", model=str(files["tiny_ar"]), backbone=bb, out_dir=tmp_path / "e"),
          "is not the backbone's checkpoint"),

@@ -354,7 +354,7 @@ def test_generate_command_takes_the_options():
     assert res.exit_code == 0, res.output
     exact = runner.invoke(app, ["generate", prompt, *sizes])
     assert res.output == exact.output  # refreshed at every step: the exact answer
-    fast = runner.invoke(app, ["generate", prompt, *sizes, "--cache", "prefix", "--threshold", "0.9"])
+    fast = runner.invoke(app, ["generate", prompt, *sizes[2:], "--cache", "prefix", "--threshold", "0.9"])  # no --steps
     assert fast.exit_code == 0 and "Quielson" in fast.output, fast.output
     bad = runner.invoke(app, ["generate", prompt, "--cache", "triple"])
     assert bad.exit_code == 2 and "unknown cache (--cache) 'triple'" in bad.output and "Traceback" not in bad.output

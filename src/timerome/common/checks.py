@@ -82,6 +82,17 @@ def seed(value, what: str = "seed") -> int:
     return integer(value, what, lo=0, hi=INT64 - 1)
 
 
+def generator_arg(generator, what: str = "generator"):
+    """`generator` if it is a torch.Generator or None, else one TimeromeError saying how to seed one."""
+    import torch
+
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TimeromeError(f"{what} must be a torch.Generator (every random draw comes from it) or None, got "
+                            f"{type(generator).__name__} {generator!r:.40}; seed one: "
+                            "torch.Generator(device=backbone.device).manual_seed(SEED)")
+    return generator
+
+
 def repeated(values) -> list:
     """The values a list gives more than once, each once, sorted: the one test behind every "given twice" refusal
     (seeds, methods, alphas, retain authors)."""

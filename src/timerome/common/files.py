@@ -8,6 +8,7 @@ Every failure here is a TimeromeError that names the file (or the option) and sa
     user_text(text, "prompt 1")           a command-line string that is not UTF-8 (argv bytes)
     safetensors_error(path, e)            a truncated / foreign safetensors file, in words
     input_file(path, "edit memory file")  a file to read: there, not a directory, a regular file unless streamed
+    path_arg(value, "save's path")        a Python argument that must be a path (str or os.PathLike)
     output_file(path, "--out")            a file to write: not a directory, its folder creatable
 Nothing here writes: a check never changes a file the user gave.
 """
@@ -19,6 +20,17 @@ import os
 from pathlib import Path
 
 from timerome.errors import TimeromeError
+
+
+def path_arg(value, what: str) -> Path:
+    """A path a Python caller gives (a str or an os.PathLike), as a Path; anything else one TimeromeError naming
+    `what` (5 or a dict was a TypeError from deep inside pathlib)."""
+    if not isinstance(value, (str, os.PathLike)):
+        from timerome.common.checks import shown
+
+        raise TimeromeError(f"{what} must be a path (a str or a pathlib.Path), got {type(value).__name__} "
+                            f"{shown(value)}")
+    return Path(value)
 
 
 def input_file(path, what: str = "file", stream: bool = False) -> Path:

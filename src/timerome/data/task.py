@@ -29,6 +29,12 @@ class ForgetTask:
     known_rows: list | None = None  # rows the model answers (e.g. its training data minus evaluation probes): the
                                     # rewrite memory's token values and the edited subjects' other facts
 
+    def __post_init__(self):
+        for name in ("forget_rows", "retain_rows"):  # a string or a dict read row by row, letter by letter
+            rows_arg(getattr(self, name), name)
+        if self.known_rows is not None:
+            rows_arg(self.known_rows, "known_rows")
+
     @property
     def validation_facts(self) -> list:
         return list(self.validation) if self.validation is not None else list(self.facts)
@@ -43,11 +49,19 @@ def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None
                       + "; ".join(f"row {i}: {why}" for i, why in skipped[:5]), stacklevel=2)
     if retain_rows is None:
         retain_rows = load_split("retain_perturbed", source)
-    shared = shared_rows(rows, retain_rows)
+    shared = shared_rows(rows, rows_arg(retain_rows, "retain_rows"))
     if shared:  # the methods would forget and preserve the same rows (forget 'retain90' or 'full')
         raise TimeromeError(f"{shared} of the {len(retain_rows)} retain rows are rows of the forget split {forget!r}: "
                             "forget a split without them (forget01 / forget05 / forget10), or give retain_rows")
     return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background)
+
+
+def rows_arg(rows, what: str):
+    """`rows` if it is a list or tuple of row dicts (question / answer), else one TimeromeError naming `what`."""
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
+        raise TimeromeError(f"{what} must be a list of question / answer rows (dicts), got {type(rows).__name__} "
+                            f"{shown(rows)}")
+    return rows
 
 
 def shared_rows(forget_rows, retain_rows) -> int:
@@ -68,5 +82,6 @@ def requests_task(requests, *, retain_rows=(), background=None, known_rows=None)
                             f"{shown(requests)}")
     facts = [r.fact for r in requests]
     rows = [dict(question=f.prompt, answer=f.object, author=f.subject) for f in facts]
-    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(retain_rows), background=background,
-                      known_rows=None if known_rows is None else list(known_rows))
+    return ForgetTask(forget_rows=rows, facts=facts, retain_rows=list(rows_arg(retain_rows, "retain_rows")),
+                      background=background, known_rows=None if known_rows is None else
+                      list(rows_arg(known_rows, "known_rows")))

@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.backbones.backbone import model_arg
-from timerome.common.checks import budget, integer
+from timerome.common.checks import budget, generator_arg, integer
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import encode_pairs, known_answer_ids, prompt_text_ids
 from timerome.engine.hooks import Hooks, answer_region
@@ -105,7 +105,7 @@ def log_likelihood_samples(backbone, prompt_ids, answer_ids, *, n_mc: int = LIKE
     prompt, answer = _as_ids(prompt_ids, "prompt", backbone), _as_ids(answer_ids, "answer", backbone)
     _check_pair(backbone, prompt, answer)
     _check_mc(n_mc, batch_size)
-    if generator is None:
+    if generator_arg(generator) is None:
         generator = torch.Generator().manual_seed(0)  # on the CPU on any device (module docstring)
     masks, weights = _draw(len(answer), n_mc, batch_size, generator, _causal(backbone))
     rows = [(0, r) for r in range(len(weights))]
@@ -167,7 +167,7 @@ def pair_masks(backbone, answer_lengths: list[int], *, n_mc: int = LIKELIHOOD.n_
     lengths under `generator` (its seed and device, module docstring): R_i = n_mc, or 1 for a
     one-token answer or a causal model. Row r of pair i weighs La_i / (its True count). Exposed so
     a benchmark can count the distinct rows any exact computation of the estimator must run."""
-    seed = generator.initial_seed() if generator is not None else 0
+    seed = generator.initial_seed() if generator_arg(generator) is not None else 0
     device = generator.device if generator is not None else "cpu"
     causal = _causal(backbone)
     return [_draw(int(La), n_mc, batch_size, pair_generator(seed, i, device), causal)[0]

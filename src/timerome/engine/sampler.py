@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.backbones.backbone import model_arg
-from timerome.common.checks import budget, integer, number
+from timerome.common.checks import budget, generator_arg, integer, number
 from timerome.common.progress import progress_bar
 from timerome.engine.encoding import fit, pad_id, prompt_text_ids
 from timerome.engine.hooks import answer_region, denoising_steps, refuse_unreached_open
@@ -109,10 +109,7 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
     if P == 0 and getattr(backbone, "causal", False):
         raise TimeromeError("the prompt is empty: an autoregressive model writes each token after the ones before "
                             "it, so it needs one to start from (its BOS or EOS token)")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TimeromeError(f"generator must be a torch.Generator (every random draw comes from it) or None, got "
-                            f"{type(generator).__name__} {generator!r:.40}; seed one: "
-                            "torch.Generator(device=backbone.device).manual_seed(SEED)")
+    generator_arg(generator)
     if state is not None and not hasattr(state, "step"):
         raise TimeromeError(f"state must be an object with a `step` (a TraceState) or None, got "
                             f"{type(state).__name__}")

@@ -30,7 +30,7 @@ import torch
 
 from timerome.common.cache import read_tensors, save_tensors, tensors_digest
 from timerome.common.checks import big_int_path, finite_tensor, integer, is_token_ids, shown
-from timerome.common.files import input_file, parse_json
+from timerome.common.files import input_file, parse_json, path_arg
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import fact_fields, fact_id, start_change
@@ -164,6 +164,7 @@ class Memory:
     def save(self, path) -> Path:
         """One safetensors file: `_tensors()` and a JSON header (see the module docstring). An empty memory
         is refused (it edits nothing, and applying it is refused), as `timerome memory remove` refuses one."""
+        path = path_arg(path, f"{self.WHAT}.save's path")
         if len(self) == 0:
             raise TimeromeError(f"this {self.WHAT} is empty: an empty memory edits nothing; add facts before saving it")
         tensors = {k: v.contiguous() for k, v in self._tensors().items()}
@@ -178,6 +179,7 @@ class Memory:
     def load(cls, path, backbone, **options):
         """Read a saved memory for `backbone`; another model's file or a damaged one raises. options:
         the class's LOAD_OPTIONS (a codebook's calibration rows, ...), needed only to insert facts later."""
+        path = path_arg(path, f"{cls.WHAT}.load's path")
         unknown = sorted(set(options) - set(cls.LOAD_OPTIONS))
         if unknown:
             raise TimeromeError(f"{a_of(cls.WHAT)} takes no load option {', '.join(unknown)}")

@@ -19,14 +19,12 @@ its new version into place, sees one version or the other, whole.
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 from pathlib import Path
 
 from timerome.common.cache import through_link
-from timerome.common.checks import shown
+from timerome.common.files import path_arg
 from timerome.common.lock import hold
-from timerome.errors import TimeromeError
 from timerome.memory.base import KINDS, Memory, read_file
 
 
@@ -78,9 +76,7 @@ def load_memory(path, backbone, calibration=None, value_rows=None) -> Memory:
     `value_rows` a rewrite memory's token-value rows (default: those its file records its build read
     them on, else those its method reads them on, `RewriteMemory._restore`), needed only to insert
     more facts into it (each memory takes the ones of its LOAD_OPTIONS)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TimeromeError(f"load_memory takes the memory file's path (a str or a pathlib.Path), got "
-                            f"{type(path).__name__} {shown(path)}")
+    path = path_arg(path, "load_memory's path (the memory file)")
     cls = file_class(path)
     given = {"calibration": calibration, "value_rows": value_rows}
     return cls.load(path, backbone, **{k: v for k, v in given.items() if k in cls.LOAD_OPTIONS})

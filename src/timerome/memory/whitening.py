@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from timerome.common.checks import generator_arg, shown
 from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.real_facts import NAME as REAL_FACTS
@@ -66,7 +67,7 @@ def residual_stats(backbone, coord, texts, *, batch_size: int = 32, shrinkage: f
     seqs = [s for s in (text_ids(backbone, t) for t in texts) if s]
     if not seqs:
         raise TimeromeError("the background corpus is empty: give at least one non-empty text")
-    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    g = generator_arg(generator) if generator is not None else torch.Generator().manual_seed(0)
     seqs = seqs + [_masked(s, backbone.mask_id, g) for _ in range(masked_copies) for s in seqs]
     seqs.sort(key=len)  # batches of similar lengths: little padding
 
@@ -132,10 +133,10 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
                                 f"{REAL_FACTS!r} nor an existing file (a text file, one text per line, or a JSON/JSONL "
                                 "file of rows)")
         return read_texts(background)
-    texts = list(background)
-    if not all(isinstance(t, str) for t in texts):
-        raise TimeromeError("background must be a file path or a list of strings")
-    return texts
+    if not isinstance(background, (list, tuple)) or not all(isinstance(t, str) for t in background):
+        raise TimeromeError(f"background must be None, 'embedded:SPLIT', 'tofu:SPLIT', {REAL_FACTS!r}, a file path, a "
+                            f"list of texts or ResidualStats, got {type(background).__name__} {shown(background)}")
+    return list(background)
 
 
 def read_texts(path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.plots import figure, save_png
+from timerome.common.plots import DPI, figure, save_png
 from timerome.engine.coordinate import Coordinate
 from timerome.errors import TimeromeError
 from timerome.tracing.selection import _candidate, per_fact_best, select_coordinate, trace_arg
@@ -27,7 +27,7 @@ ROME_CMAPS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}  # ROME's fig
 
 
 def plot_heatmaps(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
-                  dpi: int = 110, selected=None) -> Path:
+                  dpi: int = DPI, selected=None) -> Path:
     """Write the heatmaps of the mean over facts (fact=None) or of one fact (index or id) to path;
     `selected` (a selection.Candidate) is outlined, by default the selection's best. result: a
     TraceResult, or the path of a saved one (`TraceResult.load`).
@@ -113,7 +113,7 @@ def _cell(result, c: Coordinate, data, magnitude):
     return _candidate(result, flat, data, magnitude, torch.zeros_like(data))
 
 
-def plot_per_fact(result, directory: str | Path, *, dpi: int = 110) -> list[Path]:
+def plot_per_fact(result, directory: str | Path, *, dpi: int = DPI) -> list[Path]:
     """One PNG per fact, named heatmap-<index>.png, in directory (result: a TraceResult or a saved one's path)."""
     result = trace_arg(result, "plot_per_fact's result", load=True)
     d = Path(directory)
@@ -153,7 +153,7 @@ def _positional_panels(fig, axes, result, fact, rows_label: bool = True) -> None
 
 
 def plot_positional(result, path: str | Path, *, fact: int | str | None = None, title: str | None = None,
-                    dpi: int = 110) -> Path:
+                    dpi: int = DPI) -> Path:
     """ROME's causal-trace figure of a positional trace: the mean over facts by ROME's six token
     categories (fact=None), or one fact's tokens (subject tokens starred)."""
     M = len(result.modules)
@@ -169,7 +169,7 @@ def plot_positional(result, path: str | Path, *, fact: int | str | None = None, 
     return save_png(fig, path, dpi)
 
 
-def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = 110) -> Path:
+def plot_compare(positional, tie_result, path: str | Path, *, dpi: int = DPI) -> Path:
     """The paper's Figure "heatmap_compare": the positional trace (ROME's protocol, top row) beside the
     diffusion-time TIE (bottom row) of the same facts on the same model, one panel per module."""
     if positional.fact_ids != tie_result.fact_ids:

@@ -11,7 +11,7 @@ import torch
 
 from timerome.common.cache import read_tensors, save_tensors, tensors_digest, through_link, timerome_header, write_json
 from timerome.common.checks import finite_tensor, integer, is_int, is_token_ids, number, shown
-from timerome.common.files import input_file, output_file, read_json
+from timerome.common.files import input_file, output_file, path_arg, read_json
 from timerome.engine.encoding import start_change
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
@@ -64,7 +64,7 @@ class TraceFile:
         the tensors (`pair_stamp`): each file is written atomically, but not the two together, and an
         interruption between the writes over an earlier trace left new tensors beside the old JSON. A folder
         is refused (`output_file`): its name with .safetensors and .json was written beside it."""
-        output_file(path, "the trace file", "trace.safetensors")
+        output_file(path_arg(path, "the trace's save path"), "the trace file", "trace.safetensors")
         path = through_link(_tensor_path(path))
         stamp = pair_stamp(tensors)
         save_tensors(path, tensors, metadata={"format": "pt", "pair": stamp, **({"kind": kind} if kind else {})})
@@ -84,7 +84,7 @@ class TraceFile:
         halves of one save (`refuse_torn_pair`); any unreadable part is one TimeromeError naming `what`."""
         from safetensors import SafetensorError
 
-        path, meta_file = _pair(path, what)
+        path, meta_file = _pair(path_arg(path, f"the {what}'s path"), what)
         meta = read_json(meta_file, json_what or f"the {what}'s JSON")  # strict: no NaN, one clear error
         try:
             tensors, header = read_tensors(path)
