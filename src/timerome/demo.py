@@ -12,8 +12,9 @@ and prints the canonical table with bootstrap CIs and paired p-values against no
 Cost: a few minutes on a laptop CPU, most of a first run being the one-off reference model, read
 from the cache afterwards (README, "The demo", gives the measured phases). The reference (the
 model that never saw the forget author, for Forget Quality's KS test) is the embedded recipe cut
-down to 30 of the 99 retain authors, 20 epochs at batch 32 (the full recipe: 99 authors, 70 epochs
-at batch 64); it is trained once and cached in ~/.cache/timerome.
+down to 30 of the 99 retain authors, 20 epochs at batch 32 (the full recipe: 99 authors, the shipped
+weights' stage-1 schedule, 150 epochs at batch 64: training/default_model.py); it is trained once and
+cached in ~/.cache/timerome.
 It has learnt the answer templates but knows the retain facts less well than a full reference,
 which matters little here: the KS test compares truth ratios on the forget author, whom it never saw.
 """

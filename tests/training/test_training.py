@@ -307,9 +307,12 @@ def test_cli_new_model_then_train(tmp_path):
     res = runner.invoke(app, ["new-model", "embedded:forget01", "-o", str(tmp_path / "m")])
     assert res.exit_code == 2 and "already holds a model" in res.output
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
-                              str(tmp_path / "t"), "--epochs", "1", "--batch-size", "10"])
+                              str(tmp_path / "t"), "--epochs", "1", "--batch-size", "10", "--lr", "3e-3"])
     assert res.exit_code == 0 and "EOS padding on" in res.output, res.output
-    assert "a first training" not in res.output  # --epochs given: the user chose
+    assert "a first training" not in res.output  # --lr given: the user chose
+    res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
+                              str(tmp_path / "t1"), "--epochs", "1", "--no-checkpoint"])  # the fine-tuning lr: said
+    assert res.exit_code == 0 and "the default lr 0.0001 fine-tunes a trained model" in " ".join(res.output.split())
     assert load_backbone(tmp_path / "t").family.name == "llada"
     res = runner.invoke(app, ["train", "--model", str(tmp_path / "m"), "--data", "embedded:forget01", "--out",
                               str(tmp_path / "t"), "--epochs", "1"])  # a model there, no state: refused

@@ -209,8 +209,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
                             f"top, as the API reads it), got {layer}")
     elif layer is not None:
         layer %= bb.n_layers  # -1: the last layer, as Coordinate.on reads it
-    if layer is None and gated is not None and gated.default_layer is not None:  # the method's own default, as the
-        layer = gated.default_layer(bb)                                           # API and the experiments place it
+    if layer is None and gated is not None and gated.default_layer is not None:
+        layer = gated.default_layer(bb)  # the method's own default, as the API and the experiments place it
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
     if gated is not None:
         return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,
@@ -219,7 +219,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"--q {q} exceeds the {len(facts)} facts of {source}: TopQ keeps at most all of them")
     alpha = DEFAULTS["alpha"] if alpha is None else alpha
     config = method_config(RIDGE, dict(alpha=alpha, lam=lam, lam_absolute=lam_absolute, q=q,
-                                            key_metric=key_metric, target=target, step=step, g_max=g_max))
+                                       key_metric=key_metric, target=target, step=step, g_max=g_max))
     task = ForgetTask(forget_rows=[], facts=facts, background=texts)
     memory = build_memory(bb, task, config, coordinate)
     check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before any warning

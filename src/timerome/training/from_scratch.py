@@ -36,7 +36,7 @@ def reference_model(model=None, *, source="embedded", forget: str = "forget01", 
     """A model of the same architecture and initialisation trained WITHOUT the forget set.
 
     Embedded model (model None): the build_default recipe (corpus, tokenizer, config, seed-0 init,
-    training schedule) on every training row except `forget`'s; `epochs` overrides the recipe's 60
+    training schedule) on every training row except `forget`'s; `epochs` overrides the recipe's 150
     (the demo uses fewer: the reference then knows the retain set less well, which the KS test
     on forget truth ratios barely sees because it never saw the forget set either way);
     `n_authors` keeps only that many retain authors (spread over the corpus) plus the
