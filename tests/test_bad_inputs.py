@@ -330,7 +330,7 @@ def catalogue(f, tmp):
         ("layer out of range", ["edit", "--layer", "99", "-o", out], "layer"),
         ("unknown module", ["edit", "--module", "ffn", "-o", out], "ffn"),
         ("zero facts", ["trace", "--n-facts", "0", "-o", tmp / "t"], "--n-facts"),
-        ("zero threads", ["--threads", "0", "methods"], "at least 1"),
+        ("zero threads", ["--threads", "0", "methods"], "--threads must be a number of threads in 1..1024"),
         ("a value of the wrong type", ["trace", "--steps", "x"], "--steps"),
         ("an unknown option", ["trace", "--bogus"], "--bogus"),
         ("an extra argument", ["demo", "--seeds", "-o", tmp / "e"], "extra argument"),
