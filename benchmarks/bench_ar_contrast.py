@@ -10,7 +10,8 @@ unedited model answers correctly (greedy answer starts with the object) are used
 - trace: the positional trace's mean effect (p(o_1) restored - corrupted) by ROME's token
   category, the layer of each module's largest effect at the last subject token and at the last token;
 - rome: ROME's protocol, each counterfactual edit alone (install, measure, undo): efficacy (greedy
-  answer starts with the target) and locality (unrelated prompts' greedy answers unchanged);
+  answer starts with the target), named (a 16-token greedy answer names the target, not the original
+  object: metrics/editing.py's EfficacyNamed rule) and locality (unrelated prompts' greedy answers unchanged);
 - memit: all facts in one MEMIT edit;
 - memory: the edit memory (the `timerome` method, all facts) at the coordinate the positional trace
   picks for each module (largest mean effect at the last subject token).
@@ -85,10 +86,10 @@ def edit_scores(bb, task, before, unrelated, method, config, per_fact):
             s = counterfactual_scores(bb, task.facts, unrelated, before, edit=edit)
         finally:
             edit.undo()
-        res = {k: s[k] for k in ("efficacy", "locality", "n_facts", "missed", "changed")}
+        res = {k: s[k] for k in ("efficacy", "named", "locality", "n_facts", "missed", "changed", "said")}
     res["seconds"] = time.perf_counter() - t0
     print(f"| {method} | {json.dumps(config)} | {'each edit alone' if per_fact else 'all facts at once'} | "
-          f"{res['efficacy']:.3f} | {res['locality']:.3f} | {res['seconds']:.0f} |", flush=True)
+          f"{res['efficacy']:.3f} | {res['named']:.3f} | {res['locality']:.3f} | {res['seconds']:.0f} |", flush=True)
     return res
 
 
@@ -112,8 +113,8 @@ def main() -> int:
     if "trace" in parts:
         out["trace"], result = trace_part(bb, task, args.n_samples)
         choices = out["trace"]["choices"]
-    print("| method | config | protocol | efficacy | locality | seconds |")
-    print("|---|---|---|---|---|---|")
+    print("| method | config | protocol | efficacy | named | locality | seconds |")
+    print("|---|---|---|---|---|---|---|")
     runs = []
     if "rome" in parts:
         runs += [("rome", {}, True), ("rome", {"positions": "last"}, True)]

@@ -1123,7 +1123,7 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         # stop 79 (review 84): bare AttributeError / TypeError / ValueError from deep inside
         (lambda: log_likelihood_batch(bb, [[1, 2]], [[3]], generator=3), "generator must be a torch.Generator"),
         (lambda: load_requests("counterfactual:forget01", limit="2"), "limit (the most requests read) must be an integer >= 1"),
-        (lambda: forget_task(retain_rows="x"), "retain_rows must be a list of question / answer rows"),
+        (lambda: forget_task(retain_rows="x"), "retain_rows must be question / answer rows (a list of dicts), got str"),
         (lambda: EditMemory(bb, background=5), "background must be None, 'embedded:SPLIT'"),
         (lambda: load_memory(files["mem"], bb).save(123), "save's path must be a path"),
         (lambda: TraceResult.load(5), "path must be a path"),

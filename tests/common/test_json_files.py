@@ -208,3 +208,7 @@ def test_json_lines_end_a_line_at_newline_alone(tmp_path):
     bad.write_text('{"question": "a", "answer": "b"}\n{"question": \n')
     with pytest.raises(TimeromeError, match=r"bad.jsonl line 2 is not JSON \(Expecting value; column 14\)"):
         read_json_documents(bad, "rows")
+    pretty = tmp_path / "pretty.json"  # one indented document with a trailing comma: its own line, not line 1
+    pretty.write_text('[\n {"question": "a",\n  "answer": "b"},\n]\n')
+    with pytest.raises(TimeromeError, match=r"pretty.json line 4 is not JSON \(Expecting value; column 1\)"):
+        read_json_documents(pretty, "rows")

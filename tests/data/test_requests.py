@@ -148,6 +148,34 @@ def test_bad_records_are_one_clear_error(tmp_path, record, match):
         load_requests(_write(tmp_path, "bad.json", [record]))
 
 
+def test_knowedit_records_read_their_nested_ground_truths(tmp_path):
+    """KnowEdit (EasyEdit's benchmark files) writes each ground truth as a list of lists, the answer then its
+    aliases, and its locality as a dict of kinds: read as probes with aliases (stop 79 refused the file whole);
+    a portability entry with no ground truth is left out with a note, an empty locality answer asks for the
+    unedited model's."""
+    rec = {"subject": "Ramon Ayala", "prompt": "The language of Ramon Ayala is", "target_new": "Arabic",
+           "ground_truth": "Spanish", "rephrase": "Ramon Ayala speaks",
+           "portability": {"Logical_Generalization": [{"prompt": "Ramon Ayala's songs are in", "ground_truth":
+                                                       [["Arabic", "ar"]]}],
+                           "Subject_Aliasing": [{"prompt": "The language of R. Ayala is", "ground_truth": []}]},
+           "locality": {"Relation_Specificity": [{"prompt": "Ramon Ayala's field is", "ground_truth": ["music"]},
+                                                 {"prompt": "Ramon Ayala was born in", "ground_truth": ""}]},
+           "locality_prompt": "Paris is in", "locality_ground_truth": ["France", "FR"]}
+    (req,), notes = load_requests(_write(tmp_path, "knowedit.json", [rec]))
+    assert [(p.prompt, p.answer, p.aliases) for p in req.portability] == [("Ramon Ayala's songs are in", "Arabic",
+                                                                            ("ar",))]
+    assert [(p.answer, p.aliases) for p in req.neighbours] == [("France", ("FR",)), ("music", ()), (None, ())]
+    assert notes == ["portability entries without a ground truth, left out (nothing to score them by) (1 record)"]
+
+
+def test_near_names_of_fields_the_record_gives_are_its_own_fields(tmp_path):
+    """idx, subject_id, old_object: fields of their own (the record also gives id, subject, object), named in
+    the note, never refused as a misspelling."""
+    rec = {**BASE, "idx": 3, "subject_id": "Q1", "old_object": "Lima"}
+    (_,), notes = load_requests(_write(tmp_path, "meta.json", [rec]))
+    assert notes == ["fields timerome's request format does not read, left out: idx, subject_id, old_object (1 record)"]
+
+
 def test_aliases_given_as_one_text_are_one_alias_and_unread_fields_a_note(tmp_path):
     """An alias given as a text is that text (it was read letter by letter: 'I' and 'a' then matched any answer);
     a field timerome's format does not read, and that spells none it does, is named in a note."""

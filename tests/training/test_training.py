@@ -350,6 +350,10 @@ def test_new_model_says_when_its_rows_do_not_fit_its_context(tmp_path):
         res = runner.invoke(app, ["train", "--model", str(m), "--data", "embedded:forget01", "--out", str(m) + "t",
                                   "--epochs", "1", "--no-checkpoint"])
         assert (res.exit_code == 2 and "over the model's context" in res.output) == warned, res.output
+    from timerome.training.new_model import new_model
+
+    with pytest.warns(UserWarning, match=f"rows take up to {longest} tokens"):  # the API says it too
+        new_model(["embedded:forget01"], tmp_path / "api", size="tiny", vocab_size=400, context=longest - 1)
     # text files alone give no rows to count: nothing said
     (tmp_path / "t.txt").write_text("one line of text\nanother line\n")
     res = runner.invoke(app, ["new-model", str(tmp_path / "t.txt"), "-o", str(tmp_path / "txt"), "--size", "tiny",

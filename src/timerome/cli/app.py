@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -148,8 +147,10 @@ TofuOpt = typer.Option(None, "--tofu-dir", help="local TOFU directory in the Hub
 
 
 def _debug() -> bool:
-    """$TIMEROME_DEBUG on ("1"; a bad value was refused when the command started: read here without raising)."""
-    return os.environ.get("TIMEROME_DEBUG", "").strip() == "1"
+    """$TIMEROME_DEBUG on (a bad value was refused when the command started: read here without raising)."""
+    from timerome.common.environment import switch
+
+    return switch("TIMEROME_DEBUG", strict=False)
 
 
 def say_error(message: str) -> None:

@@ -120,7 +120,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
         alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
         target, g_max = got["target"], got["g_max"]
-    if gated is not None and overrides.get("coordinates", "traced") != "traced":
+    if "coordinates" in get_method(method).defaults and overrides.get("coordinates", "traced") != "traced":
         raise TimeromeError(f"timerome edit builds one {method} memory at one coordinate (--layer or --trace); "
                             f"--config coordinates {shown(overrides['coordinates'])} builds one per traced layer: use "
                             f"the API's install(\"{method}\", ...) or an experiment's config")

@@ -153,19 +153,18 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     from timerome.data.rows import load_rows, tofu_folder
     from timerome.memory.base import check_for_model, fact_content, sort_new_facts
     from timerome.memory.codebook_memory import read_sources
-    from timerome.memory.memory_file import changing, file_kind, load_memory, read_memory_file
+    from timerome.memory.memory_file import changing, file_class, file_kind, kinds_taking, load_memory, read_memory_file
     from timerome.methods import get_method
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
     dest = output_file(out or file, inputs={"--requests file": requests, "--data file": data,
                                             "--calibration file": calibration, "--value-rows file": value_rows})
-    kind = file_kind(file)
-    if calibration is not None and kind == "edit":
-        raise TimeromeError(f"--calibration applies to codebook and rewrite memories; {file} is a ridge edit memory")
-    if value_rows is not None and kind != "rewrite":
-        raise TimeromeError(f"--value-rows applies to rewrite memories; {file} is a "
-                            f"{'ridge edit' if kind == 'edit' else kind} memory")
+    kind, options = file_kind(file), file_class(file).LOAD_OPTIONS
+    for option, value in (("calibration", calibration), ("value_rows", value_rows)):  # what its loader reads
+        if value is not None and option not in options:
+            raise TimeromeError(f"--{option.replace('_', '-')} applies to {' and '.join(kinds_taking(option))} "
+                                f"memories; {file} is a {'ridge edit' if kind == 'edit' else kind} memory")
     _, meta = read_memory_file(file)
     recorded_specs = [s["rows"] for s in (read_sources(meta, file) if kind != "edit" else {}).values()]
     tofu_dir_read(tofu_dir, requests, data, calibration, value_rows, *recorded_specs)
@@ -220,7 +219,7 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
             raise nothing_new
         _notes(skipped, renamed, source, str(file))
         before = len(memory)
-        if kind == "rewrite":
+        if gated is not None and gated.said_facts:
             memory.add(new, said=True)  # said above
         else:
             memory.add(new)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from timerome.cli.app import app, console, err_console, friendly, print_json, tofu_dir_read
+from timerome.cli.app import app, console, friendly, print_json, tofu_dir_read
 from timerome.common.checks import integer
 from timerome.training.new_model import DEFAULT_CONTEXT, DEFAULT_VOCAB
 
@@ -46,11 +46,6 @@ def new_model_cmd(texts: list[str] = typer.Argument(..., help="what the tokenize
     tofu_dir_read(tofu_dir, *texts)
     info = new_model(texts, out, size=size, vocab_size=vocab_size, context=context, seed=seed, tofu_dir=tofu_dir,
                      d_model=d_model, n_layers=layers, n_heads=heads, mlp_hidden_size=mlp)
-    longest = info["longest_row"]
-    if longest is not None and longest > info["context"]:
-        err_console.print(f"[yellow]warning:[/] its rows take up to {longest} tokens, over the context of "
-                          f"{info['context']}: `timerome train` refuses a row that does not fit; make the model "
-                          f"again with --context {longest} or more to train on them", soft_wrap=True)
     if as_json:
         print_json(info)
         return

@@ -1,8 +1,10 @@
 """The switches and numbers timerome reads from the environment, each checked as an option is.
 
-    switch("TIMEROME_INSIST", default=False)       "1" on, "0" off, unset or empty: the default
-    seconds("TIMEROME_PROGRESS_SECONDS", 30)       a finite number >= 0
+    switch("TIMEROME_INSIST")                      "1" on, "0" off, unset or empty: its default (SWITCHES)
+    switch("TIMEROME_DEBUG", strict=False)         the same, a bad value read as the default (a reader that must not raise)
+    seconds("TIMEROME_PROGRESS_SECONDS")           a finite number >= 0 (NUMBERS: its default)
     check()                                        every variable below, once: the command line's first step
+($TIMEROME_THREADS, a count, is read by common/threads.py, as --threads.)
 
 A value a variable does not take is one TimeromeError naming it and what it takes (`TIMEROME_INSIST=no`
 read as on, `TIMEROME_PROGRESS_SECONDS=lots` as 30 before): an environment variable is an input.
@@ -24,11 +26,14 @@ SWITCHES = {
 NUMBERS = {"TIMEROME_PROGRESS_SECONDS": 30.0}  # seconds >= 0
 
 
-def switch(name: str) -> bool:
-    """Whether the on/off variable `name` (SWITCHES) is on: "1" or "0", unset / empty for its default."""
+def switch(name: str, *, strict: bool = True) -> bool:
+    """Whether the on/off variable `name` (SWITCHES) is on: "1" or "0", unset / empty for its default; another
+    value refused, or (strict=False: a reader inside an error handler) read as the default."""
     default, on, off = SWITCHES[name]
     raw = os.environ.get(name, "").strip()
     if raw not in ("", "0", "1"):
+        if not strict:
+            return default
         raise TimeromeError(f"${name} must be 1 ({on}) or 0 ({off}), got {raw!r}")
     return default if raw == "" else raw == "1"
 

@@ -160,6 +160,7 @@ def read_json_documents(path, what: str = "file") -> list:
         doc = parse_json(text, f"{what} {path}")
         return doc if isinstance(doc, list) else [doc]
     docs = []
+    first = True
     # JSON Lines end a line at "\n" alone (a trailing "\r" is JSON whitespace): str.splitlines would also break
     # inside a string at U+2028, U+0085 or a form feed, which json.dumps(ensure_ascii=False) writes as they are
     for lineno, line in enumerate(text.split("\n"), 1):
@@ -168,11 +169,17 @@ def read_json_documents(path, what: str = "file") -> list:
         try:
             json.loads(line)
         except json.JSONDecodeError as e:
+            if first:  # not JSON Lines either: the one document's own error, where it is (a trailing comma, ...)
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as whole:
+                    e, lineno = whole, whole.lineno
             raise TimeromeError(f"{what} {path} line {lineno} is not JSON ({e.msg}; column {e.colno}): "
                                 "give one JSON document, or one per line (JSON Lines)") from None
         except RecursionError:
             pass  # parse_json says it
         docs.append(parse_json(line, f"{what} {path} line {lineno}"))
+        first = False
     return docs
 
 

@@ -76,12 +76,13 @@ class _Lines(_Bar):
         self.description, self.total, self.stream = description, total, stream
         self.done, self.start, self.t0 = completed, completed, time.monotonic()
         self.last = None  # when the last line was written
+        self.every = _interval()  # read before the work: a bad value is refused then, not after its first step
 
     def advance(self, n: float = 1, description: str | None = None):
         self.done += n
         self.description = description or self.description
         now = time.monotonic()
-        every = _interval()
+        every = self.every
         due = now - self.t0 >= min(FIRST_LINE_SECONDS, every) if self.last is None else now - self.last >= every
         if due or (self.done >= self.total - 1e-9 and self.last is not None):
             self.write(now)

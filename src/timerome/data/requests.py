@@ -28,7 +28,8 @@ Formats are told apart by their fields, one record at a time (a file mixes none)
                   loc / loc_ans (an NQ question as neighbour); records with an empty alt are
                   skipped, as EasyEdit does, and counted in the notes
     flat          prompt, subject, target_new, ground_truth, rephrase_prompt, locality_prompt,
-                  locality_ground_truth (EasyEdit's counterfact / zsRE exports, KnowEdit-like)
+                  locality_ground_truth (EasyEdit's counterfact / zsRE exports), or KnowEdit's portability /
+                  locality dicts of {prompt, ground_truth} lists (a list ground truth: answer, then aliases)
     timerome      subject, prompt, object, target, paraphrases, neighbours, same_subject,
                   portability (what `counterfactual_requests` writes)
 
@@ -267,14 +268,31 @@ def _aliases(value, name: str, where: str) -> tuple[str, ...]:
     return tuple(a for a in value if a.strip())
 
 
+def _texts_in(value) -> list[str]:
+    """The non-empty texts of an answer field, in order: a text, or a list of them, nested as KnowEdit writes
+    its ground truths (`[["Arabic", "ar"]]`: the answer and its aliases)."""
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    if isinstance(value, list):
+        return [t for v in value for t in _texts_in(v)]
+    return []
+
+
+def _answers(value, name: str, where: str, needed: bool) -> tuple[str | None, tuple[str, ...]]:
+    """(a probe's expected answer, its other spellings) from a text or a (nested) list of texts; (None, ()) where
+    there is none and the probe needs none (a neighbour: its unedited answer); anything else refused."""
+    found = _texts_in(value)
+    if found:
+        return found[0], tuple(found[1:])
+    if not needed and (value is None or value == "" or value == []):
+        return None, ()
+    why = " (a portability probe is scored by its post-edit answer)" if needed else ""
+    raise TimeromeError(f"{name}: {where} must be a non-empty text{why}, got {shown(value)}")
+
+
 def _answer(value, name: str, where: str, needed: bool) -> str | None:
-    """A probe's expected answer: a non-empty text; absent (None) only where the probe needs none."""
-    if value is None and not needed:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        why = " (a portability probe is scored by its post-edit answer)" if needed else ""
-        raise TimeromeError(f"{name}: {where} must be a non-empty text{why}, got {shown(value)}")
-    return value
+    """The answer alone of `_answers` (fields whose other spellings have a field of their own, or none)."""
+    return _answers(value, name, where, needed)[0]
 
 
 PROBE_FIELDS = ("prompt", "answer", "target", "aliases")
@@ -307,8 +325,9 @@ def _known_fields(rec: dict, known: tuple, name: str) -> list[str]:
     from difflib import get_close_matches
 
     unread = [str(k) for k in rec if k not in known]
+    missing = [f for f in known if f not in rec]  # a near name of a field the record also gives is its own field
     for k in unread:
-        near = get_close_matches(k, known, n=1, cutoff=0.75)
+        near = get_close_matches(k, missing, n=1, cutoff=0.8) if len(k) > 3 else []  # idx, uid: ids of their own
         if near:
             raise TimeromeError(f"{name} has a field {k!r}, which timerome's format does not read: did you mean "
                                 f"{near[0]!r}? (fields: {', '.join(known)})")
@@ -371,10 +390,11 @@ def _zsre(rec, index, name):
         raise TimeromeError(f"{name} needs 'answers', a list whose first text is the true answer")
     subject, src = _text(rec, "subject", name), _text(rec, "src", name)
     fact = _fact(subject, src, answers[0], alt, _case_id(rec, index), name)
-    loc = (Probe(rec["loc"], _answer(rec.get("loc_ans"), name, "loc_ans", needed=False)),) \
+    loc = (Probe(rec["loc"], *_answers(rec.get("loc_ans"), name, "loc_ans", needed=False)),) \
         if isinstance(rec.get("loc"), str) and rec["loc"].strip() else ()
-    return [EditRequest(fact, _texts(rec, "rephrase", name), loc, portability=_portability(rec, name),
-                        new_object=alt, true_object=answers[0], source="zsre")], None
+    portability, note = _grouped_probes(rec, "portability", name)
+    return [EditRequest(fact, _texts(rec, "rephrase", name), loc, portability=portability,
+                        new_object=alt, true_object=answers[0], source="zsre")], note
 
 
 def _flat(rec, index, name):
@@ -382,29 +402,36 @@ def _flat(rec, index, name):
     new, true = _text(rec, "target_new", name), _text(rec, "ground_truth", name)
     fact = _fact(subject, prompt, true, new, _case_id(rec, index), name)
     loc = rec.get("locality_prompt")
-    locs = (Probe(loc, _answer(rec.get("locality_ground_truth"), name, "locality_ground_truth", needed=False)),) \
+    locs = (Probe(loc, *_answers(rec.get("locality_ground_truth"), name, "locality_ground_truth", needed=False)),) \
         if isinstance(loc, str) and loc.strip() else ()
     para = _texts(rec, "rephrase_prompt", name) or _texts(rec, "rephrase", name)
-    return [EditRequest(fact, para, locs, portability=_portability(rec, name), new_object=new, true_object=true,
-                        source="flat")], None
+    portability, note = _grouped_probes(rec, "portability", name)
+    knowedit, _ = _grouped_probes(rec, "locality", name)  # KnowEdit's locality: {kind: [{prompt, ground_truth}]}
+    return [EditRequest(fact, para, locs + knowedit, portability=portability, new_object=new, true_object=true,
+                        source="flat")], note
 
 
-def _portability(rec, name) -> tuple[Probe, ...]:
-    """EasyEdit's portability: a list of {prompt, ground_truth} or a dict of such lists."""
-    port = rec.get("portability")
-    if not port:
-        return ()
-    groups = port.values() if isinstance(port, dict) else [port]
-    out = []
+def _grouped_probes(rec, key: str, name: str) -> tuple[tuple[Probe, ...], str | None]:
+    """EasyEdit's / KnowEdit's `portability` or `locality`: a list of {prompt, ground_truth} or a dict of such
+    lists by kind (KnowEdit's ground truths are lists of lists: the answer, then its aliases); (probes, a note).
+    A portability entry without a ground truth is left out (nothing scores it; the note says so); a locality
+    entry without one asks for the unedited model's answer."""
+    given = rec.get(key)
+    if not given:
+        return (), None
+    groups = given.values() if isinstance(given, dict) else [given]
+    out, unscored = [], 0
     for g in groups:
         for p in (g if isinstance(g, list) else [g]):
-            if isinstance(p, dict) and isinstance(p.get("prompt"), str):
-                ans = p.get("ground_truth", p.get("answer"))
-                ans = ans[0] if isinstance(ans, list) and ans and isinstance(ans[0], str) else ans
-                out.append(Probe(p["prompt"], _answer(ans, name, "a portability entry's ground_truth", needed=True)))
-            else:
-                raise TimeromeError(f"{name}: a portability entry is not an object with a prompt")
-    return tuple(out)
+            if not (isinstance(p, dict) and isinstance(p.get("prompt"), str) and p["prompt"].strip()):
+                raise TimeromeError(f"{name}: a {key} entry is not an object with a prompt")
+            found = _texts_in(p.get("ground_truth", p.get("answer")))
+            if not found and key == "portability":
+                unscored += 1
+                continue
+            out.append(Probe(p["prompt"], found[0] if found else None, tuple(found[1:])))
+    note = f"{key} entries without a ground truth, left out (nothing to score them by)" if unscored else None
+    return tuple(out), note
 
 
 TIMEROME_FIELDS = ("fact_id", "case_id", "id", "subject", "prompt", "object", "target", "new_object", "true_object",

@@ -31,9 +31,9 @@ class ForgetTask:
 
     def __post_init__(self):
         for name in ("forget_rows", "retain_rows"):  # a string or a dict read row by row, letter by letter
-            rows_arg(getattr(self, name), name)
+            setattr(self, name, rows_arg(getattr(self, name), name))
         if self.known_rows is not None:
-            rows_arg(self.known_rows, "known_rows")
+            self.known_rows = rows_arg(self.known_rows, "known_rows")
 
     @property
     def validation_facts(self) -> list:
@@ -57,10 +57,15 @@ def forget_task(source="embedded", forget: str = "forget01", *, retain_rows=None
 
 
 def rows_arg(rows, what: str):
-    """`rows` if it is a list or tuple of row dicts (question / answer), else one TimeromeError naming `what`."""
-    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
-        raise TimeromeError(f"{what} must be a list of question / answer rows (dicts), got {type(rows).__name__} "
+    """Question / answer rows (dicts): a list or tuple as it is, any other iterable of them (a `datasets.Dataset`)
+    as a list; a text, a single dict or a row that is no dict is one TimeromeError naming `what`."""
+    if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+        raise TimeromeError(f"{what} must be question / answer rows (a list of dicts), got {type(rows).__name__} "
                             f"{shown(rows)}")
+    rows = rows if isinstance(rows, (list, tuple)) else list(rows)
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise TimeromeError(f"{what} must be question / answer rows (dicts): row {bad} is a {type(rows[bad]).__name__}")
     return rows
 
 

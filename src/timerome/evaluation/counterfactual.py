@@ -8,7 +8,10 @@ The one place this measurement lives (docs/ar-contrast.md, tests/backbones/test_
     each_edit_alone(bb, "rome", task, {}, unrelated, before)                       # ROME's protocol, mean scores
 
 efficacy: the share of edited facts whose greedy answer starts with the fact's target (its first
-len(target tokens) greedy tokens are the target's tokens); locality: the share of unrelated prompts
+len(target tokens) greedy tokens are the target's tokens); named: the share whose longer greedy answer
+(NAMED_TOKENS tokens, or the target's if longer) names the target anywhere as whole words and does not
+name the original object (metrics/editing.py's EfficacyNamed rule: "The capital of France is Rome."
+for Rome, which the prefix test does not count); locality: the share of unrelated prompts
 whose greedy answer (as many tokens as their object has) is the same token for token as the unedited
 model's. Greedy = the sampler at temperature 0: left to right on an autoregressive model; on an MDLM,
 one block of that length, one token revealed per step.
@@ -26,6 +29,9 @@ import torch
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import edit_active
 from timerome.engine.sampler import generate
+from timerome.metrics.editing import names
+
+NAMED_TOKENS = 16  # the answer `named` reads: room for a sentence of the model's own around the target
 
 
 def n_tokens(backbone, text: str) -> int:
@@ -64,12 +70,16 @@ def counterfactual_scores(backbone, facts, unrelated, before: list[list[int]], *
     ctx = edit_active(edit, backbone)
     with ctx:
         got = greedy_ids(backbone, [f.prompt for f in facts], [len(t) for t in targets])
+        longer = greedy_ids(backbone, [f.prompt for f in facts], [max(NAMED_TOKENS, len(t)) for t in targets])
         after = greedy_ids(backbone, [u.prompt for u in unrelated], [len(b) for b in before])
     hit = [g == t for g, t in zip(got, targets)]
+    said = [backbone.decode(x) for x in longer]
+    named = [names(s, f.target) and not names(s, f.object) for s, f in zip(said, facts)]
     kept = [a == b for a, b in zip(after, before)]
-    return dict(efficacy=sum(hit) / max(1, len(hit)), locality=sum(kept) / max(1, len(kept)),
-                n_facts=len(hit), n_unrelated=len(kept),
-                answers=[backbone.decode(g) for g in got], missed=[f.fact_id for f, h in zip(facts, hit) if not h],
+    return dict(efficacy=sum(hit) / max(1, len(hit)), named=sum(named) / max(1, len(named)),
+                locality=sum(kept) / max(1, len(kept)), n_facts=len(hit), n_unrelated=len(kept),
+                answers=[backbone.decode(g) for g in got], said=said,
+                missed=[f.fact_id for f, h in zip(facts, hit) if not h],
                 changed=[u.fact_id for u, k in zip(unrelated, kept) if not k])
 
 
@@ -88,6 +98,6 @@ def each_edit_alone(backbone, method: str, task, config: dict, unrelated, before
         finally:
             edit.undo()
     n = max(1, len(per))
-    return dict(efficacy=sum(s["efficacy"] for s in per) / n, locality=sum(s["locality"] for s in per) / n,
-                n_facts=len(per), missed=[m for s in per for m in s["missed"]],
+    return dict(efficacy=sum(s["efficacy"] for s in per) / n, named=sum(s["named"] for s in per) / n,
+                locality=sum(s["locality"] for s in per) / n, n_facts=len(per), missed=[m for s in per for m in s["missed"]],
                 changed=[sorted(s["changed"]) for s in per])

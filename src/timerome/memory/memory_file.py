@@ -65,6 +65,11 @@ def file_class(path) -> type:
     return memory_class(timerome_header(path))  # {}: missing, truncated, foreign: EditMemory.load says which
 
 
+def kinds_taking(option: str) -> list[str]:
+    """The kinds of memory whose loader takes `option` (a LOAD_OPTIONS name: 'calibration', 'value_rows')."""
+    return sorted({c.KIND for c in _memory_classes().values() if option in c.LOAD_OPTIONS})
+
+
 def file_kind(path) -> str:
     """'edit', 'codebook' or 'rewrite': the kind of memory a file's header says (see file_class)."""
     return file_class(path).KIND

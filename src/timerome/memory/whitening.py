@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.checks import generator_arg, shown
+from timerome.common.checks import generator_arg
 from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.real_facts import NAME as REAL_FACTS
@@ -133,10 +133,11 @@ def background_texts(backbone, background=None, tofu_dir=None) -> list[str]:
                                 f"{REAL_FACTS!r} nor an existing file (a text file, one text per line, or a JSON/JSONL "
                                 "file of rows)")
         return read_texts(background)
-    if not isinstance(background, (list, tuple)) or not all(isinstance(t, str) for t in background):
-        raise TimeromeError(f"background must be None, 'embedded:SPLIT', 'tofu:SPLIT', {REAL_FACTS!r}, a file path, a "
-                            f"list of texts or ResidualStats, got {type(background).__name__} {shown(background)}")
-    return list(background)
+    texts = list(background) if hasattr(background, "__iter__") and not isinstance(background, (bytes, dict)) else None
+    if texts is None or not all(isinstance(t, str) for t in texts):  # any iterable of texts: a datasets column too
+        raise TimeromeError(f"background must be None, 'embedded:SPLIT', 'tofu:SPLIT', {REAL_FACTS!r}, a file path, "
+                            f"texts (a list, or any iterable of them) or ResidualStats, got {type(background).__name__}")
+    return texts
 
 
 def read_texts(path) -> list[str]:

@@ -18,6 +18,7 @@ mask at ids 0-4). Same texts, size and seed: the same files.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 
 from timerome.backbones.flags import parameter_count
@@ -161,6 +162,10 @@ def new_model(sources, out, *, size: str | None = None, vocab_size: int = DEFAUL
     save_model(model, out)
     n_params = sum(p.numel() for p in model.parameters())
     longest = longest_row(out, rows)  # a context its own rows do not fit is said now, not at `timerome train`
+    if longest is not None and longest > context:
+        warnings.warn(f"its rows take up to {longest} tokens, over the context of {context}: `timerome train` refuses "
+                      f"a row that does not fit; make the model again with --context {longest} (context={longest}) "
+                      "or more to train on them", stacklevel=2)
     info = dict(command="timerome new-model", sources=[str(s) for s in sources], n_texts=len(texts),
                 texts_sha256=hashlib.sha256("\n".join(texts).encode()).hexdigest(),
                 size=size if len(given) < len(DIMS) else None,  # None: every dimension given (`dims`)
