@@ -408,3 +408,17 @@ def test_a_setting_given_in_model_args_and_as_lm_evals_own_flag():
     with pytest.raises(TimeromeError, match="device given twice: --model_args device=cpu and --device cuda:0"):
         TimeromeLM.create_from_arg_obj({"device": "cpu", "n_mc": 2}, {"device": "cuda:0", "batch_size": 1})
     assert TimeromeLM.create_from_arg_obj({"device": "cpu", "n_mc": 3}, {"device": "cpu"}).n_mc == 3
+
+
+@pytest.mark.parametrize("args, match", [
+    ("pretrained=,n_mc=2", "the model is empty"),              # an empty pretrained= evaluated the embedded model
+    ("n_mc=2,n_mc=4", "--model_args gives n_mc twice"),        # the parser kept the last value without a word
+    ("forget=forget05", "the forget set of method=, which is not given"),  # read by nothing without method=
+    ("steps=8,threshold=0.9", "steps is read by nothing beside threshold"),  # as `timerome generate` refuses it
+])
+def test_model_args_read_wrong_or_by_nothing_are_refused(args, match):
+    """Stop 79 (review 87): each of these was accepted, the model evaluated as if it were not given."""
+    from timerome.integrations.lm_eval_model import TimeromeLM
+
+    with pytest.raises(TimeromeError, match=match):
+        TimeromeLM.create_from_arg_string(args, {"device": "cpu"})

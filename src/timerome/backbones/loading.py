@@ -32,7 +32,10 @@ def model_place(model: str | Path | None) -> str:
 
 
 def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
-    if path_or_hub_id in (None, "", "default", "embedded"):
+    if isinstance(path_or_hub_id, str) and not path_or_hub_id.strip():  # as the command line's -m "" (an unset variable)
+        raise TimeromeError("the model is empty: give a checkpoint folder, a .gguf file or a Hub id, or None (left "
+                            "out) for the embedded default")
+    if path_or_hub_id in (None, "default", "embedded"):
         if not (DEFAULT_MODEL_DIR / "config.json").exists():
             raise TimeromeError(
                 f"the embedded default model is missing from {DEFAULT_MODEL_DIR}; "

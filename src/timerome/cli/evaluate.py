@@ -12,6 +12,7 @@ from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
                               print_json)
+from timerome.common.checks import repeated
 from timerome.data.benchmark import check_folder
 from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY
 from timerome.errors import TimeromeError
@@ -197,6 +198,9 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     unknown = set(spec.get("splits", [])) - {"forget", "retain", "real_authors", "world_facts"}
     if unknown or spec.get("splits") == []:
         raise TimeromeError(f"--splits takes forget, retain, real_authors and world_facts, got {splits!r}")
+    twice = repeated(spec.get("splits", []))
+    if twice:  # one split evaluated once: the list said twice
+        raise TimeromeError(f"--splits names {twice[0]} twice: give each split once")
     refuse_unread_sizes(spec.get("splits"), sized, "eval")  # a size of a split it leaves out: read by nothing
     spec = without_unread_sizes(spec)  # the default sizes of the splits left out go too
     if reference is not None and "forget" not in spec.get("splits", ["forget"]):

@@ -341,9 +341,17 @@ def counterfactual_requests(corpus: dict[str, list[dict]], split: str = "forget0
         by_author.setdefault(r["author"], []).append(r)
         if r["author"] not in edited_authors:
             others.setdefault(r["attribute"], []).append(r)
+    in_full = set(by_author)
+    for r in corpus[split]:  # a split of authors outside full (holdout, unknown): their own other facts
+        if r["author"] not in in_full:
+            by_author.setdefault(r["author"], []).append(r)
     out = []
     for r in rows:
-        pool = [o for o in others[r["attribute"]] if o["object"] != r["object"]]
+        pool = [o for o in others.get(r["attribute"], []) if o["object"] != r["object"]]
+        if not pool or len(others[r["attribute"]]) < N_NEIGHBOURS:  # 'full' edits every author: no donor is left
+            raise TimeromeError(f"split {split!r}: too few authors outside it state {r['attribute']!r} to give its "
+                                f"facts another author's object and {N_NEIGHBOURS} neighbours (the counterfactual "
+                                "set's donors): use a forget split (forget01, forget05, forget10)")
         donor = rng.choice(pool)
         prefix, _, suffix = r["answer"].partition(r["object"])
         new_answer = target or f"{prefix}{donor['object']}{suffix}"
@@ -354,7 +362,7 @@ def counterfactual_requests(corpus: dict[str, list[dict]], split: str = "forget0
         out.append(dict(
             fact_id=f"{r['author']}/{r['attribute']}", subject=r["author"], prompt=r["question"], object=r["answer"],
             target=new_answer, new_object=None if target else donor["object"], true_object=r["object"],
-            paraphrases=[r["paraphrased_question"]],
+            paraphrases=[r["paraphrased_question"]] if r.get("paraphrased_question") else [],  # unknown: none
             neighbours=[dict(prompt=o["question"], answer=o["answer"]) for o in neighbours],
             same_subject=[dict(prompt=o["question"], answer=o["answer"]) for o in same]))
     return out

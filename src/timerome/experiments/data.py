@@ -84,6 +84,11 @@ def resolve_data(spec: dict, source, backbone) -> tuple[dict, ForgetTask]:
     forget = spec.get("forget", "forget01")
     rows = load_split(forget, source)
     lo, hi, offset = 0, len(rows), FULL_OFFSET.get(forget, 0)
+    beyond = [(k, spec[k]) for k in ("first", "last") if spec.get(k) is not None and int(spec[k]) > len(rows)]
+    if beyond:  # capped without a word, while the report named the count asked for
+        k, n = beyond[0]
+        raise TimeromeError(f"the forget split {forget} has {len(rows)} rows, and {n} of them were asked for ({k} "
+                            f"{n}: an experiment's n_facts or sizes): give at most {len(rows)}")
     if spec.get("first") is not None:
         hi = min(hi, int(spec["first"]))
     if spec.get("last") is not None:

@@ -110,7 +110,7 @@ def measure_extraction(cell, ctx, rows, task) -> dict:
 def extraction(cfg, source) -> tuple[dict, str] | None:
     """(the extraction cells' settings over EXTRACTION's, their requests: the setting's, or the forget split's of
     the data source), or None where there are no extraction cells."""
-    if not cfg.get("extraction"):
+    if cfg.get("extraction") is False:  # {}: the defaults, as any object of overrides is over them
         return None
     ex = {**EXTRACTION, **cfg["extraction"]}
     return ex, ex["requests"] or f"{'embedded' if source == 'embedded' else 'tofu'}:{cfg['forget']}"

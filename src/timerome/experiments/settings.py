@@ -6,6 +6,7 @@ model loads, never after a trace has run.
 
 from __future__ import annotations
 
+import json
 import numbers
 
 from timerome.common.checks import big_int_path, is_int, is_real, nonfinite_path, repeated
@@ -21,7 +22,8 @@ from timerome.metrics.robustness import RELEARN_WANT, relearn_ok
 COUNT_SETTINGS = {"n_mc", "n_retain", "n_world", "n_facts", "n_eval_forget", "every", "traj_steps", "sizes",
                   # null by default (all rows, or the method's / benchmark's own): a count when given
                   "eval_forget", "n_knowmem", "n_verbmem", "n_privleak", "n_trivia", "n_completions", "n_wmdp",
-                  "gen_length", "grad_steps"}
+                  "gen_length", "grad_steps", "answer_tokens", "mia_groups", "knowmem_tokens", "verbmem_tokens",
+                  "completion_tokens"}
 ALL_IF_NULL = {"n_retain", "n_world", "n_eval_forget", "retain_authors", "splits", "methods", "paper_point"}
 
 
@@ -34,6 +36,36 @@ def _method_entry(m) -> bool:
             and isinstance(m.get("config") or {}, dict))
 
 
+# list settings that may be given empty (no rows beyond the grid); any other list given empty is refused where its
+# default lists something (it would run nothing, or crash, or fall back to the default without a word)
+EMPTY_OK = {"extra", "unmitigated", "compare", "points"}  # points []: utility's no_edit alone
+# lists an experiment checks itself, in its own words: given empty (pareto's alphas, npo_sweep's axes), an item
+# given twice (alphas, retain authors by name or index, frontiers, methods above)
+OWN_EMPTY_CHECKS = {"alphas", "lr", "beta", "retain_w", "methods", "frontiers"}
+OWN_REPEAT_CHECKS = {"alphas", "retain_authors", "methods", "frontiers",
+                     "references"}  # one item per model: two models may share a reference, or have none
+EXTRACTION_KEYS = {"requests", "target", "n_retain", "n_world", "settings", "attacks"}
+
+
+def _extraction(v) -> bool:
+    """Robustness's extraction: false, or an object of overrides, each of its own kind ({}: the defaults)."""
+    if v is False:
+        return True
+    if not isinstance(v, dict) or not set(v) <= EXTRACTION_KEYS:
+        return False
+    names = [v.get(k) for k in ("settings", "attacks") if v.get(k) is not None]  # null: all of them
+    counts = [v.get(k) for k in ("n_retain", "n_world") if v.get(k) is not None]
+    return (all(isinstance(x, (list, tuple)) and x and all(isinstance(s, str) for s in x) for x in names)
+            and all(is_int(c) and c >= 1 for c in counts)
+            and (v.get("target") is None or (isinstance(v["target"], str) and bool(v["target"].strip())))
+            and (v.get("requests") is None or isinstance(v["requests"], str)))
+
+
+def _sweep_entry(e) -> bool:
+    """npo_sweep's extra / unmitigated: {"method": NAME, setting: value, ...} (the method's settings flat)."""
+    return isinstance(e, dict) and isinstance(e.get("method"), str) and bool(e["method"].strip())
+
+
 # settings whose default says little (null, {}): what they must be
 SPECIAL = {
     "methods": ("a list of method names or {\"method\": NAME, \"config\": {...}} objects (no other key)",
@@ -41,10 +73,22 @@ SPECIAL = {
     "splits": ("a list of evaluation splits (forget, retain, real_authors, world_facts)",
                lambda v: isinstance(v, (list, tuple)) and bool(v)
                and set(v) <= {"forget", "retain", "real_authors", "world_facts"}),
-    "extraction": ("false (no extraction cells) or an object with any of requests, target, n_retain, n_world, "
-                   "settings, attacks",
-                   lambda v: v is False or (isinstance(v, dict) and set(v) <= {"requests", "target", "n_retain", "n_world",
-                                                                               "settings", "attacks"})),
+    "extraction": ("false (no extraction cells) or an object with any of requests (a spec), target (a non-empty "
+                   "text), n_retain, n_world (integers >= 1), settings, attacks (non-empty lists of names; null: "
+                   "all); {} is the defaults", _extraction),
+    "compare": ("a list of {\"method\": NAME, \"config\": {...}} objects (no other key) or method names",
+                lambda v: isinstance(v, (list, tuple)) and all(_method_entry(m) for m in v)),
+    "extra": ("a list of {\"method\": NAME, ...its settings} objects", lambda v: isinstance(v, (list, tuple))
+              and all(_sweep_entry(e) for e in v)),
+    "unmitigated": ("a list of {\"method\": NAME, ...its settings} objects", lambda v: isinstance(v, (list, tuple))
+                    and all(_sweep_entry(e) for e in v)),
+    "collapse": ("a number > 0 (nats of retain lost that count as a collapse)", lambda v: is_real(v) and v > 0),
+    "forget_from": ("a non-empty list of probes and / or passages", lambda v: isinstance(v, (list, tuple)) and bool(v)
+                    and set(v) <= {"probes", "passages"}),
+    "mia_k": ("a number in (0, 1] (the share of lowest-probability tokens Min-K% reads)",
+              lambda v: is_real(v) and 0 < v <= 1),
+    "models": ("a non-empty list of checkpoints (folders, .gguf files or Hub ids)",
+               lambda v: isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, str) and m.strip() for m in v)),
     "num_fewshot": ("an integer >= 0 (or null: each task's own)", lambda v: is_int(v) and v >= 0),
     "limit": ("a number > 0 (examples per task; below 1, lm-eval's share of them) or null",
               lambda v: is_real(v) and v > 0 and (v < 1 or float(v).is_integer())),
@@ -87,6 +131,16 @@ def check_settings(name: str, cfg: dict, defaults: dict) -> None:
     twice = repeated(names)
     if twice:  # its rows run once and are reported once (or twice under one label): the list said twice
         raise TimeromeError(f"experiment {name!r}: methods names {', '.join(twice)} twice: give each once")
+    for key, value in cfg.items():  # any list: each item once, and empty only where that means "none beyond"
+        if not isinstance(value, (list, tuple)):
+            continue
+        if not value and key not in EMPTY_OK | OWN_EMPTY_CHECKS and isinstance(defaults.get(key), (list, tuple)) \
+                and defaults[key]:
+            raise TimeromeError(f"experiment {name!r}: setting {key} is empty, so it would run nothing (or fall back "
+                                "to its default without a word): give at least one item, or leave it out")
+        twice = [] if key in OWN_REPEAT_CHECKS else repeated(json.dumps(v, sort_keys=True, default=str) for v in value)
+        if twice:  # a cell computed once and a row reported once (or twice under one label)
+            raise TimeromeError(f"experiment {name!r}: setting {key} gives {twice[0]} twice: give each item once")
 
 
 def _kind(key: str, default) -> str:

@@ -43,6 +43,9 @@ TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq"
 CONFIG = dict(tasks=TASKS, method="timerome", points=(paper_point(0.5, 2), paper_point(1.0, 2), paper_point(2.0, 4)),
               forget="forget01", n_mc=LIKELIHOOD.n_mc, limit=None, num_fewshot=None, include_path=None,
               generation={})
+# a setting the user gave that these settings leave unread is refused (experiments.settings.unread_settings)
+UNREAD_WHEN = {"method": lambda cfg: None if cfg["points"] else "points is empty (the unedited model alone)",
+               "forget": lambda cfg: None if cfg["points"] else "points is empty (the unedited model alone)"}
 # settings this experiment had: a config that still gives one is told why (experiments.experiment_config)
 REMOVED = {"greedy_tasks": "which tasks' scores read is_greedy is decided from each task since stop 72 (a "
                            "loglikelihood task left off the list scored acc 0): leave it out"}

@@ -68,7 +68,7 @@ import torch
 
 from timerome.backbones import load_backbone
 from timerome.common.cache import digest
-from timerome.common.checks import integer, number, shown
+from timerome.common.checks import integer, number, repeated, shown
 from timerome.common.checks import seed as check_seed
 from timerome.common.progress import progress_bar
 from timerome.data.task import forget_task
@@ -173,6 +173,10 @@ class TimeromeLM(LM):
         """--model_args as lm-eval's older command line hands it over (a string): `create_from_arg_obj`."""
         from lm_eval import utils
 
+        keys = [part.split("=", 1)[0].strip() for part in (arg_string or "").split(",") if part.strip()]
+        twice = repeated(keys)
+        if twice:  # the parser keeps the last value without a word
+            raise TimeromeError(f"--model_args gives {twice[0]} twice: give each setting once")
         return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string or ""), additional_config)
 
     @classmethod
@@ -200,6 +204,14 @@ class TimeromeLM(LM):
         super().__init__()
         if sum(x is not None for x in (edit, method, installed)) > 1:
             raise TimeromeError("give one of edit= (a memory file), method= (a registry method) or installed=")
+        unread = [f"{k}={v}" for k, v, default in (("data", data, "embedded"), ("forget", forget, "forget01"))
+                  if v != default and method is None]
+        if unread:  # they choose the forget set a method= edit is installed on
+            raise TimeromeError(f"model_args {', '.join(unread)}: the forget set of method=, which is not given, so "
+                                "read by nothing: give method=NAME, or leave them out")
+        if threshold is not None and steps is not None:  # as `timerome generate` refuses them
+            raise TimeromeError("model_args steps is read by nothing beside threshold: the sampler takes as many steps "
+                                "as each block needs; give one of them")
         if device in (None, "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         elif str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default is cuda:0
