@@ -58,10 +58,10 @@ def plan(cfg, n_layers: int, causal: bool = False) -> list[tuple[str, str, dict]
         raise TimeromeError(f"ablations: the config gives {' and '.join(own)}, which the ablation rows set themselves "
                             "(every step against one_step, resid against attn and mlp): leave "
                             f"{'it' if len(own) == 1 else 'them'} out")
-    if not causal and cfg["one_step"] >= cfg["traj_steps"]:  # the row would be the unedited model's, labelled k=...
-        raise TimeromeError(f"ablations: one_step {cfg['one_step']} is no step of the {cfg['traj_steps']}-step "
-                            f"trajectories the rows are read along (0..{cfg['traj_steps'] - 1}): give a step in "
-                            "that range, or more traj_steps")
+    steps = cfg.get("traj_steps", CONFIG["traj_steps"])
+    if not causal and cfg["one_step"] >= steps:  # the row would be the unedited model's, labelled k=...
+        raise TimeromeError(f"ablations: one_step {cfg['one_step']} is no step of the {steps}-step trajectories the "
+                            f"rows are read along (0..{steps - 1}): give a step in that range, or more traj_steps")
     # the AR row is placed by ROME's positional trace: neither TIE's own settings nor a given coordinate applies
     positional = {k: v for k, v in base.items() if k not in (*TIE_ONLY, "coordinate")}
     untraced = {k: v for k, v in base.items() if not k.startswith(("trace", "select"))}  # a given coordinate
