@@ -376,6 +376,9 @@ def catalogue(f, tmp):
          "setting models must be a non-empty list"),
         ("utility method beside no points", ["experiment", "utility", "-c", '{"points": [], "method": "ga"}', "-o",
                                              tmp / "e"], "method (points is empty (the unedited model alone))"),
+        ("editing sets naming one spec twice", ["experiment", "editing", "-c", '{"sets": {"a": "embedded:forget01", '
+                                                '"b": "embedded:forget01"}}', "-o", tmp / "e"],
+         "setting sets names 'embedded:forget01' twice (under two names)"),
         ("canonical a split twice", ["experiment", "canonical", "-c", '{"splits": ["forget", "forget"]}', "-o",
                                      tmp / "e"], 'setting splits gives "forget" twice'),
         ("eval --splits a split twice", ["eval", "--splits", "forget,forget"], "--splits names forget twice"),

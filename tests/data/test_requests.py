@@ -166,14 +166,20 @@ def test_knowedit_records_read_their_nested_ground_truths(tmp_path):
                                                                             ("ar",))]
     assert [(p.answer, p.aliases) for p in req.neighbours] == [("France", ("FR",)), ("music", ()), (None, ())]
     assert notes == ["portability entries without a ground truth, left out (nothing to score them by) (1 record)"]
+    zsre = {"subject": "Ramon Ayala", "prompt": "Ramon Ayala was born in", "target_new": "Lima",
+            "ground_truth": ["Monterrey", "Monterrey, Mexico"]}  # KnowEdit ZsRE: the fact's own truth as a list
+    (req,), _ = load_requests(_write(tmp_path, "kzsre.json", [zsre]))
+    assert req.fact.object == "Monterrey" and req.true_object == "Monterrey"
 
 
 def test_near_names_of_fields_the_record_gives_are_its_own_fields(tmp_path):
     """idx, subject_id, old_object: fields of their own (the record also gives id, subject, object), named in
     the note, never refused as a misspelling."""
-    rec = {**BASE, "idx": 3, "subject_id": "Q1", "old_object": "Lima"}
+    rec = {**BASE, "idx": 3, "subject_id": "Q1", "old_object": "Lima",
+           "neighbours": [{"prompt": "Where was B born ?", "answer": "Oslo", "source": "wiki"}]}
     (_,), notes = load_requests(_write(tmp_path, "meta.json", [rec]))
-    assert notes == ["fields timerome's request format does not read, left out: idx, subject_id, old_object (1 record)"]
+    assert notes == ["fields timerome's request format does not read, left out: idx, subject_id, old_object, "
+                     "neighbours[0].source (1 record)"]  # a probe's unread field named too
 
 
 def test_aliases_given_as_one_text_are_one_alias_and_unread_fields_a_note(tmp_path):

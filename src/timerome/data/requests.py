@@ -299,9 +299,10 @@ PROBE_FIELDS = ("prompt", "answer", "target", "aliases")
 
 
 def _probes(rec: dict, key: str, name: str, default_answer: str | None = None,
-            needs_answer: bool = False) -> tuple[Probe, ...]:
+            needs_answer: bool = False, unread: list | None = None) -> tuple[Probe, ...]:
     """Probes from a list of texts or of {prompt, answer / target, aliases} objects; needs_answer: each must give
-    an answer (portability: what the edited model should say), else a neighbour's is its unedited answer."""
+    an answer (portability: what the edited model should say), else a neighbour's is its unedited answer.
+    unread: where to list the probes' fields the format does not read (KEY[j].FIELD), for the record's note."""
     v = rec.get(key) or []
     if not isinstance(v, list):
         raise TimeromeError(f"{name}: {key} must be a list")
@@ -310,7 +311,9 @@ def _probes(rec: dict, key: str, name: str, default_answer: str | None = None,
         if isinstance(p, str):
             out.append(Probe(p, _answer(default_answer, name, f"{key}[{j}]'s answer", needs_answer)))
         elif isinstance(p, dict) and isinstance(p.get("prompt"), str):
-            _known_fields(p, PROBE_FIELDS, f"{name}: {key}[{j}]")
+            left = _known_fields(p, PROBE_FIELDS, f"{name}: {key}[{j}]")
+            if unread is not None:
+                unread += [f"{key}[{j}].{k}" for k in left]
             ans = p["answer"] if "answer" in p else p["target"] if "target" in p else default_answer
             out.append(Probe(p["prompt"], _answer(ans, name, f"{key}[{j}].answer", needs_answer),
                              _aliases(p.get("aliases"), name, f"{key}[{j}].aliases")))
@@ -399,7 +402,11 @@ def _zsre(rec, index, name):
 
 def _flat(rec, index, name):
     subject, prompt = _text(rec, "subject", name), _text(rec, "prompt", name)
-    new, true = _text(rec, "target_new", name), _text(rec, "ground_truth", name)
+    new = _text(rec, "target_new", name)
+    truths = _texts_in(rec.get("ground_truth"))  # a text, or KnowEdit ZsRE's list of them: the first
+    if not truths:
+        raise TimeromeError(f"{name} needs a non-empty text at ground_truth")
+    true = truths[0]
     fact = _fact(subject, prompt, true, new, _case_id(rec, index), name)
     loc = rec.get("locality_prompt")
     locs = (Probe(loc, *_answers(rec.get("locality_ground_truth"), name, "locality_ground_truth", needed=False)),) \
@@ -446,10 +453,10 @@ def _timerome(rec, index, name):
         raise TimeromeError(f"{name}: target must be a non-empty text (or absent)")
     new_object, true_object = (rec.get(k) if isinstance(rec.get(k), str) else None for k in ("new_object", "true_object"))
     fact = _fact(subject, prompt, obj, target, _case_id(rec, index), name)
+    probes = [_probes(rec, "neighbours", name, unread=unread), _probes(rec, "same_subject", name, unread=unread),
+              _probes(rec, "portability", name, needs_answer=True, unread=unread)]
     note = f"fields timerome's request format does not read, left out: {', '.join(unread)}" if unread else None
-    return [EditRequest(fact, _texts(rec, "paraphrases", name), _probes(rec, "neighbours", name),
-                        _probes(rec, "same_subject", name), _probes(rec, "portability", name, needs_answer=True),
-                        new_object, true_object)], note
+    return [EditRequest(fact, _texts(rec, "paraphrases", name), *probes, new_object, true_object)], note
 
 
 _PARSERS = {"counterfact": _counterfact, "mquake": _mquake, "zsre": _zsre, "flat": _flat, "timerome": _timerome}

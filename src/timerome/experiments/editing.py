@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from timerome.common.checks import shown
+from timerome.common.checks import repeated, shown
 from timerome.data.requests import load_requests
 from timerome.engine.settings import EDIT, LIKELIHOOD, LOCALITY, QUICK_LIKELIHOOD
 from timerome.errors import TimeromeError
@@ -108,6 +108,10 @@ def check(cfg, source) -> None:
                                                           and v.strip() for k, v in sets.items()):
         raise TimeromeError("experiment 'editing': setting sets must be a non-empty object of name -> requests spec "
                             f"or file, e.g. {{\"cf\": \"counterfactual:forget10\"}}, got {shown(sets)}")
+    twice = repeated(v.strip() for v in sets.values())
+    if twice:  # one set computed and reported twice under two names
+        raise TimeromeError(f"experiment 'editing': setting sets names {twice[0]!r} twice (under two names): give "
+                            "each set once")
     refuse_unfilled_target(list(cfg["sets"].values()), cfg["target"], "experiment 'editing'")
 
 
