@@ -125,6 +125,17 @@ def parse_json(text: str, what: str, *, finite: bool = True, keys_once: bool = T
     """The JSON document in `text` (`what` names it in messages), NaN / inf refused when `finite`, a key an object
     gives twice refused when `keys_once` (`{"alpha": 2, "alpha": 3}` read as alpha 3: what a user writes for
     timerome; a checkpoint's files, which transformers reads as json does, keep json's last value)."""
+    try:
+        return _decode(text, what, finite, keys_once)
+    except json.JSONDecodeError as e:
+        raise TimeromeError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise TimeromeError(f"{what} nests its JSON too deeply to read") from None
+
+
+def _decode(text: str, what: str, finite: bool = True, keys_once: bool = True):
+    """`parse_json` but for its syntax errors, which pass as json.JSONDecodeError / RecursionError (a caller that
+    tries another reading of the text, JSON Lines, decides what they mean)."""
     from timerome.common.checks import nonfinite_path
 
     try:
@@ -132,10 +143,6 @@ def parse_json(text: str, what: str, *, finite: bool = True, keys_once: bool = T
     except _RepeatedKey as e:
         raise TimeromeError(f"{what} gives the key {e.args[0]!r} twice in one object (the second would replace the "
                             "first without a word): give it once") from None
-    except json.JSONDecodeError as e:
-        raise TimeromeError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        raise TimeromeError(f"{what} nests its JSON too deeply to read") from None
     bad = nonfinite_path(doc) if finite else None
     if bad:
         raise TimeromeError(f"{what}: {bad} is NaN or infinite, which is not a JSON number and not a usable value; "
@@ -151,35 +158,34 @@ def read_json_documents(path, what: str = "file") -> list:
     text = read_text(path, what)
     if not text.strip():
         raise TimeromeError(f"{what} {path} is empty: nothing in it (an interrupted copy?)")
-    try:
-        json.loads(text)
-        one = True
-    except (json.JSONDecodeError, RecursionError):
-        one = False  # not one JSON document: JSON Lines
-    if one:
-        doc = parse_json(text, f"{what} {path}")
+    try:  # each text is decoded once: the whole, then (where it is no one document) each line
+        doc = _decode(text, f"{what} {path}")
+    except (json.JSONDecodeError, RecursionError) as e:
+        whole = e  # not one JSON document: JSON Lines
+    except TimeromeError:  # a key twice, met before the decoder knew: in one document, or a record of JSON Lines
+        try:
+            json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            whole = e  # JSON Lines: its line says it, with its number
+        else:
+            raise
+    else:
         return doc if isinstance(doc, list) else [doc]
     docs = []
-    first = True
     # JSON Lines end a line at "\n" alone (a trailing "\r" is JSON whitespace): str.splitlines would also break
     # inside a string at U+2028, U+0085 or a form feed, which json.dumps(ensure_ascii=False) writes as they are
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
-            json.loads(line)
+            docs.append(_decode(line, f"{what} {path} line {lineno}"))
         except json.JSONDecodeError as e:
-            if first:  # not JSON Lines either: the one document's own error, where it is (a trailing comma, ...)
-                try:
-                    json.loads(text)
-                except json.JSONDecodeError as whole:
-                    e, lineno = whole, whole.lineno
+            if not docs and isinstance(whole, json.JSONDecodeError):  # not JSON Lines either: the one document's
+                e, lineno = whole, whole.lineno                        # own error, where it is (a trailing comma)
             raise TimeromeError(f"{what} {path} line {lineno} is not JSON ({e.msg}; column {e.colno}): "
                                 "give one JSON document, or one per line (JSON Lines)") from None
         except RecursionError:
-            pass  # parse_json says it
-        docs.append(parse_json(line, f"{what} {path} line {lineno}"))
-        first = False
+            raise TimeromeError(f"{what} {path} line {lineno} nests its JSON too deeply to read") from None
     return docs
 
 

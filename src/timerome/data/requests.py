@@ -248,24 +248,22 @@ def _text(rec: dict, key: str, name: str, *path: str) -> str:
     return v
 
 
+def _text_list(value, name: str, where: str, why: str = "") -> tuple[str, ...]:
+    """A list of texts (one text: itself, never its letters), the blank ones left out; else one TimeromeError."""
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise TimeromeError(f"{name}: {where} must be a list of texts{why}")
+    return tuple(x for x in value if x.strip())
+
+
 def _texts(rec: dict, key: str, name: str) -> tuple[str, ...]:
-    v = rec.get(key) or []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise TimeromeError(f"{name}: {key} must be a list of texts")
-    return tuple(x for x in v if x.strip())
+    return _text_list(rec.get(key) or [], name, key)
 
 
 def _aliases(value, name: str, where: str) -> tuple[str, ...]:
-    """Other spellings of an answer: a list of texts (one text: itself, never its letters), or none."""
-    if value is None:
-        return ()
-    value = [value] if isinstance(value, str) else value
-    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise TimeromeError(f"{name}: {where} must be a list of texts (other spellings of the answer), got "
-                            f"{shown(value)}")
-    return tuple(a for a in value if a.strip())
+    """Other spellings of an answer: a list of texts, or none."""
+    return () if value is None else _text_list(value, name, where,
+                                               f" (other spellings of the answer), got {shown(value)}")
 
 
 def _texts_in(value) -> list[str]:
