@@ -25,22 +25,18 @@ NoWaitOpt = typer.Option(False, "--no-wait", help="if another process is changin
 
 
 def describe(path) -> dict:
-    """What a memory file holds, from its header (no model needed; the checksum is verified)."""
-    from timerome.memory.codebook_memory import read_left_out, read_sources
-    from timerome.memory.memory_file import memory_kind, read_memory_file
-    from timerome.memory.rewrite_memory import answer_watch_on
+    """What a memory file holds, from its header (no model needed; the checksum is verified): every memory's
+    fields and its kind's own (`Memory.described`)."""
+    from timerome.memory.memory_file import memory_class, read_memory_file
 
     tensors, meta = read_memory_file(path)
-    hyper, kind = dict(meta.get("hyper") or {}), memory_kind(meta)
-    return dict(file=str(path), kind=kind, format=meta.get("format"), backbone=meta.get("backbone"),
+    cls = memory_class(meta)
+    return dict(file=str(path), kind=cls.KIND, format=meta.get("format"), backbone=meta.get("backbone"),
                 checkpoint=meta.get("checkpoint") or None, prompt_start=meta.get("prompt_start", []),
                 fingerprint=meta.get("fingerprint"), hidden_size=meta.get("hidden_size"),
-                coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=hyper, stats=meta.get("stats"),
-                watch=answer_watch_on(meta, path) if kind == "rewrite" else False,
-                n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
-                sources=read_sources(meta, path) if kind in ("codebook", "rewrite") else {},
-                calibration_left_out=read_left_out(meta, path) if kind in ("codebook", "rewrite") else None,
-                tensors={k: list(v.shape) for k, v in tensors.items()})
+                coordinate=meta.get("coordinate"), site=meta.get("site"), hyper=dict(meta.get("hyper") or {}),
+                stats=meta.get("stats"), n_facts=len(meta.get("facts") or []), facts=list(meta.get("facts") or []),
+                **cls.described(meta, path), tensors={k: list(v.shape) for k, v in tensors.items()})
 
 
 @memory_app.command("show")
@@ -49,7 +45,7 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
          all_facts: bool = typer.Option(False, "--all", help="list every fact (default: the first 20)"),
          as_json: bool = typer.Option(False, "--json", help="print the description as JSON (every fact)")):
     """The coordinate, hyper-parameters, facts and backbone fingerprint of a saved memory."""
-    from timerome.data.rows import where_rows
+    from timerome.memory.memory_file import memory_class
 
     if all_facts and as_json:  # refused, not ignored
         raise TimeromeError("--json lists every fact already: --all shortens nothing there; leave it out")
@@ -57,51 +53,16 @@ def show(file: Path = typer.Argument(..., help="an edit memory file"),
     if as_json:
         print_json(d)
         return
-    c, h, kind = d["coordinate"] or {}, d["hyper"], d["kind"]
-    t = Table(title=f"{kind} memory {file}", show_header=False)
+    c, h, cls = d["coordinate"] or {}, d["hyper"], memory_class(d)
+    t = Table(title=f"{d['kind']} memory {file}", show_header=False)
     t.add_column("field", style="bold")
     t.add_column("value", overflow="fold")
     step = "every step" if c.get("step") is None else f"step {c.get('step')} only"
-    background = f" ({d['stats']['n_tokens']} background tokens)" if d.get("stats") else ""
-    radius = ("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full strength "
-                        f"within {h.get('inner')}")
-    unsaid = {"calibration": "not recorded (rows given in Python, or an older file): `memory add` reads the "
-                             "added facts' source's retain rows (a rewrite memory's embedded or counterfactual "
-                             "facts, or a file's on the embedded model: embedded:train) or --calibration",
-              "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): `memory "
-                            "add` reads them as the method does (the embedded model's training rows, else its "
-                            "calibration rows) or --value-rows"}
-
-    def read(key):  # the build's rows, as its file records them (`data.rows.row_source`)
-        return where_rows(d["sources"][key]) if key in d["sources"] else unsaid[key]
-
-    left_out = d["calibration_left_out"]
-    calibrated = ("calibration", read("calibration") + (
-        f", less the {len(left_out)} of its rows that state a fact it was built with (`memory add` also leaves out "
-        "the rows stating the facts it adds)" if left_out and d["sources"].get("calibration") else ""))
-    if kind == "codebook":
-        rows = (("alpha", f"{h.get('alpha')}"), radius, calibrated,
-                ("entries", f"{d['tensors']['keys'][0]} keys{background}"),
-                ("gate", f"subject-complete {h.get('complete')}, write {h.get('write')}, object keys "
-                         f"{h.get('object_keys')}, values {h.get('values')}"))
-    elif kind == "rewrite":
-        site = d.get("site") or [None, None]
-        rows = (("write site", f"layer {site[0]} {site[1]}: answer position j takes the value of target token j, "
-                               f"alpha {h.get('alpha')}"), radius, calibrated, ("token values", read("value_rows")),
-                ("entries", f"{d['tensors']['keys'][0]} gate keys, {d['tensors']['values'][0]} token values"
-                            f"{background}"),
-                ("answer watch", "on" if d.get("watch") else "off"))
-    else:
-        lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
-               else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
-        rows = (("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
-                ("key metric", f"{h.get('key_metric')}{background}"),
-                ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}"))
     where = f" at {d['checkpoint']}" if d.get("checkpoint") else ""
     for k, v in (("backbone", f"{d['backbone'] or 'unnamed'}{where} (fingerprint {d['fingerprint']}, hidden "
                               f"{d['hidden_size']})"),
-                 ("gate" if kind == "rewrite" else "coordinate", f"layer {c.get('layer')} {c.get('point')}, {step}"),
-                 *rows, ("target", _targets(d)), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
+                 (cls.SITE, f"layer {c.get('layer')} {c.get('point')}, {step}"),
+                 *cls.shown(d), ("target", _targets(d)), ("facts", str(d["n_facts"])), ("format", str(d["format"]))):
         t.add_row(k, escape(v))
     console.print(t)
     ft = Table(title="facts")
@@ -152,28 +113,28 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
     a new fact whose id another fact holds is added under a new id; a note names both."""
     from timerome.data.rows import load_rows, tofu_folder
     from timerome.memory.base import check_for_model, fact_content, sort_new_facts
-    from timerome.memory.codebook_memory import read_sources
-    from timerome.memory.memory_file import changing, file_class, file_kind, kinds_taking, load_memory, read_memory_file
+    from timerome.memory.memory_file import changing, file_class, kinds_taking, load_memory, read_memory_file
     from timerome.methods import get_method
 
     if requests is not None and data is not None:
         raise TimeromeError("give the facts to add once: --requests FILE or --data SPLIT, not both")
     dest = output_file(out or file, inputs={"--requests file": requests, "--data file": data,
                                             "--calibration file": calibration, "--value-rows file": value_rows})
-    kind, options = file_kind(file), file_class(file).LOAD_OPTIONS
+    cls = file_class(file)
+    kind, calibrated = cls.KIND, "calibration" in cls.LOAD_OPTIONS  # a codebook / rewrite memory: radii to measure
     for option, value in (("calibration", calibration), ("value_rows", value_rows)):  # what its loader reads
-        if value is not None and option not in options:
+        if value is not None and option not in cls.LOAD_OPTIONS:
             raise TimeromeError(f"--{option.replace('_', '-')} applies to {' and '.join(kinds_taking(option))} "
                                 f"memories; {file} is a {'ridge edit' if kind == 'edit' else kind} memory")
     _, meta = read_memory_file(file)
-    recorded_specs = [s["rows"] for s in (read_sources(meta, file) if kind != "edit" else {}).values()]
+    recorded_specs = [s["rows"] for s in cls.described(meta, file)["sources"].values()]
     tofu_dir_read(tofu_dir, requests, data, calibration, value_rows, *recorded_specs)
     default_target = (meta.get("hyper") or {}).get("target") or "I don't know."
     bb = model.load()
     check_for_model(file, meta, bb)  # another model's memory: refused before the facts are read (and warned about)
     facts, source = edit_facts(bb, requests, data, tofu_dir, default_target)
     stated = list(facts)  # the facts whose rows state the facts added: as given, and as the memory holds them
-    gated = get_method(kind).gated if kind != "edit" else None  # a codebook / rewrite file: its method's build
+    gated = get_method(kind).gated if calibrated else None  # a codebook / rewrite file: its method's build
     if gated is not None and gated.said_facts:
         # each as the rewrite memory holds it (`said_facts`), but one the file holds as given (a file written
         # before stop 57), which is skipped below; a target it cannot say is refused before the model is asked
@@ -198,8 +159,8 @@ def add(file: Path = typer.Argument(..., help="an edit memory file"),
         if held is not None and not sort_new_facts(held, facts, default_target)[0]:  # a conflict raises here:
             raise nothing_new  # both before the minutes a codebook / rewrite memory spends on its calibration rows
         rows = values = spec = None
-        sources = read_sources(meta, file) if kind != "edit" else {}
-        if kind != "edit":  # the radii's rows: those its build read (the file says which), unless given
+        sources = cls.described(meta, file)["sources"]
+        if calibrated:  # the radii's rows: those its build read (the file says which), unless given
             recorded = sources.get("calibration")
             spec, spec_rows, as_built = _calibration(file, recorded, calibration, tofu_dir)
             rows = _build_states(meta, file, recorded, spec_rows, (held or []) + stated) if as_built else None

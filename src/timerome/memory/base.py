@@ -72,6 +72,24 @@ class Memory:
     LOAD_OPTIONS: tuple = ()
     OVERRIDABLE: tuple = ("alpha",)
     READS_IDS = False  # its hooks read the token ids of each forward (Hooks(ids=True))
+    SITE = "coordinate"  # what `timerome memory show` calls the place its hook reads
+
+    @classmethod
+    def described(cls, meta: dict, path) -> dict:
+        """What a file of this kind holds beyond every memory's fields (`timerome memory show --json`), read
+        from its header; a value the header gets wrong is one TimeromeError."""
+        return dict(watch=False, sources={}, calibration_left_out=None)
+
+    @classmethod
+    def shown(cls, d: dict) -> list[tuple[str, str]]:
+        """The (field, value) rows `timerome memory show` prints for this kind, from `described`'s and every
+        memory's fields (d: the description: hyper, tensors, stats, site, sources, ...)."""
+        return [("alpha", f"{d['hyper'].get('alpha')}")]
+
+    @staticmethod
+    def _background(d: dict) -> str:
+        """' (N background tokens)': how many tokens its whitening statistics were read on, where it has them."""
+        return f" ({d['stats']['n_tokens']} background tokens)" if d.get("stats") else ""
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -48,6 +48,7 @@ import torch
 from timerome.common.cache import cached_tensors
 from timerome.common.checks import integer, is_int, number
 from timerome.common.checks import seed as checked_seed
+from timerome.data.rows import where_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET, fact_id, fact_list, warn_unknown_subjects
 from timerome.errors import TimeromeError
@@ -91,6 +92,13 @@ class CodebookMemory(Memory):
               "cov": (torch.float64, 2, True)}
     LOAD_OPTIONS = ("calibration",)
     OVERRIDABLE = ("alpha", "margin", "inner")
+    # what `timerome memory show` says of a file without recorded rows (rows given in Python, or an older file)
+    UNRECORDED = {"calibration": "not recorded (rows given in Python, or an older file): `memory add` reads the "
+                                 "added facts' source's retain rows (a rewrite memory's embedded or counterfactual "
+                                 "facts, or a file's on the embedded model: embedded:train) or --calibration",
+                  "value_rows": "not recorded (the calibration rows, rows given in Python, or an older file): "
+                                "`memory add` reads them as the method does (the embedded model's training rows, "
+                                "else its calibration rows) or --value-rows"}
     pads = None       # end-of-text tokens after the answer in the key and calibration states (token_keys._states)
     last_pads = None  # with these counts, the memory also calibrates on last-step states (token_keys.answer_keys)
 
@@ -128,6 +136,34 @@ class CodebookMemory(Memory):
         # which of the calibration source's rows its build left out (indices; `timerome edit` sets them):
         # `memory add` reads the build's calibration states again from their cache (`CalibrationSubset`)
         self.calibration_left_out: list[int] | None = None
+
+    @classmethod
+    def described(cls, meta: dict, path) -> dict:
+        return dict(super().described(meta, path), sources=read_sources(meta, path),
+                    calibration_left_out=read_left_out(meta, path))
+
+    @classmethod
+    def shown(cls, d: dict) -> list[tuple[str, str]]:
+        h = d["hyper"]
+        return [("alpha", f"{h.get('alpha')}"), *cls._calibration_rows(d),
+                ("entries", f"{d['tensors']['keys'][0]} keys{cls._background(d)}"),
+                ("gate", f"subject-complete {h.get('complete')}, write {h.get('write')}, object keys "
+                         f"{h.get('object_keys')}, values {h.get('values')}")]
+
+    @classmethod
+    def _calibration_rows(cls, d: dict) -> list[tuple[str, str]]:
+        """The radius and the calibration rows it was measured on (as the file records them) of `shown`."""
+        h, left_out = d["hyper"], d["calibration_left_out"]
+        less = (f", less the {len(left_out)} of its rows that state a fact it was built with (`memory add` also "
+                "leaves out the rows stating the facts it adds)" if left_out and d["sources"].get("calibration") else "")
+        return [("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full "
+                           f"strength within {h.get('inner')}"),
+                ("calibration", cls._source(d, "calibration") + less)]
+
+    @classmethod
+    def _source(cls, d: dict, key: str) -> str:
+        """The rows its build read for `key`, as the file records them (`data.rows.row_source`)."""
+        return where_rows(d["sources"][key]) if key in d["sources"] else cls.UNRECORDED[key]
 
     facts = property(lambda self: list(self._facts))
     fact_ids = property(lambda self: list(self._ids))

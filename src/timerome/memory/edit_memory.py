@@ -87,6 +87,15 @@ class EditMemory(Memory):
               "mu": (torch.float64, 1, False), "cov": (torch.float64, 2, False)}
     OVERRIDABLE = ("alpha", "q")
 
+    @classmethod
+    def shown(cls, d: dict) -> list[tuple[str, str]]:
+        h = d["hyper"]
+        lam = (f"absolute {h.get('lam_absolute'):g}" if h.get("lam_absolute") is not None
+               else f"relative {h.get('lam')} (lambda {h.get('lam_value') or 0:.4g})")
+        return [("alpha", f"{h.get('alpha')}"), ("lambda", lam), ("q", f"{h.get('q')} (0 = dense)"),
+                ("key metric", f"{h.get('key_metric')}{cls._background(d)}"),
+                ("g_max", "none (coefficients not capped)" if h.get("g_max") is None else f"{h.get('g_max')}")]
+
     def __init__(self, backbone, coordinate=None, *, alpha: float = DEFAULT_ALPHA, lam: float = DEFAULT_LAM,
                  lam_absolute: float | None = None, key_scale: float | None = None, q: int = EDIT.q,
                  key_metric: str = DEFAULT_KEY_METRIC, g_max: float | None = None, step: int | None = None,

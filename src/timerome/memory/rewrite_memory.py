@@ -144,6 +144,7 @@ class RewriteMemory(CodebookMemory):
     answer watch on (module docstring; None: no watch)."""
 
     FORMAT, KIND, WHAT = FORMAT, "rewrite", "rewrite memory"
+    SITE = "gate"
     SCHEMA = {"keys": (torch.float64, 2, True), "reach": (torch.float64, 1, True),
               "owner": (torch.int64, 1, True), "slot": (torch.int64, 1, True),
               "targets": (torch.int64, 2, True), "value_ids": (torch.int64, 1, True),
@@ -154,6 +155,20 @@ class RewriteMemory(CodebookMemory):
     pads = STATE_PADS
     last_pads = LAST_STEP_PADS
     calibration_states = property(lambda self: self.n_states)  # the calibration reads as many states as the keys
+
+    @classmethod
+    def described(cls, meta: dict, path) -> dict:
+        return dict(super().described(meta, path), watch=answer_watch_on(meta, path))
+
+    @classmethod
+    def shown(cls, d: dict) -> list[tuple[str, str]]:
+        h, (layer, point) = d["hyper"], d.get("site") or [None, None]
+        return [("write site", f"layer {layer} {point}: answer position j takes the value of target token j, "
+                               f"alpha {h.get('alpha')}"), *cls._calibration_rows(d),
+                ("token values", cls._source(d, "value_rows")),
+                ("entries", f"{d['tensors']['keys'][0]} gate keys, {d['tensors']['values'][0]} token values"
+                            f"{cls._background(d)}"),
+                ("answer watch", "on" if d.get("watch") else "off")]
 
     def __init__(self, backbone, coordinate, *, background=None, calibration=None, alpha: float = DEFAULT_ALPHA,
                  margin: float = DEFAULT_MARGIN, inner: float = DEFAULT_INNER, n_states: int = DEFAULT_STATES,
