@@ -143,6 +143,10 @@ def files(tmp_path_factory):
     f["rwku_not"] = d / "rwku_not"  # a folder of JSON folders none of which is an RWKU target
     (f["rwku_not"] / "notes").mkdir(parents=True)
     (f["rwku_not"] / "notes" / "x.json").write_text("[]")
+    f["rwku_one"] = d / "bench_rwku"  # a benchmark folder with one RWKU target (one probe)
+    (f["rwku_one"] / "rwku" / "1_Stephen_King").mkdir(parents=True)
+    (f["rwku_one"] / "rwku" / "1_Stephen_King" / "forget_level1.json").write_text(
+        json.dumps([{"query": "Who wrote Carrie?", "answer": "Stephen King"}]))
     f["interrupted"] = d / "interrupted"  # a train --out whose earlier run was interrupted
     (f["interrupted"] / "train-state").mkdir(parents=True)
     (f["interrupted"] / "train-state" / "state.safetensors").write_text("{}")
@@ -893,6 +897,9 @@ def catalogue(f, tmp):
         ("experiment rwku -c targets as one string (read letter by letter)",
          ["experiment", "rwku", "-c", '{"targets": "Stephen King"}', "-o", tmp / "e"],
          "setting targets must be null (every RWKU target), an integer >= 1"),
+        ("experiment rwku -c targets naming one target by its name and its folder",
+         ["experiment", "rwku", "--bench-data", f["rwku_one"], "-c", '{"targets": ["Stephen King", "1_Stephen_King"]}',
+          "-o", tmp / "e"], "names RWKU target 'Stephen King' twice (by 'Stephen King' and '1_Stephen_King')"),
         ("eval --bench whp: (an empty part)", ["eval", "--bench", "whp:"], "'whp:' names an empty part"),
         ("eval --bench rwku: (an empty part)", ["eval", "--bench", "rwku: "], "give the benchmark alone (rwku) or rwku:TARGET"),
         # stop 77: the folder is refused from its path alone, before a model loads (a model that cannot load shows it)

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from timerome.common.checks import repeated
 from timerome.data.rwku import rwku_targets, target_folder, target_name
 from timerome.engine.settings import LIKELIHOOD, QUICK_LIKELIHOOD
+from timerome.errors import TimeromeError
 from timerome.experiments import bench_measures  # noqa: F401 - registers the rwku measurement
 from timerome.experiments.bench_report import (data_notes, deltas, group_summary, grouped, notes_markdown, plot_panels,
                                                warnings_markdown)
@@ -47,7 +49,13 @@ def targets(cfg) -> list[str]:
         return found
     if isinstance(t, int):
         return found[:t]
-    return [target_folder(name, None if src == "hub" else src) for name in t]  # an unknown name: one clear error
+    folders = [target_folder(name, None if src == "hub" else src) for name in t]  # an unknown name: one clear error
+    twice = repeated(folders)  # one target by its name and its folder name (the plain repeat: check_settings)
+    if twice:
+        raise TimeromeError(f"setting targets names RWKU target {target_name(twice[0])!r} twice (by "
+                            f"{' and '.join(repr(n) for n, f in zip(t, folders) if f == twice[0])}): its cells "
+                            "would run twice; name each target once")
+    return folders
 
 
 def check(cfg, source) -> None:
