@@ -111,7 +111,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"unknown --key-metric {key_metric!r}; choose one of {', '.join(KEY_METRICS)}")
     overrides = _config(config)
     g_max, checked = None, None  # checked: the method's config as -c gives it, once checked
-    gated = get_method(method).gated
+    entry = get_method(method)  # its registry entry: defaults, kind, gated build, model check
+    gated = entry.gated
     if overrides and method == RIDGE:  # its settings as options, or the same through --config (not both)
         _not_for_edit(overrides)  # what `edit` itself never reads, before the method's own checks
         checked = method_config(RIDGE, overrides)  # unknown names and bad values, in the method's words
@@ -120,7 +121,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         got = _timerome_config(overrides, given, target, DEFAULTS["target"])
         alpha, lam, lam_absolute, q, key_metric, module, step = (got[k] for k in given)
         target, g_max = got["target"], got["g_max"]
-    if "coordinates" in get_method(method).defaults and overrides.get("coordinates", "traced") != "traced":
+    if "coordinates" in entry.defaults and overrides.get("coordinates", "traced") != "traced":
         raise TimeromeError(f"timerome edit builds one {method} memory at one coordinate (--layer or --trace); "
                             f"--config coordinates {shown(overrides['coordinates'])} builds one per traced layer: use "
                             f"the API's install(\"{method}\", ...) or an experiment's config")
@@ -129,9 +130,9 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
             raise TimeromeError("--target and -c's 'target' both give the target: give it once")
         target = overrides["target"]
     if method != RIDGE:  # its settings, in the method's words, before the model loads (a target included)
-        checked = method_config(method, {**overrides, "target": target} if "target" in get_method(method).defaults
+        checked = method_config(method, {**overrides, "target": target} if "target" in entry.defaults
                                 and "target" not in overrides else overrides)
-        if "target" not in get_method(method).defaults and target != DEFAULTS["target"]:  # refused, not ignored
+        if "target" not in entry.defaults and target != DEFAULTS["target"]:  # refused, not ignored
             raise TimeromeError(f"{method} takes no target: it forgets the facts' answers, it does not write another "
                                 "(leave --target out, or use a method with one: timerome methods)")
     if seed is not None and draws_nothing(method, method_config(method, {}) if checked is None else checked):
@@ -159,7 +160,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         raise TimeromeError(f"--module must be one of {', '.join(HOOK_POINTS)}, got {module!r}")
     if not target.strip():
         raise TimeromeError("--target is empty: give the text the edited model should say instead")
-    weights = get_method(method).kind == "weights"
+    weights = entry.kind == "weights"
     if weights and out.suffix in (".safetensors", ".json"):
         raise TimeromeError(f"{method} changes the model's weights: it saves the edited model as a folder; --out "
                             f"{out} names a file (give a folder, e.g. --out {out.with_suffix('')})")
@@ -176,7 +177,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     bb = model.load()
     if gated is not None and gated.refuse_model is not None:  # the kind of model: before the facts and rows are read
         gated.refuse_model(bb)
-    check_model = get_method(method).model_check  # settings this model leaves unread: before the facts are read
+    check_model = entry.model_check  # settings this model leaves unread: before the facts are read
     if check_model is not None:
         check_model(bb.family, checked if checked is not None else method_config(method, {}))
     facts, source = read or edit_facts(bb, requests, data, tofu_dir, target, target_given)
@@ -426,11 +427,12 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     from timerome.methods import get_method, install, method_config
     from timerome.methods.registry import reads_retain
 
-    kind = get_method(method).kind
+    entry = get_method(method)
+    kind = entry.kind
     over = dict(overrides)
     if alpha is not None:
         over["alpha"] = alpha
-    if "target" in get_method(method).defaults:
+    if "target" in entry.defaults:
         over.setdefault("target", target)
     config = method_config(method, over)
     # the rows it must leave alone, where it reads any (a method that reads none needs none given)
