@@ -245,6 +245,13 @@ def files(tmp_path_factory):
                                    header={**cmeta, "coordinate": {**cmeta["coordinate"], "layer": -1}})
     f["cb_cseed"] = rewrite_memory(cb, d / "cb_cseed.safetensors",
                                    header={**cmeta, "hyper": {**cmeta["hyper"], "calibration_seed": 1.7}})
+    # stop 80 (review 88): slots outside the context (no update at all, or terabytes), one id for every fact, a
+    # background covariance of another size
+    f["cb_slot"] = rewrite_memory(cb, d / "cb_slot.safetensors", tensors=lambda t: _set(t, "slot", lambda x: x * 0 - 5))
+    f["mem_dup"] = rewrite_memory(mem, d / "mem_dup.safetensors", header={**meta, "facts": [meta["facts"][0]] * len(
+        meta["facts"])})
+    f["mem_cov"] = rewrite_memory(mem, d / "mem_cov.safetensors",
+                                  tensors=lambda t: _set(t, "cov", lambda x: x[:64, :64].contiguous()))
     tr = d / "tr"
     f["tr_nan"] = trace_copy(tr, d / "tr_nan",
                              tensors=lambda t: _set(t, "tie", lambda x: x.index_fill(0, torch.tensor([0]), torch.nan)))
@@ -252,7 +259,8 @@ def files(tmp_path_factory):
     f["tr_int"] = trace_copy(tr, d / "tr_int", tensors=lambda t: _set(t, "tie", lambda x: x.to(torch.int64)))
     f["tr_list"] = trace_copy(tr, d / "tr_list", meta=lambda m: [m])
     f["tr_layer"] = trace_copy(tr, d / "tr_layer", meta=lambda m: {**m, "layers": m["layers"][:-1] + [99]})
-    for k in ("tr_nan", "tr_shape", "tr_int", "tr_list", "tr_layer"):  # made on this model (the others test that)
+    f["tr_facts"] = trace_copy(tr, d / "tr_facts", meta=lambda m: {**m, "facts": list(range(len(m["fact_ids"])))})
+    for k in ("tr_nan", "tr_shape", "tr_int", "tr_list", "tr_layer", "tr_facts"):  # made on this model (the others test that)
         m = json.loads(f[k].with_suffix(".json").read_text())
         if isinstance(m, dict):
             m["settings"]["fingerprint"] = load_backbone().fingerprint()
@@ -267,6 +275,10 @@ def files(tmp_path_factory):
     f["pos_int"] = trace_copy(pos, d / "pos_int", name="positional",
                               tensors=lambda t: _set(t, "effect", lambda x: x.nan_to_num(0).to(torch.int64)))
     f["pos_facts"] = trace_copy(pos, d / "pos_facts", name="positional", meta=lambda m: {**m, "facts": []})
+    f["pos_kind"] = trace_copy(pos, d / "pos_kind", name="positional", meta=lambda m: {k: v for k, v in m.items()
+                                                                                        if k != "kind"})
+    f["pos_window"] = trace_copy(pos, d / "pos_window", name="positional",
+                                 meta=lambda m: {**m, "settings": {**m["settings"], "window": -3}})
     (d / "tr_pipe").mkdir()  # a trace whose tensors are a named pipe, its JSON a good one
     shutil.copy(tr / "trace.json", d / "tr_pipe" / "trace.json")
     os.mkfifo(d / "tr_pipe" / "trace.safetensors")
@@ -720,6 +732,17 @@ def catalogue(f, tmp):
         ("positional trace shape against its JSON", ["edit", "--trace", f["pos_shape"], "-o", out], "shape"),
         ("positional trace tensor int64", ["edit", "--trace", f["pos_int"], "-o", out], "int64"),
         ("positional trace without its facts' tokens", ["edit", "--trace", f["pos_facts"], "-o", out], "0 facts' tokens"),
+        # stop 80 (review 88): each loaded, the first two silently wrong, the third a traceback
+        ("codebook memory slots -5 (no update at all)", ["generate", "--edit", f["cb_slot"], "hello"],
+         "its 'slot' values (which subject token each entry keys; -1: none) must lie in -1..511, got -5..-5"),
+        ("memory whose facts all hold one id (remove would remove them all)", ["generate", "--edit", f["mem_dup"],
+                                                                               "hello"], "is held by 20 facts"),
+        ("memory whose background covariance has another size", ["generate", "--edit", f["mem_cov"], "hello"],
+         "a covariance [H, H], got shapes (128,) and (64, 64)"),
+        ("trace facts as numbers", ["edit", "--trace", f["tr_facts"], "-o", out], "(each an object)"),
+        ("positional trace without its kind (read as a TIE trace)", ["edit", "--trace", f["pos_kind"], "-o", out],
+         "has no 'kind', and its tensors are a positional trace's"),
+        ("positional trace window -3", ["edit", "--trace", f["pos_window"], "-o", out], "settings.window must be"),
         # round 3 (stop 44): options the command would not read, and repeats, refused instead of ignored
         ("--layer beside --trace", ["edit", "--trace", f["trace_other"], "--layer", "1", "-o", out], "--trace"),
         ("--q for the codebook", ["edit", "--method", "codebook", "--q", "5", "-o", out], "--q"),
@@ -1143,6 +1166,9 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
     from timerome.integrations.lm_eval_model import TimeromeLM
     from timerome.metrics.editing import edit_scores
     from timerome.metrics.extraction import under_samplers
+    from timerome.engine.hooks import Hooks, Intervention
+    from timerome.memory.codebook_memory import CodebookMemory
+    from timerome.memory.rewrite_memory import RewriteMemory
 
     bb = load()
     ar = load(files["tiny_ar"])  # an autoregressive model, and rows of its vocabulary's words
@@ -1296,6 +1322,16 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
         (lambda: run_experiment("radar", quick=True, out_dir=tmp_path / "rq", progress=False),
          "it computes nothing itself"),
         (lambda: TimeromeLM(backbone=bb, installed=object(), alpha=2.0), "an installed edit (installed=) is built"),
+        # stop 80 (review 88): ids cut to integers, sizes of zero, sites and edit functions met deep inside
+        (lambda: log_likelihood_batch(bb, [[62.9, 13]], [[68]]), "integer token ids (a LongTensor or ints), got "
+                                                                 "torch.float32"),
+        (lambda: log_likelihood_batch(bb, [[True, 13]], [[68]]), "got true / false values"),
+        (lambda: CodebookMemory(bb, (1, "resid"), batch_size=0), "batch_size must be an integer >= 1"),
+        (lambda: RewriteMemory(bb, (1, "resid"), site="x"), "site must be None (the default write site) or a (layer, "
+                                                            "point) pair"),
+        (lambda: _enter(Intervention(bb, {(1, "resid"): 5})), "must be a function fn(h, state)"),
+        (lambda: _enter(Intervention(bb, {(1, "resid"): lambda h: h})), "must take two arguments, (h, state)"),
+        (lambda: Hooks(bb, stop=True), "stop=True needs at least one kept site"),
     ]
     failures = []
     for i, (call, needle) in enumerate(cases):

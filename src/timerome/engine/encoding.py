@@ -101,6 +101,23 @@ def known_answer_ids(backbone, text, what: str, bpe: bool | None = None) -> list
     return ids
 
 
+def integer_ids(ids, what: str, unreadable: str) -> torch.Tensor:
+    """`ids` (a tensor, or a list of ints or of rows of ints) as a LongTensor; one that holds float, complex
+    or true / false values is refused (cast, 62.9 would be read as id 62 and True as id 1 without a word), and
+    one torch cannot read as a tensor is `unreadable` (the caller's message)."""
+    rows = ids if isinstance(ids, (list, tuple)) else ()
+    if any(isinstance(x, bool) or isinstance(x, (list, tuple)) and any(isinstance(y, bool) for y in x) for x in rows):
+        raise TimeromeError(f"{what} must be integer token ids (a LongTensor or ints), got true / false values")
+    try:
+        t = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise TimeromeError(unreadable) from None
+    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise TimeromeError(f"{what} must be integer token ids (a LongTensor or ints), got {t.dtype} values: "
+                            "a float id would be cut to an integer without a word")
+    return t.long()
+
+
 def fit(prompt: list[int], answer: list[int], max_length: int, keep: int = 0) -> tuple[list[int], list[int], bool]:
     """(prompt, answer, cut): the answer's start first, then as much of the prompt's end as fits, after
     the prompt's first `keep` tokens (its sequence start, `Backbone.prompt_start`) when they fit."""

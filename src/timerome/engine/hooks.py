@@ -43,6 +43,7 @@ neither kept nor patched: its cached keys/values are those of the refresh).
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 from typing import Callable
 
@@ -226,12 +227,16 @@ class Hooks(dict):
             self._spellings.setdefault(site_key(site), tuple(site) if isinstance(site, list) else site)
         super().__init__({site: [] for site in self._spellings.values()})
         self.backbone = backbone
+        if edit is not None and not isinstance(edit, dict):
+            raise TimeromeError(f"edit takes a dict {{site: fn(h, state)}}, got {type(edit).__name__}")
         self.edits = dict(edit or {})
+        for site, fn in self.edits.items():  # checked here, not at the first forward deep inside the model
+            _check_editor(site, fn)
         self.state = state if state is not None else TraceState()
         self.inputs, self.stop, self.positions = inputs, stop, positions
         self.to_cpu, self.detach, self.raw, self.ids = to_cpu, detach, raw, ids
         if stop and not keep:
-            raise ValueError("stop=True needs at least one kept site")
+            raise TimeromeError("stop=True needs at least one kept site (keep=[...]): it stops after the last one")
         self._handles = []
         self._forwards = 0
 
@@ -419,6 +424,21 @@ def once_on(edit, backbone):
 def capture(backbone, sites, state: TraceState | None = None, positions=None, to_cpu: bool = False) -> Hooks:
     """Keep each site's output at every forward: store[site] is a list, one tensor per forward."""
     return Hooks(backbone, sites, state=state, positions=positions, to_cpu=to_cpu)
+
+
+def _check_editor(site, fn) -> None:
+    """An edit function takes (h, state): anything else (a number, a function of h alone) is refused naming the
+    site, before a forward calls it."""
+    if not callable(fn):
+        raise TimeromeError(f"the edit at {site!r} must be a function fn(h, state) -> tensor or None, got "
+                            f"{type(fn).__name__}")
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise TimeromeError(f"the edit function at {site!r} must take two arguments, (h, state): the site's output "
+                            "and the TraceState (its step and positions)") from None
+    except ValueError:  # a builtin without a signature: called as it is
+        pass
 
 
 def Intervention(backbone, fns: dict, state: TraceState | None = None) -> Hooks:  # noqa: N802 - reads as a class

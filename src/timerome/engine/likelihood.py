@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, generator_arg, integer
 from timerome.common.progress import progress_bar
-from timerome.engine.encoding import encode_pairs, known_answer_ids, prompt_text_ids
+from timerome.engine.encoding import encode_pairs, integer_ids, known_answer_ids, prompt_text_ids
 from timerome.engine.hooks import Hooks, answer_region
 from timerome.engine.settings import LIKELIHOOD
 from timerome.errors import TimeromeError
@@ -279,10 +279,7 @@ def _as_ids(ids, what: str, backbone) -> torch.Tensor:
     elif torch.is_tensor(ids) and ids.is_meta:
         raise TimeromeError(f"the {what} is on the meta device (a shape without token ids): it cannot be moved to "
                             f"the model's device ({backbone.device}); give the ids themselves")
-    try:
-        t = torch.as_tensor(ids, dtype=torch.long).cpu()
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        raise TimeromeError(f"the {what} must be a list of integer token ids, got {type(ids).__name__}") from None
+    t = integer_ids(ids, f"the {what}", f"the {what} must be a list of integer token ids, got {type(ids).__name__}").cpu()
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 1:

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from timerome.backbones.backbone import model_arg
 from timerome.common.checks import budget, generator_arg, integer, number
 from timerome.common.progress import progress_bar
-from timerome.engine.encoding import fit, pad_id, prompt_text_ids
+from timerome.engine.encoding import fit, integer_ids, pad_id, prompt_text_ids
 from timerome.engine.hooks import answer_region, denoising_steps, refuse_unreached_open
 from timerome.engine.settings import SAMPLER
 from timerome.errors import TimeromeError
@@ -349,15 +349,8 @@ def _as_prompt(backbone, prompt_ids, device) -> torch.Tensor:
     if torch.is_tensor(prompt_ids) and prompt_ids.is_meta:
         raise TimeromeError(f"prompt_ids is on the meta device (a shape without token ids): it cannot be moved to "
                             f"the model's device ({device}); give the ids themselves")
-    try:
-        prompt = torch.as_tensor(prompt_ids)
-    except (TypeError, ValueError, RuntimeError):
-        raise TimeromeError("prompt_ids must be a string, a list of token ids or a LongTensor "
-                            "(rows of one length; left-pad with attention_mask)") from None
-    if prompt.numel() and (prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool):
-        raise TimeromeError(f"prompt_ids must be integer token ids (a LongTensor or ints), got {prompt.dtype} "
-                            "values: a float id would be cut to an integer without a word")
-    prompt = prompt.long()
+    prompt = integer_ids(prompt_ids, "prompt_ids", "prompt_ids must be a string, a list of token ids or a LongTensor "
+                                                   "(rows of one length; left-pad with attention_mask)")
     if prompt.dim() == 1:
         prompt = prompt[None, :]
     if prompt.dim() != 2:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from timerome.common.cache import read_tensors, save_tensors, tensors_digest
-from timerome.common.checks import big_int_path, finite_tensor, integer, is_token_ids, shown
+from timerome.common.checks import big_int_path, finite_tensor, integer, is_token_ids, repeated, shown
 from timerome.common.files import input_file, parse_json, path_arg
 from timerome.data.facts import Fact, fact_field, target_conflict
 from timerome.engine.coordinate import Coordinate
@@ -204,6 +204,10 @@ class Memory:
         tensors, meta = read_file(path, formats=cls.formats(), what=cls.WHAT)
         check_for_model(path, meta, backbone)
         memory = cls._restore(path, meta, tensors, backbone, **options)
+        twice = repeated(memory.fact_ids)  # `remove` of that id would remove them all; `add` never writes two
+        if twice:
+            raise TimeromeError(f"{path} is inconsistent: fact id {twice[0]!r} is held by "
+                                f"{memory.fact_ids.count(twice[0])} facts (was it edited?)")
         memory.prompt_start = list(meta.get("prompt_start", []))  # what its keys were read with (check_for_model)
         return memory
 

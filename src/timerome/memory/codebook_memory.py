@@ -117,7 +117,8 @@ class CodebookMemory(Memory):
         if not isinstance(object_keys, bool):
             raise TimeromeError(f"object_keys must be true or false, got {object_keys!r}")
         self.n_states, self.values, self.object_keys = int(n_states), values, object_keys
-        self.target, self.seed, self.batch_size = target, checked_seed(seed), batch_size
+        self.target, self.seed = target, checked_seed(seed)
+        self.batch_size = integer(batch_size, "batch_size", lo=1)
         # the seed of the calibration states and token values (`_calibration`): the method's trace_seed
         self.calibration_seed = checked_seed(calibration_seed, "calibration_seed")
         self.stats = stats_at(backbone, self.coordinate, background, shrinkage=shrinkage)
@@ -438,6 +439,7 @@ class CodebookMemory(Memory):
         if not ok:
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
                                 f"{tuple(reach.shape)}, {tuple(owner.shape)}, {tuple(deltas.shape)}")
+        check_slots(path, slot, backbone)
         if len(reach) and not bool((reach > 0).all()):
             raise TimeromeError(f"{path} is inconsistent: {int((reach <= 0).sum())} of its entries have a radius <= 0, "
                                 "which a saved codebook never holds (was it edited?)")
@@ -545,6 +547,15 @@ def left_out_header(memory) -> dict:
     """The header entry of a memory's `calibration_left_out` ({} when it has none)."""
     out = memory.calibration_left_out
     return {} if out is None else {"calibration_left_out": sorted({int(i) for i in out})}
+
+
+def check_slots(path, slot: torch.Tensor, backbone) -> None:
+    """A saved file's entry slots (which subject token each entry keys; -1: none) lie in the context: one that
+    does not gave no update at all (-5) or asked for terabytes (1e11)."""
+    if len(slot) and not (-1 <= int(slot.min()) and int(slot.max()) < backbone.max_length):
+        raise TimeromeError(f"{path} is inconsistent: its 'slot' values (which subject token each entry keys; -1: "
+                            f"none) must lie in -1..{backbone.max_length - 1}, got {int(slot.min())}.."
+                            f"{int(slot.max())} (was it edited?)")
 
 
 def read_left_out(meta: dict, path) -> list[int] | None:

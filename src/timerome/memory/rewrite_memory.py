@@ -69,6 +69,7 @@ from dataclasses import replace
 import torch
 
 from timerome.common.cache import cached_tensors
+from timerome.common.checks import shown
 from timerome.common.progress import progress_bar
 from timerome.data.facts import Fact, fact_field
 from timerome.data.rows import load_rows, recorded_rows
@@ -82,8 +83,8 @@ from timerome.engine.settings import ANSWER
 from timerome.errors import NotApplicable, TimeromeError
 from timerome.memory.base import _fact_from_dict, _fact_to_dict, check_new_facts, id_list
 from timerome.memory.codebook_memory import (DEFAULT_INNER, DEFAULT_MARGIN, DEFAULT_STATES, CalibrationSubset,
-                                             CodebookMemory, _n_sequences, left_out_header, read_left_out,
-                                             read_sources)
+                                             CodebookMemory, _n_sequences, check_slots, left_out_header,
+                                             read_left_out, read_sources)
 from timerome.memory.token_keys import answer_keys
 from timerome.memory.whitening import ResidualStats
 
@@ -180,6 +181,9 @@ class RewriteMemory(CodebookMemory):
                          margin=margin, inner=inner, n_states=n_states, complete=False, object_keys=True,
                          write="sequence", target=target, seed=seed, batch_size=batch_size,
                          calibration_seed=calibration_seed, **kw)
+        if site is not None and not (isinstance(site, (list, tuple)) and len(site) == 2):
+            raise TimeromeError(f"site must be None (the default write site) or a (layer, point) pair, e.g. (3, "
+                                f"'resid'), got {shown(site)}")
         layer, point = write_site(backbone) if site is None else tuple(site)
         self.site = Coordinate(layer, point).on(backbone).site
         self._value_rows = value_rows if value_rows is not None else (  # a subset: the rows of its whole list
@@ -564,7 +568,7 @@ class RewriteMemory(CodebookMemory):
             coord, hyper, st = Coordinate.of(meta["coordinate"]), dict(meta["hyper"]), meta["stats"]
             stats = ResidualStats(coord.layer, coord.point, tensors["mu"], tensors["cov"], st["n_tokens"],
                                   st["shrinkage"])
-            mem = cls(backbone, coord, background=stats, calibration=calibration, site=tuple(meta["site"]),
+            mem = cls(backbone, coord, background=stats, calibration=calibration, site=meta["site"],
                       value_rows=value_rows, watch_rows=calibration if adding and watching else None, **hyper)
             facts = [_fact_from_dict(d) for d in meta["facts"]]
             keys, reach, owner, slot = tensors["keys"], tensors["reach"], tensors["owner"], tensors["slot"]
@@ -580,6 +584,7 @@ class RewriteMemory(CodebookMemory):
         if not ok:
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts, tensors of shapes {tuple(keys.shape)}, "
                                 f"{tuple(owner.shape)}, {tuple(targets.shape)}, {tuple(values.shape)}")
+        check_slots(path, slot, backbone)
         mem._keys, mem._reach, mem._owner, mem._slot = keys, reach, owner.long(), slot.long()
         mem._deltas = torch.zeros(len(facts), H, dtype=torch.float64)
         mem._targets, mem._value_ids, mem._values = rows, value_ids.long(), values
@@ -592,8 +597,9 @@ class RewriteMemory(CodebookMemory):
         try:
             mem._watch = [(frozenset(int(t) for t in w), tuple(tuple(int(t) for t in c) for c in cues))
                           for w, cues in watch]
-        except (TypeError, ValueError):
-            mem._watch = []
+        except (TypeError, ValueError):  # each entry: [watched token ids, [cue ids, ...]]
+            raise TimeromeError(f"{path} is inconsistent: its 'watch' must hold one [[token ids], [[cue ids], ...]] "
+                                f"per fact, got {watch!r:.120}") from None
         if len(mem._watch) != len(facts):
             raise TimeromeError(f"{path} is inconsistent: {len(facts)} facts but {len(watch)} answer-watch entries")
         mem.version += 1

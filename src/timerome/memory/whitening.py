@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from timerome.common.checks import generator_arg
+from timerome.common.checks import generator_arg, is_int, is_real
 from timerome.common.files import input_file, read_text
 from timerome.data.corpus import make_corpus, training_rows
 from timerome.data.real_facts import NAME as REAL_FACTS
@@ -43,6 +43,18 @@ class ResidualStats:
     cov: torch.Tensor        # [H, H], already shrunk: invertible
     n_tokens: int
     shrinkage: float
+
+    def __post_init__(self):  # a saved file's statistics are read back through here: wrong ones refused, not used
+        H = self.mean.shape[0] if torch.is_tensor(self.mean) and self.mean.dim() == 1 else None
+        if H is None or not torch.is_tensor(self.cov) or tuple(self.cov.shape) != (H, H):
+            shapes = tuple(getattr(self.mean, "shape", ())), tuple(getattr(self.cov, "shape", ()))
+            raise TimeromeError(f"background statistics need a mean [H] and a covariance [H, H], got shapes "
+                                f"{shapes[0]} and {shapes[1]}")
+        if not is_int(self.n_tokens) or self.n_tokens < 1:
+            raise TimeromeError(f"background statistics' n_tokens must be an integer >= 1, got {self.n_tokens!r:.40}")
+        if not is_real(self.shrinkage) or not 0.0 <= self.shrinkage <= 1.0:
+            raise TimeromeError(f"background statistics' shrinkage must be a number in [0, 1], got "
+                                f"{self.shrinkage!r:.40}")
 
     def precision(self) -> torch.Tensor:
         """C^-1 [H, H] through the Cholesky factor (C is SPD after shrinkage)."""

@@ -113,6 +113,10 @@ class PositionalTrace(TraceFile):
                 raise TimeromeError(f"{path}: its kind is {meta.get('kind') if isinstance(meta, dict) else None!r}, "
                                     "not a positional trace")
             fact_ids, modules, layers, settings = _check_meta(meta, meta_path(path))
+            integer(settings.get("window", 1), f"{meta_path(path)}: settings.window", lo=1)
+            if not isinstance(settings.get("causal", False), bool):
+                raise TimeromeError(f"{meta_path(path)}: settings.causal must be true or false, got "
+                                    f"{shown(settings['causal'])} (was it edited by hand?)")
             facts = list(meta.get("facts", []))
             _check_tensors(t, fact_ids, modules, layers, facts, path)
             return cls(t["effect"], t["clean_p"], t["corrupted_p"], fact_ids, tuple(modules), layers, settings, facts,

@@ -183,6 +183,9 @@ class TraceResult(TraceFile):
         fact_ids, modules, layers and settings of their types, no NaN), its tensors (float32 or
         float64, of the shapes those name, every TIE finite)."""
         path, meta_file, meta, t = cls.halves(path, "trace result", "the trace's JSON")
+        if isinstance(meta, dict) and "kind" not in meta and "tie" not in t and "effect" in t:  # not read as TIE's
+            raise TimeromeError(f"{meta_file} has no 'kind', and its tensors are a positional trace's (effect, "
+                                "clean_p, corrupted_p), whose JSON says \"kind\": \"positional\" (was it edited by hand?)")
         fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
         if settings.get("readout") not in (None, *READOUTS):
             raise TimeromeError(f"{meta_file}: settings.readout must be one of {', '.join(READOUTS)}, got "
@@ -223,8 +226,8 @@ def _check_meta(meta, where) -> tuple[list, list, list, dict]:
     need(len(set(ids)) == len(ids), "fact_ids", "distinct ids (a fact counted twice weighs twice in the mean)")
     need(isinstance(settings, dict), "settings", "an object")
     facts = meta.get("facts", [])
-    need(isinstance(facts, list) and (not facts or len(facts) == len(ids)), "facts",
-         f"a list of the {len(ids)} facts its fact_ids name")
+    need(isinstance(facts, list) and (not facts or len(facts) == len(ids)) and all(isinstance(f, dict) for f in facts),
+         "facts", f"a list of the {len(ids)} facts its fact_ids name (each an object)")
     need(isinstance(meta.get("stats", {}), dict), "stats", "an object")
     integer(settings.get("n_samples", 1), f"{where}: settings.n_samples", lo=1)
     integer(settings.get("steps", 1), f"{where}: settings.steps", lo=1)
