@@ -14,7 +14,15 @@ from __future__ import annotations
 from typing import Callable
 
 from timerome.backbones.families import FAMILIES, Family, get_family
+from timerome.common.checks import shown
 from timerome.errors import TimeromeError
+
+# the signature keys detection reads besides the structure keys: (is the value of the right type, what it must be)
+SIGNATURE_TYPES = {
+    "model_type": (lambda v: isinstance(v, str), "a string (the model's type)"),
+    "architectures": (lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+                      "a list of class names"),
+}
 
 
 def _fits(fam: Family, config: dict) -> list[str]:
@@ -72,6 +80,9 @@ def detect_family(config: dict, family: str | None = None, *,
     """(family, evidence) for a config.json; `family` overrides detection only when it fits.
     mask_declared: whether the checkpoint declares a mask token (called only to settle a tie
     between a diffusion family and a causal one)."""
+    for key, (ok, want) in SIGNATURE_TYPES.items():
+        if config.get(key) is not None and not ok(config[key]):
+            raise TimeromeError(f"config.json: {key} must be {want} or null, got {shown(config[key])}")
     scored = []
     for fam in FAMILIES.values():
         if not _fits(fam, config):

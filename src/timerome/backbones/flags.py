@@ -49,6 +49,46 @@ def _or_null(ok):
     return lambda v: v is None or ok(v)
 
 
+def _holds(ok, v) -> bool:
+    """Whether a rule accepts a value; a value of a type the rule cannot even compare (a string where it
+    orders numbers, a list where it reads an object) is refused, never a TypeError."""
+    try:
+        return bool(ok(v))
+    except Exception:  # noqa: BLE001 - a rule that cannot judge the value does not accept it
+        return False
+
+
+def _rope_theta(v) -> bool:  # RoPE's base: 1 or less makes every frequency 1 or more, 1e-300 NaN everywhere
+    return _positive(v) and v > 1
+
+
+def _names(v) -> bool:  # a list of strings
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _activation(v) -> bool:  # a name transformers' ACT2FN knows (its model classes build the MLP from it)
+    from transformers.activations import ACT2FN
+
+    return isinstance(v, str) and v in ACT2FN
+
+
+def _rope_kind(v: dict) -> bool:  # the RoPE variant an object names, when it names one, is one transformers has
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = v.get("rope_type", v.get("type"))
+    return kind is None or (isinstance(kind, str) and (kind == "default" or kind in ROPE_INIT_FUNCTIONS))
+
+
+def _rope_scaling(v) -> bool:
+    return v is None or (isinstance(v, dict) and _rope_kind(v) and _holds(_or_null(_rope_theta), v.get("rope_theta")))
+
+
+def _rope_parameters(v) -> bool:  # transformers 5: one object, or one per layer type ({"full_attention": {...}})
+    if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+        return all(_rope_scaling(x) for x in v.values())
+    return _rope_scaling(v)
+
+
 COUNT = (_count, "an integer >= 1")
 POSITIVE = (_positive, "a finite number > 0")
 FLAG = (_or_null(_flag), "true, false or null")
@@ -57,7 +97,7 @@ VALUES_COMMON = {
     "eos_token_id": (lambda v: v is None or _index(v) or (isinstance(v, list) and all(map(_index, v))),
                      "a token id, a list of them, or null"),
     "bos_token_id": (_or_null(_index), "a token id or null"), "pad_token_id": (_or_null(_index), "a token id or null"),
-    "rms_norm_eps": POSITIVE, "rope_theta": POSITIVE,
+    "rms_norm_eps": POSITIVE, "rope_theta": (_rope_theta, "a finite number > 1"),
 }
 VALUES_LLADA = dict(VALUES_COMMON, **{
     "d_model": COUNT, "n_heads": COUNT, "n_layers": COUNT, "max_sequence_length": COUNT,
@@ -85,6 +125,17 @@ VALUES_HF = dict(VALUES_COMMON, **{
                        "a list of 0 / 1 per layer or null"),
     "max_window_layers": (_or_null(_index), "an integer >= 0 or null"),
     "sliding_window": (_or_null(_index), "an integer >= 0 or null"),
+    "hidden_act": (_activation, "the name of an activation transformers knows (silu, gelu, relu, ...)"),
+    "rope_scaling": (_rope_scaling, "an object with a RoPE type transformers knows (rope_type linear, dynamic, "
+                                    "yarn, longrope, llama3, ...) and any rope_theta a finite number > 1, or null"),
+    "rope_parameters": (_rope_parameters, "an object (or one per layer type) with a RoPE type transformers knows "
+                                          "and rope_theta a finite number > 1, or null"),
+    "layer_types": (_or_null(_names), "a list of layer type names (\"full_attention\", ...) or null"),
+    "use_sliding_window": FLAG, "norm_topk_prob": FLAG,
+    "router_num_group": (_or_null(_count), "an integer >= 1 or null"),
+    "router_topk_group": (_or_null(_count), "an integer >= 1 or null"),
+    "routed_scaling_factor": (_or_null(_positive), "a finite number > 0 or null"),
+    "moe_router_score_function": (_or_null(lambda v: isinstance(v, str)), "a function name (\"softmax\") or null"),
 })
 VALUES_GPT2 = dict({k: v for k, v in VALUES_COMMON.items() if k not in ("rms_norm_eps", "rope_theta")}, **{
     "n_embd": COUNT, "n_layer": COUNT, "n_head": COUNT, "n_positions": COUNT,
@@ -263,7 +314,7 @@ def check_config(spec_name: str, config: dict, *, warn: bool = True) -> dict:
     c = _effective(spec, config)
     refused = []
     for key, (ok, why) in spec["refused"].items():
-        if key in c and not ok(c[key]):
+        if key in c and not _holds(ok, c[key]):
             shown = "absent, official default " if key not in config else ""
             refused.append(f"{key}={shown}{c[key]!r} ({why})")
     refused += _consistency(spec_name, c)
@@ -281,10 +332,17 @@ def check_values(spec_name: str, config: dict, where: str = "config.json") -> No
     string layer count, zero heads, a head count that does not divide the width): one error naming
     the key, before anything is built."""
     for key, (ok, want) in VALUES[spec_name].items():
-        if key in config and not ok(config[key]):
+        if key in config and not _holds(ok, config[key]):
             raise TimeromeError(f"{where}: {key} must be {want}, got {shown(config[key])}")
     c = _effective(SPECS[spec_name], config)
     if spec_name in ("llada", "mmada"):
+        ratio, width = c.get("mlp_ratio"), c.get("d_model")
+        if c.get("mlp_hidden_size") is None and _count(width) and not (_positive(ratio) and
+                                                                      float(ratio * width).is_integer()):
+            # the MLP width is mlp_ratio * d_model: a whole number of units, or no MLP can be built
+            raise TimeromeError(f"{where}: mlp_hidden_size is null, so the MLP width is mlp_ratio * d_model, and "
+                                f"mlp_ratio {shown(ratio)} * d_model {width} is not a whole number > 0; set "
+                                "mlp_hidden_size (an integer >= 1) or a mlp_ratio that gives one")
         d, nh, nkv = c.get("d_model"), c.get("n_heads"), c.get("n_kv_heads")
         pairs = [("d_model", d, "n_heads", nh), ("n_heads", nh, "n_kv_heads", nkv)]
     else:
@@ -323,3 +381,27 @@ def parameter_count(spec_name: str, config: dict) -> int:
         mlp = 3 * d * (c.get("intermediate_size") or 0)
     head = 0 if c.get("tie_word_embeddings") else V * d
     return V * d + head + L * (2 * d * nh * hd + 2 * d * nkv * hd + mlp)
+
+
+def transformers_refusal(where, error: Exception, config: dict, whose: str) -> TimeromeError:
+    """transformers' own refusal of a config.json (its config classes validate their fields) as one line naming
+    the file and the key: `whose` names the class that refused ("transformers' LlamaConfig")."""
+    import re
+
+    text = " ".join(str(error).split())
+    text = re.sub(r"<class '([\w.]+)'>", r"\1", text).split(" Errors: ")[0]  # "(int, NoneType)", the first reason
+    field = re.match(r"Validation error for field '([^']+)': (?:\w+: )?(.*)", text)
+    if field:
+        key, why = field.groups()
+        if key not in config and key == "rope_parameters" and "rope_scaling" in config:
+            key = "rope_scaling"  # transformers 5 reads rope_scaling into rope_parameters
+        value = shown(config[key]) if key in config else "(absent)"
+        return TimeromeError(f"{where}: {key} {value} is refused by {whose}: {_words(why)}")
+    check = re.match(r"Class validation error for validator '([^']+)': (?:\w+: )?(.*)", text)
+    if check:
+        return TimeromeError(f"{where}: {whose} refuses it ({check.group(1)}): {_words(check.group(2))}")
+    return TimeromeError(f"{where}: {whose} cannot be built from it: {_words(text) or type(error).__name__}")
+
+
+def _words(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."

@@ -60,7 +60,8 @@ def llada_settings(config: dict) -> SimpleNamespace:
             raise TimeromeError(f"n_kv_heads={nkv} contradicts multi_query_attention={c['multi_query_attention']}")
     c["effective_n_kv_heads"] = nkv
     c["head_dim"] = c["d_model"] // nh
-    c["ff_hidden"] = c["mlp_hidden_size"] if c["mlp_hidden_size"] is not None else c["mlp_ratio"] * c["d_model"]
+    # mlp_ratio * d_model, a whole number (flags.check_values refuses one that is not) even from a float ratio
+    c["ff_hidden"] = c["mlp_hidden_size"] if c["mlp_hidden_size"] is not None else int(c["mlp_ratio"] * c["d_model"])
     c["vocab"] = c["embedding_size"] or c["vocab_size"]
     norm_bias = c["bias_for_layer_norm"] if c["bias_for_layer_norm"] is not None else c["include_bias"]
     c["norm_bias"] = bool(norm_bias)

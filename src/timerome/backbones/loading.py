@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from timerome.backbones.backbone import Backbone
 from timerome.backbones.detect import detect_family
 from timerome.backbones.families import Family
-from timerome.backbones.flags import RefusedConfig, check_config, check_values, parameter_count
+from timerome.backbones.flags import RefusedConfig, check_config, check_values, parameter_count, transformers_refusal
 from timerome.backbones.llada_model import model_class
 from timerome.backbones.tokenizer import load_tokenizer
 from timerome.common.checks import memory_budget
@@ -151,8 +152,13 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
                f"family nor its tokenizer has remote code; {'timerome' if fam.loader == 'timerome' else 'transformers'}"
                "'s own implementation runs")
     # before the weights: a checkpoint without a usable mask token fails in seconds, not minutes
-    mask_id = _mask_id(config, tokenizer, fam)
-    if mask_id >= int(config.get("embedding_size") or config.get("vocab_size") or mask_id + 1):
+    rows = config.get("embedding_size") or config.get("vocab_size")  # check_values: an integer >= 1, or absent
+    if rows and len(tokenizer) > rows:  # fewer is normal: a vocabulary padded to a round number of rows
+        raise TimeromeError(f"the tokenizer has {len(tokenizer)} tokens, the model's embedding {rows} "
+                            f"({ckpt / 'config.json'}): its ids past {rows - 1} have no embedding; the tokenizer "
+                            "files belong to another model")
+    mask_id = _mask_id(config, tokenizer, fam, ckpt)
+    if mask_id >= int(rows or mask_id + 1):
         raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
     if remote:
         model = _remote_model(ckpt, torch_dtype)
@@ -270,7 +276,13 @@ def _dtype(dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _mask_id(config: dict, tokenizer, fam: Family) -> int:
+def _mask_id(config: dict, tokenizer, fam: Family, ckpt: Path | None = None) -> int:
+    declared, token = config.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None)
+    if declared is not None and token is not None and int(declared) != int(token):
+        # which one the model was trained with is a guess: refused, not settled silently for config.json
+        raise TimeromeError(f"{ckpt / 'config.json' if ckpt else 'config.json'} says mask_token_id {declared}, but "
+                            f"the tokenizer's mask token {str(tokenizer.mask_token)!r} is id {token}: the two must "
+                            "agree (remove mask_token_id from config.json, or fix it)")
     for candidate in (config.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None), fam.mask_id):
         if candidate is not None:
             return int(candidate)
@@ -293,21 +305,85 @@ def placeholder_id(config: dict, tokenizer) -> int:
 
 
 def _state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    state = {}
+    for path in weight_files(ckpt):  # no tensor in two files (weight_files refuses that): the order is moot
+        state.update(_load_weights(path))
+    return state
+
+
+def weight_files(ckpt: Path) -> dict[Path, list[str]]:
+    """The safetensors files of a checkpoint, each with the tensor names its header lists (no tensor read):
+    model.safetensors, else the shards of model.safetensors.index.json, checked against the index. A shard
+    the index names but the folder lacks, a tensor two shards hold, a tensor the index puts in a shard that
+    does not hold it: refused by name, for every loader."""
     single = ckpt / "model.safetensors"
     if single.exists():
-        return _load_weights(single)
+        return {single: _tensor_names(single)}
     index = ckpt / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json(index, "the checkpoint's weight index", keys_once=False)
-        if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
-            raise TimeromeError(f"{index} has no weight_map object: not a safetensors index")
-        state = {}
-        for s in sorted(set(map(str, weight_map["weight_map"].values()))):
-            if not (ckpt / s).is_file():
-                raise TimeromeError(f"{index} names the shard {s}, which is missing from {ckpt}")
-            state.update(_load_weights(ckpt / s))
-        return state
-    raise no_safetensors(ckpt)
+    if not index.exists():
+        raise no_safetensors(ckpt)
+    doc = read_json(index, "the checkpoint's weight index", keys_once=False)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise TimeromeError(f"{index} has no weight_map object (tensor name -> shard file name): not a "
+                            "safetensors index")
+    files = {}
+    for name in sorted(set(weight_map.values())):
+        if Path(name).name != name or name in (".", "..") or not (ckpt / name).is_file():
+            raise TimeromeError(f"{index} names the shard {name}, which is missing from {ckpt}")
+        files[ckpt / name] = _tensor_names(ckpt / name)
+    holder: dict[str, Path] = {}
+    for path, names in files.items():
+        for t in names:
+            if t in holder:
+                raise TimeromeError(f"the tensor {t} is in two shards of {ckpt}, {holder[t].name} and {path.name}: "
+                                    "which one the model would get is a guess; a checkpoint holds each tensor once")
+            holder[t] = path
+    for t, name in weight_map.items():
+        if holder.get(t) != ckpt / name:
+            raise TimeromeError(f"{index} puts the tensor {t} in {name}, which does not hold it"
+                                + (f" ({holder[t].name} does)" if t in holder else "")
+                                + ": the index does not match its shards")
+    # a tensor a shard holds that the index does not list is read all the same (the structure's own check
+    # then refuses one it has no place for): transformers reads by the index, and real indexes are written from
+    # their shards, so refusing it would only stop a checkpoint whose numbers are not in doubt
+    return files
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return list(f.keys())
+    except Exception as e:  # noqa: BLE001 - safetensors raises SafetensorError, OSError, ValueError...
+        raise safetensors_error(path, e) from None
+
+
+def misfit(ckpt: Path, fam: Family, missing, unexpected=(), mismatched=()) -> TimeromeError | None:
+    """One line on how a checkpoint's weights differ from the structure its config.json describes (None when
+    they do not): the first tensor of each kind by name, and how many more. mismatched: (name, shape in the
+    checkpoint, shape the structure needs)."""
+    def first(names, what):
+        names = sorted(names, key=_natural)
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        return f"{names[0]} {what}{more}" if names else ""
+
+    mismatched = sorted(mismatched, key=lambda m: _natural(m[0]))
+    shapes = (f"{mismatched[0][0]} has shape {list(mismatched[0][1])} where the structure needs "
+              f"{list(mismatched[0][2])}" + (f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else "")
+              ) if mismatched else ""
+    parts = [p for p in (first(missing, "is missing"), first(unexpected, "is not part of it"), shapes) if p]
+    if not parts:
+        return None
+    return TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {'; '.join(parts)}")
+
+
+def _natural(name: str) -> tuple:
+    """layers.2 before layers.10."""
+    import re
+
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"(\d+)", name) if x)
 
 
 def no_safetensors(ckpt: Path) -> TimeromeError:
@@ -335,6 +411,11 @@ def _our_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtype):
         raise TimeromeError(f"weights in {ckpt} are not floating point ({ints[0]} is "
                             f"{str(state[ints[0]].dtype).removeprefix('torch.')}{more}): was the checkpoint "
                             "converted? use the original weights")
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = misfit(ckpt, fam, [k for k in want if k not in state], [k for k in state if k not in want],
+                   [(k, tuple(v.shape), want[k]) for k, v in state.items() if k in want and tuple(v.shape) != want[k]])
+    if wrong:
+        raise wrong
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
@@ -351,16 +432,57 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
                           "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel)}[fam.hf_class]
     fields = {k: v for k, v in config.items()
               if k not in ("model_type", "architectures", "auto_map") and not (k == "rope_scaling" and v is None)}
-    hf_config = cfg_cls(**fields)
+    where = ckpt / "config.json"
     try:
-        with hf_bars_off():
+        hf_config = cfg_cls(**fields)
+    except Exception as e:  # noqa: BLE001 - transformers' own validation of a field, named with the file
+        raise transformers_refusal(where, e, config, f"transformers' {cfg_cls.__name__}") from None
+    weight_files(ckpt)  # the index and its shards, checked as for timerome's own loader
+    try:
+        with hf_bars_off(), _load_report_off():
             # from_pretrained with an explicit config: the checkpoint's own model_type (e.g. "Dream")
-            # is not needed, so no remote code runs
-            model = model_cls.from_pretrained(str(ckpt), config=hf_config, attn_implementation=fam.hf_attention,
-                                              use_safetensors=True, **_dtype_kwarg(dtype))
+            # is not needed, so no remote code runs. Mismatched shapes are reported (and refused below)
+            # rather than raised, and loading_info says what was missing or left over
+            model, info = model_cls.from_pretrained(
+                str(ckpt), config=hf_config, attn_implementation=fam.hf_attention, use_safetensors=True,
+                output_loading_info=True, ignore_mismatched_sizes=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
-        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: {str(e)[:400]}") from None
+        try:  # a config transformers cannot build a model from is config.json's fault, not the weights'
+            with torch.device("meta"):
+                model_cls(hf_config)
+        except Exception as built:  # noqa: BLE001
+            raise TimeromeError(f"{where}: transformers' {model_cls.__name__} cannot be built from it "
+                                f"({type(built).__name__}: {' '.join(str(built).split())[:300]})") from None
+        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: "
+                            f"{' '.join(str(e).split())[:400]}") from None
+    # weights the checkpoint lacks were filled randomly, ones the structure lacks dropped, misshapen ones
+    # re-initialised: refused, as timerome's own loader refuses them (tied weights are not reported missing)
+    wrong = misfit(ckpt, fam, info.get("missing_keys") or (), info.get("unexpected_keys") or (),
+                   info.get("mismatched_keys") or ())
+    if wrong:
+        raise wrong
+    if info.get("error_msgs"):
+        raise TimeromeError(f"weights in {ckpt} do not fit the {fam.name} structure: "
+                            f"{' '.join(str(info['error_msgs'][0]).split())[:400]}")
     return model
+
+
+@contextlib.contextmanager
+def _load_report_off():
+    """transformers' "LOAD REPORT" table of missing / unexpected / mismatched weights off for the block: the
+    load refuses those by name in one line instead. Its other warnings stay."""
+    import logging
+
+    class Report(logging.Filter):
+        def filter(self, record):
+            return "LOAD REPORT" not in str(record.getMessage())
+
+    log, quiet = logging.getLogger("transformers.modeling_utils"), Report()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 def _dtype_kwarg(dtype: torch.dtype) -> dict:
@@ -375,6 +497,7 @@ def _remote_model(ckpt: Path, dtype: torch.dtype):
 
     if not any((ckpt / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
         raise no_safetensors(ckpt)  # the user trusts the code, not pickled .bin weights
+    weight_files(ckpt)  # the index and its shards agree, as for the other loaders
     try:
         with hf_bars_off():  # its "Loading checkpoint shards" bar: off, as for the other loads
             return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, use_safetensors=True,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from timerome.backbones.flags import transformers_refusal
+from timerome.common.checks import shown
 from timerome.common.files import read_json
 from timerome.errors import TimeromeError
 
@@ -29,20 +31,50 @@ BY_FILES = (
 
 
 def _read(path: Path) -> dict:
-    """A tokenizer file of the checkpoint as JSON ({} where it has none): UTF-8, one clear error otherwise."""
-    return read_json(path, "the checkpoint's tokenizer file", finite=False, keys_once=False) if path.exists() else {}
+    """A tokenizer file of the checkpoint as JSON ({} where it has none): UTF-8, a JSON object, one clear
+    error otherwise."""
+    if not path.exists():
+        return {}
+    doc = read_json(path, "the checkpoint's tokenizer file", finite=False, keys_once=False)
+    if not isinstance(doc, dict):
+        raise TimeromeError(f"{path} must be a JSON object (the tokenizer's settings by name), got a "
+                            f"{type(doc).__name__}")
+    return doc
+
+
+def _auto_tokenizer(cfg: dict, path: Path) -> str | None:
+    """The remote tokenizer class a file's auto_map names ("module.Class"), or None; a map of another shape
+    is refused by name. tokenizer_config.json may hold the legacy form, a list [slow, fast] itself."""
+    amap = cfg.get("auto_map")
+    if amap is None:
+        return None
+    if isinstance(amap, list) and path.name == "tokenizer_config.json":
+        auto = amap
+    elif isinstance(amap, dict):
+        auto = amap.get("AutoTokenizer")
+    else:
+        raise TimeromeError(f"{path}: auto_map must be an object naming the code of each Auto class "
+                            f"({{\"AutoTokenizer\": [...], ...}}), got {shown(amap)}")
+    refs = [auto] if isinstance(auto, str) else auto if isinstance(auto, (list, tuple)) else None
+    if auto is not None and (refs is None or not all(r is None or isinstance(r, str) for r in refs)):
+        raise TimeromeError(f"{path}: auto_map's AutoTokenizer must be a class reference (\"module.Class\") or a "
+                            f"list [slow, fast] of them (null for none), got {shown(auto)}")
+    named = [r for r in refs or () if r]
+    return named[0] if named else None
 
 
 def _is_remote(ckpt: Path, tok_cfg: dict, config: dict) -> str | None:
     """The remote class the release names, or None when transformers has the class itself."""
     import transformers
 
-    for cfg in (tok_cfg, config):
-        auto = (cfg.get("auto_map") or {}).get("AutoTokenizer")
-        if auto:
-            ref = auto[0] if isinstance(auto, (list, tuple)) else auto
-            return str(ref or auto[1])
+    for cfg, path in ((tok_cfg, ckpt / "tokenizer_config.json"), (config, ckpt / "config.json")):
+        ref = _auto_tokenizer(cfg, path)
+        if ref:
+            return ref
     name = tok_cfg.get("tokenizer_class")
+    if name is not None and not isinstance(name, str):
+        raise TimeromeError(f"{ckpt / 'tokenizer_config.json'}: tokenizer_class must be a class name (a string) "
+                            f"or null, got {shown(name)}")
     if name and not hasattr(transformers, name) and not hasattr(transformers, name.removesuffix("Fast")):
         return name
     return None
@@ -79,6 +111,15 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
     except TimeromeError:
         raise
     except Exception as e:  # noqa: BLE001 - any tokenizer failure becomes one clear message
+        try:
+            from huggingface_hub.errors import StrictDataclassError
+        except ImportError:  # an older huggingface_hub: its transformers validates no field this way
+            StrictDataclassError = ()  # noqa: N806 - isinstance(e, ()) is False
+
+        if isinstance(e, StrictDataclassError):  # AutoTokenizer reads config.json through its config class
+            raise transformers_refusal(ckpt / "config.json", e, config,
+                                       f"transformers' config class for model_type {config.get('model_type')!r}"
+                                       ) from None
         files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "qwen.tiktoken")
         have = [f for f in files if (Path(ckpt) / f).exists()]
         why = " ".join(str(e).split())
@@ -87,8 +128,39 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
             f" (it holds no tokenizer file: none of {', '.join(files)})" if not have else "") + f": {why}") from None
     finally:
         hf_logging.set_verbosity(level)
+    _mask_in_vocabulary(ckpt, tok, tok_cfg)
     return tok, {"class": type(tok).__name__, "how": how, "release_class": remote or tok_cfg.get("tokenizer_class"),
                  "remote_code": bool(remote and trust_remote_code)}
+
+
+def _mask_in_vocabulary(ckpt: Path, tok, tok_cfg: dict) -> None:
+    """Refuse a mask token the tokenizer's files declare (tokenizer_config.json, special_tokens_map.json) but its
+    vocabulary lacks: transformers appends it as a new id, one whose embedding no training ever saw."""
+    token, tid = getattr(tok, "mask_token", None), getattr(tok, "mask_token_id", None)
+    if token is None or not isinstance(tid, int) or tid < (getattr(tok, "vocab_size", None) or 0):
+        return
+    if tid in _file_token_ids(ckpt, tok_cfg):
+        return
+    raise TimeromeError(f"the tokenizer of {ckpt} declares the mask token {str(token)!r}, which is not in its "
+                        f"vocabulary (transformers would add it as a new, untrained id {tid}); declare a mask "
+                        "token the vocabulary holds")
+
+
+def _file_token_ids(ckpt: Path, tok_cfg: dict):
+    """The ids of the added tokens the tokenizer's files list (tokenizer_config.json's added_tokens_decoder,
+    added_tokens.json, tokenizer.json's added_tokens), read lazily: the cheapest file first."""
+    for key in tok_cfg.get("added_tokens_decoder") or {}:
+        if str(key).isdigit():
+            yield int(key)
+    for name, read in (("added_tokens.json", lambda d: d.values() if isinstance(d, dict) else ()),
+                       ("tokenizer.json", lambda d: [t.get("id") for t in d.get("added_tokens") or ()
+                                                     if isinstance(t, dict)] if isinstance(d, dict) else ())):
+        if (ckpt / name).is_file():
+            try:
+                yield from read(read_json(ckpt / name, "the checkpoint's tokenizer file", finite=False,
+                                          keys_once=False))
+            except (TimeromeError, AttributeError):  # a file the tokenizer read differently: no ids from it
+                continue
 
 
 def _standard_class(ckpt: Path, remote: str) -> tuple[str, tuple[str, ...]]:
