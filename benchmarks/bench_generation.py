@@ -15,7 +15,7 @@ Parts, each measured in this one run:
           generated tokens equal to the exact sampler's (plain vs plain, edited vs edited).
           Goal: >= 5x for dual + threshold 0.9, and edited / plain <= 1.03 under the cache.
   rouge   the embedded model: ROUGE-L recall of the evaluation's greedy answers (forget01 + retain
-          questions, `evaluation.generate_answers`) with each option (--rouge-options; these add
+          questions, `evaluation.evaluator.generate_answers`) with each option (--rouge-options; these add
           dual+threshold+refresh2) against the exact sampler, without and with an edit memory of the
           forget01 facts (the defaults). Goal: within 0.02.
 

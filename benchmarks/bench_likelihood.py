@@ -60,7 +60,8 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--lengths", type=int, default=5, help="row lengths at which the throughput is measured")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs of each configuration (fastest kept)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs of each configuration (the fastest printed; "
+                                                           "the multiple is the median of the runs' ratios to their floor)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--malloc", choices=MALLOC_CHOICES, default="kept", help=MALLOC_HELP)

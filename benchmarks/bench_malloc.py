@@ -9,7 +9,7 @@ command starts: it warms up with one small likelihood (the library's one-off sta
 either way), then times each part once with process CPU time (user + kernel) and counts its minor
 page faults:
   likelihood  the evaluation's 100 (question, answer) pairs at n_mc 16 (`answer_logprobs`)
-  generate    their greedy answers (`evaluation.generate_answers`, the exact sampler)
+  generate    their greedy answers (`evaluation.evaluator.generate_answers`, the exact sampler)
   trace       the default trace of 8 facts (`tracing.causal_trace.trace`)
 The two settings run alternately, the first of each pair turning with the pair, so that a drift in
 the machine's speed hits both; a part's figure is the median over pairs of (kept / glibc's) time.

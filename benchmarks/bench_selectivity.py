@@ -38,7 +38,7 @@ object keys, timerome (defaults and the paper variant) and rome:
 directions: the embedded model, codebook at its defaults but one setting: layer, margin, values,
 per-fact coordinates, object keys, key states; and keys read at layer 0 with the value written at
 a deeper layer (one hook reads the gate, another adds the delta).
-generations: greedy answers (length-oracle, evaluation.generate_answers) to a few forget and retain
+generations: greedy answers (length-oracle, evaluation.evaluator.generate_answers) to a few forget and retain
 questions, plain and with the codebook memory at a few settings: what the log-probabilities hide.
 costs: install time (prepare excluded) of codebook, timerome and rome; the hook's cost per forward
 (batch 16 x 32 tokens, fastest of repeats, as a ratio to the plain forward); greedy answers to 8
@@ -487,7 +487,7 @@ def costs(setup, args) -> None:
 
 
 def _generation_costs(setup, edits, args) -> None:
-    """Greedy answers (`evaluation.generate_answers`, the sampler publishing the answer region the
+    """Greedy answers (`evaluation.evaluator.generate_answers`, the sampler publishing the answer region the
     rewrite memory writes in) to the task's forget questions, where the gates fire, and to retain
     questions, where they should not, with each memory active, over the plain generation: fastest of
     interleaved rounds. The rewrite memory is built here (its own install, prepare excluded)."""

@@ -58,7 +58,7 @@ from timerome.memory.capture import capture_facts
 from timerome.memory.token_keys import state_deltas, state_token_rows, state_tokens, subject_keys
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, stats_at
 
-DEFAULT_ALPHA = 8.0    # embedded and TOFU models, layer 0 resid (docs/selectivity.md)
+DEFAULT_ALPHA = 8.0    # embedded and TOFU models at the traced layer (docs/selectivity.md)
 DEFAULT_MARGIN = 0.8   # radius = 0.8 x the distance to the nearest calibration token
 DEFAULT_INNER = 0.5    # full strength within half the radius
 DEFAULT_STATES = 4     # states per fact the keys are read on (the first fully masked)
