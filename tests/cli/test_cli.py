@@ -420,6 +420,9 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
     assert any("as many characters as its expected answer has" in n for n in got[0]["notes"])  # what its Locality reads
     assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])
+    # the default --n-mc, which nobody gave, is named nowhere (review 91: every AR eval said "--n-mc 16 changes nothing")
+    code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1, "--json")
+    assert code == 0 and not any("--n-mc" in n for n in json.loads(text)["notes"]), text
     # a weight-edited AR model is saved as what it is: no mask token written, reloaded autoregressive (it came
     # back as a masked diffusion model, its EOS taken for the mask, and said gibberish)
     from timerome.cli.model import save_backbone

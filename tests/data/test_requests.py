@@ -234,3 +234,18 @@ def test_tofu_forget_requests_have_the_perturbed_files_paraphrases(tmp_path):
         alone, _ = load_requests("tofu:forget01", tofu_dir=str(tmp_path))
     assert not any(r.paraphrases for r in alone)
     assert any("forget01_perturbed, which cannot be read" in str(w.message) for w in seen)
+
+
+def test_real_facts_are_a_requests_spec():
+    """'real-facts' (stop 80, review 91: `timerome requests real-facts` said no such file, so the real facts
+    could be edited by --data but not scored by `eval --requests`): each real fact with its counterfactual
+    target, and one unrelated prompt in turn as its neighbour."""
+    from timerome.data.real_facts import real_facts
+
+    facts, unrelated = real_facts()
+    reqs, notes = load_requests("real-facts")
+    assert [r.fact for r in reqs] == facts and not notes
+    assert all(r.fact.target and r.fact.target != r.fact.object for r in reqs)
+    neighbours = [p.prompt for r in reqs for p in r.neighbours]
+    assert len(neighbours) == len(reqs) and set(neighbours) == {u.prompt for u in unrelated}
+    assert {p.answer for r in reqs for p in r.neighbours} <= {u.object for u in unrelated}

@@ -83,14 +83,16 @@ def fewer_rows(given: dict, counts: dict) -> list[str]:
     return out
 
 
-def exact_likelihood(bb, n_mc: int, seed: int = 0) -> list[str]:
-    """The note that --n-mc does nothing on an autoregressive model (its likelihood is exact), and a --seed
-    other than 0 nothing either (the seed draws only the likelihood's masks: the answers are greedy), or none."""
-    if not getattr(bb, "causal", False):
+def exact_likelihood(bb, n_mc: int | None, seed: int = 0) -> list[str]:
+    """The note that a --n-mc given (n_mc: None where it was not) does nothing on an autoregressive model (its
+    likelihood is exact), and a --seed other than 0 nothing either (the seed draws only the likelihood's masks:
+    the answers are greedy), or none (the default --n-mc, unread there, is not named: review 91)."""
+    given = ([f"--n-mc {n_mc}"] if n_mc is not None else []) + (
+        [f"--seed {seed} (which draws only those masks; the answers are greedy)"] if seed else [])
+    if not getattr(bb, "causal", False) or not given:
         return []
-    return [f"{bb.name} is autoregressive: its likelihood is exact (one forward per answer, no masks), so --n-mc "
-            + (f"{n_mc} changes nothing" if not seed else
-               f"{n_mc} and --seed {seed} (which draws only those masks; the answers are greedy) change nothing")]
+    return [f"{bb.name} is autoregressive: its likelihood is exact (one forward per answer, no masks), so "
+            f"{' and '.join(given)} change{'s' if len(given) == 1 else ''} nothing"]
 
 
 @app.command("eval")
@@ -111,7 +113,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                               "rows, 0 for none)"),
              splits: Optional[str] = typer.Option(None, help="comma-separated subset of forget,retain,real_authors,"
                                                               "world_facts (default: all)"),
-             n_mc: int = typer.Option(LIKELIHOOD.n_mc, help="Monte-Carlo masks per answer likelihood"),
+             n_mc: Optional[int] = typer.Option(None, help="Monte-Carlo masks per answer likelihood (default "
+                                                           f"{LIKELIHOOD.n_mc}; an autoregressive model's is exact)"),
              seed: int = 0,
              rouge: bool = typer.Option(True, help="generate answers for ROUGE-L (slower)"),
              reference: Optional[str] = typer.Option(
@@ -170,10 +173,13 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         where = (f"with {' or '.join(FLAG[m] for m in modes)}" if "tofu" not in modes
                  else f"without {' or '.join(FLAG[m] for m in FLAG if m not in modes)}")
         raise TimeromeError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} only {where}")
+    n_mc_given, n_mc = n_mc, LIKELIHOOD.n_mc if n_mc is None else n_mc  # given: named in a note where unread
     if requests is not None:
-        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json)
+        return _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json,
+                          n_mc_given)
     if bench is not None:
-        return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference)
+        return _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference,
+                           n_mc_given)
     data = "embedded" if data is None else data
     forget_given, forget = forget is not None, "forget01" if forget is None else forget
     sized = {flag: key for flag, key, v in (("--n-retain", "n_retain", n_retain), ("--retain-authors",
@@ -233,7 +239,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                               "Quality needs a model trained without the forget set", soft_wrap=True)
     result = evaluate(bb, rows, n_mc=n_mc, seed=seed, edit=memory_edit, rouge=rouge, reference_tr=ref_tr,
                       progress=True, sampler=sampler)
-    exact = exact_likelihood(bb, n_mc, seed)
+    exact = exact_likelihood(bb, n_mc_given, seed)
     fewer = fewer_rows({f: v for f, v in (("--n-retain", n_retain), ("--n-world", n_world)) if f in sized},
                        {k: len(v) for k, v in rows.items()})
     notes = dict(result["notes"], **({"n_mc": exact[0]} if exact else {}), **({"sizes": fewer} if fewer else {}))
@@ -246,7 +252,7 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
         print_notes(result["metrics"], result["notes"], exact + fewer)
         print_json(summary)
         return
-    drawn = "exact likelihood" if exact else f"n_mc {n_mc}, seed {seed}"  # an AR model's: no masks to draw
+    drawn = "exact likelihood" if bb.causal else f"n_mc {n_mc}, seed {seed}"  # an AR model's: no masks to draw
     title = f"{summary['model']}" + (f" with {edit}" if edit else "") + f" on {data}:{forget} ({drawn})"
     console.print(escape(title), soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.4g}"))
@@ -255,7 +261,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
     print_notes(result["metrics"], result["notes"], exact + fewer)
 
 
-def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json) -> None:
+def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_world, n_mc, seed, as_json,
+               n_mc_given=None) -> None:
     """`timerome eval --requests`: the editing metrics of --edit (or of -m against --base)."""
     from timerome.backbones import load_backbone
     from timerome.backbones.loading import model_place
@@ -307,7 +314,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                                n_mc=n_mc, seed=seed, lp=False, progress=True)["baseline"]
     result = edit_scores(bb, reqs, memory, locality=locality, gen_length=gen_length, n_mc=n_mc, seed=seed,
                          known_subjects=known, baseline=baseline, progress=True)
-    exact = exact_likelihood(bb, n_mc, seed)
+    exact = exact_likelihood(bb, n_mc_given, seed)
     fewer = fewer_rows({f: v for f, v in (("--n-retain", n_retain), ("--n-world", n_world)) if f in sized},
                        {k: len(v) for k, v in locality.items()})
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, base=unedited,
@@ -334,7 +341,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
         return
     who = f"{summary['model']}" + (f" with {edit}" if edit else "") + (f" against {unedited}" if unedited else "")
     console.print(escape(f"{who} on {len(reqs)} edit requests from {requests} (greedy, gen_length "
-                         f"{result['gen_length']}, " + ("exact likelihood)" if exact else f"n_mc {n_mc}, seed {seed})")),
+                         f"{result['gen_length']}, " + ("exact likelihood)" if bb.causal else f"n_mc {n_mc}, seed {seed})")),
                   soft_wrap=True)
     console.print(metric_table(result["metrics"], "{:.3f}"))
     notes_and_warning()
@@ -409,7 +416,8 @@ def _edited_from_embedded(recorded) -> bool:
     return False
 
 
-def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference=None) -> None:
+def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_json, privleak_reference=None,
+                n_mc_given=None) -> None:
     """`timerome eval --bench`: a benchmark's own metrics for the model, with --edit's memory applied
     while scoring (`bench_eval.evaluate_benchmark`); nothing is installed or traced."""
     from timerome.experiments.bench_eval import (bench_folder, evaluate_benchmark, load_benchmark, refuse_unread_reference,
@@ -434,7 +442,7 @@ def _bench_eval(model, edit, bench, bench_data, limit, n_mc, seed, rouge, as_jso
                                 privleak_reference=privleak_reference)
     summary = dict(model=str(model.model or "embedded"), edit=str(edit) if edit else None, bench=result["bench"],
                    data=result["spec"], n_items=result["n_items"], metrics=result["metrics"],
-                   notes=result["notes"] + exact_likelihood(bb, n_mc, seed), seconds=result["seconds"], n_mc=n_mc, seed=seed,
+                   notes=result["notes"] + exact_likelihood(bb, n_mc_given, seed), seconds=result["seconds"], n_mc=n_mc, seed=seed,
                    rouge=rouge, privleak_reference=privleak_reference)
     if as_json:  # the notes on stderr, as without --json (docs/cli.md); the JSON holds them too
         print_notes(result["metrics"], {}, summary["notes"])

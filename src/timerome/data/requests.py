@@ -5,6 +5,7 @@
     requests, notes = load_requests("MQuAKE-CF-3k.json")        # MQuAKE (multi-hop portability)
     requests, notes = load_requests("counterfactual:forget10")  # the embedded corpus's own set
     requests, notes = load_requests("embedded:forget01")        # a forget split, no target of its own
+    requests, notes = load_requests("real-facts")               # 34 real facts for a real English model
 
 One record is one `EditRequest`:
 
@@ -47,6 +48,7 @@ from pathlib import Path
 from timerome.common.checks import integer, shown
 from timerome.common.files import read_json_documents
 from timerome.data.facts import Fact, target_conflict
+from timerome.data.real_facts import NAME as REAL_FACTS
 from timerome.errors import TimeromeError
 
 FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
@@ -106,7 +108,7 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
 
     if not isinstance(spec, (str, list, tuple)) and not hasattr(spec, "__fspath__"):  # Path(5) raised a TypeError
         raise TimeromeError(f"the requests spec must be a file path, a corpus spec ('counterfactual:forget10', "
-                            f"'embedded:forget01', 'tofu:SPLIT') or a list of records, got {type(spec).__name__} "
+                            f"'embedded:forget01', 'tofu:SPLIT', 'real-facts') or a list of records, got {type(spec).__name__} "
                             f"{shown(spec)}")
     tofu_dir_read(tofu_dir, spec)
     if target is not None and not (isinstance(target, str) and target.strip()):  # "" filled nothing, silently
@@ -115,11 +117,13 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
         records, where = list(spec), "the given records"
     elif isinstance(spec, str) and spec.startswith(("counterfactual:", "embedded:", "tofu:")):
         records, where = _from_corpus(spec, tofu_dir), spec
+    elif isinstance(spec, str) and spec == REAL_FACTS:
+        records, where = _real_fact_records(), spec
     else:
         head = str(spec).split(":", 1)[0]
         if ":" in str(spec) and len(head) > 1 and "/" not in head and not Path(spec).exists():  # a misspelt spec
             raise TimeromeError(f"edit request file {spec} does not exist, and {head}: names no corpus (the specs: "
-                                "'counterfactual:SPLIT', 'embedded:SPLIT', 'tofu:SPLIT')")
+                                "'counterfactual:SPLIT', 'embedded:SPLIT', 'tofu:SPLIT', 'real-facts')")
         records, where = read_json_documents(Path(spec), "edit request file"), str(spec)
     if not records:
         raise TimeromeError(f"{where} holds no edit requests")
@@ -146,6 +150,18 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
     if conflict:
         raise TimeromeError(f"{where}: {conflict}")
     return requests, _grouped(notes)
+
+
+def _real_fact_records() -> list[dict]:
+    """'real-facts': the 34 real facts of `data/real_facts.py`, each with its counterfactual target, and one of
+    the 22 unrelated prompts (sharing no subject with any fact) as its neighbour, in turn: each unrelated
+    prompt probes one or two requests' locality."""
+    from timerome.data.real_facts import real_rows
+
+    rows, unrelated = real_rows()
+    return [dict(fact_id=r["fact_id"], subject=r["subject"], prompt=r["question"], object=r["answer"],
+                 target=r["target"], neighbours=[{"prompt": u["question"], "answer": u["answer"]}])
+            for r, u in zip(rows, (unrelated[i % len(unrelated)] for i in range(len(rows))))]
 
 
 def _grouped(notes: list[str]) -> list[str]:
