@@ -139,7 +139,7 @@ def test_edit_warns_of_a_lambda_that_swamps_the_keys(tmp_path):
     code, out = run("edit", "--lam", "1e6", "--out", tmp_path / "m.safetensors")
     assert code == 0 and "warning" in out and "1/1e+06" in " ".join(out.split()), out
     code, out = run("edit", "--out", tmp_path / "m.safetensors")
-    assert code == 0 and "warning" not in out, out
+    assert code == 0 and "warning" not in out and "note" not in out, out  # the embedded model's default site: its trace's
 
 
 def test_edit_rejects_bad_coordinates_and_q(tmp_path):
@@ -420,6 +420,14 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
     assert any("as many characters as its expected answer has" in n for n in got[0]["notes"])  # what its Locality reads
     assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])
+    # the paper's memory on an AR model, at no traced site: both said (review 91: it printed "try it" alone)
+    (tmp_path / "ar.json").write_text(json.dumps([{"subject": "the author", "prompt": "where was the author born ?",
+                                                   "object": "city", "target": "sea"}]))
+    code, text = run("edit", "-m", d, "--requests", tmp_path / "ar.json", "--key-metric", "paper", "-o",
+                     tmp_path / "ar.safetensors")
+    text = " ".join(text.split())
+    assert code == 0 and "not a traced site (`timerome trace --positional` finds one" in text, text
+    assert "moves likelihoods but seldom what the model says" in text, text
     # the default --n-mc, which nobody gave, is named nowhere (review 91: every AR eval said "--n-mc 16 changes nothing")
     code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1, "--json")
     assert code == 0 and not any("--n-mc" in n for n in json.loads(text)["notes"]), text

@@ -212,6 +212,7 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         layer %= bb.n_layers  # -1: the last layer, as Coordinate.on reads it
     if layer is None and gated is not None and gated.default_layer is not None:
         layer = gated.default_layer(bb)  # the method's own default, as the API and the experiments place it
+    untraced = layer is None  # no --trace, no --layer: the middle block's residual, said below (review 91)
     coordinate = Coordinate(default_coordinate(bb).layer if layer is None else layer, module, step)
     if gated is not None:
         return _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibration, alpha, target,
@@ -239,7 +240,24 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
         return
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
+    for note in _ridge_notes(bb, untraced, memory.coordinate):
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
+
+
+def _ridge_notes(bb, untraced: bool, coordinate) -> list[str]:
+    """What a user of the paper's memory should know before trusting it here: a site that no trace chose, and
+    (measured) that on an autoregressive model it moves likelihoods but seldom what the model says."""
+    notes = []
+    if untraced and not bb.embedded:  # the embedded model's middle block is where its trace points (layer 1)
+        notes.append(f"no --trace or --layer: the memory sits at layer {coordinate.layer} {coordinate.point}, the "
+                     "middle block's default, not a traced site (`timerome trace"
+                     + (" --positional" if bb.causal else "") + "` finds one; pass it with --trace)")
+    if bb.causal:
+        notes.append("on an autoregressive model this memory moves likelihoods but seldom what the model says "
+                     "(docs/ar-contrast.md: at the positional trace's sites it made SmolLM2-135M say none of the 34 "
+                     "real facts' targets); rome / memit write a fact into the weights (MEMIT said 32 of 34)")
+    return notes
 
 
 def _zero_alpha(alpha) -> None:

@@ -130,7 +130,9 @@ def refuse_causal(backbone) -> None:
     if getattr(backbone, "causal", False):
         raise TimeromeError(f"the rewrite memory writes the answer positions while they are still masked, and an "
                             f"autoregressive model ({backbone.name}) never has masked positions, so it would change "
-                            "nothing: use the codebook or timerome memory, or rome / memit / alphaedit")
+                            "nothing: use rome / memit / alphaedit, which write the fact into the weights (the "
+                            "timerome memory builds here, but seldom changes what such a model says: "
+                            "docs/ar-contrast.md)")
 
 
 class RewriteMemory(CodebookMemory):
