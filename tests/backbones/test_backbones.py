@@ -566,9 +566,11 @@ def test_ar_generation_is_greedy_left_to_right(ar_backbones, fam):
     p = bb.encode("the author was born in")
     x = generate(bb, torch.tensor([p]), steps=4, gen_length=4, block_length=4)
     seq = list(p)
+    specials = set(bb.tokenizer.all_special_ids) | {bb.mask_id}
     with torch.no_grad():
-        for _ in range(4):
-            seq.append(int(bb.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+        for _ in range(4):  # greedy, until its end-of-text (a special token); then the placeholder
+            done = seq[-1] in specials and len(seq) > len(p)
+            seq.append(bb.mask_id if done else int(bb.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
     assert x[0].tolist() == seq
     # left-padded rows of different lengths decode as they do alone
     q = bb.encode("what did the author write")

@@ -61,8 +61,15 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
     assert code == 0 and "write site" in out and "per fact (4 distinct" in out and "None" not in out, out
     code, out = run("eval", "--edit", mem, "--requests", tmp_path / "cf.json", "--n-mc", 2, "--json")
     assert code == 0, out
-    m = json.loads(out)["metrics"]
+    got = json.loads(out)
+    m = got["metrics"]
     assert m["Efficacy"] == 1.0 and m["Locality"] >= 0.95 and m["EfficacyLP"] == 1.0, m
+    # every probe's answers, by kind (review 91: Locality's neighbours were not listed): the requests' own
+    # neighbours name their request, the corpus's locality rows none
+    probes = got["probe_answers"]
+    assert len(probes["neighbour"]) == sum(len(r.neighbours) for r in reqs) > 0, probes.keys()
+    assert {a["fact_id"] for a in probes["neighbour"]} <= {r.fact_id for r in reqs}
+    assert all(a["fact_id"] is None for k in got["n_locality"] for a in probes[k])
 
 
 def test_a_counterfact_file_of_bare_objects_is_said_at_the_default_budget(tmp_path):

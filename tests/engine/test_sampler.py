@@ -423,3 +423,40 @@ def test_a_large_temperature_still_draws_from_the_vocabulary():
     u = torch.rand(logits.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ref = (logits.double().exp() / (-torch.log(u)) ** 0.9).argmax(-1)  # the reference's form, where it is finite
     assert torch.equal(_sample(logits, 0.9, torch.Generator().manual_seed(1)), ref)
+
+
+def test_an_autoregressive_generation_stops_at_its_end_of_text(tmp_path):
+    """Review 91: on SmolLM2 the API's generate ran all its forwards past the end-of-text, into the next chat
+    turns. A row that writes a special token is finished (the placeholder after it), and the forwards stop
+    once every row is; a batch gives each row what it gives alone."""
+    from timerome.backbones import load_backbone
+    from timerome.backbones.tiny import make_tiny_checkpoint
+    from timerome.engine.sampler import generate
+
+    bb = load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar", layers=2))
+    eos = bb.tokenizer.eos_token_id
+    p = bb.encode("the author was born in")
+    forwards = []
+    real_next = bb.next_logits
+
+    def ending(ids, mask=None):  # the model's logits, with the end-of-text forced at the third token
+        forwards.append(ids.shape[1])
+        out = real_next(ids, mask)
+        if ids.shape[1] == len(p) + 2:
+            out = out.clone()
+            out[:, eos] = out.max() + 10
+        return out
+
+    bb.next_logits = ending
+    x = generate(bb, torch.tensor([p]), gen_length=8)
+    assert x[0, len(p) + 2] == eos and (x[0, len(p) + 3:] == bb.mask_id).all()
+    assert len(forwards) == 3  # nothing after the end-of-text
+    forwards.clear()
+    q = bb.encode("what did the author write")
+    L = max(len(p), len(q))
+    ids = torch.tensor([[0] * (L - len(p)) + p, [0] * (L - len(q)) + q])
+    att = torch.tensor([[0] * (L - len(p)) + [1] * len(p), [0] * (L - len(q)) + [1] * len(q)]).bool()
+    bb.next_logits = real_next
+    alone = generate(bb, torch.tensor([q]), gen_length=8)
+    both = generate(bb, ids, gen_length=8, attention_mask=att)
+    assert both[1, L:].tolist() == alone[0, len(q):].tolist()

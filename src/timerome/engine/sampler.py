@@ -94,6 +94,8 @@ def generate(backbone, prompt_ids, *, steps: int = SAMPLER.steps, gen_length: in
         (k = 0..steps-1; with a threshold, as many steps as the blocks take), and back to what it
         was on return. Every hook on the backbone sees the step without it (`hooks.denoising_steps`).
     on_step(k, x): called after step k with (a copy of) the current x [B, P + gen_length].
+    An autoregressive model writes one token per step and stops where every row has written its end-of-text
+    (a special token): the rest of a finished row is its placeholder id (`until_special` cuts there).
     attention_mask: [B, P] or [B, P + gen_length], False at padding (e.g. left-padded prompts);
         padded positions are never revealed and are hidden from attention.
     generator: every random draw comes from it (default: a Generator seeded 0 on the backbone's
@@ -173,7 +175,10 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
 
 def _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step, on_step,
                    attention_mask) -> torch.Tensor:
-    """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each."""
+    """A causal backbone's generation: token P + i is predicted from x[:, :P + i], one forward each. A row that
+    has written a special token (its end-of-text, `until_special`'s set) is finished: its later positions keep
+    the placeholder (backbone.mask_id, itself special), and once every row is, the forwards stop (as an AR
+    model's own generate stops at its end-of-text; they ran to gen_length, past it into the next chat turns)."""
     device = backbone.device  # cache, threshold and cfg_scale: refused by check_generation (refuse_diffusion_options)
     B, P = prompt.shape
     if generator is None:
@@ -182,12 +187,18 @@ def _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step
     x[:, :P] = prompt
     real = _real_positions(attention_mask, B, P, gen_length, device)
     am = None if attention_mask is None else real
+    specials = torch.tensor(sorted(set(getattr(backbone.tokenizer, "all_special_ids", None) or [])
+                                   | {backbone.mask_id}), dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
     for i in range(gen_length):
         at_step(i)
         logits = backbone.next_logits(x[:, :P + i], None if am is None else am[:, :P + i])  # [B, V]
-        x[:, P + i] = _sample(logits, temperature, generator)
+        x[:, P + i] = torch.where(done, x[:, P + i], _sample(logits, temperature, generator))
         if on_step is not None:
             on_step(i, x.clone())
+        done |= torch.isin(x[:, P + i], specials)
+        if bool(done.all()):
+            break
     return x
 
 
