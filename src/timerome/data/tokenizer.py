@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from timerome.errors import TimeromeError
+
+if TYPE_CHECKING:  # for the annotations only: transformers is imported where a tokenizer is built
+    from transformers import PreTrainedTokenizerFast
 
 PAD, UNK, BOS, EOS, MASK = "<|pad|>", "<|unk|>", "<|bos|>", "<|eos|>", "<|mask|>"
 SPECIALS = [PAD, UNK, BOS, EOS, MASK]  # ids 0..4, in this order
@@ -43,6 +45,8 @@ def build_word_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
     # it misses the apostrophe split off by the pre-tokenizer, so "don ' t" is glued afterwards
     tk.decoder = decoders.Sequence([decoders.WordPiece(prefix="##", cleanup=True), decoders.Fuse(),
                                     decoders.Replace(" ' ", "'")])
+    from transformers import PreTrainedTokenizerFast  # here: transformers costs seconds at every command's start
+
     return PreTrainedTokenizerFast(tokenizer_object=tk, **SPECIAL_ROLES)
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import stats as sps
 
 from timerome.errors import TimeromeError
 
@@ -63,6 +62,8 @@ def paired_t(x, y) -> tuple[float, float]:
         # spread to test against, so no p-value; stars() marks it EXACT instead of "***"
         return float(np.sign(d.mean()) * np.inf), float("nan")
     t = d.mean() / (sd / np.sqrt(d.size))
+    from scipy import stats as sps  # here, not at import: scipy.stats costs seconds at every command's start
+
     return float(t), float(2 * sps.t.sf(abs(t), df=d.size - 1))
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import rankdata
 
 from timerome.common.checks import is_real
 from timerome.common.progress import progress_bar
@@ -131,6 +130,8 @@ def auc(members, nonmembers) -> float:
     a, b = np.asarray(members, dtype=np.float64), np.asarray(nonmembers, dtype=np.float64)
     if a.size == 0 or b.size == 0:
         raise TimeromeError("an AUC needs scores of both member and non-member texts")
+    from scipy.stats import rankdata  # here, not at import: scipy.stats costs seconds at every command's start
+
     ranks = rankdata(np.concatenate([a, b]))  # ties share their mean rank
     u = ranks[: a.size].sum() - a.size * (a.size + 1) / 2
     return float(u / (a.size * b.size))

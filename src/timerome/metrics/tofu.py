@@ -8,7 +8,6 @@ forget quality use the length-normalised NLL, as TOFU does.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import ks_2samp
 
 from timerome.errors import TimeromeError
 from timerome.metrics.columns import column
@@ -49,6 +48,8 @@ def forget_quality(tr_edited, tr_reference) -> float:
     a, b = np.asarray(tr_edited), np.asarray(tr_reference)
     if a.size == 0 or b.size == 0:
         raise TimeromeError("forget quality needs truth ratios from both models")
+    from scipy.stats import ks_2samp  # here, not at import: scipy.stats costs seconds at every command's start
+
     return float(ks_2samp(a, b).pvalue)
 
 
