@@ -432,7 +432,8 @@ def said_by_model(bb, facts) -> tuple[list, list]:
 
 RequestsOpt = typer.Option(None, "--requests", "-r",
                            help="edit requests: a CounterFact / zsRE / MQuAKE / EasyEdit / timerome JSON or JSONL "
-                                "file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' / 'real-facts' (each request may carry its "
+                                "file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' / 'real-facts' (each request may "
+                                "carry its "
                                 "own target; the others take --target with `edit`, the memory's own target with `memory add`)")
 
 

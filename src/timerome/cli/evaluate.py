@@ -331,7 +331,8 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                    # every other probe's answers, by kind (paraphrase, neighbours, ...): what each metric read
                    probe_answers={kind: [dict(fact_id=reqs[i].fact_id if i >= 0 else None,  # -1: a locality row
                                               prompt=p, answer=a0, answer_with_edit=a1)
-                                         for i, p, a0, a1 in zip(it["request"], it["prompt"], it["plain"], it["edited"])]
+                                         for i, p, a0, a1 in zip(it["request"], it["prompt"], it["plain"],
+                                                                 it["edited"])]
                                   for kind, it in result["items"].items() if kind != "prompt" and it["prompt"]})
     def notes_and_warning():  # on stderr, with --json too (docs/cli.md)
         print_notes(result["metrics"], result["notes"], exact)

@@ -41,6 +41,7 @@ format, or lacks a field its format needs, is an error naming the record and the
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,7 @@ from pathlib import Path
 from timerome.common.checks import integer, shown
 from timerome.common.files import read_json_documents
 from timerome.data.facts import Fact, target_conflict
-from timerome.data.real_facts import NAME as REAL_FACTS
+from timerome.data.real_facts import NAME as REAL_FACTS, real_rows
 from timerome.errors import TimeromeError
 
 FORMATS = ("counterfact", "mquake", "zsre", "flat", "timerome")
@@ -108,8 +109,8 @@ def load_requests(spec, *, target: str | None = None, limit: int | None = None,
 
     if not isinstance(spec, (str, list, tuple)) and not hasattr(spec, "__fspath__"):  # Path(5) raised a TypeError
         raise TimeromeError(f"the requests spec must be a file path, a corpus spec ('counterfactual:forget10', "
-                            f"'embedded:forget01', 'tofu:SPLIT', 'real-facts') or a list of records, got {type(spec).__name__} "
-                            f"{shown(spec)}")
+                            f"'embedded:forget01', 'tofu:SPLIT', 'real-facts') or a list of records, got "
+                            f"{type(spec).__name__} {shown(spec)}")
     tofu_dir_read(tofu_dir, spec)
     if target is not None and not (isinstance(target, str) and target.strip()):  # "" filled nothing, silently
         raise TimeromeError(f"the target is empty: give the text the edited model should say, got {target!r}")
@@ -156,12 +157,10 @@ def _real_fact_records() -> list[dict]:
     """'real-facts': the 34 real facts of `data/real_facts.py`, each with its counterfactual target, and one of
     the 22 unrelated prompts (sharing no subject with any fact) as its neighbour, in turn: each unrelated
     prompt probes one or two requests' locality."""
-    from timerome.data.real_facts import real_rows
-
     rows, unrelated = real_rows()
     return [dict(fact_id=r["fact_id"], subject=r["subject"], prompt=r["question"], object=r["answer"],
                  target=r["target"], neighbours=[{"prompt": u["question"], "answer": u["answer"]}])
-            for r, u in zip(rows, (unrelated[i % len(unrelated)] for i in range(len(rows))))]
+            for r, u in zip(rows, itertools.cycle(unrelated))]
 
 
 def _grouped(notes: list[str]) -> list[str]:

@@ -279,7 +279,8 @@ def _as_ids(ids, what: str, backbone) -> torch.Tensor:
     elif torch.is_tensor(ids) and ids.is_meta:
         raise TimeromeError(f"the {what} is on the meta device (a shape without token ids): it cannot be moved to "
                             f"the model's device ({backbone.device}); give the ids themselves")
-    t = integer_ids(ids, f"the {what}", f"the {what} must be a list of integer token ids, got {type(ids).__name__}").cpu()
+    t = integer_ids(ids, f"the {what}", f"the {what} must be a list of integer token ids, got {type(ids).__name__}")
+    t = t.cpu()
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 1:

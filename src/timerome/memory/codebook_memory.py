@@ -156,7 +156,8 @@ class CodebookMemory(Memory):
         """The radius and the calibration rows it was measured on (as the file records them) of `shown`."""
         h, left_out = d["hyper"], d["calibration_left_out"]
         less = (f", less the {len(left_out)} of its rows that state a fact it was built with (`memory add` also "
-                "leaves out the rows stating the facts it adds)" if left_out and d["sources"].get("calibration") else "")
+                "leaves out the rows stating the facts it adds)"
+                if left_out and d["sources"].get("calibration") else "")
         return [("radius", f"margin {h.get('margin')} x the distance to the nearest calibration token, full "
                            f"strength within {h.get('inner')}"),
                 ("calibration", cls._source(d, "calibration") + less)]

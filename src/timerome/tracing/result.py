@@ -185,7 +185,8 @@ class TraceResult(TraceFile):
         path, meta_file, meta, t = cls.halves(path, "trace result", "the trace's JSON")
         if isinstance(meta, dict) and "kind" not in meta and "tie" not in t and "effect" in t:  # not read as TIE's
             raise TimeromeError(f"{meta_file} has no 'kind', and its tensors are a positional trace's (effect, "
-                                "clean_p, corrupted_p), whose JSON says \"kind\": \"positional\" (was it edited by hand?)")
+                                "clean_p, corrupted_p), whose JSON says \"kind\": \"positional\" (was it edited by "
+                                "hand?)")
         fact_ids, modules, layers, settings = _check_meta(meta, meta_file)
         if settings.get("readout") not in (None, *READOUTS):
             raise TimeromeError(f"{meta_file}: settings.readout must be one of {', '.join(READOUTS)}, got "
