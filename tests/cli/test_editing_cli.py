@@ -185,6 +185,7 @@ def test_a_weight_method_saves_the_edited_model(tmp_path):
     code, out = run("edit", "--method", "rome", "-m", out_dir, "--requests", tmp_path / "cf.json", "-o",
                     tmp_path / "again")
     assert code == 2 and "pass --calibration" in out, out
+    assert "or 'real-facts'" in " ".join(out.split()), out  # texts a real model's user has at hand (review 91)
     code, out = run("edit", "--method", "rome", "-m", out_dir, "--requests", tmp_path / "cf.json", "--background",
                     "embedded:retain_perturbed", "-o", tmp_path / "again", "--json")
     assert code == 0 and (tmp_path / "again" / "model.safetensors").exists(), out

@@ -183,8 +183,12 @@ def test_the_timerome_method_places_its_memory_by_the_positional_trace(models):
         edit.undo()
     with pytest.raises(TimeromeError, match="trace_kind"):
         method_config("timerome", {"trace_kind": "rome"})
-    with pytest.raises(DiffusionOnly, match="MDLM protocol"):  # the default, TIE, on an AR model
+    # the default, TIE, on an AR model: refused naming the settings that place it (stop 81: it named the CLI's
+    # `timerome trace --positional`, which an install cannot take)
+    with pytest.raises(DiffusionOnly, match="set trace_kind 'positional' .* or give a coordinate"):
         install("timerome", bb, task, {"trace_samples": 2})
+    with pytest.raises(DiffusionOnly, match="coordinates 'per_fact' reads each fact's layer from a TIE trace"):
+        install("codebook", bb, task, {"coordinates": "per_fact"})
 
 
 def test_a_benchmark_row_its_trace_refused_names_the_positional_setting():

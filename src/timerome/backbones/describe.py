@@ -67,6 +67,9 @@ def describe(bb) -> dict:
         "logit_shift": bb.family.logit_shift,
         "causal": bb.family.causal,
         "padding": _padding(bb),
+        # timerome reads every prompt as given (a raw completion); lm-eval's --apply_chat_template is the one place
+        # the template is applied (review 91: a user of an instruct model could not tell)
+        "chat_template": bool(getattr(bb.tokenizer, "chat_template", None)),
         "config_keys": info.get("config_keys", {"refused": [], "unknown": [], "implemented": []}),
     }
 
@@ -98,6 +101,8 @@ def summary_rows(d: dict) -> list[tuple[str, str]]:
         ("mask / eos / pad", f"{one('mask')} / {one('eos')} / {one('pad')}"),
         ("kind", "autoregressive (causal)" if d.get("causal") else "masked diffusion"),
         ("logit shift", str(d["logit_shift"])), ("padding", d["padding"]),
+        ("chat template", "in the tokenizer, not applied: prompts are read as given (lm-eval's "
+         "--apply_chat_template applies it)" if d.get("chat_template") else "none (prompts are read as given)"),
         ("refused config flags", "; ".join(keys["refused"]) or "none"),
         ("unknown config keys", ", ".join(keys["unknown"]) or "none"),
     ]

@@ -359,8 +359,9 @@ def calibration_spec(bb, method: str, source: str, calibration: str | None) -> s
     if origin == "counterfactual" or (origin not in ("embedded", "tofu") and bb.embedded):
         origin = "embedded"
     if origin not in ("embedded", "tofu"):
-        instead = (" or texts for its key statistics with --background (a text file, a JSON/JSONL rows file or a "
-                   "'tofu:SPLIT' spec)"
+        instead = (" or texts for its key statistics with --background (a text file, a JSON/JSONL rows file, a "
+                   "'tofu:SPLIT' spec, or 'real-facts': 34 rows of world knowledge, the rows stating an edited fact "
+                   "left out)"
                    if get_method(method).retain == IN_PLACE_OF_BACKGROUND else "")
         raise TimeromeError(f"{method} needs the rows the edit must leave alone: pass --calibration (e.g. a file "
                             f"of retain question/answer rows){instead}")

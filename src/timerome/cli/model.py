@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from timerome.cli.app import (ModelChoice, app, console, err_console, friendly, model_options,
@@ -381,16 +382,19 @@ def generate(prompt: list[str] = typer.Argument(..., help="one or more prompts")
 @app.command("methods")
 @friendly
 def methods_cmd(as_json: bool = typer.Option(False, "--json", help="print the methods and defaults as JSON")):
-    """List the registered methods and their default settings."""
-    from timerome.methods import available, method_config
+    """List the registered methods: what each is, whether it changes weights or hooks, whether it installs on an
+    autoregressive model, and its default settings."""
+    from timerome.methods import available, get_method, method_config
 
     if as_json:
         print_json({m: method_config(m) for m in available()})
         return
 
     t = Table(title="methods")
-    t.add_column("name")
-    t.add_column("defaults")
+    for name in ("name", "changes", "on an AR model", "what it is / defaults"):
+        t.add_column(name)
     for m in available():
-        t.add_row(m, json.dumps(method_config(m), default=str))
+        entry = get_method(m)
+        t.add_row(m, entry.kind if entry.kind == "weights" else "hooks", entry.autoregressive,
+                  f"{entry.doc}\n[dim]{escape(json.dumps(method_config(m), default=str))}[/]")
     console.print(t)

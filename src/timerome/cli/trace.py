@@ -227,8 +227,11 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
                per_module={m: c.as_dict() for m, c in choices.items()}, layers=result.layers, mean_by_category=table,
                clean_p=result.clean_p.tolist())
     write_json(out / "selection.json", sel)
+    notes = _nothing_to_restore(result)
+    for note in notes:  # on stderr with --json too, and in its JSON
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if as_json:
-        print_json(dict(sel, files=files))
+        print_json(dict(sel, files=files, notes=notes))
         return
     t = Table(title=f"positional trace (ROME) over {len(result.fact_ids)} facts: largest mean effect at the last "
                     "subject token, p(o_1) restored - corrupted")
@@ -243,6 +246,22 @@ def _positional(bb, facts, out, n_samples, sigma, window, seed, batch_size, per_
         console.print(f"{m}: largest effect at the last token at layer {result.layers[int(row.nan_to_num(-1).argmax())]} "
                       f"({float(row.nan_to_num(-1).max()):.3f})", soft_wrap=True)
     console.print(f"wrote {', '.join(files.values())}", soft_wrap=True)
+
+
+SMALL_TOTAL_EFFECT = 0.01  # p(o_1) clean - corrupted below which a positional trace has nothing to restore
+
+
+def _nothing_to_restore(result) -> list[str]:
+    """A note where the noise barely moves p(o_1) (mean clean - mean corrupted < SMALL_TOTAL_EFFECT): every
+    restored effect is then about zero, and the largest of them, "ROME edits here", marks no site (review 91: a
+    random model's trace chose a layer of effect 0.000 without a word)."""
+    clean, corrupted = float(result.clean_p.mean()), float(result.corrupted_p.mean())
+    if clean - corrupted >= SMALL_TOTAL_EFFECT:
+        return []
+    return [f"the noise barely changes p(o_1) (clean {clean:.3g}, corrupted {corrupted:.3g}, mean over "
+            f"{len(result.fact_ids)} facts): there is nothing to restore, so the layers chosen mark no site; a model "
+            "that gives these objects a higher p(o_1) (one that knows the facts, or answers that start with the "
+            "object) traces meaningfully"]
 
 
 PER_FACT = re.compile(r"heatmap-\d+\.png")  # per_fact/heatmap-<index>.png

@@ -23,7 +23,7 @@ import torch
 from timerome.data.rows import load_rows
 from timerome.engine.coordinate import Coordinate
 from timerome.engine.encoding import DEFAULT_TARGET
-from timerome.errors import TimeromeError
+from timerome.errors import DiffusionOnly, TimeromeError
 from timerome.memory.codebook_memory import (CALIBRATION_STATES, DEFAULT_ALPHA, DEFAULT_COMPLETE, DEFAULT_INNER,
                                              DEFAULT_MARGIN, DEFAULT_OBJECT_KEYS, DEFAULT_STATES, DEFAULT_WRITE,
                                              CodebookMemory, calibration_residuals)
@@ -101,6 +101,10 @@ def coordinates(backbone, task, config, progress: bool = False) -> tuple[dict, d
         coord, info = locate(backbone, task, config, progress)
         return {coord: list(task.facts)}, info
     # one TIE trace of every fact places each (the validation subset's trace would place none of them)
+    if getattr(backbone, "causal", False):
+        raise DiffusionOnly(f"{backbone.name} is autoregressive, and coordinates 'per_fact' reads each fact's layer "
+                            "from a TIE trace (a denoising-trajectory protocol): use coordinates 'traced' with "
+                            "trace_kind 'positional' (ROME's positional trace), or give a coordinate")
     t0 = time.perf_counter()
     result = trace_forget_set(backbone, task.facts, dict(config, trace_facts=len(task.facts)), progress)
     best = per_fact_best(result.only(tuple(config["select_modules"])))
@@ -166,7 +170,7 @@ def check_config(config) -> None:
 
 
 @register("codebook", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, check=check_config, background=True,
-          gated=GatedBuild(build=build))
+          gated=GatedBuild(build=build), autoregressive="with trace_kind 'positional' or a coordinate")
 def codebook(backbone, task, config, seed):
     """Radius-gated codebook memory: exactly zero update away from the forget subjects' keys."""
     need_facts(task.facts)

@@ -191,7 +191,8 @@ def default_layer(backbone) -> int:
 @register("rewrite", defaults=DEFAULTS, prepare=prepare, check=check_config, background=True,
           gated=GatedBuild(build=lambda *a: build(*a, said=True), step=False, default_layer=default_layer,
                            refuse_model=refuse_causal, check_target=target_ids, said_facts=True,
-                           embedded_rows=EMBEDDED_VALUE_ROWS))
+                           embedded_rows=EMBEDDED_VALUE_ROWS),
+          autoregressive="no: it writes answer positions while masked, which an AR model never has")
 def rewrite(backbone, task, config, seed):
     """Rewrite memory: the codebook's gate, the target's token values over the answer region."""
     refuse_causal(backbone)  # before the trace and the calibration, not after

@@ -27,7 +27,7 @@ from timerome.common.cache import cache_dir, cached_tensors, digest, made_once
 from timerome.engine.coordinate import Coordinate, given_step
 from timerome.engine.encoding import DEFAULT_TARGET
 from timerome.engine.settings import EDIT, TRACE
-from timerome.errors import TimeromeError
+from timerome.errors import DiffusionOnly, TimeromeError
 from timerome.memory.edit_memory import DEFAULT_ALPHA, DEFAULT_KEY_METRIC, EditMemory
 from timerome.memory.ridge import DEFAULT_LAM
 from timerome.memory.whitening import DEFAULT_SHRINKAGE, ResidualStats, background_texts, residual_stats, rows_to_texts
@@ -74,6 +74,10 @@ CANONICAL = [paper_point(a, q) for a, q in ((0.25, 2), (0.5, 2), (1.0, 2), (2.0,
 
 def trace_forget_set(backbone, facts, config, progress: bool = False) -> TraceResult:
     """TIE trace of the validation subset, cached on disk by its inputs."""
+    if getattr(backbone, "causal", False):  # before the trace's own refusal, which names the CLI, not the settings
+        raise DiffusionOnly(f"{backbone.name} is autoregressive, and this method's trace is TIE (trace_kind 'tie', a "
+                            "denoising-trajectory protocol): set trace_kind 'positional' (ROME's positional trace) or "
+                            "give a coordinate")
     settings = dict(steps=int(config["trace_steps"]), n_samples=int(config["trace_samples"]),
                     modules=tuple(config["trace_modules"]), seed=int(config["trace_seed"]))
     read = config.get("trace_read_positions", TRACE.read_positions)
@@ -254,7 +258,7 @@ def whitened(config) -> bool:
 
 
 @register("timerome", defaults=DEFAULTS, canonical=CANONICAL, prepare=prepare, deterministic=True, check=check_config,
-          background=whitened)
+          background=whitened, autoregressive="with trace_kind 'positional' or a coordinate")
 def timerome(backbone, task, config, seed):
     """TimeROME-DLM: traced coordinate, low-rank multi-fact memory, every denoising step."""
     coordinate, info = locate(backbone, task, config)
