@@ -437,6 +437,10 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
         assert code == 0, text
         got[seed] = json.loads(text)
     assert got[0]["metrics"] == got[3]["metrics"] and got[0]["answers"] == got[3]["answers"]
+    # room for a sentence of its own around the object (review 91: cut at the expected answer's length + 4)
+    from timerome.metrics.editing import SENTENCE_TOKENS
+
+    assert got[0]["gen_length"] == SENTENCE_TOKENS == 16, got[0]["gen_length"]
     assert any("--n-mc 2 changes nothing" in n for n in got[0]["notes"])
     assert any("as many characters as its expected answer has" in n for n in got[0]["notes"])  # what its Locality reads
     assert any("--n-mc 2 and --seed 3 (which draws only those masks" in n for n in got[3]["notes"])

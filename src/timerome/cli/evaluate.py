@@ -135,7 +135,8 @@ def eval_cmd(edit: Optional[Path] = typer.Option(None, "--edit", help="an edit m
                                                            "compared with (default: the model without --edit; for a "
                                                            "model folder `timerome edit` wrote, the model it edited)"),
              gen_length: Optional[int] = typer.Option(None, help="with --requests: answer length budget (default: "
-                                                                 "the longest expected answer + 4)"),
+                                                                 "the longest expected answer + 4, at least 8; at "
+                                                                 "least 16 on an autoregressive model)"),
              bench: Optional[str] = typer.Option(
                  None, "--bench", help="score a benchmark instead, with its own metrics: muse-books, muse-news, whp, wmdp or rwku"
                                        + " (wmdp:SUBJECT, rwku:TARGET to choose; default wmdp:bio, the first "

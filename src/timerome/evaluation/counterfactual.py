@@ -29,9 +29,9 @@ import torch
 from timerome.engine.encoding import answer_ids
 from timerome.engine.hooks import edit_active
 from timerome.engine.sampler import generate
-from timerome.metrics.editing import names
+from timerome.metrics.editing import SENTENCE_TOKENS, names
 
-NAMED_TOKENS = 16  # the answer `named` reads: room for a sentence of the model's own around the target
+NAMED_TOKENS = SENTENCE_TOKENS  # the answer `named` reads: room for a sentence of the model's own around the target
 
 
 def n_tokens(backbone, text: str) -> int:

@@ -92,6 +92,7 @@ FUNCTION_WORDS = frozenset(
     "which what when where why how s t d ll re ve m".split())  # the last: pieces of "author's", "don't", ...
 MIN_GEN_LENGTH = 8    # generation budget floor (tokens)
 GEN_SLACK = 4         # tokens beyond the longest expected answer, so a longer answer shows
+SENTENCE_TOKENS = 16  # room for a sentence of the model's own around an object: an autoregressive model's budget floor
 NGRAM_WEIGHTS = {2: 2 / 3, 3: 4 / 3}  # ROME's n-gram entropy
 KINDS = ("prompt", "paraphrase", "neighbour", "same_subject", "portability")  # + one kind per locality set
 LOCALITY_NAMES = {"retain": "Retain", "real_authors": "RealAuthors", "world_facts": "WorldFacts"}
@@ -337,12 +338,15 @@ def embedded_probes(backbone, spec, requests, *, edited_from_embedded: bool = Fa
 
 
 def default_gen_length(backbone, requests, locality=None) -> int:
-    """Room for the longest target / original / probe answer, plus GEN_SLACK (at least MIN_GEN_LENGTH)."""
+    """Room for the longest target / original / probe answer, plus GEN_SLACK (at least MIN_GEN_LENGTH; on an
+    autoregressive model at least SENTENCE_TOKENS: a completion may say the object after words of its own, "the
+    official language of Brazil, which is Portuguese", and was cut before it, review 91; it stops at its
+    end-of-text, so the budget costs only where the model goes on)."""
     texts = [t for r in requests for t in (r.fact.target, r.fact.object) if t]
     texts += [p.answer for r in requests for p in (*r.neighbours, *r.same_subject, *r.portability) if p.answer]
     texts += [row["answer"] for rows in (locality or {}).values() for row in rows if row.get("answer")]
     longest = max((len(answer_ids(backbone, t)) for t in texts), default=0)
-    return max(MIN_GEN_LENGTH, longest + GEN_SLACK)
+    return max(SENTENCE_TOKENS if getattr(backbone, "causal", False) else MIN_GEN_LENGTH, longest + GEN_SLACK)
 
 
 def answers(backbone, prompts: list[str], *, gen_length: int, seed: int = 0, batch_size: int = 64,
