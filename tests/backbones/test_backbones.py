@@ -444,6 +444,17 @@ def test_remote_code_runs_only_when_asked(tmp_path):
     (broken / "modeling_remote.py").write_text("raise RuntimeError('this code is broken')\n")
     with pytest.raises(TimeromeError, match="remote code failed.*this code is broken"):
         load_backbone(broken, trust_remote_code=True)
+    # a weight the code's structure needs and the checkpoint lacks: refused by name, as the other loaders refuse it
+    # (stop 81: it was filled randomly, with a load report on stderr and exit 0)
+    from safetensors.torch import load_file, save_file
+
+    short = shutil.copytree(d, tmp_path / "short")
+    weights = load_file(str(short / "model.safetensors"))
+    gone = sorted(k for k in weights if "blocks.1." in k)[0]
+    save_file({k: v for k, v in weights.items() if k != gone}, str(short / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(TimeromeError, match="do not fit the llada structure: .*blocks.1.* is missing"):
+        load_backbone(short, trust_remote_code=True)
 
 
 def test_trust_remote_code_on_a_family_without_remote_code_is_said(tmp_path, capsys):

@@ -161,7 +161,7 @@ def load_backbone(path_or_hub_id: str | Path | None = None, family: str | None =
     if mask_id >= int(rows or mask_id + 1):
         raise TimeromeError(f"mask token id {mask_id} is outside the vocabulary of {ckpt}")
     if remote:
-        model = _remote_model(ckpt, torch_dtype)
+        model = _remote_model(ckpt, fam, torch_dtype)
     elif fam.loader == "timerome":
         model = _our_model(ckpt, config, fam, torch_dtype)
     else:
@@ -492,15 +492,22 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict:
     return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
 
 
-def _remote_model(ckpt: Path, dtype: torch.dtype):
+def _remote_model(ckpt: Path, fam: Family, dtype: torch.dtype):
     from transformers import AutoModel
 
     if not any((ckpt / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
         raise no_safetensors(ckpt)  # the user trusts the code, not pickled .bin weights
     weight_files(ckpt)  # the index and its shards agree, as for the other loaders
     try:
-        with hf_bars_off():  # its "Loading checkpoint shards" bar: off, as for the other loads
-            return AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, use_safetensors=True,
-                                             **_dtype_kwarg(dtype))
+        with hf_bars_off(), _load_report_off():  # its "Loading checkpoint shards" bar and its report: off
+            model, info = AutoModel.from_pretrained(str(ckpt), trust_remote_code=True, use_safetensors=True,
+                                                    output_loading_info=True, **_dtype_kwarg(dtype))
     except Exception as e:  # noqa: BLE001
         raise TimeromeError(f"loading {ckpt} with its remote code failed: {e}") from None
+    # what the code's structure needs and the checkpoint lacks was filled randomly (review 88: the other
+    # loaders refused it, this one did not): refused by name, as they refuse it
+    wrong = misfit(ckpt, fam, info.get("missing_keys") or (), info.get("unexpected_keys") or (),
+                   info.get("mismatched_keys") or ())
+    if wrong:
+        raise wrong
+    return model
