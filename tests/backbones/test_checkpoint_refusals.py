@@ -269,3 +269,32 @@ def test_dream_missing_shard_and_listed_weight_map(tmp_path):
     d = sharded(checkpoint(tmp_path / "b", "dream"),
                 index=lambda doc: {**doc, "weight_map": list(doc["weight_map"].items())})
     refused(d, "model.safetensors.index.json has no weight_map object")
+
+
+def test_transformers_weight_reports_are_off_while_a_load_refuses_them():
+    """transformers' reports of missing / unused weights are off inside a load, which refuses those in one line:
+    5.x's LOAD REPORT and (stop 81) 4.x's two "Some weights of ..." paragraphs. Its other warnings stay, and the
+    reports come back after the load."""
+    import logging
+
+    from timerome.backbones.loading import _load_report_off
+
+    log, seen = logging.getLogger("transformers.modeling_utils"), []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep(level=logging.WARNING)
+    log.addHandler(keep)
+    try:
+        with _load_report_off():
+            log.warning("Some weights of LlamaForCausalLM were not initialized from the model checkpoint at x and "
+                        "are newly initialized: ['lm_head.weight']")
+            log.warning("Some weights of the model checkpoint at x were not used when initializing LlamaForCausalLM")
+            log.warning("LlamaForCausalLM LOAD REPORT from: x")
+            log.warning("another warning")
+        log.warning("Some weights of Y were not initialized from the model checkpoint at z")
+    finally:
+        log.removeHandler(keep)
+    assert seen == ["another warning", "Some weights of Y were not initialized from the model checkpoint at z"], seen

@@ -467,15 +467,20 @@ def _transformers_model(ckpt: Path, config: dict, fam: Family, dtype: torch.dtyp
     return model
 
 
+REPORT_MARKS = ("LOAD REPORT", "were not initialized from the model checkpoint",
+                "were not used when initializing")  # transformers 5.x's, 4.x's two
+
+
 @contextlib.contextmanager
 def _load_report_off():
-    """transformers' "LOAD REPORT" table of missing / unexpected / mismatched weights off for the block: the
-    load refuses those by name in one line instead. Its other warnings stay."""
+    """transformers' report of missing / unexpected / mismatched weights off for the block (5.x: its "LOAD
+    REPORT" table; 4.x: its "Some weights of ... were not initialized / were not used" paragraphs): the load
+    refuses those by name in one line instead. Its other warnings stay."""
     import logging
 
     class Report(logging.Filter):
         def filter(self, record):
-            return "LOAD REPORT" not in str(record.getMessage())
+            return not any(m in str(record.getMessage()) for m in REPORT_MARKS)
 
     log, quiet = logging.getLogger("transformers.modeling_utils"), Report()
     log.addFilter(quiet)
