@@ -465,6 +465,14 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
                      tmp_path / "pos", "--json")
     notes = json.loads(text)["notes"] if code == 0 else text
     assert len(notes) == 1 and "there is nothing to restore" in notes[0], notes
+    # a weight edit's record: the cloze-state counts an AR model leaves unread are none (review 91: n_states 2)
+    (tmp_path / "bg.txt").write_text("the author was born in the city .\nthe sea was in the city .\n")
+    code, text = run("edit", "-m", d, "--method", "rome", "--requests", tmp_path / "ar.json", "--background",
+                     tmp_path / "bg.txt", "-o", tmp_path / "rome", "--json")
+    config = json.loads(text)["config"] if code == 0 else text
+    assert config["n_states"] is None and config["key_states"] is None and config["grad_steps"] > 0, config
+    record = json.loads((tmp_path / "rome" / "timerome-edit.json").read_text())
+    assert record["config"]["n_states"] is None, record
     # the default --n-mc, which nobody gave, is named nowhere (review 91: every AR eval said "--n-mc 16 changes nothing")
     code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1, "--json")
     assert code == 0 and not any("--n-mc" in n for n in json.loads(text)["notes"]), text

@@ -472,6 +472,10 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
                           f"{edit.info['steps_run']}; lower lr for a smaller change", soft_wrap=True)
     if "target" in config and all(getattr(f, "target", None) for f in facts):  # each fact says its own target,
         config = dict(config, target=None)  # not the config's default: recorded and printed as none
+    if bb.causal and entry.model_check is not None:  # the cloze-state counts it left unread: recorded as none
+        from timerome.methods._locate import CLOZE_STATE_KEYS  # (review 91: the record said n_states 2)
+
+        config = {k: None if k in CLOZE_STATE_KEYS else v for k, v in config.items()}
     if kind == "weights":
         save_backbone(bb, out)
         record_source(out, model, method, len(facts), source, config=config, seed=seed)

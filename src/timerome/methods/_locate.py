@@ -155,6 +155,9 @@ def _targets(it):
 # ------------------------------------------------------------------------------ reading sites
 
 
+CLOZE_STATE_KEYS = ("n_states", "key_states")  # the cloze-state counts, which an autoregressive model leaves unread
+
+
 def refuse_cloze_states(family, config, method: str) -> None:
     """n_states / key_states count the cloze states (answers partly masked) that v* is fitted over and the
     keys are averaged over; a causal model (its `family`) masks nothing, so every state is the same (v* fits
@@ -162,7 +165,7 @@ def refuse_cloze_states(family, config, method: str) -> None:
     if not family.causal:
         return
     defaults = get_method(method).defaults
-    given = [k for k in ("n_states", "key_states") if k in defaults and differs(config[k], defaults[k])]
+    given = [k for k in CLOZE_STATE_KEYS if k in defaults and differs(config[k], defaults[k])]
     if given:
         raise TimeromeError(f"{' and '.join(given)} {'counts' if len(given) == 1 else 'count'} the cloze states "
                             f"(answers partly masked) {method} fits and reads over, and the {family.name} "
