@@ -103,6 +103,13 @@ def files(tmp_path_factory):
                                                           .encode("latin-1"))
     f["trunc"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "trunc")
     (f["trunc"] / "model.safetensors").write_bytes((DEFAULT_MODEL_DIR / "model.safetensors").read_bytes()[:5000])
+    f["overflow"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "overflow")  # finite weights, NaN attention on a prompt
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(DEFAULT_MODEL_DIR / "model.safetensors"))
+    for name in ("q_proj", "k_proj"):
+        weights[f"model.transformer.blocks.1.{name}.weight"] *= 1e30
+    save_file(weights, str(f["overflow"] / "model.safetensors"), metadata={"format": "pt"})
     f["noshard"] = shutil.copytree(DEFAULT_MODEL_DIR, d / "noshard")
     (f["noshard"] / "model.safetensors").unlink()
     (f["noshard"] / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model-00001.safetensors"}}')
@@ -321,6 +328,9 @@ def catalogue(f, tmp):
         ("hand-edited layer -1", ["generate", "--edit", f["layer_neg"], "Where was Isgor Quielson born ?"], "layer -1"),
         ("hand-edited alpha 1e30", ["generate", "--edit", f["alpha_huge"], "Where was Isgor Quielson born ?"],
          "alpha"),
+        # stop 81: finite weights whose attention overflows on a prompt answered "" with exit 0
+        ("a model whose forward overflows", ["generate", "-m", f["overflow"], "Where was Isgor Quielson born ?"],
+         "are not finite (NaN or infinite) where it writes the answer"),
         ("hand-edited q over the facts", ["generate", "--edit", f["q_over"], "Where was Isgor Quielson born ?"],
          "q=500 exceeds the number of facts"),
         ("a model folder as --edit", ["generate", "--edit", DEFAULT_MODEL_DIR, "hello"], "pass it as the model, -m"),

@@ -203,6 +203,29 @@ def test_padding_is_never_revealed():
     assert (out[0, :2] == MASK).all() and not (out[:, 5:] == MASK).any()
 
 
+@pytest.mark.parametrize("where", ["answer", "prompt"])
+def test_nonfinite_logits_where_it_writes_are_refused(where):
+    """Stop 81: finite weights whose activations overflow gave NaN logits, and generate wrote arbitrary tokens
+    (the CLI an empty answer, exit 0). NaN at a position it writes is refused after the generation (no step
+    waits to ask); at the prompt's positions, which it never writes, the answer is the model's as before."""
+    model = ToyBackbone()
+    prompt = torch.tensor([[3, 17, 8, 11]])
+    clean = generate(model, prompt, steps=4, gen_length=4, block_length=4)
+    real = model.logits
+
+    def broken(ids, attention_mask=None):
+        out = real(ids, attention_mask).clone()
+        out[:, -1 if where == "answer" else 0, 5] = torch.nan
+        return out
+
+    model.logits = broken
+    if where == "answer":
+        with pytest.raises(TimeromeError, match="not finite .* where it writes the answer"):
+            generate(model, prompt, steps=4, gen_length=4, block_length=4)
+    else:
+        assert torch.equal(generate(model, prompt, steps=4, gen_length=4, block_length=4), clean)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(gen_length=10, block_length=4), "multiple of block_length"),
     (dict(steps=6, gen_length=16, block_length=4), "not divisible by the number of blocks"),
@@ -460,3 +483,22 @@ def test_an_autoregressive_generation_stops_at_its_end_of_text(tmp_path):
     alone = generate(bb, torch.tensor([q]), gen_length=8)
     both = generate(bb, ids, gen_length=8, attention_mask=att)
     assert both[1, L:].tolist() == alone[0, len(q):].tolist()
+
+
+def test_nonfinite_next_token_logits_are_refused_on_an_autoregressive_model(tmp_path):
+    """The same on an autoregressive model: NaN in the logits of a token it writes is refused."""
+    from timerome.backbones import load_backbone
+    from timerome.backbones.tiny import make_tiny_checkpoint
+
+    bb = load_backbone(make_tiny_checkpoint("llama", tmp_path / "ar", layers=2))
+    p = torch.tensor([bb.encode("the author was born in")])
+    real_next = bb.next_logits
+
+    def broken(ids, mask=None):
+        out = real_next(ids, mask).clone()
+        out[:, 7] = torch.nan
+        return out
+
+    bb.next_logits = broken
+    with pytest.raises(TimeromeError, match="logits of ar are not finite .* in float32"):
+        generate(bb, p, gen_length=4)

@@ -150,6 +150,7 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
     """The block loop of `generate`, filling x in place (at_step(k): the forwards that follow are step k's)."""
     mask_id, L = backbone.mask_id, x.shape[1]
     k = 0
+    nonfinite = torch.zeros((), dtype=torch.bool, device=x.device)  # read once, at the end: no step waits on it
     for b in range(n_blocks):
         start, end = P + b * block_length, P + (b + 1) * block_length
         n_transfer = transfer_schedule((x[:, start:end] == mask_id).sum(1), steps_per_block)  # [B, spb]
@@ -164,6 +165,7 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
             masked = (x[:, lo:hi] == mask_id) & real[:, lo:hi]
             masked[:, end - lo:] = False  # later blocks wait their turn
             logits = forward(x, lo, hi)
+            nonfinite |= (masked & ~torch.isfinite(logits.amax(-1))).any()  # a NaN anywhere in a row: its max is NaN
             n_reveal = n_transfer[:, i] if threshold is None else torch.ones_like(n_transfer[:, 0])
             x[:, lo:hi] = denoise_step(x[:, lo:hi], logits, masked, n_reveal, temperature=temperature,
                                        remasking=remasking, generator=generator, threshold=threshold)
@@ -171,6 +173,19 @@ def _denoise(backbone, x, forward, real, P, n_blocks, steps_per_block, block_len
                 on_step(k, x.clone())
             k += 1
             i += 1
+    refuse_nonfinite_logits(backbone, nonfinite)
+
+
+def refuse_nonfinite_logits(backbone, nonfinite: torch.Tensor) -> None:
+    """Refuse a generation whose logits held NaN or an infinity where it wrote: finite weights whose activations
+    overflow on this input (a weight far out of range, a half-precision dtype) or an edit that makes them; its
+    argmax there is arbitrary, and such a model answered nothing or garbage with exit 0 (stop 81)."""
+    if bool(nonfinite):
+        dtype = getattr(backbone, "dtype", None)  # (a stand-in backbone may have neither)
+        raise TimeromeError(f"the logits of {getattr(backbone, 'name', 'the model')} are not finite (NaN or infinite) "
+                            "where it writes the answer: its forward overflows on this input"
+                            + (f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else "")
+                            + " (its weights, or an edit applied to it), so every token written there is arbitrary")
 
 
 def _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step, on_step,
@@ -190,15 +205,18 @@ def _left_to_right(backbone, prompt, gen_length, temperature, generator, at_step
     specials = torch.tensor(sorted(set(getattr(backbone.tokenizer, "all_special_ids", None) or [])
                                    | {backbone.mask_id}), dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     for i in range(gen_length):
         at_step(i)
         logits = backbone.next_logits(x[:, :P + i], None if am is None else am[:, :P + i])  # [B, V]
+        nonfinite |= (~done & ~torch.isfinite(logits.amax(-1))).any()
         x[:, P + i] = torch.where(done, x[:, P + i], _sample(logits, temperature, generator))
         if on_step is not None:
             on_step(i, x.clone())
         done |= torch.isin(x[:, P + i], specials)
         if bool(done.all()):
             break
+    refuse_nonfinite_logits(backbone, nonfinite)
     return x
 
 
