@@ -234,17 +234,15 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     memory.save(out)
     _zero_alpha(alpha)  # after every check and the write: a warning never precedes an error
     notes = _ridge_notes(bb, untraced, memory.coordinate)
-    if as_json:  # the notes on stderr as always, and in the JSON for a script that reads only it
-        for note in notes:
-            err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    for note in notes:  # on stderr, with --json too (where the JSON holds them as well)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if as_json:
         print_json(dict(file=str(out), n_facts=len(memory), coordinate=memory.coordinate.as_dict(),
                         key_metric=memory.key_metric, alpha=memory.alpha, lam=memory.lam, lam_value=memory.lam_value,
                         q=memory.q, fact_ids=memory.fact_ids, notes=notes))
         return
     console.print(f"edit memory of {len(memory)} facts at {memory.coordinate}: {memory.key_metric} keys, alpha "
                   f"{memory.alpha:g}, lambda {memory.lam_value:.4g}, q {memory.q} -> {out}", soft_wrap=True)
-    for note in notes:
-        err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
 
 
