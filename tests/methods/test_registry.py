@@ -205,3 +205,20 @@ def test_a_methods_preparation_shows_its_trace_only_where_the_caller_shows_progr
         with pytest.raises(Stop):
             install(method, bb, task, config, progress=progress)
     assert asked == [False, True]
+
+
+def test_an_edit_of_facts_with_their_own_targets_records_no_default_target():
+    """Each counterfactual request says its own new object: install(...)'s edit records target none, as `timerome
+    edit` records it (review 91: the API recorded "I don't know.", which no fact was given); a task whose facts
+    have no target of their own records the default they were edited to."""
+    import timerome
+    from timerome.data.requests import load_requests
+    from timerome.data.task import requests_task
+    from timerome.engine.encoding import DEFAULT_TARGET
+
+    bb = timerome.load_backbone()
+    reqs, _ = load_requests("counterfactual:forget10", limit=2)
+    edit = timerome.methods.install("act_steer", bb, requests_task(reqs))
+    assert "target" in edit.config and edit.config["target"] is None, edit.config
+    plain = timerome.methods.install("act_steer", bb, timerome.forget_task("embedded", "forget01"))
+    assert plain.config["target"] == DEFAULT_TARGET, plain.config

@@ -444,7 +444,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     from timerome.data.facts import qa_rows
     from timerome.data.task import ForgetTask
     from timerome.methods import get_method, install, method_config
-    from timerome.methods.registry import reads_retain
+    from timerome.methods.registry import reads_retain, recorded_config
 
     entry = get_method(method)
     kind = entry.kind
@@ -468,8 +468,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
         err_console.print(f"[yellow]note:[/] {method} diverged: its loss was {edit.info['diverged_loss']} at gradient "
                           f"step {edit.info['diverged_at_step']}, so training stopped with the weights of step "
                           f"{edit.info['steps_run']}; lower lr for a smaller change", soft_wrap=True)
-    if "target" in config and all(getattr(f, "target", None) for f in facts):  # each fact says its own target,
-        config = dict(config, target=None)  # not the config's default: recorded and printed as none
+    config = recorded_config(config, facts)  # each fact says its own target: recorded and printed as none
     if bb.causal and entry.model_check is not None:  # the cloze-state counts it left unread: recorded as none
         from timerome.methods._locate import CLOZE_STATE_KEYS  # (review 91: the record said n_states 2)
 

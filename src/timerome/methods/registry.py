@@ -408,6 +408,15 @@ def _check_option(method: str, key: str, default, value) -> None:
         bad("null or a non-empty list of layer indices")
 
 
+def recorded_config(config: dict, facts) -> dict:
+    """The config an edit records: its `target` none where every fact says its own target (the default
+    target was never read; review 91: the API recorded "I don't know." for a counterfactual set)."""
+    facts = list(facts or [])
+    if "target" in config and facts and all(getattr(f, "target", None) for f in facts):
+        return dict(config, target=None)
+    return config
+
+
 def install(name: str, backbone, task: ForgetTask, config: dict | None = None, seed: int = 0, *,
             progress: bool = False) -> Edit:
     """Run method `name` on the backbone; the returned Edit carries its measured install cost. progress: the
@@ -429,7 +438,7 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
         edit = m.install(backbone, task, cfg, int(seed))
     if not isinstance(edit, Edit):
         raise TimeromeError(f"method {name!r} returned {type(edit).__name__}, not an Edit")
-    edit.method, edit.config = name, {**cfg, **(edit.config or {})}  # the method's own adjustments win
+    edit.method, edit.config = name, recorded_config({**cfg, **(edit.config or {})}, task.facts)  # its own win
     edit.install_seconds, edit.peak_memory_mb, edit.extra_memory_mb = (
         cost["seconds"], cost["peak_mb"], cost["extra_mb"])
     if isinstance(edit, WeightEdit):
