@@ -196,6 +196,21 @@ def test_tokenizer_mask_token_not_in_the_vocabulary(tmp_path):
     refused(d, "mask token '<|nosuchmask|>', which is not in its vocabulary", "untrained id 293")
 
 
+@pytest.mark.parametrize("family, role, name", [("llada", "eos", "end-of-text"), ("llada", "pad", "padding"),
+                                                ("llada", "bos", "start"), ("dream", "eos", "end-of-text")])
+def test_tokenizer_special_token_not_in_the_vocabulary(tmp_path, family, role, name):
+    """An end-of-text, padding or start token the vocabulary lacks is refused as the mask token is (review 88:
+    transformers appended '<|invented|>' as id 306 of llada's padded 320-row embedding, an untrained row read
+    as the end of every answer, and `generate` wrote garbage with exit 0); the CLI says it in one line."""
+    files = {}
+    for f in ("tokenizer_config.json", "special_tokens_map.json"):
+        cfg = json.loads((FIXTURES / family / "checkpoint" / f).read_text())
+        files[f] = json.dumps({**cfg, f"{role}_token": "<|invented|>"})
+    d = checkpoint(tmp_path, family, files=files)
+    refused(d, f"{name} token '<|invented|>', which is not in its vocabulary", f"its {role}_token", "untrained id")
+    cli_refused(d, f"{name} token '<|invented|>'")
+
+
 # ------------------------------------------------ 6. a tokenizer larger than the embedding
 
 

@@ -128,22 +128,29 @@ def load_tokenizer(ckpt: Path, config: dict, trust_remote_code: bool = False):
             f" (it holds no tokenizer file: none of {', '.join(files)})" if not have else "") + f": {why}") from None
     finally:
         hf_logging.set_verbosity(level)
-    _mask_in_vocabulary(ckpt, tok, tok_cfg)
+    _specials_in_vocabulary(ckpt, tok, tok_cfg)
     return tok, {"class": type(tok).__name__, "how": how, "release_class": remote or tok_cfg.get("tokenizer_class"),
                  "remote_code": bool(remote and trust_remote_code)}
 
 
-def _mask_in_vocabulary(ckpt: Path, tok, tok_cfg: dict) -> None:
-    """Refuse a mask token the tokenizer's files declare (tokenizer_config.json, special_tokens_map.json) but its
-    vocabulary lacks: transformers appends it as a new id, one whose embedding no training ever saw."""
-    token, tid = getattr(tok, "mask_token", None), getattr(tok, "mask_token_id", None)
-    if token is None or not isinstance(tid, int) or tid < (getattr(tok, "vocab_size", None) or 0):
-        return
-    if tid in _file_token_ids(ckpt, tok_cfg):
-        return
-    raise TimeromeError(f"the tokenizer of {ckpt} declares the mask token {str(token)!r}, which is not in its "
-                        f"vocabulary (transformers would add it as a new, untrained id {tid}); declare a mask "
-                        "token the vocabulary holds")
+SPECIAL_ROLES = ("mask", "eos", "pad", "bos")  # the special tokens timerome writes or reads by their id
+
+
+def _specials_in_vocabulary(ckpt: Path, tok, tok_cfg: dict) -> None:
+    """Refuse a special token (mask, end-of-text, padding, start) the tokenizer's files declare
+    (tokenizer_config.json, special_tokens_map.json) but its vocabulary lacks: transformers appends it as a
+    new id, one whose embedding no training ever saw (review 88: an invented end-of-text was read as the
+    model's own, id 306 of a padded 320-row embedding, and the sampler wrote garbage with exit 0)."""
+    for role in SPECIAL_ROLES:
+        token, tid = getattr(tok, f"{role}_token", None), getattr(tok, f"{role}_token_id", None)
+        if token is None or not isinstance(tid, int) or tid < (getattr(tok, "vocab_size", None) or 0):
+            continue
+        if tid in _file_token_ids(ckpt, tok_cfg):
+            continue
+        name = {"eos": "end-of-text", "pad": "padding", "bos": "start"}.get(role, role)
+        raise TimeromeError(f"the tokenizer of {ckpt} declares the {name} token {str(token)!r}, which is not in "
+                            f"its vocabulary (its {role}_token: transformers would add it as a new, untrained id "
+                            f"{tid}); declare one the vocabulary holds" + ("" if role == "mask" else ", or none"))
 
 
 def _file_token_ids(ckpt: Path, tok_cfg: dict):
