@@ -222,3 +222,30 @@ def test_an_edit_of_facts_with_their_own_targets_records_no_default_target():
     assert "target" in edit.config and edit.config["target"] is None, edit.config
     plain = timerome.methods.install("act_steer", bb, timerome.forget_task("embedded", "forget01"))
     assert plain.config["target"] == DEFAULT_TARGET, plain.config
+
+
+def test_an_edit_of_facts_with_their_own_targets_is_read_and_scored_against_them():
+    """act_steer steers each question toward its fact's own target (it steered every one toward "I don't
+    know.", whatever the request said), and evaluate() reads a memory-less edit's forget answers against each
+    fact's own target (`Edit.targets`; it read them against "I don't know.")."""
+    import dataclasses
+
+    import timerome
+    from timerome.data.requests import load_requests
+    from timerome.data.task import requests_task
+    from timerome.engine.encoding import DEFAULT_TARGET
+    from timerome.evaluation.evaluator import edit_targets
+
+    bb = timerome.load_backbone()
+    reqs, _ = load_requests("counterfactual:forget10", limit=2)
+    task = requests_task(reqs)
+    said = [r.fact.target for r in reqs]
+    assert len(set(said)) == 2 and DEFAULT_TARGET not in said, said
+    edit = timerome.methods.install("act_steer", bb, task)
+    assert edit.targets == {r.fact.prompt: r.fact.target for r in reqs}, edit.targets
+    assert edit_targets(edit, task.forget_rows) == said
+    bare = requests_task([dataclasses.replace(r, fact=dataclasses.replace(r.fact, target=None)) for r in reqs])
+    idk = timerome.methods.install("act_steer", bb, bare)
+    assert idk.targets == {} and edit_targets(idk, bare.forget_rows) == [DEFAULT_TARGET] * 2
+    # the steering vector is built from the targets read: the requests' own, not the default
+    assert abs(edit.info["vector_norm"] - idk.info["vector_norm"]) > 1e-3, (edit.info, idk.info)

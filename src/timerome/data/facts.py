@@ -82,6 +82,13 @@ def fact_field(fact, name: str):
     return fact.get(name) if isinstance(fact, dict) else getattr(fact, name, None)
 
 
+def own_targets(facts) -> dict[str, str]:
+    """{question: target} of the facts that say their own target (edit requests, counterfactual facts); a
+    fact known by its id alone, or with no target of its own, gives nothing."""
+    return {fact_field(f, "prompt"): fact_field(f, "target") for f in facts or ()
+            if not isinstance(f, str) and fact_field(f, "target") and fact_field(f, "prompt")}
+
+
 def qa_rows(facts) -> list[dict]:
     """The facts as question/answer rows (their prompt and object), as a task's forget rows read them;
     a fact known by its id alone (no prompt) gives none."""

@@ -187,13 +187,15 @@ def forget_outcomes(rows: dict[str, list[dict]], generations: list[str], target=
 
 def edit_targets(edit, forget_rows) -> list[str]:
     """What each forget row's answer should say under `edit`: the target of the memory's fact that asks the
-    row's question, else the memory's own target, else the method's `target` setting (rome, memit, act_steer, ...:
-    edits with no memory), else DEFAULT_TARGET."""
+    row's question, else the own target of the edited fact that asks it (`Edit.targets`: rome, memit,
+    act_steer, ...: edits with no memory), else the memory's own target, else the method's `target` setting,
+    else DEFAULT_TARGET."""
     memory = getattr(edit, "memory", None) or (edit if hasattr(edit, "facts") else None)
     config = getattr(edit, "config", None)
     default = (getattr(memory, "target", None) or (config.get("target") if isinstance(config, dict) else None)
                or DEFAULT_TARGET)
-    held = held_questions(memory)
+    own = getattr(edit, "targets", None)
+    held = {**(own if isinstance(own, dict) else {}), **held_questions(memory)}
     return [held.get(r.get("question")) or default for r in forget_rows]
 
 

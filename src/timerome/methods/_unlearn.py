@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from timerome.common.progress import progress_bar, wanted
+from timerome.data.facts import own_targets
 from timerome.data.rows import spread
 from timerome.engine.encoding import DEFAULT_TARGET, collate, encode_pairs, mask_answers, pad_id
 from timerome.engine.hooks import Hooks, once_on
@@ -76,9 +77,12 @@ UNMITIGATED = dict(safe=False, lr=3e-3)
 # ------------------------------------------------------------------------------ data
 
 
-def target_pairs(backbone, rows, target: str = DEFAULT_TARGET) -> list[tuple[list[int], list[int]]]:
-    """Each row's question with `target` as its answer."""
-    return encode_pairs(backbone, [{"question": r["question"], "answer": target} for r in rows])
+def target_pairs(backbone, rows, target: str | None = DEFAULT_TARGET, facts=()) -> list[tuple[list[int], list[int]]]:
+    """Each row's question answered with its target: the own target of the fact in `facts` that asks the
+    row's question (a counterfactual request's new object), else `target` (else DEFAULT_TARGET)."""
+    own = own_targets(facts)
+    return encode_pairs(backbone, [{"question": r["question"], "answer": own.get(r["question"]) or target or DEFAULT_TARGET}
+                                   for r in rows])
 
 
 # ------------------------------------------------------------------------------ activations

@@ -2,7 +2,8 @@
 
 The steering vector is v = mean(h | target answer) - mean(h | forget answer): the block output
 (`resid`) at `layer`, averaged over the answer tokens of the clean forget rows, and over the
-answer tokens of the same questions answered with the target text ("I don't know."). While the
+answer tokens of the same questions answered with the target text ("I don't know.", or the own
+target of the fact asking the question: a counterfactual request's new object). While the
 edit is active, h -> h + coef * v at every token of every forward, so at every denoising step.
 The weights are never touched; leaving the `with` block removes the hook.
 
@@ -33,7 +34,7 @@ def act_steer(backbone, task, config, seed):
     site = (layer, "resid")
     with torch.no_grad():
         forget = U.mean_activation(backbone, encode_pairs(backbone, task.forget_rows), site, "answer")
-        target = U.mean_activation(backbone, U.target_pairs(backbone, task.forget_rows, config["target"]),
+        target = U.mean_activation(backbone, U.target_pairs(backbone, task.forget_rows, config["target"], task.facts),
                                    site, "answer")
     shift = float(config["coef"]) * (target - forget)                                  # [H]
 

@@ -45,6 +45,7 @@ from timerome.common.checks import seed as check_seed
 from timerome.common.checks import settings_object, shown
 from timerome.common.cost import measure
 from timerome.common.progress import progress_wanted
+from timerome.data.facts import own_targets
 from timerome.data.task import ForgetTask
 from timerome.engine.coordinate import given_step
 from timerome.engine.settings import TRACE
@@ -63,6 +64,9 @@ class Edit:
     extra_memory_mb: float = 0.0   # how far installing raised it
     prepare_seconds: float = 0.0   # the method's shared one-off work (`prepare`), not in install_seconds
     info: dict = field(default_factory=dict)
+    # {question: target} of the facts that said their own target, for a method with a `target` setting
+    # (it edits each such fact to its own): what evaluate() reads an answer against (`edit_targets`)
+    targets: dict = field(default_factory=dict)
 
     def active(self):
         return nullcontext()
@@ -439,6 +443,8 @@ def install(name: str, backbone, task: ForgetTask, config: dict | None = None, s
     if not isinstance(edit, Edit):
         raise TimeromeError(f"method {name!r} returned {type(edit).__name__}, not an Edit")
     edit.method, edit.config = name, recorded_config({**cfg, **(edit.config or {})}, task.facts)  # its own win
+    if "target" in cfg:  # a method that says a target says each fact's own (rome, memit, act_steer, ...)
+        edit.targets = own_targets(task.facts)
     edit.install_seconds, edit.peak_memory_mb, edit.extra_memory_mb = (
         cost["seconds"], cost["peak_mb"], cost["extra_mb"])
     if isinstance(edit, WeightEdit):
