@@ -94,6 +94,30 @@ def _residuals(backbone, site, ids, att, batch_size: int, progress: str | None =
     return torch.cat(out)
 
 
+def _real_residuals(backbone, site, ids, att, batch_size: int, progress: str | None = None) -> torch.Tensor:
+    """The site's output [N, H] (float32, CPU) at every real token of ids [B, L] (att: real tokens), row by
+    row in order, as `_residuals(...)[att]` gives it; the rows go in order of length as `_residuals_at`'s
+    (each row reads what it reads alone; the calibration states of the embedded model's training rows are
+    68 % real tokens, padded to the longest)."""
+    extent = torch.where(att.any(1), att.shape[1] - att.flip(1).int().argmax(1), 0).tolist()  # last real + 1
+    counts = att.sum(1).tolist()
+    start = [0] * len(counts)
+    for b in range(1, len(counts)):
+        start[b] = start[b - 1] + counts[b - 1]
+    order = sorted(range(len(extent)), key=extent.__getitem__)
+    out = torch.empty(sum(counts), backbone.hidden_size)
+    with progress_bar(progress or "", total=len(order), enabled=progress is not None) as bar:
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            L = max(extent[i] for i in idx)
+            real = att[idx, :L]
+            h = run_to(backbone, site, ids[idx, :L], real)
+            dest = torch.cat([torch.arange(start[i], start[i] + counts[i]) for i in idx])
+            out[dest] = h[real].float().cpu()
+            bar.advance(len(idx))
+    return out
+
+
 def _residuals_at(backbone, site, rows, batch_size: int, progress: str | None = None) -> torch.Tensor:
     """The site's output [N, H] (float32, CPU) at one position of each of `rows` ((ids, position) pairs),
     the layers above never run. The rows go in order of length, each batch cut to its longest row, so
@@ -236,7 +260,7 @@ def state_tokens(backbone, coordinate, texts, *, n_states: int = 2, seed: int = 
     site = Coordinate.of(coordinate).on(backbone).site
     pairs, _ = _text_pairs(backbone, texts)
     noisy, _, att = _states(backbone, pairs, n_states, seed, pads=pads)
-    h = _residuals(backbone, site, noisy, att, batch_size, progress)[att].cpu()
+    h = _real_residuals(backbone, site, noisy, att, batch_size, progress)
     if last_steps:
         steps = _last_steps(backbone, [(q, a) for q, a in pairs if a], pads if last_steps is True else last_steps)
         h = torch.cat([h, _residuals_at(backbone, site, [(row, p) for row, p, _ in steps], batch_size,
