@@ -444,6 +444,13 @@ def catalogue(f, tmp):
          "give a smaller sigma"),
         ("the same in the positional trace", ["trace", "--positional", "--sigma", "1e308", "--n-facts", "1",
                                               "--n-samples", "1", "-o", out], "give a smaller sigma"),
+        # stop 83: the clean run itself overflowing gave an all-NaN trace, which selection refused with
+        # "trace again" (which fails the same way)
+        ("a trace of a model whose forward overflows", ["trace", "-m", f["overflow"], "--n-facts", "1",
+                                                        "--n-samples", "1", "--steps", "2", "-o", out],
+         "the model overflows: its clean run's read-out of fact"),
+        ("the same in the positional trace", ["trace", "--positional", "-m", f["overflow"], "--n-facts", "1",
+                                              "--n-samples", "1", "-o", out], "the model overflows: its clean run"),
         ("a negative --alpha (a warning about it came first)", ["edit", "--alpha", "-1", "-o", out],
          "alpha must be a number >= 0"),
         ("--alpha 0 beside a bad --q (its warning came first)", ["edit", "--alpha", "0", "--q", "-3", "-o", out],

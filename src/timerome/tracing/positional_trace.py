@@ -271,7 +271,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             infos.append(dict(it.info(), prompt_length=P,
                               tokens=[backbone.decode([i]) for i in it.prompt_ids.tolist()]))
             bar.advance(share[f])
-    refuse_overflowing_noise(corrupted_p, sig, rule, clean_p)
+    refuse_overflowing_noise(corrupted_p, sig, rule, clean_p, [it.fact_id for it in items], backbone.dtype)
     settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed), noise=noise,
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
                     prompt_start=list(backbone.prompt_start),
