@@ -123,7 +123,8 @@ def _residuals_at(backbone, site, rows, batch_size: int, progress: str | None = 
     the layers above never run. The rows go in order of length, each batch cut to its longest row, so
     that a batch is mostly of one length and unpadded: each row reads what it reads alone (a padded batch
     differs in the last bits: the padded keys join the attention's sums) and no block computes padding
-    (on the rewrite memory's 74,436 last-step rows, padding to the longest of 4,096 cost 27 %)."""
+    (8,192 of the rewrite memory's 74,436 last-step rows took 27 % less time than padded to the longest of
+    4,096 at a time)."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     out = torch.empty(len(rows), backbone.hidden_size)
     with progress_bar(progress or "", total=len(rows), enabled=progress is not None) as bar:

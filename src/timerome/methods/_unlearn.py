@@ -81,8 +81,8 @@ def target_pairs(backbone, rows, target: str | None = DEFAULT_TARGET, facts=()) 
     """Each row's question answered with its target: the own target of the fact in `facts` that asks the
     row's question (a counterfactual request's new object), else `target` (else DEFAULT_TARGET)."""
     own = own_targets(facts)
-    return encode_pairs(backbone, [{"question": r["question"], "answer": own.get(r["question"]) or target or DEFAULT_TARGET}
-                                   for r in rows])
+    return encode_pairs(backbone, [{"question": r["question"],
+                                    "answer": own.get(r["question"]) or target or DEFAULT_TARGET} for r in rows])
 
 
 # ------------------------------------------------------------------------------ activations

@@ -114,8 +114,8 @@ def given_sigma(sigma) -> tuple[float, str]:
     return float(sigma), "fixed"
 
 
-def refuse_overflowing_noise(corrupted: torch.Tensor, sigma: float, rule: str, clean: torch.Tensor,
-                             fact_ids=(), dtype=None) -> None:
+def refuse_overflow(corrupted: torch.Tensor, sigma: float, rule: str, clean: torch.Tensor,
+                    fact_ids=(), dtype=None) -> None:
     """Refuse a trace whose clean run read non-finite values (the model itself overflows on the fact's own
     prompt: no noise or trace can help), or whose corrupted run did where the clean run did not (the noise,
     sigma `sigma`, overflowed the model): every TIE would be NaN; tracing again cannot help, a smaller sigma
@@ -128,7 +128,7 @@ def refuse_overflowing_noise(corrupted: torch.Tensor, sigma: float, rule: str, c
                             f"added: {int(bad.sum())} of {len(bad)} facts), so every TIE would be NaN and tracing "
                             f"again fails the same way; check the model's weights"
                             + (f" or load it in float32 (it is {str(dtype).removeprefix('torch.')})"
-                               if dtype is not None and dtype != torch.float32 else ""))
+                               if dtype in (torch.float16, torch.bfloat16) else ""))
     if not bool(torch.isfinite(corrupted).all()):
         raise TimeromeError(f"the noise overflows the model: the corrupted run's read-outs are not finite at sigma "
                             f"{sigma:g} ({rule}); give a smaller sigma (--sigma; the default s3 rule is 3 x the "
@@ -254,7 +254,7 @@ def trace(backbone=None, facts=None, *, steps: int = TRACE.steps, n_samples: int
         infos.append(dict(it.info(), clean_answer=backbone.decode(out["clean_ids"][len(it.prompt_ids):]),
                           **({} if keep is None else {"unscored_positions": (~keep).nonzero().flatten().tolist()})))
     clean, corrupted = torch.stack(clean), torch.stack(corrupted)
-    refuse_overflowing_noise(corrupted, sig, rule, clean, [it.fact_id for it in items], backbone.dtype)
+    refuse_overflow(corrupted, sig, rule, clean, [it.fact_id for it in items], backbone.dtype)
     tie_full = torch.stack(ties)
     # TIE is defined for k' > k only (k' = k is the patched forward's own read-out)
     tie_full = tie_full.masked_fill(~later_steps(K), torch.nan)

@@ -45,7 +45,7 @@ from timerome.engine.encoding import fact_list
 from timerome.engine.hooks import Hooks
 from timerome.engine.settings import TRACE
 from timerome.errors import TimeromeError
-from timerome.tracing.causal_trace import check_common, default_facts, prepare, refuse_overflowing_noise
+from timerome.tracing.causal_trace import check_common, default_facts, prepare, refuse_overflow
 from timerome.tracing.result import TraceFile, _check_meta, check_stored, meta_path, module_names
 from timerome.tracing.tie import add_noise, subject_noise
 from timerome.tracing.wavefront import Rows, joiners, rows_can_join
@@ -271,7 +271,7 @@ def positional_trace(backbone=None, facts=None, *, n_samples: int = N_SAMPLES, s
             infos.append(dict(it.info(), prompt_length=P,
                               tokens=[backbone.decode([i]) for i in it.prompt_ids.tolist()]))
             bar.advance(share[f])
-    refuse_overflowing_noise(corrupted_p, sig, rule, clean_p, [it.fact_id for it in items], backbone.dtype)
+    refuse_overflow(corrupted_p, sig, rule, clean_p, [it.fact_id for it in items], backbone.dtype)
     settings = dict(sigma=sig, sigma_rule=rule, n_samples=n_samples, window=window, seed=int(seed), noise=noise,
                     model=backbone.name, family=backbone.family.name, fingerprint=backbone.fingerprint(),
                     prompt_start=list(backbone.prompt_start),
