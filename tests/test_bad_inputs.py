@@ -186,6 +186,8 @@ def files(tmp_path_factory):
     born = dict(subject="Isgor Quielson", prompt="Where was Isgor Quielson born ?", object="Pellmoor")
     f["req_two_targets"] = d / "two_targets.json"
     f["req_two_targets"].write_text(json.dumps([dict(born, target="I don't know."), dict(born, target="Nowhere.")]))
+    f["req_oov"] = d / "oov.json"  # a target the embedded word vocabulary cannot say
+    f["req_oov"].write_text(json.dumps([dict(born, target="Zyxwquux Plenthorpia.")]))
     f["req_one"] = d / "one.json"
     f["req_one"].write_text(json.dumps([dict(born, target="Nowhere.")]))
     f["req_other"] = d / "other.json"  # a subject that is none of the embedded corpus's
@@ -504,6 +506,16 @@ def catalogue(f, tmp):
         ("eval of an edit of one denoising step (the likelihoods would read the model unedited)",
          ["eval", "--edit", f["mem_step"], "--no-rouge"], "denoising step 3"),
         ("one question given two targets", ["requests", f["req_two_targets"]], "one question say one thing"),
+        # stop 83 (review 93): eval --requests scored targets and objects of unknown words as unknown tokens, with
+        # no word (EfficacyLP 0.59 for the unedited model on the real facts); edit refused them
+        ("eval --requests with a target the vocabulary cannot encode", ["eval", "--requests", f["req_oov"]],
+         "the target of request 0 ('Zyxwquux Plenthorpia.') has words the model's vocabulary cannot encode"),
+        # stop 83 (review 93): refused after the model loaded and the method installed; now before the load
+        ("edit of a method whose hooks are no memory (before any model)", ["edit", "--method", "act_steer", "-m",
+                                                                           tmp / "no-model", "-o", out],
+         "act_steer changes the model through hooks that are not a memory timerome can save"),
+        ("eval --requests of the real facts on the embedded word vocabulary", ["eval", "--requests", "real-facts"],
+         "the object of request capital/France ('Paris') has words the model's vocabulary cannot encode"),
         ("eval --requests of an edit at step 3 with answers of 2 steps (it would never act)",
          ["eval", "--requests", "embedded:forget01", "--edit", f["mem_step"], "--gen-length", "2"], "never acts"),
         ("edit --seed -1 (went through; every --seed is checked as one)", ["edit", "--seed", "-1", "-o", out],
@@ -619,9 +631,9 @@ def catalogue(f, tmp):
         ("--background for a training method", ["forget", "--method", "ga", "--background",
                                                 "embedded:retain_perturbed", "-o", tmp / "ga"],
          "--background is read by nothing here: ga"),
-        ("--calibration for a method that reads no rows", ["forget", "--method", "act_steer", "--calibration",
-                                                            "embedded:retain_perturbed", "-o", out],
-         "act_steer here reads none"),
+        ("--calibration for a method that reads no rows", ["forget", "--method", "ga", "-c", '{"safe": false}',
+                                                            "--calibration", "embedded:retain_perturbed", "-o", out],
+         "ga here reads none"),
         ("--calibration for the ridge memory edit builds", ["edit", "--calibration", "embedded:retain_perturbed",
                                                              "-o", out], "timerome here reads none"),
         ("--calibration for GA without its safe protocol", ["forget", "--method", "ga", "-c", '{"safe": false}',
@@ -1332,6 +1344,11 @@ def test_the_python_api_refuses_the_same_classes(files, tmp_path):
                              sampler={"steps": 2}), "steps (--steps) is a diffusion sampling option"),
         (lambda: edit_scores(ar, [EditRequest(ar_fact)], None, locality=None, known_subjects=None, lp=False,
                              sampler={"threshold": 0.9}), "threshold (--threshold) is a diffusion"),
+        # stop 83: scored as unknown tokens, as eval --requests did
+        (lambda: edit_scores(bb, [EditRequest(replace(ar_fact, subject="Isgor Quielson", prompt="Where was Isgor "
+                                                      "Quielson born ?", object="Pellmoor", target="Zyxwquux."))],
+                             None, locality=None, known_subjects=None),
+         "the target of request"),
         (lambda: under_samplers(ar, [EditRequest(ar_fact)], None, locality=None, gen_length=4,
                                 settings=["nominal", "block 4"]), "block_length (--block-length) is a diffusion"),
         (lambda: lp_only(ar, {"forget": ar_rows}, edit=load_memory(files["mem_ar_step"], ar)),

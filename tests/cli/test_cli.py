@@ -429,11 +429,15 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     assert code == 2 and "autoregressive" in text
     code, text = run("eval", "-m", d, "--splits", "forget", "--cache", "dual")  # the model's kind, not its class
     assert code == 2 and "is autoregressive" in text and "appending" not in text, text
-    # the seed draws only the likelihood's masks, which an AR model has none of: said, and measured (same numbers)
+    # the seed draws only the likelihood's masks, which an AR model has none of: said, and measured (same numbers);
+    # requests in the words of its vocabulary (the embedded corpus's are refused there since stop 83: it cannot
+    # say them, and scored them as unknown tokens)
+    said = tmp_path / "ar_eval.json"
+    said.write_text(json.dumps([{"subject": "the author", "prompt": "where was the author born ?", "object": "city",
+                                 "target": "sea", "neighbours": [{"prompt": "where was the sea ?", "answer": "city"}]}]))
     got = {}
     for seed in (0, 3):
-        code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1,
-                         "--n-mc", 2, "--seed", seed, "--json")
+        code, text = run("eval", "-m", d, "--requests", said, "--n-mc", 2, "--seed", seed, "--json")
         assert code == 0, text
         got[seed] = json.loads(text)
     assert got[0]["metrics"] == got[3]["metrics"] and got[0]["answers"] == got[3]["answers"]
@@ -474,7 +478,7 @@ def test_an_autoregressive_model_on_the_command_line(tmp_path):
     record = json.loads((tmp_path / "rome" / "timerome-edit.json").read_text())
     assert record["config"]["n_states"] is None, record
     # the default --n-mc, which nobody gave, is named nowhere (review 91: every AR eval said "--n-mc 16 changes nothing")
-    code, text = run("eval", "-m", d, "--requests", "embedded:forget01", "--n-retain", 2, "--n-world", 1, "--json")
+    code, text = run("eval", "-m", d, "--requests", said, "--json")
     assert code == 0 and not any("--n-mc" in n for n in json.loads(text)["notes"]), text
     # a weight-edited AR model is saved as what it is: no mask token written, reloaded autoregressive (it came
     # back as a masked diffusion model, its EOS taken for the mask, and said gibberish)

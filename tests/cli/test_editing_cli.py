@@ -2,6 +2,7 @@
 memory add, the editing experiment), every method; bad input is one line and exit 2."""
 
 import json
+import shutil
 
 import torch
 from conftest import bare_request
@@ -320,7 +321,10 @@ def test_eval_requests_probes_do_not_depend_on_how_the_requests_or_the_model_are
     assert _probe_rows(tiny, "other.json", other, {"source_model": str(first)}, 4, 2)[1]
     (first / EDITED_FROM).write_text(json.dumps({"source_model": str(first), "method": "rome"}))  # a loop: no
     assert _probe_rows(tiny, "other.json", other, {"source_model": str(first)}, 4, 2)[1] is None
-    code, out = run("eval", "-m", tmp_path / "tiny", "--requests", path, "--n-retain", 2, "--n-world", 1,
+    # a copy of the embedded model's folder: not the embedded model by its place, and a vocabulary that says the
+    # requests (the tiny model's cannot: refused since stop 83)
+    copy = shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "copy")
+    code, out = run("eval", "-m", copy, "--requests", path, "--n-retain", 2, "--n-world", 1,
                     "--n-mc", 1, "--gen-length", 4, "--json")
     assert code == 0, out
     summary = json.loads(out[out.index("{"):])

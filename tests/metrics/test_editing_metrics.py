@@ -200,8 +200,9 @@ def test_the_questions_own_words_give_nothing_back():
 def test_generalisation_without_paraphrases_is_nan_with_a_note():
     from timerome.backbones import load_backbone
 
-    req = EditRequest(Fact("Ana Bel", "Where was Ana Bel born ?", "Ana Bel was born in Ostrel .", "I don't know.", "a"),
-                      true_object="Ostrel")
+    # a fact the embedded vocabulary can say (a request of unknown words is refused since stop 83)
+    req = EditRequest(Fact("Isgor Quielson", "Where was Isgor Quielson born ?", "Isgor Quielson was born in Pellmoor .",
+                           "I don't know.", "a"), true_object="Pellmoor")
     res = scores(load_backbone(), [req], lp=False, gen_length=8)
     assert math.isnan(res["metrics"]["Generalisation"])
     assert "no request has a paraphrased prompt" in res["notes"]["Generalisation"]

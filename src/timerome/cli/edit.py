@@ -112,6 +112,8 @@ def edit(out: Path = typer.Option(Path("forget.safetensors"), "--out", "-o",
     overrides = _config(config)
     g_max, checked = None, None  # checked: the method's config as -c gives it, once checked
     entry = get_method(method)  # its registry entry: defaults, kind, gated build, model check
+    if entry.kind != "weights" and not entry.saves:  # before the model loads (review 93: after its install)
+        raise TimeromeError(unsaved(method))
     gated = entry.gated
     if overrides and method == RIDGE:  # its settings as options, or the same through --config (not both)
         _not_for_edit(overrides)  # what `edit` itself never reads, before the method's own checks
@@ -436,6 +438,12 @@ def _gated(bb, method, out, facts, coordinate, source, tofu_dir, texts, calibrat
     console.print(f"try it: {_try_it(model, out, facts)}", soft_wrap=True)
 
 
+def unsaved(method: str) -> str:
+    """Why `timerome edit` cannot save `method`'s edit, and where to evaluate it instead."""
+    return (f"{method} changes the model through hooks that are not a memory timerome can save; evaluate it in "
+            f"place with `timerome experiment editing --methods {method}`")
+
+
 def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, overrides, alpha, target, seed,
                 as_json, model):
     """Any other registered method: installed through the registry on the facts; a memory is saved
@@ -482,8 +490,7 @@ def _any_method(bb, method, out, facts, source, calibration, tofu_dir, texts, ov
     else:
         memory = getattr(edit, "memory", None)
         if memory is None or not hasattr(memory, "save"):
-            raise TimeromeError(f"{method} changes the model through hooks that are not a memory timerome can save; "
-                                f"evaluate it in place with `timerome experiment editing --methods {method}`")
+            raise TimeromeError(unsaved(method))
         if isinstance(memory, list):
             raise TimeromeError(f"{method} built {len(memory)} memories (one per coordinate); save needs one")
         check_on_keys(memory, bb, "the memory built")  # an alpha that overflows the model: refused before the write

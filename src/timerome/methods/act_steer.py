@@ -27,7 +27,7 @@ DEFAULTS = dict(
 )
 
 
-@register("act_steer", defaults=DEFAULTS, canonical=[{}], deterministic=True, retain=False)
+@register("act_steer", defaults=DEFAULTS, canonical=[{}], deterministic=True, retain=False, saves=False)
 def act_steer(backbone, task, config, seed):
     """RepE steering: add coef x (target-answer mean - forget-answer mean) at one layer, every step."""
     layer = U.parse_layer(backbone, config["layer"], 0.5)

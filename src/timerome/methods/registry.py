@@ -174,6 +174,9 @@ class Method:
     gated: GatedBuild | None = None  # how `timerome edit` builds it at a given coordinate (a gated memory)
     # whether it installs on an autoregressive model: "yes", or under which settings, or "no: why" (`timerome methods`)
     autoregressive: str = "yes"
+    # an inference method: whether its edit is a memory `timerome edit` can save (False: hooks only, such as a
+    # steering vector, evaluated in place by an experiment)
+    saves: bool = True
 
 
 # options added to methods after results were cached, each with the value that gives the results from before
@@ -204,7 +207,8 @@ _loaded = False
 def register(name: str, *, defaults: dict | None = None, canonical: list[dict] | None = None,
              kind: str = "inference", prepare: Callable | None = None, deterministic: Callable | bool = False,
              check: Callable | None = None, background: Callable | bool = False, retain: Callable | bool | str = True,
-             model_check: Callable | None = None, gated: GatedBuild | None = None, autoregressive: str = "yes"):
+             model_check: Callable | None = None, gated: GatedBuild | None = None, autoregressive: str = "yes",
+             saves: bool = True):
     """Decorator: add a method under `name` (see the module docstring). deterministic=True (or config ->
     bool: under which settings): its install draws nothing at random, so the seed it is given changes
     nothing (the CLI says so for --seed).
@@ -216,7 +220,8 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
     the backbone's family before any work, the experiments before any cell).
     gated: how `timerome edit` builds the method's memory at a coordinate it is given (`GatedBuild`).
     autoregressive: whether it installs on an autoregressive model, as `timerome methods` shows it: "yes", the
-    settings under which it does, or "no: " and why (the install refuses it there, in its own words)."""
+    settings under which it does, or "no: " and why (the install refuses it there, in its own words).
+    saves: an inference method's edit is a memory file `timerome edit` saves (False: hooks only)."""
     if kind not in ("inference", "weights"):
         raise TimeromeError(f"method kind must be 'inference' or 'weights', got {kind!r}")
     if isinstance(retain, str) and retain != IN_PLACE_OF_BACKGROUND:
@@ -227,7 +232,8 @@ def register(name: str, *, defaults: dict | None = None, canonical: list[dict] |
             raise TimeromeError(f"two methods are registered as {name!r}")
         METHODS[name] = Method(name, fn, dict(defaults or {}), tuple(dict(c) for c in (canonical or [{}])),
                                kind, (fn.__doc__ or "").strip().split("\n")[0], prepare,
-                               deterministic, check, background, retain, model_check, gated, autoregressive)
+                               deterministic, check, background, retain, model_check, gated, autoregressive,
+                               saves)
         return fn
 
     return deco

@@ -37,7 +37,7 @@ DEFAULTS = dict(
 )
 
 
-@register("rmu_like", defaults=DEFAULTS, canonical=[{}])
+@register("rmu_like", defaults=DEFAULTS, canonical=[{}], saves=False)
 def rmu_like(backbone, task, config, seed):
     """Inference-time RMU: gated tokens (centred cosine with the forget direction) -> |h| x random unit."""
     layer = U.parse_layer(backbone, config["layer"], 0.5)

@@ -75,7 +75,7 @@ import numpy as np
 from timerome.common.checks import integer, shown
 from timerome.common.checks import seed as check_seed
 from timerome.data.facts import has_words
-from timerome.engine.encoding import answer_ids
+from timerome.engine.encoding import answer_ids, known_answer_ids
 from timerome.engine.hooks import LIKELIHOOD_WORDS, check_reached, edit_active, one_step, step_words
 from timerome.engine.sampler import continuations, refuse_diffusion_options
 from timerome.engine.settings import LIKELIHOOD, LOCALITY
@@ -410,6 +410,9 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     if missing:
         raise TimeromeError(f"requests {', '.join(missing[:3])} have no target: give each its own or a default "
                             "(load_requests(..., target=...), CLI --target)")
+    for r in requests:  # as an edit refuses them (encode_fact): scored as unknown tokens, a number about nothing
+        for what, text in (("object", r.fact.object), ("target", r.fact.target)):
+            known_answer_ids(backbone, text, f"the {what} of request {r.fact_id}")
     integer(gen_length, "gen_length", lo=1, none=True)
     integer(n_mc, "n_mc", lo=1)
     check_seed(seed, "seed")
