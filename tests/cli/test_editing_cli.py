@@ -71,6 +71,9 @@ def test_rewrite_memory_from_a_counterfact_file_says_the_targets(tmp_path):
     assert len(probes["neighbour"]) == sum(len(r.neighbours) for r in reqs) > 0, probes.keys()
     assert {a["fact_id"] for a in probes["neighbour"]} <= {r.fact_id for r in reqs}
     assert all(a["fact_id"] is None for k in got["n_locality"] for a in probes[k])
+    # each prompt's answer names its request and the outcome the rates count (review 93: joined by order only)
+    assert [a["fact_id"] for a in got["answers"]] == [r.fact_id for r in reqs], got["answers"]
+    assert all(a["outcome"] == "Refusal" for a in got["answers"]) and m["Refusal"] == 1.0, got["answers"]
 
 
 def test_a_counterfact_file_of_bare_objects_is_said_at_the_default_budget(tmp_path):

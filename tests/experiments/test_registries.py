@@ -1,6 +1,7 @@
 """The experiments' registries: experiments found without a list, measurements with their cost."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -369,8 +370,13 @@ def test_robustness_on_an_autoregressive_model_reads_only_the_sampler_settings_i
     from timerome.metrics.extraction import DIFFUSION_SETTINGS, QUICK_SETTINGS
 
     ar = make_tiny_checkpoint("llama", tmp_path / "ar")
+    # requests in its vocabulary's words (the embedded corpus's, which it cannot say, are refused since stop 83)
+    said = tmp_path / "ar.json"
+    said.write_text(json.dumps([{"subject": "the author", "prompt": "where was the author born ?", "object": "city",
+                                 "target": "sea", "neighbours": [{"prompt": "where was the sea ?", "answer": "city"}]}]))
     res = timerome.run_experiment("robustness", model=str(ar), quick=True, seeds=(0,), out_dir=tmp_path / "r",
-                                  overrides={"methods": ["no_edit", "ga"]}, progress=False)
+                                  overrides={"methods": ["no_edit", "ga"], "extraction": {"requests": str(said)}},
+                                  progress=False)
     assert set(res["extraction"]) == {"no_edit", "ga", "ga (safe=False, lr=0.003)"}, res["extraction"]  # ran to its end
     read = [n for n in QUICK_SETTINGS if n not in DIFFUSION_SETTINGS]
     assert read == ["nominal", "T 1"]

@@ -270,7 +270,7 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     from timerome.cli.model import EDITED_FROM, edited_from
     from timerome.data.requests import load_requests
     from timerome.memory.memory_file import load_memory
-    from timerome.metrics.editing import edit_scores
+    from timerome.metrics.editing import edit_scores, outcome
 
     if gen_length is not None and gen_length < 1:
         raise TimeromeError(f"--gen-length must be at least 1, got {gen_length}")
@@ -324,7 +324,9 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
                    metrics=result["metrics"],
                    notes=notes + [probes] + fewer + [f"{k}: {why}" for k, why in result["notes"].items()] + exact
                    + ([unchanged(memory)] if result["metrics"].get("Unchanged") == 1 else []),
-                   answers=[dict(prompt=p, answer=a0, answer_with_edit=a1, target=reqs[i].fact.target)
+                   # each prompt's answers, its request's id, and the outcome the rates count (review 93)
+                   answers=[dict(fact_id=reqs[i].fact_id, prompt=p, answer=a0, answer_with_edit=a1,
+                                 target=reqs[i].fact.target, outcome=outcome(a1, reqs[i], known))
                             for i, p, a0, a1 in zip(result["items"]["prompt"]["request"],
                                                     result["items"]["prompt"]["prompt"],
                                                     result["items"]["prompt"]["plain"],
@@ -353,10 +355,10 @@ def _edit_eval(model, edit, requests, target, base, gen_length, n_retain, n_worl
     console.print(metric_table(result["metrics"], "{:.3f}"))
     notes_and_warning()
     shown = Table(title="first answers")
-    for col in ("prompt", "answer", "answer with edit", "target"):
+    for col in ("prompt", "answer", "answer with edit", "target", "outcome"):
         shown.add_column(col, overflow="fold")
     for a in summary["answers"][:5]:
-        shown.add_row(*(escape(str(a[k])) for k in ("prompt", "answer", "answer_with_edit", "target")))
+        shown.add_row(*(escape(str(a[k])) for k in ("prompt", "answer", "answer_with_edit", "target", "outcome")))
     console.print(shown)
 
 

@@ -18,7 +18,9 @@ from timerome.engine.settings import EDIT
 @app.command("requests")
 @friendly
 def requests_cmd(source: str = typer.Argument(..., help="a CounterFact / zsRE / MQuAKE / EasyEdit / timerome JSON or "
-                                                        "JSONL file, or 'counterfactual:SPLIT' / 'embedded:SPLIT'"),
+                                                        "JSONL file, or 'counterfactual:SPLIT' / 'embedded:SPLIT' / "
+                                                        "'tofu:SPLIT', or 'real-facts' (34 real facts for a real "
+                                                        "English model)"),
                  out: Optional[Path] = typer.Option(None, "--out", "-o", help="write them in timerome's own JSON "
                                                                              "format (one record per request)"),
                  target: Optional[str] = typer.Option(None, help="the target of requests that name none"),

@@ -62,8 +62,9 @@ def calibration_rows(task, config) -> list:
     rows = list(task.retain_rows) + list(extra or [])
     rows = [r for r, said in zip(rows, stating(rows, task.forget_rows)) if not said]
     if not rows:
-        raise TimeromeError("the codebook memory calibrates its radii on retain text: the task has no retain rows; "
-                            "give calibration= rows or texts the edit must leave alone")
+        raise TimeromeError("the codebook and rewrite memories calibrate their radii on retain text: the task has no "
+                            "retain rows; give calibration= rows or texts the edit must leave alone (or the task's "
+                            "retain_rows=)")
     return rows
 
 

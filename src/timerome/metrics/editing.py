@@ -448,6 +448,11 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     else:
         plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
     notes = {}
+    longer = sum(len(answer_ids(backbone, r.fact.target)) > G for r in requests)
+    if longer:  # a given gen_length below a target's own length: never said, whatever the edit (review 93)
+        notes["Efficacy"] = (f"{longer} of {len(requests)} targets are longer than the {G} answer tokens "
+                             "(gen_length, --gen-length): an answer that long cannot say them, and Efficacy / "
+                             "Generalisation count them as not said; leave gen_length out for room for the longest")
     # an autoregressive model goes on past the answer: a probe's answer is kept where its beginning, as long as its
     # expected answer, is (evaluation.counterfactual_scores compares as many tokens); whole answers measured ROME on
     # SmolLM2 at Locality 0.2 where it kept every neighbour's fact (review 67). Texts, not token ids: an answer's
