@@ -100,21 +100,15 @@ def _real_residuals(backbone, site, ids, att, batch_size: int, progress: str | N
     (each row reads what it reads alone; the calibration states of the embedded model's training rows are
     68 % real tokens, padded to the longest)."""
     extent = torch.where(att.any(1), att.shape[1] - att.flip(1).int().argmax(1), 0).tolist()  # last real + 1
-    counts = att.sum(1).tolist()
-    start = [0] * len(counts)
-    for b in range(1, len(counts)):
-        start[b] = start[b - 1] + counts[b - 1]
-    order = sorted(range(len(extent)), key=extent.__getitem__)
+    counts = att.sum(1)
+    start = (counts.cumsum(0) - counts).tolist()  # each row's first token in the output
+    counts = counts.tolist()
     out = torch.empty(sum(counts), backbone.hidden_size)
-    with progress_bar(progress or "", total=len(order), enabled=progress is not None) as bar:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            L = max(extent[i] for i in idx)
-            real = att[idx, :L]
-            h = run_to(backbone, site, ids[idx, :L], real)
-            dest = torch.cat([torch.arange(start[i], start[i] + counts[i]) for i in idx])
-            out[dest] = h[real].float().cpu()
-            bar.advance(len(idx))
+    for idx in _by_length(extent, batch_size, progress):
+        L = max(extent[i] for i in idx)
+        real = att[idx, :L]
+        h = run_to(backbone, site, ids[idx, :L], real)
+        out[torch.cat([torch.arange(start[i], start[i] + counts[i]) for i in idx])] = h[real].float().cpu()
     return out
 
 
@@ -125,16 +119,22 @@ def _residuals_at(backbone, site, rows, batch_size: int, progress: str | None = 
     differs in the last bits: the padded keys join the attention's sums) and no block computes padding
     (8,192 of the rewrite memory's 74,436 last-step rows took 27 % less time than padded to the longest of
     4,096 at a time)."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     out = torch.empty(len(rows), backbone.hidden_size)
-    with progress_bar(progress or "", total=len(rows), enabled=progress is not None) as bar:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            ids, real = pad_sequences([rows[i][0] for i in idx], backbone)
-            h = run_to(backbone, site, ids, real)
-            out[idx] = h[torch.arange(len(idx)), torch.tensor([rows[i][1] for i in idx])].float().cpu()
-            bar.advance(len(idx))
+    for idx in _by_length([len(ids) for ids, _ in rows], batch_size, progress):
+        ids, real = pad_sequences([rows[i][0] for i in idx], backbone)
+        h = run_to(backbone, site, ids, real)
+        out[idx] = h[torch.arange(len(idx)), torch.tensor([rows[i][1] for i in idx])].float().cpu()
     return out
+
+
+def _by_length(lengths: list[int], batch_size: int, progress: str | None):
+    """The row indices in batches of `batch_size`, in order of length (ties in their order); the bar labelled
+    `progress` (None: none) advances as each batch is done."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    with progress_bar(progress or "", total=len(order), enabled=progress is not None) as bar:
+        for s in range(0, len(order), batch_size):
+            yield order[s:s + batch_size]
+            bar.advance(len(order[s:s + batch_size]))
 
 
 def _occurrences(seq: list[int], pattern: list[int], start: int) -> list[tuple[int, int]]:

@@ -410,9 +410,10 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     if missing:
         raise TimeromeError(f"requests {', '.join(missing[:3])} have no target: give each its own or a default "
                             "(load_requests(..., target=...), CLI --target)")
-    for r in requests:  # as an edit refuses them (encode_fact): scored as unknown tokens, a number about nothing
-        for what, text in (("object", r.fact.object), ("target", r.fact.target)):
-            known_answer_ids(backbone, text, f"the {what} of request {r.fact_id}")
+    target_tokens = []  # each target's length; unknown words refused as an edit refuses them (encode_fact): scored
+    for r in requests:  # as unknown tokens, they would give a number about nothing
+        known_answer_ids(backbone, r.fact.object, f"the object of request {r.fact_id}")
+        target_tokens.append(len(known_answer_ids(backbone, r.fact.target, f"the target of request {r.fact_id}")))
     integer(gen_length, "gen_length", lo=1, none=True)
     integer(n_mc, "n_mc", lo=1)
     check_seed(seed, "seed")
@@ -448,7 +449,7 @@ def edit_scores(backbone, requests, edit=None, *, locality=AUTO, gen_length: int
     else:
         plain = computed = answers(backbone, prompts, gen_length=G, seed=seed, progress=progress, sampler=sampler)
     notes = {}
-    longer = sum(len(answer_ids(backbone, r.fact.target)) > G for r in requests)
+    longer = sum(n > G for n in target_tokens)
     if longer:  # a given gen_length below a target's own length: never said, whatever the edit (review 93)
         notes["Efficacy"] = (f"{longer} of {len(requests)} targets are longer than the {G} answer tokens "
                              "(gen_length, --gen-length): an answer that long cannot say them, and Efficacy / "
